@@ -1,0 +1,42 @@
+"""Hologram: a tensor compiler and runtime.
+
+Programs in the Atlas ISA (:mod:`hologram.isa`) are canonicalized, fused and scheduled by
+:mod:`hologram.compiler`, then compiled by a backend (:mod:`hologram.backends`) and cached
+in memory and on disk (:mod:`hologram.cache`).
+"""
+
+__version__ = "0.1.0"
+
+from hologram import config, errors, isa  # config first: hologram.cache imports it
+from hologram.cache import default_cache
+from hologram.compiler import CompiledProgram, CompileOptions, compile
+from hologram.compiler.driver import clear_memo
+from hologram.errors import (
+    CacheError,
+    CompileError,
+    DeviceError,
+    DTypeError,
+    HologramError,
+    IRError,
+    OutOfMemoryError,
+    ShapeError,
+)
+
+
+def cache_info() -> dict:
+    """Program cache statistics: hits, disk_hits, misses, corrupt, entries, disk_entries,
+    disk_bytes, directory, last_disk_error."""
+    return default_cache().info()
+
+
+def clear_cache(disk: bool = True) -> None:
+    """Forget every compiled program (and delete the on-disk entries unless disk=False)."""
+    clear_memo()
+    default_cache().clear(disk=disk)
+
+
+__all__ = [
+    "CacheError", "CompileError", "CompileOptions", "CompiledProgram", "DTypeError",
+    "DeviceError", "HologramError", "IRError", "OutOfMemoryError", "ShapeError",
+    "__version__", "cache_info", "clear_cache", "compile", "config", "errors", "isa",
+]

@@ -1,0 +1,117 @@
+"""The reference interpreter: runs an Atlas program on NumPy arrays.
+
+Kernels run in program order. Within a kernel each instruction runs once over the whole
+domain (vectorized): a load gathers its elements, a value instruction is
+:func:`~hologram.backends.interp.semantics.evaluate`, a store scatters. Since loads copy
+and run in body order, every load sees memory as the kernel found it, except that a load
+placed after the store of the same buffer (which the verifier allows only through the same
+map, so point to point) sees the stored values, as it would point by point. The allowed
+read-modify-write (``x += 1``: load then store through one map) is a gather followed by a
+scatter.
+
+Temporaries live in one arena of ``program.arena_bytes`` bytes at the byte offsets the
+scheduler planned, so a wrong plan gives wrong results; unplaced temporaries get their own
+memory. All of it starts as poison (every byte 0xFF: NaN for floats, -1 for ints), so
+reading a temporary before writing it is visible in tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from hologram.errors import DTypeError, IRError, ShapeError
+from hologram.isa.ir import Buffer, IndexMap, Instr, Kernel, Program
+
+from .semantics import evaluate, from_storage, to_storage
+
+POISON = 0xFF
+
+
+def run(program: Program, arrays: Sequence[np.ndarray]) -> None:
+    """Run the verified ``program``, writing its outputs into ``arrays`` in place.
+
+    ``arrays`` holds one array per parameter (``program.params``, in order): a
+    C-contiguous ndarray (any shape) of ``buffer.size`` elements in ``buffer.dtype.storage``
+    (bf16: uint16 bit patterns). Raises :class:`ShapeError` or :class:`DTypeError` naming
+    the program and buffer when they do not fit; inputs are never written.
+    """
+    memory = _bind(program, arrays)
+    for kernel in program.kernels:
+        _run_kernel(program, kernel, memory)
+
+
+def _bind(program: Program, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Flat storage views for every buffer, by buffer index."""
+    params = program.params
+    if len(arrays) != len(params):
+        names = ", ".join(b.name for b in params)
+        raise ShapeError(f"program {program.name}: expected {len(params)} arrays (one per "
+                         f"parameter: {names}), got {len(arrays)}")
+    arena = np.full(program.arena_bytes, POISON, dtype=np.uint8)
+    given = iter(arrays)
+    memory = []
+    for buf in program.buffers:
+        if buf.kind != "temp":
+            memory.append(_check_param(program, buf, next(given)))
+        elif buf.offset is not None:
+            memory.append(arena[buf.offset : buf.offset + buf.nbytes].view(buf.dtype.storage))
+        else:
+            memory.append(np.full(buf.nbytes, POISON, dtype=np.uint8).view(buf.dtype.storage))
+    return memory
+
+
+def _check_param(program: Program, buf: Buffer, array: object) -> np.ndarray:
+    where = (f"program {program.name}, buffer {buf.name} "
+             f"({buf.kind} {buf.dtype.name}{list(buf.shape)})")
+    if not isinstance(array, np.ndarray):
+        raise DTypeError(f"{where}: expected a NumPy array, got {type(array).__name__}")
+    if array.dtype != buf.dtype.storage:
+        raise DTypeError(f"{where}: expected dtype {buf.dtype.storage}"
+                         f"{' (bf16 bit patterns)' if buf.dtype.name == 'bf16' else ''}, "
+                         f"got {array.dtype}")
+    if array.size != buf.size:
+        raise ShapeError(f"{where}: expected {buf.size} elements, got {array.size} "
+                         f"(shape {list(array.shape)})")
+    if not array.flags.c_contiguous:
+        raise ShapeError(f"{where}: expected a C-contiguous array, got strides "
+                         f"{array.strides} (pass np.ascontiguousarray(a) and copy back)")
+    return array.reshape(-1)  # a view: stores land in the caller's array
+
+
+def _indices(imap: IndexMap, shape: tuple[int, ...]) -> np.ndarray:
+    """Flat element index of every point of ``shape``: offset + sum(i[d] * strides[d])."""
+    index = np.full((1,) * len(shape), imap.offset, dtype=np.int64)
+    for d, (n, stride) in enumerate(zip(shape, imap.strides)):
+        step = np.arange(n, dtype=np.int64) * stride
+        index = index + step.reshape([n if e == d else 1 for e in range(len(shape))])
+    return np.broadcast_to(index, shape)
+
+
+def _access(program: Program, kernel: Kernel, instr: Instr,
+            memory: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The flat buffer and indices a load or store reaches, bounds-checked (NumPy would
+    silently wrap a negative index of an unverified program)."""
+    flat = memory[instr.buffer]
+    low, high = instr.map.extent(instr.shape)
+    if high >= low and (low < 0 or high >= flat.size):
+        name = program.buffers[instr.buffer].name
+        raise IRError(f"kernel {kernel.name}: {instr.op} of {name} reaches elements "
+                      f"{low}..{high} of {flat.size} (run hologram.isa.verify first)")
+    return flat, _indices(instr.map, instr.shape)
+
+
+def _run_kernel(program: Program, kernel: Kernel, memory: list[np.ndarray]) -> None:
+    values: list[np.ndarray | None] = []
+    for instr in kernel.body:
+        if instr.op == "load":
+            flat, index = _access(program, kernel, instr, memory)
+            values.append(from_storage(flat[index], instr.dtype))  # a gather copies
+        elif instr.op == "store":
+            flat, index = _access(program, kernel, instr, memory)
+            value = np.broadcast_to(values[instr.args[0]], instr.shape)
+            flat[index] = to_storage(value, instr.dtype)
+            values.append(None)  # a store has no value
+        else:
+            values.append(evaluate(instr, [values[a] for a in instr.args], kernel.domain))

@@ -1,0 +1,277 @@
+"""The program cache: compiled artifacts kept in memory and on disk.
+
+A compiled program is looked up by a :class:`CacheKey`, which covers everything that
+decides whether an artifact may be reused: the program itself, the backend, the exact
+target (CPU model and features, GPU architecture), the compile options and the Hologram
+version. A cache entry must never run on a machine or under a version it was not built
+for, so anything that changes the generated code belongs in the key.
+
+:class:`ProgramCache` keeps loaded programs in an in-memory LRU and the raw artifacts
+under ``<directory>/<digest[:2]>/<digest>.bin``. The disk is only an optimization: a
+damaged file is discarded and rebuilt, and a disk that cannot be written is recorded in
+:meth:`ProgramCache.info` and otherwise ignored.
+
+File format: ``b"HGCACHE1"``, payload length (8 bytes, little endian), sha256 of the
+payload (32 bytes), payload.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import struct
+import tempfile
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import astuple, dataclass, fields
+from pathlib import Path
+from typing import Any, TypeVar
+
+from hologram import config
+from hologram.errors import CacheError
+
+T = TypeVar("T")
+
+MAGIC = b"HGCACHE1"
+_HEADER = struct.Struct("<8sQ32s")
+_SHARD = re.compile(r"[0-9a-f]{2}")
+_ENTRY = re.compile(r"[0-9a-f]{64}\.bin")
+_MISSING = object()
+
+
+@dataclass(frozen=True)
+class CacheKey:
+    """Identity of one compiled artifact; see the module docstring for why each field."""
+
+    program: str  # hex digest of the canonical program (computed by the caller)
+    backend: str  # e.g. "interp", "cpu"
+    target: str  # e.g. "x86_64-linux cpu=znver4 +avx2,+avx512f", or a GPU arch
+    options: str  # canonical repr of the compile options
+    version: str  # hologram.__version__, passed in to avoid a circular import
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            if not isinstance(getattr(self, f.name), str):
+                raise CacheError(f"CacheKey.{f.name} must be a str, got {getattr(self, f.name)!r}")
+
+    def digest(self) -> str:
+        """sha256 hex over all fields; length prefixes keep ("ab", "c") != ("a", "bc")."""
+        h = hashlib.sha256(b"hologram-cache-key-v1\0")
+        for value in astuple(self):
+            data = value.encode("utf-8")
+            h.update(struct.pack("<Q", len(data)))
+            h.update(data)
+        return h.hexdigest()
+
+
+class ProgramCache:
+    """In-memory LRU of loaded programs in front of an optional on-disk artifact store.
+
+    Safe to share between threads, and between processes through the same directory.
+    """
+
+    def __init__(self, directory: Path | None, max_entries: int = 512):
+        if max_entries < 1:
+            raise CacheError(f"ProgramCache max_entries must be >= 1, got {max_entries}")
+        self.max_entries = max_entries
+        self._lock = threading.Lock()
+        self._memory: OrderedDict[str, Any] = OrderedDict()
+        self._last_disk_error: str | None = None
+        self._reset_counters()
+        self.directory: Path | None = None
+        if directory is not None:
+            try:
+                Path(directory).mkdir(parents=True, exist_ok=True)
+                self.directory = Path(directory)
+            except OSError as exc:
+                self._last_disk_error = f"cannot create cache directory {directory}: {exc}"
+
+    def _reset_counters(self) -> None:
+        self._hits = self._disk_hits = self._misses = self._corrupt = 0
+
+    def get(self, key: CacheKey, build: Callable[[], bytes], load: Callable[[bytes], T]) -> T:
+        """Return the loaded program for ``key``, building it only if no valid copy exists.
+
+        ``build()`` produces the artifact bytes and ``load(bytes)`` turns them into the
+        object returned. Neither is called under the lock, so concurrent misses on one key
+        may both build; the first result stored wins.
+        """
+        digest = key.digest()
+        with self._lock:
+            obj = self._memory.get(digest, _MISSING)
+            if obj is not _MISSING:
+                self._memory.move_to_end(digest)
+                self._hits += 1
+                return obj
+        if self.directory is not None:
+            payload = self._read(digest)
+            if payload is not None:
+                try:
+                    obj = load(payload)
+                except Exception:
+                    # Bytes that pass the checksum but do not load were written by a
+                    # broken or incompatible build; rebuilding replaces them.
+                    self._discard(digest)
+                else:
+                    return self._remember(digest, obj, disk_hit=True)
+        payload = build()
+        if not isinstance(payload, bytes | bytearray):
+            raise CacheError(f"build() must return bytes, got {type(payload).__name__}")
+        payload = bytes(payload)
+        # Load before writing so an artifact that cannot be loaded is never persisted.
+        obj = load(payload)
+        if self.directory is not None:
+            self._write(digest, payload)
+        return self._remember(digest, obj, disk_hit=False)
+
+    def _remember(self, digest: str, obj: Any, *, disk_hit: bool) -> Any:
+        with self._lock:
+            if disk_hit:
+                self._disk_hits += 1
+            else:
+                self._misses += 1
+            # Another thread may have stored this key meanwhile; share its object.
+            obj = self._memory.setdefault(digest, obj)
+            self._memory.move_to_end(digest)
+            while len(self._memory) > self.max_entries:
+                self._memory.popitem(last=False)
+            return obj
+
+    def _path(self, digest: str) -> Path:
+        assert self.directory is not None
+        return self.directory / digest[:2] / f"{digest}.bin"
+
+    def _note_disk_error(self, message: str) -> None:
+        with self._lock:
+            self._last_disk_error = message
+
+    def _read(self, digest: str) -> bytes | None:
+        """Return the verified payload, or None if the entry is absent or damaged."""
+        path = self._path(digest)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            self._note_disk_error(f"reading {path}: {exc}")
+            return None
+        if len(data) >= _HEADER.size:
+            magic, length, checksum = _HEADER.unpack_from(data)
+            payload = data[_HEADER.size :]
+            if (
+                magic == MAGIC
+                and length == len(payload)
+                and hashlib.sha256(payload).digest() == checksum
+            ):
+                return payload
+        self._discard(digest)
+        return None
+
+    def _discard(self, digest: str) -> None:
+        with self._lock:
+            self._corrupt += 1
+        # Already gone (another process), or unremovable: the rebuild overwrites it.
+        with contextlib.suppress(OSError):
+            self._path(digest).unlink()
+
+    def _write(self, digest: str, payload: bytes) -> None:
+        path = self._path(digest)
+        header = _HEADER.pack(MAGIC, len(payload), hashlib.sha256(payload).digest())
+        tmp: str | None = None
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # A private temp file per writer plus an atomic rename means concurrent
+            # processes never see each other's half-written files. No directory fsync:
+            # an entry lost or torn by a crash fails the checksum and is rebuilt.
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+            with os.fdopen(fd, "wb") as f:
+                f.write(header)
+                f.write(payload)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            tmp = None
+        except OSError as exc:
+            self._note_disk_error(f"writing {path}: {exc}")
+        finally:
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+
+    def _disk_files(self) -> Iterator[Path]:
+        """Yield the cache's own entry files, never anything else in the directory."""
+        if self.directory is None:
+            return
+        try:
+            shards = [d for d in self.directory.iterdir() if _SHARD.fullmatch(d.name)]
+            for shard in shards:
+                if shard.is_dir():
+                    for entry in shard.iterdir():
+                        if _ENTRY.fullmatch(entry.name) and entry.name.startswith(shard.name):
+                            yield entry
+        except OSError as exc:
+            self._note_disk_error(f"scanning {self.directory}: {exc}")
+
+    def info(self) -> dict[str, Any]:
+        """Counters since creation (or the last clear) and the current disk usage."""
+        disk_entries = disk_bytes = 0
+        for path in self._disk_files():
+            try:
+                disk_bytes += path.stat().st_size
+                disk_entries += 1
+            except OSError:
+                pass  # Removed by another process while scanning.
+        with self._lock:
+            return {
+                "hits": self._hits,
+                "disk_hits": self._disk_hits,
+                "misses": self._misses,
+                "corrupt": self._corrupt,
+                "entries": len(self._memory),
+                "disk_entries": disk_entries,
+                "disk_bytes": disk_bytes,
+                "directory": str(self.directory) if self.directory is not None else None,
+                "last_disk_error": self._last_disk_error,
+            }
+
+    def clear(self, disk: bool = True) -> None:
+        """Forget every entry (and, if ``disk``, delete this cache's files) and reset counters."""
+        with self._lock:
+            self._memory.clear()
+            self._reset_counters()
+        if disk:
+            for path in list(self._disk_files()):
+                with contextlib.suppress(OSError):
+                    path.unlink()
+            # Shard directories stay: removing one could race with a writer that just
+            # created it, and empty directories cost nothing.
+
+
+_default: ProgramCache | None = None
+_default_settings: tuple[Path | None, int] | None = None
+_default_lock = threading.Lock()
+
+
+def default_cache() -> ProgramCache:
+    """The process-wide cache, rebuilt whenever the ``HOLOGRAM_CACHE_*`` settings change."""
+    global _default, _default_settings
+    settings = config.get()
+    wanted = (settings.cache_dir if settings.disk_cache else None, settings.cache_size)
+    with _default_lock:
+        if _default is None or _default_settings != wanted:
+            _default = ProgramCache(wanted[0], max_entries=wanted[1])
+            _default_settings = wanted
+        return _default
+
+
+def cache_info() -> dict[str, Any]:
+    """:meth:`ProgramCache.info` of :func:`default_cache`."""
+    return default_cache().info()
+
+
+def clear_cache(disk: bool = True) -> None:
+    """:meth:`ProgramCache.clear` of :func:`default_cache`."""
+    default_cache().clear(disk=disk)

@@ -1,0 +1,339 @@
+"""Canonicalization: bring every kernel to one minimal normal form.
+
+Two programs that compute the same thing in different spellings (``a+b`` and ``b+a``,
+``x*2`` and ``x+x``) reach the same canonical program, so they share one cache entry and
+one compiled kernel.
+
+Per kernel, the body is rebuilt front to back through a hash-consing table (identical
+instructions merge: common subexpressions vanish), and each instruction first passes
+through the rewrite rules below. Rules see operands that are already canonical. Then dead
+instructions are dropped and the body is put in a canonical order: loads first, sorted by
+what they read, then everything else in depth-first order from the stores, sorted.
+Operand order of commutative ops, and that sort, use a structural digest of each value's
+expression tree that is the same in every process.
+
+Across kernels: stores to temporaries nobody reads are dropped, kernels with no stores
+are dropped, and unused temporaries are removed.
+
+Every rule is exact under IEEE 754: results, including NaN, ±inf and -0.0, do not change
+(NaN payloads are not preserved). Rules that are not exact run only with ``fast_math``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+import numpy as np
+
+from hologram.compiler.body import Body
+from hologram.compiler.options import CompileOptions
+from hologram.isa import dtypes as dt
+from hologram.isa.ir import COMMUTATIVE_OPS, Instr, Kernel, Program, encode_const
+
+_SWAPPED_COMPARE = {"gt": "lt", "ge": "le"}
+_UNFOLDABLE = ("load", "store", "index")
+
+
+# --- rules -----------------------------------------------------------------------------
+# A rule takes (body, instr) where instr's operands are indices into body, and returns the
+# index of an equivalent value, or None. The result may be narrower than the instruction
+# (a constant for a whole tensor): a value of extent 1 broadcasts along that dimension, and
+# consumers are re-typed from their operands.
+Rule = Callable[[Body, Instr], int | None]
+
+
+def _is_const(body: Body, i: int, value: object | None = None) -> bool:
+    instr = body.get(i)
+    if instr.op != "const":
+        return False
+    return value is None or instr.attrs[0] == encode_const(instr.dtype, value)
+
+
+def _const_side(body: Body, instr: Instr, value: object) -> int | None:
+    """The other operand of a binary op if one operand is the constant ``value``."""
+    a, b = instr.args
+    if _is_const(body, b, value):
+        return a
+    if _is_const(body, a, value) and instr.op in COMMUTATIVE_OPS:
+        return b
+    return None
+
+
+def fold_constants(body: Body, instr: Instr) -> int | None:
+    """Evaluate instructions whose operands are all constants with the reference
+    interpreter's semantics, so folding can never disagree with execution."""
+    if instr.op in _UNFOLDABLE or not instr.args:
+        return None
+    if not all(_is_const(body, a) for a in instr.args):
+        return None
+    from hologram.backends.interp.semantics import evaluate
+
+    args = [np.full(body.get(a).shape, body.get(a).value, body.get(a).dtype.compute)
+            for a in instr.args]
+    value = evaluate(instr, args, body.domain).reshape(-1)
+    if value.size != 1:
+        return None
+    return body.const(value[0].item(), instr.dtype)
+
+
+def trivial_reductions(body: Body, instr: Instr) -> int | None:
+    """Reducing a value that is constant along the reduced axes: n copies of one element."""
+    if instr.op != "reduce":
+        return None
+    x = body.get(instr.args[0])
+    if any(x.shape[a] != 1 for a in instr.axes):
+        return None
+    n = 1
+    for a in instr.axes:
+        n *= body.domain[a]
+    kind = instr.kind
+    if kind in ("argmax", "argmin"):
+        return body.const(0, dt.int64)
+    if n == 0:  # the reduction's identity
+        identity = {"sum": 0, "prod": 1, "max": x.dtype.min, "min": x.dtype.max}[kind]
+        return body.const(identity, x.dtype)
+    if n == 1 or kind in ("max", "min"):
+        return instr.args[0]
+    if kind == "sum" and x.dtype.is_int:  # wrapping n*x is exactly the wrapped sum
+        return body.make("mul", (instr.args[0], body.const(n, x.dtype)))
+    return None
+
+
+def float_identities(body: Body, instr: Instr) -> int | None:
+    """Identities exact for every IEEE value (and trivially for integers)."""
+    op, t = instr.op, instr.dtype
+    if op == "add":
+        x = _const_side(body, instr, -0.0) if t.is_float else _const_side(body, instr, 0)
+        if x is not None:
+            return x  # x + -0.0 == x for every x, including -0.0 (x + 0.0 is not)
+        a, b = instr.args
+        if a == b and not t.is_bool:
+            return body.make("mul", (a, body.const(2, t)))  # exact: one rounding of 2x
+        for x, y in ((a, b), (b, a)):
+            if body.get(y).op == "neg":
+                return body.make("sub", (x, body.get(y).args[0]))
+    if op == "sub":
+        a, b = instr.args
+        if _is_const(body, b, 0):
+            return a  # x - (+0.0) == x + (-0.0) == x
+        if body.get(b).op == "neg":
+            return body.make("add", (a, body.get(b).args[0]))
+        if a == b and t.is_int:
+            return body.const(0, t)
+    if op in ("mul", "div"):
+        x = _const_side(body, instr, 1)
+        if x is not None:
+            return x
+        x = _const_side(body, instr, -1)
+        if x is not None and not (op == "div" and t.kind == "u"):  # u8: -1 encodes 255
+            return body.make("neg", (x,))
+        if op == "mul" and t.is_int and _const_side(body, instr, 0) is not None:
+            return body.const(0, t)
+    if op in ("min", "max", "and", "or") and instr.args[0] == instr.args[1]:
+        return instr.args[0]
+    if op == "xor" and instr.args[0] == instr.args[1]:
+        return body.const(0, t)
+    if op in ("neg", "not") and body.get(instr.args[0]).op == op:
+        return body.get(instr.args[0]).args[0]
+    if op == "abs" and body.get(instr.args[0]).op in ("abs", "neg"):
+        return body.make("abs", (body.get(instr.args[0]).args[0],))
+    return None
+
+
+def logic_identities(body: Body, instr: Instr) -> int | None:
+    op, t = instr.op, instr.dtype
+    if op in ("and", "or") and not t.is_float:
+        ones = True if t.is_bool else -1
+        absorbing, neutral = (0, ones) if op == "and" else (ones, 0)
+        if _const_side(body, instr, neutral) is not None:
+            return _const_side(body, instr, neutral)
+        if _const_side(body, instr, absorbing) is not None:
+            return body.const(absorbing, t)
+    if op == "select":
+        c, a, b = instr.args
+        if a == b:
+            return a
+        if _is_const(body, c):
+            return a if body.get(c).value else b
+        if body.get(c).op == "not":
+            return body.make("select", (body.get(c).args[0], b, a))
+    if op in _SWAPPED_COMPARE:
+        a, b = instr.args
+        return body.make(_SWAPPED_COMPARE[op], (b, a))
+    if op in ("eq", "le") and instr.args[0] == instr.args[1] and not body.get(
+        instr.args[0]
+    ).dtype.is_float:
+        return body.const(True, dt.bool_)
+    if op in ("ne", "lt") and instr.args[0] == instr.args[1] and not body.get(
+        instr.args[0]
+    ).dtype.is_float:
+        return body.const(False, dt.bool_)
+    return None
+
+
+def casts(body: Body, instr: Instr) -> int | None:
+    if instr.op != "cast":
+        return None
+    x = body.get(instr.args[0])
+    if x.dtype is instr.dtype:
+        return instr.args[0]
+    if x.op == "cast" and dt.exactly_representable(body.get(x.args[0]).dtype, x.dtype):
+        # The inner cast is exact, so it can be skipped.
+        return body.make("cast", (x.args[0],), (), instr.dtype)
+    return None
+
+
+def integer_reassociation(body: Body, instr: Instr) -> int | None:
+    """(x + c1) + c2 -> x + (c1 + c2), likewise for mul: exact in wrapping integers."""
+    if instr.op not in ("add", "mul") or not instr.dtype.is_int:
+        return None
+    a, b = instr.args
+    inner, c2 = (a, b) if _is_const(body, b) else (b, a)
+    if not _is_const(body, c2) or body.get(inner).op != instr.op:
+        return None
+    x, c1 = body.get(inner).args
+    if not _is_const(body, c1):
+        x, c1 = c1, x
+    if not _is_const(body, c1):
+        return None
+    return body.make(instr.op, (x, body.make(instr.op, (c1, c2))))
+
+
+def fast_math(body: Body, instr: Instr) -> int | None:
+    """Rewrites that can change NaN, ±inf or -0.0 results; only with fast_math."""
+    if not body.options.fast_math or not instr.dtype.is_float:
+        return None
+    op = instr.op
+    if op == "add":
+        x = _const_side(body, instr, 0.0)
+        if x is not None:
+            return x
+        for m, c in (instr.args, instr.args[::-1]):
+            if body.get(m).op == "mul":
+                return body.make("fma", (*body.get(m).args, c))
+    if op == "mul" and _const_side(body, instr, 0.0) is not None:
+        return body.const(0.0, instr.dtype)
+    if op == "sub" and instr.args[0] == instr.args[1]:
+        return body.const(0.0, instr.dtype)
+    if op == "div" and instr.args[0] == instr.args[1]:
+        return body.const(1.0, instr.dtype)
+    return None
+
+
+RULES: tuple[Rule, ...] = (
+    fold_constants, trivial_reductions, float_identities, logic_identities, casts,
+    integer_reassociation, fast_math,
+)
+
+
+# --- the engine ------------------------------------------------------------------------
+def _rewrite(kernel: Kernel, options: CompileOptions) -> Kernel:
+    body = Body(kernel.domain, kernel.grid_rank, options)
+    remap: list[int] = []
+    for instr in kernel.body:
+        args = tuple(remap[a] for a in instr.args)
+        if instr.op in ("load", "store"):
+            remap.append(body.add(replace(instr, args=args)))
+            continue
+        # Re-type from the (possibly narrowed) operands.
+        instr = body.get(body.make(instr.op, args, instr.attrs, instr.dtype))
+        result = None
+        for rule in RULES:
+            result = rule(body, instr)
+            if result is not None:
+                assert body.get(result).dtype is instr.dtype, (rule, instr)
+                break
+        remap.append(body.interned[instr] if result is None else result)
+    return _ordered(kernel, body)
+
+
+def _ordered(kernel: Kernel, body: Body, dead: frozenset[int] = frozenset()) -> Kernel:
+    """Drop dead values (and stores to the buffers in ``dead``) and emit loads first, then
+    the stores' operand trees depth-first.
+
+    Loads go first so that a point-to-point read-modify-write (x += 1) keeps its load
+    before its store; stores to different buffers commute, so sorting them is safe.
+    """
+    order: list[int] = []
+    seen: set[int] = set()
+
+    def visit(i: int) -> None:
+        if i in seen:
+            return
+        seen.add(i)
+        for a in body.get(i).args:
+            visit(a)
+        order.append(i)
+
+    stores = [i for i, ins in enumerate(body.instrs) if ins.op == "store"
+              and ins.buffer not in dead]
+    live: set[int] = set()
+    stack = list(stores)
+    while stack:
+        i = stack.pop()
+        if i not in live:
+            live.add(i)
+            stack.extend(body.get(i).args)
+    for i in sorted((i for i in live if body.get(i).op == "load"), key=body.digests.__getitem__):
+        visit(i)
+    for i in sorted(stores, key=body.digests.__getitem__):
+        visit(i)
+    position = {old: new for new, old in enumerate(order)}
+    instrs = tuple(
+        replace(body.get(i), args=tuple(position[a] for a in body.get(i).args)) for i in order
+    )
+    return replace(kernel, body=instrs)
+
+
+def _drop_dead_buffers(program: Program) -> Program:
+    """Remove stores to temporaries no later kernel reads, empty kernels, unused temps."""
+    kernels = list(program.kernels)
+    changed = True
+    while changed:
+        changed = False
+        for k, kernel in enumerate(kernels):
+            read_later = set().union(*(x.reads() for x in kernels[k + 1:]))
+            dead = {
+                b for b in kernel.writes()
+                if program.buffers[b].kind == "temp" and b not in read_later
+            }
+            if dead:
+                kernels[k] = _ordered(kernel, _rebuilt(kernel), frozenset(dead))
+                changed = True
+        kernels = [k for k in kernels if k.writes()]
+    used = set().union(*(k.reads() | k.writes() for k in kernels))
+    keep = [i for i, b in enumerate(program.buffers) if b.kind != "temp" or i in used]
+    new_index = {old: new for new, old in enumerate(keep)}
+
+    def renumber(instr: Instr) -> Instr:
+        if instr.op not in ("load", "store"):
+            return instr
+        return replace(instr, attrs=(new_index[instr.buffer], instr.map))
+
+    return replace(
+        program,
+        buffers=tuple(program.buffers[i] for i in keep),
+        kernels=tuple(replace(k, body=tuple(map(renumber, k.body))) for k in kernels),
+    )
+
+
+def _rebuilt(kernel: Kernel) -> Body:
+    body = Body(kernel.domain, kernel.grid_rank)
+    for instr in kernel.body:
+        body.push(instr)
+    return body
+
+
+def canonicalize(program: Program, options: CompileOptions | None = None) -> Program:
+    """The canonical form of ``program`` (a pure function; the input is not modified)."""
+    options = options or CompileOptions()
+    for _ in range(8):  # rules can enable each other; a few rounds reach the fixpoint
+        kernels = tuple(_rewrite(k, options) for k in program.kernels)
+        result = _drop_dead_buffers(replace(program, kernels=kernels))
+        if result == program:
+            break
+        program = result
+    names = iter(range(len(program.kernels)))
+    return replace(program, kernels=tuple(replace(k, name=f"k{next(names)}")
+                                          for k in program.kernels))

@@ -1,0 +1,115 @@
+"""Compiling a program for a backend, through the program cache.
+
+    compiled = hologram.compile(program, backend="interp")
+    y = compiled(x)                       # inputs only: outputs are allocated and returned
+    compiled(x, y)                        # every parameter: outputs are written in place
+
+Lookup has two levels. The exact program object seen before (same structure, names
+included) maps straight to its compiled form in a small in-process memo, so a hot call
+skips the passes. Otherwise the program is canonicalized and the cache key is taken from
+the canonical form; different spellings of one computation therefore share one cache
+entry, in memory and on disk. Only on a cache miss do the remaining passes and the
+backend compiler run.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+import numpy as np
+
+from hologram import backends, config
+from hologram.cache import CacheKey, default_cache
+from hologram.compiler import pipeline
+from hologram.compiler.options import CompileOptions
+from hologram.errors import DTypeError, ShapeError
+from hologram.isa.ir import Buffer, Program
+
+
+class CompiledProgram:
+    """A program compiled for one backend; call it with NumPy arrays."""
+
+    def __init__(self, program: Program, backend: str, key: CacheKey, run):
+        self.program = program  # as given (parameters define the calling convention)
+        self.backend = backend
+        self.key = key
+        self._run = run
+
+    @property
+    def params(self) -> tuple[Buffer, ...]:
+        return self.program.params
+
+    def __call__(self, *arrays: np.ndarray) -> np.ndarray | tuple[np.ndarray, ...] | None:
+        params = self.params
+        inputs = [p for p in params if p.kind in ("in", "inout")]
+        if len(arrays) == len(inputs) and len(inputs) != len(params):
+            given = iter(arrays)
+            arrays = tuple(
+                next(given) if p.kind in ("in", "inout")
+                else np.empty(p.shape, p.dtype.storage) for p in params
+            )
+        elif len(arrays) != len(params):
+            names = ", ".join(f"{p.kind} {p.name}" for p in params)
+            raise ShapeError(
+                f"{self.program.name} on {self.backend}: takes {len(params)} arrays ({names}) "
+                f"or only its {len(inputs)} inputs; got {len(arrays)}"
+            )
+        flat = [self._check(p, a) for p, a in zip(params, arrays)]
+        self._run(flat)
+        outputs = tuple(a for p, a in zip(params, arrays) if p.kind != "in")
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    def _check(self, param: Buffer, array: np.ndarray) -> np.ndarray:
+        where = f"{self.program.name} on {self.backend}, parameter {param.name}"
+        if not isinstance(array, np.ndarray):
+            raise DTypeError(f"{where}: expected a NumPy array, got {type(array).__name__}")
+        if array.dtype != param.dtype.storage:
+            raise DTypeError(f"{where}: expected {param.dtype.name} "
+                             f"(NumPy {param.dtype.storage}), got {array.dtype}")
+        if array.size != param.size:
+            raise ShapeError(f"{where}: expected {param.size} elements "
+                             f"(shape {list(param.shape)}), got shape {list(array.shape)}")
+        if not array.flags.c_contiguous:
+            raise ShapeError(f"{where}: the array must be C-contiguous "
+                             "(pass np.ascontiguousarray(a))")
+        if param.kind != "in" and not array.flags.writeable:
+            raise ShapeError(f"{where}: output array is read-only")
+        return array.reshape(-1)
+
+
+_memo: OrderedDict[tuple, CompiledProgram] = OrderedDict()
+_memo_lock = threading.Lock()
+
+
+def compile(program: Program, backend: str = "interp",
+            options: CompileOptions | None = None) -> CompiledProgram:
+    """Compile ``program`` for ``backend`` (cached; see the module docstring)."""
+    options = options or CompileOptions.from_env()
+    impl = backends.get(backend)
+    memo_key = (program, backend, options)
+    with _memo_lock:
+        if memo_key in _memo:
+            _memo.move_to_end(memo_key)
+            return _memo[memo_key]
+    canonical = pipeline.canonical_form(program, options)
+    from hologram import __version__
+
+    key = CacheKey(canonical.fingerprint(), backend, impl.target(), options.key(), __version__)
+    run = default_cache().get(
+        key,
+        build=lambda: impl.compile(pipeline.lower(canonical, options)),
+        load=impl.load,
+    )
+    compiled = CompiledProgram(program, backend, key, run)
+    with _memo_lock:
+        _memo[memo_key] = compiled
+        while len(_memo) > config.get().cache_size:
+            _memo.popitem(last=False)
+    return compiled
+
+
+def clear_memo() -> None:
+    with _memo_lock:
+        _memo.clear()
+

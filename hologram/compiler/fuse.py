@@ -1,0 +1,275 @@
+"""Fusion: merge kernels so that a value is materialized only where it must be.
+
+A front end emits one kernel per tensor operation, passing values through temporaries.
+This pass removes temporaries with two rewrites, applied until neither applies:
+
+**Inline** — the computation of an elementwise temporary (its store's operand tree holds no
+reduction or contraction) is cloned into every kernel that reads it, re-indexed into the
+reader's index space by composing the reader's load map with the producer's store map. It
+is recomputed rather than stored and reloaded: chains of elementwise ops become one
+kernel, and elementwise producers fuse into reductions and contractions.
+
+**Merge** — once nothing can be inlined: a kernel that reads a temporary in its producer's
+index space (the producer's store map; the domains equal up to dimensions of extent 1 and
+trailing unit dimensions) is merged with the producer, at the reader's position or, if
+moving the producer down would reorder conflicting memory accesses, at the producer's.
+This fuses epilogues into reductions and contractions (bias + activation after a matmul),
+chains of reductions over the same rows (softmax, layer norm) into one kernel, and gives a
+reduction with several readers its elementwise epilogues as extra outputs.
+
+Inlining goes first so that elementwise values are recomputed from their sources before
+merges make their producers reductions. A temporary stays materialized when it is read
+in another index space after a reduction, or when no position keeps memory accesses in
+order. The producer's store is kept; the next canonicalize drops it if nothing reads it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hologram.compiler.body import Body
+from hologram.compiler.options import CompileOptions
+from hologram.errors import IRError
+from hologram.isa.ir import IndexMap, Instr, Kernel, Program
+from hologram.isa.verify import verify
+
+
+def fuse(program: Program, options: CompileOptions | None = None) -> Program:
+    """Fuse ``program``'s kernels (a pure function)."""
+    while True:
+        fused = _fuse_once(program)
+        if fused is None:
+            return program
+        program = fused
+
+
+def _fuse_once(program: Program) -> Program | None:
+    kernels = program.kernels
+    for attempt in (_inline, _merge):
+        for t, buf in enumerate(program.buffers):
+            if buf.kind != "temp":
+                continue
+            writers = [k for k, kernel in enumerate(kernels) if t in kernel.writes()]
+            readers = [k for k, kernel in enumerate(kernels) if t in kernel.reads()]
+            if len(writers) != 1 or not readers or min(readers) <= writers[0]:
+                continue
+            result = attempt(program, t, writers[0], readers)
+            if result is not None:
+                try:
+                    return verify(result)
+                except IRError:
+                    pass  # e.g. the merged kernel reads and writes one buffer differently
+    return None
+
+
+def _store_of(kernel: Kernel, t: int) -> int:
+    return next(i for i, ins in enumerate(kernel.body) if ins.op == "store" and ins.buffer == t)
+
+
+def _slice(kernel: Kernel, root: int) -> list[int]:
+    """Positions of the instructions ``root`` depends on, in body order."""
+    needed = {root}
+    for i in range(root, -1, -1):
+        if i in needed:
+            needed.update(kernel.body[i].args)
+    return sorted(needed)
+
+
+def _conflicts(program: Program, between: range, reads: frozenset, writes: frozenset) -> bool:
+    """Would moving accesses (``reads``, ``writes``) across kernels ``between`` reorder a
+    write with another access to the same buffer?"""
+    return any(
+        program.kernels[x].writes() & (reads | writes) or program.kernels[x].reads() & writes
+        for x in between
+    )
+
+
+# --- inline ----------------------------------------------------------------------------
+def _inline(program: Program, t: int, p: int, readers: list[int]) -> Program | None:
+    producer = program.kernels[p]
+    store = producer.body[_store_of(producer, t)]
+    part = _slice(producer, store.args[0])
+    if any(producer.body[i].op in ("reduce", "contract") for i in part):
+        return None
+    loaded = frozenset(producer.body[i].buffer for i in part if producer.body[i].op == "load")
+    kernels = list(program.kernels)
+    for c in readers:
+        if _conflicts(program, range(p + 1, c + 1), loaded, frozenset()):
+            return None
+        kernel = _inline_into(producer, part, store, kernels[c], t)
+        if kernel is None:
+            return None
+        kernels[c] = kernel
+    return replace(program, kernels=tuple(kernels))
+
+
+def _inline_into(producer: Kernel, part: list[int], store: Instr, consumer: Kernel,
+                 t: int) -> Kernel | None:
+    body = Body(consumer.domain)
+    remap: list[int] = []
+    for instr in consumer.body:
+        if instr.op == "load" and instr.buffer == t:
+            index = _compose(instr, store)
+            if index is None:
+                return None
+            remap.append(_clone(producer, part, body, index))
+        else:
+            remap.append(_copy(body, instr, tuple(remap[a] for a in instr.args)))
+    return replace(consumer, body=tuple(body.instrs))
+
+
+def _copy(body: Body, instr: Instr, args: tuple[int, ...]) -> int:
+    """Add ``instr`` with new operands, re-typed: an operand may now be narrower."""
+    if instr.op in ("load", "store"):
+        return body.add(replace(instr, args=args))
+    return body.make(instr.op, args, instr.attrs, instr.dtype)
+
+
+def _compose(load: Instr, store: Instr) -> tuple[dict, dict] | None:
+    """Express the consumer's load of a temporary in the producer's index space.
+
+    Returns ``(start, step)``: producer index ``i[d] = start[d] + c * j[e]`` where
+    ``step[d] = (e, c)`` for producer dimensions that vary with consumer dimension ``e``
+    (``c`` is +1 or -1). ``None`` when the load is not such a view of the stored block
+    (a reshape or a diagonal, say); then the temporary stays materialized.
+    """
+    shape, smap = store.shape, store.map
+    dims = [d for d, n in enumerate(shape) if n > 1]
+    if any(smap.strides[d] <= 0 for d in dims):
+        return None
+    by_stride = {smap.strides[d]: d for d in dims}
+    step: dict[int, tuple[int, int]] = {}
+    for e, (n, s) in enumerate(zip(load.shape, load.map.strides)):
+        if n == 1 or s == 0:
+            continue
+        d = by_stride.get(abs(s))
+        if d is None or d in step:
+            return None
+        step[d] = (e, 1 if s > 0 else -1)
+    rest, start = load.map.offset - smap.offset, {}
+    for d in sorted(dims, key=lambda d: -smap.strides[d]):
+        start[d], rest = divmod(rest, smap.strides[d])
+    if rest:
+        return None
+    for d in dims:
+        e, c = step.get(d, (0, 0))
+        last = start[d] + c * (load.shape[e] - 1)
+        if min(start[d], last) < 0 or max(start[d], last) >= shape[d]:
+            return None
+    return start, step
+
+
+def _clone(producer: Kernel, part: list[int], body: Body, index: tuple[dict, dict]) -> int:
+    """Rebuild the producer's instructions ``part`` in the consumer's index space."""
+    start, step = index
+    rank = len(body.domain)
+    remap: dict[int, int] = {}
+    for i in part:
+        instr = producer.body[i]
+        args = tuple(remap[a] for a in instr.args)
+        if instr.op == "load":
+            strides, offset, shape = [0] * rank, instr.map.offset, [1] * rank
+            for d, (n, s) in enumerate(zip(instr.shape, instr.map.strides)):
+                if n == 1:
+                    continue
+                offset += s * start[d]
+                if d in step:
+                    e, c = step[d]
+                    strides[e], shape[e] = c * s, body.domain[e]
+            imap = IndexMap(offset, tuple(strides))
+            remap[i] = body.add(Instr("load", instr.dtype, tuple(shape), (), (instr.buffer, imap)))
+        elif instr.op == "index":
+            d = instr.axis
+            value = body.const(start.get(d, 0), instr.dtype)
+            if d in step:
+                e, c = step[d]
+                moving = body.make("index", (), (e,), instr.dtype)
+                if c < 0:
+                    moving = body.make("neg", (moving,))
+                value = body.make("add", (moving, value))
+            remap[i] = value
+        else:
+            remap[i] = _copy(body, instr, args)
+    return remap[part[-1]]
+
+
+# --- merge -----------------------------------------------------------------------------
+def _merge(program: Program, t: int, p: int, readers: list[int]) -> Program | None:
+    for c in readers:
+        merged = _merge_pair(program, t, p, c)
+        if merged is not None:
+            return merged
+    return None
+
+
+def _merge_pair(program: Program, t: int, p: int, c: int) -> Program | None:
+    producer, consumer = program.kernels[p], program.kernels[c]
+    if t in producer.reads():
+        return None
+    rank = max(len(producer.domain), len(consumer.domain))
+    producer, consumer = _extend(producer, rank), _extend(consumer, rank)
+    domain = []
+    for a, b in zip(producer.domain, consumer.domain):
+        if a != b and 1 not in (a, b):
+            return None
+        domain.append(max(a, b))
+    domain = tuple(domain)
+    if not (_fits(producer, domain) and _fits(consumer, domain)):
+        return None
+    between = range(p + 1, c)
+    if not _conflicts(program, between, producer.reads(), producer.writes()):
+        at = c  # move the producer down to the reader
+    elif not _conflicts(program, between, consumer.reads(), consumer.writes()):
+        at = p  # move the reader up to the producer
+    else:
+        return None
+    body = Body(domain)
+    remap: list[int] = []
+    for instr in producer.body:
+        remap.append(_copy(body, instr, tuple(remap[a] for a in instr.args)))
+    # Loads in a kernel see memory as it was when the kernel started, so the reader must
+    # take every buffer the producer writes from the producer's values, not from memory.
+    stored = {i.buffer: i for i in producer.body if i.op == "store"}
+    remap_store = {b: remap[i.args[0]] for b, i in stored.items()}
+    remap = []
+    for instr in consumer.body:
+        if instr.op == "load" and instr.buffer in stored:
+            store = stored[instr.buffer]
+            if (instr.shape, instr.map) != (store.shape, store.map):
+                return None
+            remap.append(remap_store[instr.buffer])
+        else:
+            remap.append(_copy(body, instr, tuple(remap[a] for a in instr.args)))
+    merged = Kernel(consumer.name, domain, tuple(body.instrs))
+    kernels = list(program.kernels)
+    kernels[at] = merged
+    del kernels[c if at == p else p]
+    return replace(program, kernels=tuple(kernels))
+
+
+def _extend(kernel: Kernel, rank: int) -> Kernel:
+    """Append unit dimensions so the kernel has ``rank`` dimensions (same meaning)."""
+    extra = rank - len(kernel.domain)
+    if extra == 0:
+        return kernel
+
+    def widen(instr: Instr) -> Instr:
+        shape = instr.shape + (1,) * extra
+        if instr.op in ("load", "store"):
+            imap = IndexMap(instr.map.offset, instr.map.strides + (0,) * extra)
+            return replace(instr, shape=shape, attrs=(instr.buffer, imap))
+        return replace(instr, shape=shape)
+
+    return replace(kernel, domain=kernel.domain + (1,) * extra,
+                   body=tuple(map(widen, kernel.body)))
+
+
+def _fits(kernel: Kernel, domain: tuple[int, ...]) -> bool:
+    """Do ``kernel``'s reductions and indices mean the same over the larger ``domain``?
+    (They count the domain's extent along their axes, so those extents must not change.)"""
+    for instr in kernel.body:
+        axes = (instr.axis,) if instr.op == "index" else (
+            instr.axes if instr.op in ("reduce", "contract") else ())
+        if any(kernel.domain[a] != domain[a] for a in axes):
+            return False
+    return True

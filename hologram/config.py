@@ -1,0 +1,79 @@
+"""All ``HOLOGRAM_*`` environment variables, read in one place.
+
+Other modules never read ``os.environ`` for Hologram settings; they call :func:`get`.
+Values are read at call time, so tests and users can change the environment at run time.
+
+| variable | meaning | default |
+|---|---|---|
+| ``HOLOGRAM_BACKEND`` | backend used by ``backend="auto"`` callers | ``auto`` |
+| ``HOLOGRAM_NUM_THREADS`` | worker threads of CPU backends (0 = all cores) | ``0`` |
+| ``HOLOGRAM_CACHE_DIR`` | on-disk program cache | ``$XDG_CACHE_HOME/hologram`` |
+| ``HOLOGRAM_DISABLE_DISK_CACHE`` | ``1`` keeps compiled programs in memory only | ``0`` |
+| ``HOLOGRAM_CACHE_SIZE`` | entries kept in the in-memory LRU | ``512`` |
+| ``HOLOGRAM_DUMP_DIR`` | if set, every pass writes its output program here | unset |
+| ``HOLOGRAM_FAST_MATH`` | ``1`` allows rewrites that are not exact under IEEE 754 | ``0`` |
+| ``HOLOGRAM_BENCH_QUICK`` | ``1`` makes benchmarks use small sizes | ``0`` |
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from hologram.errors import HologramError
+
+
+@dataclass(frozen=True)
+class Settings:
+    backend: str
+    num_threads: int
+    cache_dir: Path
+    disk_cache: bool
+    cache_size: int
+    dump_dir: Path | None
+    fast_math: bool
+    bench_quick: bool
+
+
+def _flag(name: str) -> bool:
+    value = os.environ.get(name, "0").strip().lower()
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    if value in ("1", "true", "yes", "on"):
+        return True
+    raise HologramError(f"{name}={value!r}: expected 0/1, true/false, yes/no or on/off")
+
+
+def _int(name: str, default: int, minimum: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise HologramError(f"{name}={raw!r}: expected an integer >= {minimum}") from None
+    if value < minimum:
+        raise HologramError(f"{name}={raw!r}: expected an integer >= {minimum}")
+    return value
+
+
+def _default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "hologram"
+
+
+def get() -> Settings:
+    """Read the current settings from the environment."""
+    dump = os.environ.get("HOLOGRAM_DUMP_DIR", "").strip()
+    cache_dir = os.environ.get("HOLOGRAM_CACHE_DIR", "").strip()
+    return Settings(
+        backend=os.environ.get("HOLOGRAM_BACKEND", "auto").strip().lower() or "auto",
+        num_threads=_int("HOLOGRAM_NUM_THREADS", 0, 0),
+        cache_dir=Path(cache_dir) if cache_dir else _default_cache_dir(),
+        disk_cache=not _flag("HOLOGRAM_DISABLE_DISK_CACHE"),
+        cache_size=_int("HOLOGRAM_CACHE_SIZE", 512, 1),
+        dump_dir=Path(dump) if dump else None,
+        fast_math=_flag("HOLOGRAM_FAST_MATH"),
+        bench_quick=_flag("HOLOGRAM_BENCH_QUICK"),
+    )

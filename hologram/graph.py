@@ -1,0 +1,246 @@
+"""Tensor programs, written op by op, lowered to Atlas one kernel per operation.
+
+    g = Graph("mlp_layer")
+    x = g.input("x", "f32", (64, 128))
+    w = g.input("w", "f32", (128, 32))
+    b = g.input("b", "f32", (32,))
+    g.output("y", g.maximum(x @ w + b, 0.0))
+    program = g.program()           # three kernels before fusion; one after
+
+Tensors are views: a buffer plus an affine map (offset, strides), so transposes, slices,
+broadcasts and contiguous reshapes cost nothing; they only change the maps that later
+loads use. Every operation writes a fresh temporary; the compiler's fusion pass decides
+which temporaries survive. Operands follow NumPy broadcasting; dtypes must match (Python
+numbers take the tensor's dtype).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from hologram.errors import ShapeError
+from hologram.isa.builder import KernelBuilder, ProgramBuilder, Value
+from hologram.isa.dtypes import DType
+from hologram.isa.ir import IndexMap, Program
+from hologram.isa.verify import broadcast
+
+Scalar = bool | int | float
+
+
+@dataclass(frozen=True, eq=False)
+class Tensor:
+    graph: Graph
+    buffer: int
+    dtype: DType
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    offset: int = 0
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    # --- views ------------------------------------------------------------------------
+    def permute(self, *dims: int) -> Tensor:
+        if sorted(dims) != list(range(self.ndim)):
+            raise ShapeError(f"permute{dims}: not a permutation of {self.ndim} dimensions")
+        return self._view(tuple(self.shape[d] for d in dims),
+                          tuple(self.strides[d] for d in dims), self.offset)
+
+    @property
+    def T(self) -> Tensor:
+        return self.permute(*reversed(range(self.ndim)))
+
+    def __getitem__(self, index: object) -> Tensor:
+        index = index if isinstance(index, tuple) else (index,)
+        if len(index) > self.ndim:
+            raise ShapeError(f"index {index} has more entries than shape {list(self.shape)}")
+        shape, strides, offset = [], [], self.offset
+        for d, (n, s) in enumerate(zip(self.shape, self.strides)):
+            i = index[d] if d < len(index) else slice(None)
+            if isinstance(i, int):
+                if not -n <= i < n:
+                    raise ShapeError(f"index {i} out of range for dimension {d} of size {n}")
+                offset += (i % n) * s
+            elif isinstance(i, slice):
+                r = range(n)[i]
+                offset += r.start * s if len(r) else 0
+                shape.append(len(r))
+                strides.append(s * r.step)
+            else:
+                raise ShapeError(f"unsupported index {i!r} (ints and slices only)")
+        return self._view(tuple(shape), tuple(strides), offset)
+
+    def broadcast_to(self, shape: tuple[int, ...]) -> Tensor:
+        shape = tuple(shape)
+        aligned = self._aligned(len(shape))
+        if broadcast([aligned.shape, shape]) != shape:
+            raise ShapeError(f"cannot broadcast {list(self.shape)} to {list(shape)}")
+        strides = tuple(s if n == m else 0 for n, m, s in zip(aligned.shape, shape,
+                                                               aligned.strides))
+        return self._view(shape, strides, self.offset)
+
+    def reshape(self, *shape: int) -> Tensor:
+        shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], tuple) else shape
+        if math.prod(shape) != math.prod(self.shape):
+            raise ShapeError(f"cannot reshape {list(self.shape)} to {list(shape)}")
+        source = self if self._contiguous() else self.graph.copy(self)
+        return source._view(shape, IndexMap.contiguous(shape).strides, source.offset)
+
+    def _contiguous(self) -> bool:
+        expected = IndexMap.contiguous(self.shape).strides
+        return all(n == 1 or s == e for n, s, e in zip(self.shape, self.strides, expected))
+
+    def _view(self, shape, strides, offset) -> Tensor:
+        return Tensor(self.graph, self.buffer, self.dtype, tuple(shape), tuple(strides), offset)
+
+    def _aligned(self, rank: int) -> Tensor:
+        """The same tensor with leading unit dimensions up to ``rank``."""
+        extra = rank - self.ndim
+        return self._view((1,) * extra + self.shape, (0,) * extra + self.strides, self.offset)
+
+    # --- operators --------------------------------------------------------------------
+    def __add__(self, o): return self.graph.binary("add", self, o)
+    def __radd__(self, o): return self.graph.binary("add", o, self)
+    def __sub__(self, o): return self.graph.binary("sub", self, o)
+    def __rsub__(self, o): return self.graph.binary("sub", o, self)
+    def __mul__(self, o): return self.graph.binary("mul", self, o)
+    def __rmul__(self, o): return self.graph.binary("mul", o, self)
+    def __truediv__(self, o): return self.graph.binary("div", self, o)
+    def __rtruediv__(self, o): return self.graph.binary("div", o, self)
+    def __neg__(self): return self.graph.unary("neg", self)
+    def __abs__(self): return self.graph.unary("abs", self)
+    def __matmul__(self, o): return self.graph.matmul(self, o)
+
+
+class Graph:
+    def __init__(self, name: str = "main"):
+        self.builder = ProgramBuilder(name)
+        self._temps = 0
+
+    # --- buffers ----------------------------------------------------------------------
+    def input(self, name: str, dtype: DType | str, shape: tuple[int, ...]) -> Tensor:
+        index = self.builder.input(name, dtype, shape)
+        return self._whole(index)
+
+    def output(self, name: str, tensor: Tensor | Scalar) -> None:
+        """Make ``tensor``'s value the program output ``name``."""
+        out = self._whole(self.builder.output(name, tensor.dtype, tensor.shape))
+        k = self.builder.kernel(tensor.shape, name=f"out_{name}")
+        k.store(out.buffer, self._load(k, tensor))
+
+    def program(self) -> Program:
+        return self.builder.build()
+
+    def _whole(self, index: int) -> Tensor:
+        buf = self.builder.buffers[index]
+        return Tensor(self, index, buf.dtype, buf.shape, IndexMap.contiguous(buf.shape).strides)
+
+    def _temp(self, dtype: DType, shape: tuple[int, ...]) -> Tensor:
+        self._temps += 1
+        return self._whole(self.builder.temp(f"t{self._temps}", dtype, shape))
+
+    # --- kernels ----------------------------------------------------------------------
+    def _load(self, k: KernelBuilder, t: Tensor) -> Value:
+        """Load ``t`` into kernel ``k``, aligned to the domain's trailing dimensions."""
+        t = t._aligned(len(k.domain))
+        shape = tuple(n if n == m else 1 for n, m in zip(t.shape, k.domain))
+        strides = tuple(s if n > 1 else 0 for n, s in zip(shape, t.strides))
+        return k.load(t.buffer, shape, t.offset, strides)
+
+    def _elementwise(self, operands: list[Tensor | Scalar], build) -> Tensor:
+        tensors = [x for x in operands if isinstance(x, Tensor)]
+        rank = max(x.ndim for x in tensors)
+        shape = broadcast([x._aligned(rank).shape for x in tensors])
+        k = self.builder.kernel(shape)
+        values = [self._load(k, x) if isinstance(x, Tensor) else x for x in operands]
+        value = build(k, *values)
+        out = self._temp(value.dtype, shape)
+        k.store(out.buffer, value, shape=shape)
+        return out
+
+    def unary(self, op: str, x: Tensor) -> Tensor:
+        return self._elementwise([x], lambda k, v: k.unary(op, v))
+
+    def binary(self, op: str, a: Tensor | Scalar, b: Tensor | Scalar) -> Tensor:
+        return self._elementwise([a, b], lambda k, u, v: k.binary(op, u, v))
+
+    def where(self, cond: Tensor, a: Tensor | Scalar, b: Tensor | Scalar) -> Tensor:
+        return self._elementwise([cond, a, b], lambda k, c, u, v: k.select(c, u, v))
+
+    def fma(self, a: Tensor, b: Tensor | Scalar, c: Tensor | Scalar) -> Tensor:
+        return self._elementwise([a, b, c], lambda k, *v: k.fma(*v))
+
+    def cast(self, x: Tensor, dtype: DType | str) -> Tensor:
+        return self._elementwise([x], lambda k, v: k.cast(v, dtype))
+
+    def copy(self, x: Tensor) -> Tensor:
+        return self._elementwise([x], lambda k, v: v)
+
+    def maximum(self, a: Tensor | Scalar, b: Tensor | Scalar) -> Tensor:
+        return self.binary("max", a, b)
+
+    def minimum(self, a: Tensor | Scalar, b: Tensor | Scalar) -> Tensor:
+        return self.binary("min", a, b)
+
+    def reduce(self, kind: str, x: Tensor, axes: int | tuple[int, ...] | None = None,
+               keepdim: bool = False) -> Tensor:
+        """Reduce over ``axes`` (default: all). The reduced dimensions become the kernel's
+        trailing loop dimensions, so the kept ones can form its parallel grid."""
+        axes = tuple(range(x.ndim)) if axes is None else (axes,) if isinstance(axes, int) else axes
+        try:
+            axes = tuple(sorted({a % x.ndim for a in axes}))
+        except ZeroDivisionError:
+            raise ShapeError(f"reduce {kind}: a 0-d tensor has no axis {axes}") from None
+        kept = [d for d in range(x.ndim) if d not in axes]
+        order = kept + list(axes)
+        k = self.builder.kernel(tuple(x.shape[d] for d in order))
+        value = self._load(k, x.permute(*order))
+        value = k.reduce(kind, value, tuple(range(len(kept), x.ndim))) if axes else value
+        out_shape = tuple(x.shape[d] for d in kept)
+        out = self._temp(value.dtype, out_shape)
+        k.store(out.buffer, value)
+        if not keepdim:
+            return out
+        return out.reshape(*(1 if d in axes else x.shape[d] for d in range(x.ndim)))
+
+    def sum(self, x, axes=None, keepdim=False):
+        return self.reduce("sum", x, axes, keepdim)
+
+    def max(self, x, axes=None, keepdim=False):
+        return self.reduce("max", x, axes, keepdim)
+
+    def mean(self, x: Tensor, axes=None, keepdim=False) -> Tensor:
+        axes = tuple(range(x.ndim)) if axes is None else (axes,) if isinstance(axes, int) else axes
+        count = math.prod(x.shape[a] for a in axes)
+        return self.reduce("sum", x, axes, keepdim) / count  # 0/0 gives NaN, as in NumPy
+
+    def matmul(self, a: Tensor, b: Tensor) -> Tensor:
+        """NumPy ``matmul``: batched over leading dimensions, 1-D operands as vectors."""
+        if a.ndim == 0 or b.ndim == 0:
+            raise ShapeError("matmul: operands must have at least one dimension")
+        va, vb = a.ndim == 1, b.ndim == 1
+        a = a.reshape(1, a.shape[0]) if va else a
+        b = b.reshape(b.shape[0], 1) if vb else b
+        (m, ka), (kb, n) = a.shape[-2:], b.shape[-2:]
+        if ka != kb:
+            raise ShapeError(f"matmul: inner dimensions differ: {list(a.shape)} @ {list(b.shape)}")
+        batch = broadcast([a._aligned(max(a.ndim, b.ndim)).shape[:-2],
+                           b._aligned(max(a.ndim, b.ndim)).shape[:-2]])
+        k = self.builder.kernel(batch + (m, n, ka))
+        # a[..., M, K] read as [..., M, 1, K]; b[..., K, N] read as [..., 1, N, K].
+        av = a._aligned(len(batch) + 2)
+        bv = b._aligned(len(batch) + 2)
+        la = self._load(k, av._view(av.shape[:-1] + (1, ka),
+                                    av.strides[:-1] + (0, av.strides[-1]), av.offset))
+        lb = self._load(k, bv._view(bv.shape[:-2] + (1, n, kb),
+                                    bv.strides[:-2] + (0, bv.strides[-1], bv.strides[-2]),
+                                    bv.offset))
+        value = k.contract(la, lb, len(batch) + 2)
+        out = self._temp(value.dtype, batch + (m, n))
+        k.store(out.buffer, value)
+        if va or vb:
+            keep = batch + ((m,) if not va else ()) + ((n,) if not vb else ())
+            return out.reshape(*keep)
+        return out

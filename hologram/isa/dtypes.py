@@ -1,0 +1,154 @@
+"""Atlas ISA data types.
+
+Ten types: ``bool``, ``i8 i16 i32 i64``, ``u8``, ``f16 bf16 f32 f64``. A :class:`DType` is
+an interned singleton, so ``is`` and ``==`` agree and dtypes can be dictionary keys.
+
+NumPy has no bfloat16. Hologram stores bf16 data as its raw 16-bit patterns in ``uint16``
+arrays (``DType.storage``) and computes on it in float32 (``DType.compute``), rounding to
+nearest-even after every operation; :func:`to_bf16_bits` and :func:`from_bf16_bits` are
+the conversions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from hologram.errors import DTypeError
+
+
+@dataclass(frozen=True, eq=False)
+class DType:
+    name: str  # Atlas name, used in the text form: "f32"
+    kind: str  # "b" bool, "i" signed int, "u" unsigned int, "f" float
+    bits: int
+    storage: np.dtype  # NumPy dtype of buffer memory
+    compute: np.dtype  # NumPy dtype values are computed in by the reference interpreter
+
+    @property
+    def itemsize(self) -> int:
+        return max(self.bits // 8, 1)
+
+    @property
+    def is_float(self) -> bool:
+        return self.kind == "f"
+
+    @property
+    def is_int(self) -> bool:
+        return self.kind in ("i", "u")
+
+    @property
+    def is_bool(self) -> bool:
+        return self.kind == "b"
+
+    @property
+    def min(self) -> int | float:
+        """Smallest value (``-inf`` for floats)."""
+        if self.is_float:
+            return float("-inf")
+        return 0 if self.kind != "i" else -(1 << (self.bits - 1))
+
+    @property
+    def max(self) -> int | float:
+        """Largest value (``inf`` for floats)."""
+        if self.is_float:
+            return float("inf")
+        if self.is_bool:
+            return 1
+        return (1 << (self.bits - (self.kind == "i"))) - 1
+
+    def __repr__(self) -> str:
+        return self.name
+
+    def __reduce__(self):
+        return (dtype, (self.name,))
+
+
+bool_ = DType("bool", "b", 8, np.dtype(np.bool_), np.dtype(np.bool_))
+int8 = DType("i8", "i", 8, np.dtype(np.int8), np.dtype(np.int8))
+int16 = DType("i16", "i", 16, np.dtype(np.int16), np.dtype(np.int16))
+int32 = DType("i32", "i", 32, np.dtype(np.int32), np.dtype(np.int32))
+int64 = DType("i64", "i", 64, np.dtype(np.int64), np.dtype(np.int64))
+uint8 = DType("u8", "u", 8, np.dtype(np.uint8), np.dtype(np.uint8))
+float16 = DType("f16", "f", 16, np.dtype(np.float16), np.dtype(np.float16))
+bfloat16 = DType("bf16", "f", 16, np.dtype(np.uint16), np.dtype(np.float32))
+float32 = DType("f32", "f", 32, np.dtype(np.float32), np.dtype(np.float32))
+float64 = DType("f64", "f", 64, np.dtype(np.float64), np.dtype(np.float64))
+
+ALL: tuple[DType, ...] = (
+    bool_, int8, int16, int32, int64, uint8, float16, bfloat16, float32, float64,
+)
+FLOATS = tuple(t for t in ALL if t.is_float)
+INTS = tuple(t for t in ALL if t.is_int)
+
+_BY_NAME = {t.name: t for t in ALL}
+_ALIASES = {
+    "bool": bool_, "int8": int8, "int16": int16, "int32": int32, "int64": int64,
+    "uint8": uint8, "float16": float16, "half": float16, "bfloat16": bfloat16,
+    "float32": float32, "float": float32, "float64": float64, "double": float64,
+}
+_BY_NUMPY = {t.storage: t for t in ALL if t is not bfloat16}
+
+
+def dtype(spec: object) -> DType:
+    """Resolve an Atlas dtype from a DType, an Atlas or NumPy name, or a NumPy dtype."""
+    if isinstance(spec, DType):
+        return spec
+    if isinstance(spec, str):
+        found = _BY_NAME.get(spec) or _ALIASES.get(spec)
+        if found is not None:
+            return found
+    else:
+        try:
+            found = _BY_NUMPY.get(np.dtype(spec))
+        except TypeError:
+            found = None
+        if found is not None:
+            return found
+    names = ", ".join(t.name for t in ALL)
+    raise DTypeError(f"unsupported dtype {spec!r}; Atlas dtypes are: {names}")
+
+
+def exactly_representable(src: DType, dst: DType) -> bool:
+    """True when every value of ``src`` converts to ``dst`` without rounding or wrapping.
+
+    Canonicalization uses this to drop an intermediate cast: ``cast(cast(x, A), B)`` equals
+    ``cast(x, B)`` whenever ``x``'s type is exactly representable in ``A``.
+    """
+    if src is dst or src.is_bool:
+        return True
+    if dst.is_bool:
+        return False
+    if src.is_float:
+        return dst.is_float and (
+            (src.bits < dst.bits and src is not bfloat16)
+            or (src is bfloat16 and dst.bits >= 32)
+        )
+    # integers
+    if dst.is_float:
+        mantissa = {float16: 11, bfloat16: 8, float32: 24, float64: 53}[dst]
+        return src.bits - (src.kind == "i") <= mantissa
+    if src.kind == "u":
+        return dst.bits >= src.bits if dst.kind == "u" else dst.bits > src.bits
+    return dst.kind == "i" and dst.bits >= src.bits
+
+
+def to_bf16_bits(values: np.ndarray) -> np.ndarray:
+    """Round float32 values to bfloat16 (nearest-even; NaN stays quiet NaN) → uint16 bits."""
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
+    nan = np.isnan(np.asarray(values, dtype=np.float32))
+    # Rounding a NaN could carry into the exponent and produce inf; force a quiet NaN.
+    rounded = np.where(nan, (bits >> np.uint32(16)) | np.uint32(0x0040), rounded)
+    return rounded.astype(np.uint16)
+
+
+def from_bf16_bits(bits: np.ndarray) -> np.ndarray:
+    """Widen bfloat16 bit patterns (uint16) to float32, exactly."""
+    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+def round_bf16(values: np.ndarray) -> np.ndarray:
+    """Round float32 values to the nearest bfloat16, returned as float32."""
+    return from_bf16_bits(to_bf16_bits(values))

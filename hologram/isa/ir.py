@@ -1,0 +1,271 @@
+"""The Atlas ISA: programs, buffers, kernels and typed SSA instructions.
+
+A :class:`Program` is a list of *buffers* (flat typed memory; inputs, outputs and
+temporaries) and an ordered list of *kernels*. A kernel runs over a rectangular index
+space, its ``domain``. The first ``grid_rank`` dimensions of the domain are its parallel
+index space (the grid: CPU threads, GPU blocks); the remaining dimensions are structured
+inner loops that a backend runs sequentially or vectorized. Reductions run only over loop
+dimensions, so every grid point is independent.
+
+Every value in a kernel is a tensor over (part of) the domain: its shape has the domain's
+rank and each extent is either the domain's extent (the value varies along that
+dimension) or 1 (it is constant along it and broadcasts). Operations broadcast their
+operands the same way. A reduction keeps the reduced dimensions with extent 1.
+
+Instructions are SSA and refer to earlier instructions of the same kernel by position
+(``args``), so two instruction lists are structurally equal exactly when they are equal
+as tuples: equality and hashing are alpha-equivalence for free. Memory is reached only by
+``load`` and ``store`` through an affine :class:`IndexMap`: element ``i`` (a multi-index
+over the value's shape) lives at flat element ``offset + sum(i[d] * strides[d])`` of the
+buffer. A stride of 0 broadcasts; negative strides walk backwards.
+
+The IR objects are immutable. Passes build new programs (``dataclasses.replace``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+
+from hologram.isa.dtypes import DType
+
+# --- opcodes ---------------------------------------------------------------------------
+MEMORY_OPS = ("load", "store")
+UNARY_OPS = (
+    "abs", "neg", "not", "sign", "sqrt", "rsqrt", "exp", "exp2", "expm1", "log", "log2",
+    "log1p", "tanh", "sigmoid", "erf", "sin", "cos", "floor", "ceil", "round", "trunc",
+)
+# Unary ops defined on floating-point types only.
+FLOAT_UNARY_OPS = UNARY_OPS[4:]
+BINARY_OPS = ("add", "sub", "mul", "div", "mod", "min", "max", "pow", "and", "or", "xor")
+COMPARE_OPS = ("eq", "ne", "lt", "le", "gt", "ge")
+COMMUTATIVE_OPS = frozenset({"add", "mul", "min", "max", "and", "or", "xor", "eq", "ne"})
+REDUCE_KINDS = ("sum", "prod", "max", "min", "argmax", "argmin")
+ALL_OPS = (
+    *MEMORY_OPS, "const", "index", *UNARY_OPS, *BINARY_OPS, *COMPARE_OPS,
+    "fma", "select", "cast", "reduce", "contract",
+)
+BUFFER_KINDS = ("in", "out", "inout", "temp")
+
+
+@dataclass(frozen=True, slots=True)
+class IndexMap:
+    """Affine map from a multi-index to a flat element offset in a buffer."""
+
+    offset: int
+    strides: tuple[int, ...]
+
+    def extent(self, shape: tuple[int, ...]) -> tuple[int, int]:
+        """Lowest and highest element touched over ``shape``; ``(0, -1)`` when empty."""
+        if any(n == 0 for n in shape):
+            return 0, -1
+        low = high = self.offset
+        for n, s in zip(shape, self.strides):
+            if s > 0:
+                high += s * (n - 1)
+            else:
+                low += s * (n - 1)
+        return low, high
+
+    def is_injective(self, shape: tuple[int, ...]) -> bool:
+        """Sufficient test that distinct indices reach distinct elements (no write races):
+        sorted by stride, each dimension must step over the whole span of the smaller ones."""
+        if any(n == 0 for n in shape):
+            return True  # writes nothing
+        span = 1
+        for s, n in sorted((abs(s), n) for s, n in zip(self.strides, shape) if n > 1):
+            if s < span:
+                return False
+            span = s * n
+        return True
+
+    @staticmethod
+    def contiguous(shape: tuple[int, ...], offset: int = 0) -> IndexMap:
+        """Row-major map over ``shape``; dimensions of extent 1 get stride 0."""
+        strides, step = [], 1
+        for n in reversed(shape):
+            strides.append(step if n != 1 else 0)
+            step *= n
+        return IndexMap(offset, tuple(reversed(strides)))
+
+
+@dataclass(frozen=True, slots=True)
+class Instr:
+    """One SSA instruction. ``args`` index earlier instructions of the same kernel.
+
+    ``attrs`` by opcode:
+      load / store: ``(buffer_index, IndexMap)``
+      const:        ``(value,)`` with floats encoded by ``float.hex`` (so that -0.0 and NaN
+                    compare and hash exactly)
+      index:        ``(axis,)``
+      reduce:       ``(kind, axes)``
+      contract:     ``(axes,)``
+      others:       ``()``
+    ``dtype``/``shape`` are the result type; for ``store`` they are the stored value's.
+    """
+
+    op: str
+    dtype: DType
+    shape: tuple[int, ...]
+    args: tuple[int, ...] = ()
+    attrs: tuple = ()
+
+    # Convenience accessors; each is valid only for the opcodes named.
+    @property
+    def buffer(self) -> int:  # load, store
+        return self.attrs[0]
+
+    @property
+    def map(self) -> IndexMap:  # load, store
+        return self.attrs[1]
+
+    @property
+    def value(self) -> bool | int | float:  # const
+        return decode_const(self.dtype, self.attrs[0])
+
+    @property
+    def axes(self) -> tuple[int, ...]:  # reduce, contract
+        return self.attrs[-1]
+
+    @property
+    def kind(self) -> str:  # reduce
+        return self.attrs[0]
+
+    @property
+    def axis(self) -> int:  # index
+        return self.attrs[0]
+
+
+@dataclass(frozen=True, slots=True)
+class Buffer:
+    """Flat memory of ``prod(shape)`` elements. ``kind`` is in/out/inout/temp.
+
+    ``offset`` is set by the scheduler on temporaries: their byte offset in the program's
+    temporary arena (temporaries whose lifetimes do not overlap share bytes).
+    """
+
+    name: str
+    dtype: DType
+    shape: tuple[int, ...]
+    kind: str = "in"
+    offset: int | None = None
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    def key(self) -> tuple:
+        return (self.dtype.name, self.shape, self.kind, self.offset)
+
+
+@dataclass(frozen=True, slots=True)
+class Kernel:
+    """A loop nest over ``domain``; the first ``grid_rank`` dimensions run in parallel."""
+
+    name: str
+    domain: tuple[int, ...]
+    body: tuple[Instr, ...]
+    grid_rank: int = 0
+
+    @property
+    def grid(self) -> tuple[int, ...]:
+        return self.domain[: self.grid_rank]
+
+    @property
+    def loops(self) -> tuple[int, ...]:
+        return self.domain[self.grid_rank :]
+
+    def key(self) -> tuple:
+        return (self.domain, self.grid_rank, self.body)
+
+    def reads(self) -> frozenset[int]:
+        return frozenset(i.buffer for i in self.body if i.op == "load")
+
+    def writes(self) -> frozenset[int]:
+        return frozenset(i.buffer for i in self.body if i.op == "store")
+
+
+@dataclass(frozen=True)
+class Program:
+    """Buffers and kernels, run in order. Parameters are the non-temp buffers, in order."""
+
+    name: str
+    buffers: tuple[Buffer, ...]
+    kernels: tuple[Kernel, ...] = field(default=())
+
+    @property
+    def params(self) -> tuple[Buffer, ...]:
+        return tuple(b for b in self.buffers if b.kind != "temp")
+
+    @property
+    def temps(self) -> tuple[Buffer, ...]:
+        return tuple(b for b in self.buffers if b.kind == "temp")
+
+    @property
+    def arena_bytes(self) -> int:
+        """Bytes of the temporary arena planned by the scheduler (0 before scheduling)."""
+        ends = [b.offset + b.nbytes for b in self.temps if b.offset is not None]
+        return max(ends, default=0)
+
+    def key(self) -> tuple:
+        """Structural identity: everything except the names of the program, its buffers
+        and its kernels (SSA values are positional, so they have no names to ignore)."""
+        return (
+            tuple(b.key() for b in self.buffers),
+            tuple(k.key() for k in self.kernels),
+        )
+
+    def structurally_equal(self, other: Program) -> bool:
+        return self.key() == other.key()
+
+    def fingerprint(self) -> str:
+        """Stable hex digest of :meth:`key` (the same in every process and on every
+        machine): the program part of a cache key."""
+        return hashlib.sha256(repr(self.key()).encode()).hexdigest()
+
+    def __str__(self) -> str:
+        from hologram.isa.text import print_program
+
+        return print_program(self)
+
+
+# --- constants -------------------------------------------------------------------------
+def encode_const(dtype: DType, value: object) -> bool | int | str:
+    """Normalize ``value`` to ``dtype`` and encode it for ``Instr.attrs``.
+
+    Floats are rounded to the dtype and stored as ``float.hex`` strings; all NaNs become
+    one quiet NaN. Integers wrap to the dtype's width (two's complement).
+    """
+    import numpy as np
+
+    if dtype.is_bool:
+        return bool(value)
+    if dtype.is_int:
+        bits = dtype.bits
+        v = int(value) & ((1 << bits) - 1)
+        if dtype.kind == "i" and v >= 1 << (bits - 1):
+            v -= 1 << bits
+        return v
+    v = float(value)
+    if math.isnan(v):
+        return "nan"
+    if dtype.name == "bf16":
+        from hologram.isa.dtypes import round_bf16
+
+        with np.errstate(over="ignore"):
+            v = float(round_bf16(np.array([v], dtype=np.float32))[0])
+    elif dtype.bits < 64:
+        with np.errstate(over="ignore"):
+            v = float(dtype.storage.type(v))
+    return float.hex(v)
+
+
+def decode_const(dtype: DType, encoded: bool | int | str) -> bool | int | float:
+    if dtype.is_float:
+        return float.fromhex(encoded) if encoded != "nan" else math.nan
+    return encoded

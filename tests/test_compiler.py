@@ -1,0 +1,410 @@
+"""The pass pipeline: canonical forms, exact rewrites, fusion, scheduling, dumps."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from util import execute, inputs_for, same_bits
+
+from hologram.compiler import CompileOptions, canonicalize, pipeline
+from hologram.compiler.schedule import grid_rank
+from hologram.errors import CompileError
+from hologram.graph import Graph
+from hologram.isa import dtypes as dt
+from hologram.isa.builder import ProgramBuilder
+from hologram.isa.text import parse_program
+from hologram.isa.verify import verify
+
+F32 = dt.float32
+
+
+def _elementwise(build, dtype=F32, n=16, names="abc"):
+    """A one-kernel program y = build(k, *loads) over inputs named ``names``."""
+    b = ProgramBuilder("ew")
+    ins = [b.input(name, dtype, (n,)) for name in names]
+    k = b.kernel((n,))
+    value = build(k, *[k.load(i) for i in ins])
+    k.store(b.output("y", value.dtype, (n,)), value, shape=(n,))
+    return b.build()
+
+
+def _canon(program, fast_math=False):
+    return canonicalize(program, CompileOptions(fast_math=fast_math))
+
+
+def _ops(program):
+    return [i.op for k in program.kernels for i in k.body]
+
+
+# --- canonical forms -------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "first, second",
+    [
+        (lambda k, a, b, c: k.add(a, b), lambda k, a, b, c: k.add(b, a)),
+        (lambda k, a, b, c: k.mul(a, 2.0), lambda k, a, b, c: k.add(a, a)),
+        (lambda k, a, b, c: k.add(k.mul(a, b), c), lambda k, a, b, c: k.add(c, k.mul(b, a))),
+        (lambda k, a, b, c: k.gt(a, b), lambda k, a, b, c: k.lt(b, a)),
+        (lambda k, a, b, c: k.sub(a, b), lambda k, a, b, c: k.add(a, k.neg(b))),
+        (lambda k, a, b, c: k.max(k.min(a, b), c), lambda k, a, b, c: k.max(c, k.min(b, a))),
+        (lambda k, a, b, c: k.neg(a), lambda k, a, b, c: k.mul(a, -1.0)),
+        (lambda k, a, b, c: a, lambda k, a, b, c: k.div(k.neg(k.neg(a)), 1.0)),
+        (lambda k, a, b, c: k.select(k.lt(a, b), a, c),
+         lambda k, a, b, c: k.select(k.not_(k.gt(b, a)), c, a)),
+        (lambda k, a, b, c: k.exp(a), lambda k, a, b, c: k.cast(k.cast(k.exp(a), "f64"), "f32")),
+    ],
+)
+def test_spellings_share_one_canonical_form(first, second):
+    p, q = _canon(_elementwise(first)), _canon(_elementwise(second))
+    assert p.structurally_equal(q)
+    assert p.fingerprint() == q.fingerprint()
+    inputs = inputs_for(p)
+    for x, y in zip(execute(_elementwise(first), inputs), execute(_elementwise(second), inputs)):
+        assert same_bits(x, y)
+
+
+def test_load_order_and_buffer_names_do_not_matter():
+    def program(order, names):
+        b = ProgramBuilder("p")
+        x, y = b.input(names[0], F32, (8,)), b.input(names[1], F32, (8,))
+        out = b.output(names[2], F32, (8,))
+        k = b.kernel((8,))
+        loads = {0: None, 1: None}
+        for i in order:
+            loads[i] = k.load((x, y)[i])
+        k.store(out, k.sub(k.exp(loads[0]), loads[1]))
+        return b.build()
+
+    p, q = _canon(program((0, 1), "abc")), _canon(program((1, 0), "xyz"))
+    assert p.fingerprint() == q.fingerprint()
+    assert p != q  # names are kept; only the structure is compared
+
+
+def test_canonicalize_is_idempotent_and_pure():
+    p = _elementwise(lambda k, a, b, c: k.add(k.mul(a, b), k.mul(b, a)))
+    before = str(p)
+    c = _canon(p)
+    assert _canon(c) == c
+    assert str(p) == before
+
+
+def test_common_subexpressions_merge():
+    p = _canon(_elementwise(lambda k, a, b, c: k.add(k.exp(k.mul(a, b)), k.exp(k.mul(b, a)))))
+    assert _ops(p).count("exp") == 1 and _ops(p).count("mul") == 2  # x+x -> x*2
+
+
+def test_dead_code_and_dead_temporaries_are_removed():
+    b = ProgramBuilder("dead")
+    x = b.input("x", F32, (4,))
+    t = b.temp("t", F32, (4,))
+    y = b.output("y", F32, (4,))
+    k = b.kernel((4,))
+    v = k.load(x)
+    k.sin(v)  # unused
+    k.store(t, k.cos(v))  # never read
+    k.store(y, k.exp(v))
+    p = _canon(b.build())
+    assert _ops(p) == ["load", "exp", "store"]
+    assert [buf.name for buf in p.buffers] == ["x", "y"]
+
+
+# --- exactness ------------------------------------------------------------------------
+def _edge_inputs(n=16):
+    values = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1.0, -1.0, 1e-40, -1e-40, 3e38,
+                       -3e38, 0.5, 2.0, -2.5, 1e-45, 7.0], dtype=np.float32)[:n]
+    rng = np.random.default_rng(1)
+    return [values, rng.permutation(values), rng.permutation(values)]
+
+
+@pytest.mark.parametrize(
+    "build, survives",
+    [
+        (lambda k, a, b, c: k.add(a, 0.0), "add"),  # -0.0 + 0.0 is +0.0
+        (lambda k, a, b, c: k.mul(a, 0.0), "mul"),  # inf * 0 is NaN, -1 * 0 is -0.0
+        (lambda k, a, b, c: k.sub(a, a), "sub"),  # inf - inf is NaN
+        (lambda k, a, b, c: k.div(a, a), "div"),
+        (lambda k, a, b, c: k.eq(a, a), "eq"),  # NaN != NaN
+        (lambda k, a, b, c: k.add(k.mul(a, b), c), "mul"),  # no fma contraction
+        (lambda k, a, b, c: k.add(k.add(a, 1.0), 2.0), "add"),  # no float reassociation
+    ],
+)
+def test_inexact_rewrites_are_not_applied(build, survives):
+    p = _elementwise(build)
+    c = _canon(p)
+    assert survives in _ops(c)
+    inputs = _edge_inputs()
+    for x, y in zip(execute(p, inputs), execute(c, inputs)):
+        assert same_bits(x, y)
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda k, a, b, c: k.add(a, -0.0),
+        lambda k, a, b, c: k.sub(a, 0.0),
+        lambda k, a, b, c: k.mul(a, 1.0),
+        lambda k, a, b, c: k.div(a, 1.0),
+        lambda k, a, b, c: k.max(a, a),
+        lambda k, a, b, c: k.neg(k.neg(a)),
+        lambda k, a, b, c: k.select(k.lt(a, b), a, a),
+        lambda k, a, b, c: k.cast(a, "f32"),
+    ],
+)
+def test_exact_identities_reduce_to_the_operand(build):
+    p = _elementwise(build)
+    c = _canon(p)
+    assert _ops(c) == ["load", "store"]
+    inputs = _edge_inputs()
+    for x, y in zip(execute(p, inputs), execute(c, inputs)):
+        assert same_bits(x, y)
+
+
+def test_integer_identities_use_wrapping_arithmetic():
+    p = _elementwise(lambda k, a, b, c: k.add(k.mul(a, 0), k.sub(b, b)), dtype=dt.int32)
+    assert _ops(_canon(p)) == ["const", "store"]
+    p = _elementwise(lambda k, a, b, c: k.add(k.add(a, 7), 2**31 - 1), dtype=dt.int32)
+    c = _canon(p)
+    assert _ops(c).count("add") == 1
+    x = np.array([0, 5, -(2**31), 2**31 - 1] * 4, dtype=np.int32)
+    assert np.array_equal(execute(p, [x, x, x])[0], execute(c, [x, x, x])[0])
+    # u8: x / 255 is not x / -1.
+    p = _elementwise(lambda k, a, b, c: k.div(a, 255), dtype=dt.uint8)
+    assert "div" in _ops(_canon(p))
+
+
+def test_fast_math_allows_inexact_rewrites():
+    p = _elementwise(lambda k, a, b, c: k.add(k.mul(a, b), k.add(c, 0.0)))
+    fast = _canon(p, fast_math=True)
+    assert "fma" in _ops(fast) and "mul" not in _ops(fast)
+    assert _canon(p).fingerprint() != fast.fingerprint()
+    assert CompileOptions(fast_math=True).key() != CompileOptions().key()
+
+
+def test_constant_folding_follows_the_interpreter():
+    b = ProgramBuilder("fold")
+    y = b.output("y", F32, (4,))
+    z = b.output("z", dt.int32, (4,))
+    k = b.kernel((4,))
+    k.store(y, k.add(k.div(k.const(1.0, F32), k.const(-0.0, F32)), k.exp(k.const(1.0, F32))),
+            shape=(4,))
+    k2 = b.kernel((4,))
+    nan_to_int = k2.cast(k2.const(math.nan, F32), "i32")
+    k2.store(z, k2.add(k2.div(k2.const(7, "i32"), k2.const(0, "i32")), nan_to_int), shape=(4,))
+    p = b.build()
+    c = _canon(p)
+    assert [op for op in _ops(c) if op not in ("const", "store")] == []
+    for x, y in zip(execute(p, []), execute(c, [])):
+        assert same_bits(x, y)
+    assert execute(c, [])[0][0] == -np.inf and execute(c, [])[1][0] == 0
+
+
+def test_reducing_a_broadcast_value():
+    b = ProgramBuilder("bcast")
+    x = b.input("x", dt.int32, (4, 1))
+    y = b.output("y", dt.int32, (4, 1))
+    z = b.output("z", F32, (4, 1))
+    k = b.kernel((4, 6), grid_rank=1)
+    v = k.load(x, (4, 1), strides=(1, 0))
+    k.store(y, k.reduce("sum", v, 1))  # six copies: 6 * x
+    k.store(z, k.reduce("max", k.cast(v, F32), 1))
+    p = b.build()
+    c = _canon(p)
+    assert "reduce" not in _ops(c)
+    inputs = [np.array([1, -3, 2**30, 0], dtype=np.int32)]
+    for u, v in zip(execute(p, inputs), execute(c, inputs)):
+        assert same_bits(u, v)
+    assert list(execute(c, inputs)[0]) == [6, -18, (6 * 2**30) % 2**32 - 2**32, 0]
+
+
+# --- fusion -----------------------------------------------------------------------------
+def _graph(build):
+    g = Graph(build.__name__)
+    build(g)
+    return g.program()
+
+
+def relu_mad(g):
+    a, b, c = (g.input(n, "f32", (1000,)) for n in "abc")
+    g.output("y", g.maximum(a * b + c, 0.0))
+
+
+def softmax(g):
+    x = g.input("x", "f32", (8, 100))
+    e = g.unary("exp", x - g.max(x, 1, keepdim=True))
+    g.output("y", e / g.sum(e, 1, keepdim=True))
+
+
+def layer_norm(g):
+    x = g.input("x", "f32", (8, 32))
+    d = x - g.mean(x, 1, keepdim=True)
+    g.output("y", d * g.unary("rsqrt", g.mean(d * d, 1, keepdim=True) + 1e-5))
+
+
+def linear_relu(g):
+    x, w = g.input("x", "f32", (8, 16)), g.input("w", "f32", (32, 16))
+    b = g.input("b", "f32", (32,))
+    g.output("y", g.maximum(x @ w.T + b, 0.0))
+
+
+def gelu_tanh(g):
+    x, w, b = (g.input(n, "f32", (512,)) for n in "xwb")
+    v = x * w + b
+    inner = (v + v * v * v * 0.044715) * math.sqrt(2 / math.pi)
+    g.output("y", v * 0.5 * (g.unary("tanh", inner) + 1.0))
+
+
+def sum_of_squares(g):
+    x = g.input("x", "f32", (6, 7))
+    g.output("s", g.sum(x * x) * 0.5)
+
+
+def batched_matmul(g):
+    a, b = g.input("a", "f32", (3, 4, 5)), g.input("b", "f32", (5, 6))
+    g.output("y", g.unary("sigmoid", a @ b))
+
+
+def column_sum(g):
+    x = g.input("x", "f32", (5, 9))
+    g.output("y", g.sum(g.unary("exp", x), 0) + 1.0)
+
+
+def reduction_in_two_spaces(g):
+    x = g.input("x", "f32", (4, 8))
+    s = g.sum(x, 1)
+    g.output("a", s * 2.0)
+    g.output("b", g.sum(x.T * s, 1))
+
+
+@pytest.mark.parametrize(
+    "build, kernels",
+    [
+        (relu_mad, 1), (softmax, 1), (layer_norm, 1), (linear_relu, 1), (gelu_tanh, 1),
+        (sum_of_squares, 1), (batched_matmul, 1), (column_sum, 1),
+        # s is needed row-wise by `a` and column-wise by `b`: it must materialize once.
+        (reduction_in_two_spaces, 2),
+    ],
+)
+def test_fusion_materializes_only_what_must_be(build, kernels):
+    p = _graph(build)
+    q = pipeline.run(p)
+    assert len(q.kernels) == kernels, str(q)
+    assert len(q.temps) == kernels - 1
+    inputs = inputs_for(p, seed=3)
+    for x, y in zip(execute(p, inputs), execute(q, inputs)):
+        assert same_bits(x, y)
+
+
+def test_fused_contraction_keeps_its_epilogue_in_one_kernel():
+    q = pipeline.run(_graph(linear_relu))
+    (kernel,) = q.kernels
+    ops = [i.op for i in kernel.body]
+    assert ops.index("contract") < ops.index("add") < ops.index("max")
+    assert kernel.grid == (8, 32) and kernel.loops == (16,)
+
+
+def test_views_compose_into_producer_maps():
+    def transposed_slice(g):
+        x = g.input("x", "f32", (6, 8))
+        e = g.unary("exp", x)
+        g.output("y", e.T[::-1, 1:5] * 2.0)
+
+    p = _graph(transposed_slice)
+    q = pipeline.run(p)
+    assert len(q.kernels) == 1
+    (load,) = [i for i in q.kernels[0].body if i.op == "load"]
+    assert load.map.strides == (-1, 8) and load.map.offset == 7 + 8
+    inputs = inputs_for(p)
+    assert same_bits(execute(p, inputs)[0], execute(q, inputs)[0])
+
+
+def test_a_reshape_that_is_not_a_view_of_the_block_materializes():
+    def flatten_after_exp(g):
+        x = g.input("x", "f32", (4, 8))
+        e = g.unary("exp", x[:, :4])  # (4, 4) block
+        g.output("y", g.sum(e.reshape(16)))
+
+    p = _graph(flatten_after_exp)
+    q = pipeline.run(p)
+    inputs = inputs_for(p)
+    assert same_bits(execute(p, inputs)[0], execute(q, inputs)[0])
+
+
+def test_fusion_keeps_memory_order():
+    # k1 overwrites x (inout) after k0 read it; the reader of k0's temporary must not
+    # recompute from the new x.
+    b = ProgramBuilder("war")
+    x = b.buffer("x", F32, (4,), "inout")
+    t = b.temp("t", F32, (4,))
+    y = b.output("y", F32, (4,))
+    k = b.kernel((4,))
+    k.store(t, k.exp(k.load(x)))
+    k = b.kernel((4,))
+    k.store(x, k.const(0.0, F32), shape=(4,))
+    k = b.kernel((4,))
+    k.store(y, k.add(k.load(t), 1.0))
+    p = b.build()
+    q = pipeline.run(p)
+    inputs = [np.arange(4, dtype=np.float32)]
+    for u, v in zip(execute(p, inputs), execute(q, inputs)):
+        assert same_bits(u, v)
+
+
+# --- scheduling ------------------------------------------------------------------------
+def test_grid_excludes_reduced_and_repeated_store_dimensions():
+    q = pipeline.run(_graph(softmax))
+    assert q.kernels[0].grid_rank == 1
+    assert pipeline.run(_graph(relu_mad)).kernels[0].grid_rank == 1
+    assert pipeline.run(_graph(sum_of_squares)).kernels[0].grid_rank == 0
+    b = ProgramBuilder()
+    x, y = b.input("x", F32, (4, 8)), b.output("y", F32, (4,))
+    k = b.kernel((4, 8))
+    k.store(y, k.load(x, (4, 1), strides=(8, 0)))  # constant along dimension 1
+    assert grid_rank(b.build().kernels[0]) == 1
+
+
+def test_arena_reuses_memory_of_dead_temporaries():
+    def chain(g):
+        x = g.input("x", "f32", (64, 64))
+        a = g.sum(x, 1, keepdim=True)  # materialized: read column-wise below
+        b = g.sum(x.T * a.T, 1, keepdim=True)
+        c = g.sum(x * b.T, 0, keepdim=True)
+        g.output("y", g.sum(x * c, 1))
+
+    p = _graph(chain)
+    q = pipeline.run(p)
+    assert len(q.temps) >= 2
+    assert q.arena_bytes < sum(t.nbytes for t in q.temps) + 64 * len(q.temps)
+    assert all(t.offset % 64 == 0 for t in q.temps)
+    verify(q)  # the verifier re-checks that live temporaries never share bytes
+    inputs = inputs_for(p, edges=False)
+    np.testing.assert_array_equal(execute(p, inputs)[0], execute(q, inputs)[0])
+
+
+# --- pipeline mechanics ----------------------------------------------------------------
+def test_pipeline_is_one_named_list():
+    names = [name for name, _ in pipeline.PIPELINE]
+    assert names[0] == "verify" and names[-1] == "verify.final"
+    assert {"canonicalize", "fuse", "schedule"} <= set(names)
+    assert pipeline.KEY_STAGE in names
+
+
+def test_dump_dir_gets_every_stage(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOLOGRAM_DUMP_DIR", str(tmp_path))
+    p = _graph(softmax)
+    q = pipeline.run(p)
+    files = sorted(tmp_path.iterdir())
+    assert [f.name.split(".", 2)[2] for f in files] == [
+        f"{name}.atlas" for name, _ in pipeline.PIPELINE
+    ]
+    assert parse_program(files[-1].read_text()) == q
+
+
+def test_a_failing_pass_becomes_a_compile_error(monkeypatch):
+    def broken(program, options):
+        raise ZeroDivisionError("oops")
+
+    monkeypatch.setattr(pipeline, "PIPELINE", (("broken", broken),))
+    with pytest.raises(CompileError, match="pass 'broken' failed on program relu_mad") as info:
+        pipeline.run(_graph(relu_mad))
+    assert "program relu_mad {" in info.value.source

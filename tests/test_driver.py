@@ -1,0 +1,170 @@
+"""hologram.compile: calling convention, errors, and the program cache end to end."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import hologram
+from hologram.errors import DeviceError, DTypeError, ShapeError
+from hologram.graph import Graph
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path, monkeypatch):
+    directory = tmp_path / "cache"
+    monkeypatch.setenv("HOLOGRAM_CACHE_DIR", str(directory))
+    hologram.clear_cache()
+    yield directory
+    hologram.clear_cache()
+
+
+def axpy(spelling: str, names="xyz"):
+    g = Graph("axpy")
+    x, y = g.input(names[0], "f32", (64,)), g.input(names[1], "f32", (64,))
+    g.output(names[2], x * 2.0 + y if spelling == "a" else y + (x + x))
+    return g.program()
+
+
+def test_compile_and_call():
+    compiled = hologram.compile(axpy("a"))
+    x = np.arange(64, dtype=np.float32)
+    y = np.ones(64, dtype=np.float32)
+    np.testing.assert_array_equal(compiled(x, y), 2 * x + y)
+    out = np.empty(64, dtype=np.float32)
+    assert compiled(x, y, out) is out
+    np.testing.assert_array_equal(out, 2 * x + y)
+
+
+def test_spellings_share_one_cache_entry(cache_dir):
+    first = hologram.compile(axpy("a"))
+    second = hologram.compile(axpy("b", names="abc"))
+    assert first.key == second.key
+    info = hologram.cache_info()
+    assert info["misses"] == 1 and info["hits"] == 1
+    assert info["disk_entries"] == 1
+    assert hologram.compile(axpy("a")) is first  # the exact program: in-process memo
+
+
+def test_options_and_backend_are_part_of_the_key():
+    plain = hologram.compile(axpy("a"))
+    fast = hologram.compile(axpy("a"), options=hologram.CompileOptions(fast_math=True))
+    assert plain.key.digest() != fast.key.digest()
+    assert plain.key.version == hologram.__version__
+    with pytest.raises(DeviceError, match=r"unknown backend 'metal'.*interp"):
+        hologram.compile(axpy("a"), backend="metal")
+
+
+def test_bad_arrays_are_rejected_with_the_parameter_named():
+    compiled = hologram.compile(axpy("a"))
+    x = np.zeros(64, dtype=np.float32)
+    with pytest.raises(DTypeError, match=r"parameter y: expected f32.*float64"):
+        compiled(x, np.zeros(64))
+    with pytest.raises(ShapeError, match="parameter x: expected 64 elements"):
+        compiled(np.zeros(63, dtype=np.float32), x)
+    with pytest.raises(ShapeError, match="takes 3 arrays"):
+        compiled(x)
+    with pytest.raises(ShapeError, match="C-contiguous"):
+        compiled(np.zeros(128, dtype=np.float32)[::2], x)
+    with pytest.raises(DTypeError, match="NumPy array"):
+        compiled([0.0] * 64, x)
+
+
+def _spawn(code: str, cache_dir: Path) -> subprocess.Popen:
+    """A fresh Python process sharing the cache directory, running ``code``."""
+    prelude = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(ROOT / "tests")!r})
+        import numpy as np, hologram
+        from test_driver import axpy
+    """)
+    env = {"HOLOGRAM_CACHE_DIR": str(cache_dir), "PATH": "/usr/bin:/bin",
+           "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-c", prelude + textwrap.dedent(code)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _child(code: str, cache_dir: Path) -> tuple[list[str], str]:
+    """Run ``code`` in a new process; its stdout words (it must exit 0)."""
+    proc = _spawn(code, cache_dir)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    return out.split(), err
+
+
+def test_a_new_process_loads_from_disk(cache_dir):
+    hologram.compile(axpy("a"))
+    out, _ = _child("""
+        c = hologram.compile(axpy("b"))
+        x = np.arange(64, dtype=np.float32)
+        assert (c(x, x) == 3 * x).all()
+        info = hologram.cache_info()
+        print(info["disk_hits"], info["misses"])
+    """, cache_dir)
+    assert out == ["1", "0"]
+
+
+def test_a_corrupted_entry_is_recompiled(cache_dir):
+    compiled = hologram.compile(axpy("a"))
+    (entry,) = cache_dir.rglob("*.bin")
+    data = bytearray(entry.read_bytes())
+    data[-5] ^= 0xFF
+    entry.write_bytes(bytes(data))
+    out, _ = _child("""
+        c = hologram.compile(axpy("a"))
+        x = np.arange(64, dtype=np.float32)
+        assert (c(x, x) == 3 * x).all()
+        info = hologram.cache_info()
+        print(info["corrupt"], info["misses"])
+    """, cache_dir)
+    assert out == ["1", "1"]
+    assert compiled.key.digest() in entry.name
+
+
+def test_a_valid_entry_that_does_not_parse_is_recompiled(cache_dir):
+    from hologram.cache import _HEADER, MAGIC
+
+    hologram.compile(axpy("a"))
+    (entry,) = cache_dir.rglob("*.bin")
+    payload = b"program broken {"  # intact file, but not a program
+    header = _HEADER.pack(MAGIC, len(payload), hashlib.sha256(payload).digest())
+    entry.write_bytes(header + payload)
+    out, _ = _child("""
+        c = hologram.compile(axpy("a"))
+        x = np.arange(64, dtype=np.float32)
+        assert (c(x, x) == 3 * x).all()
+        print(hologram.cache_info()["corrupt"])
+    """, cache_dir)
+    assert out == ["1"]
+
+
+def test_two_processes_compiling_at_once_both_succeed(cache_dir):
+    code = """
+        c = hologram.compile(axpy("a"))
+        x = np.arange(64, dtype=np.float32)
+        assert (c(x, x) == 3 * x).all()
+        print(hologram.cache_info()["misses"])
+    """
+    procs = [_spawn(code, cache_dir) for _ in range(3)]
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        assert out.split() in (["0"], ["1"])
+    assert len(list(cache_dir.rglob("*.bin"))) == 1
+    assert not list(cache_dir.rglob(".tmp-*"))
+
+
+def test_clear_cache_forgets_everything(cache_dir):
+    hologram.compile(axpy("a"))
+    hologram.clear_cache()
+    assert not list(cache_dir.rglob("*.bin"))
+    hologram.compile(axpy("a"))
+    assert hologram.cache_info()["misses"] == 1

@@ -1,0 +1,64 @@
+"""Helpers shared by the tests: random inputs with edge values, running a program on the
+reference interpreter, and bit-level comparison."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hologram.backends.interp import run
+from hologram.isa import dtypes as dt
+from hologram.isa.ir import Buffer, Program
+
+FLOAT_EDGES = [0.0, -0.0, np.inf, -np.inf, np.nan, 1.0, -1.0, 1e-40, -1e-40, 3.4e38, 0.5]
+
+
+def random_array(buf: Buffer, rng: np.random.Generator, edges: bool = True) -> np.ndarray:
+    """Random values for ``buf`` (storage dtype), sprinkled with edge values."""
+    t, n = buf.dtype, buf.size
+    if t.is_bool:
+        return rng.random(n) < 0.5
+    if t.is_int:
+        info = np.iinfo(t.storage)
+        values = rng.integers(-50 if info.min else 0, 50, n, dtype=t.storage)
+        if edges and n:
+            picks = rng.integers(0, n, max(1, n // 8))
+            values[picks] = rng.choice([info.min, info.max, 0, -1 if info.min else 1], picks.size)
+        return values
+    values = rng.standard_normal(n) * 3
+    if edges and n:
+        picks = rng.integers(0, n, max(1, n // 6))
+        values[picks] = rng.choice(FLOAT_EDGES, picks.size)
+    if t is dt.bfloat16:
+        return dt.to_bf16_bits(values.astype(np.float32))
+    with np.errstate(over="ignore"):
+        return values.astype(t.storage)
+
+
+def execute(program: Program, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """Run ``program`` on the interpreter; returns the out/inout arrays."""
+    given = iter(inputs)
+    arrays = [
+        next(given).copy() if p.kind in ("in", "inout") else np.zeros(p.size, p.dtype.storage)
+        for p in program.params
+    ]
+    run(program, arrays)
+    return [a for p, a in zip(program.params, arrays) if p.kind != "in"]
+
+
+def inputs_for(program: Program, seed: int = 0, edges: bool = True) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [random_array(p, rng, edges) for p in program.params if p.kind in ("in", "inout")]
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    """Bit-identical, except that any two NaNs are equal (payloads are not preserved)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.dtype.kind == "f":
+        nan = np.isnan(a)
+        if not np.array_equal(nan, np.isnan(b)):
+            return False
+        return np.array_equal(a[~nan].view(np.uint8), b[~nan].view(np.uint8))
+    if a.dtype == np.uint16:  # bf16 bit patterns: compare as floats for the NaN rule
+        return same_bits(dt.from_bf16_bits(a), dt.from_bf16_bits(b))
+    return np.array_equal(a, b)
