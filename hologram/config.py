@@ -63,8 +63,25 @@ def _default_cache_dir() -> Path:
     return Path(base) / "hologram"
 
 
+_VARIABLES = (
+    "HOLOGRAM_BACKEND", "HOLOGRAM_NUM_THREADS", "HOLOGRAM_CACHE_DIR",
+    "HOLOGRAM_DISABLE_DISK_CACHE", "HOLOGRAM_CACHE_SIZE", "HOLOGRAM_DUMP_DIR",
+    "HOLOGRAM_FAST_MATH", "HOLOGRAM_BENCH_QUICK", "XDG_CACHE_HOME", "HOME",
+)
+_last: tuple[tuple, Settings] | None = None
+
+
 def get() -> Settings:
-    """Read the current settings from the environment."""
+    """The current settings. Parsed again only when one of the variables changed, so this
+    is cheap enough for hot paths and still follows changes made at run time."""
+    global _last
+    snapshot = tuple(os.environ.get(name) for name in _VARIABLES)
+    if _last is None or _last[0] != snapshot:
+        _last = (snapshot, _read())
+    return _last[1]
+
+
+def _read() -> Settings:
     dump = os.environ.get("HOLOGRAM_DUMP_DIR", "").strip()
     cache_dir = os.environ.get("HOLOGRAM_CACHE_DIR", "").strip()
     return Settings(

@@ -134,21 +134,44 @@ def exactly_representable(src: DType, dst: DType) -> bool:
     return dst.kind == "i" and dst.bits >= src.bits
 
 
+def round_to_odd_f32(x: np.ndarray) -> np.ndarray:
+    """float64 -> float32 rounded to odd: truncated toward zero, last bit set if inexact.
+
+    Rounding the result to nearest-even in any format with at most 22 significant bits
+    (f16, bf16) gives the same value as rounding ``x`` directly: no double rounding."""
+    x = np.asarray(x, dtype=np.float64)
+    with np.errstate(over="ignore"):
+        near = x.astype(np.float32)
+    back = near.astype(np.float64)
+    inexact = (back != x) & ~np.isnan(x)
+    bits = near.view(np.uint32)
+    # Round-to-nearest went away from zero: step one ulp back (works for either sign,
+    # and turns an overflowed inf into FLT_MAX).
+    bits = np.where(inexact & (np.abs(back) > np.abs(x)), bits - np.uint32(1), bits)
+    bits = np.where(inexact, bits | np.uint32(1), bits).astype(np.uint32)
+    return bits.view(np.float32)
+
+
 def to_bf16_bits(values: np.ndarray) -> np.ndarray:
-    """Round float32 values to bfloat16 (nearest-even; NaN stays quiet NaN) → uint16 bits."""
-    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    """Round float32 or float64 values once to bfloat16 (nearest-even; NaN stays a quiet
+    NaN) and return their uint16 bit patterns, in the input's shape."""
+    values = np.asarray(values)
+    if values.dtype == np.float64:
+        values = round_to_odd_f32(values)
+    f32 = np.ascontiguousarray(values, dtype=np.float32)
+    bits = f32.view(np.uint32)
     rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
-    nan = np.isnan(np.asarray(values, dtype=np.float32))
     # Rounding a NaN could carry into the exponent and produce inf; force a quiet NaN.
-    rounded = np.where(nan, (bits >> np.uint32(16)) | np.uint32(0x0040), rounded)
-    return rounded.astype(np.uint16)
+    rounded = np.where(np.isnan(f32), (bits >> np.uint32(16)) | np.uint32(0x0040), rounded)
+    return rounded.astype(np.uint16).reshape(values.shape)
 
 
 def from_bf16_bits(bits: np.ndarray) -> np.ndarray:
-    """Widen bfloat16 bit patterns (uint16) to float32, exactly."""
-    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
+    """Widen bfloat16 bit patterns (uint16) to float32, exactly, in the input's shape."""
+    bits = np.asarray(bits, dtype=np.uint16)
+    return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32).reshape(bits.shape)
 
 
 def round_bf16(values: np.ndarray) -> np.ndarray:
-    """Round float32 values to the nearest bfloat16, returned as float32."""
+    """Round float32 or float64 values once to the nearest bfloat16, as float32."""
     return from_bf16_bits(to_bf16_bits(values))

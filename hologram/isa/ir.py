@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from hologram.isa.dtypes import DType
 
@@ -190,13 +191,30 @@ class Kernel:
         return frozenset(i.buffer for i in self.body if i.op == "store")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Program:
     """Buffers and kernels, run in order. Parameters are the non-temp buffers, in order."""
 
     name: str
     buffers: tuple[Buffer, ...]
     kernels: tuple[Kernel, ...] = field(default=())
+
+    # Programs are immutable and used as dictionary keys on hot paths: hash them once.
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Program):
+            return NotImplemented
+        return self is other or (hash(self) == hash(other) and self._fields == other._fields)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    @cached_property
+    def _fields(self) -> tuple:
+        return (self.name, self.buffers, self.kernels)
+
+    @cached_property
+    def _hash(self) -> int:
+        return hash(self._fields)
 
     @property
     def params(self) -> tuple[Buffer, ...]:
@@ -257,8 +275,7 @@ def encode_const(dtype: DType, value: object) -> bool | int | str:
     if dtype.name == "bf16":
         from hologram.isa.dtypes import round_bf16
 
-        with np.errstate(over="ignore"):
-            v = float(round_bf16(np.array([v], dtype=np.float32))[0])
+        v = float(round_bf16(np.float64(v)))
     elif dtype.bits < 64:
         with np.errstate(over="ignore"):
             v = float(dtype.storage.type(v))

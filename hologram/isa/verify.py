@@ -118,7 +118,7 @@ def infer(op: str, args: list[Type], attrs: tuple, dtype: DType | None,
             need(not a.is_float, "needs bool or integer operands")
         elif op == "pow":
             need(a.is_float, "needs floating-point operands")
-        else:
+        elif op not in ("min", "max"):  # bool min/max are and/or
             need(not a.is_bool, "needs numeric operands")
         result = a
     elif op in COMPARE_OPS:
@@ -137,7 +137,7 @@ def infer(op: str, args: list[Type], attrs: tuple, dtype: DType | None,
         _check_axes(axes, rank, grid_rank)
         need(not (a.is_bool and kind in ("sum", "prod")), "sum/prod need numeric values")
         if kind in ("argmax", "argmin"):
-            need(all(shape[x] != 0 for x in axes), "argmax/argmin over an empty axis")
+            need(all(domain[x] != 0 for x in axes), "argmax/argmin over an empty axis")
         result = dt.int64 if kind.startswith("arg") else a
         shape = tuple(1 if d in axes else n for d, n in enumerate(shape))
     else:  # contract

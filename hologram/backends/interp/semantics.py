@@ -41,53 +41,28 @@ from hologram.isa import dtypes as dt
 from hologram.isa.dtypes import DType
 from hologram.isa.ir import Instr
 
-__all__ = ["evaluate", "from_storage", "round_bf16", "to_storage"]
+__all__ = ["evaluate", "from_storage", "to_storage"]
 
 F64 = np.float64
 
 
 # --- storage --------------------------------------------------------------------------
-def round_bf16(values: np.ndarray) -> np.ndarray:
-    """Round float32 ``values`` to the nearest bf16 (ties to even), as float32; keeps the
-    shape (also of 0-d arrays)."""
-    values = np.asarray(values, dtype=np.float32)
-    return dt.round_bf16(values).reshape(values.shape)
-
-
 def to_storage(values: np.ndarray, dtype: DType) -> np.ndarray:
     """Values in ``dtype.compute`` -> buffer contents in ``dtype.storage`` (bf16: the bit
     patterns of the already bf16-exact float32 values; identity otherwise)."""
     if dtype is dt.bfloat16:
-        values = np.asarray(values, dtype=np.float32)
-        return dt.to_bf16_bits(values).reshape(values.shape)
+        return dt.to_bf16_bits(np.asarray(values, dtype=np.float32))
     return np.asarray(values, dtype=dtype.storage)
 
 
 def from_storage(raw: np.ndarray, dtype: DType) -> np.ndarray:
     """Buffer contents in ``dtype.storage`` -> values in ``dtype.compute`` (exact)."""
     if dtype is dt.bfloat16:
-        raw = np.asarray(raw, dtype=np.uint16)
-        return dt.from_bf16_bits(raw).reshape(raw.shape)
+        return dt.from_bf16_bits(raw)
     return np.asarray(raw, dtype=dtype.compute)
 
 
 # --- rounding -------------------------------------------------------------------------
-def _round_odd_f32(x: np.ndarray) -> np.ndarray:
-    """float64 -> float32 rounded to odd: truncated toward zero, last bit set if inexact.
-
-    Rounding the result to nearest-even in any format with at most 22 significant bits
-    (f16, bf16) gives the same value as rounding ``x`` directly."""
-    near = x.astype(np.float32)
-    back = near.astype(F64)
-    inexact = (back != x) & ~np.isnan(x)
-    bits = near.view(np.uint32)
-    # Round-to-nearest went away from zero: step one ulp back (works for either sign,
-    # and turns an overflowed inf into FLT_MAX).
-    bits = np.where(inexact & (np.abs(back) > np.abs(x)), bits - np.uint32(1), bits)
-    bits = np.where(inexact, bits | np.uint32(1), bits).astype(np.uint32)
-    return bits.view(np.float32)
-
-
 def _round_odd_f64(high: np.ndarray, low: np.ndarray) -> np.ndarray:
     """Round the exact value ``high + low`` to odd in float64, where ``high`` is that
     value rounded to nearest and ``low`` the exact (representable) remainder."""
@@ -109,8 +84,8 @@ def _round(x: np.ndarray, dtype: DType) -> np.ndarray:
     if dtype is dt.float32:
         return x.astype(np.float32)
     if dtype is dt.float16:
-        return _round_odd_f32(x).astype(np.float16)
-    return round_bf16(_round_odd_f32(x))
+        return dt.round_to_odd_f32(x).astype(np.float16)
+    return dt.round_bf16(x)
 
 
 def _int_to_f64(x: np.ndarray, dtype: DType) -> np.ndarray:
@@ -262,7 +237,7 @@ def _cast(x: np.ndarray, src: DType, dst: DType) -> np.ndarray:
 # --- reductions -----------------------------------------------------------------------
 def _over_domain(x: np.ndarray, axes: tuple[int, ...], domain: tuple[int, ...]) -> np.ndarray:
     """``x`` broadcast to the domain's extent along the reduced ``axes``."""
-    return x
+    return np.broadcast_to(x, tuple(domain[d] if d in axes else n for d, n in enumerate(x.shape)))
 
 
 def _extreme(x: np.ndarray, axes: tuple[int, ...], largest: bool) -> np.ndarray:
@@ -333,45 +308,54 @@ def _contract(a: np.ndarray, b: np.ndarray, axes: tuple[int, ...],
 
 
 # --- evaluate -------------------------------------------------------------------------
-def _compute(instr: Instr, args: list[np.ndarray], domain: tuple[int, ...]) -> np.ndarray:
-    """The result before rounding: float64 for float results (rounded by the caller),
-    the exact value in the result type otherwise."""
-    op = instr.op
-    if op == "const":
-        return np.asarray(instr.value, dtype=F64 if instr.dtype.is_float else instr.dtype.compute)
-    if op == "index":
-        n = domain[instr.axis]
-        return np.arange(n, dtype=np.int64).astype(instr.dtype.compute).reshape(instr.shape)
-    if op in _FLOAT_UNARY:
-        return _FLOAT_UNARY[op](args[0].astype(F64))
-    if op in _NUMERIC_UNARY:
-        return _NUMERIC_UNARY[op](args[0])
-    if op in _BINARY:
-        on_float, on_int = _BINARY[op]
-        a, b = args
-        if a.dtype.kind == "f":
-            return on_float(a.astype(F64), b.astype(F64))
-        return on_int(a, b)
-    if op in _COMPARE:
-        return _COMPARE[op](*args)
-    if op == "select":
-        return np.where(*args)
-    if op == "fma":
-        return _fma(instr.dtype, *args)
-    if op == "cast":
-        return _cast(args[0], _dtype_of(args[0]), instr.dtype)
-    if op == "reduce":
-        return _REDUCE[instr.kind](_over_domain(args[0], instr.axes, domain), instr.axes)
-    if op == "contract":
-        return _contract(args[0], args[1], instr.axes, domain)
-    raise IRError(f"the reference semantics has no value for opcode {op!r} "
-                  "(load and store are executed by the interpreter)")
+# Each handler takes (instr, operand values, domain) and returns the result before
+# rounding: float64 for a float result (evaluate rounds it once), else the exact value in
+# the result type.
+Handler = Callable[[Instr, list[np.ndarray], tuple[int, ...]], np.ndarray]
 
 
-def _dtype_of(values: np.ndarray) -> DType:
-    # A cast's source type, from its values: float32 stands for bf16 as well, which is
+def _const(instr: Instr, args: list[np.ndarray], domain: tuple[int, ...]) -> np.ndarray:
+    return np.asarray(instr.value, dtype=F64 if instr.dtype.is_float else instr.dtype.compute)
+
+
+def _index(instr: Instr, args: list[np.ndarray], domain: tuple[int, ...]) -> np.ndarray:
+    indices = np.arange(domain[instr.axis], dtype=np.int64)
+    return indices.astype(instr.dtype.compute).reshape(instr.shape)  # wraps to the dtype
+
+
+def _unary(instr: Instr, args: list[np.ndarray], domain: tuple[int, ...]) -> np.ndarray:
+    if instr.op in _FLOAT_UNARY:
+        return _FLOAT_UNARY[instr.op](args[0].astype(F64))
+    return _NUMERIC_UNARY[instr.op](args[0])
+
+
+def _binary(instr: Instr, args: list[np.ndarray], domain: tuple[int, ...]) -> np.ndarray:
+    on_float, on_int = _BINARY[instr.op]
+    a, b = args
+    if a.dtype.kind == "f":
+        return on_float(a.astype(F64), b.astype(F64))
+    return on_int(a, b)
+
+
+def _cast_op(instr: Instr, args: list[np.ndarray], domain: tuple[int, ...]) -> np.ndarray:
+    # The source type, from the values: float32 stands for bf16 as well, which is
     # harmless because every bf16 value is a float32 value.
-    return dt.dtype(values.dtype)
+    return _cast(args[0], dt.dtype(args[0].dtype), instr.dtype)
+
+
+_EVAL: dict[str, Handler] = {
+    "const": _const,
+    "index": _index,
+    **dict.fromkeys((*_FLOAT_UNARY, *_NUMERIC_UNARY), _unary),
+    **dict.fromkeys(_BINARY, _binary),
+    **{op: (lambda instr, args, domain, f=f: f(*args)) for op, f in _COMPARE.items()},
+    "select": lambda instr, args, domain: np.where(*args),
+    "fma": lambda instr, args, domain: _fma(instr.dtype, *args),
+    "cast": _cast_op,
+    "reduce": lambda instr, args, domain: _REDUCE[instr.kind](
+        _over_domain(args[0], instr.axes, domain), instr.axes),
+    "contract": lambda instr, args, domain: _contract(*args, instr.axes, domain),
+}
 
 
 def evaluate(instr: Instr, args: list[np.ndarray], domain: tuple[int, ...]) -> np.ndarray:
@@ -379,12 +363,16 @@ def evaluate(instr: Instr, args: list[np.ndarray], domain: tuple[int, ...]) -> n
 
     ``args`` are its operands' values: arrays of their instructions' shapes in their
     dtypes' compute types. Returns a new C-contiguous array of exactly ``instr.shape`` and
-    ``instr.dtype.compute``; float results are correctly rounded to ``instr.dtype`` (bf16:
-    bf16-exact float32) with canonical NaNs. Never warns; raises :class:`IRError` for load,
-    store and unknown opcodes.
+    ``instr.dtype.compute``; float results are rounded once to ``instr.dtype`` (bf16:
+    bf16-exact float32) and NaNs are canonical. Never warns; raises :class:`IRError` for
+    load, store and unknown opcodes.
     """
+    handler = _EVAL.get(instr.op)
+    if handler is None:
+        raise IRError(f"the reference semantics has no value for opcode {instr.op!r} "
+                      "(load and store are executed by the interpreter)")
     with np.errstate(all="ignore"):
-        result = _compute(instr, [np.asarray(a) for a in args], tuple(domain))
+        result = handler(instr, [np.asarray(a) for a in args], tuple(domain))
         if instr.dtype.is_float:
             result = _round(result, instr.dtype)
             result = np.where(np.isnan(result), np.nan, result).astype(instr.dtype.compute)
