@@ -25,7 +25,9 @@ FLOAT_UNARY = ["exp", "log", "sqrt", "tanh", "sigmoid", "neg", "abs", "floor", "
 INT_UNARY = ["neg", "abs", "sign"]
 BINARY = ["add", "sub", "mul", "div", "min", "max", "mod"]
 CONSTS = [0.0, -0.0, 1.0, -1.0, 2.0, 0.5, math.inf, -math.inf, math.nan, 3.0]
-SETTINGS = settings(max_examples=60, deadline=None,
+# Example counts come from the hypothesis profile (tests/conftest.py): 100 by default,
+# 2000 with `pytest --hypothesis-profile=thorough`.
+SETTINGS = settings(deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 

@@ -276,9 +276,16 @@ def _arg_extreme(x: np.ndarray, axes: tuple[int, ...], largest: bool) -> np.ndar
     return np.argmax(rows, axis=-1).astype(np.int64).reshape(m.shape)  # first True
 
 
+def _float_sum(x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+    """IEEE sum in float64 (NumPy's pairwise sum): -0.0 is the additive identity, so a sum
+    whose terms are all -0.0 is -0.0 (as a single term is itself); an empty sum is +0.0."""
+    total = np.sum(x.astype(F64), axis=axes, keepdims=True, initial=-0.0)
+    return total + 0.0 if any(x.shape[a] == 0 for a in axes) else total
+
+
 def _sum(x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
-    if x.dtype.kind == "f":  # float64 accumulation (NumPy's pairwise sum), rounded once
-        return np.sum(x.astype(F64), axis=axes, keepdims=True)
+    if x.dtype.kind == "f":  # rounded once by evaluate
+        return _float_sum(x, axes)
     return np.sum(x, axis=axes, keepdims=True, dtype=x.dtype)  # wraps
 
 
@@ -303,7 +310,7 @@ def _contract(a: np.ndarray, b: np.ndarray, axes: tuple[int, ...],
     a, b = np.broadcast_arrays(a, b)
     a, b = _over_domain(a, axes, domain), _over_domain(b, axes, domain)
     if a.dtype.kind == "f":  # products and sums in float64, rounded once
-        return np.sum(a.astype(F64) * b.astype(F64), axis=axes, keepdims=True)
+        return _float_sum(a.astype(F64) * b.astype(F64), axes)
     return np.sum(a * b, axis=axes, keepdims=True, dtype=a.dtype)  # wraps
 
 
