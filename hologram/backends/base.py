@@ -25,9 +25,42 @@ from typing import ClassVar
 
 import numpy as np
 
-from hologram.isa.ir import Program
+from hologram.errors import DTypeError, ShapeError
+from hologram.isa.ir import Buffer, Program
 
+# Called with one flat array per parameter, already checked by check_arrays.
 Executable = Callable[[Sequence[np.ndarray]], None]
+
+
+def check_arrays(program: Program, arrays: Sequence[object], where: str) -> list[np.ndarray]:
+    """Check one array per parameter of ``program`` (count, dtype, size, contiguity,
+    writability of outputs) and return flat views of them (stores land in the caller's
+    arrays). Errors name ``where`` (the program and backend), the parameter, and what was
+    expected and given."""
+    params = program.params
+    if len(arrays) != len(params):
+        names = ", ".join(f"{p.kind} {p.name}" for p in params)
+        raise ShapeError(f"{where}: takes {len(params)} arrays ({names}), got {len(arrays)}")
+    return [_check(param, array, where) for param, array in zip(params, arrays)]
+
+
+def _check(param: Buffer, array: object, where: str) -> np.ndarray:
+    where = f"{where}, parameter {param.name} ({param.kind} {param.dtype.name}{list(param.shape)})"
+    if not isinstance(array, np.ndarray):
+        raise DTypeError(f"{where}: expected a NumPy array, got {type(array).__name__}")
+    if array.dtype != param.dtype.storage:
+        bits = " (bf16 bit patterns)" if param.dtype.name == "bf16" else ""
+        raise DTypeError(f"{where}: expected {param.dtype.name} (NumPy "
+                         f"{param.dtype.storage}{bits}), got {array.dtype}")
+    if array.size != param.size:
+        raise ShapeError(f"{where}: expected {param.size} elements, got shape "
+                         f"{list(array.shape)}")
+    if not array.flags.c_contiguous:
+        raise ShapeError(f"{where}: the array must be C-contiguous "
+                         "(pass np.ascontiguousarray(a) and copy results back)")
+    if param.kind != "in" and not array.flags.writeable:
+        raise ShapeError(f"{where}: output array is read-only")
+    return array.reshape(-1)
 
 
 class Backend(ABC):

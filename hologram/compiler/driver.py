@@ -20,10 +20,10 @@ from collections import OrderedDict
 import numpy as np
 
 from hologram import backends, config
+from hologram.backends.base import check_arrays
 from hologram.cache import CacheKey, default_cache
 from hologram.compiler import pipeline
 from hologram.compiler.options import CompileOptions
-from hologram.errors import DTypeError, ShapeError
 from hologram.isa.ir import Buffer, Program
 
 
@@ -49,33 +49,9 @@ class CompiledProgram:
                 next(given) if p.kind in ("in", "inout")
                 else np.empty(p.shape, p.dtype.storage) for p in params
             )
-        elif len(arrays) != len(params):
-            names = ", ".join(f"{p.kind} {p.name}" for p in params)
-            raise ShapeError(
-                f"{self.program.name} on {self.backend}: takes {len(params)} arrays ({names}) "
-                f"or only its {len(inputs)} inputs; got {len(arrays)}"
-            )
-        flat = [self._check(p, a) for p, a in zip(params, arrays)]
-        self._run(flat)
+        self._run(check_arrays(self.program, arrays, f"{self.program.name} on {self.backend}"))
         outputs = tuple(a for p, a in zip(params, arrays) if p.kind != "in")
         return outputs[0] if len(outputs) == 1 else outputs
-
-    def _check(self, param: Buffer, array: np.ndarray) -> np.ndarray:
-        where = f"{self.program.name} on {self.backend}, parameter {param.name}"
-        if not isinstance(array, np.ndarray):
-            raise DTypeError(f"{where}: expected a NumPy array, got {type(array).__name__}")
-        if array.dtype != param.dtype.storage:
-            raise DTypeError(f"{where}: expected {param.dtype.name} "
-                             f"(NumPy {param.dtype.storage}), got {array.dtype}")
-        if array.size != param.size:
-            raise ShapeError(f"{where}: expected {param.size} elements "
-                             f"(shape {list(param.shape)}), got shape {list(array.shape)}")
-        if not array.flags.c_contiguous:
-            raise ShapeError(f"{where}: the array must be C-contiguous "
-                             "(pass np.ascontiguousarray(a))")
-        if param.kind != "in" and not array.flags.writeable:
-            raise ShapeError(f"{where}: output array is read-only")
-        return array.reshape(-1)
 
 
 _memo: OrderedDict[tuple, CompiledProgram] = OrderedDict()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import platform
 
 from hologram.backends.base import Backend, Executable
-from hologram.backends.interp.interpreter import run
+from hologram.backends.interp.interpreter import execute
 from hologram.isa.ir import Program
 from hologram.isa.text import parse_program, print_program
 
@@ -30,7 +30,7 @@ class InterpBackend(Backend):
     def load(self, artifact: bytes) -> Executable:
         program = parse_program(artifact.decode())
 
-        def execute(arrays) -> None:
-            run(program, arrays)
+        def run(arrays) -> None:
+            execute(program, arrays)
 
-        return execute
+        return run

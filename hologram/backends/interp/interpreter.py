@@ -21,8 +21,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hologram.errors import DTypeError, IRError, ShapeError
-from hologram.isa.ir import Buffer, IndexMap, Instr, Kernel, Program
+from hologram.backends.base import check_arrays
+from hologram.errors import IRError
+from hologram.isa.ir import IndexMap, Instr, Kernel, Program
 
 from .semantics import evaluate, from_storage, to_storage
 
@@ -37,47 +38,23 @@ def run(program: Program, arrays: Sequence[np.ndarray]) -> None:
     (bf16: uint16 bit patterns). Raises :class:`ShapeError` or :class:`DTypeError` naming
     the program and buffer when they do not fit; inputs are never written.
     """
-    memory = _bind(program, arrays)
-    for kernel in program.kernels:
-        _run_kernel(program, kernel, memory)
+    execute(program, check_arrays(program, arrays, f"program {program.name}"))
 
 
-def _bind(program: Program, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """Flat storage views for every buffer, by buffer index."""
-    params = program.params
-    if len(arrays) != len(params):
-        names = ", ".join(b.name for b in params)
-        raise ShapeError(f"program {program.name}: expected {len(params)} arrays (one per "
-                         f"parameter: {names}), got {len(arrays)}")
+def execute(program: Program, params: Sequence[np.ndarray]) -> None:
+    """:func:`run` on arrays already checked and flattened (``check_arrays``)."""
     arena = np.full(program.arena_bytes, POISON, dtype=np.uint8)
-    given = iter(arrays)
+    given = iter(params)
     memory = []
     for buf in program.buffers:
         if buf.kind != "temp":
-            memory.append(_check_param(program, buf, next(given)))
+            memory.append(next(given))
         elif buf.offset is not None:
             memory.append(arena[buf.offset : buf.offset + buf.nbytes].view(buf.dtype.storage))
         else:
             memory.append(np.full(buf.nbytes, POISON, dtype=np.uint8).view(buf.dtype.storage))
-    return memory
-
-
-def _check_param(program: Program, buf: Buffer, array: object) -> np.ndarray:
-    where = (f"program {program.name}, buffer {buf.name} "
-             f"({buf.kind} {buf.dtype.name}{list(buf.shape)})")
-    if not isinstance(array, np.ndarray):
-        raise DTypeError(f"{where}: expected a NumPy array, got {type(array).__name__}")
-    if array.dtype != buf.dtype.storage:
-        raise DTypeError(f"{where}: expected dtype {buf.dtype.storage}"
-                         f"{' (bf16 bit patterns)' if buf.dtype.name == 'bf16' else ''}, "
-                         f"got {array.dtype}")
-    if array.size != buf.size:
-        raise ShapeError(f"{where}: expected {buf.size} elements, got {array.size} "
-                         f"(shape {list(array.shape)})")
-    if not array.flags.c_contiguous:
-        raise ShapeError(f"{where}: expected a C-contiguous array, got strides "
-                         f"{array.strides} (pass np.ascontiguousarray(a) and copy back)")
-    return array.reshape(-1)  # a view: stores land in the caller's array
+    for kernel in program.kernels:
+        _run_kernel(program, kernel, memory)
 
 
 def _indices(imap: IndexMap, shape: tuple[int, ...]) -> np.ndarray:
