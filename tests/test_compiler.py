@@ -408,3 +408,38 @@ def test_a_failing_pass_becomes_a_compile_error(monkeypatch):
     with pytest.raises(CompileError, match="pass 'broken' failed on program relu_mad") as info:
         pipeline.run(_graph(relu_mad))
     assert "program relu_mad {" in info.value.source
+
+
+def test_deep_kernels_compile_without_recursion_limits():
+    b = ProgramBuilder("deep")
+    x, y = b.input("x", F32, (8,)), b.output("y", F32, (8,))
+    k = b.kernel((8,))
+    v = k.load(x)
+    for i in range(5000):  # deeper than Python's recursion limit
+        v = k.neg(v) if i % 2 else k.mul(v, 1.5)
+    k.store(y, v)
+    p = b.build()
+    q = pipeline.run(p)
+    inputs = inputs_for(p)
+    assert same_bits(execute(p, inputs)[0], execute(q, inputs)[0])
+
+
+def test_long_elementwise_chains_fuse_into_one_kernel():
+    g = Graph("chain")
+    x = g.input("x", "f32", (8,))
+    y = x
+    for i in range(200):
+        y = g.unary("neg", y) if i % 2 else y * 1.5
+    g.output("y", y)
+    p = g.program()
+    q = pipeline.run(p)
+    assert len(p.kernels) == 201 and len(q.kernels) == 1
+    inputs = inputs_for(p)
+    assert same_bits(execute(p, inputs)[0], execute(q, inputs)[0])
+
+
+def test_unsigned_abs_of_a_negation_is_not_abs():
+    # u8: -255 wraps to 1, and abs is the identity: |-x| is not |x|.
+    p = _elementwise(lambda k, a, b, c: k.abs(k.neg(a)), dtype=dt.uint8)
+    x = np.array([255, 1, 0, 128] * 4, dtype=np.uint8)
+    assert np.array_equal(execute(_canon(p), [x, x, x])[0], (-x.astype(np.int64)) % 256)

@@ -136,6 +136,8 @@ def float_identities(body: Body, instr: Instr) -> int | None:
         return body.const(0, t)
     if op in ("neg", "not") and body.get(instr.args[0]).op == op:
         return body.get(instr.args[0]).args[0]
+    if op == "abs" and t.kind == "u":
+        return instr.args[0]  # unsigned: abs is the identity (and -x wraps, so no |-x|)
     if op == "abs" and body.get(instr.args[0]).op in ("abs", "neg"):
         return body.make("abs", (body.get(instr.args[0]).args[0],))
     return None
@@ -258,13 +260,16 @@ def _ordered(kernel: Kernel, body: Body, dead: frozenset[int] = frozenset()) -> 
     order: list[int] = []
     seen: set[int] = set()
 
-    def visit(i: int) -> None:
-        if i in seen:
-            return
-        seen.add(i)
-        for a in body.get(i).args:
-            visit(a)
-        order.append(i)
+    def visit(root: int) -> None:  # post-order, iterative: chains can be thousands deep
+        stack = [(root, False)]
+        while stack:
+            i, expanded = stack.pop()
+            if expanded:
+                order.append(i)
+            elif i not in seen:
+                seen.add(i)
+                stack.append((i, True))
+                stack.extend((a, False) for a in reversed(body.get(i).args))
 
     stores = [i for i, ins in enumerate(body.instrs) if ins.op == "store"
               and ins.buffer not in dead]
@@ -286,22 +291,30 @@ def _ordered(kernel: Kernel, body: Body, dead: frozenset[int] = frozenset()) -> 
     return replace(kernel, body=instrs)
 
 
+def drop_stores(kernel: Kernel, buffers: frozenset[int]) -> Kernel | None:
+    """``kernel`` without its stores to ``buffers`` and what only they used; None if no
+    store is left."""
+    if not kernel.writes() - buffers:
+        return None
+    body = Body(kernel.domain, kernel.grid_rank)
+    for instr in kernel.body:
+        body.push(instr)
+    return _ordered(kernel, body, buffers)
+
+
 def _drop_dead_buffers(program: Program) -> Program:
     """Remove stores to temporaries no later kernel reads, empty kernels, unused temps."""
-    kernels = list(program.kernels)
-    changed = True
-    while changed:
-        changed = False
-        for k, kernel in enumerate(kernels):
-            read_later = set().union(*(x.reads() for x in kernels[k + 1:]))
-            dead = {
-                b for b in kernel.writes()
-                if program.buffers[b].kind == "temp" and b not in read_later
-            }
-            if dead:
-                kernels[k] = _ordered(kernel, _rebuilt(kernel), frozenset(dead))
-                changed = True
-        kernels = [k for k in kernels if k.writes()]
+    kernels: list[Kernel] = []
+    read_later: set[int] = set()
+    for kernel in reversed(program.kernels):  # one backward pass: what is read later
+        dead = frozenset(b for b in kernel.writes()
+                         if program.buffers[b].kind == "temp" and b not in read_later)
+        if dead:
+            kernel = drop_stores(kernel, dead)
+        if kernel is not None:
+            kernels.append(kernel)
+            read_later |= kernel.reads()
+    kernels.reverse()
     used = set().union(*(k.reads() | k.writes() for k in kernels))
     keep = [i for i, b in enumerate(program.buffers) if b.kind != "temp" or i in used]
     new_index = {old: new for new, old in enumerate(keep)}
@@ -316,13 +329,6 @@ def _drop_dead_buffers(program: Program) -> Program:
         buffers=tuple(program.buffers[i] for i in keep),
         kernels=tuple(replace(k, body=tuple(map(renumber, k.body))) for k in kernels),
     )
-
-
-def _rebuilt(kernel: Kernel) -> Body:
-    body = Body(kernel.domain, kernel.grid_rank)
-    for instr in kernel.body:
-        body.push(instr)
-    return body
 
 
 def canonicalize(program: Program, options: CompileOptions | None = None) -> Program:

@@ -25,41 +25,125 @@ order. The producer's store is kept; the next canonicalize drops it if nothing r
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import replace
 
 from hologram.compiler.body import Body
+from hologram.compiler.canonicalize import drop_stores
 from hologram.compiler.options import CompileOptions
 from hologram.errors import IRError
 from hologram.isa.ir import IndexMap, Instr, Kernel, Program
-from hologram.isa.verify import verify
+from hologram.isa.verify import verify_kernel
 
 
 def fuse(program: Program, options: CompileOptions | None = None) -> Program:
     """Fuse ``program``'s kernels (a pure function)."""
-    while True:
-        fused = _fuse_once(program)
-        if fused is None:
-            return program
-        program = fused
+    return _Fusion(program).run()
 
 
-def _fuse_once(program: Program) -> Program | None:
-    kernels = program.kernels
-    for attempt in (_inline, _merge):
-        for t, buf in enumerate(program.buffers):
-            if buf.kind != "temp":
+class _Fusion:
+    """The working state of one fusion: kernels by position (``None`` once merged away),
+    and for each buffer the positions of the kernels that read and write it, kept up to
+    date as kernels change, so each rewrite costs time in the kernels it touches."""
+
+    def __init__(self, program: Program):
+        self.program = program
+        self.kernels: list[Kernel | None] = [None] * len(program.kernels)
+        self.readers: dict[int, set[int]] = defaultdict(set)
+        self.writers: dict[int, set[int]] = defaultdict(set)
+        for k, kernel in enumerate(program.kernels):
+            self._set(k, kernel)
+
+    def run(self) -> Program:
+        temps = [t for t, b in enumerate(self.program.buffers) if b.kind == "temp"]
+        # Consumers first: inlining the last temporary of a chain clones one operation,
+        # then the one before it, and so on (linear, not quadratic, in the chain length).
+        while self._sweep(self._inline, temps[::-1]) or self._sweep(self._merge, temps[::-1]):
+            pass
+        return replace(self.program, kernels=tuple(k for k in self.kernels if k is not None))
+
+    def _set(self, k: int, kernel: Kernel | None) -> None:
+        old = self.kernels[k]
+        if old is not None:
+            for b in old.reads():
+                self.readers[b].discard(k)
+            for b in old.writes():
+                self.writers[b].discard(k)
+        self.kernels[k] = kernel
+        if kernel is not None:
+            for b in kernel.reads():
+                self.readers[b].add(k)
+            for b in kernel.writes():
+                self.writers[b].add(k)
+
+    def _valid(self, kernel: Kernel) -> bool:
+        try:
+            verify_kernel(self.program, kernel)
+        except IRError:  # e.g. a merged kernel reading and writing one buffer differently
+            return False
+        return True
+
+    def _sweep(self, rewrite, temps: list[int]) -> bool:
+        changed = False
+        for t in temps:
+            writers, readers = self.writers[t], self.readers[t]
+            if len(writers) != 1 or not readers:
                 continue
-            writers = [k for k, kernel in enumerate(kernels) if t in kernel.writes()]
-            readers = [k for k, kernel in enumerate(kernels) if t in kernel.reads()]
-            if len(writers) != 1 or not readers or min(readers) <= writers[0]:
+            (p,) = writers
+            if min(readers) > p:
+                changed |= rewrite(t, p, sorted(readers))
+        return changed
+
+    def _conflicts(self, between: range, reads: frozenset, writes: frozenset) -> bool:
+        """Would moving accesses (``reads``, ``writes``) across the kernels at positions
+        ``between`` reorder a write with another access to the same buffer?"""
+        for x in between:
+            kernel = self.kernels[x]
+            if kernel is not None and (kernel.writes() & (reads | writes)
+                                       or kernel.reads() & writes):
+                return True
+        return False
+
+    def _inline(self, t: int, p: int, readers: list[int]) -> bool:
+        producer = self.kernels[p]
+        store = producer.body[_store_of(producer, t)]
+        part = _slice(producer, store.args[0])
+        if any(producer.body[i].op in ("reduce", "contract") for i in part):
+            return False
+        loaded = frozenset(producer.body[i].buffer for i in part
+                           if producer.body[i].op == "load")
+        fused = {}
+        for c in readers:
+            if self._conflicts(range(p + 1, c + 1), loaded, frozenset()):
+                return False
+            kernel = _inline_into(producer, part, store, self.kernels[c], t)
+            if kernel is None or not self._valid(kernel):
+                return False
+            fused[c] = kernel
+        for c, kernel in fused.items():
+            self._set(c, kernel)
+        # Nobody reads t any more: drop its store now, so that a producer left with no
+        # stores disappears instead of being inlined into again.
+        self._set(p, drop_stores(producer, frozenset({t})))
+        return True
+
+    def _merge(self, t: int, p: int, readers: list[int]) -> bool:
+        for c in readers:
+            merged = _merge_pair(self.kernels[p], self.kernels[c], t)
+            if merged is None or not self._valid(merged):
                 continue
-            result = attempt(program, t, writers[0], readers)
-            if result is not None:
-                try:
-                    return verify(result)
-                except IRError:
-                    pass  # e.g. the merged kernel reads and writes one buffer differently
-    return None
+            producer, consumer = self.kernels[p], self.kernels[c]
+            between = range(p + 1, c)
+            if not self._conflicts(between, producer.reads(), producer.writes()):
+                at = c  # move the producer down to the reader
+            elif not self._conflicts(between, consumer.reads(), consumer.writes()):
+                at = p  # move the reader up to the producer
+            else:
+                continue
+            self._set(c if at == p else p, None)
+            self._set(at, merged)
+            return True
+        return False
 
 
 def _store_of(kernel: Kernel, t: int) -> int:
@@ -85,24 +169,6 @@ def _conflicts(program: Program, between: range, reads: frozenset, writes: froze
 
 
 # --- inline ----------------------------------------------------------------------------
-def _inline(program: Program, t: int, p: int, readers: list[int]) -> Program | None:
-    producer = program.kernels[p]
-    store = producer.body[_store_of(producer, t)]
-    part = _slice(producer, store.args[0])
-    if any(producer.body[i].op in ("reduce", "contract") for i in part):
-        return None
-    loaded = frozenset(producer.body[i].buffer for i in part if producer.body[i].op == "load")
-    kernels = list(program.kernels)
-    for c in readers:
-        if _conflicts(program, range(p + 1, c + 1), loaded, frozenset()):
-            return None
-        kernel = _inline_into(producer, part, store, kernels[c], t)
-        if kernel is None:
-            return None
-        kernels[c] = kernel
-    return replace(program, kernels=tuple(kernels))
-
-
 def _inline_into(producer: Kernel, part: list[int], store: Instr, consumer: Kernel,
                  t: int) -> Kernel | None:
     body = Body(consumer.domain)
@@ -194,16 +260,9 @@ def _clone(producer: Kernel, part: list[int], body: Body, index: tuple[dict, dic
 
 
 # --- merge -----------------------------------------------------------------------------
-def _merge(program: Program, t: int, p: int, readers: list[int]) -> Program | None:
-    for c in readers:
-        merged = _merge_pair(program, t, p, c)
-        if merged is not None:
-            return merged
-    return None
-
-
-def _merge_pair(program: Program, t: int, p: int, c: int) -> Program | None:
-    producer, consumer = program.kernels[p], program.kernels[c]
+def _merge_pair(producer: Kernel, consumer: Kernel, t: int) -> Kernel | None:
+    """The producer and the reader of ``t`` as one kernel, or None if they do not share an
+    index space."""
     if t in producer.reads():
         return None
     rank = max(len(producer.domain), len(consumer.domain))
@@ -215,13 +274,6 @@ def _merge_pair(program: Program, t: int, p: int, c: int) -> Program | None:
         domain.append(max(a, b))
     domain = tuple(domain)
     if not (_fits(producer, domain) and _fits(consumer, domain)):
-        return None
-    between = range(p + 1, c)
-    if not _conflicts(program, between, producer.reads(), producer.writes()):
-        at = c  # move the producer down to the reader
-    elif not _conflicts(program, between, consumer.reads(), consumer.writes()):
-        at = p  # move the reader up to the producer
-    else:
         return None
     body = Body(domain)
     remap: list[int] = []
@@ -240,11 +292,7 @@ def _merge_pair(program: Program, t: int, p: int, c: int) -> Program | None:
             remap.append(remap_store[instr.buffer])
         else:
             remap.append(_copy(body, instr, tuple(remap[a] for a in instr.args)))
-    merged = Kernel(consumer.name, domain, tuple(body.instrs))
-    kernels = list(program.kernels)
-    kernels[at] = merged
-    del kernels[c if at == p else p]
-    return replace(program, kernels=tuple(kernels))
+    return Kernel(consumer.name, domain, tuple(body.instrs))
 
 
 def _extend(kernel: Kernel, rank: int) -> Kernel:

@@ -164,7 +164,7 @@ class Buffer:
         return (self.dtype.name, self.shape, self.kind, self.offset)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Kernel:
     """A loop nest over ``domain``; the first ``grid_rank`` dimensions run in parallel."""
 
@@ -185,10 +185,17 @@ class Kernel:
         return (self.domain, self.grid_rank, self.body)
 
     def reads(self) -> frozenset[int]:
-        return frozenset(i.buffer for i in self.body if i.op == "load")
+        """Indices of the buffers this kernel loads."""
+        return self._accessed[0]
 
     def writes(self) -> frozenset[int]:
-        return frozenset(i.buffer for i in self.body if i.op == "store")
+        """Indices of the buffers this kernel stores."""
+        return self._accessed[1]
+
+    @cached_property
+    def _accessed(self) -> tuple[frozenset[int], frozenset[int]]:
+        return (frozenset(i.buffer for i in self.body if i.op == "load"),
+                frozenset(i.buffer for i in self.body if i.op == "store"))
 
 
 @dataclass(frozen=True, eq=False)

@@ -181,7 +181,8 @@ def _check_memory(program: Program, kernel: Kernel, instr: Instr) -> None:
                           f"strides {list(imap.strides)} over shape {list(instr.shape)}")
 
 
-def _verify_kernel(program: Program, kernel: Kernel) -> None:
+def verify_kernel(program: Program, kernel: Kernel) -> None:
+    """Check one kernel against ``program``'s buffers (what :func:`verify` does per kernel)."""
     domain = kernel.domain
     if not all(isinstance(n, int) and n >= 0 for n in domain):
         raise IRError(f"kernel {kernel.name}: domain {domain} must be non-negative ints")
@@ -287,7 +288,7 @@ def verify(program: Program) -> Program:
         if kernel.name in kernel_names:
             raise IRError(f"kernel name {kernel.name} is declared twice")
         kernel_names.add(kernel.name)
-        _verify_kernel(program, kernel)
+        verify_kernel(program, kernel)
     _check_arena(program)
     return program
 
