@@ -443,3 +443,22 @@ def test_unsigned_abs_of_a_negation_is_not_abs():
     p = _elementwise(lambda k, a, b, c: k.abs(k.neg(a)), dtype=dt.uint8)
     x = np.array([255, 1, 0, 128] * 4, dtype=np.uint8)
     assert np.array_equal(execute(_canon(p), [x, x, x])[0], (-x.astype(np.int64)) % 256)
+
+
+def test_coalesce_flattens_contiguous_grids_only():
+    q = pipeline.run(_graph(relu_mad))
+    assert q.kernels[0].domain == (1000,)
+
+    def broadcast_add(g):
+        x, r = g.input("x", "f32", (6, 8)), g.input("r", "f32", (8,))
+        g.output("y", g.unary("exp", x) + r)
+
+    q = pipeline.run(_graph(broadcast_add))
+    assert q.kernels[0].domain == (6, 8)  # r does not vary along rows: cannot merge
+
+    def contiguous_3d(g):
+        x = g.input("x", "f32", (2, 3, 4))
+        g.output("y", g.sum(x * x, 2, keepdim=True))
+
+    q = pipeline.run(_graph(contiguous_3d))
+    assert q.kernels[0].domain == (6, 4) and q.kernels[0].grid_rank == 1

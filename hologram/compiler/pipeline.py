@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from hologram import config
 from hologram.compiler.canonicalize import canonicalize
+from hologram.compiler.coalesce import coalesce
 from hologram.compiler.fuse import fuse
 from hologram.compiler.options import CompileOptions
 from hologram.compiler.schedule import schedule
@@ -34,6 +35,7 @@ PIPELINE: tuple[tuple[str, Pass], ...] = (
     ("fuse", fuse),                       # inline elementwise producers, merge epilogues
     ("canonicalize.fused", canonicalize), # CSE across merged bodies, drop dead temporaries
     ("schedule", schedule),               # parallel grid per kernel, temporary arena
+    ("coalesce", coalesce),               # merge grid dimensions walked as one
     ("verify.final", _verify),            # the passes must hand backends valid IR
 )
 KEY_STAGE = "canonicalize"
