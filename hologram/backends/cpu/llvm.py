@@ -5,11 +5,13 @@
   runs on another.
 - :func:`compile_ir` turns LLVM IR text into a relocatable object file (bytes), which is
   what the disk cache stores.
-- :func:`load_object` adds an object file to the process's single MCJIT engine and returns
-  the addresses of the functions asked for. MCJIT takes ownership of its target machine
-  (reusing one after its engine is collected crashes the process), so there is exactly one
-  engine, created on first use and kept for the life of the process; objects are added to
-  it and never removed. Loading the same object twice returns the first load's addresses.
+- :func:`load_object` loads an object file into its own MCJIT engine and returns the
+  addresses of the functions asked for. Each engine gets a fresh target machine (MCJIT
+  takes ownership of it: reusing one after its engine is collected crashes the process),
+  and engines are kept for the life of the process, because the code they hold may be
+  called at any time. A second object added to an already finalized engine was observed to
+  come out unrelocated (its functions silently did nothing), hence one engine per object.
+  Loading the same object twice returns the first load's addresses.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from hologram.errors import CompileError
 
 _lock = threading.Lock()  # llvmlite objects are not thread-safe
 _loaded: dict[str, dict[str, int]] = {}
+_engines: list[llvm.ExecutionEngine] = []  # never collected: their code stays callable
 
 
 @cache
@@ -66,12 +69,6 @@ def _emitter() -> llvm.TargetMachine:
     return _target_machine()
 
 
-@cache
-def _engine() -> llvm.ExecutionEngine:
-    backing = llvm.parse_assembly("")
-    return llvm.create_mcjit_compiler(backing, _target_machine())
-
-
 def optimize_ir(ir: str) -> llvm.ModuleRef:
     """Parse, verify and optimize (O3, loop and SLP vectorization, unrolling) ``ir``."""
     with _lock:
@@ -111,9 +108,10 @@ def load_object(obj: bytes, names: list[str]) -> dict[str, int]:
     with _lock:
         if key not in _loaded:
             _initialized()
-            engine = _engine()
+            engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), _target_machine())
             engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
             engine.finalize_object()
+            _engines.append(engine)
             addresses = {name: engine.get_function_address(name) for name in names}
             missing = [name for name, address in addresses.items() if not address]
             if missing:

@@ -54,7 +54,7 @@ def execute(program: Program, params: Sequence[np.ndarray]) -> None:
         else:
             memory.append(np.full(buf.nbytes, POISON, dtype=np.uint8).view(buf.dtype.storage))
     for kernel in program.kernels:
-        _run_kernel(program, kernel, memory)
+        run_kernel(program, kernel, memory)
 
 
 def _indices(imap: IndexMap, shape: tuple[int, ...]) -> np.ndarray:
@@ -79,7 +79,8 @@ def _access(program: Program, kernel: Kernel, instr: Instr,
     return flat, _indices(instr.map, instr.shape)
 
 
-def _run_kernel(program: Program, kernel: Kernel, memory: list[np.ndarray]) -> None:
+def run_kernel(program: Program, kernel: Kernel, memory: list[np.ndarray]) -> None:
+    """Run one kernel of ``program`` on ``memory`` (one flat storage array per buffer)."""
     values: list[np.ndarray | None] = []
     for instr in kernel.body:
         if instr.op == "load":

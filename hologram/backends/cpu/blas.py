@@ -1,0 +1,273 @@
+"""Matrix multiply through the OpenBLAS that NumPy wheels ship.
+
+NumPy 2.x wheels bundle OpenBLAS (``numpy.libs/libscipy_openblas64_-<hash>.so`` on Linux,
+``numpy/.dylibs`` on macOS) with prefixed, ILP64 symbols such as ``scipy_cblas_sgemm64_``.
+Loading that same file with ctypes returns the handle NumPy already holds, so Hologram and
+NumPy share one library and one BLAS thread pool. Where NumPy links another OpenBLAS, the
+one mapped into this process (``/proc/self/maps``), the ``scipy_openblas64`` /
+``scipy_openblas32`` packages and a system ``libopenblas`` are tried in that order.
+
+The symbol prefix and suffix are found by probing the library (NumPy's build
+configuration only orders the guesses); the integer width is 64 bits when the suffix says
+so or when ``openblas_get_config()`` reports ``USE64BITINT``.
+
+What is promised: :func:`gemm` computes ``C = alpha * op(A) @ op(B) + beta * C`` on
+row-major matrices at raw addresses, with BLAS semantics (``beta == 0`` overwrites C
+without reading it). It validates sizes and leading dimensions before calling into the
+library, never calls it for empty products (``m``, ``n`` or ``k`` of 0), and raises
+:class:`DeviceError` when no BLAS was found. OpenBLAS may be called from several threads.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import glob
+import os
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import util as importlib_util
+
+import numpy as np
+
+from hologram.errors import DeviceError, DTypeError, HologramError, ShapeError
+
+__all__ = ["available", "blas_threads", "describe", "gemm", "set_blas_threads"]
+
+# CBLAS enum values (cblas.h).
+_ROW_MAJOR = 101
+_NO_TRANS = 111
+_TRANS = 112
+
+# (prefix, suffix) pairs, most likely first; NumPy's configuration may move one forward.
+_NAMINGS = [("scipy_", "64_"), ("scipy_", ""), ("", "64_"), ("", "")]
+
+
+@dataclass(frozen=True)
+class _Library:
+    path: str
+    prefix: str
+    suffix: str
+    int64: bool
+    sgemm: Callable[..., None]  # ctypes function pointers with argtypes set
+    dgemm: Callable[..., None]
+    set_threads: Callable[[int], None] | None
+    get_threads: Callable[[], int] | None
+    version: str
+    core: str
+
+
+_lock = threading.Lock()
+_state: _Library | str | None = None  # None: not looked yet; str: why none was found
+
+
+def _numpy_blas_config() -> dict:
+    """NumPy's build-time BLAS entry (name, ``openblas configuration``), or {}."""
+    try:
+        info = np.show_config(mode="dicts")  # NumPy >= 1.26
+        return dict(info.get("Build Dependencies", {}).get("blas", {}))
+    except Exception:  # older NumPy, or a build without the metadata
+        return {}
+
+
+def _candidates() -> list[str]:
+    """Library files to try, best first, without duplicates."""
+    found: list[str] = []
+    numpy_dir = os.path.dirname(np.__file__)
+    for pattern in (
+        os.path.join(os.path.dirname(numpy_dir), "numpy.libs", "*openblas*"),  # Linux/Win
+        os.path.join(numpy_dir, ".dylibs", "*openblas*"),  # macOS wheels
+    ):
+        found += sorted(glob.glob(pattern))
+    if sys.platform.startswith("linux"):
+        # Whatever OpenBLAS NumPy actually loaded (conda, distro packages).
+        try:
+            with open("/proc/self/maps") as maps:
+                for line in maps:
+                    path = line.split()[-1] if "openblas" in line else ""
+                    if path.startswith("/"):
+                        found.append(path)
+        except OSError:
+            pass
+    for package in ("scipy_openblas64", "scipy_openblas32"):
+        if importlib_util.find_spec(package) is not None:
+            try:
+                module = __import__(package)
+                found += sorted(glob.glob(os.path.join(module.get_lib_dir(), "*openblas*")))
+            except Exception:
+                pass
+    system = ctypes.util.find_library("openblas")
+    if system:
+        found.append(system)
+    shared = (".so", ".dylib", ".dll")
+    return list(dict.fromkeys(p for p in found if any(s in os.path.basename(p) for s in shared)))
+
+
+def _bind(path: str, namings: list[tuple[str, str]]) -> _Library | None:
+    """Load ``path`` and bind the gemm entry points, or None if it has none we know."""
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError:
+        return None
+    for prefix, suffix in namings:
+        try:
+            sgemm = getattr(lib, f"{prefix}cblas_sgemm{suffix}")
+            dgemm = getattr(lib, f"{prefix}cblas_dgemm{suffix}")
+        except AttributeError:
+            continue
+
+        def optional(name: str, prefix: str = prefix, suffix: str = suffix):
+            return getattr(lib, f"{prefix}openblas_{name}{suffix}", None)
+
+        config = ""
+        get_config = optional("get_config")
+        if get_config is not None:
+            get_config.restype = ctypes.c_char_p
+            config = (get_config() or b"").decode(errors="replace")
+        core = ""
+        get_core = optional("get_corename")
+        if get_core is not None:
+            get_core.restype = ctypes.c_char_p
+            core = (get_core() or b"").decode(errors="replace")
+        int64 = "64" in suffix or "USE64BITINT" in config
+        integer = ctypes.c_int64 if int64 else ctypes.c_int32
+        for fn, real in ((sgemm, ctypes.c_float), (dgemm, ctypes.c_double)):
+            fn.restype = None
+            fn.argtypes = [
+                ctypes.c_int, ctypes.c_int, ctypes.c_int,  # order, trans_a, trans_b
+                integer, integer, integer,  # m, n, k
+                real, ctypes.c_void_p, integer,  # alpha, a, lda
+                ctypes.c_void_p, integer,  # b, ldb
+                real, ctypes.c_void_p, integer,  # beta, c, ldc
+            ]
+        set_threads = optional("set_num_threads")
+        if set_threads is not None:
+            set_threads.restype = None
+            set_threads.argtypes = [ctypes.c_int]  # plain int even in ILP64 builds
+        get_threads = optional("get_num_threads")
+        if get_threads is not None:
+            get_threads.restype = ctypes.c_int
+            get_threads.argtypes = []
+        words = config.split()
+        version = " ".join(words[:2]) if words[:1] == ["OpenBLAS"] else "BLAS"
+        return _Library(path, prefix, suffix, int64, sgemm, dgemm, set_threads, get_threads,
+                        version, core)
+    return None
+
+
+def _load() -> _Library | str:
+    global _state
+    if _state is None:
+        with _lock:
+            if _state is None:
+                namings = list(_NAMINGS)
+                config = _numpy_blas_config()
+                if "scipy" not in str(config.get("name", "")):
+                    namings.sort(key=lambda pair: pair[0] != "")  # plain names first
+                tried = _candidates()
+                library = None
+                for path in tried:
+                    library = _bind(path, namings)
+                    if library is not None:
+                        break
+                _state = library or (
+                    "no BLAS with cblas_sgemm/cblas_dgemm was found; looked in "
+                    "<numpy>/../numpy.libs and <numpy>/.dylibs for *openblas*, the "
+                    "OpenBLAS mapped into this process, the scipy_openblas64/32 packages "
+                    "and ctypes.util.find_library('openblas')"
+                    + (f" (tried: {', '.join(tried)})" if tried else "")
+                    + "; install numpy>=2 from PyPI wheels or scipy-openblas64"
+                )
+    return _state
+
+
+def available() -> bool:
+    """True when a BLAS library was found and bound."""
+    return isinstance(_load(), _Library)
+
+
+def describe() -> str:
+    """One line naming the library for reports, e.g. ``"OpenBLAS 0.3.29 SkylakeX
+    (scipy_openblas64_, libscipy_openblas64_-abc.so)"``; says why when there is none."""
+    lib = _load()
+    if not isinstance(lib, _Library):
+        return f"no BLAS: {lib}"
+    core = f" {lib.core}" if lib.core else ""
+    naming = f"{lib.prefix}openblas{lib.suffix}"
+    return f"{lib.version}{core} ({naming}, {os.path.basename(lib.path)})"
+
+
+def set_blas_threads(n: int) -> None:
+    """Set the library's own thread count (``n >= 1``); a no-op without a BLAS. NumPy shares
+    the library, so this also changes NumPy's matmul threads."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise HologramError(f"set_blas_threads({n!r}): expected an integer >= 1")
+    lib = _load()
+    if isinstance(lib, _Library) and lib.set_threads is not None:
+        lib.set_threads(n)
+
+
+def blas_threads() -> int:
+    """The library's current thread count (1 without a BLAS or without the query)."""
+    lib = _load()
+    if isinstance(lib, _Library) and lib.get_threads is not None:
+        return int(lib.get_threads())
+    return 1
+
+
+def _scale(dtype: str, m: int, n: int, beta: float, c: int, ldc: int) -> None:
+    """C = beta * C for an m x n row-major block: what gemm means when k == 0."""
+    if beta == 1.0:
+        return
+    ctype = ctypes.c_float if dtype == "f32" else ctypes.c_double
+    size = ctypes.sizeof(ctype)
+    flat = np.ctypeslib.as_array((ctype * ((m - 1) * ldc + n)).from_address(c))
+    block = np.lib.stride_tricks.as_strided(flat, (m, n), (ldc * size, size))
+    if beta == 0.0:
+        block[...] = 0  # BLAS semantics: C is not read, so NaNs in it disappear
+    else:
+        block *= beta  # a Python float stays weak: the product is in C's precision
+
+
+def gemm(dtype: str, trans_a: bool, trans_b: bool, m: int, n: int, k: int,
+         alpha: float, a: int, lda: int, b: int, ldb: int,
+         beta: float, c: int, ldc: int) -> None:
+    """``C = alpha * op(A) @ op(B) + beta * C`` for row-major matrices at raw addresses.
+
+    ``op(A)`` is m x k (A is stored k x m when ``trans_a``), ``op(B)`` is k x n, C is m x n;
+    ``lda``, ``ldb``, ``ldc`` are row strides in elements and must cover a stored row.
+    ``dtype`` is ``"f32"`` or ``"f64"``. Nothing happens when m or n is 0; when k is 0,
+    C is scaled by beta without calling the library.
+    """
+    if dtype not in ("f32", "f64"):
+        raise DTypeError(f"gemm: dtype {dtype!r} is not supported by BLAS; use 'f32' or 'f64'")
+    if m < 0 or n < 0 or k < 0:
+        raise ShapeError(f"gemm: sizes m={m}, n={n}, k={k} must be >= 0")
+    lib = _load()
+    if not isinstance(lib, _Library):
+        raise DeviceError(f"gemm: {lib}")
+    if m == 0 or n == 0:
+        return
+    if ldc < n:
+        raise ShapeError(f"gemm: ldc={ldc} < {n}: C is {m} x {n}, row-major; pass its row stride "
+                         f"in elements")
+    if not c:
+        raise HologramError("gemm: C is a null address")
+    if k == 0:
+        _scale(dtype, m, n, beta, c, ldc)
+        return
+    a_rows, a_cols = (k, m) if trans_a else (m, k)
+    b_rows, b_cols = (n, k) if trans_b else (k, n)
+    if lda < a_cols:
+        raise ShapeError(f"gemm: lda={lda} < {a_cols}: A is stored {a_rows} x {a_cols}, "
+                         f"row-major; pass its row stride in elements")
+    if ldb < b_cols:
+        raise ShapeError(f"gemm: ldb={ldb} < {b_cols}: B is stored {b_rows} x {b_cols}, "
+                         f"row-major; pass its row stride in elements")
+    if not a or not b:
+        raise HologramError("gemm: A or B is a null address")
+    fn = lib.sgemm if dtype == "f32" else lib.dgemm
+    fn(_ROW_MAJOR, _TRANS if trans_a else _NO_TRANS, _TRANS if trans_b else _NO_TRANS,
+       m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)

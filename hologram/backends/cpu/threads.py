@@ -1,0 +1,232 @@
+"""A persistent worker pool that runs compiled kernels on several cores.
+
+Compiled kernels are called through ctypes, which releases the GIL, so plain Python threads
+run them in parallel. :func:`parallel_for` splits ``range(total)`` into contiguous chunks
+(:func:`chunks`), runs the first chunk on the calling thread and hands the others to
+persistent daemon workers.
+
+What is promised:
+
+- Chunk boundaries depend only on ``(total, grain, num_threads())``, never on timing or
+  on whether the pool was busy, so reductions that combine per-chunk partials are
+  reproducible bit for bit.
+- Work smaller than two grains runs inline on the calling thread: no lock, no handoff.
+- ``parallel_for`` never returns or raises while a chunk is still running. When chunks
+  raise, it re-raises the exception of the lowest-numbered failing chunk once all started
+  chunks have finished (chunks run inline stop at the first failure). The pool keeps
+  working afterwards.
+- Concurrent callers: one caller at a time owns the pool. A caller that finds it busy
+  (another Python thread, or a nested call from inside a chunk) runs the same chunks in
+  order on its own thread instead of waiting, which cannot deadlock and keeps results
+  identical.
+- Workers are daemon threads, so they never hold up interpreter exit. After ``os.fork()``
+  the child starts with an empty pool and creates workers on first use.
+
+Handoff uses a pair of raw locks per worker as binary semaphores: a round trip measured
+about 9 µs, against 12-17 µs for ``Event``, ``Semaphore`` or ``Condition``, which add
+Python-level bookkeeping on every signal.
+"""
+
+from __future__ import annotations
+
+import _thread
+import os
+import threading
+from collections.abc import Callable
+
+from hologram import config
+from hologram.errors import HologramError
+
+__all__ = ["chunks", "num_threads", "parallel_for", "set_num_threads"]
+
+_override: int | None = None  # set_num_threads value; None follows the environment
+
+
+def _available_cores() -> int:
+    """Cores this process may run on (its affinity mask), not the machine's total."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
+def num_threads() -> int:
+    """Threads :func:`parallel_for` uses, the calling thread included: the value given to
+    :func:`set_num_threads`, else ``HOLOGRAM_NUM_THREADS`` when it is not 0, else every core
+    available to this process."""
+    if _override is not None:
+        return _override
+    configured = config.get().num_threads
+    return configured if configured > 0 else _available_cores()
+
+
+def set_num_threads(n: int | None) -> None:
+    """Use ``n`` threads (``n >= 1``) from now on; ``None`` goes back to the environment
+    default. The pool grows or shrinks on the next :func:`parallel_for`, not here."""
+    global _override
+    if n is None:
+        _override = None
+        return
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise HologramError(
+            f"set_num_threads({n!r}): expected an integer >= 1 (1 runs everything on the "
+            f"calling thread; None returns to HOLOGRAM_NUM_THREADS or all cores)"
+        )
+    _override = n
+
+
+def chunks(total: int, grain: int, threads: int) -> list[tuple[int, int]]:
+    """Split ``range(total)`` into contiguous ``(start, stop)`` pieces, in order.
+
+    There are ``min(threads, total // grain)`` pieces (at least one when ``total > 0``, none
+    when it is 0); their sizes differ by at most one, the larger ones first, so each has at
+    least ``grain`` items unless ``total < grain``. A pure function of its arguments.
+    ``grain < 1`` counts as 1 and ``threads < 1`` as 1.
+    """
+    if total < 0:
+        raise HologramError(f"chunks: total={total} must be >= 0")
+    if total == 0:
+        return []
+    count = max(1, min(max(threads, 1), total // max(grain, 1)))
+    base, extra = divmod(total, count)
+    out = []
+    start = 0
+    for i in range(count):
+        stop = start + base + (1 if i < extra else 0)
+        out.append((start, stop))
+        start = stop
+    return out
+
+
+class _Worker:
+    """One daemon thread waiting on ``_start``; the caller waits on ``_done``.
+
+    Both locks are created held and used as binary semaphores: ``release`` signals, the
+    other side's ``acquire`` waits. ``job`` is written only while the worker is idle.
+    """
+
+    def __init__(self, index: int):
+        self.job: tuple[Callable[[int, int], None], int, int] | None = None
+        self.error: BaseException | None = None
+        self._start = _thread.allocate_lock()
+        self._start.acquire()
+        self._done = _thread.allocate_lock()
+        self._done.acquire()
+        self.thread = threading.Thread(
+            target=self._loop, name=f"hologram-cpu-{index}", daemon=True
+        )
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            self._start.acquire()
+            job = self.job
+            if job is None:  # stop request
+                return
+            fn, start, stop = job
+            try:
+                fn(start, stop)
+            except BaseException as exc:  # handed to the caller, who re-raises it
+                self.error = exc
+            # Drop references before signalling so the caller may free what fn used.
+            job = fn = None
+            self.job = None
+            self._done.release()
+
+    def submit(self, fn: Callable[[int, int], None], start: int, stop: int) -> None:
+        self.job = (fn, start, stop)
+        self._start.release()
+
+    def wait(self) -> BaseException | None:
+        """Block until the submitted job finished; return what it raised, if anything."""
+        self._done.acquire()
+        error, self.error = self.error, None
+        return error
+
+    def stop(self) -> None:
+        self.job = None
+        self._start.release()
+
+
+class _Pool:
+    def __init__(self) -> None:
+        self.lock = _thread.allocate_lock()  # held by the caller that owns the workers
+        self.workers: list[_Worker] = []
+
+    def resize(self, count: int) -> None:
+        """Keep exactly ``count`` workers (caller holds ``lock``)."""
+        while len(self.workers) > count:
+            self.workers.pop().stop()
+        while len(self.workers) < count:
+            self.workers.append(_Worker(len(self.workers) + 1))
+
+    def run(self, fn: Callable[[int, int], None], pieces: list[tuple[int, int]]) -> None:
+        """Run ``pieces[0]`` here and the rest on workers (caller holds ``lock`` and has
+        made sure there are at least ``len(pieces) - 1`` workers)."""
+        submitted: list[_Worker] = []
+        errors: list[BaseException | None] = [None] * len(pieces)
+        try:
+            for worker, (start, stop) in zip(self.workers, pieces[1:]):
+                worker.submit(fn, start, stop)
+                submitted.append(worker)
+            fn(*pieces[0])
+        except BaseException as exc:  # from fn, or an interrupt while submitting
+            errors[0] = exc
+        interrupt: BaseException | None = None
+        for i, worker in enumerate(submitted, start=1):
+            # Never leave while a worker may still touch the caller's buffers: an
+            # interrupt (Ctrl-C) while waiting is kept and raised after all are done.
+            while True:
+                try:
+                    errors[i] = worker.wait()
+                    break
+                except BaseException as exc:
+                    interrupt = interrupt or exc
+        first = next((e for e in errors if e is not None), None)
+        if first is not None:
+            raise first
+        if interrupt is not None:
+            raise interrupt
+
+
+_pool = _Pool()
+
+
+def _after_fork_in_child() -> None:
+    # The child has only the forking thread: the parent's workers do not exist here and
+    # the pool lock may have been held by another thread. Start over; workers come back
+    # on first use.
+    global _pool
+    _pool = _Pool()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def parallel_for(fn: Callable[[int, int], None], total: int, grain: int) -> None:
+    """Call ``fn(start, stop)`` once for each piece of ``chunks(total, grain,
+    num_threads())``, the first on this thread and the others on pool workers, and return
+    when all are done. Re-raises the exception of the lowest-numbered failing piece after
+    every started piece finished. If the pool is busy (another thread's call, or a call
+    nested in ``fn``), the pieces run one after another on this thread, with the same
+    boundaries, stopping at the first failure.
+    """
+    if total < 2 * grain:  # one piece: no need to even read the thread count
+        if total > 0:
+            fn(0, total)
+        elif total < 0:
+            raise HologramError(f"parallel_for: total={total} must be >= 0")
+        return
+    threads = num_threads()
+    pieces = chunks(total, grain, threads)
+    pool = _pool
+    if len(pieces) == 1 or not pool.lock.acquire(blocking=False):
+        for start, stop in pieces:  # stops at the first failure, which is the lowest
+            fn(start, stop)
+        return
+    try:
+        if len(pool.workers) != threads - 1:
+            pool.resize(threads - 1)
+        pool.run(fn, pieces)
+    finally:
+        pool.lock.release()

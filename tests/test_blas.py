@@ -1,0 +1,139 @@
+"""BLAS gemm through ctypes against a float64 NumPy reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hologram.backends.cpu import blas
+from hologram.errors import DeviceError, DTypeError, ShapeError
+
+pytestmark = pytest.mark.skipif(not blas.available(), reason=blas.describe())
+
+DTYPES = {"f32": np.float32, "f64": np.float64}
+
+
+def addr(a: np.ndarray) -> int:
+    """Address of a view's first element (views of bigger arrays included)."""
+    return a.__array_interface__["data"][0]
+
+
+def ld(a: np.ndarray) -> int:
+    """Row stride of a row-major view, in elements."""
+    assert a.strides[1] == a.itemsize
+    return a.strides[0] // a.itemsize
+
+
+def check(dtype, trans_a, trans_b, m, n, k, alpha=1.0, beta=0.0, pad=0, seed=0):
+    """Run gemm on (possibly padded) sub-blocks and compare with float64 matmul; the
+    padding around C must stay untouched."""
+    rng = np.random.default_rng(seed)
+    np_t = DTYPES[dtype]
+    a_shape = (k, m) if trans_a else (m, k)
+    b_shape = (n, k) if trans_b else (k, n)
+
+    def block(rows, cols):
+        big = rng.uniform(-1, 1, (rows + 2 * pad, cols + 3 * pad)).astype(np_t)
+        return big, big[pad:pad + rows, pad:pad + cols]
+
+    _, a = block(*a_shape)
+    _, b = block(*b_shape)
+    c_big, c = block(m, n)
+    c_big_before = c_big.copy()
+    c_before = c.astype(np.float64)
+    op_a = a.T if trans_a else a
+    op_b = b.T if trans_b else b
+    expected = alpha * (op_a.astype(np.float64) @ op_b.astype(np.float64)) + beta * c_before
+    blas.gemm(dtype, trans_a, trans_b, m, n, k, alpha, addr(a), ld(a), addr(b), ld(b),
+              beta, addr(c), ld(c))
+    tol = (2e-6 if dtype == "f32" else 1e-14) * (k + 1) * 4
+    np.testing.assert_allclose(c.astype(np.float64), expected, rtol=tol, atol=tol)
+    mask = np.ones(c_big.shape, bool)
+    mask[pad:pad + m, pad:pad + n] = False
+    np.testing.assert_array_equal(c_big[mask], c_big_before[mask])
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+@pytest.mark.parametrize("trans_a", [False, True])
+@pytest.mark.parametrize("trans_b", [False, True])
+@pytest.mark.parametrize("m,n,k", [(1, 1, 1), (7, 5, 3), (3, 17, 64), (65, 33, 130),
+                                   (128, 128, 128)])
+def test_gemm_matches_numpy(dtype, trans_a, trans_b, m, n, k):
+    check(dtype, trans_a, trans_b, m, n, k)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+@pytest.mark.parametrize("trans_a,trans_b", [(False, False), (True, False), (False, True)])
+def test_sub_blocks_with_larger_leading_dimensions(dtype, trans_a, trans_b):
+    check(dtype, trans_a, trans_b, 9, 6, 11, pad=4)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+@pytest.mark.parametrize("alpha,beta", [(2.5, 0.0), (1.0, 1.0), (-0.5, 3.0), (0.0, 2.0)])
+def test_alpha_beta(dtype, alpha, beta):
+    check(dtype, False, True, 12, 10, 8, alpha=alpha, beta=beta, pad=2)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+def test_k_zero_scales_c(dtype):
+    np_t = DTYPES[dtype]
+    big = np.arange(1, 31, dtype=np_t).reshape(5, 6)
+    c = big[1:4, 1:5]
+    before = big.copy()
+    blas.gemm(dtype, False, False, 3, 4, 0, 1.0, 0, 0, 0, 0, 2.0, addr(c), 6)
+    expected = before.copy()
+    expected[1:4, 1:5] *= 2
+    np.testing.assert_array_equal(big, expected)
+    c[...] = np.nan  # beta = 0 overwrites without reading, as BLAS does
+    blas.gemm(dtype, True, True, 3, 4, 0, 1.0, 0, 0, 0, 0, 0.0, addr(c), 6)
+    assert (c == 0).all() and not np.isnan(big).any()
+
+
+@pytest.mark.parametrize("m,n", [(0, 4), (4, 0), (0, 0)])
+def test_empty_output_is_a_no_op(m, n):
+    c = np.full((4, 4), 5.0)
+    blas.gemm("f64", False, False, m, n, 3, 1.0, 0, 0, 0, 0, 0.0, addr(c), 0)
+    assert (c == 5.0).all()
+
+
+def test_argument_errors():
+    a = np.zeros((4, 4), np.float32)
+    p = addr(a)
+    with pytest.raises(DTypeError, match="f16"):
+        blas.gemm("f16", False, False, 2, 2, 2, 1.0, p, 4, p, 4, 0.0, p, 4)
+    with pytest.raises(ShapeError, match="lda=2 < 3"):
+        blas.gemm("f32", False, False, 2, 2, 3, 1.0, p, 2, p, 4, 0.0, p, 4)
+    with pytest.raises(ShapeError, match="ldb=1 < 3"):
+        blas.gemm("f32", False, True, 2, 2, 3, 1.0, p, 4, p, 1, 0.0, p, 4)
+    with pytest.raises(ShapeError, match="ldc=1 < 2"):
+        blas.gemm("f32", False, False, 2, 2, 3, 1.0, p, 4, p, 4, 0.0, p, 1)
+    with pytest.raises(ShapeError, match=">= 0"):
+        blas.gemm("f32", False, False, -1, 2, 3, 1.0, p, 4, p, 4, 0.0, p, 4)
+
+
+def test_describe_names_the_library():
+    text = blas.describe()
+    lib = blas._load()
+    assert "BLAS" in text and lib.path.rsplit("/", 1)[-1] in text
+    assert f"{lib.prefix}openblas{lib.suffix}" in text
+
+
+def test_blas_threads_round_trip():
+    before = blas.blas_threads()
+    try:
+        blas.set_blas_threads(1)
+        assert blas.blas_threads() == 1
+        check("f32", False, False, 64, 64, 64)
+    finally:
+        blas.set_blas_threads(before)
+    with pytest.raises(Exception, match="integer >= 1"):
+        blas.set_blas_threads(0)
+
+
+def test_missing_library_is_a_device_error(monkeypatch):
+    monkeypatch.setattr(blas, "_state", "no BLAS found; looked in numpy.libs")
+    assert not blas.available()
+    assert "looked in" in blas.describe()
+    with pytest.raises(DeviceError, match="looked in"):
+        blas.gemm("f32", False, False, 1, 1, 1, 1.0, 1, 1, 1, 1, 0.0, 1, 1)
+    blas.set_blas_threads(2)  # a no-op without a library
