@@ -178,6 +178,14 @@ class Graph:
     def copy(self, x: Tensor) -> Tensor:
         return self._elementwise([x], lambda k, v: v)
 
+    def arange(self, n: int, dtype: DType | str = "i64") -> Tensor:
+        """``[0, 1, ..., n-1]`` (the ISA's ``index``)."""
+        k = self.builder.kernel((n,))
+        value = k.index(0, dtype)
+        out = self._temp(value.dtype, (n,))
+        k.store(out.buffer, value)
+        return out
+
     def maximum(self, a: Tensor | Scalar, b: Tensor | Scalar) -> Tensor:
         return self.binary("max", a, b)
 

@@ -462,3 +462,16 @@ def test_coalesce_flattens_contiguous_grids_only():
 
     q = pipeline.run(_graph(contiguous_3d))
     assert q.kernels[0].domain == (6, 4) and q.kernels[0].grid_rank == 1
+
+
+def test_empty_tensors_go_through_the_pipeline():
+    def empty_softmax(g):
+        x = g.input("x", "f32", (0, 7))
+        e = g.unary("exp", x - g.max(x, 1, keepdim=True))
+        g.output("y", e / g.sum(e, 1, keepdim=True))
+        g.output("s", g.sum(x, 0))  # sums over an empty axis: +0.0
+
+    p = _graph(empty_softmax)
+    q = pipeline.run(p)
+    (y, s) = execute(q, inputs_for(p))
+    assert y.size == 0 and s.tolist() == [0.0] * 7 and not np.signbit(s).any()

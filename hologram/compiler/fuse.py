@@ -200,6 +200,8 @@ def _compose(load: Instr, store: Instr) -> tuple[dict, dict] | None:
     (a reshape or a diagonal, say); then the temporary stays materialized.
     """
     shape, smap = store.shape, store.map
+    if 0 in shape or 0 in load.shape:
+        return None  # an empty block: nothing to recompute, and nothing gained
     dims = [d for d, n in enumerate(shape) if n > 1]
     if any(smap.strides[d] <= 0 for d in dims):
         return None
