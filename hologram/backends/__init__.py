@@ -6,11 +6,13 @@ from __future__ import annotations
 import importlib
 import threading
 
+from hologram import config
 from hologram.backends.base import Backend, Executable
 from hologram.errors import DeviceError
 
 # name -> "module:Class", in order of preference for "auto".
 BUILTIN: dict[str, str] = {
+    "cpu": "hologram.backends.cpu.backend:CpuBackend",
     "interp": "hologram.backends.interp.backend:InterpBackend",
 }
 
@@ -30,8 +32,21 @@ def available() -> list[str]:
     return [name for name in BUILTIN if backend_class(name).is_available()]
 
 
+def resolve(name: str) -> str:
+    """A backend name, with ``"auto"`` (and ``HOLOGRAM_BACKEND``'s default) resolved to the
+    first available backend in order of preference."""
+    if name == "auto":
+        configured = config.get().backend
+        if configured != "auto":
+            return configured
+        return available()[0]
+    return name
+
+
 def get(name: str) -> Backend:
-    """The shared instance of backend ``name``; :class:`DeviceError` if it cannot run."""
+    """The shared instance of backend ``name`` (``"auto"`` allowed); :class:`DeviceError`
+    if it cannot run here."""
+    name = resolve(name)
     with _lock:
         if name not in _instances:
             cls = backend_class(name)
@@ -42,4 +57,4 @@ def get(name: str) -> Backend:
         return _instances[name]
 
 
-__all__ = ["BUILTIN", "Backend", "Executable", "available", "backend_class", "get"]
+__all__ = ["BUILTIN", "Backend", "Executable", "available", "backend_class", "get", "resolve"]

@@ -28,7 +28,8 @@ import numpy as np
 from hologram.errors import DTypeError, ShapeError
 from hologram.isa.ir import Buffer, Program
 
-# Called with one flat array per parameter, already checked by check_arrays.
+# Called with one array per parameter, already checked (check_arrays' rules: dtype, size,
+# C-contiguous, writable outputs), in any shape.
 Executable = Callable[[Sequence[np.ndarray]], None]
 
 

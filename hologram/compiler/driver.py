@@ -35,22 +35,35 @@ class CompiledProgram:
         self.backend = backend
         self.key = key
         self._run = run
+        params = program.params
+        # What each argument must be, precomputed: calls are a hot path.
+        self._specs = tuple((p.dtype.storage, p.size, p.kind != "in") for p in params)
+        self._inputs = tuple(i for i, p in enumerate(params) if p.kind != "out")
+        self._outputs = tuple(i for i, p in enumerate(params) if p.kind != "in")
+        self._shapes = tuple((p.shape, p.dtype.storage) for p in params)
 
     @property
     def params(self) -> tuple[Buffer, ...]:
         return self.program.params
 
     def __call__(self, *arrays: np.ndarray) -> np.ndarray | tuple[np.ndarray, ...] | None:
-        params = self.params
-        inputs = [p for p in params if p.kind in ("in", "inout")]
-        if len(arrays) == len(inputs) and len(inputs) != len(params):
-            given = iter(arrays)
-            arrays = tuple(
-                next(given) if p.kind in ("in", "inout")
-                else np.empty(p.shape, p.dtype.storage) for p in params
-            )
-        self._run(check_arrays(self.program, arrays, f"{self.program.name} on {self.backend}"))
-        outputs = tuple(a for p, a in zip(params, arrays) if p.kind != "in")
+        if len(arrays) == len(self._inputs) != len(self._specs):
+            full: list = [None] * len(self._specs)
+            for i, array in zip(self._inputs, arrays):
+                full[i] = array
+            for i in self._outputs:
+                if full[i] is None:
+                    full[i] = np.empty(*self._shapes[i])
+            arrays = tuple(full)
+        if len(arrays) != len(self._specs) or not all(
+            type(a) is np.ndarray and a.dtype == dtype and a.size == size
+            and a.flags.c_contiguous and (a.flags.writeable or not out)
+            for a, (dtype, size, out) in zip(arrays, self._specs)
+        ):
+            # The slow path says exactly what is wrong (or accepts ndarray subclasses).
+            check_arrays(self.program, arrays, f"{self.program.name} on {self.backend}")
+        self._run(arrays)
+        outputs = tuple(arrays[i] for i in self._outputs)
         return outputs[0] if len(outputs) == 1 else outputs
 
 
@@ -58,10 +71,12 @@ _memo: OrderedDict[tuple, CompiledProgram] = OrderedDict()
 _memo_lock = threading.Lock()
 
 
-def compile(program: Program, backend: str = "interp",
+def compile(program: Program, backend: str = "auto",
             options: CompileOptions | None = None) -> CompiledProgram:
-    """Compile ``program`` for ``backend`` (cached; see the module docstring)."""
+    """Compile ``program`` for ``backend`` (``"auto"``: the best available; cached, see the
+    module docstring)."""
     options = options or CompileOptions.from_env()
+    backend = backends.resolve(backend)
     impl = backends.get(backend)
     memo_key = (program, backend, options)
     with _memo_lock:

@@ -58,6 +58,10 @@ def has_feature(name: str) -> bool:
 
 def _target_machine() -> llvm.TargetMachine:
     triple, cpu, features = host_cpu()
+    if has_feature("avx512f"):
+        # LLVM emits 256-bit vectors by default even on AVX-512 hosts; full-width vectors
+        # run our polynomial math ~1.5x faster and memory-bound loops no slower.
+        features += ",-prefer-256-bit"
     target = llvm.Target.from_triple(triple)
     return target.create_target_machine(cpu=cpu, features=features, opt=3,
                                         reloc="pic", codemodel="jitdefault")

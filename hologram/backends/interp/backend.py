@@ -31,6 +31,6 @@ class InterpBackend(Backend):
         program = parse_program(artifact.decode())
 
         def run(arrays) -> None:
-            execute(program, arrays)
+            execute(program, [a.reshape(-1) for a in arrays])
 
         return run

@@ -1,0 +1,191 @@
+"""The ``cpu`` backend: Atlas -> LLVM IR -> native code for this host, run on threads.
+
+**Compile** (:meth:`CpuBackend.compile`): each kernel the renderer supports becomes one
+function of a single LLVM module, optimized at O3 for the host CPU and emitted as an
+object file. The artifact is a small JSON header (what the runtime needs to bind buffers
+and launch kernels) followed by the object code; kernels the renderer cannot handle yet are
+listed with the reason, and the header then also carries the program's text so they can
+run on the reference interpreter.
+
+**Load** (:meth:`CpuBackend.load`): the object file is added to the process's JIT (no
+re-parsing or re-verifying of the program unless an interpreted kernel needs it), and a
+callable is returned. A call binds one pointer per buffer (parameters, and temporaries in
+one arena allocated per call) and runs the kernels in order; each kernel's first grid
+dimension is split across the worker pool when there is enough work per thread.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import math
+import struct
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from hologram.backends.base import Backend, Executable
+from hologram.backends.cpu import blas, gemm, llvm, threads
+from hologram.backends.cpu.render import render, unsupported
+from hologram.isa.ir import Program
+
+# Work (grid points x loop iterations) below which a chunk is not worth a thread handoff
+# (~10-30 µs): about 100k simple element operations on our machines.
+MIN_CHUNK_WORK = 1 << 17
+
+_KERNEL = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
+_HEADER = struct.Struct("<I")
+
+
+class CpuBackend(Backend):
+    name = "cpu"
+
+    @classmethod
+    def is_available(cls) -> bool:
+        try:
+            llvm.host_cpu()
+        except Exception:
+            return False
+        return True
+
+    def target(self) -> str:
+        return llvm.host_identity()
+
+    def compile(self, program: Program) -> bytes:
+        prefix = f"hg_{program.fingerprint()[:16]}_"
+        program, gemms = gemm.split(program)
+        symbols, steps, fallback = {}, [], False
+        for index, kernel in enumerate(program.kernels):
+            if index in gemms:
+                steps.append({"gemm": gemms[index].to_json()})
+            reason = unsupported(kernel)
+            if reason is None:
+                symbols[kernel.name] = prefix + kernel.name
+            fallback |= reason is not None
+            steps.append({
+                "kernel": index,
+                "symbol": symbols.get(kernel.name),
+                "reason": reason,
+                "rows": kernel.domain[0] if kernel.grid_rank else 1,
+                "row_work": math.prod(kernel.domain[1:]) if kernel.grid_rank else 1,
+                "parallel": kernel.grid_rank > 0,
+            })
+        if len(program.kernels) in gemms:
+            steps.append({"gemm": gemms[len(program.kernels)].to_json()})
+        header = {
+            "buffers": len(program.buffers),
+            "params": [i for i, b in enumerate(program.buffers) if b.kind != "temp"],
+            "temps": [[i, b.offset] for i, b in enumerate(program.buffers) if b.kind == "temp"],
+            "arena": program.arena_bytes,
+            "steps": steps,
+            "program": str(program) if fallback else None,
+        }
+        obj = llvm.compile_ir(render(program, symbols)) if symbols else b""
+        data = json.dumps(header).encode()
+        return _HEADER.pack(len(data)) + data + obj
+
+    def load(self, artifact: bytes) -> Executable:
+        (size,) = _HEADER.unpack_from(artifact)
+        header = json.loads(artifact[_HEADER.size : _HEADER.size + size])
+        obj = artifact[_HEADER.size + size :]
+        names = [s["symbol"] for s in header["steps"] if s.get("symbol")]
+        addresses = llvm.load_object(obj, names) if names else {}
+        return _Executable(header, addresses)
+
+
+class _Executable:
+    """A loaded program: call it with one checked, flat array per parameter."""
+
+    def __init__(self, header: dict, addresses: dict[str, int]):
+        self.nbuffers = header["buffers"]
+        self.params = header["params"]
+        self.temps = header["temps"]
+        self.arena = header["arena"]
+        self.program_text = header["program"]
+        self._program: Program | None = None
+        self.steps: list[Callable] = [self._step(s, addresses) for s in header["steps"]]
+
+    def _step(self, step: dict, addresses: dict[str, int]) -> Callable:
+        if "gemm" in step:
+            return _gemm_step(step["gemm"])
+        if step["symbol"] is None:
+            index = step["kernel"]
+            return lambda pointers, memory: self._interpret(index, memory)
+        fn = _KERNEL(addresses[step["symbol"]])
+        rows, parallel = step["rows"], step["parallel"]
+        grain = max(1, -(-MIN_CHUNK_WORK // max(step["row_work"], 1)))
+
+        def run(pointers, arrays) -> None:
+            if not parallel or rows < 2 * grain:
+                fn(pointers, 0, rows)
+            else:
+                threads.parallel_for(lambda start, stop: fn(pointers, start, stop), rows, grain)
+
+        return run
+
+    def __call__(self, arrays: Sequence[np.ndarray]) -> None:
+        pointers = (ctypes.c_void_p * max(self.nbuffers, 1))()
+        for slot, array in zip(self.params, arrays):
+            pointers[slot] = _address(array)
+        arena = np.empty(self.arena, dtype=np.uint8) if self.arena else None
+        if arena is not None:
+            base = arena.ctypes.data
+            for slot, offset in self.temps:
+                pointers[slot] = base + offset
+        memory = (arrays, arena)
+        for step in self.steps:
+            step(pointers, memory)
+
+    def _interpret(self, index: int, memory: tuple) -> None:
+        """Run kernel ``index`` on the reference interpreter, on the same memory."""
+        from hologram.backends.interp.interpreter import run_kernel
+        from hologram.isa.text import parse_program
+
+        if self._program is None:
+            self._program = parse_program(self.program_text)
+        program = self._program
+        arrays, arena = memory
+        given = iter(arrays)
+        views = []
+        for buf in program.buffers:
+            if buf.kind != "temp":
+                views.append(next(given).reshape(-1))
+            else:
+                raw = arena[buf.offset : buf.offset + buf.nbytes]
+                views.append(raw.view(buf.dtype.storage))
+        run_kernel(program, program.kernels[index], views)
+
+
+def _address(array: np.ndarray) -> int:
+    """The data pointer of a C-contiguous array (the buffer protocol is 3x faster than
+    ``array.ctypes.data``, which remains for read-only and empty arrays)."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(array))
+    except (TypeError, ValueError):
+        return array.ctypes.data
+
+
+def _gemm_step(g: dict) -> Callable:
+    """C = A @ B through BLAS for every batch index (see :mod:`.gemm`)."""
+    itemsize = 4 if g["dtype"] == "f32" else 8
+    (a, a_off, a_bs, a_t, lda), (b, b_off, b_bs, b_t, ldb), (c, c_off, c_bs, _, ldc) = (
+        g["a"], g["b"], g["c"])
+    offsets = []
+    for flat in range(math.prod(g["batch"])):
+        index, rest = [], flat
+        for n in reversed(g["batch"]):
+            index.append(rest % n)
+            rest //= n
+        index.reverse()
+        offsets.append(tuple(itemsize * (off + sum(i * s for i, s in zip(index, bs)))
+                             for off, bs in ((a_off, a_bs), (b_off, b_bs), (c_off, c_bs))))
+    m, n, k, dtype = g["m"], g["n"], g["k"], g["dtype"]
+
+    def run(pointers, memory) -> None:
+        blas.set_blas_threads(threads.num_threads())
+        pa, pb, pc = pointers[a] or 0, pointers[b] or 0, pointers[c] or 0
+        for da, db, dc in offsets:
+            blas.gemm(dtype, a_t, b_t, m, n, k, 1.0, pa + da, lda, pb + db, ldb, 0.0, pc + dc,
+                      ldc)
+
+    return run

@@ -1,0 +1,580 @@
+"""The CPU renderer: a scheduled Atlas kernel -> one LLVM IR function.
+
+Every kernel becomes ``void @sym(ptr %bufs, i64 %start, i64 %stop)``: ``bufs`` holds one
+pointer per program buffer, and the function runs the grid points whose first grid index is
+in ``[start, stop)`` (the whole grid point when the kernel has no grid), so the runtime can
+split the first grid dimension across threads.
+
+Inside one grid point the kernel's loop dimensions are structured loops:
+
+- a value that varies along no loop dimension (a load at the grid point, a reduction's
+  result, arithmetic on those) is computed once per grid point;
+- a value that varies along loop dimensions is never stored: it is recomputed inside the
+  loop nest of whatever needs it — a reduction (one nest over the reduced axes, with an
+  accumulator) or a group of stores (one nest over the dimensions they vary along).
+
+Dependencies are emitted before the nest that uses them, so everything dominates its uses.
+Float sums (and products, and contractions) accumulate in float64 for f16/bf16/f32 — more
+accurate than pairwise float32 summation — with ``reassoc`` so the loops vectorize.
+Transcendentals come from :mod:`.mathlib` (vectorizable IR, no libm calls).
+
+Registers: bool is ``i1`` (``i8`` in memory), f16 is ``half`` (LLVM keeps IEEE half
+semantics), bf16 is ``float`` rounded to bf16 after every operation (``i16`` in memory).
+
+:func:`unsupported` says why a kernel cannot be rendered yet (the runtime then runs it on
+the reference interpreter): today, a reduction whose result still varies along a loop
+dimension (it would need per-grid-point scratch memory).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from llvmlite import ir
+
+from hologram.backends.cpu import mathlib
+from hologram.isa import dtypes as dt
+from hologram.isa.dtypes import DType
+from hologram.isa.ir import FLOAT_UNARY_OPS, Instr, Kernel, Program
+
+I1, I8, I16, I32, I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
+F16, F32, F64 = ir.HalfType(), ir.FloatType(), ir.DoubleType()
+PTR = ir.PointerType(I8)
+KERNEL_TYPE = ir.FunctionType(ir.VoidType(), [PTR.as_pointer(), I64, I64])
+
+_REGISTER = {"bool": I1, "i8": I8, "u8": I8, "i16": I16, "i32": I32, "i64": I64,
+             "f16": F16, "bf16": F32, "f32": F32, "f64": F64}
+_MEMORY = {**_REGISTER, "bool": I8, "bf16": I16}
+_CMP = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+
+
+def register_type(t: DType) -> ir.Type:
+    return _REGISTER[t.name]
+
+
+def unsupported(kernel: Kernel) -> str | None:
+    """Why ``kernel`` cannot be rendered, or None."""
+    loops = range(kernel.grid_rank, len(kernel.domain))
+    for instr in kernel.body:
+        if instr.op in ("reduce", "contract") and any(instr.shape[d] > 1 for d in loops):
+            return ("a reduction result varies along a loop dimension "
+                    f"(shape {list(instr.shape)}, grid {list(kernel.grid)})")
+    return None
+
+
+def render(program: Program, symbols: dict[str, str]) -> str:
+    """LLVM IR for the kernels named in ``symbols`` (kernel name -> function symbol)."""
+    module = ir.Module(name=program.name)
+    module.triple = ""  # the target machine decides
+    for kernel in program.kernels:
+        if kernel.name in symbols:
+            _KernelRenderer(module, program, kernel, symbols[kernel.name]).render()
+    return str(module)
+
+
+def _float_const(t: ir.Type, value: float) -> ir.Constant:
+    if math.isnan(value):  # one canonical quiet NaN
+        return ir.Constant(t, float("nan"))
+    return ir.Constant(t, value)
+
+
+class _KernelRenderer:
+    def __init__(self, module: ir.Module, program: Program, kernel: Kernel, symbol: str):
+        self.module, self.program, self.kernel = module, program, kernel
+        self.fn = ir.Function(module, KERNEL_TYPE, name=symbol)
+        self.fn.args[0].add_attribute("noalias")
+        entry = self.fn.append_basic_block("entry")
+        self.b = ir.IRBuilder(entry)
+        self.alloca_block = entry
+        self.bases: dict[int, ir.Value] = {}
+        self.index: dict[int, ir.Value] = {}  # domain dimension -> current index (i64)
+        self.point: dict[int, ir.Value] = {}  # values computed once per grid point
+        self.local: dict[int, ir.Value] = {}  # values computed inside the current nest
+        self.loops = range(kernel.grid_rank, len(kernel.domain))
+
+    # --- structure --------------------------------------------------------------------
+    def render(self) -> None:
+        b, kernel = self.b, self.kernel
+        body_start = self.fn.append_basic_block("start")
+        b.branch(body_start)  # the entry block keeps only allocas
+        b.position_at_end(body_start)
+        for i, buf in enumerate(self.program.buffers):
+            if i in kernel.reads() | kernel.writes():
+                slot = b.gep(self.fn.args[0], [ir.Constant(I64, i)])
+                raw = b.load(slot)
+                self.bases[i] = b.bitcast(raw, _MEMORY[buf.dtype.name].as_pointer())
+        if kernel.grid_rank == 0:
+            self._grid_point()
+        else:
+            start, stop = self.fn.args[1], self.fn.args[2]
+            self._loop(stop, lambda i: self._grid(1, i), start=start, dim=0)
+        b.ret_void()
+
+    def _grid(self, d: int, index: ir.Value) -> None:
+        if d < self.kernel.grid_rank:
+            self._loop(ir.Constant(I64, self.kernel.domain[d]), lambda i: self._grid(d + 1, i),
+                       dim=d)
+        else:
+            self._grid_point()
+
+    def _loop(self, stop: ir.Value, body: Callable[[ir.Value], None], dim: int,
+              start: ir.Value | None = None) -> None:
+        """``for i in [start, stop): body(i)``, with ``i`` bound to domain dimension ``dim``."""
+        b = self.b
+        start = start if start is not None else ir.Constant(I64, 0)
+        before = b.block
+        head = self.fn.append_basic_block(f"d{dim}.head")
+        inner = self.fn.append_basic_block(f"d{dim}.body")
+        done = self.fn.append_basic_block(f"d{dim}.done")
+        b.branch(head)
+        b.position_at_end(head)
+        i = b.phi(I64, name=f"i{dim}")
+        i.add_incoming(start, before)
+        b.cbranch(b.icmp_signed("<", i, stop), inner, done)
+        b.position_at_end(inner)
+        self.index[dim] = i
+        body(i)
+        following = b.add(i, ir.Constant(I64, 1))
+        i.add_incoming(following, b.block)
+        b.branch(head)
+        b.position_at_end(done)
+        del self.index[dim]
+
+    def _nest(self, dims: list[int], body: Callable[[], None]) -> None:
+        if not dims:
+            body()
+            return
+        d = dims[0]
+        self._loop(ir.Constant(I64, self.kernel.domain[d]), lambda i: self._nest(dims[1:], body),
+                   dim=d)
+
+    def _varying(self, instr: Instr) -> list[int]:
+        return [d for d in self.loops if instr.shape[d] > 1]
+
+    def _grid_point(self) -> None:
+        self.point = {}
+        body = self.kernel.body
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for pos, instr in enumerate(body):
+            if instr.op == "store":
+                groups.setdefault(tuple(self._varying(instr)), []).append(pos)
+        for dims, stores in groups.items():
+            for pos in stores:
+                self._prepare(body[pos].args[0])
+
+            def emit(stores=stores) -> None:
+                self.local = {}
+                for pos in stores:
+                    self._store(body[pos])
+
+            self._nest(list(dims), emit)
+
+    def _prepare(self, root: int) -> None:
+        """Emit, at grid-point level, every value ``root`` needs that varies along no loop
+        dimension (reductions included, and what their operands need), so that loop nests
+        only recompute the rest."""
+        stack, seen = [root], set()
+        order = []
+        while stack:
+            i = stack.pop()
+            if i in seen or i in self.point:
+                continue
+            seen.add(i)
+            order.append(i)
+            stack.extend(self.kernel.body[i].args)
+        for i in sorted(order):  # body order is a topological order
+            instr = self.kernel.body[i]
+            if not self._varying(instr) and i not in self.point:
+                self.local = self.point
+                self.point[i] = self._reduce(instr) if instr.op in ("reduce", "contract") \
+                    else self._emit(instr)
+
+    # --- values -----------------------------------------------------------------------
+    def _value(self, i: int) -> ir.Value:
+        if i in self.point:
+            return self.point[i]
+        if i not in self.local:
+            self.local[i] = self._emit(self.kernel.body[i])
+        return self.local[i]
+
+    def _address(self, instr: Instr) -> ir.Value:
+        b = self.b
+        offset: ir.Value = ir.Constant(I64, instr.map.offset)
+        for d, (n, stride) in enumerate(zip(instr.shape, instr.map.strides)):
+            if n > 1 and stride:
+                offset = b.add(offset, b.mul(self.index[d], ir.Constant(I64, stride)))
+        return b.gep(self.bases[instr.buffer], [offset])
+
+    def _store(self, instr: Instr) -> None:
+        value = self._value(instr.args[0])
+        self.b.store(self._to_memory(value, instr.dtype), self._address(instr))
+
+    def _to_memory(self, value: ir.Value, t: DType) -> ir.Value:
+        b = self.b
+        if t.is_bool:
+            return b.zext(value, I8)
+        if t is dt.bfloat16:
+            return b.trunc(b.lshr(b.bitcast(value, I32), ir.Constant(I32, 16)), I16)
+        return value
+
+    def _from_memory(self, raw: ir.Value, t: DType) -> ir.Value:
+        b = self.b
+        if t.is_bool:
+            return b.icmp_unsigned("!=", raw, ir.Constant(I8, 0))
+        if t is dt.bfloat16:
+            return b.bitcast(b.shl(b.zext(raw, I32), ir.Constant(I32, 16)), F32)
+        return raw
+
+    def _emit(self, instr: Instr) -> ir.Value:
+        op, t = instr.op, instr.dtype
+        if op == "load":
+            return self._from_memory(self.b.load(self._address(instr)), t)
+        if op == "const":
+            return self._const(instr.value, t)
+        if op == "index":
+            # A dimension of extent 1 has no loop: its only index is 0.
+            index = self.index.get(instr.axis, ir.Constant(I64, 0))
+            return self._int_cast(index, I64, register_type(t), signed=True)
+        if op in ("reduce", "contract"):
+            return self._reduce(instr)
+        args = [self._value(a) for a in instr.args]
+        arg_type = self.kernel.body[instr.args[0]].dtype
+        result = _OPS[op](self, args, arg_type, t)
+        return self._round_bf16(result) if t is dt.bfloat16 and op not in _EXACT_BF16 else result
+
+    def _const(self, value: bool | int | float, t: DType) -> ir.Constant:
+        ty = register_type(t)
+        if t.is_bool:
+            return ir.Constant(I1, int(value))
+        if t.is_int:
+            return ir.Constant(ty, value)
+        return _float_const(ty, value)
+
+    # --- reductions -------------------------------------------------------------------
+    def _reduce(self, instr: Instr) -> ir.Value:
+        b, kernel = self.b, self.kernel
+        axes = list(instr.axes)
+        extents = [kernel.domain[a] for a in axes]
+        operands = [kernel.body[a] for a in instr.args]
+        t = operands[0].dtype
+        kind = "sum" if instr.op == "contract" else instr.kind
+        if kind == "sum" and math.prod(extents) == 0:
+            return self._const(0, t)  # an empty sum is +0.0 (not the -0.0 identity)
+        acc_type = self._accumulator_type(t, kind)
+        acc = self._alloca(acc_type)
+        b.store(self._identity(kind, t, acc_type), acc)
+        best = None
+        if kind in ("argmax", "argmin"):
+            best = self._alloca(I64)
+            b.store(ir.Constant(I64, 0), best)
+        saved_local, self.local = self.local, {}
+
+        def step() -> None:
+            values = [self._value(a) for a in instr.args]
+            if instr.op == "contract":
+                values = [self._widen(v, t, acc_type) for v in values]
+                value = self._arith("mul", values[0], values[1], t, acc_type)
+            else:
+                value = self._widen(values[0], t, acc_type)
+            current = b.load(acc)
+            if best is None:
+                b.store(self._combine(kind, current, value, t, acc_type), acc)
+            else:
+                better = self._better(kind == "argmax", value, current, t)
+                b.store(b.select(better, value, current), acc)
+                flat = ir.Constant(I64, 0)
+                for a, n in zip(axes, extents):
+                    flat = b.add(b.mul(flat, ir.Constant(I64, n)), self.index[a])
+                b.store(b.select(better, flat, b.load(best)), best)
+
+        self._nest(axes, step)
+        self.local = saved_local
+        if best is not None:
+            return b.load(best)
+        return self._narrow(b.load(acc), acc_type, instr.dtype)
+
+    def _alloca(self, ty: ir.Type) -> ir.Value:
+        with self.b.goto_block(self.alloca_block):
+            self.b.position_at_start(self.alloca_block)
+            return self.b.alloca(ty)
+
+    def _accumulator_type(self, t: DType, kind: str) -> ir.Type:
+        if t.is_float and kind in ("sum", "prod") and t is not dt.float64:
+            return F64
+        return register_type(t)
+
+    def _identity(self, kind: str, t: DType, ty: ir.Type) -> ir.Constant:
+        if kind == "sum":
+            return _float_const(ty, -0.0) if t.is_float else ir.Constant(ty, 0)
+        if kind == "prod":
+            return _float_const(ty, 1.0) if t.is_float else ir.Constant(ty, 1)
+        largest = kind in ("min", "argmin")
+        if t.is_bool:
+            return ir.Constant(I1, int(largest))
+        return self._const(t.max if largest else t.min, t)
+
+    def _combine(self, kind: str, acc: ir.Value, value: ir.Value, t: DType,
+                 ty: ir.Type) -> ir.Value:
+        b = self.b
+        if kind in ("sum", "prod"):
+            if t.is_float:
+                op = b.fadd if kind == "sum" else b.fmul
+                return op(acc, value, flags=("reassoc",))
+            return (b.add if kind == "sum" else b.mul)(acc, value)
+        return _minmax(self, [acc, value], t, t, kind)
+
+    def _better(self, largest: bool, value: ir.Value, best: ir.Value, t: DType) -> ir.Value:
+        """Does ``value`` replace ``best`` (first occurrence wins; NaN is the extreme;
+        -0.0 < +0.0, as the max/min reductions order them)?"""
+        b = self.b
+        if not t.is_float:
+            if t.is_bool:
+                return b.icmp_unsigned(">" if largest else "<", value, best)
+            pred = ">" if largest else "<"
+            cmp = b.icmp_unsigned if t.kind == "u" else b.icmp_signed
+            return cmp(pred, value, best)
+        nan_value = b.fcmp_unordered("uno", value, value)
+        nan_best = b.fcmp_unordered("uno", best, best)
+        strictly = b.fcmp_ordered(">" if largest else "<", value, best)
+        zeros = b.and_(b.fcmp_ordered("==", value, _float_const(value.type, 0.0)),
+                       b.fcmp_ordered("==", best, _float_const(value.type, 0.0)))
+        sign_value, sign_best = self._signbit(value), self._signbit(best)
+        by_sign = b.and_(sign_best, b.not_(sign_value)) if largest else \
+            b.and_(sign_value, b.not_(sign_best))
+        return b.or_(b.and_(nan_value, b.not_(nan_best)),
+                     b.and_(b.not_(nan_best), b.or_(strictly, b.and_(zeros, by_sign))))
+
+    def _signbit(self, x: ir.Value) -> ir.Value:
+        bits = ir.IntType(_float_bits(x.type))
+        return self.b.icmp_signed("<", self.b.bitcast(x, bits), ir.Constant(bits, 0))
+
+    def _widen(self, value: ir.Value, t: DType, ty: ir.Type) -> ir.Value:
+        return self.b.fpext(value, ty) if value.type != ty else value
+
+    def _narrow(self, value: ir.Value, ty: ir.Type, t: DType) -> ir.Value:
+        target = register_type(t)
+        if ty == target:
+            return value
+        narrowed = self.b.fptrunc(value, target)
+        return self._round_bf16(narrowed) if t is dt.bfloat16 else narrowed
+
+    # --- helpers for the op table -----------------------------------------------------
+    def _arith(self, op: str, x: ir.Value, y: ir.Value, t: DType, ty: ir.Type) -> ir.Value:
+        b = self.b
+        if t.is_float:
+            return {"add": b.fadd, "sub": b.fsub, "mul": b.fmul, "div": b.fdiv}[op](x, y)
+        return {"add": b.add, "sub": b.sub, "mul": b.mul}[op](x, y)
+
+    def _intrinsic(self, name: str, ret: ir.Type, args: list[ir.Value]) -> ir.Value:
+        suffix = {F16: "f16", F32: "f32", F64: "f64"}.get(ret, f"i{getattr(ret, 'width', 0)}")
+        full = f"llvm.{name}.{suffix}"
+        fn = self.module.globals.get(full)
+        if fn is None:
+            fn = ir.Function(self.module, ir.FunctionType(ret, [a.type for a in args]), full)
+        return self.b.call(fn, args)
+
+    def _round_bf16(self, x: ir.Value) -> ir.Value:
+        """Round a float32 to the nearest bf16 (ties to even; NaN stays quiet NaN)."""
+        b = self.b
+        bits = b.bitcast(x, I32)
+        lsb = b.and_(b.lshr(bits, ir.Constant(I32, 16)), ir.Constant(I32, 1))
+        rounded = b.and_(b.add(b.add(bits, ir.Constant(I32, 0x7FFF)), lsb),
+                         ir.Constant(I32, 0xFFFF0000))
+        quiet = b.and_(b.or_(bits, ir.Constant(I32, 0x00400000)), ir.Constant(I32, 0xFFFF0000))
+        nan = b.fcmp_unordered("uno", x, x)
+        return b.bitcast(b.select(nan, quiet, rounded), F32)
+
+    def _int_cast(self, x: ir.Value, src: ir.Type, dst: ir.Type, signed: bool) -> ir.Value:
+        if src.width == dst.width:
+            return x
+        if src.width > dst.width:
+            return self.b.trunc(x, dst)
+        return self.b.sext(x, dst) if signed else self.b.zext(x, dst)
+
+    def _to_f32(self, x: ir.Value, t: DType) -> ir.Value:
+        """f16/bf16 values computed in float32 (for the math library)."""
+        return self.b.fpext(x, F32) if t is dt.float16 else x
+
+
+def _float_bits(ty: ir.Type) -> int:
+    return {F16: 16, F32: 32, F64: 64}[ty]
+
+
+# --- the op table ----------------------------------------------------------------------
+# Each entry: (renderer, operand values, operand dtype, result dtype) -> value.
+def _add_sub_mul(op: str):
+    def emit(r: _KernelRenderer, args, a: DType, t: DType) -> ir.Value:
+        return r._arith(op, args[0], args[1], a, register_type(a))
+    return emit
+
+
+def _div(r: _KernelRenderer, args, a: DType, t: DType) -> ir.Value:
+    b = r.b
+    x, y = args
+    if a.is_float:
+        return b.fdiv(x, y)
+    ty = register_type(a)
+    zero = ir.Constant(ty, 0)
+    by_zero = b.icmp_unsigned("==", y, zero)
+    if a.kind == "u":
+        safe = b.select(by_zero, ir.Constant(ty, 1), y)
+        return b.select(by_zero, zero, b.udiv(x, safe))
+    # x / 0 = 0; INT_MIN / -1 = INT_MIN: divide by 1 instead of trapping.
+    minus_one = b.icmp_signed("==", y, ir.Constant(ty, -1))
+    safe = b.select(b.or_(by_zero, minus_one), ir.Constant(ty, 1), y)
+    quotient = b.sdiv(x, safe)
+    return b.select(by_zero, zero, b.select(minus_one, b.neg(x), quotient))
+
+
+def _mod(r: _KernelRenderer, args, a: DType, t: DType) -> ir.Value:
+    b = r.b
+    x, y = args
+    if a.is_float:
+        return b.frem(x, y)
+    ty = register_type(a)
+    by_zero = b.icmp_unsigned("==", y, ir.Constant(ty, 0))
+    if a.kind == "u":
+        safe = b.select(by_zero, ir.Constant(ty, 1), y)
+        return b.select(by_zero, x, b.urem(x, safe))
+    # x % 0 = x; x % -1 = 0 (computed as x % 1, which cannot overflow).
+    minus_one = b.icmp_signed("==", y, ir.Constant(ty, -1))
+    safe = b.select(b.or_(by_zero, minus_one), ir.Constant(ty, 1), y)
+    return b.select(by_zero, x, b.srem(x, safe))
+
+
+def _minmax(r: _KernelRenderer, args, a: DType, t: DType, kind: str | None = None,
+            op: str | None = None) -> ir.Value:
+    b = r.b
+    largest = (kind or op) in ("max", "argmax")
+    x, y = args
+    if a.is_float:
+        return r._intrinsic("maximum" if largest else "minimum", x.type, [x, y])
+    if a.is_bool:
+        return b.or_(x, y) if largest else b.and_(x, y)
+    prefix = "u" if a.kind == "u" else "s"
+    return r._intrinsic(f"{prefix}{'max' if largest else 'min'}", x.type, [x, y])
+
+
+def _logic(op: str):
+    def emit(r: _KernelRenderer, args, a: DType, t: DType) -> ir.Value:
+        return {"and": r.b.and_, "or": r.b.or_, "xor": r.b.xor}[op](*args)
+    return emit
+
+
+def _compare(op: str):
+    def emit(r: _KernelRenderer, args, a: DType, t: DType) -> ir.Value:
+        b = r.b
+        if a.is_float:  # ordered compares are false on NaN; != is true on NaN
+            return (b.fcmp_unordered if op == "ne" else b.fcmp_ordered)(_CMP[op], *args)
+        cmp = b.icmp_signed if a.kind == "i" else b.icmp_unsigned
+        return cmp(_CMP[op], *args)
+    return emit
+
+
+def _unary_int_or_float(op: str):
+    def emit(r: _KernelRenderer, args, a: DType, t: DType) -> ir.Value:
+        b = r.b
+        (x,) = args
+        ty = x.type
+        if op == "neg":
+            return b.fneg(x) if a.is_float else b.neg(x)
+        if op == "not":
+            return b.not_(x)
+        if op == "abs":
+            if a.is_float:
+                return r._intrinsic("fabs", ty, [x])
+            if a.kind == "u":
+                return x
+            return b.select(b.icmp_signed("<", x, ir.Constant(ty, 0)), b.neg(x), x)
+        # sign: 1, -1, or x itself (±0, NaN)
+        if a.is_float:
+            one, minus = _float_const(ty, 1.0), _float_const(ty, -1.0)
+            return b.select(b.fcmp_ordered(">", x, _float_const(ty, 0.0)), one,
+                            b.select(b.fcmp_ordered("<", x, _float_const(ty, 0.0)), minus, x))
+        zero = ir.Constant(ty, 0)
+        positive = b.zext(b.icmp_unsigned("!=", x, zero) if a.kind == "u"
+                          else b.icmp_signed(">", x, zero), ty)
+        if a.kind == "u":
+            return positive
+        return b.sub(positive, b.zext(b.icmp_signed("<", x, zero), ty))
+    return emit
+
+
+def _float_unary(op: str):
+    intrinsic = {"sqrt": "sqrt", "floor": "floor", "ceil": "ceil", "trunc": "trunc",
+                 "round": "roundeven"}.get(op)
+
+    def emit(r: _KernelRenderer, args, a: DType, t: DType) -> ir.Value:
+        b = r.b
+        (x,) = args
+        if intrinsic is not None:
+            return r._intrinsic(intrinsic, x.type, [x])
+        if op == "rsqrt":
+            root = r._intrinsic("sqrt", x.type, [x])
+            return b.fdiv(_float_const(x.type, 1.0), root)
+        wide = r._to_f32(x, a)  # f16 through the f32 library
+        result = b.call(mathlib.get(r.module, op, wide.type), [wide])
+        return b.fptrunc(result, x.type) if result.type != x.type else result
+    return emit
+
+
+def _pow(r: _KernelRenderer, args, a: DType, t: DType) -> ir.Value:
+    b = r.b
+    x, y = (r._to_f32(v, a) for v in args)
+    result = b.call(mathlib.get(r.module, "pow", x.type), [x, y])
+    return b.fptrunc(result, args[0].type) if result.type != args[0].type else result
+
+
+def _fma(r: _KernelRenderer, args, a: DType, t: DType) -> ir.Value:
+    if a is dt.float16:  # exact product and sum in f64, rounded once (as half would)
+        wide = [r.b.fpext(v, F64) for v in args]
+        return r.b.fptrunc(r._intrinsic("fma", F64, wide), F16)
+    return r._intrinsic("fma", args[0].type, args)
+
+
+def _select(r: _KernelRenderer, args, a: DType, t: DType) -> ir.Value:
+    return r.b.select(*args)
+
+
+def _cast(r: _KernelRenderer, args, a: DType, t: DType) -> ir.Value:
+    b = r.b
+    (x,) = args
+    src, dst = x.type, register_type(t)
+    if a is t:
+        return x
+    if t.is_bool:
+        if a.is_float:
+            return b.fcmp_unordered("!=", x, _float_const(src, 0.0))  # NaN -> true
+        return b.icmp_unsigned("!=", x, ir.Constant(src, 0))
+    if a.is_bool:
+        return b.uitofp(x, dst) if t.is_float else b.zext(x, dst)
+    if a.is_float and t.is_float:
+        if _float_bits(src) < _float_bits(dst):
+            return b.fpext(x, dst)
+        return b.fptrunc(x, dst) if src != dst else x  # bf16 <- f32 is rounded by _emit
+    if a.is_float:  # saturating, NaN -> 0
+        name = "fptoui.sat" if t.kind == "u" else "fptosi.sat"
+        fn_name = f"llvm.{name}.i{dst.width}.{ {F16: 'f16', F32: 'f32', F64: 'f64'}[src] }"
+        fn = r.module.globals.get(fn_name) or ir.Function(
+            r.module, ir.FunctionType(dst, [src]), fn_name)
+        return b.call(fn, [x])
+    if t.is_float:
+        return (b.uitofp if a.kind == "u" else b.sitofp)(x, dst)
+    return r._int_cast(x, src, dst, signed=a.kind == "i")
+
+
+# bf16 results these ops produce are already bf16-exact (no rounding needed).
+_EXACT_BF16 = frozenset({"neg", "abs", "select", "min", "max", "sign"})
+
+_OPS: dict[str, Callable] = {
+    "add": _add_sub_mul("add"), "sub": _add_sub_mul("sub"), "mul": _add_sub_mul("mul"),
+    "div": _div, "mod": _mod,
+    "min": lambda r, args, a, t: _minmax(r, args, a, t, op="min"),
+    "max": lambda r, args, a, t: _minmax(r, args, a, t, op="max"),
+    "pow": _pow, "and": _logic("and"), "or": _logic("or"), "xor": _logic("xor"),
+    **{op: _compare(op) for op in _CMP},
+    **{op: _unary_int_or_float(op) for op in ("abs", "neg", "not", "sign")},
+    **{op: _float_unary(op) for op in FLOAT_UNARY_OPS},
+    "fma": _fma, "select": _select, "cast": _cast,
+}

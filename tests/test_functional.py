@@ -1,0 +1,93 @@
+"""hologram.functional against torch.nn.functional, on every backend."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import hologram
+from hologram import functional as F
+from hologram.errors import ShapeError
+from hologram.graph import Graph
+
+torch = pytest.importorskip("torch")
+TF = torch.nn.functional
+BACKENDS = ["interp", "cpu"]
+
+
+def _run(backend, build, *arrays):
+    g = Graph("f")
+    inputs = [g.input(f"x{i}", str(a.dtype).replace("float", "f").replace("int", "i"),
+                      a.shape) for i, a in enumerate(arrays)]
+    g.output("y", build(*inputs))
+    return hologram.compile(g.program(), backend=backend)(*arrays)
+
+
+def _close(got, want, rtol=1e-5, atol=1e-6):
+    np.testing.assert_allclose(np.asarray(got).reshape(want.shape), want, rtol=rtol, atol=atol)
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request):
+    return request.param
+
+
+@pytest.mark.parametrize("shape, dim", [((8, 1000), -1), ((8, 1000), 0), ((3, 4, 5), 1),
+                                        ((5, 1), 1), ((0, 7), 1)])
+def test_softmax_and_log_softmax(backend, shape, dim):
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32) * 5
+    t = torch.from_numpy(x)
+    _close(_run(backend, lambda a: F.softmax(a, dim), x), TF.softmax(t, dim).numpy())
+    _close(_run(backend, lambda a: F.log_softmax(a, dim), x), TF.log_softmax(t, dim).numpy(),
+           atol=1e-5)
+
+
+def test_softmax_is_stable_for_large_logits(backend):
+    x = np.array([[1000.0, 1000.0, -1000.0], [-np.inf, 0.0, 0.0]], dtype=np.float32)
+    _close(_run(backend, lambda a: F.softmax(a, 1), x), TF.softmax(torch.from_numpy(x), 1).numpy())
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu(backend, approximate):
+    x = np.linspace(-8, 8, 1001, dtype=np.float32)
+    want = TF.gelu(torch.from_numpy(x), approximate=approximate).numpy()
+    _close(_run(backend, lambda a: F.gelu(a, approximate), x), want, rtol=1e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_losses(backend, reduction):
+    rng = np.random.default_rng(1)
+    x, t = rng.standard_normal((2, 16, 10)).astype(np.float32)
+    tx, tt = torch.from_numpy(x), torch.from_numpy(t)
+    _close(_run(backend, lambda a, b: F.mse_loss(a, b, reduction), x, t),
+           TF.mse_loss(tx, tt, reduction=reduction).numpy())
+    logits = x * 3
+    labels = rng.integers(0, 10, 16)
+    _close(_run(backend, lambda a, b: F.cross_entropy(a, b, reduction), logits, labels),
+           TF.cross_entropy(torch.from_numpy(logits), torch.from_numpy(labels),
+                            reduction=reduction).numpy(), atol=1e-5)
+    probs = TF.softmax(tt, 1).numpy()
+    _close(_run(backend, lambda a, b: F.cross_entropy(a, b, reduction), logits, probs),
+           TF.cross_entropy(torch.from_numpy(logits), torch.from_numpy(probs),
+                            reduction=reduction).numpy(), atol=1e-5)
+    p = 1 / (1 + np.exp(-x))
+    p[0, :3] = [0.0, 1.0, 0.5]  # log(0) clamps at -100 in both
+    target = (t > 0).astype(np.float32)
+    _close(_run(backend, lambda a, b: F.binary_cross_entropy(a, b, reduction), p, target),
+           TF.binary_cross_entropy(torch.from_numpy(p), torch.from_numpy(target),
+                                   reduction=reduction).numpy(), atol=1e-5)
+    _close(_run(backend, lambda a, b: F.binary_cross_entropy_with_logits(a, b, reduction),
+                x * 10, target),
+           TF.binary_cross_entropy_with_logits(tx * 10, torch.from_numpy(target),
+                                               reduction=reduction).numpy(), atol=1e-5)
+
+
+def test_bad_arguments_name_the_problem():
+    g = Graph("bad")
+    x, t = g.input("x", "f32", (4, 3)), g.input("t", "i64", (5,))
+    with pytest.raises(ShapeError, match=r"class indices must be \[4\]"):
+        F.cross_entropy(x, t)
+    with pytest.raises(ShapeError, match="dim 2 out of range"):
+        F.softmax(x, 2)
+    with pytest.raises(ValueError, match="reduction must be one of"):
+        F.mse_loss(x, x, "average")
