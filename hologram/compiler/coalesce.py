@@ -22,6 +22,8 @@ def coalesce(program: Program, options: CompileOptions | None = None) -> Program
 
 
 def _coalesce(kernel: Kernel) -> Kernel:
+    if 0 in kernel.domain:
+        return kernel  # nothing runs; and extents of 0 hide broadcasts from the checks
     d = 0
     while d + 1 < kernel.grid_rank:
         if _mergeable(kernel, d):

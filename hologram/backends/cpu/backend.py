@@ -56,8 +56,7 @@ class CpuBackend(Backend):
         program, gemms = gemm.split(program)
         symbols, steps, fallback = {}, [], False
         for index, kernel in enumerate(program.kernels):
-            if index in gemms:
-                steps.append({"gemm": gemms[index].to_json()})
+            steps += [{"gemm": g.to_json()} for g in gemms.get(index, ())]
             reason = unsupported(kernel)
             if reason is None:
                 symbols[kernel.name] = prefix + kernel.name
@@ -70,8 +69,7 @@ class CpuBackend(Backend):
                 "row_work": math.prod(kernel.domain[1:]) if kernel.grid_rank else 1,
                 "parallel": kernel.grid_rank > 0,
             })
-        if len(program.kernels) in gemms:
-            steps.append({"gemm": gemms[len(program.kernels)].to_json()})
+        steps += [{"gemm": g.to_json()} for g in gemms.get(len(program.kernels), ())]
         header = {
             "buffers": len(program.buffers),
             "params": [i for i, b in enumerate(program.buffers) if b.kind != "temp"],

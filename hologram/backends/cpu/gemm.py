@@ -108,13 +108,13 @@ def _plan(kernel: Kernel) -> tuple[Gemm, int, int | None] | None:
     return gemm, pos, direct
 
 
-def split(program: Program) -> tuple[Program, dict[int, Gemm]]:
+def split(program: Program) -> tuple[Program, dict[int, list[Gemm]]]:
     """Move BLAS-able contractions out of their kernels. Returns the rewritten program and,
-    by kernel index in it, the GEMM to run before that kernel (an index equal to the
-    number of kernels means "at the end")."""
+    by kernel index in it, the GEMMs to run (in order) before that kernel; an index equal
+    to the number of kernels means "at the end"."""
     buffers = list(program.buffers)
     kernels: list[Kernel] = []
-    gemms: dict[int, Gemm] = {}
+    gemms: dict[int, list[Gemm]] = {}
     arena = program.arena_bytes
     for kernel in program.kernels:
         planned = _plan(kernel)
@@ -127,7 +127,7 @@ def split(program: Program) -> tuple[Program, dict[int, Gemm]]:
             store = kernel.body[direct]
             out = _operand(store, rank - 3, rank - 2, len(gemm.batch))
             if out is not None and not out.trans and store.shape == kernel.body[pos].shape:
-                gemms[len(kernels)] = replace(gemm, c=out)
+                gemms.setdefault(len(kernels), []).append(replace(gemm, c=out))
                 continue  # BLAS writes the output; no kernel left
         # BLAS writes a scratch block; the kernel keeps the epilogue.
         shape = kernel.body[pos].shape
@@ -143,6 +143,6 @@ def split(program: Program) -> tuple[Program, dict[int, Gemm]]:
         kernels.append(replace(kernel, body=tuple(body)))
         batch_strides = tuple(s if n > 1 else 0 for n, s in zip(gemm.batch, strides))
         c = Matrix(len(buffers) - 1, 0, batch_strides, False, max(1, gemm.n))
-        gemms[len(kernels) - 1] = replace(gemm, c=c)
+        gemms.setdefault(len(kernels) - 1, []).append(replace(gemm, c=c))
     rewritten = replace(program, buffers=tuple(buffers), kernels=tuple(kernels))
     return rewritten, gemms

@@ -15,7 +15,7 @@ The algorithms (docs/mathlib.md has the details and the measured errors):
 - log, log2, log1p: ``x = 2^k * m`` with ``m`` in ``[sqrt(1/2), sqrt(2))`` (denormals are
   scaled first), ``s = f/(2+f)`` with ``f = m - 1`` and an odd polynomial in ``s``.
 - tanh = ``e/(e+2)`` with ``e = expm1(2|x|)``; sigmoid = ``1/(1+e^-x)`` (``e^x/(1+e^x)`` for
-  ``x < 0``); erf = ``x*P(x^2)`` below 1 and ``1 - exp(h(x) - x^2)`` above.
+  ``x < 0``); erf = ``x + x*P(x^2)`` below 1 and ``1 - exp(h(x) - x^2)`` above.
 - sin, cos: ``x = j*pi/2 + r`` with ``pi/2`` split in three constants (fma keeps every step
   exact or rounded relative to ``r``), minimax polynomials for sin and cos on ``|r| <= 0.8``.
 - pow: f32 evaluates ``exp2(y*log2|x|)`` in f64; f64 carries ``log2|x|`` and ``y*log2|x|`` in
@@ -68,8 +68,8 @@ _F32 = _Format(ir.FloatType(), ir.IntType(32), "f32", 23, 127, dict(
     # sin(r) = r + r z S(z), cos(r) = 1 - z/2 + z^2 C(z), |r| <= 0.8: 2^-27.8, 2^-32.7
     sin=(-0.16666654, 0.008332071, -0.00019503069),
     cos=(0.04166664, -0.0013887194, 2.4419196e-05),
-    # erf(x) = x P(x^2), |x| <= 1: 2^-29.6
-    erf_small=(1.1283791, -0.37612626, 0.112835854, -0.026853813, 0.0051883277,
+    # erf(x) = x + x P(x^2), |x| <= 1: 2^-29.6
+    erf_small=(0.12837917, -0.37612626, 0.112835854, -0.026853813, 0.0051883277,
                -0.00080101937, 7.8538615e-05),
     # log(erfc(x)) + x^2 = H(x - erf_mid), 1 <= x <= 3.93: 2^-29.8 relative to erf
     erf_tail=(-1.5444044, -0.35666192, 0.057259727, -0.011058437, 0.0024954032,
@@ -96,14 +96,16 @@ _F64 = _Format(ir.DoubleType(), ir.IntType(64), "f64", 52, 1023, dict(
            0.0013888888895607794, 0.00019841269874818407, 2.480157452457597e-05,
            2.7557255394184374e-06, 2.756793278633785e-07, 2.510522236843833e-08,
            1.7687743916185147e-09),  # 2^-58.4
-    log=(0.6666666666666666, 0.40000000000006336, 0.28571428569056617, 0.2222222265122433,
-         0.18181775309681228, 0.15387106382629356, 0.132497643197091,
-         0.13254559885762676),  # 2^-66.7 (pow needs the extra bits)
+    # log: the leading 2/3 is exact up to two_thirds_lo (pow splits that term off)
+    log=(0.6666666666666666, 0.4000000000000229, 0.2857142857008262, 0.22222222523087598,
+         0.18181784079049074, 0.1538677107681702, 0.13256487386006002,
+         0.13199483884652216),  # 2^-66.3
+    two_thirds_lo=3.700743415417188e-17,
     sin=(-0.1666666666666662, 0.00833333333331984, -0.000198412698277288,
          2.755731296519653e-06, -2.5050643629024784e-08, 1.5890126957280015e-10),  # 2^-57.6
     cos=(0.041666666666666574, -0.0013888888888869803, 2.4801587286801596e-05,
          -2.755731358277143e-07, 2.0875619293827275e-09, -1.1354295565802246e-11),  # 2^-63.5
-    erf_small=(1.1283791670955126, -0.3761263890318352, 0.11283791670944185,
+    erf_small=(0.12837916709551256, -0.3761263890318352, 0.11283791670944185,
                -0.026866170643111472, 0.005223977606118506, -0.0008548325929315693,
                0.00012055293576926806, -1.4924712302354576e-05, 1.6447131573866857e-06,
                -1.6206313767338633e-07, 1.37109803952795e-08,
@@ -216,7 +218,7 @@ class _Emitter:
 
 
 # ---------------------------------------------------------------- exp family
-def _exp_core(e: _Emitter, x, lo=None):
+def _exp_core(e: _Emitter, x: ir.Value, lo: ir.Value | None = None) -> ir.Value:
     """e^(x + lo) for finite x in [exp_lo, exp_hi] (lo: a small correction term)."""
     kf = e.rint(e.mul(x, e.c(e.k["log2e"])))
     r = e.fma(e.neg(kf), e.c(e.k["ln2_hi"]), x)  # exact: ln2_hi has trailing zeros
@@ -228,12 +230,12 @@ def _exp_core(e: _Emitter, x, lo=None):
     return e.scale(p, e.to_int(kf))
 
 
-def _exp(e: _Emitter, x):
+def _exp(e: _Emitter, x: ir.Value) -> ir.Value:
     y = _exp_core(e, e.clamp(x, e.k["exp_lo"], e.k["exp_hi"]))
     return e.sel(e.isnan(x), x, y)
 
 
-def _exp2(e: _Emitter, x, lo=None):
+def _exp2(e: _Emitter, x: ir.Value, lo: ir.Value | None = None) -> ir.Value:
     """2^(x + lo); lo (optional) is the low part of a double-word argument."""
     xc = e.clamp(x, e.k["exp2_lo"], e.k["exp2_hi"])
     kf = e.rint(xc)
@@ -244,26 +246,29 @@ def _exp2(e: _Emitter, x, lo=None):
     return e.sel(e.isnan(x), x, e.scale(p, e.to_int(kf)))
 
 
-def _expm1_core(e: _Emitter, x):
+def _expm1_core(e: _Emitter, x: ir.Value) -> ir.Value:
     """e^x - 1 for finite x in [expm1_lo, exp_hi] and |x| >= tiny."""
     kf = e.rint(e.mul(x, e.c(e.k["log2e"])))
     r = e.fma(e.neg(kf), e.c(e.k["ln2_hi"]), x)
     r = e.fma(e.neg(kf), e.c(e.k["ln2_lo"]), r)
-    p = e.fma(e.mul(r, r), e.horner(r, e.k["expm1"]), r)  # r + r^2 P(r)
-    # e^x - 1 = 2^k (p + 1) - 1 = 2 (s p + (s - 1/2)) with s = 2^(k-1): s - 1/2 is exact
-    # wherever it matters, and halving keeps 2^k in range up to k = 128 (1024).
+    t = e.mul(e.mul(r, r), e.horner(r, e.k["expm1"]))
+    hi = e.add(r, t)  # expm1(r) = r + r^2 P(r) = hi + lo
+    lo = e.add(e.sub(r, hi), t)
+    # e^x - 1 = 2^k (1 + hi + lo) - 1 = 2 (s hi + (s - 1/2) + s lo) with s = 2^(k-1):
+    # s - 1/2 is exact wherever it matters, s hi + (s - 1/2) is exact when they cancel
+    # (k = 1), and halving keeps 2^k in range up to k = 128 (1024).
     s = e.pow2i(e.b.sub(e.to_int(kf), e.ci(1)))
-    return e.mul(e.c(2.0), e.fma(s, p, e.sub(s, e.c(0.5))))
+    return e.mul(e.c(2.0), e.fma(s, lo, e.fma(s, hi, e.sub(s, e.c(0.5)))))
 
 
-def _expm1(e: _Emitter, x):
+def _expm1(e: _Emitter, x: ir.Value) -> ir.Value:
     y = _expm1_core(e, e.clamp(x, e.k["expm1_lo"], e.k["exp_hi"]))
     y = e.sel(e.lt(e.fabs(x), e.c(e.k["tiny"])), x, y)  # x + x^2/2 rounds to x; keeps -0.0
     return e.sel(e.isnan(x), x, y)
 
 
 # ---------------------------------------------------------------- log family
-def _log_parts(e: _Emitter, x):
+def _log_parts(e: _Emitter, x: ir.Value) -> tuple[ir.Value, ...]:
     """x > 0 finite as 2^k (1 + f): returns k (float), f, f^2/2, s = f/(2+f), R.
 
     log(1 + f) = f - f^2/2 + s (f^2/2 + R), |s| <= 0.1716.
@@ -282,7 +287,7 @@ def _log_parts(e: _Emitter, x):
     return e.to_float(k), f, hfsq, s, r
 
 
-def _log_specials(e: _Emitter, x, y, zero_at: float = 0.0):
+def _log_specials(e: _Emitter, x: ir.Value, y: ir.Value, zero_at: float = 0.0) -> ir.Value:
     """Patch log-like results: pole at ``zero_at`` (-inf), NaN below it, log(inf) = inf."""
     y = e.sel(e.eq(x, e.c(math.inf)), x, y)
     y = e.sel(e.eq(x, e.c(zero_at)), e.c(-math.inf), y)
@@ -290,7 +295,7 @@ def _log_specials(e: _Emitter, x, y, zero_at: float = 0.0):
     return e.sel(e.isnan(x), x, y)
 
 
-def _log_from(e: _Emitter, kf, f, hfsq, s, r, corr=None):
+def _log_from(e: _Emitter, kf, f, hfsq, s, r, corr: ir.Value | None = None) -> ir.Value:
     """k ln2 + log(1 + f) (+ corr), fdlibm's ordering of the sums."""
     lo = e.mul(kf, e.c(e.k["ln2_lo"]))
     if corr is not None:
@@ -299,11 +304,11 @@ def _log_from(e: _Emitter, kf, f, hfsq, s, r, corr=None):
     return e.sub(e.mul(kf, e.c(e.k["ln2_hi"])), e.sub(e.sub(hfsq, t), f))
 
 
-def _log(e: _Emitter, x):
+def _log(e: _Emitter, x: ir.Value) -> ir.Value:
     return _log_specials(e, x, _log_from(e, *_log_parts(e, x)))
 
 
-def _log2(e: _Emitter, x):
+def _log2(e: _Emitter, x: ir.Value) -> ir.Value:
     kf, f, hfsq, s, r = _log_parts(e, x)
     # log(1+f) = hi + lo exactly enough: f - hi and (f - hi) - hfsq are exact (Sterbenz).
     hi = e.sub(f, hfsq)
@@ -317,7 +322,7 @@ def _log2(e: _Emitter, x):
     return _log_specials(e, x, e.add(w, e.add(err, pl)))
 
 
-def _log1p(e: _Emitter, x):
+def _log1p(e: _Emitter, x: ir.Value) -> ir.Value:
     one = e.c(1.0)
     u = e.add(one, x)
     # c = (1 + x) - u exactly (Fast2Sum, bigger operand first); log1p(x) = log(u) + c/u.
@@ -329,7 +334,7 @@ def _log1p(e: _Emitter, x):
 
 
 # ---------------------------------------------------------------- tanh, sigmoid, erf
-def _tanh(e: _Emitter, x):
+def _tanh(e: _Emitter, x: ir.Value) -> ir.Value:
     a = e.fabs(x)
     em = _expm1_core(e, e.mul(e.c(2.0), e.clamp(a, e.k["tiny"], 20.0)))  # tanh(20) == 1
     y = e.copysign(e.div(em, e.add(em, e.c(2.0))), x)
@@ -337,15 +342,15 @@ def _tanh(e: _Emitter, x):
     return e.sel(e.isnan(x), x, y)
 
 
-def _sigmoid(e: _Emitter, x):
+def _sigmoid(e: _Emitter, x: ir.Value) -> ir.Value:
     t = _exp(e, e.neg(e.fabs(x)))  # in (0, 1]; NaN stays NaN
     num = e.sel(e.b.fcmp_ordered(">=", x, e.c(0.0)), e.c(1.0), t)
     return e.div(num, e.add(e.c(1.0), t))
 
 
-def _erf(e: _Emitter, x):
+def _erf(e: _Emitter, x: ir.Value) -> ir.Value:
     a = e.fabs(x)
-    small = e.mul(x, e.horner(e.mul(x, x), e.k["erf_small"]))
+    small = e.fma(x, e.horner(e.mul(x, x), e.k["erf_small"]), x)  # x + x P: P rounds small
     # erfc(a) = exp(H(a) - a^2); a^2 is carried as a double word (hi + lo) because an
     # error in the exponent is a relative error in erfc.
     ac = e.clamp(a, 1.0, e.k["erf_max"])
@@ -359,7 +364,7 @@ def _erf(e: _Emitter, x):
 
 
 # ---------------------------------------------------------------- sin, cos
-def _sincos(e: _Emitter, x, cos: bool):
+def _sincos(e: _Emitter, x: ir.Value, cos: bool) -> ir.Value:
     j = e.rint(e.mul(x, e.c(e.k["two_over_pi"])))
     r = x
     for part in e.k["pio2"]:  # x - j*pi/2: the first fma is exact, the others round
@@ -385,16 +390,16 @@ def _sincos(e: _Emitter, x, cos: bool):
     return e.sel(finite, y, e.sub(x, x))  # inf - inf and NaN - NaN are NaN
 
 
-def _sin(e: _Emitter, x):
+def _sin(e: _Emitter, x: ir.Value) -> ir.Value:
     return _sincos(e, x, cos=False)
 
 
-def _cos(e: _Emitter, x):
+def _cos(e: _Emitter, x: ir.Value) -> ir.Value:
     return _sincos(e, x, cos=True)
 
 
 # ---------------------------------------------------------------- pow
-def _log2_dd(e: _Emitter, ax):
+def _log2_dd(e: _Emitter, ax: ir.Value) -> tuple[ir.Value, ir.Value]:
     """log2(ax) for finite ax > 0 as a double word (hi, lo), relative error ~2^-62 (f64)."""
     kf, f, _, _, _ = _log_parts(e, ax)
     two = e.c(2.0)
@@ -402,11 +407,20 @@ def _log2_dd(e: _Emitter, ax):
     u_lo = e.add(e.sub(two, u), f)  # 2 + f = u + u_lo exactly
     s = e.div(f, u)
     s_lo = e.div(e.sub(e.fma(e.neg(s), u, f), e.mul(s, u_lo)), u)  # f/(2+f) = s + s_lo
+    # log(1+f) = 2s + (2/3) s^3 + s^5 P(s^2): the first two terms in double words
     z = e.mul(s, s)
-    tail = e.fma(two, s_lo, e.mul(e.mul(s, z), e.horner(z, e.k["log"])))
+    z_lo = e.fma(s, s, e.neg(z))
+    s3 = e.mul(s, z)
+    s3_lo = e.fma(s, z_lo, e.fma(s, z, e.neg(s3)))
+    c = e.c(e.k["log"][0])
+    t1 = e.mul(c, s3)
+    t1_lo = e.add(e.fma(c, s3, e.neg(t1)), e.fma(c, s3_lo, e.mul(e.c(e.k["two_thirds_lo"]), s3)))
+    rest = e.mul(e.mul(s3, z), e.horner(z, e.k["log"][1:]))
     s2 = e.mul(two, s)
-    lh = e.add(s2, tail)  # log(1+f) = 2s + 2 s_lo + s^3 P(s^2) = lh + ll
-    ll = e.add(e.sub(s2, lh), tail)
+    lh = e.add(s2, t1)
+    # 2 s_lo (1 + s^2): s_lo in the linear term and to first order in the cubic one
+    extra = e.fma(e.mul(two, s_lo), e.add(e.c(1.0), z), rest)
+    ll = e.add(e.add(e.sub(s2, lh), t1), e.add(extra, t1_lo))
     c_hi, c_lo = e.c(e.k["log2e"]), e.c(e.k["log2e_lo"])
     ph = e.mul(lh, c_hi)
     pl = e.add(e.fma(lh, c_hi, e.neg(ph)), e.fma(lh, c_lo, e.mul(ll, c_hi)))
@@ -414,12 +428,12 @@ def _log2_dd(e: _Emitter, ax):
     return gh, e.add(e.add(e.sub(kf, gh), ph), pl)
 
 
-def _pow_magnitude_f64(e: _Emitter, x, y):
+def _pow_magnitude_f64(e: _Emitter, x: ir.Value, y: ir.Value) -> ir.Value:
     """|x|^y in double-word precision, with the IEEE results for |x| in {0, inf, NaN}."""
     ax = e.fabs(x)
     gh, gl = _log2_dd(e, ax)
     regular = e.b.and_(e.lt(e.c(0.0), ax), e.lt(ax, e.c(math.inf)))
-    gh = e.sel(regular, gh, _log2(e, ax))  # -inf, inf or NaN
+    gh = e.sel(regular, gh, e.sel(e.eq(ax, e.c(0.0)), e.c(-math.inf), ax))  # inf, NaN: ax
     gl = e.sel(regular, gl, e.c(0.0))
     th = e.mul(y, gh)
     tl = e.fma(y, gl, e.fma(y, gh, e.neg(th)))
@@ -427,7 +441,7 @@ def _pow_magnitude_f64(e: _Emitter, x, y):
     return _exp2(e, th, lo=tl)
 
 
-def _pow(e: _Emitter, x, y):
+def _pow(e: _Emitter, x: ir.Value, y: ir.Value) -> ir.Value:
     if e.f is _F32:  # f64 inside: log2 and exp2 errors of 2^-50 vanish in the rounding
         e64 = _Emitter(e.b, _F64)
         xd, yd = e.b.fpext(x, _F64.ty), e.b.fpext(y, _F64.ty)

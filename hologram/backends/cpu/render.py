@@ -108,12 +108,13 @@ class _KernelRenderer:
             self._grid_point()
         else:
             start, stop = self.fn.args[1], self.fn.args[2]
-            self._loop(stop, lambda i: self._grid(1, i), start=start, dim=0)
+            self._loop(stop, lambda i: self._grid(1), start=start, dim=0)
         b.ret_void()
 
-    def _grid(self, d: int, index: ir.Value) -> None:
+    def _grid(self, d: int) -> None:
+        """The grid loops from dimension ``d`` on (dimension 0 is the caller's range)."""
         if d < self.kernel.grid_rank:
-            self._loop(ir.Constant(I64, self.kernel.domain[d]), lambda i: self._grid(d + 1, i),
+            self._loop(ir.Constant(I64, self.kernel.domain[d]), lambda i: self._grid(d + 1),
                        dim=d)
         else:
             self._grid_point()
@@ -356,8 +357,23 @@ class _KernelRenderer:
         target = register_type(t)
         if ty == target:
             return value
-        narrowed = self.b.fptrunc(value, target)
-        return self._round_bf16(narrowed) if t is dt.bfloat16 else narrowed
+        if t is dt.bfloat16:
+            return self._f64_to_bf16(value)
+        return self.b.fptrunc(value, target)
+
+    def _f64_to_bf16(self, x: ir.Value) -> ir.Value:
+        """Round a double once to bf16: first to float32 rounded to odd (truncated, last bit
+        set if inexact), whose nearest-even rounding to bf16 equals the double's."""
+        b = self.b
+        near = b.fptrunc(x, F32)
+        back = b.fpext(near, F64)
+        inexact = b.fcmp_ordered("!=", back, x)
+        bits = b.bitcast(near, I32)
+        away = b.fcmp_ordered(">", self._intrinsic("fabs", F64, [back]),
+                              self._intrinsic("fabs", F64, [x]))
+        bits = b.select(b.and_(inexact, away), b.sub(bits, ir.Constant(I32, 1)), bits)
+        bits = b.select(inexact, b.or_(bits, ir.Constant(I32, 1)), bits)
+        return self._round_bf16(b.bitcast(bits, F32))
 
     # --- helpers for the op table -----------------------------------------------------
     def _arith(self, op: str, x: ir.Value, y: ir.Value, t: DType, ty: ir.Type) -> ir.Value:
@@ -527,9 +543,9 @@ def _pow(r: _KernelRenderer, args, a: DType, t: DType) -> ir.Value:
 
 
 def _fma(r: _KernelRenderer, args, a: DType, t: DType) -> ir.Value:
-    if a is dt.float16:  # exact product and sum in f64, rounded once (as half would)
-        wide = [r.b.fpext(v, F64) for v in args]
-        return r.b.fptrunc(r._intrinsic("fma", F64, wide), F16)
+    if a in (dt.float16, dt.bfloat16):  # in f64, then rounded once to the narrow type
+        wide = r._intrinsic("fma", F64, [r.b.fpext(v, F64) for v in args])
+        return r._f64_to_bf16(wide) if a is dt.bfloat16 else r.b.fptrunc(wide, F16)
     return r._intrinsic("fma", args[0].type, args)
 
 
@@ -549,11 +565,17 @@ def _cast(r: _KernelRenderer, args, a: DType, t: DType) -> ir.Value:
         return b.icmp_unsigned("!=", x, ir.Constant(src, 0))
     if a.is_bool:
         return b.uitofp(x, dst) if t.is_float else b.zext(x, dst)
+    if t is dt.bfloat16 and (a is dt.float64 or (a.is_int and a.bits >= 32)):
+        # Through f32 would round twice; through f64 and round-to-odd rounds once.
+        wide = x if a.is_float else (b.uitofp if a.kind == "u" else b.sitofp)(x, F64)
+        return r._f64_to_bf16(wide)
     if a.is_float and t.is_float:
         if _float_bits(src) < _float_bits(dst):
             return b.fpext(x, dst)
         return b.fptrunc(x, dst) if src != dst else x  # bf16 <- f32 is rounded by _emit
     if a.is_float:  # saturating, NaN -> 0
+        if a is dt.float16:  # AVX512-FP16 hosts miscompile fptosi.sat from half (NaN)
+            x, src = b.fpext(x, F32), F32
         name = "fptoui.sat" if t.kind == "u" else "fptosi.sat"
         fn_name = f"llvm.{name}.i{dst.width}.{ {F16: 'f16', F32: 'f32', F64: 'f64'}[src] }"
         fn = r.module.globals.get(fn_name) or ir.Function(
