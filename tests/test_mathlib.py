@@ -1,0 +1,374 @@
+"""The LLVM IR math library (hologram.backends.cpu.mathlib): accuracy, special values, and
+that a loop calling it vectorizes.
+
+Each function is wrapped in a loop ``void f(T* x, T* y, i64 n)`` (``void f(T* x, T* y,
+T* out, i64 n)`` for pow), compiled for the host with the backend's O3 pipeline and called
+through ctypes.
+
+Error measure: ``|got - ref| / ulp(ref)`` where ``ref`` is the exact value (float64 for f32
+results, x87 long double for f64 results; ``math.erf`` for erf in f64) and ``ulp(ref)`` is the
+spacing of the result format at ``|ref|``, but never less than the smallest denormal. So
+results in the denormal range are measured in absolute units of the smallest denormal
+(2^-149 / 2^-1074): that is the absolute error near zero. sin and cos need no other
+threshold: thanks to the exact range reduction their errors near their zeros are small in
+ulps too. Where the rounded reference is inf or NaN, the result must match it exactly.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import re
+from functools import cache
+
+import numpy as np
+import pytest
+from llvmlite import ir
+
+from hologram.backends.cpu import llvm, mathlib
+from hologram.backends.cpu.mathlib import FUNCTIONS
+
+UNARY = tuple(name for name in FUNCTIONS if name != "pow")
+TYPES = {32: ir.FloatType(), 64: ir.DoubleType()}
+NP = {32: np.float32, 64: np.float64}
+
+# max error in ulps (f32 against float64 references, f64 against long double; where long
+# double is no wider than double, the reference's own error needs one more ulp)
+BOUND32 = dict(exp=2, exp2=2, expm1=2, log=2, log2=2, log1p=2, tanh=4, sigmoid=4, erf=4,
+               sin=4, cos=4, pow=4)
+BOUND64 = dict(exp=2, exp2=2, expm1=2, log=2, log2=2, log1p=2, tanh=4, sigmoid=4, erf=4,
+               sin=4, cos=4, pow=4)
+if np.finfo(np.longdouble).nmant < 63:
+    BOUND64 = {name: bound + 1 for name, bound in BOUND64.items()}
+SINCOS_RANGE = {32: 2e5, 64: 1e14}  # |x| up to which the sin/cos bound holds
+
+
+# ------------------------------------------------------------------ building and calling
+def _loop(module: ir.Module, name: str, bits: int) -> str:
+    ty = TYPES[bits]
+    fn_math = mathlib.get(module, name, ty)
+    nin = 2 if name == "pow" else 1
+    ptr = ty.as_pointer()
+    i64 = ir.IntType(64)
+    fname = f"loop_{name}_{bits}"
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [ptr] * (nin + 1) + [i64]), fname)
+    for arg in fn.args[:-1]:
+        arg.add_attribute("noalias")
+    entry, body, done = (fn.append_basic_block(n) for n in ("entry", "body", "done"))
+    b = ir.IRBuilder(entry)
+    n = fn.args[-1]
+    b.cbranch(b.icmp_signed(">", n, ir.Constant(i64, 0)), body, done)
+    b.position_at_end(body)
+    i = b.phi(i64)
+    i.add_incoming(ir.Constant(i64, 0), entry)
+    args = [b.load(b.gep(p, [i], inbounds=True)) for p in fn.args[:nin]]
+    b.store(b.call(fn_math, args), b.gep(fn.args[nin], [i], inbounds=True))
+    nxt = b.add(i, ir.Constant(i64, 1))
+    i.add_incoming(nxt, body)
+    b.cbranch(b.icmp_signed("<", nxt, n), body, done)
+    b.position_at_end(done)
+    b.ret_void()
+    return fname
+
+
+def _ir(names: list[tuple[str, int]]) -> tuple[str, list[str]]:
+    module = ir.Module(name="mathlib_test")
+    module.triple = llvm.host_cpu()[0]
+    fnames = [_loop(module, name, bits) for name, bits in names]
+    return str(module), fnames
+
+
+@cache
+def _kernels() -> dict[tuple[str, int], object]:
+    names = [(name, bits) for name in FUNCTIONS for bits in (32, 64)]
+    text, fnames = _ir(names)
+    addresses = llvm.load_object(llvm.compile_ir(text), fnames)
+    kernels = {}
+    for (name, bits), fname in zip(names, fnames):
+        nptr = 3 if name == "pow" else 2
+        proto = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * nptr, ctypes.c_int64)
+        kernels[name, bits] = proto(addresses[fname])
+    return kernels
+
+
+def run(name: str, bits: int, *args: np.ndarray) -> np.ndarray:
+    """Apply hg.<name> elementwise to ``args`` (converted to the format)."""
+    arrays = [np.ascontiguousarray(a, dtype=NP[bits]) for a in np.broadcast_arrays(*args)]
+    out = np.empty_like(arrays[0])
+    _kernels()[name, bits](*[a.ctypes.data for a in arrays], out.ctypes.data, out.size)
+    return out
+
+
+# ------------------------------------------------------------------ references and errors
+def _erf(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float64)
+    out = np.sign(x)  # erf(|x| >= 6) rounds to +-1 in both formats; keeps +-0 and NaN
+    inner = np.abs(x) < 6
+    out[inner] = np.frompyfunc(math.erf, 1, 1)(x[inner]).astype(np.float64)
+    return out
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
+
+
+REFERENCE = dict(exp=np.exp, exp2=np.exp2, expm1=np.expm1, log=np.log, log2=np.log2,
+                 log1p=np.log1p, tanh=np.tanh, sigmoid=_sigmoid, erf=_erf, sin=np.sin,
+                 cos=np.cos, pow=np.power)
+
+
+def reference(name: str, bits: int, *args: np.ndarray) -> np.ndarray:
+    """The exact result, in float64 (f32) or long double (f64; erf: float64)."""
+    wide = np.float64 if bits == 32 or name == "erf" else np.longdouble
+    with np.errstate(all="ignore"):
+        return REFERENCE[name](*[np.asarray(a, dtype=NP[bits]).astype(wide) for a in args])
+
+
+def ulp_errors(bits: int, got: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    """Error of each result in ulps (inf where a non-finite/flushed expectation is missed)."""
+    info = np.finfo(NP[bits])
+    wide = ref.dtype.type
+    with np.errstate(all="ignore"):
+        expected = ref.astype(NP[bits])
+        mag = np.abs(ref)
+        exponent = np.frexp(mag)[1] - 1
+        ulp = np.ldexp(wide(1), np.maximum(exponent, info.minexp) - info.nmant)
+        err = (np.abs(got.astype(wide) - ref) / ulp).astype(np.float64)
+    err[np.isnan(err)] = np.inf
+    exact = ~np.isfinite(expected)
+    same = (got == expected) | (np.isnan(got) & np.isnan(expected))
+    err[exact] = np.where(same[exact], 0.0, np.inf)
+    return err
+
+
+def max_error(name: str, bits: int, *args: np.ndarray) -> tuple[float, tuple]:
+    got = run(name, bits, *args)
+    err = ulp_errors(bits, got, reference(name, bits, *args))
+    worst = int(np.argmax(err))
+    return float(err[worst]), tuple(np.broadcast_arrays(*args)[k].ravel()[worst]
+                                    for k in range(len(args)))
+
+
+# ------------------------------------------------------------------ samples
+def _f32_range(lo: float, hi: float, count: int) -> np.ndarray:
+    """About ``count`` float32 values evenly spaced in bit pattern between lo and hi."""
+    def key(v):  # monotonic integer for a float32
+        b = np.array(v, np.float32).view(np.int32).astype(np.int64)
+        return np.where(b < 0, -(b & 0x7FFFFFFF), b)
+    a, b = int(key(lo)), int(key(hi))
+    k = np.unique(np.linspace(a, b, count).astype(np.int64))
+    bits = np.where(k < 0, (-k) | 0x80000000, k).astype(np.uint32)
+    return bits.view(np.float32)
+
+
+def whole_f32() -> np.ndarray:
+    """Every 997th float32 bit pattern: all exponents, both signs, NaNs included."""
+    return np.arange(0, 2 ** 32, 997, dtype=np.uint64).astype(np.uint32).view(np.float32)
+
+
+DENSE32 = dict(
+    exp=[(-104, 89)], exp2=[(-151, 129)], expm1=[(-20, 89), (-1, 1)],
+    log=[(0.5, 2), (0, 1e-37)], log2=[(0.5, 2), (0, 1e-37)], log1p=[(-1, 1), (-1e-4, 1e-4)],
+    tanh=[(-10, 10), (-1, 1)], sigmoid=[(-105, 20), (-2, 2)], erf=[(-4, 4), (-1.1, 1.1)],
+    sin=[(-2e5, 2e5), (-10, 10)], cos=[(-2e5, 2e5), (-10, 10)],
+)
+
+
+@pytest.fixture(scope="module")
+def whole() -> np.ndarray:
+    return whole_f32()
+
+
+# ------------------------------------------------------------------ (a) f32 accuracy
+@pytest.mark.parametrize("name", UNARY)
+def test_f32_accuracy(name, whole):
+    samples = [whole] + [_f32_range(lo, hi, 400_000) for lo, hi in DENSE32[name]]
+    if name in ("sin", "cos"):  # the bound is stated for |x| <= SINCOS_RANGE
+        samples[0] = whole[np.abs(whole) <= SINCOS_RANGE[32]]
+    x = np.concatenate(samples)
+    err, where = max_error(name, 32, x)
+    assert err <= BOUND32[name], f"{name} f32: {err:.3f} ulp at x={where[0]!r}"
+
+
+def _pow_samples(bits: int, count: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Random bases of every magnitude and exponents that keep |x|^y near the format's range,
+    plus integer exponents of negative bases and small bases/exponents."""
+    rng = np.random.default_rng(seed)
+    dt, uint = NP[bits], {32: np.uint32, 64: np.uint64}[bits]
+    info = np.finfo(dt)
+    x = rng.integers(0, np.iinfo(uint).max, count, dtype=uint).view(dt)
+    x = np.abs(x[np.isfinite(x) & (x != 0)])
+    t = rng.uniform(info.minexp - info.nmant - 5, info.maxexp + 5, x.size)
+    with np.errstate(all="ignore"):
+        y = (t / np.log2(x.astype(np.float64))).astype(dt)
+    xs = rng.uniform(-10, 10, count).astype(dt)
+    ys = rng.uniform(-40, 40, count).astype(dt)
+    xi = -rng.uniform(0.1, 20, count).astype(dt)
+    yi = rng.integers(-30, 30, count).astype(dt)
+    return np.concatenate([x, xs, xi]), np.concatenate([y, ys, yi])
+
+
+def test_f32_pow_accuracy():
+    err, where = max_error("pow", 32, *_pow_samples(32, 400_000))
+    assert err <= BOUND32["pow"], f"pow f32: {err:.3f} ulp at {where!r}"
+
+
+def test_sincos_large_arguments_stay_bounded(whole):
+    """Past the accurate range the result is still a value in [-1, 1], never NaN."""
+    x64 = np.random.default_rng(2).integers(0, 2 ** 64, 100_000, dtype=np.uint64)
+    for bits, x in ((32, whole), (64, x64.view(np.float64))):
+        x = x[np.isfinite(x)]
+        for name in ("sin", "cos"):
+            y = run(name, bits, x)
+            assert np.all(np.abs(y) <= 1), (name, bits)
+
+
+# ------------------------------------------------------------------ (b) special values
+INF, NAN = math.inf, math.nan
+SPECIALS = dict(
+    exp=[(-INF, 0.0), (INF, INF), (NAN, NAN), (1000.0, INF), (-2000.0, 0.0), (0.0, 1.0),
+         (-0.0, 1.0)],
+    exp2=[(-INF, 0.0), (INF, INF), (NAN, NAN), (10.0, 1024.0), (0.0, 1.0), (-3.0, 0.125)],
+    expm1=[(-INF, -1.0), (INF, INF), (NAN, NAN), (0.0, 0.0), (-0.0, -0.0), (1e-30, 1e-30),
+           (-1e-30, -1e-30), (1e-40, 1e-40), (1000.0, INF), (-100.0, -1.0)],
+    log=[(0.0, -INF), (-0.0, -INF), (-1.0, NAN), (-INF, NAN), (INF, INF), (NAN, NAN),
+         (1.0, 0.0)],
+    log2=[(0.0, -INF), (-0.0, -INF), (-1.0, NAN), (INF, INF), (NAN, NAN), (1.0, 0.0),
+          (8.0, 3.0), (2.0 ** -149, -149.0), (0.5, -1.0)],
+    log1p=[(-1.0, -INF), (-2.0, NAN), (-INF, NAN), (INF, INF), (NAN, NAN), (0.0, 0.0),
+           (-0.0, -0.0), (1e-30, 1e-30), (-1e-40, -1e-40)],
+    tanh=[(INF, 1.0), (-INF, -1.0), (NAN, NAN), (0.0, 0.0), (-0.0, -0.0), (1e-30, 1e-30),
+          (-1e-40, -1e-40), (20.0, 1.0), (-1e30, -1.0)],
+    sigmoid=[(-INF, 0.0), (INF, 1.0), (NAN, NAN), (0.0, 0.5), (-0.0, 0.5), (200.0, 1.0),
+             (-1000.0, 0.0)],
+    erf=[(INF, 1.0), (-INF, -1.0), (NAN, NAN), (0.0, 0.0), (-0.0, -0.0), (10.0, 1.0),
+         (-10.0, -1.0), (1e-40, None)],
+    sin=[(INF, NAN), (-INF, NAN), (NAN, NAN), (0.0, 0.0), (-0.0, -0.0), (1e-30, 1e-30),
+         (-1e-40, -1e-40)],
+    cos=[(INF, NAN), (-INF, NAN), (NAN, NAN), (0.0, 1.0), (-0.0, 1.0), (1e-30, 1.0)],
+)
+# overflow and underflow thresholds differ per format
+SPECIALS_BY_BITS = {
+    32: dict(exp=[(88.73, INF), (-103.9, 2.0 ** -149), (-104.0, 0.0)],
+             exp2=[(128.0, INF), (-149.0, 2.0 ** -149), (-150.0, 0.0)],
+             expm1=[(88.73, INF)]),
+    64: dict(exp=[(709.79, INF), (-745.1, 2.0 ** -1074), (-745.2, 0.0)],
+             exp2=[(1024.0, INF), (-1074.0, 2.0 ** -1074), (-1075.0, 0.0)],
+             expm1=[(709.79, INF)]),
+}
+POW_SPECIALS = [
+    (NAN, 0.0, 1.0), (NAN, -0.0, 1.0), (INF, 0.0, 1.0), (1.0, NAN, 1.0), (1.0, INF, 1.0),
+    (1.0, -INF, 1.0), (-1.0, INF, 1.0), (-1.0, -INF, 1.0), (NAN, 1.0, NAN), (2.0, NAN, NAN),
+    (-1.0, NAN, NAN), (-8.0, 1 / 3, NAN), (-2.0, 0.5, NAN), (-2.0, 3.0, -8.0),
+    (-2.0, 2.0, 4.0), (-2.0, -1.0, -0.5), (2.0, 10.0, 1024.0), (0.0, -1.0, INF),
+    (-0.0, -1.0, -INF), (0.0, -2.0, INF), (-0.0, -2.0, INF), (-0.0, -0.5, INF),
+    (0.0, 3.0, 0.0), (-0.0, 3.0, -0.0), (-0.0, 2.0, 0.0), (-0.0, 0.5, 0.0),
+    (0.0, -INF, INF), (-0.0, -INF, INF), (0.0, INF, 0.0),
+    (0.5, INF, 0.0), (-0.5, INF, 0.0), (2.0, INF, INF), (-2.0, INF, INF),
+    (0.5, -INF, INF), (-0.5, -INF, INF), (2.0, -INF, 0.0), (-2.0, -INF, 0.0),
+    (INF, 2.0, INF), (INF, -2.0, 0.0), (INF, 0.5, INF), (INF, -0.5, 0.0),
+    (-INF, 3.0, -INF), (-INF, 2.0, INF), (-INF, 0.5, INF), (-INF, -3.0, -0.0),
+    (-INF, -2.0, 0.0), (-INF, -0.5, 0.0), (10.0, 1000.0, INF), (10.0, -1000.0, 0.0),
+    (-10.0, 1001.0, -INF), (-10.0, -1001.0, -0.0), (4.0, 0.5, 2.0),
+]
+
+
+def _same(got: float, want: float) -> bool:
+    if math.isnan(want):
+        return math.isnan(got)
+    return got == want and math.copysign(1, got) == math.copysign(1, want)
+
+
+@pytest.mark.parametrize("bits", [32, 64])
+@pytest.mark.parametrize("name", UNARY)
+def test_special_values(name, bits):
+    cases = SPECIALS[name] + SPECIALS_BY_BITS[bits].get(name, [])
+    x = np.array([c[0] for c in cases], dtype=NP[bits])
+    got = run(name, bits, x)
+    for xi, (_, want), g in zip(x, cases, got):
+        if want is None:  # tiny argument: only finite and with the sign of x
+            assert np.isfinite(g) and np.signbit(g) == np.signbit(xi), (name, xi, g)
+            continue
+        want = NP[bits](want)
+        assert _same(float(g), float(want)), f"{name} f{bits}({xi!r}) = {g!r}, want {want!r}"
+
+
+def test_denormal_results_f32():
+    """exp of large negative arguments rounds once into the denormal range, not to 0."""
+    x = np.array([-100.0, -103.0, -88.0, -95.5], dtype=np.float32)
+    got = run("exp", 32, x)
+    want = np.exp(x.astype(np.float64)).astype(np.float32)
+    assert np.all(got > 0)
+    assert np.all(np.abs(got.view(np.int32) - want.view(np.int32)) <= 1), (got, want)
+    x = np.array([1e-45, 3e-39, 1e-40], dtype=np.float32)  # log of denormals
+    err = ulp_errors(32, run("log", 32, x), reference("log", 32, x))
+    assert np.all(err <= 1)
+
+
+@pytest.mark.parametrize("bits", [32, 64])
+def test_pow_special_values(bits):
+    x, y, want = (np.array(col, dtype=NP[bits]) for col in zip(*POW_SPECIALS))
+    got = run("pow", bits, x, y)
+    for xi, yi, g, w in zip(x, y, got, want):
+        assert _same(float(g), float(w)), f"pow f{bits}({xi!r}, {yi!r}) = {g!r}, want {w!r}"
+
+
+# ------------------------------------------------------------------ (c) f64 accuracy
+F64_RANGES = dict(
+    exp=(-746, 710), exp2=(-1076, 1025), expm1=(-40, 710), log=None, log2=None,
+    log1p=None, tanh=(-20, 20), sigmoid=(-750, 40), erf=(-6, 6), sin=(-1e4, 1e4),
+    cos=(-1e4, 1e4),
+)
+
+
+def _f64_samples(name: str, count: int = 200_000) -> np.ndarray:
+    rng = np.random.default_rng(1)
+    bits = rng.integers(0, 2 ** 64, count, dtype=np.uint64).view(np.float64)
+    bits = bits[np.isfinite(bits)]
+    parts = [bits, rng.uniform(-1, 1, count), rng.uniform(-1e-3, 1e-3, count)]
+    if F64_RANGES[name] is None:  # log family: positive bit patterns, near 1, denormals
+        parts = [np.abs(bits), rng.uniform(0.5, 2, count), rng.uniform(-1, 1, count),
+                 rng.integers(1, 2 ** 52, 1000, dtype=np.uint64).view(np.float64)]
+    else:
+        parts.append(rng.uniform(*F64_RANGES[name], count))
+    if name in ("sin", "cos"):
+        parts[0] = parts[0][np.abs(parts[0]) <= SINCOS_RANGE[64]]
+        parts.append(np.pi / 2 * rng.integers(-10_000, 10_000, 1000))  # near the zeros
+    return np.concatenate(parts)
+
+
+@pytest.mark.parametrize("name", UNARY)
+def test_f64_accuracy(name):
+    err, where = max_error(name, 64, _f64_samples(name))
+    assert err <= BOUND64[name], f"{name} f64: {err:.3f} ulp at x={where[0]!r}"
+
+
+def test_f64_pow_accuracy():
+    err, where = max_error("pow", 64, *_pow_samples(64, 200_000))
+    assert err <= BOUND64["pow"], f"pow f64: {err:.3f} ulp at {where!r}"
+
+
+def test_get_reuses_one_internal_inlined_function():
+    module = ir.Module()
+    fn = mathlib.get(module, "exp", ir.FloatType())
+    assert mathlib.get(module, "exp", ir.FloatType()) is fn
+    assert fn.name == "hg.exp.f32" and fn.linkage == "internal"
+    assert "alwaysinline" in fn.attributes
+    pow64 = mathlib.get(module, "pow", ir.DoubleType())
+    assert pow64.name == "hg.pow.f64" and len(pow64.args) == 2
+    with pytest.raises(ValueError):
+        mathlib.get(module, "gamma", ir.FloatType())
+    with pytest.raises(TypeError):
+        mathlib.get(module, "exp", ir.IntType(32))
+
+
+# ------------------------------------------------------------------ (d) vectorization
+def test_f32_exp_loop_vectorizes():
+    if not llvm.has_feature("avx2"):
+        pytest.skip("host CPU lacks AVX2: no packed-float assembly to look for")
+    text, (fname,) = _ir([("exp", 32)])
+    asm = llvm.assembly(text)
+    body = asm[asm.index(f"{fname}:"):]
+    assert re.search(r"\bvfmadd\w*ps\b|%[yz]mm", body), "no packed float instructions"
+    assert not re.search(r"\bcall\w*\s+\S*exp", body), "exp is still a library call"
