@@ -240,8 +240,8 @@ def _exp2(e: _Emitter, x: ir.Value, lo: ir.Value | None = None) -> ir.Value:
     xc = e.clamp(x, e.k["exp2_lo"], e.k["exp2_hi"])
     kf = e.rint(xc)
     r = e.sub(xc, kf)  # exact
-    if lo is not None:
-        r = e.add(r, lo)
+    if lo is not None:  # a clamped argument is past over/underflow: its low part is noise
+        r = e.add(r, e.sel(e.eq(xc, x), lo, e.c(0.0)))
     p = e.fma(r, e.horner(r, e.k["exp2"]), e.c(1.0))
     return e.sel(e.isnan(x), x, e.scale(p, e.to_int(kf)))
 
