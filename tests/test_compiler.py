@@ -475,3 +475,21 @@ def test_empty_tensors_go_through_the_pipeline():
     q = pipeline.run(p)
     (y, s) = execute(q, inputs_for(p))
     assert y.size == 0 and s.tolist() == [0.0] * 7 and not np.signbit(s).any()
+
+
+def test_fusion_does_not_nest_reductions():
+    """Per-row cross-entropy terms feed a mean over the rows: merging the two would leave
+    the row reductions inside a loop (no parallel grid, per-row scratch on every backend)."""
+    from hologram import functional as F
+    from hologram.compiler.fuse import _nests_reductions
+
+    def cross_entropy(g):
+        x, t = g.input("x", "f32", (16, 10)), g.input("t", "i64", (16,))
+        g.output("loss", F.cross_entropy(x, t))
+
+    p = _graph(cross_entropy)
+    q = pipeline.run(p)
+    assert [k.grid_rank for k in q.kernels] == [1, 0]
+    assert not any(_nests_reductions(k) for k in q.kernels)
+    inputs = [inputs_for(p)[0], np.arange(16, dtype=np.int64) % 10]
+    assert same_bits(execute(p, inputs)[0], execute(q, inputs)[0])

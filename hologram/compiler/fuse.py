@@ -19,8 +19,10 @@ reduction with several readers its elementwise epilogues as extra outputs.
 
 Inlining goes first so that elementwise values are recomputed from their sources before
 merges make their producers reductions. A temporary stays materialized when it is read
-in another index space after a reduction, or when no position keeps memory accesses in
-order. The producer's store is kept; the next canonicalize drops it if nothing reads it.
+in another index space after a reduction, when no position keeps memory accesses in order,
+or when merging would nest reductions (per-row results reduced again over the rows: the
+rows would stop being a parallel grid). The producer's store is kept; the next canonicalize
+drops it if nothing reads it.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from dataclasses import replace
 from hologram.compiler.body import Body
 from hologram.compiler.canonicalize import drop_stores
 from hologram.compiler.options import CompileOptions
+from hologram.compiler.schedule import grid_rank
 from hologram.errors import IRError
 from hologram.isa.ir import IndexMap, Instr, Kernel, Program
 from hologram.isa.verify import verify_kernel
@@ -130,7 +133,7 @@ class _Fusion:
     def _merge(self, t: int, p: int, readers: list[int]) -> bool:
         for c in readers:
             merged = _merge_pair(self.kernels[p], self.kernels[c], t)
-            if merged is None or not self._valid(merged):
+            if merged is None or _nests_reductions(merged) or not self._valid(merged):
                 continue
             producer, consumer = self.kernels[p], self.kernels[c]
             between = range(p + 1, c)
@@ -295,6 +298,15 @@ def _merge_pair(producer: Kernel, consumer: Kernel, t: int) -> Kernel | None:
         else:
             remap.append(_copy(body, instr, tuple(remap[a] for a in instr.args)))
     return Kernel(consumer.name, domain, tuple(body.instrs))
+
+
+def _nests_reductions(kernel: Kernel) -> bool:
+    """Would a reduction's result still vary along one of the kernel's loops? (Per-row sums
+    merged into a sum over rows: the rows stop being a parallel grid, and every backend
+    would need per-grid-point scratch memory for the inner results.)"""
+    loops = range(grid_rank(kernel), len(kernel.domain))
+    return any(i.op in ("reduce", "contract") and any(i.shape[d] > 1 for d in loops)
+               for i in kernel.body)
 
 
 def _extend(kernel: Kernel, rank: int) -> Kernel:
