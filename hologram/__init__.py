@@ -23,6 +23,21 @@ from hologram.errors import (
 )
 
 
+def set_num_threads(n: int | None) -> None:
+    """Threads the CPU backend runs kernels on (the calling thread included); ``None``
+    returns to ``HOLOGRAM_NUM_THREADS``, else every core available to this process."""
+    from hologram.backends.cpu import threads
+
+    threads.set_num_threads(n)
+
+
+def get_num_threads() -> int:
+    """The number of threads the CPU backend currently uses."""
+    from hologram.backends.cpu import threads
+
+    return threads.num_threads()
+
+
 def cache_info() -> dict:
     """Program cache statistics: hits, disk_hits, misses, corrupt, entries, disk_entries,
     disk_bytes, directory, last_disk_error."""
@@ -38,5 +53,6 @@ def clear_cache(disk: bool = True) -> None:
 __all__ = [
     "CacheError", "CompileError", "CompileOptions", "CompiledProgram", "DTypeError",
     "DeviceError", "HologramError", "IRError", "OutOfMemoryError", "ShapeError",
-    "__version__", "cache_info", "clear_cache", "compile", "config", "errors", "isa",
+    "__version__", "cache_info", "clear_cache", "compile", "config", "errors",
+    "get_num_threads", "isa", "set_num_threads",
 ]

@@ -262,3 +262,16 @@ def test_fork_child_can_use_the_pool():
             pytest.fail("fork child hung in parallel_for")
         time.sleep(0.01)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_the_public_thread_setting_drives_the_pool(monkeypatch):
+    import hologram
+
+    monkeypatch.setenv("HOLOGRAM_NUM_THREADS", "1")
+    hologram.set_num_threads(None)
+    assert hologram.get_num_threads() == 1
+    try:
+        hologram.set_num_threads(2)
+        assert hologram.get_num_threads() == threads.num_threads() == 2
+    finally:
+        hologram.set_num_threads(None)
