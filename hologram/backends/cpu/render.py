@@ -425,38 +425,34 @@ def _add_sub_mul(op: str):
     return emit
 
 
-def _div(r: _KernelRenderer, args, a: DType, t: DType) -> ir.Value:
+def _integer_division(r: _KernelRenderer, x: ir.Value, y: ir.Value, a: DType,
+                      remainder: bool) -> ir.Value:
+    """x / y or x % y with the ISA's total semantics: x / 0 = 0 and x % 0 = x;
+    INT_MIN / -1 = INT_MIN and x % -1 = 0 (dividing by 1 instead of trapping)."""
     b = r.b
-    x, y = args
-    if a.is_float:
-        return b.fdiv(x, y)
     ty = register_type(a)
-    zero = ir.Constant(ty, 0)
-    by_zero = b.icmp_unsigned("==", y, zero)
+    one = ir.Constant(ty, 1)
+    by_zero = b.icmp_unsigned("==", y, ir.Constant(ty, 0))
     if a.kind == "u":
-        safe = b.select(by_zero, ir.Constant(ty, 1), y)
-        return b.select(by_zero, zero, b.udiv(x, safe))
-    # x / 0 = 0; INT_MIN / -1 = INT_MIN: divide by 1 instead of trapping.
-    minus_one = b.icmp_signed("==", y, ir.Constant(ty, -1))
-    safe = b.select(b.or_(by_zero, minus_one), ir.Constant(ty, 1), y)
-    quotient = b.sdiv(x, safe)
-    return b.select(by_zero, zero, b.select(minus_one, b.neg(x), quotient))
+        value = (b.urem if remainder else b.udiv)(x, b.select(by_zero, one, y))
+    else:
+        minus_one = b.icmp_signed("==", y, ir.Constant(ty, -1))
+        safe = b.select(b.or_(by_zero, minus_one), one, y)
+        value = b.srem(x, safe) if remainder else \
+            b.select(minus_one, b.neg(x), b.sdiv(x, safe))
+    return b.select(by_zero, x if remainder else ir.Constant(ty, 0), value)
+
+
+def _div(r: _KernelRenderer, args, a: DType, t: DType) -> ir.Value:
+    if a.is_float:
+        return r.b.fdiv(*args)
+    return _integer_division(r, *args, a, remainder=False)
 
 
 def _mod(r: _KernelRenderer, args, a: DType, t: DType) -> ir.Value:
-    b = r.b
-    x, y = args
     if a.is_float:
-        return b.frem(x, y)
-    ty = register_type(a)
-    by_zero = b.icmp_unsigned("==", y, ir.Constant(ty, 0))
-    if a.kind == "u":
-        safe = b.select(by_zero, ir.Constant(ty, 1), y)
-        return b.select(by_zero, x, b.urem(x, safe))
-    # x % 0 = x; x % -1 = 0 (computed as x % 1, which cannot overflow).
-    minus_one = b.icmp_signed("==", y, ir.Constant(ty, -1))
-    safe = b.select(b.or_(by_zero, minus_one), ir.Constant(ty, 1), y)
-    return b.select(by_zero, x, b.srem(x, safe))
+        return r.b.frem(*args)  # C fmod
+    return _integer_division(r, *args, a, remainder=True)
 
 
 def _minmax(r: _KernelRenderer, args, a: DType, t: DType, kind: str | None = None,
