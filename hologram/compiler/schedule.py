@@ -42,18 +42,8 @@ def grid_rank(kernel: Kernel) -> int:
     return rank
 
 
-def lifetimes(program: Program) -> dict[int, tuple[int, int]]:
-    """First and last kernel touching each temporary buffer (by buffer index)."""
-    live: dict[int, tuple[int, int]] = {}
-    for k, kernel in enumerate(program.kernels):
-        for b in kernel.reads() | kernel.writes():
-            if program.buffers[b].kind == "temp":
-                live[b] = (live.get(b, (k, k))[0], k)
-    return live
-
-
 def plan_arena(program: Program) -> Program:
-    live = lifetimes(program)
+    live = program.lifetimes()
     placed: list[tuple[int, int, int, int]] = []  # (offset, end, first, last)
     offsets: dict[int, int] = {}
     order = sorted(live, key=lambda b: (-program.buffers[b].nbytes, b))

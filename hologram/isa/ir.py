@@ -237,6 +237,16 @@ class Program:
         ends = [b.offset + b.nbytes for b in self.temps if b.offset is not None]
         return max(ends, default=0)
 
+    def lifetimes(self) -> dict[int, tuple[int, int]]:
+        """First and last kernel touching each temporary (by buffer index): where the
+        scheduler may, and the verifier checks it may, let temporaries share memory."""
+        live: dict[int, tuple[int, int]] = {}
+        for k, kernel in enumerate(self.kernels):
+            for b in kernel.reads() | kernel.writes():
+                if self.buffers[b].kind == "temp":
+                    live[b] = (live.get(b, (k, k))[0], k)
+        return live
+
     def key(self) -> tuple:
         """Structural identity: everything except the names of the program, its buffers
         and its kernels (SSA values are positional, so they have no names to ignore)."""

@@ -298,11 +298,7 @@ def _check_arena(program: Program) -> None:
     placed = [(i, b) for i, b in enumerate(program.buffers) if b.offset is not None]
     if not placed:
         return
-    live: dict[int, tuple[int, int]] = {}
-    for k, kernel in enumerate(program.kernels):
-        for i in kernel.reads() | kernel.writes():
-            first, _ = live.get(i, (k, k))
-            live[i] = (first, k)
+    live = program.lifetimes()
     for x, (i, a) in enumerate(placed):
         for j, b in placed[x + 1:]:
             bytes_overlap = a.offset < b.offset + b.nbytes and b.offset < a.offset + a.nbytes
