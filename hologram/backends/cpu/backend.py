@@ -92,7 +92,8 @@ class CpuBackend(Backend):
 
 
 class _Executable:
-    """A loaded program: call it with one checked, flat array per parameter."""
+    """A loaded program: call it with one checked C-contiguous array per parameter (any
+    shape; see ``backends.base.Executable``)."""
 
     def __init__(self, header: dict, addresses: dict[str, int]):
         self.nbuffers = header["buffers"]
@@ -113,7 +114,7 @@ class _Executable:
         rows, parallel = step["rows"], step["parallel"]
         grain = max(1, -(-MIN_CHUNK_WORK // max(step["row_work"], 1)))
 
-        def run(pointers, arrays) -> None:
+        def run(pointers, memory) -> None:
             if not parallel or rows < 2 * grain:
                 fn(pointers, 0, rows)
             else:
