@@ -1,5 +1,8 @@
 """Hologram: a tensor compiler and runtime.
 
+The SDK: :class:`Executor` (a backend and a memory pool), :class:`Buffer`,
+:mod:`hologram.ops`, :func:`jit` (trace and fuse), :mod:`hologram.backend` (selection).
+
 Programs in the Atlas ISA (:mod:`hologram.isa`) are canonicalized, fused and scheduled by
 :mod:`hologram.compiler`, then compiled by a backend (:mod:`hologram.backends`) and cached
 in memory and on disk (:mod:`hologram.cache`).
@@ -7,7 +10,8 @@ in memory and on disk (:mod:`hologram.cache`).
 
 __version__ = "0.1.0"
 
-from hologram import config, errors, isa  # config first: hologram.cache imports it
+from hologram import backend, config, errors, isa, ops  # config first: hologram.cache imports it
+from hologram.buffer import Buffer
 from hologram.cache import default_cache
 from hologram.compiler import CompiledProgram, CompileOptions, compile
 from hologram.compiler.driver import clear_memo
@@ -17,10 +21,13 @@ from hologram.errors import (
     DeviceError,
     DTypeError,
     HologramError,
+    InvalidBufferError,
     IRError,
     OutOfMemoryError,
     ShapeError,
 )
+from hologram.executor import Executor, default_executor, from_dlpack
+from hologram.jit import jit
 
 
 def set_num_threads(n: int | None) -> None:
@@ -51,8 +58,9 @@ def clear_cache(disk: bool = True) -> None:
 
 
 __all__ = [
-    "CacheError", "CompileError", "CompileOptions", "CompiledProgram", "DTypeError",
-    "DeviceError", "HologramError", "IRError", "OutOfMemoryError", "ShapeError",
-    "__version__", "cache_info", "clear_cache", "compile", "config", "errors",
-    "get_num_threads", "isa", "set_num_threads",
+    "Buffer", "CacheError", "CompileError", "CompileOptions", "CompiledProgram", "DTypeError",
+    "DeviceError", "Executor", "HologramError", "IRError", "InvalidBufferError",
+    "OutOfMemoryError", "ShapeError", "__version__", "backend", "cache_info", "clear_cache",
+    "compile", "config", "default_executor", "errors", "from_dlpack", "get_num_threads", "isa",
+    "jit", "ops", "set_num_threads",
 ]

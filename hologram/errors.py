@@ -64,3 +64,8 @@ class OutOfMemoryError(HologramError, MemoryError):
 
 class CacheError(HologramError):
     """The program cache directory cannot be used."""
+
+
+class InvalidBufferError(HologramError):
+    """An SDK buffer cannot be used: it was freed, its executor was closed, it belongs to
+    another executor, or it is read-only and an op would write to it."""

@@ -29,7 +29,10 @@ from hologram.errors import DTypeError, ShapeError
 from hologram.isa.ir import Buffer, Program
 
 # Called with one array per parameter, already checked (check_arrays' rules: dtype, size,
-# C-contiguous, writable outputs), in any shape.
+# C-contiguous, writable outputs), in any shape. An executable may also have an attribute
+# ``by_address``: None, or a callable taking one host address per parameter (a tuple of
+# ints) that runs the program without array objects, for callers that own their memory
+# (the SDK) and want the lowest per-call overhead.
 Executable = Callable[[Sequence[np.ndarray]], None]
 
 

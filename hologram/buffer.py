@@ -1,0 +1,245 @@
+"""SDK buffers: typed, shaped, C-contiguous memory owned by an :class:`~hologram.Executor`.
+
+    buf = ex.from_numpy(x)          # a copy of x in the executor's pool
+    y = buf.to_numpy()              # zero-copy view on host backends (cpu, interp)
+    t = torch.from_dlpack(buf)      # zero-copy; so is np.from_dlpack(buf)
+    b = hg.from_dlpack(t)           # zero-copy from NumPy arrays and torch CPU tensors
+
+Memory. A buffer made by its executor (``allocate``, ``empty``, ``from_numpy``, every op
+output) holds one block of the executor's 96-class pool; the block returns to the pool when
+the buffer, and every NumPy view or DLPack consumer of it, is gone. ``free()`` and
+``Executor.close()`` end the *buffer* at once: using it afterwards raises
+:class:`~hologram.errors.InvalidBufferError`. Arrays already taken from it by ``to_numpy``
+or DLPack keep the memory alive and stay valid, so no path reads freed memory.
+
+A buffer from ``from_dlpack`` shares the producer's memory (and keeps the producer alive).
+A read-only producer gives a read-only buffer: ops may read it but not write to it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import operator
+
+import numpy as np
+
+from hologram.errors import DTypeError, InvalidBufferError, ShapeError
+
+#: NumPy dtypes a buffer may have (bf16 is not one: NumPy has no bfloat16 type).
+DTYPES = tuple(np.dtype(t) for t in (
+    np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8,
+    np.float16, np.float32, np.float64,
+))
+
+
+def as_dtype(dtype: object, where: str) -> np.dtype:
+    """``dtype`` as one of :data:`DTYPES`, or a :class:`DTypeError` naming them."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        dt = None
+    if dt not in DTYPES:
+        names = ", ".join(str(d) for d in DTYPES)
+        raise DTypeError(f"{where}: unsupported dtype {dtype!r}; supported: {names}")
+    return dt
+
+
+def as_shape(shape: object, where: str) -> tuple[int, ...]:
+    """An int or a sequence of ints as a shape of non-negative extents."""
+    try:
+        dims = (operator.index(shape),) if not hasattr(shape, "__len__") else tuple(
+            operator.index(n) for n in shape)
+    except TypeError:
+        raise ShapeError(f"{where}: a shape is an int or a sequence of ints, got {shape!r}"
+                         ) from None
+    if any(n < 0 for n in dims):
+        raise ShapeError(f"{where}: negative extent in shape {list(dims)}")
+    return dims
+
+
+def _address(array: np.ndarray) -> int:
+    try:  # the buffer protocol is ~3x faster than array.ctypes.data
+        return ctypes.addressof(ctypes.c_char.from_buffer(array))
+    except (TypeError, ValueError):  # read-only or empty
+        return array.ctypes.data
+
+
+class Buffer:
+    """A typed, shaped, C-contiguous block of memory of one executor.
+
+    Attributes: ``shape``, ``dtype`` (a NumPy dtype), ``size`` (elements), ``nbytes``,
+    ``ndim``, ``device`` (where the memory is: ``"cpu"`` for host backends), ``executor``.
+    Arithmetic operators (``+ - * / ** @``, unary ``-`` and ``abs``) call :mod:`hologram.ops`,
+    eagerly or, inside :func:`hologram.jit`, traced.
+    """
+
+    __slots__ = ("__weakref__", "_address", "_array", "_executor", "_key", "_root", "_sig")
+
+    def __init__(self, array: np.ndarray, executor, *, foreign: bool = False,
+                 root: np.ndarray | None = None):
+        # Internal: executors and ops make buffers. ``root``: the pool array whose memory a
+        # view (reshape, the first n elements) shares; buffers of one root may overlap.
+        # ``foreign``: the memory came from DLPack and may alias any other buffer.
+        self._array = array
+        self._executor = executor
+        self._address = _address(array)
+        self._sig = (array.shape, array.dtype)
+        self._root = array if root is None else root
+        # The ops' fast-path key: what a compiled launch depends on; None once freed, and
+        # for foreign memory (its aliasing is checked on every call).
+        self._key = None if foreign else (array.shape, array.dtype, executor._token)
+
+    def _view(self, array: np.ndarray) -> Buffer:
+        """A buffer over ``array``, a NumPy view of this buffer's memory."""
+        return Buffer(array, self._executor, foreign=self._key is None, root=self._root)
+
+    # --- metadata -----------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._sig[0]
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._sig[1]
+
+    @property
+    def ndim(self) -> int:
+        return len(self._sig[0])
+
+    @property
+    def size(self) -> int:
+        return math.prod(self._sig[0])
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self._sig[1].itemsize
+
+    @property
+    def device(self) -> str:
+        return self._executor.device
+
+    @property
+    def executor(self):
+        return self._executor
+
+    @property
+    def freed(self) -> bool:
+        """True once ``free()`` or the executor's ``close()`` ended this buffer."""
+        return self._array is None
+
+    def __len__(self) -> int:
+        if not self._sig[0]:
+            raise TypeError("len() of a 0-d buffer")
+        return self._sig[0][0]
+
+    def __repr__(self) -> str:
+        state = " freed" if self._array is None else ""
+        return (f"<hologram.Buffer shape={list(self.shape)} dtype={self.dtype} "
+                f"device={self._executor.device!r} backend={self._executor.backend!r}{state}>")
+
+    # --- data in and out ----------------------------------------------------------------
+    def array(self, where: str = "buffer") -> np.ndarray:
+        """The NumPy array holding the data (shares memory), or InvalidBufferError."""
+        if self._array is None:
+            raise InvalidBufferError(self._dead(where))
+        return self._array
+
+    def to_numpy(self, copy: bool = False) -> np.ndarray:
+        """The contents as a NumPy array: on host backends a zero-copy view (later writes
+        to the buffer show through it; it keeps the memory alive after ``free()``), a copy
+        when ``copy=True``."""
+        array = self.array("to_numpy")
+        return array.copy() if copy else array
+
+    numpy = to_numpy
+
+    def from_numpy(self, data: object) -> Buffer:
+        """Copy ``data`` (any array-like with this buffer's number of elements, read in
+        row-major order) into the buffer and return the buffer. Values are converted to the
+        buffer's dtype when NumPy's ``same_kind`` rule allows it (float64 -> float32 yes,
+        float -> int no)."""
+        dest = self.array("from_numpy")
+        source = np.asarray(data)
+        if source.size != dest.size:
+            raise ShapeError(f"from_numpy: buffer {list(self.shape)} holds {dest.size} elements, "
+                             f"data {list(source.shape)} has {source.size}; reshape or "
+                             "allocate a buffer of the data's shape")
+        if not np.can_cast(source.dtype, dest.dtype, "same_kind"):
+            raise DTypeError(f"from_numpy: cannot write {source.dtype} data into a {dest.dtype} "
+                             f"buffer {list(self.shape)}; convert with data.astype(...) first")
+        self._writable("from_numpy")
+        np.copyto(dest.reshape(-1), source.reshape(-1), casting="same_kind")
+        return self
+
+    def fill(self, value: bool | int | float) -> Buffer:
+        """Set every element to ``value``; returns the buffer."""
+        return ops.fill(self, value)
+
+    def copy_from(self, other: Buffer) -> Buffer:
+        """Copy ``other`` (same number of elements; converted to this dtype) into this
+        buffer; returns the buffer."""
+        return ops.copy(other, self)
+
+    def reshape(self, *shape: int) -> Buffer:
+        """A buffer of another shape viewing the same memory (no copy)."""
+        shape = shape[0] if len(shape) == 1 and not isinstance(shape[0], int) else shape
+        dims = list(as_shape(shape, "reshape"))
+        if dims.count(-1) == 1:
+            known = math.prod(n for n in dims if n != -1)
+            dims[dims.index(-1)] = self.size // known if known else 0
+        if math.prod(dims) != self.size:
+            raise ShapeError(f"reshape: cannot view buffer {list(self.shape)} ({self.size} "
+                             f"elements) as {dims}")
+        return self._view(self.array("reshape").reshape(dims))
+
+    def free(self) -> None:
+        """End this buffer now (idempotent). Its block returns to the pool once no NumPy
+        view or DLPack consumer still holds it."""
+        self._array = self._key = None
+
+    # --- interchange --------------------------------------------------------------------
+    def __array__(self, dtype=None, copy=None):
+        array = self.array("__array__")
+        if dtype is not None and np.dtype(dtype) != array.dtype:
+            return array.astype(dtype)
+        return array.copy() if copy else array
+
+    def __dlpack__(self, **kwargs):
+        """DLPack export of the memory (zero-copy); accepts the standard keyword arguments
+        (``stream``, ``max_version``, ``dl_device``, ``copy``)."""
+        return self.array("__dlpack__").__dlpack__(**kwargs)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self.array("__dlpack_device__").__dlpack_device__()
+
+    # --- operators ----------------------------------------------------------------------
+    def __add__(self, o): return ops.vector_add(self, o)
+    def __radd__(self, o): return ops.vector_add(o, self)
+    def __sub__(self, o): return ops.vector_sub(self, o)
+    def __rsub__(self, o): return ops.vector_sub(o, self)
+    def __mul__(self, o): return ops.vector_mul(self, o)
+    def __rmul__(self, o): return ops.vector_mul(o, self)
+    def __truediv__(self, o): return ops.vector_div(self, o)
+    def __rtruediv__(self, o): return ops.vector_div(o, self)
+    def __pow__(self, o): return ops.pow(self, o)
+    def __rpow__(self, o): return ops.pow(o, self)
+    def __matmul__(self, o): return ops.matmul(self, o)
+    def __neg__(self): return ops.vector_neg(self)
+    def __abs__(self): return ops.vector_abs(self)
+
+    # --- helpers ------------------------------------------------------------------------
+    def _writable(self, where: str) -> None:
+        if not self._array.flags.writeable:
+            raise InvalidBufferError(f"{where}: buffer {list(self.shape)} {self.dtype} is "
+                                     "read-only (it shares a read-only array's memory); copy it "
+                                     "with ex.from_numpy(...) to write")
+
+    def _dead(self, where: str) -> str:
+        why = ("its executor was closed" if self._executor.closed
+               else "it was freed with free()")
+        return (f"{where}: buffer {list(self.shape)} {self.dtype} can no longer be used: {why}; "
+                "allocate a new buffer")
+
+
+from hologram import ops  # noqa: E402  (ops builds on Buffer)

@@ -1,0 +1,181 @@
+"""The SDK's executor: a backend, a memory pool, and the buffers made from it.
+
+    with hg.Executor(backend="auto") as ex:           # "auto" | "cpu" | "interp" | ...
+        a = ex.allocate((64, 128), dtype=np.float32)   # zero-filled
+        b = ex.from_numpy(x)                           # a copy of x
+        hg.ops.vector_add(ex, a, b, a)
+    # leaving the block closes the executor: its buffers end, its cached memory is released
+
+Each executor has its own 96-class pool (:mod:`hologram.runtime.pool`), so
+``memory_stats()``, ``empty_cache()`` and ``memory_limit`` concern its buffers only.
+Compiled kernels are shared by every executor of a backend (the program cache is global).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import threading
+import weakref
+
+import numpy as np
+
+from hologram.backend import validate_backend
+from hologram.buffer import Buffer, as_dtype, as_shape
+from hologram.errors import DTypeError, InvalidBufferError, ShapeError
+from hologram.runtime.pool import Pool
+
+_tokens = itertools.count()
+
+
+class Executor:
+    """Runs :mod:`hologram.ops` on one backend and owns the memory of its buffers.
+
+    ``backend``: a name or :class:`~hologram.backend.BackendType` (``"auto"`` picks the
+    best available); :class:`~hologram.errors.DeviceError` names the available backends
+    when it cannot run here. ``memory_limit``: bytes of live buffers beyond which
+    allocation raises :class:`~hologram.errors.OutOfMemoryError` (None: no limit).
+    """
+
+    def __init__(self, backend: str = "auto", *, memory_limit: int | None = None):
+        self.backend = validate_backend(backend)
+        # Host backends keep buffers in host memory.
+        self.device = "cpu"
+        self._pool = Pool(memory_limit)
+        self._buffers: weakref.WeakSet[Buffer] = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self.closed = False
+        # Identifies this executor in kernel fast-path keys without keeping it alive.
+        self._token = next(_tokens)
+
+    # --- buffers ------------------------------------------------------------------------
+    def empty(self, shape: int | tuple[int, ...], dtype: object = np.float32) -> Buffer:
+        """An uninitialized buffer (contents are whatever the pool block held)."""
+        return self._wrap(self._new(as_shape(shape, "allocate"), as_dtype(dtype, "allocate")))
+
+    def allocate(self, shape: int | tuple[int, ...], dtype: object = np.float32) -> Buffer:
+        """A zero-filled buffer of ``shape`` (an int for 1-D) and ``dtype``."""
+        buf = self.empty(shape, dtype)
+        buf._array.fill(0)
+        return buf
+
+    def from_numpy(self, array: object, dtype: object = None) -> Buffer:
+        """A new buffer holding a copy of ``array`` (any array-like; non-contiguous and
+        read-only arrays are fine, since the data is copied), converted to ``dtype`` if
+        given."""
+        source = np.asarray(array)
+        dt = as_dtype(source.dtype if dtype is None else dtype, "from_numpy")
+        buf = self._wrap(self._new(source.shape, dt))
+        np.copyto(buf._array, source, casting="unsafe")
+        return buf
+
+    def from_dlpack(self, obj: object) -> Buffer:
+        """A buffer sharing the memory of ``obj`` (a NumPy array, a torch CPU tensor, any
+        DLPack producer of host memory): no copy. The producer stays alive while the buffer
+        does. Non-contiguous producers are refused (make them contiguous first)."""
+        self._check_open("from_dlpack")
+        if isinstance(obj, Buffer):
+            return obj if obj._executor is self else self._wrap_foreign(obj.array("from_dlpack"))
+        try:
+            array = np.from_dlpack(obj)
+        except (TypeError, RuntimeError, BufferError, ValueError, AttributeError) as exc:
+            raise DTypeError(f"from_dlpack: cannot import {type(obj).__name__} zero-copy: {exc}. "
+                             "Host memory (NumPy arrays, torch CPU tensors without grad) is "
+                             "supported; use ex.from_numpy(...) to copy") from None
+        return self._wrap_foreign(array)
+
+    def _wrap_foreign(self, array: np.ndarray) -> Buffer:
+        as_dtype(array.dtype, "from_dlpack")
+        if not array.flags.c_contiguous:
+            raise ShapeError(f"from_dlpack: array {list(array.shape)} with strides "
+                             f"{list(array.strides)} is not C-contiguous; buffers are "
+                             "contiguous, so pass a contiguous copy (.contiguous() in torch, "
+                             "np.ascontiguousarray in NumPy) or use ex.from_numpy to copy")
+        return self._wrap(array, foreign=True)
+
+    # --- memory -------------------------------------------------------------------------
+    def memory_stats(self) -> dict:
+        """The pool's counters: ``allocated_bytes``, ``reserved_bytes``,
+        ``peak_allocated_bytes``, ``num_classes`` (96), ``pool_hits``, ``pool_misses`` and
+        more (see :meth:`hologram.runtime.pool.Pool.stats`)."""
+        return self._pool.stats()
+
+    def empty_cache(self) -> int:
+        """Return cached (free) blocks to the OS; returns the bytes released."""
+        return self._pool.empty_cache()
+
+    def set_memory_limit(self, limit: int | None) -> None:
+        self._pool.set_memory_limit(limit)
+
+    def synchronize(self) -> None:
+        """Wait for queued work. Host backends run ops synchronously: nothing to wait for."""
+        self._check_open("synchronize")
+
+    # --- lifetime -----------------------------------------------------------------------
+    def close(self) -> None:
+        """End every buffer of this executor and release its cached memory (idempotent).
+        NumPy views taken from its buffers stay valid."""
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            buffers = list(self._buffers)
+        for buf in buffers:
+            buf.free()
+        self._pool.empty_cache()
+
+    def __enter__(self) -> Executor:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"{len(self._buffers)} buffers"
+        return f"<hologram.Executor backend={self.backend!r} {state}>"
+
+    # --- internal -----------------------------------------------------------------------
+    def _new(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """Uninitialized pool memory for an op output or a new buffer."""
+        self._check_open("allocate")
+        if math.prod(shape) * dtype.itemsize > 1 << 50:
+            from hologram.errors import OutOfMemoryError
+
+            raise OutOfMemoryError(f"allocate: {list(shape)} {dtype} needs "
+                                   f"{math.prod(shape) * dtype.itemsize} bytes, beyond any "
+                                   "machine's memory")
+        return self._pool.empty(shape, dtype)
+
+    def _wrap(self, array: np.ndarray, foreign: bool = False) -> Buffer:
+        buf = Buffer(array, self, foreign=foreign)
+        with self._lock:
+            if self.closed:
+                raise InvalidBufferError(f"executor ({self.backend}) is closed; create a new one")
+            self._buffers.add(buf)
+        return buf
+
+    def _check_open(self, where: str) -> None:
+        if self.closed:
+            raise InvalidBufferError(f"{where}: executor ({self.backend}) is closed; create a "
+                                     "new hg.Executor()")
+
+
+_default: Executor | None = None
+_default_lock = threading.Lock()
+
+
+def default_executor() -> Executor:
+    """The process-wide executor on the ``"auto"`` backend, made when first asked for; used
+    by :func:`hologram.from_dlpack` and by ops called without an executor on values that
+    have none."""
+    global _default
+    with _default_lock:
+        if _default is None or _default.closed:
+            _default = Executor()
+        return _default
+
+
+def from_dlpack(obj: object, executor: Executor | None = None) -> Buffer:
+    """Zero-copy buffer over a DLPack producer's host memory (NumPy arrays, torch CPU
+    tensors); see :meth:`Executor.from_dlpack`."""
+    return (executor or default_executor()).from_dlpack(obj)

@@ -1,0 +1,230 @@
+"""``hg.jit``: trace a Python function of buffers into one Atlas program, compile it fused.
+
+    @hg.jit
+    def fused(a, b, c):
+        return hg.ops.relu(a * b + c)          # one kernel after fusion
+
+    y = fused(a, b, c)                         # traced and compiled on the first call
+
+The first call with a new signature (each buffer argument's shape and dtype, the executor's
+backend, and the values of every other argument) runs the function once on placeholders
+(:class:`Traced`): each ``hg.ops`` call, and each operator on a placeholder, adds its
+operation to a :class:`~hologram.graph.Graph` instead of running. The graph becomes one
+program, which the compiler canonicalizes and fuses, and the backend compiles; later calls
+with the same signature only allocate the outputs and launch it.
+
+Rules, as in other tracing JITs: the function must be pure in its buffer arguments (an
+``out=`` buffer cannot be written while tracing; return results instead); it may return a
+buffer or a tuple or list of buffers; non-buffer arguments are compile-time constants (a
+new value traces again); values cannot be read (``to_numpy``) while tracing; buffers that
+are not arguments cannot be captured.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from hologram.errors import HologramError, InvalidBufferError
+from hologram.graph import Graph, Tensor
+from hologram.isa import dtypes as dt
+from hologram.isa.ir import Program
+
+_tracing = threading.local()
+
+
+class Traced:
+    """A placeholder for a buffer inside a function being traced by :func:`jit`."""
+
+    __slots__ = ("tensor", "trace")
+
+    def __init__(self, tensor: Tensor, trace: _Trace):
+        self.tensor = tensor
+        self.trace = trace
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.tensor.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.tensor.dtype.storage
+
+    @property
+    def ndim(self) -> int:
+        return self.tensor.ndim
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.tensor.shape))
+
+    def reshape(self, *shape: int) -> Traced:
+        shape = shape[0] if len(shape) == 1 and not isinstance(shape[0], int) else shape
+        return Traced(self.tensor.reshape(*shape), self.trace)
+
+    def to_numpy(self, *args, **kwargs):
+        raise HologramError("hg.jit: values are not known while tracing; return the buffer "
+                            "and read it after the call")
+
+    __array__ = numpy = to_numpy
+
+    def __repr__(self) -> str:
+        return f"<hologram traced value shape={list(self.shape)} dtype={self.dtype}>"
+
+    def __add__(self, o): return ops.vector_add(self, o)
+    def __radd__(self, o): return ops.vector_add(o, self)
+    def __sub__(self, o): return ops.vector_sub(self, o)
+    def __rsub__(self, o): return ops.vector_sub(o, self)
+    def __mul__(self, o): return ops.vector_mul(self, o)
+    def __rmul__(self, o): return ops.vector_mul(o, self)
+    def __truediv__(self, o): return ops.vector_div(self, o)
+    def __rtruediv__(self, o): return ops.vector_div(o, self)
+    def __pow__(self, o): return ops.pow(self, o)
+    def __rpow__(self, o): return ops.pow(o, self)
+    def __matmul__(self, o): return ops.matmul(self, o)
+    def __neg__(self): return ops.vector_neg(self)
+    def __abs__(self): return ops.vector_abs(self)
+
+
+@dataclass(eq=False)
+class _Trace:
+    graph: Graph
+    executor: object
+
+
+def record(op, operands: tuple, options: tuple, build: Callable) -> Traced:
+    """Add ``op`` on ``operands`` (placeholders and Python numbers) to their trace."""
+    from hologram.buffer import Buffer
+
+    traces = {x.trace for x in operands if type(x) is Traced}
+    if len(traces) > 1:
+        raise HologramError(f"{op.name}: operands come from different hg.jit traces")
+    (trace,) = traces
+    values = []
+    for x in operands:
+        if type(x) is Traced:
+            values.append(x.tensor)
+        elif isinstance(x, Buffer):
+            raise HologramError(f"{op.name}: a buffer {list(x.shape)} that is not an argument "
+                                "of the hg.jit function was captured; pass it as an argument")
+        elif isinstance(x, np.generic):
+            values.append(x.item())
+        else:
+            values.append(x)
+    return Traced(build(op, values, options), trace)
+
+
+@dataclass(eq=False)
+class _Entry:
+    compiled: object
+    by_address: Callable | None
+    outputs: tuple[tuple[tuple[int, ...], np.dtype], ...]
+    structure: str  # "one", "tuple" or "list"
+
+
+class JitFunction:
+    """The callable :func:`jit` returns; see the module docstring."""
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+        self._entries: dict[tuple, _Entry] = {}
+        self._lock = threading.Lock()
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args):
+        from hologram.buffer import Buffer
+
+        ex, key = self._signature(args)
+        entry = self._entries.get(key)
+        if entry is None:
+            with self._lock:
+                entry = self._entries.get(key) or self._compile(args, ex, key)
+        buffers = [a for a in args if type(a) is Buffer]
+        outs = [ex._wrap(ex._new(shape, dtype)) for shape, dtype in entry.outputs]
+        if entry.by_address is not None:
+            entry.by_address(tuple(b._address for b in buffers + outs))
+        else:
+            entry.compiled(*(b._array for b in buffers), *(o._array for o in outs))
+        if entry.structure == "one":
+            return outs[0]
+        return tuple(outs) if entry.structure == "tuple" else outs
+
+    def trace(self, *args) -> Program:
+        """The Atlas program this function traces to for ``args`` (before compilation)."""
+        ex, _ = self._signature(args)
+        return self._trace(args, ex)[0]
+
+    def _signature(self, args: tuple):
+        from hologram.buffer import Buffer
+
+        ex = None
+        key = []
+        for a in args:
+            if type(a) is Buffer:
+                if a._array is None:
+                    raise InvalidBufferError(a._dead(self.__name__))
+                if ex is None:
+                    ex = a._executor
+                elif a._executor is not ex:
+                    raise InvalidBufferError(f"{self.__name__}: buffer arguments belong to "
+                                             "different executors")
+                key.append(a._sig)
+            else:
+                try:
+                    hash(a)
+                except TypeError:
+                    raise HologramError(f"{self.__name__}: non-buffer arguments are "
+                                        f"compile-time constants and must be hashable; got "
+                                        f"{type(a).__name__}") from None
+                key.append((type(a), a))
+        if ex is None:
+            raise HologramError(f"{self.__name__}: hg.jit functions take at least one buffer")
+        return ex, (ex.backend, *key)
+
+    def _trace(self, args: tuple, ex) -> tuple[Program, str]:
+        from hologram.buffer import Buffer
+
+        g = Graph(getattr(self.fn, "__name__", "jit").replace("<", "").replace(">", ""))
+        trace = _Trace(g, ex)
+        placeholders = [
+            Traced(g.input(f"arg{i}", dt.dtype(a.dtype), a.shape), trace)
+            if type(a) is Buffer else a for i, a in enumerate(args)
+        ]
+        result = self.fn(*placeholders)
+        structure = "tuple" if isinstance(result, tuple) else "list" if isinstance(
+            result, list) else "one"
+        results = result if structure != "one" else [result]
+        if not results:
+            raise HologramError(f"{self.__name__}: returned nothing; return the result buffers")
+        for i, r in enumerate(results):
+            if type(r) is not Traced or r.trace is not trace:
+                raise HologramError(f"{self.__name__}: result {i} is a {type(r).__name__}, not "
+                                    "a value computed from the arguments")
+            g.output(f"out{i}", r.tensor)
+        return g.program(), structure
+
+    def _compile(self, args: tuple, ex, key: tuple) -> _Entry:
+        import hologram
+
+        program, structure = self._trace(args, ex)
+        compiled = hologram.compile(program, ex.backend)
+        outputs = tuple((p.shape, p.dtype.storage) for p in program.params if p.kind == "out")
+        entry = _Entry(compiled, getattr(compiled._run, "by_address", None), outputs, structure)
+        self._entries[key] = entry
+        return entry
+
+    def __repr__(self) -> str:
+        return f"<hologram.jit {self.__name__}: {len(self._entries)} compiled signatures>"
+
+
+def jit(fn: Callable) -> JitFunction:
+    """Trace ``fn`` (a function of buffers built from :mod:`hologram.ops` calls and buffer
+    operators) into one fused program per signature; see the module docstring."""
+    return JitFunction(fn)
+
+
+from hologram import ops  # noqa: E402  (ops imports this module's Traced)

@@ -1,0 +1,335 @@
+"""How an SDK op runs: argument conventions, dtype promotion, the compiled-kernel cache
+and launches (see :mod:`hologram.ops` for the user-facing rules)."""
+
+from __future__ import annotations
+
+import builtins
+import math
+import numbers
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hologram.buffer import Buffer
+from hologram.errors import DTypeError, HologramError, InvalidBufferError, ShapeError
+from hologram.executor import Executor
+from hologram.graph import Graph, Tensor
+from hologram.isa import dtypes as dt
+from hologram.jit import Traced, record
+
+Scalar = bool | int | float
+
+F32 = np.dtype(np.float32)
+I64 = np.dtype(np.int64)
+BOOL = np.dtype(np.bool_)
+_CATEGORY = {"b": 0, "u": 1, "i": 1, "f": 2}
+FAST_ENTRIES = 4096  # fast-path signatures remembered per op
+
+
+# --- the op table -----------------------------------------------------------------------
+
+@dataclass(eq=False)
+class Op:
+    """An SDK operation: a builder on graph tensors and its compiled kernels.
+
+    ``build(*operands, **options)`` gets graph tensors for buffers and, for Python numbers,
+    0-d tensors (eager) or the numbers (traced), already promoted when ``promote`` is set.
+    ``floating``: integer and bool inputs compute in float32. ``elementwise``: the result
+    at an index depends only on the inputs at that index, so ``out`` may alias an input of
+    the same shape and ``n`` is allowed.
+    """
+
+    name: str
+    build: Callable[..., Tensor]
+    promote: bool = True
+    floating: bool = False
+    elementwise: bool = False
+    takes_n: bool = False
+    casting: str = "same_kind"  # how the result may be converted to an out buffer's dtype
+    kernels: dict = field(default_factory=dict)
+    # Elementwise calls with an out buffer and no scalars, once validated: buffers' _key
+    # values and the executor -> launch (see _fast_path).
+    fast: dict = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class Kernel:
+    """One compiled signature of an op."""
+
+    compiled: object  # hologram.CompiledProgram
+    by_address: Callable | None
+    shape: tuple[int, ...]  # of the result
+    dtype: np.dtype
+    scalars: tuple[np.dtype | None, ...]  # per operand: the 0-d array dtype of a scalar
+
+    @property
+    def has_scalars(self) -> bool:
+        return any(s is not None for s in self.scalars)
+
+
+def result_dtype(op: Op, operands: tuple) -> np.dtype:
+    """PyTorch-style promotion of NumPy dtypes and weak Python numbers (see the module
+    docstring)."""
+    arrays = [x for x in operands if not isinstance(x, (bool, int, float))]
+    top = builtins.max((_CATEGORY[d.kind] for d in arrays), default=0)
+    weak = builtins.max((2 if isinstance(x, float) else 0 if isinstance(x, bool) else 1
+                for x in operands if isinstance(x, (bool, int, float))), default=0)
+    if weak > top:
+        result = F32 if weak == 2 else I64
+    else:
+        result = np.result_type(*(d for d in arrays if _CATEGORY[d.kind] == top))
+    if op.floating and result.kind != "f":
+        return F32
+    return result
+
+
+def isa(dtype: np.dtype) -> dt.DType:
+    return dt.dtype(dtype)
+
+
+# --- running ----------------------------------------------------------------------------
+
+def run(op: Op, ex: Executor | None, operands: tuple, out: Buffer | None, n: int | None,
+         options: tuple = ()) -> Buffer | Traced:
+    """Run ``op`` eagerly (or record it when any operand is traced)."""
+    for x in operands:
+        if type(x) is Traced:
+            if out is not None:
+                raise HologramError(f"{op.name}: an out= buffer cannot be written inside "
+                                    "hg.jit; return the result instead")
+            return record(op, operands, options, build)
+    operands = tuple(scalar(op, x) if not isinstance(x, Buffer) else x for x in operands)
+    ex = executor_of(op, ex, operands, out)
+    if n is not None:
+        operands, out = first_n(op, operands, out, n)
+    key = (ex.backend, tuple(x._sig if type(x) is Buffer else type(x) for x in operands),
+           out._sig[1] if out is not None else None, options)
+    kernel = op.kernels.get(key)
+    if kernel is None:
+        kernel = op.kernels[key] = compile_op(op, ex.backend, operands, out, options)
+    if out is None:
+        out = result = ex._wrap(ex._new(kernel.shape, kernel.dtype))
+    else:
+        result = out
+        out = fit_out(op, kernel, out)
+        if overlaps(op, operands, out):
+            staged = ex._new(kernel.shape, out._sig[1])
+            launch(kernel, operands, Buffer(staged, ex))
+            np.copyto(out._array, staged)
+            return result
+        if (op.elementwise and n is None and out is result and kernel.by_address is not None
+                and not kernel.has_scalars and len(op.fast) < FAST_ENTRIES):
+            op.fast[(*(x._key for x in operands), out._key, ex._token)] = kernel.by_address
+    launch(kernel, operands, out)
+    return result
+
+
+def launch(kernel: Kernel, operands: tuple, out: Buffer) -> None:
+    if kernel.has_scalars:  # Python numbers travel as 0-d arrays of their promoted dtype
+        operands = tuple(x if s is None else scalar_array(x, s)
+                         for x, s in zip(operands, kernel.scalars))
+    if kernel.by_address is not None:
+        kernel.by_address(tuple(x._address if type(x) is Buffer else x.ctypes.data
+                                for x in operands) + (out._address,))
+    else:
+        kernel.compiled(*(x._array if type(x) is Buffer else x for x in operands),
+                        out._array.reshape(-1))
+
+
+def scalar_array(value: Scalar, dtype: np.dtype) -> np.ndarray:
+    try:
+        return np.array(value, dtype)
+    except (OverflowError, ValueError) as exc:
+        raise DTypeError(f"the number {value!r} does not fit the operation's dtype {dtype} "
+                         f"({exc}); use a wider buffer dtype") from None
+
+
+def compile_op(op: Op, backend: str, operands: tuple, out: Buffer | None,
+             options: tuple) -> Kernel:
+    import hologram
+
+    g = Graph(op.name)
+    tensors, scalars = [], []
+    common = result_dtype(op, tuple(x.dtype if isinstance(x, Buffer) else x
+                                     for x in operands)) if op.promote else None
+    for i, x in enumerate(operands):
+        if isinstance(x, Buffer):
+            tensors.append(g.input(f"x{i}", isa(x.dtype), x.shape))
+            scalars.append(None)
+        else:  # a Python number: a 0-d runtime input of the promoted (or its own) dtype
+            sdt = common if common is not None else out.dtype if out is not None else (
+                F32 if isinstance(x, float) else BOOL if isinstance(x, bool) else I64)
+            tensors.append(g.input(f"x{i}", isa(sdt), ()))
+            scalars.append(sdt)
+    result = build(op, tensors, options)
+    if out is not None and out.dtype != result.dtype.storage:
+        if not np.can_cast(result.dtype.storage, out.dtype, op.casting):
+            raise DTypeError(f"{op.name}: the result is {result.dtype.storage}, which cannot be "
+                             f"written into a {out.dtype} out buffer {list(out.shape)} "
+                             "(same_kind casting); pass an out buffer of the result's dtype")
+        result = g.cast(result, isa(out.dtype))
+    g.output("out", result)
+    compiled = hologram.compile(g.program(), backend)
+    run = compiled._run
+    return Kernel(compiled, getattr(run, "by_address", None), result.shape,
+                   result.dtype.storage, tuple(scalars))
+
+
+def build(op: Op, tensors: list, options: tuple) -> Tensor:
+    """Promote ``tensors`` (graph tensors and, when traced, Python numbers) and build."""
+    if op.promote:
+        common = isa(result_dtype(op, tuple(
+            t if isinstance(t, (bool, int, float)) else t.dtype.storage for t in tensors)))
+        tensors = [t.graph.cast(t, common) if isinstance(t, Tensor) and t.dtype is not common
+                   else t for t in tensors]
+    try:
+        return op.build(*tensors, **dict(options))
+    except HologramError as exc:
+        shapes = ", ".join(f"{list(t.shape)} {t.dtype.storage}" if isinstance(t, Tensor)
+                           else repr(t) for t in tensors)
+        message = str(exc)
+        raise type(exc)(message if message.startswith(op.name)
+                        else f"{op.name}({shapes}): {message}") from None
+
+
+def scalar(op: Op, x: object) -> Scalar:
+    if isinstance(x, (bool, int, float)):
+        return x
+    if isinstance(x, np.generic) and x.dtype.kind in "biuf":
+        return x.item()
+    if isinstance(x, numbers.Real):
+        return float(x)
+    kind = type(x).__name__
+    hint = (" (wrap arrays with ex.from_numpy(x), or hg.from_dlpack(x) for zero-copy)"
+            if hasattr(x, "__array__") or hasattr(x, "__dlpack__") else "")
+    raise DTypeError(f"{op.name}: operands are hologram Buffers or Python numbers, got "
+                     f"{kind}{hint}")
+
+
+def executor_of(op: Op, ex: Executor | None, operands: tuple, out: Buffer | None) -> Executor:
+    buffers = [x for x in operands if type(x) is Buffer]
+    if out is not None:
+        if type(out) is not Buffer:
+            raise DTypeError(f"{op.name}: out must be a hologram Buffer, got "
+                             f"{type(out).__name__}")
+        buffers.append(out)
+    if not buffers:
+        raise DTypeError(f"{op.name}: needs at least one hologram Buffer operand")
+    ex = ex if ex is not None else buffers[0]._executor
+    for b in buffers:
+        if b._array is None:
+            raise InvalidBufferError(b._dead(op.name))
+        if b._executor is not ex:
+            raise InvalidBufferError(
+                f"{op.name}: buffer {list(b.shape)} {b.dtype} belongs to another executor "
+                f"({b._executor.backend}, {'closed' if b._executor.closed else 'open'}); "
+                "copy it with ex.from_numpy(buf.to_numpy()) to use it here")
+    if ex.closed:
+        raise InvalidBufferError(f"{op.name}: executor ({ex.backend}) is closed")
+    if out is not None and not out._array.flags.writeable:
+        out._writable(op.name)
+    return ex
+
+
+def first_n(op: Op, operands: tuple, out: Buffer | None, n: object):
+    if not op.takes_n:
+        raise ShapeError(f"{op.name}: n= applies to elementwise ops, reductions, copy and "
+                         "fill; pass buffers of the shapes to compute")
+    try:
+        n = int(n) if not isinstance(n, bool) else None
+    except (TypeError, ValueError):
+        n = None
+    if n is None or n < 0:
+        raise ShapeError(f"{op.name}: n must be a non-negative int")
+    for b in (*operands, out):
+        if type(b) is Buffer and b.size < n:
+            raise ShapeError(f"{op.name}: n={n} is larger than buffer {list(b.shape)} "
+                             f"({b.size} elements); pass n <= {b.size}")
+
+    def first(b):
+        return b._view(b._array.reshape(-1)[:n]) if type(b) is Buffer else b
+
+    return tuple(first(b) for b in operands), first(out) if out is not None else None
+
+
+def fit_out(op: Op, kernel: Kernel, out: Buffer) -> Buffer:
+    """``out`` viewed as the result's shape (see the module docstring), or ShapeError."""
+    if out._sig[0] == kernel.shape:
+        return out
+    size = math.prod(kernel.shape)
+    if out.ndim == 1 and out.size >= size:
+        return out._view(out._array[:size].reshape(kernel.shape))
+    raise ShapeError(f"{op.name}: out buffer {list(out.shape)} does not fit the result "
+                     f"{list(kernel.shape)} {kernel.dtype}; pass an out of shape "
+                     f"{list(kernel.shape)} (or a 1-D one with >= {size} elements)")
+
+
+def overlaps(op: Op, operands: tuple, out: Buffer) -> bool:
+    """Does ``out`` share memory with an input in a way the kernel cannot handle in place?"""
+    end = out._address + out._array.nbytes
+    for x in operands:
+        if type(x) is not Buffer or not (x._address < end
+                                         and out._address < x._address + x.nbytes):
+            continue
+        in_place = (op.elementwise and x._address == out._address
+                    and x._sig[0] == out._sig[0] and x.dtype.itemsize == out.dtype.itemsize)
+        if not in_place:
+            return True
+    return False
+
+
+def split(name: str, args: tuple, arity: int, out: Buffer | None, n: int | None):
+    """``([executor,] *inputs, [out,] [n])`` -> (executor, inputs, out, n)."""
+    ex = None
+    if args and type(args[0]) is Executor:
+        ex, args = args[0], args[1:]
+    if len(args) < arity:
+        raise ShapeError(f"{name}: takes {arity} input(s), got {len(args)}")
+    inputs, rest = args[:arity], args[arity:]
+    if rest:
+        if out is not None:
+            raise ShapeError(f"{name}: out given both by position and keyword")
+        out, rest = rest[0], rest[1:]
+    if rest:
+        if n is not None or len(rest) > 1:
+            raise ShapeError(f"{name}: too many arguments (after out, only n)")
+        n = rest[0]
+    return ex, inputs, out, n
+
+
+def is_index(d: object) -> bool:
+    return isinstance(d, (int, np.integer)) and not isinstance(d, bool)
+
+
+def check_dim(name: str, x: object, dim: object) -> int:
+    ndim = builtins.max(getattr(x, "ndim", 0), 1)
+    if not is_index(dim) or not -ndim <= dim < ndim:
+        raise ShapeError(f"{name}: dim {dim!r} out of range for shape "
+                         f"{list(getattr(x, 'shape', ()))}")
+    return int(dim)
+
+
+def axes_of(name: str, x: object, dim: object) -> tuple[int, ...] | None:
+    """``dim`` (None, an int or a sequence) as sorted non-negative axes of ``x``."""
+    if dim is None:
+        return None
+    dims = tuple(dim) if isinstance(dim, (tuple, list)) else (dim,)
+    ndim = getattr(x, "ndim", 0)
+    rank = builtins.max(ndim, 1)  # a 0-d value accepts dim 0 and -1, as in torch
+    if not all(is_index(d) and -rank <= d < rank for d in dims):
+        raise ShapeError(f"{name}: dim {dim!r} out of range for shape "
+                         f"{list(getattr(x, 'shape', ()))}")
+    axes = sorted({int(d) % rank for d in dims})
+    if len(axes) != len(dims):
+        raise ShapeError(f"{name}: dim {dim!r} repeats a dimension")
+    return tuple(axes) if ndim else None
+
+
+def convert(value: Scalar, dtype: np.dtype, where: str) -> Scalar:
+    """``value`` as a Python number exactly representable in ``dtype`` (or an error)."""
+    try:
+        with np.errstate(all="ignore"):
+            return np.array(value, dtype).item()
+    except (OverflowError, ValueError) as exc:
+        raise DTypeError(f"{where}: {value!r} cannot be converted to {dtype} ({exc})") from None

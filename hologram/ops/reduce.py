@@ -1,0 +1,142 @@
+"""Softmax, reductions and losses."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from hologram import functional as F
+from hologram.buffer import Buffer
+from hologram.errors import DTypeError, ShapeError
+from hologram.graph import Tensor
+from hologram.isa import dtypes as dt
+from hologram.ops.dispatch import (
+    Op,
+    axes_of,
+    check_dim,
+    run,
+    split,
+)
+
+# --- softmax and reductions -------------------------------------------------------------
+
+def _softmax(x: Tensor, dim: int) -> Tensor:
+    if x.ndim == 0:  # as torch: the softmax of one element
+        return F.softmax(x.reshape(1), 0).reshape()
+    return F.softmax(x, dim)
+
+
+_SOFTMAX = Op("softmax", _softmax, floating=True)
+
+
+def softmax(*args, out: Buffer | None = None, dim: int = -1):
+    """Softmax along ``dim`` (default the last): ``exp(x - max) / sum(exp(x - max))``."""
+    ex, (x,), out, _ = split("softmax", args, 1, out, None)
+    return run(_SOFTMAX, ex, (x,), out, None, (("dim", check_dim("softmax", x, dim)),))
+
+
+def _reduction(kind: str):
+    def build(x: Tensor, axes, keepdim):
+        g = x.graph
+        reduced = range(x.ndim) if axes is None else axes
+        if kind in ("min", "max") and any(x.shape[d] == 0 for d in reduced):
+            raise ShapeError(f"{kind} of an empty extent has no identity; reduce over "
+                             "non-empty dimensions")
+        if kind == "mean":
+            return g.mean(x, axes, keepdim)
+        if kind == "sum" and not x.dtype.is_float:
+            x = g.cast(x, dt.int64)
+        return g.reduce(kind, x, axes, keepdim)
+    return build
+
+
+_REDUCE = {kind: Op(f"reduce_{kind}", _reduction(kind), floating=kind == "mean",
+                    takes_n=True) for kind in ("sum", "min", "max", "mean")}
+
+
+def _reducer(kind: str, name: str) -> Callable:
+    op = _REDUCE[kind]
+
+    def call(*args, out: Buffer | None = None, n: int | None = None, dim=None,
+             keepdim: bool = False):
+        ex, (x,), out, n = split(name, args, 1, out, n)
+        axes = axes_of(name, x if n is None else np.empty(0), dim)
+        return run(op, ex, (x,), out, n, (("axes", axes), ("keepdim", bool(keepdim))))
+
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = (f"{kind} over ``dim`` (an int or a tuple; default: every element), "
+                    "keeping reduced dimensions as 1 when ``keepdim``.")
+    return call
+
+
+reduce_sum = _reducer("sum", "reduce_sum")
+reduce_min = _reducer("min", "reduce_min")
+reduce_max = _reducer("max", "reduce_max")
+sum = _reducer("sum", "sum")
+min = _reducer("min", "min")
+max = _reducer("max", "max")
+mean = _reducer("mean", "mean")
+
+
+# --- losses -----------------------------------------------------------------------------
+
+def _float_pair(name: str, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+    g = a.graph
+    target = dt.float32 if not a.dtype.is_float else a.dtype
+    return (a if a.dtype is target else g.cast(a, target),
+            b if b.dtype is target else g.cast(b, target))
+
+
+def _loss(name: str, fn: Callable) -> Callable:
+    def build(pred, target, reduction):
+        pred, target = _float_pair(name, pred, target)
+        return fn(pred, target, reduction)
+
+    op = Op(name, build, promote=False)
+
+    def call(*args, out: Buffer | None = None, reduction: str = "mean"):
+        ex, inputs, out, _ = split(name, args, 2, out, None)
+        _reduction_name(name, reduction)
+        return run(op, ex, inputs, out, None, (("reduction", reduction),))
+
+    call.__name__ = call.__qualname__ = name
+    return call
+
+
+def _reduction_name(name: str, reduction: object) -> None:
+    if reduction not in F.REDUCTIONS:
+        raise ShapeError(f"{name}: reduction must be one of {', '.join(F.REDUCTIONS)}, got "
+                         f"{reduction!r}")
+
+
+def _cross_entropy(logits: Tensor, target: Tensor, reduction: str) -> Tensor:
+    g = logits.graph
+    if not logits.dtype.is_float:
+        logits = g.cast(logits, dt.float32)
+    if target.dtype.is_float and target.dtype is not logits.dtype:
+        target = g.cast(target, logits.dtype)
+    if target.dtype.is_bool:
+        raise DTypeError("targets are class indices (integers) or probabilities (floats), "
+                         "not bool")
+    if logits.ndim == 1:  # one sample, as torch accepts
+        logits = logits.reshape(1, logits.shape[0])
+        target = target.reshape(1, target.shape[0]) if target.ndim == 1 else target.reshape(1)
+    return F.cross_entropy(logits, target, reduction)
+
+
+mse_loss = _loss("mse_loss", F.mse_loss)
+mse_loss.__doc__ = "mean((pred - target)**2) (``reduction``: mean, sum or none)."
+binary_cross_entropy_loss = _loss("binary_cross_entropy_loss", F.binary_cross_entropy)
+binary_cross_entropy_loss.__doc__ = ("-(t log p + (1-t) log(1-p)) for probabilities p, logs "
+                                     "clamped at -100 like PyTorch.")
+_CE = Op("cross_entropy_loss", _cross_entropy, promote=False)
+
+
+def cross_entropy_loss(*args, out: Buffer | None = None, reduction: str = "mean"):
+    """Cross-entropy of ``logits [N, C]`` against class indices ``[N]`` (an integer buffer)
+    or class probabilities ``[N, C]`` (a float buffer), like ``torch.nn.functional
+    .cross_entropy``. Class indices outside ``[0, C)`` contribute 0."""
+    ex, inputs, out, _ = split("cross_entropy_loss", args, 2, out, None)
+    _reduction_name("cross_entropy_loss", reduction)
+    return run(_CE, ex, inputs, out, None, (("reduction", reduction),))
