@@ -37,25 +37,46 @@ def as_dtype(dtype: object, where: str) -> np.dtype:
     """``dtype`` as one of :data:`DTYPES`, or a :class:`DTypeError` naming them."""
     try:
         dt = np.dtype(dtype)
-    except TypeError:
+    except (TypeError, ValueError):
         dt = None
-    if dt not in DTYPES:
+    # ``dt in DTYPES`` alone is not enough: NumPy compares None equal to float64.
+    if dt is None or dt not in DTYPES:
         names = ", ".join(str(d) for d in DTYPES)
         raise DTypeError(f"{where}: unsupported dtype {dtype!r}; supported: {names}")
     return dt
 
 
-def as_shape(shape: object, where: str) -> tuple[int, ...]:
-    """An int or a sequence of ints as a shape of non-negative extents."""
+#: The most dimensions a buffer may have (NumPy's limit).
+MAX_NDIM = 64
+
+
+def as_shape(shape: object, where: str, *, infer: bool = False) -> tuple[int, ...]:
+    """An int or a sequence of ints as a shape of non-negative extents (``infer``: one
+    extent may be -1, as in ``reshape``)."""
     try:
         dims = (operator.index(shape),) if not hasattr(shape, "__len__") else tuple(
             operator.index(n) for n in shape)
     except TypeError:
         raise ShapeError(f"{where}: a shape is an int or a sequence of ints, got {shape!r}"
                          ) from None
-    if any(n < 0 for n in dims):
-        raise ShapeError(f"{where}: negative extent in shape {list(dims)}")
+    if len(dims) > MAX_NDIM:
+        raise ShapeError(f"{where}: shape has {len(dims)} dimensions; at most {MAX_NDIM} are "
+                         "supported")
+    if infer and dims.count(-1) > 1:
+        raise ShapeError(f"{where}: only one extent of shape {list(dims)} may be -1")
+    if any(n < (-1 if infer else 0) for n in dims):
+        raise ShapeError(f"{where}: negative extent in shape {list(dims)}; extents are >= 0"
+                         + (" (or one -1 to infer it)" if infer else ""))
     return dims
+
+
+def _asarray(data: object, where: str) -> np.ndarray:
+    """``np.asarray(data)``, with NumPy's refusals (ragged lists, ...) as DTypeError."""
+    try:
+        return np.asarray(data)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise DTypeError(f"{where}: cannot read {type(data).__name__} as an array ({exc}); "
+                         "pass a NumPy array or a rectangular list of numbers") from None
 
 
 def _address(array: np.ndarray) -> int:
@@ -86,13 +107,18 @@ class Buffer:
         self._address = _address(array)
         self._sig = (array.shape, array.dtype)
         self._root = array if root is None else root
-        # The ops' fast-path key: what a compiled launch depends on; None once freed, and
-        # for foreign memory (its aliasing is checked on every call).
-        self._key = None if foreign else (array.shape, array.dtype, executor._token)
+        # The ops' fast-path key: what a compiled launch depends on; None once freed. Pool
+        # buffers of one root never partially overlap, so shape, dtype and executor decide.
+        # Foreign memory may alias anything and may be read-only: its key adds the address
+        # (with the shape, the exact byte range) and writability, so a launch validated for
+        # one foreign buffer is reused only for memory with the same extent and access.
+        self._key = (array.shape, array.dtype, executor._token) if not foreign else (
+            array.shape, array.dtype, executor._token, self._address, array.flags.writeable)
 
     def _view(self, array: np.ndarray) -> Buffer:
         """A buffer over ``array``, a NumPy view of this buffer's memory."""
-        return Buffer(array, self._executor, foreign=self._key is None, root=self._root)
+        # A view of foreign memory is foreign (its key carries an address); the buffer is live.
+        return Buffer(array, self._executor, foreign=len(self._key) > 3, root=self._root)
 
     # --- metadata -----------------------------------------------------------------------
     @property
@@ -160,7 +186,7 @@ class Buffer:
         buffer's dtype when NumPy's ``same_kind`` rule allows it (float64 -> float32 yes,
         float -> int no)."""
         dest = self.array("from_numpy")
-        source = np.asarray(data)
+        source = _asarray(data, "from_numpy")
         if source.size != dest.size:
             raise ShapeError(f"from_numpy: buffer {list(self.shape)} holds {dest.size} elements, "
                              f"data {list(source.shape)} has {source.size}; reshape or "
@@ -184,24 +210,34 @@ class Buffer:
     def reshape(self, *shape: int) -> Buffer:
         """A buffer of another shape viewing the same memory (no copy)."""
         shape = shape[0] if len(shape) == 1 and not isinstance(shape[0], int) else shape
-        dims = list(as_shape(shape, "reshape"))
-        if dims.count(-1) == 1:
+        array = self.array("reshape")
+        dims = list(as_shape(shape, "reshape", infer=True))
+        asked = list(dims)
+        if -1 in dims:
             known = math.prod(n for n in dims if n != -1)
-            dims[dims.index(-1)] = self.size // known if known else 0
-        if math.prod(dims) != self.size:
+            if known and self.size % known == 0:
+                dims[dims.index(-1)] = self.size // known
+        if math.prod(dims) != self.size or -1 in dims:
             raise ShapeError(f"reshape: cannot view buffer {list(self.shape)} ({self.size} "
-                             f"elements) as {dims}")
-        return self._view(self.array("reshape").reshape(dims))
+                             f"elements) as {asked}; the new shape must hold {self.size} "
+                             "elements")
+        view = self._view(array.reshape(dims))
+        self._executor._register(view)  # close() ends views too
+        return view
 
     def free(self) -> None:
         """End this buffer now (idempotent). Its block returns to the pool once no NumPy
         view or DLPack consumer still holds it."""
-        self._array = self._key = None
+        # _root too: it is the pool array, and holding it would keep the block from the pool.
+        self._array = self._key = self._root = None
 
     # --- interchange --------------------------------------------------------------------
     def __array__(self, dtype=None, copy=None):
         array = self.array("__array__")
         if dtype is not None and np.dtype(dtype) != array.dtype:
+            if copy is False:  # NumPy 2's protocol: copy=False forbids a copy
+                raise ValueError(f"__array__: buffer {list(self.shape)} {self.dtype} cannot "
+                                 f"be viewed as {np.dtype(dtype)} without a copy")
             return array.astype(dtype)
         return array.copy() if copy else array
 

@@ -21,8 +21,8 @@ import weakref
 import numpy as np
 
 from hologram.backend import validate_backend
-from hologram.buffer import Buffer, as_dtype, as_shape
-from hologram.errors import DTypeError, InvalidBufferError, ShapeError
+from hologram.buffer import Buffer, _asarray, as_dtype, as_shape
+from hologram.errors import DTypeError, InvalidBufferError, OutOfMemoryError, ShapeError
 from hologram.runtime.pool import Pool
 
 _tokens = itertools.count()
@@ -63,7 +63,10 @@ class Executor:
         """A new buffer holding a copy of ``array`` (any array-like; non-contiguous and
         read-only arrays are fine, since the data is copied), converted to ``dtype`` if
         given."""
-        source = np.asarray(array)
+        self._check_open("from_numpy")
+        source = _asarray(array, "from_numpy")
+        if dtype is None and not source.dtype.isnative:  # big-endian data: copy it native
+            dtype = source.dtype.newbyteorder("=")
         dt = as_dtype(source.dtype if dtype is None else dtype, "from_numpy")
         buf = self._wrap(self._new(source.shape, dt))
         np.copyto(buf._array, source, casting="unsafe")
@@ -78,10 +81,10 @@ class Executor:
             return obj if obj._executor is self else self._wrap_foreign(obj.array("from_dlpack"))
         try:
             array = np.from_dlpack(obj)
-        except (TypeError, RuntimeError, BufferError, ValueError, AttributeError) as exc:
+        except Exception as exc:  # whatever the producer raises
             raise DTypeError(f"from_dlpack: cannot import {type(obj).__name__} zero-copy: {exc}. "
                              "Host memory (NumPy arrays, torch CPU tensors without grad) is "
-                             "supported; use ex.from_numpy(...) to copy") from None
+                             "supported; use ex.from_numpy(...) to copy") from exc
         return self._wrap_foreign(array)
 
     def _wrap_foreign(self, array: np.ndarray) -> Buffer:
@@ -138,19 +141,30 @@ class Executor:
     def _new(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         """Uninitialized pool memory for an op output or a new buffer."""
         self._check_open("allocate")
-        if math.prod(shape) * dtype.itemsize > 1 << 50:
-            from hologram.errors import OutOfMemoryError
-
-            raise OutOfMemoryError(f"allocate: {list(shape)} {dtype} needs "
-                                   f"{math.prod(shape) * dtype.itemsize} bytes, beyond any "
-                                   "machine's memory")
-        return self._pool.empty(shape, dtype)
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes > 1 << 50:
+            raise OutOfMemoryError(f"allocate: {list(shape)} {dtype} needs {nbytes} bytes, "
+                                   "beyond any machine's memory; allocate a smaller buffer")
+        try:
+            return self._pool.empty(shape, dtype)
+        except OutOfMemoryError as exc:
+            limit = self._pool.memory_limit
+            hint = (f" (this executor's memory_limit is {limit} bytes; raise it with "
+                    "ex.set_memory_limit(nbytes) or free buffers with buf.free())"
+                    if limit is not None else "")
+            raise OutOfMemoryError(f"allocate: {list(shape)} {dtype} ({nbytes} bytes): {exc}"
+                                   f"{hint}") from None
 
     def _wrap(self, array: np.ndarray, foreign: bool = False) -> Buffer:
-        buf = Buffer(array, self, foreign=foreign)
+        return self._register(Buffer(array, self, foreign=foreign))
+
+    def _register(self, buf: Buffer) -> Buffer:
+        """Track ``buf`` so that ``close()`` ends it."""
         with self._lock:
             if self.closed:
-                raise InvalidBufferError(f"executor ({self.backend}) is closed; create a new one")
+                buf.free()
+                raise InvalidBufferError(f"executor ({self.backend}) is closed; create a new "
+                                         "hg.Executor()")
             self._buffers.add(buf)
         return buf
 
