@@ -1,6 +1,7 @@
-"""The benchmark suite ``make bench`` runs: the CPU backend against PyTorch (the main
-section, :mod:`benchmarks.cpu`), compiler and program-cache costs, and a small check of the
-reference interpreter against NumPy eager on the same fused programs.
+"""The developer benchmark suite: the CPU backend against PyTorch (:mod:`benchmarks.cpu`),
+the SDK's per-op costs and fusion (:mod:`benchmarks.sdk`), compiler and program-cache
+costs, and a small check of the reference interpreter against NumPy eager on the same
+fused programs.
 
     python -m benchmarks.run [--out DIR] [--quick] [--no-torch-compile]
 
@@ -28,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 import hologram
-from benchmarks import cpu
+from benchmarks import cpu, sdk
 from hologram import backends, config
 from hologram.compiler import pipeline
 from hologram.graph import Graph
@@ -228,6 +229,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as cache_dir:
         os.environ["HOLOGRAM_CACHE_DIR"] = cache_dir  # never touch the user's cache
         cpu_result = cpu.run(args.quick, args.torch_compile)
+        sdk_result = sdk.run(args.quick)
         compiler_rows = bench_compiler(100_000, 5 if args.quick else 15, backend)
         new_process_ms = bench_new_process_disk_hit(backend)
         execution_rows = bench_execution(sizes, repeat)
@@ -237,6 +239,7 @@ def main(argv: list[str] | None = None) -> None:
                    "hologram": hologram.__version__, "machine": platform.machine(),
                    "processor": platform.processor(), "quick": args.quick},
         "cpu_vs_torch": cpu_result,
+        "sdk": sdk_result,
         "compiler_backend": backend,
         "compiler": compiler_rows,
         "new_process_disk_hit_ms": new_process_ms,
@@ -246,6 +249,9 @@ def main(argv: list[str] | None = None) -> None:
     report = "\n\n".join([
         "# Hologram benchmark report" + (" (quick)" if args.quick else ""),
         *_cpu_section(cpu_result),
+        f"## SDK costs ({sdk_result['threads']} threads)",
+        "`ratio` is baseline / Hologram: above 1, the Hologram form was faster.",
+        sdk.table(sdk_result),
         f"## Compiler and program cache (µs), backend `{backend}`",
         _table(compiler_rows, ["program", "kernels_before", "kernels_after", "temps_after",
                                "canonicalize_us", "fuse_schedule_us", "cold_compile_us",
