@@ -78,7 +78,8 @@ class Executor:
         does. Non-contiguous producers are refused (make them contiguous first)."""
         self._check_open("from_dlpack")
         if isinstance(obj, Buffer):
-            return obj if obj._executor is self else self._wrap_foreign(obj.array("from_dlpack"))
+            array = obj.array("from_dlpack")  # a freed or closed buffer raises
+            return obj if obj._executor is self else self._wrap_foreign(array)
         try:
             array = np.from_dlpack(obj)
         except Exception as exc:  # whatever the producer raises
