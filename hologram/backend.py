@@ -65,17 +65,20 @@ def validate_backend(name: str | BackendType) -> str:
     ``name`` is unknown or cannot run on this machine.
     """
     if not isinstance(name, str):
-        raise DeviceError(f"backend must be a string or BackendType, got {type(name).__name__}")
+        raise DeviceError(f"backend must be a string or BackendType, got {type(name).__name__}; "
+                          f"pass one of {', '.join(list_available_backends())} or 'auto'")
     canonical = (name.value if isinstance(name, BackendType) else name).strip().lower()
     available = list_available_backends()
     if canonical not in _KNOWN:
         raise DeviceError(f"unknown backend {name!r}; known backends: {', '.join(_KNOWN)}; "
-                          f"available here: {', '.join(available)}")
+                          f"available here: {', '.join(available)} (pass one of those, or "
+                          "'auto' to pick the best)")
     if canonical == "auto":
         canonical = backends.resolve("auto")
         if canonical not in _KNOWN:
             raise DeviceError(f"HOLOGRAM_BACKEND={canonical!r} is not a known backend; known "
-                              f"backends: {', '.join(_KNOWN)}")
+                              f"backends: {', '.join(_KNOWN)}; available here: "
+                              f"{', '.join(available)} (set it to one of those, or unset it)")
     if canonical not in available:
         why = ("is not implemented yet" if canonical not in backends.BUILTIN
                else "cannot run on this machine")

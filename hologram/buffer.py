@@ -42,7 +42,8 @@ def as_dtype(dtype: object, where: str) -> np.dtype:
     # ``dt in DTYPES`` alone is not enough: NumPy compares None equal to float64.
     if dt is None or dt not in DTYPES:
         names = ", ".join(str(d) for d in DTYPES)
-        raise DTypeError(f"{where}: unsupported dtype {dtype!r}; supported: {names}")
+        raise DTypeError(f"{where}: unsupported dtype {dtype!r}; supported: {names}. Convert "
+                         "the data first (e.g. x.astype(np.float32)) or pass one of these")
     return dt
 
 
