@@ -15,7 +15,7 @@ LINT_PATHS := $(wildcard hologram hologram_torch tests benchmarks)
 PYTEST_ARGS ?= -n 2
 BENCH_DIR := bench-results
 
-.PHONY: venv test bench lint clean
+.PHONY: venv test bench bench-dev lint clean
 
 venv: $(STAMP_TEST)
 
@@ -38,9 +38,14 @@ lint: $(STAMP_TEST)
 test: lint
 	$(VENV_PY) -m pytest $(PYTEST_ARGS)
 
+# Hologram against PyTorch: tables, plots and a report (`hologram bench --help`).
 bench: $(STAMP_BENCH)
+	$(VENV)/bin/hologram bench --out $(BENCH_DIR)
+	@echo "Benchmark report: $(CURDIR)/$(BENCH_DIR)/report.md and $(CURDIR)/$(BENCH_DIR)/report.html"
+
+# The developer suite: compiler, cache, interpreter vs NumPy, cpu backend vs PyTorch.
+bench-dev: $(STAMP_BENCH)
 	$(VENV_PY) -m benchmarks.run
-	@echo "Benchmark report written under $(CURDIR)/$(BENCH_DIR)/"
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,131 @@
+"""``report.md`` and ``report.html``: system info, failed verifications first, the summary
+and full tables, and the plots (linked from the Markdown, embedded in the HTML)."""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+import os
+from typing import Any
+
+import pandas as pd
+
+from hologram.bench.results import create_summary_table, frame
+
+METHOD = (
+    "Each case is verified against PyTorch (rtol/atol per case, listed in results.csv) "
+    "before it is timed. Then PyTorch and Hologram are timed interleaved in one process "
+    "(alternating order each round) after {warmup} warm-up calls, {timing} timed calls each, "
+    "one call per sample, synchronous. Before each sample the same call runs untimed for a "
+    "few tens of ms so neither library's spinning thread pool slows the other. Times are "
+    "medians; speedup = PyTorch median / Hologram median, above 1 means Hologram was faster. "
+    "Fused chains also time torch.compile (speedup_vs_compile).")
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "—"
+        if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e5):
+            return f"{value:.3e}"
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _md_table(df: pd.DataFrame) -> str:
+    lines = ["| " + " | ".join(map(str, df.columns)) + " |",
+             "|" + "---|" * len(df.columns)]
+    for row in df.itertuples(index=False):
+        lines.append("| " + " | ".join(_fmt(v).replace("|", "\\|") for v in row) + " |")
+    return "\n".join(lines)
+
+
+def results_table(df: pd.DataFrame) -> pd.DataFrame:
+    """The per-case columns a reader needs."""
+    columns = ["family", "operation", "shape", "pytorch_median_ms", "hologram_median_ms",
+               "speedup", "torch_compile_median_ms", "speedup_vs_compile", "hologram_ci95_low_ms",
+               "hologram_ci95_high_ms", "verified", "max_rel_err"]
+    return df[[c for c in columns if c in df]]
+
+
+def headline(df: pd.DataFrame) -> list[str]:
+    """Counts computed from the data: who was faster, where."""
+    timed = df[df["speedup"].notna()]
+    wins = int((timed["speedup"] > 1.05).sum())
+    losses = int((timed["speedup"] < 1 / 1.05).sum())
+    lines = [f"{len(df)} cases; Hologram faster (>5%) in {wins}, PyTorch faster (>5%) in "
+             f"{losses}, within ±5% in {len(timed) - wins - losses}."]
+    for family, group in timed.groupby("family", sort=False):
+        largest = group[group["size"] == group["size"].max()]
+        geo = math.exp(largest["speedup"].map(math.log).mean())
+        who = "Hologram" if geo > 1 else "PyTorch"
+        lines.append(f"{family} at the largest size ({int(largest['size'].iloc[0]):,}): "
+                     f"geometric-mean speedup {geo:.2f}x ({who} faster).")
+    return lines
+
+
+def write_report(records: list[dict], system: dict, plots: list[str], out_dir: str,
+                 *, warmup: int, timing: int, command: str = "") -> tuple[str, str]:
+    """Write ``report.md`` and ``report.html`` into ``out_dir``; returns their paths."""
+    df = frame(records)
+    failed = df[~df["verified"].astype(bool)]
+    summary = create_summary_table(df)
+    table = results_table(df)
+    system_df = pd.DataFrame({"key": list(system), "value": [_fmt(v) for v in system.values()]})
+    method = METHOD.format(warmup=warmup, timing=timing)
+    heads = headline(df)
+
+    md = ["# Hologram vs PyTorch benchmark report", ""]
+    if command:
+        md += [f"Command: `{command}`", ""]
+    if len(failed):
+        md += [f"## ❌ FAILED VERIFICATIONS ({len(failed)} of {len(df)} cases)", ""]
+        md += [f"- **{r.operation} @ {r.size}**: {r.error}" for r in failed.itertuples()]
+    else:
+        md += [f"✅ All {len(df)} cases verified against PyTorch."]
+    md += ["", "## Headline", ""] + [f"- {line}" for line in heads]
+    md += ["", "## Method", "", method, "", "## System", "", _md_table(system_df), "",
+           "## Summary by operation", "", _md_table(summary), "", "## Plots", ""]
+    md += [f"![{os.path.basename(p)}]({os.path.basename(p)})" for p in plots]
+    md += ["", "## All cases", "", _md_table(table), ""]
+    md_path = os.path.join(out_dir, "report.md")
+    with open(md_path, "w") as f:
+        f.write("\n".join(md))
+
+    def h(text: str) -> str:
+        return html.escape(str(text))
+
+    parts = ["<!doctype html><html><head><meta charset='utf-8'>",
+             "<title>Hologram vs PyTorch benchmark report</title><style>",
+             "body{font-family:sans-serif;max-width:1200px;margin:auto;padding:1em}",
+             "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;"
+             "padding:2px 6px}.fail{background:#fdd;border:3px solid #c00;padding:0.5em}",
+             ".ok{background:#dfd;padding:0.5em}img{max-width:100%}</style></head><body>",
+             "<h1>Hologram vs PyTorch benchmark report</h1>"]
+    if command:
+        parts.append(f"<p>Command: <code>{h(command)}</code></p>")
+    if len(failed):
+        parts.append(f"<div class='fail'><h2>❌ FAILED VERIFICATIONS ({len(failed)} of "
+                     f"{len(df)} cases)</h2><ul>")
+        parts += [f"<li><b>{h(r.operation)} @ {r.size}</b>: {h(r.error)}</li>"
+                  for r in failed.itertuples()]
+        parts.append("</ul></div>")
+    else:
+        parts.append(f"<p class='ok'>✅ All {len(df)} cases verified against PyTorch.</p>")
+    parts.append("<h2>Headline</h2><ul>" + "".join(f"<li>{h(x)}</li>" for x in heads)
+                 + "</ul>")
+    parts += [f"<h2>Method</h2><p>{h(method)}</p>", "<h2>System</h2>",
+              system_df.to_html(index=False), "<h2>Summary by operation</h2>",
+              summary.to_html(index=False, float_format=_fmt), "<h2>Plots</h2>"]
+    for path in plots:
+        with open(path, "rb") as f:
+            data = base64.b64encode(f.read()).decode()
+        parts.append(f"<h3>{h(os.path.basename(path))}</h3>"
+                     f"<img src='data:image/png;base64,{data}'>")
+    parts += ["<h2>All cases</h2>", table.to_html(index=False, float_format=_fmt),
+              "</body></html>"]
+    html_path = os.path.join(out_dir, "report.html")
+    with open(html_path, "w") as f:
+        f.write("\n".join(parts))
+    return md_path, html_path

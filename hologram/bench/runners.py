@@ -1,0 +1,315 @@
+"""Running comparisons: one case (an operation at one size) verified, then timed against
+PyTorch interleaved in this process; the notebooks' ``benchmark_*_op`` helpers; the suite.
+
+Every case is verified before it is timed. A failed verification (or a Hologram call that
+raises) is recorded in the case's record (``verified`` False, ``error`` the message) and
+printed prominently; the case is still timed when Hologram produced an output, and never
+dropped.
+
+``hologram_device``: None runs Hologram through the SDK (``hg.Executor``, ``hg.ops``). A
+``torch.device`` (the coming ``torch.device('hologram')``) runs the PyTorch op on that device
+instead, once the device works; until then :class:`TorchDeviceUnavailableError` is raised,
+naming the remedy (pass ``hologram_device=None``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+import hologram as hg
+from hologram.bench.cases import OpSpec, find_by_torch
+from hologram.bench.stats import BenchmarkResult, time_pair
+from hologram.bench.verify import verify_correctness
+from hologram.errors import DeviceError
+
+Record = dict[str, Any]
+
+
+class TorchDeviceUnavailableError(DeviceError, NotImplementedError):
+    """``hologram_device`` names a torch device that cannot run tensors yet."""
+
+
+_executor: hg.Executor | None = None
+
+
+def default_executor() -> hg.Executor:
+    """The executor the notebook helpers use when none is given (created on first use)."""
+    global _executor
+    if _executor is None or _executor.closed:
+        _executor = hg.Executor()
+    return _executor
+
+
+def _check_device(device: Any) -> None:
+    import torch
+
+    try:
+        torch.empty(1, device=device)
+    except Exception as exc:  # an unknown device type raises RuntimeError, others vary
+        raise TorchDeviceUnavailableError(
+            f"hologram_device={device!r} cannot hold tensors here ({type(exc).__name__}: "
+            f"{exc}); the torch.device('hologram') backend is not available yet. Pass "
+            f"hologram_device=None to benchmark Hologram through its SDK.") from exc
+
+
+def _shape(arrays: Sequence[np.ndarray]) -> str:
+    return ", ".join(str(a.shape[0]) if a.ndim == 1 else str(a.shape) for a in arrays)
+
+
+def compare(name: str, size: int, torch_fn: Callable, hologram_fn: Callable,
+            arrays: Sequence[np.ndarray], *, warmup: int = 5, timing: int = 10,
+            rtol: float = 1e-5, atol: float = 1e-8, family: str = "",
+            executor: hg.Executor | None = None, hologram_device: Any = None,
+            compiled_fn: Callable | None = None, warm_s: float | None = None) -> Record:
+    """Verify ``hologram_fn`` against ``torch_fn`` on ``arrays``, then time both (and
+    ``compiled_fn``, a ``torch.compile`` of ``torch_fn``, when given) interleaved.
+
+    ``hologram_fn`` takes Hologram buffers (``hologram_device`` None) or tensors on
+    ``hologram_device``. Returns one record: statistics prefixed ``pytorch_``,
+    ``hologram_`` (and ``torch_compile_``), ``speedup`` (PyTorch's median time over
+    Hologram's: above 1 means Hologram was faster), ``verified`` and the errors.
+    ``warm_s``: see :func:`~hologram.bench.stats.time_pair`; None picks
+    :func:`default_warm_s`.
+    """
+    import torch
+
+    ex = executor or default_executor()
+    tensors = tuple(torch.from_numpy(a) for a in arrays)
+    if hologram_device is None:
+        operands = tuple(ex.from_numpy(a) for a in arrays)
+        sync = ex.synchronize
+    else:
+        _check_device(hologram_device)
+        operands = tuple(t.to(hologram_device) for t in tensors)
+        sync = None
+    record: Record = {
+        "family": family, "operation": name, "size": size, "shape": _shape(arrays),
+        "dtype": str(arrays[0].dtype), "backend": str(ex.backend) if hologram_device is None
+        else str(hologram_device), "hologram_threads": hg.get_num_threads(),
+        "torch_threads": torch.get_num_threads(), "rtol": rtol, "atol": atol,
+    }
+    expected = torch_fn(*tensors)
+    try:
+        actual = hologram_fn(*operands)
+        check = verify_correctness(actual, expected, rtol=rtol, atol=atol,
+                                   name=f"{name}[{size}]", raise_on_error=False)
+        record.update(verified=check.ok, max_abs_err=check.max_abs_err,
+                      max_rel_err=check.max_rel_err, error="" if check.ok else check.message)
+    except Exception as exc:  # a failing Hologram call is a result to report, not a crash
+        record.update(verified=False, max_abs_err=math.nan, max_rel_err=math.nan,
+                      error=f"{name}[{size}]: {type(exc).__name__}: {exc}")
+        result = time_pair([lambda: torch_fn(*tensors)], warmup, timing, ["pytorch"])[0]
+        record.update(result.summary("pytorch_"))
+        record.update(_nan_summary("hologram_"), speedup=math.nan)
+        return record
+    fns = [lambda: torch_fn(*tensors), lambda: hologram_fn(*operands)]
+    names, syncs = ["pytorch", "hologram"], [None, sync]
+    if compiled_fn is not None:
+        check = verify_correctness(compiled_fn(*tensors), expected, rtol=rtol, atol=atol,
+                                   name=f"{name}[{size}] torch.compile", raise_on_error=False)
+        record["torch_compile_verified"] = check.ok
+        fns.append(lambda: compiled_fn(*tensors))
+        names.append("torch_compile")
+        syncs.append(None)
+    if warm_s is None:
+        warm_s = default_warm_s(family)
+    results = time_pair(fns, warmup, timing, names, syncs, warm_s=warm_s)
+    for result in results:
+        record.update(result.summary(result.name + "_"))
+    record["speedup"] = results[0].median_ms / results[1].median_ms
+    if compiled_fn is not None:
+        record["speedup_vs_compile"] = results[2].median_ms / results[1].median_ms
+    return record
+
+
+def default_warm_s(family: str) -> float:
+    """Untimed warm-up before each sample: none when both libraries run on one thread (no
+    pool to spin), else past PyTorch's OpenMP spin (~40 ms) or, for matrix products,
+    OpenBLAS's (~0.1 s)."""
+    import torch
+
+    if hg.get_num_threads() == 1 and torch.get_num_threads() == 1:
+        return 0.0
+    return 0.12 if family == "gemm" else 0.05
+
+
+def _nan_summary(prefix: str) -> Record:
+    empty = BenchmarkResult("", [math.nan])
+    return {key: math.nan for key in empty.summary(prefix)}
+
+
+def report_line(record: Record) -> str:
+    """The seeds' three-line printout of a record, with a loud line for a failed check."""
+    lines = []
+    if not record["verified"]:
+        lines.append(f"  ❌ VERIFICATION FAILED: {record['error']}")
+    lines.append(f"  PyTorch:  {record['pytorch_mean_ms']:.4f} ± "
+                 f"{record['pytorch_std_ms']:.4f} ms")
+    lines.append(f"  Hologram: {record['hologram_mean_ms']:.4f} ± "
+                 f"{record['hologram_std_ms']:.4f} ms")
+    speedup = record["speedup"]
+    who = "(Hologram faster)" if speedup > 1 else "(PyTorch faster)"
+    lines.append(f"  Speedup (median): {speedup:.2f}x {who}")
+    return "\n".join(lines)
+
+
+# --- the notebooks' helpers -----------------------------------------------------------------
+def _hologram_op(torch_op: Callable, hologram_op: Callable | None, device: Any,
+                 op_name: str) -> Callable:
+    if device is not None:
+        return torch_op  # the same PyTorch op, run on the hologram device
+    if hologram_op is not None:
+        return hologram_op
+    spec = find_by_torch(torch_op)
+    if spec is None:
+        raise ValueError(f"{op_name}: no Hologram op is registered for {torch_op!r}; pass "
+                         f"hologram_op=")
+    return spec.hologram_fn
+
+
+def _run_sizes(op_name: str, family: str, torch_op: Callable, hologram_fn: Callable,
+               test_sizes: Sequence[int], make: Callable[[int], tuple], warmup: int,
+               timing: int, rtol: float, atol: float, results_list: list | None,
+               hologram_device: Any, executor: hg.Executor | None,
+               verbose: bool) -> list[Record]:
+    results = results_list if results_list is not None else []
+    for size in test_sizes:
+        if verbose:
+            print(f"\nBenchmarking {op_name} (size={size:,})...")
+        arrays = tuple(np.ascontiguousarray(a) for a in make(size))
+        record = compare(op_name, size, torch_op, hologram_fn, arrays, warmup=warmup,
+                         timing=timing, rtol=rtol, atol=atol, family=family,
+                         executor=executor, hologram_device=hologram_device)
+        results.append(record)
+        if verbose:
+            print(report_line(record))
+    return results
+
+
+def _randn(count: int) -> Callable[[int], tuple]:
+    return lambda size: tuple(np.random.randn(size).astype(np.float32) for _ in range(count))
+
+
+def benchmark_elementwise_op(op_name: str, torch_op: Callable, test_sizes: Sequence[int],
+                             warmup: int = 5, timing: int = 10, rtol: float = 1e-5,
+                             atol: float = 1e-8, results_list: list | None = None,
+                             hologram_device: Any = None,
+                             data_generator: Callable[[int], tuple] | None = None, *,
+                             hologram_op: Callable | None = None,
+                             executor: hg.Executor | None = None,
+                             verbose: bool = True) -> list[Record]:
+    """Benchmark an elementwise op at each size, appending one record per size to
+    ``results_list`` (also returned). ``data_generator(size)`` returns the input arrays
+    (default: one standard-normal float32 vector); the Hologram op is ``hologram_op`` or
+    the registered counterpart of ``torch_op`` (``torch.abs`` → ``hg.ops.vector_abs``)."""
+    fn = _hologram_op(torch_op, hologram_op, hologram_device, op_name)
+    return _run_sizes(op_name, "elementwise", torch_op, fn, test_sizes,
+                      data_generator or _randn(1), warmup, timing, rtol, atol, results_list,
+                      hologram_device, executor, verbose)
+
+
+def benchmark_reduction_op(op_name: str, torch_op: Callable, test_sizes: Sequence[int],
+                           warmup: int = 5, timing: int = 10, rtol: float = 1e-5,
+                           atol: float = 1e-8, results_list: list | None = None,
+                           hologram_device: Any = None,
+                           data_generator: Callable[[int], tuple] | None = None, *,
+                           hologram_op: Callable | None = None,
+                           executor: hg.Executor | None = None,
+                           verbose: bool = True) -> list[Record]:
+    """Benchmark a full reduction (``torch.sum``, ``torch.max``, ...) at each size; as
+    :func:`benchmark_elementwise_op`. Float32 sums in different orders differ by about
+    ``eps * sqrt(n) * |x|``: pass an ``atol`` that allows it."""
+    fn = _hologram_op(torch_op, hologram_op, hologram_device, op_name)
+    return _run_sizes(op_name, "reductions", torch_op, fn, test_sizes,
+                      data_generator or _randn(1), warmup, timing, rtol, atol, results_list,
+                      hologram_device, executor, verbose)
+
+
+def benchmark_matmul_op(test_sizes: Sequence[int], warmup: int = 5, timing: int = 10,
+                        rtol: float = 1e-4, atol: float = 1e-4,
+                        results_list: list | None = None, hologram_device: Any = None, *,
+                        op_name: str = "gemm", executor: hg.Executor | None = None,
+                        verbose: bool = True) -> list[Record]:
+    """Benchmark N×N @ N×N float32 matrix products (``torch.matmul`` against
+    ``hg.ops.gemm(A, B, m=N, n=N, k=N)``) for each N in ``test_sizes``."""
+    import torch
+
+    def gemm(a, b):
+        return hg.ops.gemm(a, b, m=a.shape[0], n=b.shape[1], k=a.shape[1])
+
+    fn = torch.matmul if hologram_device is not None else gemm
+    return _run_sizes(op_name, "gemm", torch.matmul, fn, test_sizes,
+                      lambda n: tuple(np.random.randn(n, n).astype(np.float32)
+                                      for _ in range(2)),
+                      warmup, timing, rtol, atol, results_list, hologram_device, executor,
+                      verbose)
+
+
+def benchmark_loss_op(op_name: str, torch_loss_fn: Callable, test_sizes: Sequence[int],
+                      warmup: int = 5, timing: int = 10, rtol: float = 1e-5,
+                      atol: float = 1e-8, results_list: list | None = None,
+                      hologram_device: Any = None,
+                      data_generator: Callable[[int], tuple] | None = None, *,
+                      hologram_op: Callable | None = None,
+                      executor: hg.Executor | None = None,
+                      verbose: bool = True) -> list[Record]:
+    """Benchmark a loss (``F.mse_loss``: prediction and target vectors of each size;
+    ``F.cross_entropy``: give a ``data_generator`` returning logits [N, C] and int64
+    targets [N])."""
+    fn = _hologram_op(torch_loss_fn, hologram_op, hologram_device, op_name)
+    return _run_sizes(op_name, "losses", torch_loss_fn, fn, test_sizes,
+                      data_generator or _randn(2), warmup, timing, rtol, atol, results_list,
+                      hologram_device, executor, verbose)
+
+
+# --- the suite ------------------------------------------------------------------------------
+def run_spec(spec: OpSpec, size: int, *, warmup: int, timing: int, rng: np.random.Generator,
+             executor: hg.Executor, torch_compile: bool = True,
+             warm_s: float | None = None) -> Record:
+    """One registry case: ``spec`` at ``size``, with its inputs and tolerances."""
+    rtol, atol = spec.tolerances(size)
+    compiled = spec.compiled if torch_compile else None
+    return compare(spec.name, size, spec.torch_fn, spec.hologram_fn, spec.inputs(rng, size),
+                   warmup=warmup, timing=timing, rtol=rtol, atol=atol, family=spec.family,
+                   executor=executor, compiled_fn=compiled,
+                   warm_s=None if warm_s is None or spec.family == "gemm" else warm_s)
+
+
+def run_suite(cases: Sequence[tuple[OpSpec, int]], *, warmup: int = 5, timing: int = 10,
+              executor: hg.Executor | None = None, torch_compile: bool = True,
+              progress: bool = True, seed: int = 0,
+              warm_s: float | None = None) -> list[Record]:
+    """Run every (spec, size) case in order, with a tqdm progress bar when ``progress``
+    (and tqdm is installed). Returns the records."""
+    ex = executor or default_executor()
+    rng = np.random.default_rng(seed)
+    bar = _progress(len(cases), progress)
+    records = []
+    for spec, size in cases:
+        if bar is not None:
+            bar.set_postfix_str(f"{spec.family}/{spec.name} {size:,}")
+        record = run_spec(spec, size, warmup=warmup, timing=timing, rng=rng, executor=ex,
+                          torch_compile=torch_compile, warm_s=warm_s)
+        records.append(record)
+        if bar is not None:
+            if not record["verified"]:
+                bar.write(f"❌ VERIFICATION FAILED: {record['error']}")
+            bar.update()
+    if bar is not None:
+        bar.close()
+    return records
+
+
+def _progress(total: int, enabled: bool):
+    if not enabled:
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, unit="case", dynamic_ncols=True)
+

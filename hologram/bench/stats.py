@@ -1,0 +1,172 @@
+"""Timing and statistics: :class:`BenchmarkResult`, :func:`benchmark_operation`, :func:`time_pair`.
+
+Methodology (the seeds'): warm kernels (``warmup_runs`` untimed calls first, so compilation
+and caches are excluded), then ``timing_runs`` timed calls, one call per sample, timed with
+``time.perf_counter``. Calls are synchronous: Hologram's host backends return after the
+kernel ran, and :func:`benchmark_operation` calls ``synchronize()`` on an executor it is
+given (a no-op on host backends, required on queued ones). :func:`time_pair` times two
+callables interleaved (A, B, B, A, A, B, ...) in one process, so drift on a shared machine
+hits both alike.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Two-sided 95% Student-t quantiles by degrees of freedom (1..30); 1.96 beyond.
+_T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+        2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+        2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def t_quantile_95(dof: int) -> float:
+    """The two-sided 95% quantile of Student's t with ``dof`` degrees of freedom."""
+    if dof < 1:
+        return math.nan
+    return _T95[dof - 1] if dof <= len(_T95) else 1.96
+
+
+@dataclass
+class BenchmarkResult:
+    """Statistics of one operation's timed runs, in milliseconds.
+
+    ``ci95_ms`` is the 95% confidence interval of the mean (Student t on the samples);
+    ``output`` is what the last call returned (a tensor, a buffer, ...), kept so that it
+    can be verified.
+    """
+
+    name: str
+    samples_ms: list[float]
+    output: Any = field(default=None, repr=False)
+
+    @property
+    def runs(self) -> int:
+        return len(self.samples_ms)
+
+    @property
+    def mean_ms(self) -> float:
+        return statistics.fmean(self.samples_ms)
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(self.samples_ms)
+
+    @property
+    def std_ms(self) -> float:
+        """Sample standard deviation (0 for a single run)."""
+        return statistics.stdev(self.samples_ms) if self.runs > 1 else 0.0
+
+    @property
+    def min_ms(self) -> float:
+        return min(self.samples_ms)
+
+    @property
+    def max_ms(self) -> float:
+        return max(self.samples_ms)
+
+    @property
+    def ci95_ms(self) -> tuple[float, float]:
+        if self.runs < 2:
+            return (self.mean_ms, self.mean_ms)
+        half = t_quantile_95(self.runs - 1) * self.std_ms / math.sqrt(self.runs)
+        return (self.mean_ms - half, self.mean_ms + half)
+
+    def summary(self, prefix: str = "") -> dict[str, float]:
+        """The statistics as a flat dict (keys prefixed by ``prefix``), for result records."""
+        low, high = self.ci95_ms
+        values = {"mean_ms": self.mean_ms, "median_ms": self.median_ms, "std_ms": self.std_ms,
+                  "min_ms": self.min_ms, "max_ms": self.max_ms, "ci95_low_ms": low,
+                  "ci95_high_ms": high, "runs": self.runs}
+        return {prefix + key: value for key, value in values.items()}
+
+    def __str__(self) -> str:
+        low, high = self.ci95_ms
+        return (f"{self.name}: {self.mean_ms:.4f} ± {self.std_ms:.4f} ms "
+                f"(median {self.median_ms:.4f}, 95% CI [{low:.4f}, {high:.4f}], n={self.runs})")
+
+
+def _check_runs(warmup_runs: int, timing_runs: int) -> None:
+    if warmup_runs < 0 or timing_runs < 1:
+        raise ValueError(f"need warmup_runs >= 0 and timing_runs >= 1, got {warmup_runs} and "
+                         f"{timing_runs}")
+
+
+def _timed(fn: Callable[[], Any], sync: Callable[[], None] | None) -> tuple[float, Any]:
+    start = time.perf_counter()
+    out = fn()
+    if sync is not None:
+        sync()
+    return (time.perf_counter() - start) * 1e3, out
+
+
+def benchmark_operation(fn: Callable[[], Any], warmup_runs: int = 5, timing_runs: int = 10,
+                        name: str = "", sync: Callable[[], None] | None = None
+                        ) -> BenchmarkResult:
+    """Call ``fn`` ``warmup_runs`` times untimed, then time ``timing_runs`` calls.
+
+    ``sync`` (e.g. ``executor.synchronize``) is called inside each timed region after
+    ``fn``, so queued work is counted.
+    """
+    _check_runs(warmup_runs, timing_runs)
+    out = None
+    for _ in range(warmup_runs):
+        out = fn()
+    if sync is not None:
+        sync()
+    samples = []
+    for _ in range(timing_runs):
+        ms, out = _timed(fn, sync)
+        samples.append(ms)
+    return BenchmarkResult(name, samples, out)
+
+
+def _warm(fn: Callable[[], Any], seconds: float) -> None:
+    """Call ``fn`` untimed for about ``seconds`` (at least once)."""
+    end = time.perf_counter() + seconds
+    fn()
+    while time.perf_counter() < end:
+        fn()
+
+
+def time_pair(fns: Sequence[Callable[[], Any]], warmup_runs: int = 5, timing_runs: int = 10,
+              names: Sequence[str] | None = None,
+              syncs: Sequence[Callable[[], None] | None] | None = None,
+              warm_s: float = 0.0) -> list[BenchmarkResult]:
+    """Time several callables interleaved in one process: every round calls each once,
+    the order alternating between rounds (ABC, CBA, ...). Returns one result per callable.
+
+    ``warm_s``: untimed calls of the same callable for that long before each sample. Thread
+    pools keep spinning after a parallel call before they sleep (PyTorch's OpenMP workers
+    for tens of ms, OpenBLAS's for ~0.1 s); when the threads of both libraries cover the
+    cores, a pool still spinning from one library's call slows the other's next call several
+    times over. Warming past that window measures each side as it runs on its own. The
+    garbage collector is paused while sampling, so it never lands inside one sample.
+    """
+    _check_runs(warmup_runs, timing_runs)
+    names = list(names) if names is not None else [f"fn{i}" for i in range(len(fns))]
+    syncs = list(syncs) if syncs is not None else [None] * len(fns)
+    outs: list[Any] = [None] * len(fns)
+    for _ in range(warmup_runs):
+        for i, fn in enumerate(fns):
+            outs[i] = fn()
+    samples: list[list[float]] = [[] for _ in fns]
+    order = list(range(len(fns)))
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(timing_runs):
+            for i in order:
+                if warm_s > 0:
+                    _warm(fns[i], warm_s)
+                ms, outs[i] = _timed(fns[i], syncs[i])
+                samples[i].append(ms)
+            order.reverse()
+    finally:
+        gc.enable()
+    return [BenchmarkResult(n, s, o) for n, s, o in zip(names, samples, outs)]

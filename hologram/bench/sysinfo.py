@@ -1,0 +1,106 @@
+"""``collect_system_info()``: the machine and library versions a benchmark ran with."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import sys
+
+import numpy as np
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _cpu_freq_mhz() -> float:
+    """Current frequency (the first core's), NaN when the OS does not say."""
+    try:
+        with open("/sys/devices/system/cpu/cpu0/cpufreq/scaling_cur_freq") as f:
+            return int(f.read()) / 1e3
+    except (OSError, ValueError):
+        pass
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("cpu MHz"):
+                    return float(line.split(":", 1)[1])
+    except (OSError, ValueError):
+        pass
+    return float("nan")
+
+
+def _physical_cores() -> int | None:
+    """Distinct (socket, core) pairs in /proc/cpuinfo; os.cpu_count() when it lists none."""
+    pairs: set[tuple[str, str]] = set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            phys = core = None
+            for line in f:
+                if line.startswith("physical id"):
+                    phys = line.split(":", 1)[1].strip()
+                elif line.startswith("core id"):
+                    core = line.split(":", 1)[1].strip()
+                    pairs.add((phys or "0", core))
+    except OSError:
+        pass
+    return len(pairs) or os.cpu_count()
+
+
+def _memory_total_gb() -> float:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) / 2**20
+    except (OSError, ValueError):
+        pass
+    return float("nan")
+
+
+def collect_system_info() -> dict:
+    """Keys: platform, python_version, cpu_model, cpu_cores_physical, cpu_cores_logical,
+    cpu_cores_available (this process's affinity), cpu_freq_mhz, memory_total_gb,
+    numpy_version, torch_version, torch_num_threads, hologram_version, hologram_backend,
+    hologram_num_threads, load_average (1-minute, other processes included: a value near
+    the core count means the timings shared the machine), timestamp (ISO 8601, local time
+    with offset)."""
+    import hologram
+    from hologram.backend import validate_backend
+
+    try:
+        import torch
+
+        torch_version, torch_threads = torch.__version__, torch.get_num_threads()
+    except ImportError:
+        torch_version, torch_threads = "not installed", 0
+    try:
+        available = len(os.sched_getaffinity(0))
+    except AttributeError:
+        available = os.cpu_count()
+    return {
+        "platform": platform.platform(),
+        "python_version": sys.version.split()[0],
+        "cpu_model": _cpu_model(),
+        "cpu_cores_physical": _physical_cores(),
+        "cpu_cores_logical": os.cpu_count(),
+        "cpu_cores_available": available,
+        "cpu_freq_mhz": _cpu_freq_mhz(),
+        "memory_total_gb": _memory_total_gb(),
+        "numpy_version": np.__version__,
+        "torch_version": torch_version,
+        "torch_num_threads": torch_threads,
+        "hologram_version": hologram.__version__,
+        "hologram_backend": str(validate_backend("auto")),
+        "hologram_num_threads": hologram.get_num_threads(),
+        "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan"),
+        "timestamp": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+    }
