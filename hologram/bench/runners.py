@@ -201,13 +201,15 @@ def benchmark_elementwise_op(op_name: str, torch_op: Callable, test_sizes: Seque
                              data_generator: Callable[[int], tuple] | None = None, *,
                              hologram_op: Callable | None = None,
                              executor: hg.Executor | None = None,
-                             verbose: bool = True) -> list[Record]:
+                             verbose: bool = True, family: str = "elementwise"
+                             ) -> list[Record]:
     """Benchmark an elementwise op at each size, appending one record per size to
     ``results_list`` (also returned). ``data_generator(size)`` returns the input arrays
     (default: one standard-normal float32 vector); the Hologram op is ``hologram_op`` or
-    the registered counterpart of ``torch_op`` (``torch.abs`` → ``hg.ops.vector_abs``)."""
+    the registered counterpart of ``torch_op`` (``torch.abs`` → ``hg.ops.vector_abs``);
+    ``family`` labels the records (``activations``, ``transcendentals``, ...)."""
     fn = _hologram_op(torch_op, hologram_op, hologram_device, op_name)
-    return _run_sizes(op_name, "elementwise", torch_op, fn, test_sizes,
+    return _run_sizes(op_name, family, torch_op, fn, test_sizes,
                       data_generator or _randn(1), warmup, timing, rtol, atol, results_list,
                       hologram_device, executor, verbose)
 
