@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hologram.buffer import Buffer
-from hologram.errors import DTypeError, HologramError, InvalidBufferError, ShapeError
+from hologram.errors import DTypeError, HologramError, InvalidBufferError, IRError, ShapeError
 from hologram.executor import Executor
 from hologram.graph import Graph, Tensor
 from hologram.isa import dtypes as dt
@@ -101,6 +101,7 @@ def run(op: Op, ex: Executor | None, operands: tuple, out: Buffer | None, n: int
             return record(op, operands, options, build)
     operands = tuple(scalar(op, x) if not isinstance(x, Buffer) else x for x in operands)
     ex = executor_of(op, ex, operands, out)
+    given = out  # what the call returns when it has an out buffer (not its n-view)
     if n is not None:
         operands, out = first_n(op, operands, out, n)
     key = (ex.backend, tuple(x._sig if type(x) is Buffer else type(x) for x in operands),
@@ -111,16 +112,21 @@ def run(op: Op, ex: Executor | None, operands: tuple, out: Buffer | None, n: int
     if out is None:
         out = result = ex._wrap(ex._new(kernel.shape, kernel.dtype))
     else:
-        result = out
-        out = fit_out(op, kernel, out)
-        if overlaps(op, operands, out):
-            staged = ex._new(kernel.shape, out._sig[1])
-            launch(kernel, operands, Buffer(staged, ex))
-            np.copyto(out._array, staged)
+        result = given
+        fitted = fit_out(op, kernel, out)
+        if math.prod(kernel.shape) == 0:  # nothing to compute (and nothing to launch)
             return result
-        if (op.elementwise and n is None and out is result and kernel.by_address is not None
+        if overlaps(op, operands, fitted):
+            staged = ex._new(kernel.shape, fitted._sig[1])
+            launch(kernel, operands, Buffer(staged, ex))
+            np.copyto(fitted._array, staged)
+            return result
+        if (op.elementwise and n is None and fitted is out and kernel.by_address is not None
                 and not kernel.has_scalars and len(op.fast) < FAST_ENTRIES):
             op.fast[(*(x._key for x in operands), out._key, ex._token)] = kernel.by_address
+        out = fitted
+    if math.prod(kernel.shape) == 0:
+        return result
     launch(kernel, operands, out)
     return result
 
@@ -189,8 +195,11 @@ def build(op: Op, tensors: list, options: tuple) -> Tensor:
         shapes = ", ".join(f"{list(t.shape)} {t.dtype.storage}" if isinstance(t, Tensor)
                            else repr(t) for t in tensors)
         message = str(exc)
-        raise type(exc)(message if message.startswith(op.name)
-                        else f"{op.name}({shapes}): {message}") from None
+        # The graph reports operands that do not broadcast as an IRError; for an op's
+        # caller they are a ShapeError.
+        kind = ShapeError if type(exc) is IRError else type(exc)
+        raise kind(message if message.startswith(op.name)
+                   else f"{op.name}({shapes}): {message}") from None
 
 
 def scalar(op: Op, x: object) -> Scalar:
@@ -236,12 +245,13 @@ def first_n(op: Op, operands: tuple, out: Buffer | None, n: object):
     if not op.takes_n:
         raise ShapeError(f"{op.name}: n= applies to elementwise ops, reductions, copy and "
                          "fill; pass buffers of the shapes to compute")
-    try:
-        n = int(n) if not isinstance(n, bool) else None
-    except (TypeError, ValueError):
-        n = None
-    if n is None or n < 0:
-        raise ShapeError(f"{op.name}: n must be a non-negative int")
+    if not is_index(n) or n < 0:
+        raise ShapeError(f"{op.name}: n must be a non-negative int, got {n!r}")
+    n = int(n)
+    # Elementwise ops write the first n elements of out; a reduction's out holds its
+    # result (the seeds' reduce_sum(ex, x, out, n) with a one-element out).
+    if not op.elementwise:
+        out_n, out = out, None
     for b in (*operands, out):
         if type(b) is Buffer and b.size < n:
             raise ShapeError(f"{op.name}: n={n} is larger than buffer {list(b.shape)} "
@@ -250,6 +260,8 @@ def first_n(op: Op, operands: tuple, out: Buffer | None, n: object):
     def first(b):
         return b._view(b._array.reshape(-1)[:n]) if type(b) is Buffer else b
 
+    if not op.elementwise:
+        return tuple(first(b) for b in operands), out_n
     return tuple(first(b) for b in operands), first(out) if out is not None else None
 
 

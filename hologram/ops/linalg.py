@@ -99,6 +99,8 @@ def matvec(*args, out: Buffer | None = None, m: int | None = None, n: int | None
         raise ShapeError("matvec: takes the buffers A and x")
     a, x, rest = args[0], args[1], list(args[2:])
     if rest and isinstance(rest[0], Buffer | Traced):
+        if out is not None:
+            raise ShapeError("matvec: out given both by position and keyword")
         out = rest.pop(0)
     if rest:
         if len(rest) != 2:
@@ -118,5 +120,5 @@ _MATMUL = Op("matmul", lambda a, b: a @ b)
 
 def matmul(*args, out: Buffer | None = None):
     """NumPy ``matmul`` (``a @ b``): batched over leading dimensions, 1-D as vectors."""
-    ex, inputs, out, _ = split("matmul", args, 2, out, None)
-    return run(_MATMUL, ex, inputs, out, None)
+    ex, inputs, out, n = split("matmul", args, 2, out, None)
+    return run(_MATMUL, ex, inputs, out, n)  # (an n given after out is refused)

@@ -32,8 +32,8 @@ _SOFTMAX = Op("softmax", _softmax, floating=True)
 
 def softmax(*args, out: Buffer | None = None, dim: int = -1):
     """Softmax along ``dim`` (default the last): ``exp(x - max) / sum(exp(x - max))``."""
-    ex, (x,), out, _ = split("softmax", args, 1, out, None)
-    return run(_SOFTMAX, ex, (x,), out, None, (("dim", check_dim("softmax", x, dim)),))
+    ex, (x,), out, n = split("softmax", args, 1, out, None)  # n after out: refused by run
+    return run(_SOFTMAX, ex, (x,), out, n, (("dim", check_dim("softmax", x, dim)),))
 
 
 def _reduction(kind: str):
@@ -96,9 +96,9 @@ def _loss(name: str, fn: Callable) -> Callable:
     op = Op(name, build, promote=False)
 
     def call(*args, out: Buffer | None = None, reduction: str = "mean"):
-        ex, inputs, out, _ = split(name, args, 2, out, None)
+        ex, inputs, out, n = split(name, args, 2, out, None)
         _reduction_name(name, reduction)
-        return run(op, ex, inputs, out, None, (("reduction", reduction),))
+        return run(op, ex, inputs, out, n, (("reduction", reduction),))
 
     call.__name__ = call.__qualname__ = name
     return call
@@ -119,9 +119,14 @@ def _cross_entropy(logits: Tensor, target: Tensor, reduction: str) -> Tensor:
     if target.dtype.is_bool:
         raise DTypeError("targets are class indices (integers) or probabilities (floats), "
                          "not bool")
-    if logits.ndim == 1:  # one sample, as torch accepts
+    if not target.dtype.is_float and target.dtype is not dt.int64:
+        # class indices are compared with arange(C) in their dtype: int8/uint8 would wrap
+        target = g.cast(target, dt.int64)
+    if logits.ndim == 1:  # one sample, as torch accepts: reduction "none" gives a 0-d loss
         logits = logits.reshape(1, logits.shape[0])
         target = target.reshape(1, target.shape[0]) if target.ndim == 1 else target.reshape(1)
+        loss = F.cross_entropy(logits, target, reduction)
+        return loss.reshape() if reduction == "none" else loss
     return F.cross_entropy(logits, target, reduction)
 
 
@@ -137,6 +142,6 @@ def cross_entropy_loss(*args, out: Buffer | None = None, reduction: str = "mean"
     """Cross-entropy of ``logits [N, C]`` against class indices ``[N]`` (an integer buffer)
     or class probabilities ``[N, C]`` (a float buffer), like ``torch.nn.functional
     .cross_entropy``. Class indices outside ``[0, C)`` contribute 0."""
-    ex, inputs, out, _ = split("cross_entropy_loss", args, 2, out, None)
+    ex, inputs, out, n = split("cross_entropy_loss", args, 2, out, None)
     _reduction_name("cross_entropy_loss", reduction)
-    return run(_CE, ex, inputs, out, None, (("reduction", reduction),))
+    return run(_CE, ex, inputs, out, n, (("reduction", reduction),))
