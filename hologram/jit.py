@@ -23,6 +23,7 @@ are not arguments cannot be captured.
 from __future__ import annotations
 
 import functools
+import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -63,8 +64,15 @@ class Traced:
         return int(np.prod(self.tensor.shape))
 
     def reshape(self, *shape: int) -> Traced:
+        """As :meth:`hologram.Buffer.reshape` (one extent may be -1)."""
+        from hologram.buffer import as_shape
+
         shape = shape[0] if len(shape) == 1 and not isinstance(shape[0], int) else shape
-        return Traced(self.tensor.reshape(*shape), self.trace)
+        dims = list(shape) if hasattr(shape, "__len__") else [shape]
+        if dims.count(-1) == 1:
+            known = math.prod(d for d in dims if d != -1)
+            dims[dims.index(-1)] = self.size // known if known else 0
+        return Traced(self.tensor.reshape(*as_shape(dims, "reshape")), self.trace)
 
     def to_numpy(self, *args, **kwargs):
         raise HologramError("hg.jit: values are not known while tracing; return the buffer "
@@ -130,14 +138,18 @@ class JitFunction:
     """The callable :func:`jit` returns; see the module docstring."""
 
     def __init__(self, fn: Callable):
+        # Only the name and docstring: copying fn's __dict__ would overwrite the attributes
+        # below when fn has ones of the same names (another JitFunction, a callable object).
+        functools.update_wrapper(self, fn, updated=())
         self.fn = fn
         self._entries: dict[tuple, _Entry] = {}
         self._lock = threading.Lock()
-        functools.update_wrapper(self, fn)
 
     def __call__(self, *args):
         from hologram.buffer import Buffer
 
+        if any(type(a) is Traced for a in args):  # called while tracing another function:
+            return self.fn(*args)                  # inline it into that trace
         ex, key = self._signature(args)
         entry = self._entries.get(key)
         if entry is None:

@@ -389,8 +389,17 @@ def test_clip(ex, dtype):
     out = ex.allocate(x.shape, dtype)
     assert ops.vector_clip(ex, b, 1, 3, out) is out
     check(out, torch.clamp(T(x), 1, 3))
+    check(ops.clip(b, 1, max=3), torch.clamp(T(x), 1, 3))  # min by position, max keyword
+    out2 = ex.allocate(x.shape, dtype)
+    assert ops.clip(ex, b, 1, max=3, out=out2) is out2
+    check(out2, torch.clamp(T(x), 1, 3))
+    out3 = ex.allocate(x.shape, dtype)
+    assert ops.clip(ex, b, out3, min=1) is out3  # with keyword bounds, out by position
+    check(out3, torch.clamp(T(x), min=1))
     with pytest.raises(ShapeError):
         ops.clip(b)
+    with pytest.raises(ShapeError):
+        ops.clip(b, 1, min=2)
 
 
 def test_clip_nan_and_float_bounds(ex):

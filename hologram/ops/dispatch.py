@@ -98,6 +98,8 @@ def run(op: Op, ex: Executor | None, operands: tuple, out: Buffer | None, n: int
             if out is not None:
                 raise HologramError(f"{op.name}: an out= buffer cannot be written inside "
                                     "hg.jit; return the result instead")
+            if n is not None:
+                operands = traced_first_n(op, operands, n)
             return record(op, operands, options, build)
     operands = tuple(scalar(op, x) if not isinstance(x, Buffer) else x for x in operands)
     ex = executor_of(op, ex, operands, out)
@@ -263,6 +265,22 @@ def first_n(op: Op, operands: tuple, out: Buffer | None, n: object):
     if not op.elementwise:
         return tuple(first(b) for b in operands), out_n
     return tuple(first(b) for b in operands), first(out) if out is not None else None
+
+
+def traced_first_n(op: Op, operands: tuple, n: object) -> tuple:
+    """Inside hg.jit: each traced operand's first ``n`` elements (as :func:`first_n`)."""
+    if not op.takes_n:
+        raise ShapeError(f"{op.name}: n= applies to elementwise ops, reductions, copy and "
+                         "fill; pass buffers of the shapes to compute")
+    if not is_index(n) or n < 0:
+        raise ShapeError(f"{op.name}: n must be a non-negative int, got {n!r}")
+    n = int(n)
+    for x in operands:
+        if type(x) is Traced and x.size < n:
+            raise ShapeError(f"{op.name}: n={n} is larger than buffer {list(x.shape)} "
+                             f"({x.size} elements); pass n <= {x.size}")
+    return tuple(Traced(x.tensor.reshape(x.size)[:n], x.trace) if type(x) is Traced else x
+                 for x in operands)
 
 
 def fit_out(op: Op, kernel: Kernel, out: Buffer) -> Buffer:

@@ -9,6 +9,7 @@ from hologram.buffer import Buffer
 from hologram.errors import DTypeError, ShapeError
 from hologram.executor import Executor
 from hologram.graph import Graph, Tensor
+from hologram.jit import Traced
 from hologram.ops.dispatch import (
     Op,
     Scalar,
@@ -164,6 +165,11 @@ def vector_clip(*args, out: Buffer | None = None, n: int | None = None,
     if rest and min is None and max is None:
         min = rest.pop(0)
         max = rest.pop(0) if rest else None
+    elif rest and not isinstance(rest[0], Buffer | Traced) and rest[0] is not None:
+        # a number after x with a keyword bound: clip(x, 0.0, max=6.0)
+        if min is not None:
+            raise ShapeError("vector_clip: min given both by position and keyword")
+        min = rest.pop(0)
     if min is None and max is None:
         raise ShapeError("vector_clip: give min, max or both")
     _, _, out, n = split("vector_clip", (x, *rest), 1, out, n)
