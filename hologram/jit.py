@@ -157,7 +157,9 @@ class JitFunction:
                 entry = self._entries.get(key) or self._compile(args, ex, key)
         buffers = [a for a in args if type(a) is Buffer]
         outs = [ex._wrap(ex._new(shape, dtype)) for shape, dtype in entry.outputs]
-        if entry.by_address is not None:
+        if all(o.size == 0 for o in outs):
+            pass  # nothing to compute (the cpu backend crashes on some empty programs)
+        elif entry.by_address is not None:
             entry.by_address(tuple(b._address for b in buffers + outs))
         else:
             entry.compiled(*(b._array for b in buffers), *(o._array for o in outs))
@@ -192,7 +194,7 @@ class JitFunction:
                     raise HologramError(f"{self.__name__}: non-buffer arguments are "
                                         f"compile-time constants and must be hashable; got "
                                         f"{type(a).__name__}") from None
-                key.append((type(a), a))
+                key.append(_constant_key(a))
         if ex is None:
             raise HologramError(f"{self.__name__}: hg.jit functions take at least one buffer")
         return ex, (ex.backend, *key)
@@ -231,6 +233,16 @@ class JitFunction:
 
     def __repr__(self) -> str:
         return f"<hologram.jit {self.__name__}: {len(self._entries)} compiled signatures>"
+
+
+def _constant_key(value: object) -> tuple:
+    """A non-buffer argument in a signature key: its type and value, with floats by their
+    bits, since ``0.0 == -0.0`` (x * -0.0 differs from x * 0.0) and ``nan != nan``."""
+    if isinstance(value, (float, np.floating)):
+        return type(value), float(value).hex()
+    if isinstance(value, tuple):
+        return tuple, tuple(_constant_key(v) for v in value)
+    return type(value), value
 
 
 def jit(fn: Callable) -> JitFunction:

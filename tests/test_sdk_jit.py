@@ -343,3 +343,29 @@ def test_jit_of_a_jit_function_and_callable_objects(ex):
     same(outer(a), a + 1)
     assert outer._entries is not inner._entries
     assert len(outer._entries) == 1 and not inner._entries
+
+
+def test_float_constants_by_bits(ex):
+    """-0.0 == 0.0 and nan != nan: constants must still select (and reuse) their program."""
+    counter = Counter(lambda a, s: a * s)
+    fused = hg.jit(counter)
+    a = ex.from_numpy(np.array([1.0, -2.0], np.float32))
+    assert not np.signbit(fused(a, 0.0).to_numpy()[0])
+    assert np.signbit(fused(a, -0.0).to_numpy()[0])
+    assert not np.signbit(fused(a, (0.0, 1)[0]).to_numpy()[0])
+    assert counter.calls == 2
+    assert np.isnan(fused(a, float("nan")).to_numpy()).all()
+    assert np.isnan(fused(a, float("nan")).to_numpy()).all()
+    assert counter.calls == 3
+    tup = hg.jit(lambda x, t: x * t[0])
+    assert np.signbit(tup(a, (-0.0,)).to_numpy()[0])
+    assert not np.signbit(tup(a, (0.0,)).to_numpy()[0])
+
+
+def test_empty_results(ex):
+    fused = hg.jit(lambda x: (ops.softmax(x, dim=1), ops.sum(x, dim=1), ops.exp(x)))
+    s, t, e = fused(ex.allocate((3, 0)))
+    assert s.shape == (3, 0) and e.shape == (3, 0)
+    same(t, np.zeros(3, np.float32))
+    s, = hg.jit(lambda x: (ops.softmax(x, dim=1),))(ex.allocate((3, 0)))
+    assert s.shape == (3, 0)
