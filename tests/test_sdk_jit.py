@@ -246,6 +246,10 @@ def test_errors(ex):
         hg.jit(lambda x: ())(a)
     with pytest.raises(HologramError):
         hg.jit(lambda x: (x + 1, 2))(a)
+    with pytest.raises(HologramError, match="in place"):
+        hg.jit(lambda x: ops.fill(x, 2.0))(a)
+    with pytest.raises(HologramError, match="out"):
+        hg.jit(lambda x, y: ops.copy(x, y))(a, out)
     with pytest.raises(HologramError, match="captured"):
         hg.jit(lambda x: x + captured)(a)
     with pytest.raises(HologramError, match="captured"):

@@ -1032,6 +1032,9 @@ def test_gemm_2d_and_flat(ex, m, n, k):
     A, B = ex.from_numpy(a), ex.from_numpy(b)
     check(ops.gemm(A, B), want, **t)
     check(ops.gemm(A, B, m=m, n=n, k=k), want, **t)
+    C0 = ex.allocate((m, n))
+    assert ops.gemm(A, B, C0) is C0  # out by position, no executor
+    check(C0, want, **t)
     C = ex.allocate((m, n))
     assert ops.gemm(ex, A, B, C, m=m, n=n, k=k) is C
     check(C, want, **t)

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from hologram import functional as F
 from hologram.buffer import Buffer
-from hologram.errors import DTypeError, ShapeError
+from hologram.errors import DTypeError, HologramError, ShapeError
 from hologram.executor import Executor
 from hologram.graph import Graph, Tensor
 from hologram.jit import Traced
@@ -213,6 +213,9 @@ def fill(*args, n: int | None = None):
         raise ShapeError("fill: takes the buffer and the value (and optionally n)")
     buf, value = args[0], args[1]
     n = args[2] if len(args) == 3 else n
+    if type(buf) is Traced:
+        raise HologramError("fill: writes its buffer in place, which hg.jit cannot trace; "
+                            "compute the values (e.g. x * 0 + value) and return them")
     if type(buf) is not Buffer:
         raise DTypeError(f"fill: expected a hologram Buffer, got {type(buf).__name__}")
     value = scalar(_FILL, value)
