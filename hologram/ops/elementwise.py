@@ -188,7 +188,9 @@ _COPY = Op("copy", lambda x: x.graph.copy(x), promote=False, elementwise=True, t
 
 def copy(*args, out: Buffer | None = None, n: int | None = None):
     """``copy([ex,] src, [dst], [n])``: dst takes src's values, converted to dst's dtype
-    (any conversion, like ``ndarray.astype``); src and dst hold the same number of elements
+    (any conversion, like ``ndarray.astype``, except that floats convert to integers by
+    truncating and saturating, NaN to 0, as the ISA's cast does); src and dst hold the same
+    number of elements
     (read row-major). Without dst, a new buffer."""
     ex, (src,), out, n = split("copy", args, 1, out, n)
     if n is None and type(src) is Buffer and type(out) is Buffer and src.shape != out.shape:
