@@ -175,6 +175,8 @@ class _Executable:
         for buf in program.buffers:
             if buf.kind != "temp":
                 views.append(next(given).reshape(-1))
+            elif buf.nbytes == 0:  # no arena when every temporary is empty
+                views.append(np.empty(0, buf.dtype.storage))
             else:
                 raw = arena[buf.offset : buf.offset + buf.nbytes]
                 views.append(raw.view(buf.dtype.storage))

@@ -55,6 +55,11 @@ def register_type(t: DType) -> ir.Type:
 
 def unsupported(kernel: Kernel) -> str | None:
     """Why ``kernel`` cannot be rendered, or None."""
+    if 0 in kernel.domain:
+        # Values invariant along a loop are computed before it, also when it runs zero
+        # times: a load would then read an empty (possibly unallocated) buffer. Such kernels
+        # store nothing or reduce empty extents, so the interpreter runs them at no cost.
+        return f"the domain {list(kernel.domain)} has a zero extent"
     loops = range(kernel.grid_rank, len(kernel.domain))
     for instr in kernel.body:
         if instr.op in ("reduce", "contract") and any(instr.shape[d] > 1 for d in loops):
