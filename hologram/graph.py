@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from hologram.errors import ShapeError
+from hologram.errors import IRError, ShapeError
 from hologram.isa.builder import KernelBuilder, ProgramBuilder, Value
 from hologram.isa.dtypes import DType
 from hologram.isa.ir import IndexMap, Program
@@ -75,7 +75,7 @@ class Tensor:
     def broadcast_to(self, shape: tuple[int, ...]) -> Tensor:
         shape = tuple(shape)
         aligned = self._aligned(len(shape))
-        if broadcast([aligned.shape, shape]) != shape:
+        if _broadcast([aligned.shape, shape]) != shape:
             raise ShapeError(f"cannot broadcast {list(self.shape)} to {list(shape)}")
         strides = tuple(s if n == m else 0 for n, m, s in zip(aligned.shape, shape,
                                                                aligned.strides))
@@ -112,6 +112,16 @@ class Tensor:
     def __neg__(self): return self.graph.unary("neg", self)
     def __abs__(self): return self.graph.unary("abs", self)
     def __matmul__(self, o): return self.graph.matmul(self, o)
+
+
+def _broadcast(shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
+    try:
+        return broadcast(shapes)
+    except IRError:
+        listed = " and ".join(str(list(s)) for s in shapes)
+        raise ShapeError(f"operand shapes {listed} do not broadcast (aligned from the right, "
+                         "each dimension must match or be 1); reshape or slice the operands "
+                         "to compatible shapes") from None
 
 
 class Graph:
@@ -152,7 +162,7 @@ class Graph:
     def _elementwise(self, operands: list[Tensor | Scalar], build) -> Tensor:
         tensors = [x for x in operands if isinstance(x, Tensor)]
         rank = max(x.ndim for x in tensors)
-        shape = broadcast([x._aligned(rank).shape for x in tensors])
+        shape = _broadcast([x._aligned(rank).shape for x in tensors])
         k = self.builder.kernel(shape)
         values = [self._load(k, x) if isinstance(x, Tensor) else x for x in operands]
         value = build(k, *values)
@@ -234,7 +244,7 @@ class Graph:
         (m, ka), (kb, n) = a.shape[-2:], b.shape[-2:]
         if ka != kb:
             raise ShapeError(f"matmul: inner dimensions differ: {list(a.shape)} @ {list(b.shape)}")
-        batch = broadcast([a._aligned(max(a.ndim, b.ndim)).shape[:-2],
+        batch = _broadcast([a._aligned(max(a.ndim, b.ndim)).shape[:-2],
                            b._aligned(max(a.ndim, b.ndim)).shape[:-2]])
         k = self.builder.kernel(batch + (m, n, ka))
         # a[..., M, K] read as [..., M, 1, K]; b[..., K, N] read as [..., 1, N, K].

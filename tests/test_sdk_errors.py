@@ -77,9 +77,6 @@ def test_non_broadcastable_shapes_name_op_shapes_and_dtypes(ex):
     assert "float32" in message
 
 
-@pytest.mark.xfail(strict=True, reason="hologram/graph.py raises IRError('operand shapes do "
-                   "not broadcast') with no fix; ops should raise ShapeError with a hint "
-                   "(owned by the ops/graph engineer)")
 def test_non_broadcastable_shapes_are_shape_errors_with_a_fix(ex):
     with pytest.raises(ShapeError) as info:
         ops.vector_mul(f32(ex, 3, 4), f32(ex, 2, 4))
@@ -176,8 +173,6 @@ def test_scalar_that_does_not_fit(ex):
     assert "int8" in str(info.value)
 
 
-@pytest.mark.xfail(strict=True, reason="hologram/ops/dispatch.py scalar_array() does not name "
-                   "the op (owned by the ops engineer)")
 def test_scalar_that_does_not_fit_names_the_op(ex):
     with pytest.raises(DTypeError) as info:
         ops.vector_add(ex.allocate(3, dtype=np.int8), 10**30)
@@ -199,18 +194,12 @@ def test_non_numeric_python_objects(ex, value):
         a.fill(value)
 
 
-@pytest.mark.xfail(strict=True, reason="hologram/ops/dispatch.py scalar() suggests a fix only "
-                   "for array-likes (owned by the ops engineer)")
 def test_non_numeric_python_objects_suggest_a_fix(ex):
     with pytest.raises(DTypeError) as info:
         ops.vector_add(f32(ex, 4), "abc")
     explains(info, DTypeError, "vector_add", "str")
 
 
-@pytest.mark.xfail(strict=True, reason="'out must be a hologram Buffer, got ndarray' "
-                   "(hologram/ops/dispatch.py executor_of) and 'fill: expected a hologram "
-                   "Buffer, got ndarray' (hologram/ops/elementwise.py fill) suggest no fix "
-                   "(owned by the ops engineer)")
 @pytest.mark.parametrize("call", ["out", "fill"])
 def test_numpy_array_as_buffer_argument_suggests_a_fix(ex, call):
     a, x = f32(ex, 4), np.ones(4, np.float32)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hologram.buffer import Buffer
-from hologram.errors import DTypeError, HologramError, InvalidBufferError, IRError, ShapeError
+from hologram.errors import DTypeError, HologramError, InvalidBufferError, ShapeError
 from hologram.executor import Executor
 from hologram.graph import Graph, Tensor
 from hologram.isa import dtypes as dt
@@ -123,8 +123,10 @@ def run(op: Op, ex: Executor | None, operands: tuple, out: Buffer | None, n: int
             launch(kernel, operands, Buffer(staged, ex))
             np.copyto(fitted._array, staged)
             return result
+        # Foreign (DLPack) memory may alias pool buffers: such calls always take this path.
         if (op.elementwise and n is None and fitted is out and kernel.by_address is not None
-                and not kernel.has_scalars and len(op.fast) < FAST_ENTRIES):
+                and not kernel.has_scalars and len(op.fast) < FAST_ENTRIES
+                and all(len(x._key) == 3 for x in (*operands, out) if type(x) is Buffer)):
             op.fast[(*(x._key for x in operands), out._key, ex._token)] = kernel.by_address
         out = fitted
     if math.prod(kernel.shape) == 0:
@@ -135,7 +137,7 @@ def run(op: Op, ex: Executor | None, operands: tuple, out: Buffer | None, n: int
 
 def launch(kernel: Kernel, operands: tuple, out: Buffer) -> None:
     if kernel.has_scalars:  # Python numbers travel as 0-d arrays of their promoted dtype
-        operands = tuple(x if s is None else scalar_array(x, s)
+        operands = tuple(x if s is None else scalar_array(x, s, kernel.compiled.program.name)
                          for x, s in zip(operands, kernel.scalars))
     if kernel.by_address is not None:
         kernel.by_address(tuple(x._address if type(x) is Buffer else x.ctypes.data
@@ -145,12 +147,12 @@ def launch(kernel: Kernel, operands: tuple, out: Buffer) -> None:
                         out._array.reshape(-1))
 
 
-def scalar_array(value: Scalar, dtype: np.dtype) -> np.ndarray:
+def scalar_array(value: Scalar, dtype: np.dtype, name: str) -> np.ndarray:
     try:
         return np.array(value, dtype)
     except (OverflowError, ValueError) as exc:
-        raise DTypeError(f"the number {value!r} does not fit the operation's dtype {dtype} "
-                         f"({exc}); use a wider buffer dtype") from None
+        raise DTypeError(f"{name}: the number {value!r} does not fit the operation's dtype "
+                         f"{dtype} ({exc}); use a wider buffer dtype") from None
 
 
 def compile_op(op: Op, backend: str, operands: tuple, out: Buffer | None,
@@ -197,11 +199,12 @@ def build(op: Op, tensors: list, options: tuple) -> Tensor:
         shapes = ", ".join(f"{list(t.shape)} {t.dtype.storage}" if isinstance(t, Tensor)
                            else repr(t) for t in tensors)
         message = str(exc)
-        # The graph reports operands that do not broadcast as an IRError; for an op's
-        # caller they are a ShapeError.
-        kind = ShapeError if type(exc) is IRError else type(exc)
-        raise kind(message if message.startswith(op.name)
-                   else f"{op.name}({shapes}): {message}") from None
+        raise type(exc)(message if message.startswith(op.name)
+                        else f"{op.name}({shapes}): {message}") from None
+
+
+_BUFFER_HINT = ("pass a number, or wrap arrays with ex.from_numpy(x) (a copy) or "
+                "hg.from_dlpack(x) (zero-copy)")
 
 
 def scalar(op: Op, x: object) -> Scalar:
@@ -211,11 +214,8 @@ def scalar(op: Op, x: object) -> Scalar:
         return x.item()
     if isinstance(x, numbers.Real):
         return float(x)
-    kind = type(x).__name__
-    hint = (" (wrap arrays with ex.from_numpy(x), or hg.from_dlpack(x) for zero-copy)"
-            if hasattr(x, "__array__") or hasattr(x, "__dlpack__") else "")
     raise DTypeError(f"{op.name}: operands are hologram Buffers or Python numbers, got "
-                     f"{kind}{hint}")
+                     f"{type(x).__name__}; {_BUFFER_HINT}")
 
 
 def executor_of(op: Op, ex: Executor | None, operands: tuple, out: Buffer | None) -> Executor:
@@ -223,7 +223,7 @@ def executor_of(op: Op, ex: Executor | None, operands: tuple, out: Buffer | None
     if out is not None:
         if type(out) is not Buffer:
             raise DTypeError(f"{op.name}: out must be a hologram Buffer, got "
-                             f"{type(out).__name__}")
+                             f"{type(out).__name__}; {_BUFFER_HINT}")
         buffers.append(out)
     if not buffers:
         raise DTypeError(f"{op.name}: needs at least one hologram Buffer operand")

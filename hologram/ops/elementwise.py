@@ -219,7 +219,9 @@ def fill(*args, n: int | None = None):
         raise HologramError("fill: writes its buffer in place, which hg.jit cannot trace; "
                             "compute the values (e.g. x * 0 + value) and return them")
     if type(buf) is not Buffer:
-        raise DTypeError(f"fill: expected a hologram Buffer, got {type(buf).__name__}")
+        raise DTypeError(f"fill: expected a hologram Buffer, got {type(buf).__name__}; wrap "
+                         "arrays with ex.from_numpy(x) or hg.from_dlpack(x), or use "
+                         "ndarray.fill for NumPy arrays")
     value = scalar(_FILL, value)
     target = buf if n is None else first_n(_FILL, (buf,), None, n)[0][0]
     run(_FILL, ex, (convert(value, buf.dtype, "fill"),), target, None,
