@@ -243,13 +243,18 @@ def executor_of(op: Op, ex: Executor | None, operands: tuple, out: Buffer | None
     return ex
 
 
-def first_n(op: Op, operands: tuple, out: Buffer | None, n: object):
+def checked_n(op: Op, n: object) -> int:
+    """``n`` as an element count, or a ShapeError (the op takes none, or it is no count)."""
     if not op.takes_n:
         raise ShapeError(f"{op.name}: n= applies to elementwise ops, reductions, copy and "
                          "fill; pass buffers of the shapes to compute")
     if not is_index(n) or n < 0:
         raise ShapeError(f"{op.name}: n must be a non-negative int, got {n!r}")
-    n = int(n)
+    return int(n)
+
+
+def first_n(op: Op, operands: tuple, out: Buffer | None, n: object):
+    n = checked_n(op, n)
     # Elementwise ops write the first n elements of out; a reduction's out holds its
     # result (the seeds' reduce_sum(ex, x, out, n) with a one-element out).
     if not op.elementwise:
@@ -269,12 +274,7 @@ def first_n(op: Op, operands: tuple, out: Buffer | None, n: object):
 
 def traced_first_n(op: Op, operands: tuple, n: object) -> tuple:
     """Inside hg.jit: each traced operand's first ``n`` elements (as :func:`first_n`)."""
-    if not op.takes_n:
-        raise ShapeError(f"{op.name}: n= applies to elementwise ops, reductions, copy and "
-                         "fill; pass buffers of the shapes to compute")
-    if not is_index(n) or n < 0:
-        raise ShapeError(f"{op.name}: n must be a non-negative int, got {n!r}")
-    n = int(n)
+    n = checked_n(op, n)
     for x in operands:
         if type(x) is Traced and x.size < n:
             raise ShapeError(f"{op.name}: n={n} is larger than buffer {list(x.shape)} "
