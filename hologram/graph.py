@@ -134,11 +134,28 @@ class Graph:
         index = self.builder.input(name, dtype, shape)
         return self._whole(index)
 
-    def output(self, name: str, tensor: Tensor | Scalar) -> None:
-        """Make ``tensor``'s value the program output ``name``."""
-        out = self._whole(self.builder.output(name, tensor.dtype, tensor.shape))
+    def output(self, name: str, tensor: Tensor | Scalar,
+               strides: tuple[int, ...] | None = None) -> None:
+        """Make ``tensor``'s value the program output ``name``: a contiguous buffer of its
+        shape, or, with ``strides``, a flat buffer written through that layout (an
+        existing strided array, e.g. a view that an in-place operation updates)."""
+        if strides is None:
+            out = self._whole(self.builder.output(name, tensor.dtype, tensor.shape))
+            k = self.builder.kernel(tensor.shape, name=f"out_{name}")
+            k.store(out.buffer, self._load(k, tensor))
+            return
+        span = 1 + sum((n - 1) * s for n, s in zip(tensor.shape, strides))
+        index = self.builder.output(name, tensor.dtype, (span,) if tensor.shape else ())
         k = self.builder.kernel(tensor.shape, name=f"out_{name}")
-        k.store(out.buffer, self._load(k, tensor))
+        k.store(index, self._load(k, tensor), 0, tuple(strides), tensor.shape)
+
+    def strided_input(self, name: str, dtype: DType | str, shape: tuple[int, ...],
+                      strides: tuple[int, ...]) -> Tensor:
+        """An input read through a strided layout (a flat buffer of the layout's span)."""
+        span = 1 + sum((n - 1) * s for n, s in zip(shape, strides)) if 0 not in shape else 0
+        index = self.builder.input(name, dtype, (span,) if shape else ())
+        return Tensor(self, index, self.builder.buffers[index].dtype, tuple(shape),
+                      tuple(strides))
 
     def program(self) -> Program:
         return self.builder.build()

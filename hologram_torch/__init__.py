@@ -1,6 +1,65 @@
-"""PyTorch device integration for Hologram.
+"""``torch.device('hologram')``: a PyTorch device whose kernels Hologram compiles.
 
-This package is a placeholder: the PyTorch device integration arrives in a later release.
+    import torch
+    import hologram_torch                       # registers the device (see below)
+
+    x = torch.randn(64, 128, device="hologram")
+    model = torch.nn.Linear(128, 10).to("hologram")
+    loss = model(x).relu().sum()
+    loss.backward()                             # gradients on the device
+
+Importing this package renames PyTorch's PrivateUse1 dispatch key to ``hologram``, installs
+``torch.hologram`` (a device module mirroring ``torch.cuda``), aten kernels that run as
+Atlas programs compiled by Hologram's backend (:mod:`hologram_torch.aten`), and a CPU
+fallback for every other op (:func:`fallback_stats` tells which ran there). PyTorch also
+imports it on ``import torch`` through the ``torch.backends`` entry point when the package
+is installed (``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` disables that).
 """
 
-__all__: list[str] = []
+from __future__ import annotations
+
+import hologram
+from hologram_torch.device import NAME, register
+
+register()
+
+from hologram_torch import aten, compat, fallback  # noqa: E402  (register kernels)
+from hologram_torch.aten import program  # noqa: E402
+from hologram_torch.fallback import (  # noqa: E402
+    FallbackWarning,
+    fallback_stats,
+    reset_fallback_stats,
+)
+
+__all__ = [
+    "NAME", "FallbackWarning", "fallback_stats", "get_backend", "is_available",
+    "list_available_backends", "reset_fallback_stats", "set_backend",
+]
+
+
+def is_available() -> bool:
+    """Is the hologram device registered and usable? (Always, once imported.)"""
+    return True
+
+
+def get_backend() -> str:
+    """The Hologram backend that compiles the device's kernels (e.g. ``"cpu"``)."""
+    return program.backend()
+
+
+def set_backend(name: str) -> None:
+    """Compile the device's kernels for backend ``name`` from now on (``"auto"``, ``"cpu"``,
+    ``"interp"``; :class:`hologram.DeviceError` names the available ones). Tensors stay
+    where they are: every backend available today uses host memory."""
+    program.set_backend(name)
+
+
+def list_available_backends() -> list[str]:
+    return hologram.backend.list_available_backends()
+
+
+def _autoload() -> None:
+    """The ``torch.backends`` entry point: ``import torch`` calls this."""
+
+
+del aten, compat, fallback

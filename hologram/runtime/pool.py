@@ -164,6 +164,10 @@ class _Lease:
 
     __slots__ = ("__array_interface__", "block", "pool", "requested")
 
+    @property
+    def address(self) -> int:
+        return self.block.addr
+
     def __del__(self) -> None:
         self.pool._free(self.block, self.requested)
 
@@ -264,6 +268,16 @@ class Pool:
             "data": (block.addr, False), "shape": (nbytes,), "typestr": "|u1", "version": 3,
         }
         return np.asarray(lease).view(dt).reshape(dims)
+
+    def lease(self, nbytes: int) -> _Lease:
+        """A block of at least ``nbytes`` (> 0) bytes, owned by the returned lease: its
+        ``address`` is valid until the lease is garbage-collected, which returns the block.
+        For owners that are not NumPy arrays (e.g. a torch storage keeps its lease)."""
+        lease = _Lease()
+        lease.pool = self
+        lease.block = self._allocate(nbytes)
+        lease.requested = nbytes
+        return lease
 
     def stats(self) -> dict[str, Any]:
         """Counters, in bytes or counts.

@@ -1,0 +1,188 @@
+"""How an aten kernel runs as a Hologram program.
+
+An aten kernel describes its computation once, as a *builder* on
+:class:`hologram.graph.Graph` tensors, and calls :func:`run`. The first call with a given
+signature (op, static arguments, every operand's dtype/shape/strides, the outputs'
+layouts, the backend) builds the program, compiles it and caches it; later calls cost a
+dictionary lookup and a launch by address.
+
+* Device tensors enter the program through their real strides (views, transposes and
+  expanded tensors are read in place; the address is ``data_ptr()``, offset included).
+* Python numbers and CPU 0-d tensors (torch's wrapped scalars) are 0-d runtime inputs:
+  new values never recompile. Numbers arrive as bool, i64 or f64; builders cast them.
+* Results are written into fresh contiguous tensors, or into given ``out`` tensors through
+  their strides (in-place ops and ``out=``), cast to the out dtype.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+
+import hologram
+from hologram.errors import HologramError
+from hologram.graph import Graph, Tensor
+from hologram.isa import dtypes as dt
+from hologram_torch import memory
+
+ISA = {
+    torch.float32: dt.float32, torch.float64: dt.float64, torch.float16: dt.float16,
+    torch.bfloat16: dt.bfloat16, torch.int8: dt.int8, torch.int16: dt.int16,
+    torch.int32: dt.int32, torch.int64: dt.int64, torch.uint8: dt.uint8,
+    torch.bool: dt.bool_,
+}
+TORCH = {v: k for k, v in ISA.items()}
+_NUMBER = {bool: (dt.bool_, ctypes.c_bool), int: (dt.int64, ctypes.c_int64),
+           float: (dt.float64, ctypes.c_double)}
+CACHE_ENTRIES = 16384
+
+
+class Unsupported(Exception):
+    """The operands are outside what a native kernel handles (e.g. a complex dtype): the
+    caller runs the op through the CPU fallback instead."""
+
+
+class _Entry:
+    __slots__ = ("launch", "outs", "single")
+
+    def __init__(self, launch, outs, single):
+        self.launch = launch  # callable(addresses) or None when there is nothing to compute
+        self.outs = outs  # ((shape, torch dtype), ...) of the results
+        self.single = single  # the builder returned one tensor, not a tuple
+
+
+_cache: dict[tuple, _Entry] = {}
+_state = {"backend": hologram.backend.get_default_backend()}
+
+
+def backend() -> str:
+    return _state["backend"]
+
+
+def set_backend(name: str) -> None:
+    _state["backend"] = hologram.backend.validate_backend(name)
+
+
+def _meta(x: object) -> object:
+    if isinstance(x, torch.Tensor):
+        if x.is_cpu:  # a wrapped number or another CPU scalar
+            return (x.dtype,)
+        return (x.dtype, x.shape, x.stride())
+    return type(x)
+
+
+def supported(*tensors: torch.Tensor) -> bool:
+    return all(t.dtype in ISA for t in tensors)
+
+
+def run(name: str, build: Callable, args: Sequence, static: tuple = (),
+        out: Sequence[torch.Tensor] | None = None):
+    """Compute ``build(graph, *args-as-graph-tensors, *static)`` on ``args``.
+
+    Returns the result tensor (or a tuple, when the builder returns one): fresh contiguous
+    tensors, or ``out`` (whose shapes must be the results' shapes; values are cast to the
+    out dtypes). ``out`` may alias inputs element for element (in-place elementwise ops);
+    other overlaps must be staged by the caller.
+    """
+    key = (name, static, backend(), *map(_meta, args),
+           None if out is None else tuple(map(_meta, out)))
+    entry = _cache.get(key)
+    if entry is None:
+        entry = _compile(name, build, args, static, out)
+        if len(_cache) >= CACHE_ENTRIES:
+            _cache.clear()
+        _cache[key] = entry
+    if out is None:
+        out = [memory.empty(shape, dtype) for shape, dtype in entry.outs]
+    if entry.launch is not None:
+        keep = []  # number boxes must outlive the launch
+        addresses = []
+        for x in args:
+            if isinstance(x, torch.Tensor):
+                addresses.append(x.data_ptr())
+            else:
+                box = _NUMBER[type(x)][1](x)
+                keep.append(box)
+                addresses.append(ctypes.addressof(box))
+        for o in out:
+            addresses.append(o.data_ptr())
+        entry.launch(tuple(addresses))
+    return out[0] if entry.single else tuple(out)
+
+
+def _compile(name: str, build: Callable, args: Sequence, static: tuple,
+             out: Sequence[torch.Tensor] | None) -> _Entry:
+    g = Graph(name.replace(".", "_"))
+    inputs = []
+    for i, x in enumerate(args):
+        if isinstance(x, torch.Tensor):
+            if x.dtype not in ISA:
+                raise Unsupported(f"{name}: dtype {x.dtype}")
+            if x.is_cpu:
+                if x.dim() != 0:
+                    raise HologramError(
+                        f"{name}: a CPU tensor of shape {list(x.shape)} cannot be mixed with "
+                        "hologram tensors (only 0-d CPU scalars can); move it with "
+                        ".to('hologram')")
+                inputs.append(g.input(f"x{i}", ISA[x.dtype], ()))
+            else:
+                inputs.append(g.strided_input(f"x{i}", ISA[x.dtype], tuple(x.shape),
+                                              tuple(x.stride())))
+        else:
+            inputs.append(g.input(f"x{i}", _NUMBER[type(x)][0], ()))
+    result = build(g, *inputs, *static)
+    single = isinstance(result, Tensor)
+    results = (result,) if single else tuple(result)
+    if out is None:
+        layouts = [(r.shape, r.dtype, None) for r in results]
+    else:
+        if len(out) != len(results):
+            raise HologramError(f"{name}: {len(results)} results for {len(out)} outputs")
+        layouts = []
+        for r, o in zip(results, out):
+            if o.dtype not in ISA:
+                raise Unsupported(f"{name}: out dtype {o.dtype}")
+            if tuple(o.shape) != r.shape:
+                raise HologramError(f"{name}: result {list(r.shape)} does not fit out "
+                                    f"{list(o.shape)}")
+            layouts.append((r.shape, ISA[o.dtype], tuple(o.stride())))
+    outs = tuple((shape, TORCH[dtype]) for shape, dtype, _ in layouts)
+    if all(math.prod(shape) == 0 for shape, _, _ in layouts):
+        return _Entry(None, outs, single)
+    for j, (r, (shape, dtype, strides)) in enumerate(zip(results, layouts)):
+        r = r if r.dtype is dtype else g.cast(r, dtype)
+        g.output(f"out{j}", r, strides)
+    compiled = hologram.compile(g.program(), backend())
+    launch = getattr(compiled._run, "by_address", None)
+    return _Entry(launch or _by_arrays(compiled), outs, single)
+
+
+def _by_arrays(compiled) -> Callable:
+    """Launch a program that takes arrays (it needs scratch memory, or its backend has no
+    launch by address): NumPy views of the memory at each address."""
+    params = [(p.dtype.storage, p.shape) for p in compiled.params]
+
+    def launch(addresses: tuple[int, ...]) -> None:
+        arrays = []
+        for (dtype, shape), address in zip(params, addresses):
+            nbytes = math.prod(shape) * dtype.itemsize
+            raw = (ctypes.c_char * max(nbytes, 1)).from_address(address)
+            arrays.append(np.frombuffer(raw, dtype, math.prod(shape)).reshape(shape))
+        compiled(*arrays)
+
+    return launch
+
+
+# --- helpers for builders ---------------------------------------------------------------
+
+def opmath(dtype: dt.DType) -> dt.DType:
+    """The dtype torch computes a float dtype's arithmetic in (half types in float32)."""
+    return dt.float32 if dtype in (dt.float16, dt.bfloat16) else dtype
+
+
+def cast(t: Tensor, dtype: dt.DType) -> Tensor:
+    return t if t.dtype is dtype else t.graph.cast(t, dtype)

@@ -1,0 +1,159 @@
+"""Tensor creation, copies between devices, views, resizing, ``fill_``/``zero_``,
+``clone`` and ``item()``.
+
+Copies between the host and the device are memory transfers: the device's memory is host
+memory, so torch's CPU copy on an aliasing CPU view moves the bytes (as ``cudaMemcpy``
+would). Copies within the device are Hologram programs (broadcast and dtype conversion
+included).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hologram_torch import memory
+from hologram_torch.aten import program
+from hologram_torch.aten.program import ISA, Unsupported, cast
+from hologram_torch.aten.registry import aten, impl, overload
+
+_CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+
+
+def _strides_for(size, dtype, memory_format) -> list[int] | None:
+    if memory_format in (None, torch.contiguous_format, torch.preserve_format):
+        return None
+    return list(torch.empty(size, dtype=dtype, device="meta",
+                            memory_format=memory_format).stride())
+
+
+@impl("empty.memory_format")
+def empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return memory.empty(size, dtype, _strides_for(size, dtype, memory_format))
+
+
+@impl("empty_strided")
+def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
+    return memory.empty(size, dtype, stride)
+
+
+# --- metadata-only ops: the CPU kernels build a TensorImpl sharing our storage ----------
+
+def _metadata(name: str) -> None:
+    op = overload(name)
+    handle = op._handle
+
+    def kernel(*args, **kwargs):
+        return handle.redispatch_boxed(_CPU_KEYS, *args, **kwargs)
+
+    impl(name)(kernel)
+
+
+for _name in ("as_strided", "view", "_reshape_alias", "unfold", "alias", "_unsafe_view",
+              "view_as_real", "view_as_complex", "set_.source_Storage",
+              "set_.source_Storage_storage_offset", "set_.source_Tensor"):
+    _metadata(_name)
+
+
+# --- copies -----------------------------------------------------------------------------
+
+def _copy_build(g, src, shape, dtype):
+    return cast(src.broadcast_to(shape), dtype)
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def copy_into(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    """``dst.copy_(src)`` for device tensors (src broadcast, cast to dst's dtype)."""
+    if dst.numel() == 0:
+        return dst
+    if src.is_cpu and src.dim() == 0:
+        src = src.item()
+    if isinstance(src, torch.Tensor) and not src.is_cpu and _overlap(dst, src):
+        if src.data_ptr() != dst.data_ptr() or src.stride() != dst.stride():
+            src = clone(src)
+    try:
+        program.run("copy", _copy_build, (src,), (tuple(dst.shape), ISA[dst.dtype]),
+                    out=(dst,))
+    except (Unsupported, KeyError):
+        memory.cpu_alias(dst).copy_(memory.cpu_alias(src) if isinstance(src, torch.Tensor)
+                                    else torch.tensor(src))
+    return dst
+
+
+@impl("_copy_from")
+def _copy_from(src, dst, non_blocking=False):
+    if dst.is_cpu:  # device -> host
+        dst.copy_(memory.cpu_alias(src))
+    elif src.is_cpu and src.dim() != 0:  # host -> device
+        if dst.numel():
+            memory.cpu_alias(dst).copy_(src)
+    else:
+        copy_into(dst, src)
+    return dst
+
+
+@impl("_copy_from_and_resize")
+def _copy_from_and_resize(src, dst):
+    if tuple(dst.shape) != tuple(src.shape):
+        dst.resize_(src.shape)
+    return _copy_from(src, dst)
+
+
+@impl("resize_")
+def resize_(self, size, memory_format=None):
+    return memory.resize(self, size)
+
+
+@impl("_local_scalar_dense")
+def _local_scalar_dense(self):
+    return memory.cpu_alias(self).item()
+
+
+@impl("clone")
+def clone(self, memory_format=None):
+    if memory_format is None or memory_format is torch.preserve_format:
+        strides = None if self.is_contiguous() else list(
+            torch.empty_strided(self.shape, self.stride(), dtype=self.dtype,
+                                device="meta").clone().stride())
+    else:
+        strides = _strides_for(self.shape, self.dtype, memory_format)
+    out = memory.empty(self.shape, self.dtype, strides)
+    return copy_into(out, self)
+
+
+# --- fills ------------------------------------------------------------------------------
+
+def _fill_build(g, value, shape, dtype):
+    return cast(value, dtype).broadcast_to(shape)
+
+
+@impl("fill_.Scalar")
+def fill_(self, value):
+    if self.numel() == 0:
+        return self
+    if self.dtype not in ISA:
+        memory.cpu_alias(self).fill_(value)
+        return self
+    if isinstance(value, bool) or self.dtype is torch.bool:
+        value = bool(value) if self.dtype is torch.bool else value
+    program.run("fill", _fill_build, (value,), (tuple(self.shape), ISA[self.dtype]),
+                out=(self,))
+    return self
+
+
+@impl("fill_.Tensor")
+def fill_tensor_(self, value):
+    if value.dim() != 0:
+        raise RuntimeError(f"fill_ only supports 0-dimension value tensor but got tensor "
+                           f"with {value.dim()} dimensions.")
+    return fill_(self, value.item())
+
+
+@impl("zero_")
+def zero_(self):
+    return fill_(self, False if self.dtype is torch.bool else 0)
+
+
+__all__ = ["aten", "copy_into", "clone", "empty", "fill_"]

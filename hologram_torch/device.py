@@ -1,0 +1,233 @@
+"""``torch.hologram``: the device module, mirroring ``torch.cuda``, and the registration of
+PrivateUse1 as ``hologram``.
+
+The device is a host-memory device: its memory comes from a Hologram pool
+(:mod:`hologram_torch.memory`) and its kernels are compiled by the Hologram backend chosen
+with :func:`hologram_torch.set_backend` (today the CPU backend, or the reference
+interpreter). Kernels run synchronously, so :func:`synchronize` has nothing to wait for.
+There is one device, ``hologram:0``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import types
+
+import torch
+
+import hologram
+from hologram.errors import DeviceError
+
+NAME = "hologram"
+
+
+def _check_torch() -> None:
+    # The Python PrivateUse1 hooks and device guard arrived with torch 2.9-ish and are
+    # marked experimental: check for them rather than trusting a version number.
+    from torch.utils import backend_registration as registration
+
+    if not (hasattr(torch._C, "_acc")
+            and hasattr(registration, "_setup_privateuseone_for_python_backend")):
+        raise DeviceError(f"hologram_torch needs torch 2.13 (found {torch.__version__}), "
+                          "whose Python PrivateUse1 hooks it builds on; install "
+                          "'torch>=2.13,<2.14'")
+
+
+# --- the device module ------------------------------------------------------------------
+
+def is_available() -> bool:
+    return True
+
+
+def is_initialized() -> bool:
+    return True
+
+
+def _is_in_bad_fork() -> bool:
+    return False
+
+
+def _lazy_init() -> None:
+    pass
+
+
+def device_count() -> int:
+    return 1
+
+
+def current_device() -> int:
+    return 0
+
+
+def _index(device: object) -> int:
+    if device is None:
+        return 0
+    if isinstance(device, int):
+        index = device
+    else:
+        device = torch.device(device)
+        if device.type != NAME:
+            raise DeviceError(f"expected a {NAME} device, got {device}; pass "
+                              f"'{NAME}' or '{NAME}:0'")
+        index = 0 if device.index is None else device.index
+    if index != 0:
+        raise DeviceError(f"{NAME}:{index} does not exist: there is one {NAME} device "
+                          f"({NAME}:0)")
+    return index
+
+
+def set_device(device: object) -> None:
+    _index(device)
+
+
+def get_device_name(device: object = None) -> str:
+    _index(device)
+    return f"Hologram ({hologram.backend.get_default_backend()} backend)"
+
+
+class device(contextlib.AbstractContextManager):
+    """``with torch.hologram.device(0):`` — selects the (only) device; checks the index."""
+
+    def __init__(self, device: object = None):
+        self.idx = _index(device)
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
+def synchronize(device: object = None) -> None:
+    """Kernels run synchronously on the host: nothing is ever pending."""
+    _index(device)
+
+
+def manual_seed(seed: int) -> None:
+    """Random ops on the device draw from torch's CPU generator (the Python device
+    interface cannot provide a device generator), so the CPU seed is the device's seed."""
+    torch.random.default_generator.manual_seed(int(seed))
+
+
+def manual_seed_all(seed: int) -> None:
+    # torch.manual_seed calls this after seeding the CPU generator: nothing more to do.
+    pass
+
+
+def seed() -> None:
+    torch.random.default_generator.seed()
+
+
+def seed_all() -> None:
+    pass
+
+
+def initial_seed() -> int:
+    return torch.random.default_generator.initial_seed()
+
+
+def get_rng_state(device: object = None) -> torch.Tensor:
+    return torch.random.default_generator.get_state()
+
+
+def set_rng_state(state: torch.Tensor, device: object = None) -> None:
+    torch.random.default_generator.set_state(state)
+
+
+def get_amp_supported_dtype() -> list[torch.dtype]:
+    return [torch.float16, torch.bfloat16]
+
+
+def memory_allocated(device: object = None) -> int:
+    """Bytes held by live tensors (pool blocks, rounded to their size class)."""
+    _index(device)
+    from hologram_torch import memory
+
+    return memory.pool().stats()["allocated_bytes"]
+
+
+def max_memory_allocated(device: object = None) -> int:
+    _index(device)
+    from hologram_torch import memory
+
+    return memory.pool().stats()["peak_allocated_bytes"]
+
+
+def memory_reserved(device: object = None) -> int:
+    """Bytes the pool has mapped from the OS (live blocks plus its cache)."""
+    _index(device)
+    from hologram_torch import memory
+
+    return memory.pool().stats()["reserved_bytes"]
+
+
+def memory_stats(device: object = None) -> dict:
+    """The pool's counters (see :meth:`hologram.runtime.pool.Pool.stats`), plus the
+    ``torch.cuda``-style names ``allocated_bytes.all.current``, ``.peak`` and
+    ``reserved_bytes.all.current``."""
+    _index(device)
+    from hologram_torch import memory
+
+    stats = memory.pool().stats()
+    stats["allocated_bytes.all.current"] = stats["allocated_bytes"]
+    stats["allocated_bytes.all.peak"] = stats["peak_allocated_bytes"]
+    stats["reserved_bytes.all.current"] = stats["reserved_bytes"]
+    return stats
+
+
+def reset_peak_memory_stats(device: object = None) -> None:
+    _index(device)
+    from hologram_torch import memory
+
+    memory.pool().reset_peak_stats()
+
+
+def empty_cache() -> None:
+    """Return the pool's cached (free) blocks to the OS."""
+    from hologram_torch import memory
+
+    memory.pool().empty_cache()
+
+
+_MODULE_FUNCTIONS = (
+    is_available, is_initialized, _is_in_bad_fork, _lazy_init, device_count, current_device,
+    set_device, get_device_name, device, synchronize, manual_seed, manual_seed_all, seed,
+    seed_all, initial_seed, get_rng_state, set_rng_state, get_amp_supported_dtype,
+    memory_allocated, max_memory_allocated, memory_reserved, memory_stats,
+    reset_peak_memory_stats, empty_cache,
+)
+
+
+def _module() -> types.ModuleType:
+    module = types.ModuleType(f"torch.{NAME}", __doc__)
+    for fn in _MODULE_FUNCTIONS:
+        setattr(module, fn.__name__, fn)
+    return module
+
+
+# --- registration -----------------------------------------------------------------------
+
+def register() -> None:
+    """Rename PrivateUse1 to ``hologram`` and install the device module, the hooks and the
+    device guard (idempotent)."""
+    _check_torch()
+    if torch._C._get_privateuse1_backend_name() == NAME:
+        return
+    from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
+
+    class Hooks(torch._C._acc.PrivateUse1Hooks):
+        def is_available(self) -> bool:
+            return True
+
+        def has_primary_context(self, device_index: int) -> bool:
+            return True
+
+        def is_built(self) -> bool:
+            return True
+
+    class Guard(torch._C._acc.DeviceGuard):
+        def type_(self):
+            return torch._C._autograd.DeviceType.PrivateUse1
+
+    module = _module()
+    _setup_privateuseone_for_python_backend(NAME, backend_module=module, hook=Hooks(),
+                                            device_guard=Guard())
+    sys.modules[module.__name__] = module

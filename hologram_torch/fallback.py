@@ -1,0 +1,119 @@
+"""The CPU fallback: every aten op without a hologram kernel runs on the CPU.
+
+One boxed kernel for the whole dispatch key. Device memory is host memory, so inputs are
+passed to the CPU kernel as CPU tensors *aliasing* it (no copy), and in-place results land
+directly in device memory. ``out=`` arguments (which the CPU kernel may resize) go through
+ordinary CPU copies and are copied back; new results are copied to the device. View ops
+only build metadata, so they run as the CPU kernel on the device tensor itself.
+
+Each op warns once (:class:`FallbackWarning`); :func:`fallback_stats` counts every call.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections import Counter
+
+import torch
+from torch.utils._pytree import tree_map
+
+from hologram_torch import memory
+from hologram_torch.device import NAME
+
+_CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+_CPU = torch.device("cpu")
+_counts: Counter[str] = Counter()
+_lock = threading.Lock()
+_views: dict = {}  # op -> does it return a view (cached schema analysis)
+
+
+class FallbackWarning(UserWarning):
+    """An op ran on the CPU because the hologram device has no kernel for it."""
+
+
+def fallback_stats() -> dict[str, int]:
+    """``{aten overload: calls}`` for every op that ran through the CPU fallback, most
+    frequent first."""
+    with _lock:
+        return dict(_counts.most_common())
+
+
+def reset_fallback_stats() -> None:
+    """Forget the counts (and warn again for the next fallback of each op)."""
+    with _lock:
+        _counts.clear()
+
+
+def _is_device(x: object) -> bool:
+    return isinstance(x, torch.Tensor) and x.device.type == NAME
+
+
+def _returns_view(op) -> bool:
+    view = _views.get(op)
+    if view is None:
+        view = _views[op] = any(r.alias_info is not None and not r.alias_info.is_write
+                                for r in op._schema.returns)
+    return view
+
+
+def run_on_cpu(op, *args, **kwargs):
+    """The boxed fallback kernel registered for the hologram dispatch key."""
+    if _returns_view(op):
+        return op._handle.redispatch_boxed(_CPU_KEYS, *args, **kwargs)
+    name = str(op)
+    with _lock:
+        first = name not in _counts
+        _counts[name] += 1
+    if first:
+        warnings.warn(f"{name} has no hologram kernel; it runs on the CPU (with a copy of "
+                      "each new result to the device). hologram_torch.fallback_stats() "
+                      "counts these calls.", FallbackWarning, stacklevel=3)
+    out_args = {a.name for a in op._schema.arguments
+                if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write}
+    aliases: dict[int, torch.Tensor] = {}  # id(CPU tensor) -> the device tensor it stands for
+    copies: list[tuple[torch.Tensor, torch.Tensor]] = []  # out= (CPU copy, device tensor)
+
+    def to_cpu(x):
+        if _is_device(x):
+            c = memory.cpu_alias(x)
+            aliases[id(c)] = x
+            return c
+        if isinstance(x, torch.device) and x.type == NAME:
+            return _CPU
+        return x
+
+    def out_to_cpu(x):
+        if _is_device(x):
+            c = torch.empty(x.shape, dtype=x.dtype)
+            if x.numel():
+                c.copy_(memory.cpu_alias(x))
+            copies.append((c, x))
+            aliases[id(c)] = x
+            return c
+        return x
+
+    cargs = tree_map(to_cpu, args)
+    ckwargs = {k: tree_map(out_to_cpu if k in out_args else to_cpu, v)
+               for k, v in kwargs.items()}
+    result = op(*cargs, **ckwargs)
+    for c, x in copies:  # write out= results back (resizing the device tensor if needed)
+        if x.shape != c.shape:
+            x.resize_(c.shape)
+        if x.numel():
+            memory.cpu_alias(x).copy_(c)
+
+    def to_device(x):
+        if isinstance(x, torch.Tensor):
+            original = aliases.get(id(x))
+            if original is not None:
+                return original
+            if x.device.type == "cpu":
+                return memory.from_cpu(x)
+        return x
+
+    return tree_map(to_device, result)
+
+
+_library = torch.library.Library("_", "IMPL")
+_library.fallback(run_on_cpu, dispatch_key="PrivateUse1")

@@ -1,0 +1,131 @@
+"""Device memory: torch storages over Hologram pool blocks, and tensors made on them.
+
+No allocator can be registered with torch from Python, so every device storage is built
+here: a pool lease (:meth:`hologram.runtime.pool.Pool.lease`) wrapped by a non-owning
+``c10::Storage``; the lease hangs on the storage's Python object, which torch preserves
+for as long as the ``StorageImpl`` lives, so the block returns to the pool exactly when
+the last tensor or view using it is gone. A tensor is an empty ``TensorImpl`` of the
+device's dispatch key pointed at such a storage (``set_`` run by the CPU kernel, which
+only writes metadata).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from hologram.runtime.pool import Pool
+from hologram_torch.device import NAME
+
+DEVICE = torch.device(NAME, 0)
+_CPU_DEVICE = torch.device("cpu")
+_CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+_construct = torch._C._construct_storage_from_data_pointer
+_create = torch._C._acc.create_empty_tensor
+_set = torch.ops.aten.set_.source_Storage_storage_offset._handle.redispatch_boxed
+
+_pool = Pool()
+
+
+def pool() -> Pool:
+    """The pool every device tensor's memory comes from."""
+    return _pool
+
+
+def storage(nbytes: int) -> torch.UntypedStorage:
+    """A new device storage of ``nbytes`` uninitialized bytes."""
+    if nbytes == 0:
+        return _construct(0, DEVICE, 0)
+    lease = _pool.lease(nbytes)
+    st = _construct(lease.address, DEVICE, nbytes)
+    st._hologram_lease = lease
+    return st
+
+
+def contiguous_strides(size) -> list[int]:
+    strides, step = [], 1
+    for n in reversed(size):
+        strides.append(step)
+        step *= n if n > 1 else 1
+    strides.reverse()
+    return strides
+
+
+def span(size, stride) -> int:
+    """Elements from the first to one past the last element a layout addresses."""
+    if 0 in size:
+        return 0
+    return 1 + sum((n - 1) * s for n, s in zip(size, stride))
+
+
+def on_storage(st: torch.UntypedStorage, dtype: torch.dtype, size, stride,
+               offset: int = 0) -> torch.Tensor:
+    """A device tensor viewing ``st``."""
+    t = _create([0], dtype)
+    _set(_CPU_KEYS, t, st, offset, size, stride)
+    return t
+
+
+def empty(size, dtype: torch.dtype | None = None, stride=None) -> torch.Tensor:
+    """A new device tensor (contiguous unless ``stride`` is given)."""
+    dtype = dtype or torch.get_default_dtype()
+    if stride is None:
+        stride = contiguous_strides(size)
+        nbytes = math.prod(size) * dtype.itemsize
+    else:
+        nbytes = span(size, stride) * dtype.itemsize
+    t = _create([0], dtype)
+    _set(_CPU_KEYS, t, storage(nbytes), 0, size, stride)
+    return t
+
+
+def empty_like(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    return empty(t.shape, dtype or t.dtype)
+
+
+def cpu_alias(t: torch.Tensor) -> torch.Tensor:
+    """An ordinary CPU tensor sharing ``t``'s memory and layout (no copy); it keeps
+    ``t``'s storage alive. Its storage is not resizable."""
+    st = t.untyped_storage()
+    cst = _construct(st.data_ptr(), _CPU_DEVICE, st.nbytes())
+    cst._hologram_storage = st
+    return torch.empty(0, dtype=t.dtype).set_(cst, t.storage_offset(), t.shape, t.stride())
+
+
+def from_cpu(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous device copy of the CPU tensor ``t``."""
+    out = empty(t.shape, t.dtype)
+    if out.numel():
+        cpu_alias(out).copy_(t)
+    return out
+
+
+def resize(t: torch.Tensor, size) -> torch.Tensor:
+    """``t.resize_(size)``: contiguous, keeping the data that fits (torch's semantics for
+    a tensor that owns its storage; views of the old storage keep the old memory)."""
+    size = list(size)
+    stride = contiguous_strides(size)
+    need = (t.storage_offset() + math.prod(size)) * t.element_size()
+    st = t.untyped_storage()
+    if need > st.nbytes():
+        new = storage(need)
+        if st.nbytes():
+            cpu_alias_bytes(new).narrow(0, 0, st.nbytes()).copy_(cpu_alias_bytes(st))
+        st = new
+    _set(_CPU_KEYS, t, st, t.storage_offset(), size, stride)
+    return t
+
+
+def cpu_alias_bytes(st: torch.UntypedStorage) -> torch.Tensor:
+    """The bytes of a device storage as a CPU uint8 tensor (no copy)."""
+    cst = _construct(st.data_ptr(), _CPU_DEVICE, st.nbytes())
+    cst._hologram_storage = st
+    return torch.empty(0, dtype=torch.uint8).set_(cst)
+
+
+def clone_storage(st: torch.UntypedStorage) -> torch.UntypedStorage:
+    new = storage(st.nbytes())
+    if st.nbytes():
+        cpu_alias_bytes(new).copy_(cpu_alias_bytes(st))
+    return new

@@ -1,0 +1,111 @@
+"""Conformance: PyTorch's OpInfo sample inputs for every op with a native hologram kernel,
+run on the device and compared with the CPU — values for each dtype the op supports,
+gradients in float32 and float64.
+
+Each kernel module of :mod:`hologram_torch.aten` lists the OpInfo entries its kernels
+serve in ``OPINFO``; a sample that fails here is a kernel bug (never skip it).
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import hologram_torch  # noqa: E402  (registers the device before the OpInfo database)
+import hologram_torch.aten  # noqa: E402
+from torch.testing._internal.common_methods_invocations import op_db  # noqa: E402
+
+DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64,
+          torch.int32, torch.uint8, torch.bool)
+GRAD_DTYPES = (torch.float32, torch.float64)
+TOLERANCE = {torch.float32: (1e-5, 1e-4), torch.float64: (1e-7, 1e-7),
+             torch.float16: (1e-3, 1e-3), torch.bfloat16: (1e-2, 1.6e-2)}
+
+
+def _opinfo_names() -> list[str]:
+    names = []
+    for info in pkgutil.iter_modules(hologram_torch.aten.__path__):
+        module = importlib.import_module(f"hologram_torch.aten.{info.name}")
+        names.extend(getattr(module, "OPINFO", ()))
+    return sorted(set(names))
+
+
+def _cases():
+    wanted = set(_opinfo_names())
+    for op in op_db:
+        key = op.name if not op.variant_test_name else f"{op.name}.{op.variant_test_name}"
+        if key in wanted:
+            for dtype in DTYPES:
+                if dtype in op.supported_dtypes("cpu"):
+                    yield pytest.param(op, dtype, id=f"{key}-{str(dtype)[6:]}")
+
+
+def _to_device(x):
+    if isinstance(x, torch.Tensor):
+        d = x.detach().to("hologram")
+        return d.requires_grad_(x.requires_grad)
+    return x
+
+
+def _flat_tensors(x) -> list:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for y in x for t in _flat_tensors(y)]
+    return []
+
+
+def _close(actual, expected, dtype, what: str) -> None:
+    atol, rtol = TOLERANCE.get(dtype, (0, 0))
+    torch.testing.assert_close(actual.cpu() if isinstance(actual, torch.Tensor) else actual,
+                               expected, atol=atol, rtol=rtol, equal_nan=True,
+                               check_device=False, msg=lambda m: f"{what}: {m}")
+
+
+@pytest.mark.parametrize("op, dtype", list(_cases()))
+def test_opinfo(op, dtype):
+    grads = dtype in GRAD_DTYPES and op.supports_autograd
+    failures, count = [], 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        samples = list(op.sample_inputs("cpu", dtype, requires_grad=grads))
+    for i, sample in enumerate(samples):
+        count += 1
+        what = f"{op.name} {dtype} sample {i}: {sample.summary() if hasattr(sample, 'summary') else sample}"
+        try:
+            torch.manual_seed(i)
+            expected = op(sample.input, *sample.args, **sample.kwargs)
+            device = sample.transform(_to_device)
+            torch.manual_seed(i)
+            actual = op(device.input, *device.args, **device.kwargs)
+            for a, e in zip(_flat_tensors(actual), _flat_tensors(expected)):
+                assert a.device.type == "hologram", f"{what}: result on {a.device}"
+                _close(a, e, e.dtype, what)
+            if not grads:
+                continue
+            outs = [(a, e) for a, e in zip(_flat_tensors(actual), _flat_tensors(expected))
+                    if e.requires_grad and e.dtype.is_floating_point]
+            leaves_e = [t for t in _flat_tensors([sample.input, *sample.args])
+                        if t.requires_grad]
+            leaves_a = [t for t in _flat_tensors([device.input, *device.args])
+                        if t.requires_grad]
+            if not outs or not leaves_e:
+                continue
+            cotangents = [torch.randn_like(e) for _, e in outs]
+            ge = torch.autograd.grad([e for _, e in outs], leaves_e, cotangents,
+                                     allow_unused=True)
+            ga = torch.autograd.grad([a for a, _ in outs], leaves_a,
+                                     [c.to("hologram") for c in cotangents],
+                                     allow_unused=True)
+            for a, e in zip(ga, ge):
+                assert (a is None) == (e is None), f"{what}: gradient presence differs"
+                if e is not None:
+                    _close(a, e, e.dtype, f"{what} (gradient)")
+        except Exception as exc:  # noqa: BLE001  (collect every failing sample)
+            failures.append(f"{type(exc).__name__}: {str(exc)[:600]}")
+    assert not failures, f"{len(failures)} of {count} samples failed:\n" + "\n".join(
+        failures[:10])
