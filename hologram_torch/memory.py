@@ -67,6 +67,19 @@ def on_storage(st: torch.UntypedStorage, dtype: torch.dtype, size, stride,
     return t
 
 
+def new(size: list[int], stride: list[int], nbytes: int, dtype: torch.dtype) -> torch.Tensor:
+    """:func:`empty` with the layout worked out by the caller (the kernels' hot path)."""
+    t = _create([0], dtype)
+    if nbytes:
+        lease = _pool.lease(nbytes)
+        st = _construct(lease.block.addr, DEVICE, nbytes)
+        st._hologram_lease = lease
+    else:
+        st = _construct(0, DEVICE, 0)
+    _set(_CPU_KEYS, t, st, 0, size, stride)
+    return t
+
+
 def empty(size, dtype: torch.dtype | None = None, stride=None) -> torch.Tensor:
     """A new device tensor (contiguous unless ``stride`` is given)."""
     dtype = dtype or torch.get_default_dtype()

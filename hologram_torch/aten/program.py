@@ -47,11 +47,14 @@ class Unsupported(Exception):
 
 
 class _Entry:
-    __slots__ = ("launch", "outs", "single")
+    __slots__ = ("launch", "layouts", "single")
 
     def __init__(self, launch, outs, single):
         self.launch = launch  # callable(addresses) or None when there is nothing to compute
-        self.outs = outs  # ((shape, torch dtype), ...) of the results
+        # (size, strides, nbytes, dtype) of each fresh (contiguous) result
+        self.layouts = tuple(
+            (list(shape), memory.contiguous_strides(shape),
+             math.prod(shape) * dtype.itemsize, dtype) for shape, dtype in outs)
         self.single = single  # the builder returned one tensor, not a tuple
 
 
@@ -88,7 +91,7 @@ def run(name: str, build: Callable, args: Sequence, static: tuple = (),
     out dtypes). ``out`` may alias inputs element for element (in-place elementwise ops);
     other overlaps must be staged by the caller.
     """
-    key = (name, static, backend(), *map(_meta, args),
+    key = (name, static, _state["backend"], *map(_meta, args),
            None if out is None else tuple(map(_meta, out)))
     entry = _cache.get(key)
     if entry is None:
@@ -97,7 +100,7 @@ def run(name: str, build: Callable, args: Sequence, static: tuple = (),
             _cache.clear()
         _cache[key] = entry
     if out is None:
-        out = [memory.empty(shape, dtype) for shape, dtype in entry.outs]
+        out = [memory.new(*layout) for layout in entry.layouts]
     if entry.launch is not None:
         keep = []  # number boxes must outlive the launch
         addresses = []

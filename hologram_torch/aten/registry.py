@@ -28,3 +28,25 @@ def impl(*names: str) -> Callable:
 def overload(name: str) -> torch._ops.OpOverload:
     op, _, variant = name.partition(".")
     return getattr(getattr(aten, op), variant or "default")
+
+
+def native_or_cpu(*names: str) -> Callable:
+    """Like :func:`impl`, for kernels that handle only some cases: when the kernel returns
+    ``NotImplemented``, the call runs through the CPU fallback with its original arguments
+    (so PyTorch's own kernel gives the result, or raises PyTorch's error)."""
+    from hologram_torch.fallback import run_on_cpu
+
+    def register(fn: Callable) -> Callable:
+        for name in names:
+            op = overload(name)
+
+            def kernel(*args, _fn=fn, _op=op, **kwargs):
+                result = _fn(*args, **kwargs)
+                if result is NotImplemented:
+                    return run_on_cpu(_op, *args, **kwargs)
+                return result
+
+            impl(name)(kernel)
+        return fn
+
+    return register

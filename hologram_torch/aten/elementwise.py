@@ -1,0 +1,552 @@
+"""Elementwise kernels: arithmetic and comparisons (broadcasting, PyTorch's type
+promotion), unary math, ``where``/``masked_fill``/``clamp``, activations and the backward
+ops of their autograd formulas.
+
+Every op is a function of values in a *compute dtype* (PyTorch's "opmath": half types
+compute in float32) producing a result cast to the op's result dtype. One builder,
+:func:`_build`, serves them all: the per-op part is a small function of graph values.
+Cases PyTorch defines but that have no exact Atlas form (integer division, whose
+division by zero raises; integer ``pow``; complex dtypes) run on the CPU fallback.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from hologram import functional
+from hologram.isa import dtypes as dt
+from hologram_torch.aten import program
+from hologram_torch.aten.program import ISA, cast
+from hologram_torch.aten.registry import native_or_cpu
+
+OPINFO = (
+    "add", "sub", "mul", "div.no_rounding_mode", "true_divide", "maximum", "minimum",
+    "pow", "eq", "ne", "lt", "le", "gt", "ge", "neg", "abs", "exp", "exp2", "expm1", "log",
+    "log2", "log1p", "sqrt", "rsqrt", "reciprocal", "sign", "floor", "ceil", "round",
+    "trunc", "sin", "cos", "tanh", "sigmoid", "erf", "clamp", "clamp_min", "clamp_max",
+    "where", "masked_fill", "nn.functional.relu", "nn.functional.gelu",
+    "nn.functional.silu", "nn.functional.leaky_relu", "nn.functional.hardtanh",
+)
+
+
+def _build(g, *args):
+    """``fn`` on the inputs cast to ``compute`` (except positions in ``keep``), cast to
+    ``result``."""
+    *inputs, (fn, compute, result, keep, extra) = args
+    values = [x if i in keep else cast(x, compute) for i, x in enumerate(inputs)]
+    return cast(fn(g, *values, *extra), result)
+
+
+def _compute(result: torch.dtype) -> dt.DType:
+    return program.opmath(ISA[result])
+
+
+def _pointwise(name: str, fn, args: tuple, result: torch.dtype,
+               compute: dt.DType | None = None, out=None, keep=(), extra=()):
+    spec = (fn, compute or _compute(result), ISA[result], keep, extra)
+    return program.run(name, _build, args, (spec,), out)
+
+
+def _check_inplace(name: str, self: torch.Tensor, result: torch.dtype, *others) -> None:
+    """PyTorch's rules for writing a result into ``self``: the dtype must cast, the
+    broadcast shape must be self's, and inputs may not partially overlap it."""
+    if not torch.can_cast(result, self.dtype):
+        raise RuntimeError(f"result type {_short(result)} can't be cast to the desired "
+                           f"output type {_short(self.dtype)}")
+    base = self.untyped_storage().data_ptr()
+    for o in others:
+        if isinstance(o, torch.Tensor) and not o.is_cpu:
+            if o.dim() > self.dim() or any(
+                    n != m and n != 1 for n, m in zip(reversed(o.shape), reversed(self.shape))):
+                raise RuntimeError(
+                    f"output with shape {list(self.shape)} doesn't match the broadcast "
+                    f"shape {list(torch.broadcast_shapes(self.shape, o.shape))}")
+            if (o.untyped_storage().data_ptr() == base
+                    and (o.data_ptr() != self.data_ptr() or o.stride() != self.stride())):
+                raise RuntimeError(
+                    f"{name}: unsupported operation: some elements of the input tensor and "
+                    "the written-to tensor refer to a single memory location. Please clone() "
+                    "the tensor before performing the operation.")
+
+
+def _short(dtype: torch.dtype) -> str:
+    return {torch.float32: "Float", torch.float64: "Double", torch.int64: "Long",
+            torch.int32: "Int", torch.bool: "Bool", torch.float16: "Half",
+            torch.bfloat16: "BFloat16", torch.int16: "Short", torch.int8: "Char",
+            torch.uint8: "Byte"}.get(dtype, str(dtype))
+
+
+def _fit_out(out: torch.Tensor, shape) -> torch.Tensor:
+    if tuple(out.shape) != tuple(shape):
+        out.resize_(shape)
+    return out
+
+
+def _native(*xs) -> bool:
+    return all(not isinstance(x, torch.Tensor) or x.dtype in ISA for x in xs)
+
+
+def _shape(*xs) -> tuple[int, ...]:
+    """The broadcast shape of the tensors among ``xs`` (torch.broadcast_shapes is slow)."""
+    shapes = [x.shape for x in xs if isinstance(x, torch.Tensor)]
+    first = shapes[0]
+    if all(s == first for s in shapes):
+        return tuple(first)
+    rank = max(len(s) for s in shapes)
+    result = [1] * rank
+    for s in shapes:
+        for i, n in enumerate(s, rank - len(s)):
+            if n != 1:
+                if result[i] not in (1, n):
+                    raise RuntimeError(f"shapes {[list(s) for s in shapes]} do not broadcast")
+                result[i] = n
+    return tuple(result)
+
+
+# --- binary ops -------------------------------------------------------------------------
+
+def _binary(name: str, fn, self, other, alpha=1, out=None, inplace=False,
+            floating=False, compare=False):
+    """``fn(a, b)`` (or ``fn(a, b, alpha)``) with broadcasting and promotion, into a new
+    tensor, ``out``, or ``self`` (in place)."""
+    common = torch.result_type(self, other)
+    result = torch.bool if compare else common
+    if floating and not result.is_floating_point:
+        result = torch.get_default_dtype()
+    if not _native(self, other) or (isinstance(alpha, float) and not result.is_floating_point):
+        return NotImplemented
+    compute = ISA[common] if compare else _compute(result)
+    args = (self, other) if alpha == 1 else (self, other, alpha)
+    if inplace:
+        _check_inplace(name, self, result, other)
+        out = self
+    elif out is not None:
+        out = _fit_out(out, _shape(self, other))
+    r = _pointwise(name, fn, args, result, compute, None if out is None else (out,))
+    return r if out is None else out
+
+
+def _arithmetic(name: str, fn, fn_alpha=None, floating=False, bool_ok=True):
+    def ok(self, other):
+        return bool_ok or torch.result_type(self, other) is not torch.bool
+
+    if fn_alpha is not None:
+        def functional(self, other, alpha=1):
+            if not ok(self, other):
+                return NotImplemented
+            return _binary(name, fn if alpha == 1 else fn_alpha, self, other, alpha)
+
+        def inplace(self, other, alpha=1):
+            if not ok(self, other):
+                return NotImplemented
+            return _binary(name, fn if alpha == 1 else fn_alpha, self, other, alpha,
+                           inplace=True)
+
+        def out_variant(self, other, alpha=1, *, out):
+            if not ok(self, other):
+                return NotImplemented
+            return _binary(name, fn if alpha == 1 else fn_alpha, self, other, alpha, out)
+    else:
+        def functional(self, other):
+            return _binary(name, fn, self, other, floating=floating) if ok(self, other) \
+                else NotImplemented
+
+        def inplace(self, other):
+            return _binary(name, fn, self, other, inplace=True, floating=floating) \
+                if ok(self, other) else NotImplemented
+
+        def out_variant(self, other, *, out):
+            return _binary(name, fn, self, other, out=out, floating=floating) \
+                if ok(self, other) else NotImplemented
+
+    native_or_cpu(f"{name}.Tensor", f"{name}.Scalar")(functional)
+    native_or_cpu(f"{name}_.Tensor", f"{name}_.Scalar")(inplace)
+    native_or_cpu(f"{name}.out")(out_variant)
+
+
+def _add(g, a, b):
+    return g.binary("or", a, b) if a.dtype is dt.bool_ else a + b
+
+
+def _mul(g, a, b):
+    return g.binary("and", a, b) if a.dtype is dt.bool_ else a * b
+
+
+_arithmetic("add", _add, lambda g, a, b, alpha: a + b * cast(alpha, a.dtype))
+_arithmetic("sub", lambda g, a, b: a - b, lambda g, a, b, alpha: a - b * cast(alpha, a.dtype),
+            bool_ok=False)
+_arithmetic("mul", _mul)
+_arithmetic("div", lambda g, a, b: a / b, floating=True)
+
+
+def _minmax(name: str):
+    def functional(self, other):
+        return _binary(name, lambda g, a, b: g.binary(name[:3], a, b), self, other)
+
+    def out_variant(self, other, *, out):
+        return _binary(name, lambda g, a, b: g.binary(name[:3], a, b), self, other, out=out)
+
+    native_or_cpu(name)(functional)
+    native_or_cpu(f"{name}.out")(out_variant)
+
+
+_minmax("maximum")
+_minmax("minimum")
+
+
+def _comparison(name: str):
+    def fn(g, a, b):
+        return g.binary(name, a, b)
+
+    def functional(self, other):
+        return _binary(name, fn, self, other, compare=True)
+
+    def out_variant(self, other, *, out):
+        return _binary(name, fn, self, other, out=out, compare=True)
+
+    def inplace(self, other):
+        return _binary(name, fn, self, other, inplace=True, compare=True)
+
+    native_or_cpu(f"{name}.Tensor", f"{name}.Scalar")(functional)
+    native_or_cpu(f"{name}.Tensor_out", f"{name}.Scalar_out")(out_variant)
+    native_or_cpu(f"{name}_.Tensor", f"{name}_.Scalar")(inplace)
+
+
+for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
+    _comparison(_name)
+
+
+# --- pow: exponents PyTorch computes specially are specialized at compile time ----------
+
+_POW = {2.0: lambda g, x: x * x, 3.0: lambda g, x: x * x * x,
+        0.5: lambda g, x: g.unary("sqrt", x), -0.5: lambda g, x: g.unary("rsqrt", x),
+        -1.0: lambda g, x: 1.0 / x, -2.0: lambda g, x: 1.0 / (x * x),
+        1.0: lambda g, x: x}
+
+
+def _pow_scalar(g, x, exponent):
+    return _POW[exponent](g, x)
+
+
+@native_or_cpu("pow.Tensor_Scalar")
+def pow_tensor_scalar(self, exponent):
+    result = torch.result_type(self, exponent)
+    if not result.is_floating_point or not _native(self) or isinstance(exponent, complex):
+        return NotImplemented  # integer pow stays integral in torch: exact on the CPU
+    if float(exponent) in _POW:
+        return _pointwise("pow", _pow_scalar, (self,), result, extra=(float(exponent),))
+    return _pointwise("pow", lambda g, x, e: g.binary("pow", x, e), (self, float(exponent)),
+                      result)
+
+
+@native_or_cpu("pow.Tensor_Tensor")
+def pow_tensor_tensor(self, exponent):
+    result = torch.result_type(self, exponent)
+    if not result.is_floating_point or not _native(self, exponent):
+        return NotImplemented
+    return _pointwise("pow", lambda g, x, e: g.binary("pow", x, e), (self, exponent), result)
+
+
+# --- unary math -------------------------------------------------------------------------
+
+def _unary(name: str, fn, floating: bool, int_fn=None):
+    """``name``, ``name_`` and ``name.out``. ``floating``: integer inputs give the default
+    float dtype (``exp(int)``); otherwise the dtype is kept, and ``int_fn`` (if any) is
+    the function for integers (``floor`` of an integer is itself)."""
+
+    def plan(self):
+        if not _native(self) or (self.dtype is torch.bool and not floating):
+            return None
+        if self.dtype.is_floating_point or not floating:
+            result = self.dtype
+        else:
+            result = torch.get_default_dtype()
+        f = int_fn if int_fn is not None and not self.dtype.is_floating_point else fn
+        return f, result
+
+    def functional(self):
+        p = plan(self)
+        return NotImplemented if p is None else _pointwise(name, p[0], (self,), p[1])
+
+    def inplace(self):
+        p = plan(self)
+        if p is None or p[1] is not self.dtype:
+            return NotImplemented
+        _check_inplace(name, self, p[1])
+        return _pointwise(name, p[0], (self,), p[1], out=(self,))
+
+    def out_variant(self, *, out):
+        p = plan(self)
+        if p is None:
+            return NotImplemented
+        _pointwise(name, p[0], (self,), p[1], out=(_fit_out(out, self.shape),))
+        return out
+
+    native_or_cpu(name)(functional)
+    native_or_cpu(f"{name}_")(inplace)
+    native_or_cpu(f"{name}.out")(out_variant)
+
+
+def _identity(g, x):
+    return x
+
+
+for _name in ("exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt", "sin",
+              "cos", "tanh", "sigmoid", "erf"):
+    _unary(_name, (lambda op: lambda g, x: g.unary(op, x))(_name), floating=True)
+for _name in ("floor", "ceil", "round", "trunc"):
+    _unary(_name, (lambda op: lambda g, x: g.unary(op, x))(_name), floating=False,
+           int_fn=_identity)
+for _name in ("neg", "abs", "sign"):
+    _unary(_name, (lambda op: lambda g, x: g.unary(op, x))(_name), floating=False)
+_unary("reciprocal", lambda g, x: 1.0 / x, floating=True)
+
+
+# --- selection: where, masked_fill, clamp -----------------------------------------------
+
+def _where(g, cond, a, b):
+    return g.where(cond, a, b)
+
+
+@native_or_cpu("where.self")
+def where(condition, self, other):
+    result = torch.result_type(self, other)
+    if condition.dtype is not torch.bool or not _native(self, other):
+        return NotImplemented
+    return _pointwise("where", _where, (condition, self, other), result, keep=(0,))
+
+
+@native_or_cpu("where.self_out")
+def where_out(condition, self, other, *, out):
+    result = torch.result_type(self, other)
+    if condition.dtype is not torch.bool or not _native(self, other):
+        return NotImplemented
+    _pointwise("where", _where, (condition, self, other), result, keep=(0,),
+               out=(_fit_out(out, _shape(condition, self, other)),))
+    return out
+
+
+def _masked_fill(g, self, mask, value):
+    return g.where(mask, value, self)
+
+
+def _fill_plan(self, mask, value):
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 0:
+            return None
+        value = value.item()
+    if mask.dtype is not torch.bool or not _native(self):
+        return None
+    if self.dtype is torch.bool:
+        value = bool(value)
+    elif not self.dtype.is_floating_point:
+        if isinstance(value, float):
+            return None  # torch decides (it raises for a non-integral value)
+        value = int(value)
+    return value
+
+
+@native_or_cpu("masked_fill.Scalar", "masked_fill.Tensor")
+def masked_fill(self, mask, value):
+    value = _fill_plan(self, mask, value)
+    if value is None:
+        return NotImplemented
+    return _pointwise("masked_fill", _masked_fill, (self, mask, value), self.dtype, keep=(1,))
+
+
+@native_or_cpu("masked_fill_.Scalar", "masked_fill_.Tensor")
+def masked_fill_(self, mask, value):
+    value = _fill_plan(self, mask, value)
+    if value is None:
+        return NotImplemented
+    _check_inplace("masked_fill_", self, self.dtype, mask)
+    return _pointwise("masked_fill", _masked_fill, (self, mask, value), self.dtype,
+                      keep=(1,), out=(self,))
+
+
+def _clamp(g, x, *bounds_and_which):
+    *bounds, which = bounds_and_which
+    bounds = iter(bounds)
+    if "min" in which:
+        x = g.maximum(x, next(bounds))
+    if "max" in which:
+        x = g.minimum(x, next(bounds))
+    return x
+
+
+def _clamp_call(name, self, lo, hi, out=None, inplace=False):
+    which = ("min" if lo is not None else "") + ("max" if hi is not None else "")
+    if not which:
+        return NotImplemented  # torch raises: at least one bound is required
+    bounds = tuple(b for b in (lo, hi) if b is not None)
+    result = self.dtype
+    for b in bounds:
+        result = torch.promote_types(result, torch.result_type(self, b))
+    if not _native(self, *bounds) or result is torch.bool:
+        return NotImplemented
+    if inplace:
+        _check_inplace(name, self, result, *bounds)
+        out = self
+    elif out is not None:
+        out = _fit_out(out, _shape(self, *bounds))
+    r = _pointwise(name, _clamp, (self, *bounds), result, extra=(which,),
+                   out=None if out is None else (out,))
+    return r if out is None else out
+
+
+@native_or_cpu("clamp", "clamp.Tensor")
+def clamp(self, min=None, max=None):
+    return _clamp_call("clamp", self, min, max)
+
+
+@native_or_cpu("clamp_", "clamp_.Tensor")
+def clamp_(self, min=None, max=None):
+    return _clamp_call("clamp_", self, min, max, inplace=True)
+
+
+@native_or_cpu("clamp.out", "clamp.Tensor_out")
+def clamp_out(self, min=None, max=None, *, out):
+    return _clamp_call("clamp", self, min, max, out=out)
+
+
+@native_or_cpu("clamp_min", "clamp_min.Tensor")
+def clamp_min(self, min):
+    return _clamp_call("clamp_min", self, min, None)
+
+
+@native_or_cpu("clamp_min_", "clamp_min_.Tensor")
+def clamp_min_(self, min):
+    return _clamp_call("clamp_min_", self, min, None, inplace=True)
+
+
+@native_or_cpu("clamp_max", "clamp_max.Tensor")
+def clamp_max(self, max):
+    return _clamp_call("clamp_max", self, None, max)
+
+
+@native_or_cpu("clamp_max_", "clamp_max_.Tensor")
+def clamp_max_(self, max):
+    return _clamp_call("clamp_max_", self, None, max, inplace=True)
+
+
+# --- activations and their backward ops -------------------------------------------------
+
+def _float(*xs) -> bool:
+    return all(not isinstance(x, torch.Tensor) or (x.dtype in ISA and x.dtype.is_floating_point)
+               for x in xs)
+
+
+def _activation(name: str, fn, *, inplace: bool = True, ints: bool = False):
+    """``name(self, *scalars)`` (and ``name_``): float inputs (ints too if ``ints``)."""
+
+    def functional(self, *scalars):
+        if not (_float(self) or (ints and _native(self) and self.dtype is not torch.bool)):
+            return NotImplemented
+        return _pointwise(name, fn, (self, *scalars), self.dtype)
+
+    def in_place(self, *scalars):
+        if not (_float(self) or (ints and _native(self) and self.dtype is not torch.bool)):
+            return NotImplemented
+        _check_inplace(f"{name}_", self, self.dtype)
+        return _pointwise(name, fn, (self, *scalars), self.dtype, out=(self,))
+
+    native_or_cpu(name)(functional)
+    if inplace:
+        native_or_cpu(f"{name}_")(in_place)
+
+
+def _backward(name: str, fn):
+    """``name(grad_output, saved, *scalars)``: the gradient, in grad_output's dtype."""
+
+    def kernel(grad_output, saved, *scalars):
+        if not _float(grad_output, saved):
+            return NotImplemented
+        return _pointwise(name, fn, (grad_output, saved, *scalars),
+                          torch.promote_types(grad_output.dtype, saved.dtype))
+
+    native_or_cpu(name)(kernel)
+
+
+_activation("relu", lambda g, x: g.maximum(x, 0.0 if x.dtype.is_float else 0), ints=True)
+_backward("threshold_backward",
+          lambda g, grad, x, threshold: g.where(g.binary("le", x, threshold), 0.0, grad))
+_activation("silu", lambda g, x: x * g.unary("sigmoid", x))
+
+
+def _silu_backward(g, grad, x):
+    s = g.unary("sigmoid", x)
+    return grad * s * (x * (1.0 - s) + 1.0)
+
+
+_backward("silu_backward", _silu_backward)
+_backward("sigmoid_backward", lambda g, grad, y: grad * (1.0 - y) * y)
+_backward("tanh_backward", lambda g, grad, y: grad * (1.0 - y * y))
+
+
+@native_or_cpu("gelu")
+def gelu(self, approximate="none"):
+    if not _float(self):
+        return NotImplemented
+    return _pointwise("gelu", lambda g, x, a: functional.gelu(x, a), (self,), self.dtype,
+                      extra=(approximate,))
+
+
+@native_or_cpu("gelu_")
+def gelu_(self, approximate="none"):
+    if not _float(self):
+        return NotImplemented
+    return _pointwise("gelu", lambda g, x, a: functional.gelu(x, a), (self,), self.dtype,
+                      extra=(approximate,), out=(self,))
+
+
+def _gelu_backward(g, grad, x, approximate):
+    if approximate == "tanh":
+        k = math.sqrt(2.0 / math.pi)
+        t = g.unary("tanh", (x + x * x * x * 0.044715) * k)
+        inner = (x * x * (3 * 0.044715) + 1.0) * k
+        return grad * ((t + 1.0) * 0.5 + x * 0.5 * (1.0 - t * t) * inner)
+    cdf = (g.unary("erf", x * (1.0 / math.sqrt(2.0))) + 1.0) * 0.5
+    pdf = g.unary("exp", x * x * -0.5) * (1.0 / math.sqrt(2.0 * math.pi))
+    return grad * (cdf + x * pdf)
+
+
+@native_or_cpu("gelu_backward")
+def gelu_backward(grad_output, self, approximate="none"):
+    if not _float(grad_output, self):
+        return NotImplemented
+    return _pointwise("gelu_backward", _gelu_backward, (grad_output, self),
+                      grad_output.dtype, extra=(approximate,))
+
+
+def _leaky_relu(g, x, slope):
+    return g.where(g.binary("gt", x, 0.0), x, x * slope)
+
+
+_activation("leaky_relu", _leaky_relu)
+
+
+@native_or_cpu("leaky_relu_backward")
+def leaky_relu_backward(grad_output, self, negative_slope, self_is_result):
+    if not _float(grad_output, self):
+        return NotImplemented
+    return _pointwise("leaky_relu_backward",
+                      lambda g, grad, x, slope: g.where(g.binary("gt", x, 0.0), grad,
+                                                        grad * slope),
+                      (grad_output, self, negative_slope), grad_output.dtype)
+
+
+def _hardtanh(g, x, lo, hi):
+    return g.minimum(g.maximum(x, lo), hi)
+
+
+_activation("hardtanh", _hardtanh, ints=True)
+
+
+def _hardtanh_backward(g, grad, x, lo, hi):
+    outside = g.binary("or", g.binary("le", x, lo), g.binary("ge", x, hi))
+    return g.where(outside, 0.0, grad)
+
+
+_backward("hardtanh_backward", _hardtanh_backward)
