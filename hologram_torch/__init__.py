@@ -23,7 +23,7 @@ from hologram_torch.device import NAME, register
 
 register()
 
-from hologram_torch import aten, compat, fallback  # noqa: E402  (register kernels)
+from hologram_torch import aten, compat, fallback  # noqa: E402,F401  (register kernels)
 from hologram_torch.aten import program  # noqa: E402
 from hologram_torch.fallback import (  # noqa: E402
     FallbackWarning,
@@ -62,4 +62,3 @@ def _autoload() -> None:
     """The ``torch.backends`` entry point: ``import torch`` calls this."""
 
 
-del aten, compat, fallback
