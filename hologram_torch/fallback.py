@@ -66,9 +66,10 @@ def run_on_cpu(op, *args, **kwargs):
         first = name not in _counts
         _counts[name] += 1
     if first:
-        warnings.warn(f"{name} has no hologram kernel; it runs on the CPU (with a copy of "
-                      "each new result to the device). hologram_torch.fallback_stats() "
-                      "counts these calls.", FallbackWarning, stacklevel=3)
+        warnings.warn(f"{name} runs on the CPU: the hologram device has no kernel for it "
+                      "(or for these operands); new results are copied to the device. "
+                      "hologram_torch.fallback_stats() counts these calls.",
+                      FallbackWarning, stacklevel=3)
     out_args = {a.name for a in op._schema.arguments
                 if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write}
     aliases: dict[int, torch.Tensor] = {}  # id(CPU tensor) -> the device tensor it stands for

@@ -174,7 +174,7 @@ def _mul(g, a, b):
     return g.binary("and", a, b) if a.dtype is dt.bool_ else a * b
 
 
-_arithmetic("add", _add, lambda g, a, b, alpha: a + b * cast(alpha, a.dtype))
+_arithmetic("add", _add, lambda g, a, b, alpha: _add(g, a, _mul(g, b, cast(alpha, a.dtype))))
 _arithmetic("sub", lambda g, a, b: a - b, lambda g, a, b, alpha: a - b * cast(alpha, a.dtype),
             bool_ok=False)
 _arithmetic("mul", _mul)
@@ -438,15 +438,18 @@ def _float(*xs) -> bool:
                for x in xs)
 
 
-def _activation(name: str, fn, *, inplace: bool = True, ints: bool = False):
-    """``name(self, *scalars)`` (and ``name_``): float inputs (ints too if ``ints``)."""
+def _activation(name: str, fn, *, inplace: bool = True, ints: bool = False, defaults=()):
+    """``name(self, *scalars)`` (and ``name_``): float inputs (ints too if ``ints``).
+    ``defaults``: the schema's default scalars (a boxed call may leave them out)."""
 
     def functional(self, *scalars):
+        scalars = scalars + defaults[len(scalars):]
         if not (_float(self) or (ints and _native(self) and self.dtype is not torch.bool)):
             return NotImplemented
         return _pointwise(name, fn, (self, *scalars), self.dtype)
 
     def in_place(self, *scalars):
+        scalars = scalars + defaults[len(scalars):]
         if not (_float(self) or (ints and _native(self) and self.dtype is not torch.bool)):
             return NotImplemented
         _check_inplace(f"{name}_", self, self.dtype)
@@ -524,7 +527,7 @@ def _leaky_relu(g, x, slope):
     return g.where(g.binary("gt", x, 0.0), x, x * slope)
 
 
-_activation("leaky_relu", _leaky_relu)
+_activation("leaky_relu", _leaky_relu, defaults=(0.01,))
 
 
 @native_or_cpu("leaky_relu_backward")
@@ -541,7 +544,7 @@ def _hardtanh(g, x, lo, hi):
     return g.minimum(g.maximum(x, lo), hi)
 
 
-_activation("hardtanh", _hardtanh, ints=True)
+_activation("hardtanh", _hardtanh, ints=True, defaults=(-1, 1))
 
 
 def _hardtanh_backward(g, grad, x, lo, hi):
