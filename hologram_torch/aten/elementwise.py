@@ -299,8 +299,18 @@ for _name in ("exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt", "
 for _name in ("floor", "ceil", "round", "trunc"):
     _unary(_name, (lambda op: lambda g, x: g.unary(op, x))(_name), floating=False,
            int_fn=_identity)
-for _name in ("neg", "abs", "sign"):
+for _name in ("neg", "abs"):
     _unary(_name, (lambda op: lambda g, x: g.unary(op, x))(_name), floating=False)
+
+
+def _sign(g, x):
+    # torch: sign(NaN) = 0 and sign(-0.0) = +0.0 (the ISA's sign keeps both)
+    if not x.dtype.is_float:
+        return g.unary("sign", x)
+    return g.cast(g.binary("gt", x, 0.0), x.dtype) - g.cast(g.binary("lt", x, 0.0), x.dtype)
+
+
+_unary("sign", _sign, floating=False)
 _unary("reciprocal", lambda g, x: 1.0 / x, floating=True)
 
 
@@ -472,7 +482,8 @@ def _backward(name: str, fn):
     native_or_cpu(name)(kernel)
 
 
-_activation("relu", lambda g, x: g.maximum(x, 0.0 if x.dtype.is_float else 0), ints=True)
+# where(x < 0, 0, x), not max(x, 0): torch keeps NaN and -0.0
+_activation("relu", lambda g, x: g.where(g.binary("lt", x, 0), 0, x), ints=True)
 _backward("threshold_backward",
           lambda g, grad, x, threshold: g.where(g.binary("le", x, threshold), 0.0, grad))
 _activation("silu", lambda g, x: x * g.unary("sigmoid", x))

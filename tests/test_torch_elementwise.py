@@ -1,0 +1,198 @@
+"""The device's elementwise, selection, activation and foreach kernels against the CPU:
+random and edge values, every dtype, broadcasting, views, in-place and out= forms, and
+that each ran natively (not through the CPU fallback)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import hologram_torch  # noqa: E402
+
+FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+INTS = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+EDGE = [float("nan"), float("inf"), float("-inf"), -0.0, 0.0, 1e-40, -1e-40, 1.0, -2.5, 3.0]
+
+
+def dev(x):
+    return x.to("hologram")
+
+
+def sample(shape, dtype, edge=True, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    if dtype.is_floating_point:
+        x = torch.randn(shape, generator=g, dtype=torch.float64) * 3
+        if edge and x.numel() >= len(EDGE):
+            x.view(-1)[: len(EDGE)] = torch.tensor(EDGE, dtype=torch.float64)
+        return x.to(dtype)
+    if dtype is torch.bool:
+        return torch.rand(shape, generator=g) > 0.5
+    lo = 0 if dtype is torch.uint8 else -9
+    return torch.randint(lo, 10, shape, generator=g, dtype=dtype)
+
+
+def same(actual, expected, tol=None):
+    assert actual.device.type == "hologram"
+    rtol, atol = tol or {torch.float16: (1e-3, 1e-5), torch.bfloat16: (1.6e-2, 1e-5)}.get(
+        expected.dtype, (1.3e-6, 1e-30))
+    torch.testing.assert_close(actual.cpu(), expected, rtol=rtol, atol=atol, equal_nan=True)
+    if expected.dtype.is_floating_point:  # signed zeros too
+        zeros = (expected == 0) & (actual.cpu() == 0)
+        assert torch.equal(torch.signbit(actual.cpu()[zeros]), torch.signbit(expected[zeros]))
+
+
+@pytest.fixture(autouse=True)
+def native_only():
+    hologram_torch.reset_fallback_stats()
+    yield
+    stats = hologram_torch.fallback_stats()
+    assert not stats, f"ran on the CPU fallback: {stats}"
+
+
+BINARY = {
+    "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
+    "div": lambda a, b: a / b, "maximum": torch.maximum, "minimum": torch.minimum,
+    "add_alpha": lambda a, b: torch.add(a, b, alpha=2), "eq": torch.eq, "lt": torch.lt,
+    "ge": torch.ge, "ne": torch.ne,
+}
+
+
+@pytest.mark.parametrize("dtype", FLOATS + (torch.int64, torch.int32, torch.uint8))
+@pytest.mark.parametrize("name", sorted(BINARY))
+def test_binary(name, dtype):
+    f = BINARY[name]
+    for sa, sb in [((4, 5), (4, 5)), ((3, 1, 5), (4, 1)), ((), (6,)), ((0, 3), (3,))]:
+        a, b = sample(sa, dtype), sample(sb, dtype, seed=1)
+        same(f(dev(a), dev(b)), f(a, b))
+
+
+@pytest.mark.parametrize("dtype", FLOATS + (torch.int64,))
+def test_binary_with_python_scalars_and_promotion(dtype):
+    a = sample((7,), dtype)
+    for f in (lambda x: x + 1, lambda x: x * 2.5, lambda x: 3 - x, lambda x: x / 2,
+              lambda x: x > 0.5, lambda x: x * True):
+        same(f(dev(a)), f(a))
+    i = sample((7,), torch.int32)
+    same(dev(a) + dev(i), a + i)  # mixed dtypes promote as in torch
+    same(dev(a) * dev(torch.tensor(2.0, dtype=torch.float64)), a * torch.tensor(2.0,
+         dtype=torch.float64))  # a 0-d tensor does not promote a dimensioned one
+
+
+def test_bool_arithmetic():
+    a, b = sample((9,), torch.bool), sample((9,), torch.bool, seed=1)
+    same(dev(a) + dev(b), a + b)
+    same(dev(a) * dev(b), a * b)
+    same(torch.maximum(dev(a), dev(b)), torch.maximum(a, b))
+
+
+UNARY = ["exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt", "sin", "cos",
+         "tanh", "sigmoid", "erf", "floor", "ceil", "round", "trunc", "neg", "abs", "sign",
+         "reciprocal", "relu"]
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("name", UNARY)
+def test_unary_float(name, dtype):
+    x = sample((40,), dtype)
+    f = getattr(torch, name)
+    tol = (2e-6, 1e-30) if dtype is torch.float32 and name not in ("neg", "abs") else None
+    same(f(dev(x)), f(x), tol)
+
+
+@pytest.mark.parametrize("name", ["exp", "sqrt", "floor", "neg", "abs", "sigmoid", "relu"])
+def test_unary_int(name):
+    x = sample((20,), torch.int64)
+    f = getattr(torch, name)
+    same(f(dev(x)), f(x))
+
+
+def test_views_and_in_place():
+    a = sample((6, 8), torch.float32, edge=False)
+    d = dev(a)
+    same(d.t() * 2, a.t() * 2)
+    same(d[::2, 1::3].exp(), a[::2, 1::3].exp())
+    d[1:3].add_(1.5)
+    a[1:3].add_(1.5)
+    d.t()[2].mul_(-1)
+    a.t()[2].mul_(-1)
+    d[:, 0].relu_()
+    a[:, 0].relu_()
+    same(d, a)
+    out = torch.empty(0, device="hologram")
+    torch.mul(d, d, out=out)  # out= is resized, as in torch
+    same(out, a * a)
+    e = dev(torch.ones(3))
+    e.add_(dev(torch.tensor(2.0)))
+    same(e, torch.full((3,), 3.0))
+
+
+def test_in_place_errors_match_torch():
+    i = dev(torch.ones(3, dtype=torch.int64))
+    with pytest.raises(RuntimeError, match="can't be cast"):
+        i.add_(dev(torch.ones(3)))
+    with pytest.raises(RuntimeError, match="doesn't match the broadcast shape"):
+        dev(torch.ones(3)).add_(dev(torch.ones(2, 3)))
+    x = dev(torch.arange(6.0))
+    with pytest.raises(RuntimeError, match="single memory location"):
+        x[1:].add_(x[:-1])
+
+
+def test_mixing_a_cpu_tensor_is_an_error():
+    with pytest.raises(Exception, match="CPU|cpu"):
+        dev(torch.ones(3)) + torch.ones(3)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_selection(dtype):
+    x, y = sample((5, 6), dtype), sample((6,), dtype, seed=1)
+    c = sample((5, 6), torch.bool, seed=2)
+    same(torch.where(dev(c), dev(x), dev(y)), torch.where(c, x, y))
+    same(dev(x).masked_fill(dev(c), -7.5), x.masked_fill(c, -7.5))
+    same(dev(x).clamp(-1, 0.5), x.clamp(-1, 0.5))
+    same(dev(x).clamp(min=0.25), x.clamp(min=0.25))
+    same(dev(x).clamp(max=dev(y)), x.clamp(max=y))
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float64))
+def test_activations_and_gradients(dtype):
+    fns = [torch.relu, torch.sigmoid, torch.tanh, torch.nn.functional.silu,
+           torch.nn.functional.gelu, lambda t: torch.nn.functional.gelu(t, approximate="tanh"),
+           lambda t: torch.nn.functional.leaky_relu(t, 0.2),
+           lambda t: torch.nn.functional.hardtanh(t, -0.5, 0.7)]
+    for f in fns:
+        x = sample((30,), dtype, edge=False).requires_grad_()
+        d = dev(x.detach()).requires_grad_()
+        g = torch.randn(30, dtype=dtype)
+        f(x).backward(g)
+        f(d).backward(dev(g))
+        same(f(d).detach(), f(x).detach(), (1e-5, 1e-6))
+        same(d.grad, x.grad, (1e-5, 1e-6))
+
+
+def test_foreach_and_lerp_against_cpu():
+    xs = [sample((5,), torch.float32, edge=False, seed=s) for s in range(3)]
+    ys = [sample((5,), torch.float32, edge=False, seed=s + 9).abs() + 0.5 for s in range(3)]
+    ds, es = [dev(x) for x in xs], [dev(y) for y in ys]
+    torch._foreach_add_(xs, ys, alpha=0.5)
+    torch._foreach_add_(ds, es, alpha=0.5)
+    torch._foreach_mul_(xs, 0.9)
+    torch._foreach_mul_(ds, 0.9)
+    torch._foreach_addcdiv_(xs, ys, ys, [0.1, 0.2, 0.3])
+    torch._foreach_addcdiv_(ds, es, es, [0.1, 0.2, 0.3])
+    torch._foreach_lerp_(xs, ys, 0.3)
+    torch._foreach_lerp_(ds, es, 0.3)
+    for d, x, r in zip(ds, xs, torch._foreach_sqrt(ys)):
+        same(d, x, (1e-6, 1e-6))
+    for d, r in zip(torch._foreach_sqrt(es), torch._foreach_sqrt(ys)):
+        same(d, r)
+    a, b = xs[0], ys[0]
+    same(dev(a).lerp(dev(b), 0.7), a.lerp(b, 0.7))
+    same(dev(a).addcmul(dev(b), dev(b), value=-2), a.addcmul(b, b, value=-2))
+
+
+def test_empty_and_zero_dim():
+    e = torch.empty(0, 3)
+    same(dev(e) + 1, e + 1)
+    s = torch.tensor(2.5)
+    same(dev(s).exp(), s.exp())
+    same(dev(s) * dev(torch.ones(4)), s * torch.ones(4))
