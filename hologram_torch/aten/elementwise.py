@@ -18,7 +18,7 @@ import torch
 from hologram import functional
 from hologram.isa import dtypes as dt
 from hologram_torch.aten import program
-from hologram_torch.aten.program import ISA, cast
+from hologram_torch.aten.program import ISA, Unsupported, cast
 from hologram_torch.aten.registry import native_or_cpu
 
 OPINFO = (
@@ -45,8 +45,15 @@ def _compute(result: torch.dtype) -> dt.DType:
 
 def _pointwise(name: str, fn, args: tuple, result: torch.dtype,
                compute: dt.DType | None = None, out=None, keep=(), extra=()):
+    """``fn`` on ``args`` (see :func:`_build`); NotImplemented for operands no kernel
+    takes (e.g. a complex dtype), which then run through the CPU fallback."""
+    if result not in ISA:
+        return NotImplemented
     spec = (fn, compute or _compute(result), ISA[result], keep, extra)
-    return program.run(name, _build, args, (spec,), out)
+    try:
+        return program.run(name, _build, args, (spec,), out)
+    except Unsupported:
+        return NotImplemented
 
 
 def _check_inplace(name: str, self: torch.Tensor, result: torch.dtype, *others) -> None:
@@ -115,7 +122,7 @@ def _binary(name: str, fn, self, other, alpha=1, out=None, inplace=False,
     result = torch.bool if compare else common
     if floating and not result.is_floating_point:
         result = torch.get_default_dtype()
-    if not _native(self, other) or (isinstance(alpha, float) and not result.is_floating_point):
+    if result not in ISA or (isinstance(alpha, float) and not result.is_floating_point):
         return NotImplemented
     compute = ISA[common] if compare else _compute(result)
     args = (self, other) if alpha == 1 else (self, other, alpha)
@@ -125,7 +132,7 @@ def _binary(name: str, fn, self, other, alpha=1, out=None, inplace=False,
     elif out is not None:
         out = _fit_out(out, _shape(self, other))
     r = _pointwise(name, fn, args, result, compute, None if out is None else (out,))
-    return r if out is None else out
+    return r if out is None or r is NotImplemented else out
 
 
 def _arithmetic(name: str, fn, fn_alpha=None, floating=False, bool_ok=True):
@@ -281,8 +288,8 @@ def _unary(name: str, fn, floating: bool, int_fn=None):
         p = plan(self)
         if p is None:
             return NotImplemented
-        _pointwise(name, p[0], (self,), p[1], out=(_fit_out(out, self.shape),))
-        return out
+        r = _pointwise(name, p[0], (self,), p[1], out=(_fit_out(out, self.shape),))
+        return r if r is NotImplemented else out
 
     native_or_cpu(name)(functional)
     native_or_cpu(f"{name}_")(inplace)
@@ -333,9 +340,9 @@ def where_out(condition, self, other, *, out):
     result = torch.result_type(self, other)
     if condition.dtype is not torch.bool or not _native(self, other):
         return NotImplemented
-    _pointwise("where", _where, (condition, self, other), result, keep=(0,),
-               out=(_fit_out(out, _shape(condition, self, other)),))
-    return out
+    r = _pointwise("where", _where, (condition, self, other), result, keep=(0,),
+                   out=(_fit_out(out, _shape(condition, self, other)),))
+    return r if r is NotImplemented else out
 
 
 def _masked_fill(g, self, mask, value):
@@ -403,7 +410,7 @@ def _clamp_call(name, self, lo, hi, out=None, inplace=False):
         out = _fit_out(out, _shape(self, *bounds))
     r = _pointwise(name, _clamp, (self, *bounds), result, extra=(which,),
                    out=None if out is None else (out,))
-    return r if out is None else out
+    return r if out is None or r is NotImplemented else out
 
 
 @native_or_cpu("clamp", "clamp.Tensor")

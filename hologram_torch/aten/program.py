@@ -70,14 +70,6 @@ def set_backend(name: str) -> None:
     _state["backend"] = hologram.backend.validate_backend(name)
 
 
-def _meta(x: object) -> object:
-    if isinstance(x, torch.Tensor):
-        if x.is_cpu:  # a wrapped number or another CPU scalar
-            return (x.dtype,)
-        return (x.dtype, x.shape, x.stride())
-    return type(x)
-
-
 def supported(*tensors: torch.Tensor) -> bool:
     return all(t.dtype in ISA for t in tensors)
 
@@ -89,10 +81,21 @@ def run(name: str, build: Callable, args: Sequence, static: tuple = (),
     Returns the result tensor (or a tuple, when the builder returns one): fresh contiguous
     tensors, or ``out`` (whose shapes must be the results' shapes; values are cast to the
     out dtypes). ``out`` may alias inputs element for element (in-place elementwise ops);
-    other overlaps must be staged by the caller.
+    other overlaps must be staged by the caller. Raises :class:`Unsupported` for operands
+    no kernel can take (the caller falls back to the CPU).
     """
-    key = (name, static, _state["backend"], *map(_meta, args),
-           None if out is None else tuple(map(_meta, out)))
+    # The hot path of every device op: keep it to one pass over the arguments.
+    key = [name, static, _state["backend"]]
+    numbers = False
+    for x in args:
+        if isinstance(x, torch.Tensor):
+            key.append((x.dtype,) if x.is_cpu else (x.dtype, x.shape, x.stride()))
+        else:
+            key.append(type(x))
+            numbers = True
+    if out is not None:
+        key.append(tuple((o.dtype, o.shape, o.stride()) for o in out))
+    key = tuple(key)
     entry = _cache.get(key)
     if entry is None:
         entry = _compile(name, build, args, static, out)
@@ -102,15 +105,13 @@ def run(name: str, build: Callable, args: Sequence, static: tuple = (),
     if out is None:
         out = [memory.new(*layout) for layout in entry.layouts]
     if entry.launch is not None:
-        keep = []  # number boxes must outlive the launch
-        addresses = []
-        for x in args:
-            if isinstance(x, torch.Tensor):
-                addresses.append(x.data_ptr())
-            else:
-                box = _NUMBER[type(x)][1](x)
-                keep.append(box)
-                addresses.append(ctypes.addressof(box))
+        if numbers:  # boxed numbers must outlive the launch: ``boxes`` holds them
+            boxes = [x if isinstance(x, torch.Tensor) else _NUMBER[type(x)][1](x)
+                     for x in args]
+            addresses = [x.data_ptr() if isinstance(x, torch.Tensor) else ctypes.addressof(x)
+                         for x in boxes]
+        else:
+            addresses = [x.data_ptr() for x in args]
         for o in out:
             addresses.append(o.data_ptr())
         entry.launch(tuple(addresses))
@@ -156,7 +157,7 @@ def _compile(name: str, build: Callable, args: Sequence, static: tuple,
     outs = tuple((shape, TORCH[dtype]) for shape, dtype, _ in layouts)
     if all(math.prod(shape) == 0 for shape, _, _ in layouts):
         return _Entry(None, outs, single)
-    for j, (r, (shape, dtype, strides)) in enumerate(zip(results, layouts)):
+    for j, (r, (_, dtype, strides)) in enumerate(zip(results, layouts)):
         r = r if r.dtype is dtype else g.cast(r, dtype)
         g.output(f"out{j}", r, strides)
     compiled = hologram.compile(g.program(), backend())

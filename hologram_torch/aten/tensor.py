@@ -70,9 +70,9 @@ def copy_into(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
         return dst
     if src.is_cpu and src.dim() == 0:
         src = src.item()
-    if isinstance(src, torch.Tensor) and not src.is_cpu and _overlap(dst, src):
-        if src.data_ptr() != dst.data_ptr() or src.stride() != dst.stride():
-            src = clone(src)
+    if (isinstance(src, torch.Tensor) and not src.is_cpu and _overlap(dst, src)
+            and (src.data_ptr() != dst.data_ptr() or src.stride() != dst.stride())):
+        src = clone(src)  # a partial overlap: read everything before writing
     try:
         program.run("copy", _copy_build, (src,), (tuple(dst.shape), ISA[dst.dtype]),
                     out=(dst,))
@@ -156,4 +156,4 @@ def zero_(self):
     return fill_(self, False if self.dtype is torch.bool else 0)
 
 
-__all__ = ["aten", "copy_into", "clone", "empty", "fill_"]
+__all__ = ["aten", "clone", "copy_into", "empty", "fill_"]
