@@ -141,14 +141,14 @@ def memory_allocated(device: object = None) -> int:
     _index(device)
     from hologram_torch import memory
 
-    return memory.pool().stats()["allocated_bytes"]
+    return memory.stats()["allocated_bytes"]
 
 
 def max_memory_allocated(device: object = None) -> int:
     _index(device)
     from hologram_torch import memory
 
-    return memory.pool().stats()["peak_allocated_bytes"]
+    return memory.stats()["peak_allocated_bytes"]
 
 
 def memory_reserved(device: object = None) -> int:
@@ -156,7 +156,7 @@ def memory_reserved(device: object = None) -> int:
     _index(device)
     from hologram_torch import memory
 
-    return memory.pool().stats()["reserved_bytes"]
+    return memory.stats()["reserved_bytes"]
 
 
 def memory_stats(device: object = None) -> dict:
@@ -166,7 +166,7 @@ def memory_stats(device: object = None) -> dict:
     _index(device)
     from hologram_torch import memory
 
-    stats = memory.pool().stats()
+    stats = memory.stats()
     stats["allocated_bytes.all.current"] = stats["allocated_bytes"]
     stats["allocated_bytes.all.peak"] = stats["peak_allocated_bytes"]
     stats["reserved_bytes.all.current"] = stats["reserved_bytes"]
@@ -184,7 +184,7 @@ def empty_cache() -> None:
     """Return the pool's cached (free) blocks to the OS."""
     from hologram_torch import memory
 
-    memory.pool().empty_cache()
+    memory.empty_cache()
 
 
 _MODULE_FUNCTIONS = (
