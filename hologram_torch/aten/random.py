@@ -1,0 +1,57 @@
+"""Random numbers and ``arange``.
+
+The Python device interface cannot give the device its own generator, so random ops draw
+from torch's CPU generator, *directly into device memory* (a CPU view aliasing it): the
+same seed gives the same numbers as on the CPU, ``torch.manual_seed`` reproduces runs, and
+no copy is made. ``arange`` is a Hologram program.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hologram_torch import memory
+from hologram_torch.aten import program
+from hologram_torch.aten.program import ISA, cast
+from hologram_torch.aten.registry import impl, native_or_cpu, overload
+
+OPINFO = ("arange",)
+
+_IN_PLACE = ("normal_", "uniform_", "bernoulli_.float", "bernoulli_.Tensor", "random_",
+             "random_.from", "random_.to", "exponential_", "geometric_", "log_normal_",
+             "cauchy_")
+
+
+def _drawn_on_host(name: str) -> None:
+    op = overload(name)
+
+    def kernel(self, *args, **kwargs):
+        args = [memory.cpu_alias(a) if isinstance(a, torch.Tensor) and not a.is_cpu else a
+                for a in args]
+        if self.numel():
+            op(memory.cpu_alias(self), *args, **kwargs)
+        return self
+
+    impl(name)(kernel)
+
+
+for _name in _IN_PLACE:
+    _drawn_on_host(_name)
+
+
+def _arange(g, start, step, n, compute):
+    return cast(start, compute) + cast(g.arange(n), compute) * cast(step, compute)
+
+
+@native_or_cpu("arange.start_out")
+def arange_out(start, end, step=1, *, out):
+    if out.dtype not in ISA or out.dtype is torch.bool:
+        return NotImplemented
+    # torch's length rule, computed on the CPU for identical rounding and errors
+    n = torch.arange(start, end, step, dtype=out.dtype, device="meta").numel()
+    if tuple(out.shape) != (n,):
+        out.resize_(n)
+    if n:
+        compute = ISA[torch.float64] if out.dtype.is_floating_point else ISA[torch.int64]
+        program.run("arange", _arange, (start, step), (n, compute), out=(out,))
+    return out
