@@ -75,7 +75,7 @@ def supported(*tensors: torch.Tensor) -> bool:
 
 
 def run(name: str, build: Callable, args: Sequence, static: tuple = (),
-        out: Sequence[torch.Tensor] | None = None):
+        out: Sequence[torch.Tensor] | None = None, host: bool = False):
     """Compute ``build(graph, *args-as-graph-tensors, *static)`` on ``args``.
 
     Returns the result tensor (or a tuple, when the builder returns one): fresh contiguous
@@ -83,13 +83,18 @@ def run(name: str, build: Callable, args: Sequence, static: tuple = (),
     out dtypes). ``out`` may alias inputs element for element (in-place elementwise ops);
     other overlaps must be staged by the caller. Raises :class:`Unsupported` for operands
     no kernel can take (the caller falls back to the CPU).
+
+    ``host``: the operands are CPU tensors, computed on in place (zero-copy), and fresh
+    results are CPU tensors (:mod:`hologram_torch.functional` on CPU tensors). Otherwise
+    CPU tensors are 0-d scalars mixed with device tensors.
     """
     # The hot path of every device op: keep it to one pass over the arguments.
-    key = [name, static, _state["backend"]]
+    key = [name, static, _state["backend"], host]
     numbers = False
     for x in args:
         if isinstance(x, torch.Tensor):
-            key.append((x.dtype,) if x.is_cpu else (x.dtype, x.shape, x.stride()))
+            key.append((x.dtype,) if x.is_cpu and not host else
+                       (x.dtype, x.shape, x.stride()))
         else:
             key.append(type(x))
             numbers = True
@@ -98,12 +103,13 @@ def run(name: str, build: Callable, args: Sequence, static: tuple = (),
     key = tuple(key)
     entry = _cache.get(key)
     if entry is None:
-        entry = _compile(name, build, args, static, out)
+        entry = _compile(name, build, args, static, out, host)
         if len(_cache) >= CACHE_ENTRIES:
             _cache.clear()
         _cache[key] = entry
     if out is None:
-        out = [memory.new(*layout) for layout in entry.layouts]
+        out = [memory.new(*layout) if not host else torch.empty(layout[0], dtype=layout[3])
+               for layout in entry.layouts]
     if entry.launch is not None:
         if numbers:  # boxed numbers must outlive the launch: ``boxes`` holds them
             boxes = [x if isinstance(x, torch.Tensor) else _NUMBER[type(x)][1](x)
@@ -119,14 +125,14 @@ def run(name: str, build: Callable, args: Sequence, static: tuple = (),
 
 
 def _compile(name: str, build: Callable, args: Sequence, static: tuple,
-             out: Sequence[torch.Tensor] | None) -> _Entry:
+             out: Sequence[torch.Tensor] | None, host: bool) -> _Entry:
     g = Graph(name.replace(".", "_"))
     inputs = []
     for i, x in enumerate(args):
         if isinstance(x, torch.Tensor):
             if x.dtype not in ISA:
                 raise Unsupported(f"{name}: dtype {x.dtype}")
-            if x.is_cpu:
+            if x.is_cpu and not host:
                 if x.dim() != 0:
                     raise HologramError(
                         f"{name}: a CPU tensor of shape {list(x.shape)} cannot be mixed with "
