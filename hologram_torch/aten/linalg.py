@@ -1,0 +1,260 @@
+"""Matrix products: ``mm``, ``bmm``, ``addmm``, ``baddbmm``, ``addbmm``, ``mv``, ``addmv``,
+``dot`` and ``vdot`` (each with its ``.out`` overload).
+
+Every product is one ``Graph.matmul``: a ``contract`` op that the CPU backend hands to
+BLAS (``hologram.backends.cpu.gemm``) when the dtype is float32/float64 and both operands
+have a unit stride in one of their two matrix dimensions. Operands that do not (e.g. a
+slice with a step) are copied to a contiguous temporary inside the program first, so
+float GEMMs always take the BLAS path; integer products run as generated loops (torch's
+CPU supports them too). float16/bfloat16 are computed in float32 and rounded once, as
+torch's CPU kernels do. The ``add*`` forms fuse ``beta * input + alpha * product`` into
+the GEMM's epilogue; ``beta == 0`` ignores ``input`` (NaN/inf in it do not propagate)
+and ``alpha == 1`` / ``beta == 1`` are specialised so ``nn.Linear`` pays no scaling.
+
+``matmul``, ``linear``, ``einsum``, ``tensordot``, ``inner``, ``linalg.multi_dot`` are
+composite in torch: they reach the device as the ops above plus views, ``expand`` and
+contiguous copies. Their backward is the same products on transposed views (and
+``sum`` for biases).
+
+Shapes and dtypes are checked by running the op's own meta kernel first
+(:func:`infer`), so mismatches raise exactly torch's exception and message. Complex
+dtypes (not in the ISA) run through the CPU fallback.
+
+:func:`infer` and :func:`launch` are shared with :mod:`hologram_torch.aten.shape`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch.utils._pytree import tree_map
+
+from hologram.isa import dtypes as dt
+from hologram_torch import memory
+from hologram_torch.aten import program
+from hologram_torch.aten.program import ISA, cast, opmath
+from hologram_torch.aten.registry import impl, overload
+from hologram_torch.aten.tensor import copy_into
+from hologram_torch.device import NAME
+from hologram_torch.fallback import run_on_cpu
+
+OPINFO = ("mm", "bmm", "addmm", "addmm.decomposed", "addmv", "addbmm", "baddbmm", "dot",
+          "vdot", "mv", "matmul", "__rmatmul__", "nn.functional.linear", "einsum",
+          "inner", "tensordot", "linalg.multi_dot")
+
+_FLOATS = (dt.float32, dt.float64)
+_inferred: dict[tuple, torch.Tensor] = {}  # infer's cache
+
+
+# --- shared by the kernel families of this package --------------------------------------
+
+def _to_meta(x: object) -> object:
+    if isinstance(x, torch.Tensor) and x.device.type == NAME:
+        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+    return x
+
+
+def _signature(x: object) -> object:
+    if isinstance(x, torch.Tensor):
+        return (x.device.type, x.dtype, tuple(x.shape), x.stride())
+    if isinstance(x, (list, tuple)):
+        return tuple(map(_signature, x))
+    return (type(x), x)
+
+
+def infer(op: torch._ops.OpOverload, *args, **kwargs) -> torch.Tensor:
+    """Run ``op``'s meta kernel on metadata copies of the arguments: it raises torch's own
+    error for bad shapes/dtypes, and its result gives the output's shape, dtype and
+    strides (memory format included). Messages are prefixed with the op's name.
+
+    Successful results are cached by signature (some meta kernels are Python
+    decompositions costing more than a small GEMM); calls with ``out=`` are not, since
+    their meta kernel also resizes ``out`` and warns about it."""
+    key = None if "out" in kwargs else (op, _signature(args),
+                                        _signature(tuple(sorted(kwargs.items()))))
+    meta = _inferred.get(key)
+    if meta is not None:
+        return meta
+    try:
+        meta = op(*tree_map(_to_meta, args), **tree_map(_to_meta, kwargs))
+    except (RuntimeError, IndexError, ValueError, TypeError) as exc:
+        raise type(exc)(f"{op.__name__}: {exc}") from None
+    if key is not None:
+        if len(_inferred) >= program.CACHE_ENTRIES:
+            _inferred.clear()
+        _inferred[key] = meta
+    return meta
+
+
+def _shares_memory(a: torch.Tensor, b: object) -> bool:
+    return (isinstance(b, torch.Tensor) and b.device.type == NAME and b.numel() > 0
+            and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr())
+
+
+def launch(op: torch._ops.OpOverload, args: Sequence, kwargs: dict, name: str,
+           build: Callable, inputs: Sequence, static: tuple = (),
+           out: torch.Tensor | None = None) -> torch.Tensor:
+    """The common path of a kernel with one result: validate with the meta kernel,
+    allocate the result like torch would (or resize ``out``), and run ``build`` on
+    ``inputs`` into it. Unsupported dtypes go to the CPU fallback with the original
+    ``args``/``kwargs``. An ``out`` that shares memory with an input is staged through a
+    temporary (programs only allow element-for-element aliasing)."""
+    tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
+    if not program.supported(*tensors) or (out is not None and out.dtype not in ISA) or any(
+            isinstance(x, complex) for x in inputs):
+        return run_on_cpu(op, *args, **kwargs)
+    meta = infer(op, *args, **kwargs)
+    if out is None:
+        out = target = memory.empty(meta.shape, meta.dtype, list(meta.stride()))
+    else:
+        if out.shape != meta.shape:
+            out.resize_(meta.shape)
+        target = out
+        if any(_shares_memory(out, t) for t in tensors):
+            target = memory.empty(meta.shape, out.dtype, list(meta.stride()))
+    if target.numel():
+        program.run(name, build, inputs, static, out=(target,))
+    if target is not out:
+        copy_into(out, target)
+    return out
+
+
+def kernels(name: str, fn: Callable) -> None:
+    """Register ``fn(op, *args, out=None, **kwargs)`` for overload ``name``, its ``out=``
+    overload (``mm.out``, ``scatter.src_out``) and its in-place overload (``addmm_``,
+    ``scatter_.src``) where they exist. The in-place form computes the functional result
+    and copies it into ``self``, which must already have the result's shape."""
+    base, _, variant = name.partition(".")
+    functional = overload(name)
+    impl(name)(lambda *a, **k: fn(functional, *a, **k))
+    out_name = f"{name}_out" if variant else f"{name}.out"
+    op = overload(out_name)
+    impl(out_name)(lambda *a, _op=op, **k: fn(_op, *a, **k))
+    inplace_name = f"{base}_.{variant}" if variant else f"{base}_"
+    try:
+        overload(inplace_name)
+    except (AttributeError, RuntimeError):  # no in-place form (mm_ does not exist)
+        return
+
+    def inplace(self, *a, **k):
+        result = fn(functional, self, *a, **k)
+        if result.shape != self.shape:
+            raise RuntimeError(f"{inplace_name}: the result's shape {list(result.shape)} "
+                               f"does not match self's shape {list(self.shape)}")
+        return copy_into(self, result)
+
+    impl(inplace_name)(inplace)
+
+
+# --- builders ---------------------------------------------------------------------------
+
+def _blas_ready(t):
+    """``t`` itself if BLAS can read its matrices in place (unit stride along rows or
+    columns), else a contiguous copy made inside the program."""
+    if t.ndim < 2:
+        return t if t.ndim == 0 or t.shape[0] <= 1 or t.strides[0] == 1 else t.graph.copy(t)
+    (rows, cols), (s_row, s_col) = t.shape[-2:], t.strides[-2:]
+    if rows <= 1 or cols <= 1 or s_row == 1 or s_col == 1:
+        return t
+    return t.graph.copy(t)
+
+
+def _product(g, a, b, dtype: dt.DType, fold_batch: bool = False):
+    """``a @ b`` in the op-math dtype of ``dtype``; ``fold_batch`` sums over the leading
+    (batch) dimension as part of the contraction (``addbmm``): [B, n, m] @ [B, m, p] is
+    [n, B*m] @ [B*m, p], one GEMM."""
+    math_dtype = opmath(dtype)
+    a, b = cast(a, math_dtype), cast(b, math_dtype)
+    if fold_batch:
+        batch, n, m = a.shape
+        a = a.permute(1, 0, 2).reshape(n, batch * m)
+        b = b.reshape(batch * m, b.shape[2])
+    if math_dtype in _FLOATS:
+        a, b = _blas_ready(a), _blas_ready(b)
+    return g.matmul(a, b)
+
+
+def _product_build(g, a, b, dtype):
+    return _product(g, a, b, dtype)
+
+
+def _affine_build(g, bias, a, b, beta, alpha, dtype, beta_mode, alpha_one, fold_batch):
+    """``beta * bias + alpha * (a @ b)``; ``beta_mode`` is "zero" (bias ignored, as torch
+    documents), "one" or "scale"."""
+    if fold_batch and opmath(dtype) is not dtype:
+        return _addbmm_rounded(g, bias, a, b, beta, alpha, dtype, beta_mode, alpha_one)
+    product = _product(g, a, b, dtype, fold_batch)
+    math_dtype = product.dtype
+    if not alpha_one:
+        product = product * cast(alpha, math_dtype)
+    if beta_mode == "zero":
+        return product
+    bias = cast(bias, math_dtype)
+    if beta_mode == "scale":
+        bias = bias * cast(beta, math_dtype)
+    return bias + product
+
+
+def _addbmm_rounded(g, bias, a, b, beta, alpha, dtype, beta_mode, alpha_one):
+    """``addbmm`` in float16/bfloat16 as torch's CPU computes it: one ``addmm_`` per batch
+    entry, so the sum is rounded to ``dtype`` after every step (a single float32 sum
+    differs by several ulps). The products are one batched GEMM; the steps are
+    elementwise kernels, as many as there are batch entries."""
+    math_dtype = opmath(dtype)
+    products = _product(g, a, b, dtype)
+    if not alpha_one:
+        products = products * cast(alpha, math_dtype)
+    acc = None
+    if beta_mode != "zero":
+        acc = cast(bias, math_dtype)
+        acc = acc * cast(beta, math_dtype) if beta_mode == "scale" else acc
+        acc = acc.broadcast_to(products.shape[1:])
+    for i in range(products.shape[0]):
+        acc = products[i] if acc is None else acc + products[i]
+        acc = cast(cast(acc, dtype), math_dtype)
+    if acc is None:  # no batch entries and beta == 0: zeros
+        acc = cast(g.arange(1), math_dtype)[0].broadcast_to(products.shape[1:])
+    return acc
+
+
+# --- kernels ----------------------------------------------------------------------------
+
+def _same_dtype(op, *tensors) -> None:
+    """torch's CPU products require one dtype (some meta kernels do not check it)."""
+    dtypes = {t.dtype for t in tensors}
+    if len(dtypes) > 1:
+        shown = " and ".join(f"{t.dtype} {list(t.shape)}" for t in tensors)
+        raise RuntimeError(f"{op.__name__}: expected operands of the same dtype, got {shown}")
+
+
+def _product_kernel(op, a, b, out=None):
+    if a.dtype is torch.bool:  # torch has no boolean products: its kernel raises
+        return run_on_cpu(op, a, b, **({} if out is None else {"out": out}))
+    _same_dtype(op, a, b)
+    return launch(op, (a, b), {} if out is None else {"out": out}, "linalg.product",
+                  _product_build, (a, b), (ISA.get(a.dtype),), out)
+
+
+def _affine(fold_batch: bool) -> Callable:
+    """The kernel of an ``add*`` product; the in-place form writes into ``bias``."""
+    def kernel(op, bias, a, b, *, beta=1, alpha=1, out=None):
+        kwargs = {"beta": beta, "alpha": alpha, **({} if out is None else {"out": out})}
+        if a.dtype is torch.bool:
+            return run_on_cpu(op, bias, a, b, **kwargs)
+        _same_dtype(op, bias, a, b)
+        beta_mode = "zero" if beta == 0 else "one" if beta == 1 else "scale"
+        static = (ISA.get(a.dtype), beta_mode, alpha == 1, fold_batch)
+        return launch(op, (bias, a, b), kwargs, "linalg.affine", _affine_build,
+                      (bias, a, b, beta, alpha), static, out)
+
+    return kernel
+
+
+for _name in ("mm", "bmm", "mv", "dot", "vdot"):
+    kernels(_name, _product_kernel)
+for _name, _fold in (("addmm", False), ("baddbmm", False), ("addmv", False),
+                    ("addbmm", True)):
+    kernels(_name, _affine(_fold))
+
+__all__ = ["OPINFO", "infer", "kernels", "launch"]
