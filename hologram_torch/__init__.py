@@ -8,6 +8,9 @@
     loss = model(x).relu().sum()
     loss.backward()                             # gradients on the device
 
+``hologram_torch.functional`` and ``hologram_torch.nn`` (the seed-002 API) run Hologram
+kernels on CPU or hologram tensors, with autograd.
+
 Importing this package renames PyTorch's PrivateUse1 dispatch key to ``hologram``, installs
 ``torch.hologram`` (a device module mirroring ``torch.cuda``), aten kernels that run as
 Atlas programs compiled by Hologram's backend (:mod:`hologram_torch.aten`), and a CPU
@@ -23,7 +26,9 @@ from hologram_torch.device import NAME, register
 
 register()
 
-from hologram_torch import aten, compat, fallback  # noqa: E402,F401  (register kernels)
+# Kernels, fallback and compatibility patches register on import; functional and nn are
+# the seed-002 API.
+from hologram_torch import aten, compat, fallback, functional, nn  # noqa: E402,F401
 from hologram_torch.aten import program  # noqa: E402
 from hologram_torch.fallback import (  # noqa: E402
     FallbackWarning,
@@ -31,9 +36,12 @@ from hologram_torch.fallback import (  # noqa: E402
     reset_fallback_stats,
 )
 
+#: The seed-002 form ``hg.functional.add(exec, a, b)`` takes a Hologram executor first.
+Executor = hologram.Executor
+
 __all__ = [
-    "NAME", "FallbackWarning", "fallback_stats", "get_backend", "is_available",
-    "list_available_backends", "reset_fallback_stats", "set_backend",
+    "NAME", "Executor", "FallbackWarning", "fallback_stats", "functional", "get_backend",
+    "is_available", "list_available_backends", "nn", "reset_fallback_stats", "set_backend",
 ]
 
 
