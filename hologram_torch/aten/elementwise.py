@@ -26,7 +26,9 @@ OPINFO = (
     "pow", "eq", "ne", "lt", "le", "gt", "ge", "neg", "abs", "exp", "exp2", "expm1", "log",
     "log2", "log1p", "sqrt", "rsqrt", "reciprocal", "sign", "floor", "ceil", "round",
     "trunc", "sin", "cos", "tanh", "sigmoid", "erf", "clamp", "clamp_min", "clamp_max",
-    "where", "masked_fill", "nn.functional.relu", "nn.functional.gelu",
+    "where", "masked_fill", "nn.functional.relu", "nn.functional.gelu", "bitwise_and",
+    "bitwise_or", "bitwise_xor", "bitwise_not", "logical_and", "logical_or", "logical_xor",
+    "logical_not", "isnan",
     "nn.functional.silu", "nn.functional.leaky_relu", "nn.functional.hardtanh",
 )
 
@@ -258,13 +260,13 @@ def pow_tensor_tensor(self, exponent):
 
 # --- unary math -------------------------------------------------------------------------
 
-def _unary(name: str, fn, floating: bool, int_fn=None):
+def _unary(name: str, fn, floating: bool, int_fn=None, bools: bool = False):
     """``name``, ``name_`` and ``name.out``. ``floating``: integer inputs give the default
     float dtype (``exp(int)``); otherwise the dtype is kept, and ``int_fn`` (if any) is
     the function for integers (``floor`` of an integer is itself)."""
 
     def plan(self):
-        if not _native(self) or (self.dtype is torch.bool and not floating):
+        if not _native(self) or (self.dtype is torch.bool and not (floating or bools)):
             return None
         if self.dtype.is_floating_point or not floating:
             result = self.dtype
@@ -571,3 +573,83 @@ def _hardtanh_backward(g, grad, x, lo, hi):
 
 
 _backward("hardtanh_backward", _hardtanh_backward)
+
+
+# --- bitwise and logical ops, isnan -------------------------------------------------------
+
+def _bitwise(name: str, op: str):
+    def fn(g, a, b):
+        return g.binary(op, a, b)
+
+    def ok(self, other):
+        return not torch.result_type(self, other).is_floating_point
+
+    def functional(self, other):
+        return _binary(name, fn, self, other) if ok(self, other) else NotImplemented
+
+    def inplace(self, other):
+        return _binary(name, fn, self, other, inplace=True) if ok(self, other) \
+            else NotImplemented
+
+    def out_variant(self, other, *, out):
+        return _binary(name, fn, self, other, out=out) if ok(self, other) else NotImplemented
+
+    native_or_cpu(f"{name}.Tensor", f"{name}.Scalar")(functional)
+    native_or_cpu(f"{name}_.Tensor", f"{name}_.Scalar")(inplace)
+    native_or_cpu(f"{name}.Tensor_out")(out_variant)
+
+
+for _name in ("and", "or", "xor"):
+    _bitwise(f"bitwise_{_name}", _name)
+
+
+def _truth(g, x):
+    return x if x.dtype is dt.bool_ else g.binary("ne", x, 0)
+
+
+def _logical(name: str, op: str):
+    def fn(g, a, b):
+        return g.binary(op, _truth(g, a), _truth(g, b))
+
+    def functional(self, other):
+        return _binary(name, fn, self, other, compare=True)
+
+    def out_variant(self, other, *, out):
+        return _binary(name, fn, self, other, out=out, compare=True)
+
+    def inplace(self, other):
+        return _binary(name, fn, self, other, inplace=True, compare=True)
+
+    native_or_cpu(name)(functional)
+    native_or_cpu(f"{name}.out")(out_variant)
+    native_or_cpu(f"{name}_")(inplace)
+
+
+for _name in ("and", "or", "xor"):
+    _logical(f"logical_{_name}", _name)
+
+
+@native_or_cpu("logical_not")
+def logical_not(self):
+    return _pointwise("logical_not", lambda g, x: g.unary("not", _truth(g, x)), (self,),
+                      torch.bool, ISA.get(self.dtype))
+
+
+@native_or_cpu("logical_not.out")
+def logical_not_out(self, *, out):
+    r = _pointwise("logical_not", lambda g, x: g.unary("not", _truth(g, x)), (self,),
+                   torch.bool, ISA.get(self.dtype), out=(_fit_out(out, self.shape),))
+    return r if r is NotImplemented else out
+
+
+def _bitwise_not(g, x):
+    return g.unary("not", x)
+
+
+_unary("bitwise_not", _bitwise_not, floating=False, bools=True)
+
+
+@native_or_cpu("isnan")
+def isnan(self):
+    return _pointwise("isnan", lambda g, x: g.binary("ne", x, x), (self,), torch.bool,
+                      ISA.get(self.dtype))
