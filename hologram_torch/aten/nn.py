@@ -1,11 +1,13 @@
 """Neural-network kernels: softmax and log-softmax (and their backward), losses (MSE,
-negative log-likelihood, binary cross-entropy, smooth L1, Huber), layer normalization,
-embedding lookups and dropout.
+negative log-likelihood, binary cross-entropy with and without logits, smooth L1, Huber)
+with their backward, layer normalization, embedding lookups and dropout.
 
 Arithmetic runs in :func:`program.opmath` (float32 for half types) and results take
-torch's dtypes. Composite ops need no kernel here: ``cross_entropy`` is ``_log_softmax``
-plus ``nll_loss_forward``, ``l1_loss`` is ``abs``/``mean``, ``binary_cross_entropy_with_
-logits`` is a native kernel here but its backward is elementwise ops.
+torch's dtypes; where torch's CPU kernel stores a half-type intermediate, the kernel here
+rounds it too (:func:`_rounded`), so half results agree to the last bits that matter.
+Composite ops need no kernel: ``cross_entropy`` is ``_log_softmax`` + ``nll_loss_forward``
+(``nll_loss2d_forward`` for K-dimensional inputs), ``l1_loss`` is ``sub``/``abs``/``mean``,
+and the backward of ``binary_cross_entropy_with_logits`` is elementwise ops.
 
 The ISA has no gather or indexed load, so every lookup by index (a class in
 ``nll_loss``, a row in ``embedding``) is a one-hot formulation: compare an ``arange``
@@ -38,7 +40,7 @@ OPINFO = ("softmax", "log_softmax", "_softmax_backward_data", "nn.functional.sof
           "nn.functional.smooth_l1_loss", "nn.functional.huber_loss",
           "nn.functional.layer_norm", "nn.functional.embedding", "nn.functional.dropout")
 
-_NONE, _MEAN, _SUM = 0, 1, 2  # at::Reduction
+_NONE, _MEAN = 0, 1  # at::Reduction (2 is sum)
 
 
 def _floats(*tensors) -> bool:
@@ -137,10 +139,13 @@ _register_softmax("_log_softmax", log=True)
 
 
 # --- pointwise losses ---------------------------------------------------------------------
-# Each loss is f(d) of d = input - target (and a parameter), its gradient f'(d); the
-# comparisons are torch's own (strict in the forward, inclusive in the backward).
+# Each loss is f(d) of d = input - target and a parameter, and its gradient f'(d); the
+# comparisons are torch's own (strict in the forward, inclusive in the backward). ``r``
+# rounds to the tensor's dtype where torch's CPU kernel stores a half-type intermediate
+# (only mse_loss's difference: the others compute wholly in float32).
 
-def _mse(g, d, _):
+def _mse(g, d, _, r):
+    d = r(d)
     return d * d
 
 
@@ -148,9 +153,9 @@ def _mse_grad(g, d, _):
     return d * 2.0
 
 
-def _smooth_l1(g, d, beta):
+def _smooth_l1(g, d, beta, r):
     z = abs(d)
-    return g.where(g.binary("lt", z, beta), z * z * 0.5 / beta, z - 0.5 * beta)
+    return g.where(g.binary("lt", z, beta), 0.5 * z * z / beta, z - 0.5 * beta)
 
 
 def _smooth_l1_grad(g, d, beta):
@@ -158,9 +163,9 @@ def _smooth_l1_grad(g, d, beta):
     return g.where(g.binary("le", d, -beta), -1.0, inner)
 
 
-def _huber(g, d, delta):
+def _huber(g, d, delta, r):
     z = abs(d)
-    return g.where(g.binary("lt", z, delta), d * d * 0.5, (z - 0.5 * delta) * delta)
+    return g.where(g.binary("lt", z, delta), 0.5 * z * z, delta * (z - 0.5 * delta))
 
 
 def _huber_grad(g, d, delta):
@@ -174,8 +179,11 @@ _POINTWISE = {"mse_loss": (_mse, _mse_grad), "smooth_l1_loss": (_smooth_l1, _smo
 
 def _pointwise_build(g, x, target, kind, param, reduction, out):
     acc = opmath(out)
-    d = _rounded(cast(x, acc) - cast(target, acc), out)
-    loss = _rounded(_POINTWISE[kind][0](g, d, param), out)
+
+    def r(v):
+        return _rounded(v, out)
+
+    loss = r(_POINTWISE[kind][0](g, cast(x, acc) - cast(target, acc), param, r))
     return cast(_reduce(g, loss, reduction), out)
 
 
