@@ -172,8 +172,8 @@ def _register_extremes(kind: str) -> None:
     def argmax(x, dim=None, keepdim=False):
         if x.dtype is torch.bool:  # torch has no bool argmax/argmin: it raises
             return run_on_cpu(ops[2].default, x, dim, keepdim)
-        if dim is None and keepdim:  # torch keeps every dimension, as size 1
-            return argmax(x.reshape(-1), 0, False).reshape([1] * x.dim())
+        # dim=None: an index into the row-major flattening, as the ISA's argmax over
+        # several axes gives it (with keepdim, every dimension kept as size 1, as torch)
         return _extreme(f"arg{kind}", f"arg{kind}", _arg_reduce, x, dim, keepdim,
                         ops[2].default, dim, keepdim)
 
