@@ -1,23 +1,30 @@
 """Matrix products: ``mm``, ``bmm``, ``addmm``, ``baddbmm``, ``addbmm``, ``mv``, ``addmv``,
-``dot`` and ``vdot`` (each with its ``.out`` overload).
+``dot`` and ``vdot``, with their ``.out`` and in-place overloads.
 
 Every product is one ``Graph.matmul``: a ``contract`` op that the CPU backend hands to
 BLAS (``hologram.backends.cpu.gemm``) when the dtype is float32/float64 and both operands
-have a unit stride in one of their two matrix dimensions. Operands that do not (e.g. a
-slice with a step) are copied to a contiguous temporary inside the program first, so
-float GEMMs always take the BLAS path; integer products run as generated loops (torch's
-CPU supports them too). float16/bfloat16 are computed in float32 and rounded once, as
-torch's CPU kernels do. The ``add*`` forms fuse ``beta * input + alpha * product`` into
-the GEMM's epilogue; ``beta == 0`` ignores ``input`` (NaN/inf in it do not propagate)
-and ``alpha == 1`` / ``beta == 1`` are specialised so ``nn.Linear`` pays no scaling.
+have a unit stride in one of their two matrix dimensions (transposed views qualify).
+Float operands that do not (e.g. a slice with a step) are made contiguous by a separate
+copy first, so float32/float64 GEMMs always take the BLAS path. Integer products run as
+generated loops (torch's CPU supports them too), and so do float16/bfloat16, which are
+computed in float32 and rounded once, as torch's CPU kernels do (the casts fuse into the
+contraction's loads, which BLAS cannot take).
+
+The ``add*`` forms fuse ``beta * input + alpha * product`` into the GEMM's epilogue;
+``beta == 0`` ignores ``input`` (NaN/inf in it do not propagate) and ``alpha == 1`` /
+``beta == 1`` are specialised so ``nn.Linear`` pays no scaling. ``addbmm`` folds its
+batch into the contraction (one GEMM), except in half types, where torch's CPU rounds
+after every batch entry and so does this kernel.
 
 ``matmul``, ``linear``, ``einsum``, ``tensordot``, ``inner``, ``linalg.multi_dot`` are
 composite in torch: they reach the device as the ops above plus views, ``expand`` and
 contiguous copies. Their backward is the same products on transposed views (and
 ``sum`` for biases).
 
-Shapes and dtypes are checked by running the op's own meta kernel first
-(:func:`infer`), so mismatches raise exactly torch's exception and message. Complex
+Shapes are checked by running the op's own meta kernel first (:func:`infer`), so
+mismatches raise torch's exception type and message (prefixed with the op's name);
+mixed operand dtypes, which some meta kernels accept, raise ``RuntimeError`` as torch's
+CPU kernels do. Complex
 dtypes (not in the ISA) run through the CPU fallback.
 
 :func:`infer` and :func:`launch` are shared with :mod:`hologram_torch.aten.shape`.
@@ -43,7 +50,6 @@ OPINFO = ("mm", "bmm", "addmm", "addmm.decomposed", "addmv", "addbmm", "baddbmm"
           "vdot", "mv", "matmul", "__rmatmul__", "nn.functional.linear", "einsum",
           "inner", "tensordot", "linalg.multi_dot")
 
-_FLOATS = (dt.float32, dt.float64)
 _inferred: dict[tuple, torch.Tensor] = {}  # infer's cache
 
 
@@ -149,30 +155,10 @@ def kernels(name: str, fn: Callable) -> None:
 
 # --- builders ---------------------------------------------------------------------------
 
-def _blas_ready(t):
-    """``t`` itself if BLAS can read its matrices in place (unit stride along rows or
-    columns), else a contiguous copy made inside the program."""
-    if t.ndim < 2:
-        return t if t.ndim == 0 or t.shape[0] <= 1 or t.strides[0] == 1 else t.graph.copy(t)
-    (rows, cols), (s_row, s_col) = t.shape[-2:], t.strides[-2:]
-    if rows <= 1 or cols <= 1 or s_row == 1 or s_col == 1:
-        return t
-    return t.graph.copy(t)
-
-
-def _product(g, a, b, dtype: dt.DType, fold_batch: bool = False):
-    """``a @ b`` in the op-math dtype of ``dtype``; ``fold_batch`` sums over the leading
-    (batch) dimension as part of the contraction (``addbmm``): [B, n, m] @ [B, m, p] is
-    [n, B*m] @ [B*m, p], one GEMM."""
+def _product(g, a, b, dtype: dt.DType):
+    """``a @ b`` in the op-math dtype of ``dtype``."""
     math_dtype = opmath(dtype)
-    a, b = cast(a, math_dtype), cast(b, math_dtype)
-    if fold_batch:
-        batch, n, m = a.shape
-        a = a.permute(1, 0, 2).reshape(n, batch * m)
-        b = b.reshape(batch * m, b.shape[2])
-    if math_dtype in _FLOATS:
-        a, b = _blas_ready(a), _blas_ready(b)
-    return g.matmul(a, b)
+    return g.matmul(cast(a, math_dtype), cast(b, math_dtype))
 
 
 def _product_build(g, a, b, dtype):
@@ -180,12 +166,20 @@ def _product_build(g, a, b, dtype):
 
 
 def _affine_build(g, bias, a, b, beta, alpha, dtype, beta_mode, alpha_one, fold_batch):
-    """``beta * bias + alpha * (a @ b)``; ``beta_mode`` is "zero" (bias ignored, as torch
-    documents), "one" or "scale"."""
-    if fold_batch and opmath(dtype) is not dtype:
+    """``beta * bias + alpha * (a @ b)`` in one program (the generated-loop dtypes);
+    ``fold_batch``: ``addbmm`` in a half type (other dtypes fold the batch into the GEMM
+    before the program)."""
+    if fold_batch:
         return _addbmm_rounded(g, bias, a, b, beta, alpha, dtype, beta_mode, alpha_one)
-    product = _product(g, a, b, dtype, fold_batch)
-    math_dtype = product.dtype
+    return _epilogue_build(g, bias, _product(g, a, b, dtype), beta, alpha, beta_mode,
+                           alpha_one)
+
+
+def _epilogue_build(g, bias, product, beta, alpha, beta_mode, alpha_one):
+    """``beta * bias + alpha * product``; ``beta_mode`` is "zero" (bias ignored, as torch
+    documents), "one" or "scale"."""
+    math_dtype = opmath(product.dtype)
+    product = cast(product, math_dtype)
     if not alpha_one:
         product = product * cast(alpha, math_dtype)
     if beta_mode == "zero":
@@ -228,27 +222,75 @@ def _same_dtype(op, *tensors) -> None:
         raise RuntimeError(f"{op.__name__}: expected operands of the same dtype, got {shown}")
 
 
+def _blas_operand(t: torch.Tensor) -> torch.Tensor:
+    """``t``, or a contiguous copy of it when BLAS could not read its matrices in place
+    (no unit stride along rows or columns: a slice with a step, a strided vector). The
+    copy is a program of its own: inside the product's program, fusion would inline it
+    back into the contraction's loads and the GEMM would run as generated loops."""
+    if t.dtype not in (torch.float32, torch.float64) or t.dim() == 0:
+        return t
+    if t.dim() == 1:
+        return t if t.shape[0] <= 1 or t.stride(0) == 1 else t.contiguous()
+    (rows, cols), (s_row, s_col) = t.shape[-2:], t.stride()[-2:]
+    return t if rows <= 1 or cols <= 1 or 1 in (s_row, s_col) else t.contiguous()
+
+
 def _product_kernel(op, a, b, out=None):
     if a.dtype is torch.bool:  # torch has no boolean products: its kernel raises
         return run_on_cpu(op, a, b, **({} if out is None else {"out": out}))
     _same_dtype(op, a, b)
-    return launch(op, (a, b), {} if out is None else {"out": out}, "linalg.product",
-                  _product_build, (a, b), (ISA.get(a.dtype),), out)
+    kwargs = {} if out is None else {"out": out}
+    if a.dtype in ISA:
+        infer(op, a, b, **kwargs)  # torch's shape errors before any copy
+    return launch(op, (a, b), kwargs, "linalg.product", _product_build,
+                  (_blas_operand(a), _blas_operand(b)), (ISA.get(a.dtype),), out)
 
 
 def _affine(fold_batch: bool) -> Callable:
     """The kernel of an ``add*`` product; the in-place form writes into ``bias``."""
     def kernel(op, bias, a, b, *, beta=1, alpha=1, out=None):
+        args = (bias, a, b)
         kwargs = {"beta": beta, "alpha": alpha, **({} if out is None else {"out": out})}
         if a.dtype is torch.bool:
             return run_on_cpu(op, bias, a, b, **kwargs)
         _same_dtype(op, bias, a, b)
         beta_mode = "zero" if beta == 0 else "one" if beta == 1 else "scale"
-        static = (ISA.get(a.dtype), beta_mode, alpha == 1, fold_batch)
-        return launch(op, (bias, a, b), kwargs, "linalg.affine", _affine_build,
-                      (bias, a, b, beta, alpha), static, out)
+        fold = fold_batch
+        if a.dtype in ISA:
+            infer(op, bias, a, b, **kwargs)  # torch's shape errors before any reshape
+            if fold and a.dtype not in (torch.float16, torch.bfloat16):
+                # sum over the batch inside one GEMM: [B, n, m] @ [B, m, p] is
+                # [n, B*m] @ [B*m, p] (half types round per batch entry instead)
+                (batch, n, m), p = a.shape, b.shape[2]
+                a, b, fold = (a.transpose(0, 1).reshape(n, batch * m),
+                              b.reshape(batch * m, p), False)
+            a, b = _blas_operand(a), _blas_operand(b)
+        static = (ISA.get(a.dtype), beta_mode, alpha == 1, fold)
+        if a.dtype not in (torch.float32, torch.float64) or isinstance(alpha, complex) or \
+                isinstance(beta, complex):
+            return launch(op, args, kwargs, "linalg.affine", _affine_build,
+                          (bias, a, b, beta, alpha), static, out)
+        return _blas_affine(op, args, kwargs, bias, a, b, beta, alpha, static[1:3], out)
 
     return kernel
+
+
+def _blas_affine(op, args, kwargs, bias, a, b, beta, alpha, modes, out):
+    """The float32/float64 ``add*`` products as two programs: the GEMM, which BLAS writes
+    straight into the result, then the epilogue in place. (Fused into one program, the
+    CPU backend keeps the epilogue in the contraction's [.., M, N, K] kernel once BLAS
+    has taken the product, and runs it K times over.)"""
+    product = launch(op, args, {k: v for k, v in kwargs.items() if k != "out"},
+                     "linalg.product", _product_build, (a, b), (ISA[a.dtype],))
+    if modes != ("zero", True) and product.numel():
+        program.run("linalg.epilogue", _epilogue_build, (bias, product, beta, alpha),
+                    modes, out=(product,))
+    if out is None:
+        return product
+    meta = infer(op, *args, **kwargs)  # checks out's dtype
+    if out.shape != meta.shape:
+        out.resize_(meta.shape)
+    return copy_into(out, product)
 
 
 for _name in ("mm", "bmm", "mv", "dot", "vdot"):
