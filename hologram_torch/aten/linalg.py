@@ -100,17 +100,18 @@ def _shares_memory(a: torch.Tensor, b: object) -> bool:
 
 def launch(op: torch._ops.OpOverload, args: Sequence, kwargs: dict, name: str,
            build: Callable, inputs: Sequence, static: tuple = (),
-           out: torch.Tensor | None = None) -> torch.Tensor:
+           out: torch.Tensor | None = None, meta: torch.Tensor | None = None) -> torch.Tensor:
     """The common path of a kernel with one result: validate with the meta kernel,
     allocate the result like torch would (or resize ``out``), and run ``build`` on
     ``inputs`` into it. Unsupported dtypes go to the CPU fallback with the original
     ``args``/``kwargs``. An ``out`` that shares memory with an input is staged through a
-    temporary (programs only allow element-for-element aliasing)."""
+    temporary (programs only allow element-for-element aliasing). ``meta``: the result of
+    :func:`infer` on these arguments, when the caller already has it."""
     tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
     if not program.supported(*tensors) or (out is not None and out.dtype not in ISA) or any(
             isinstance(x, complex) for x in inputs):
         return run_on_cpu(op, *args, **kwargs)
-    meta = infer(op, *args, **kwargs)
+    meta = infer(op, *args, **kwargs) if meta is None else meta
     if out is None:
         out = target = memory.empty(meta.shape, meta.dtype, list(meta.stride()))
     else:
@@ -240,10 +241,9 @@ def _product_kernel(op, a, b, out=None):
         return run_on_cpu(op, a, b, **({} if out is None else {"out": out}))
     _same_dtype(op, a, b)
     kwargs = {} if out is None else {"out": out}
-    if a.dtype in ISA:
-        infer(op, a, b, **kwargs)  # torch's shape errors before any copy
+    meta = infer(op, a, b, **kwargs) if a.dtype in ISA else None  # errors before any copy
     return launch(op, (a, b), kwargs, "linalg.product", _product_build,
-                  (_blas_operand(a), _blas_operand(b)), (ISA.get(a.dtype),), out)
+                  (_blas_operand(a), _blas_operand(b)), (ISA.get(a.dtype),), out, meta)
 
 
 def _affine(fold_batch: bool) -> Callable:
@@ -255,9 +255,9 @@ def _affine(fold_batch: bool) -> Callable:
             return run_on_cpu(op, bias, a, b, **kwargs)
         _same_dtype(op, bias, a, b)
         beta_mode = "zero" if beta == 0 else "one" if beta == 1 else "scale"
-        fold = fold_batch
+        fold, meta = fold_batch, None
         if a.dtype in ISA:
-            infer(op, bias, a, b, **kwargs)  # torch's shape errors before any reshape
+            meta = infer(op, bias, a, b, **kwargs)  # torch's errors before any reshape
             if fold and a.dtype not in (torch.float16, torch.bfloat16):
                 # sum over the batch inside one GEMM: [B, n, m] @ [B, m, p] is
                 # [n, B*m] @ [B*m, p] (half types round per batch entry instead)
@@ -269,19 +269,20 @@ def _affine(fold_batch: bool) -> Callable:
         if a.dtype not in (torch.float32, torch.float64) or isinstance(alpha, complex) or \
                 isinstance(beta, complex):
             return launch(op, args, kwargs, "linalg.affine", _affine_build,
-                          (bias, a, b, beta, alpha), static, out)
-        return _blas_affine(op, args, kwargs, bias, a, b, beta, alpha, static[1:3], out)
+                          (bias, a, b, beta, alpha), static, out, meta)
+        return _blas_affine(op, args, kwargs, bias, a, b, beta, alpha, static[1:3], out,
+                            None if out is not None else meta)
 
     return kernel
 
 
-def _blas_affine(op, args, kwargs, bias, a, b, beta, alpha, modes, out):
+def _blas_affine(op, args, kwargs, bias, a, b, beta, alpha, modes, out, meta):
     """The float32/float64 ``add*`` products as two programs: the GEMM, which BLAS writes
     straight into the result, then the epilogue in place. (Fused into one program, the
     CPU backend keeps the epilogue in the contraction's [.., M, N, K] kernel once BLAS
     has taken the product, and runs it K times over.)"""
     product = launch(op, args, {k: v for k, v in kwargs.items() if k != "out"},
-                     "linalg.product", _product_build, (a, b), (ISA[a.dtype],))
+                     "linalg.product", _product_build, (a, b), (ISA[a.dtype],), None, meta)
     if modes != ("zero", True) and product.numel():
         program.run("linalg.epilogue", _epilogue_build, (bias, product, beta, alpha),
                     modes, out=(product,))
