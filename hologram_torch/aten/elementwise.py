@@ -28,7 +28,7 @@ OPINFO = (
     "trunc", "sin", "cos", "tanh", "sigmoid", "erf", "clamp", "clamp_min", "clamp_max",
     "where", "masked_fill", "nn.functional.relu", "nn.functional.gelu", "bitwise_and",
     "bitwise_or", "bitwise_xor", "bitwise_not", "logical_and", "logical_or", "logical_xor",
-    "logical_not", "isnan",
+    "logical_not", "isnan", "isposinf", "isneginf",
     "nn.functional.silu", "nn.functional.leaky_relu", "nn.functional.hardtanh",
 )
 
@@ -653,3 +653,28 @@ _unary("bitwise_not", _bitwise_not, floating=False, bools=True)
 def isnan(self):
     return _pointwise("isnan", lambda g, x: g.binary("ne", x, x), (self,), torch.bool,
                       ISA.get(self.dtype))
+
+
+def _infinity_test(name: str, value: float):
+    def fn(g, x):
+        return g.binary("eq", x, value)
+
+    def functional(self):
+        if not self.dtype.is_floating_point:  # integers are never infinite
+            return _pointwise(name, lambda g, x: g.binary("ne", x, x), (self,), torch.bool,
+                              ISA.get(self.dtype))
+        return _pointwise(name, fn, (self,), torch.bool, ISA.get(self.dtype))
+
+    def out_variant(self, *, out):
+        r = functional(self)
+        if r is NotImplemented:
+            return r
+        _fit_out(out, self.shape).copy_(r)
+        return out
+
+    native_or_cpu(name)(functional)
+    native_or_cpu(f"{name}.out")(out_variant)
+
+
+_infinity_test("isposinf", math.inf)
+_infinity_test("isneginf", -math.inf)
