@@ -293,6 +293,9 @@ def binary_cross_entropy_with_logits(x, target, weight=None, pos_weight=None,
 
 # --- negative log-likelihood --------------------------------------------------------------
 # input [N, C, *rest] (or [C]), target [N, *rest] (or []): the class axis is 1 (or 0).
+# Sums accumulate in float32 for half types; torch's CPU nll_loss2d accumulates half
+# inputs in half (a cascade of sequential partial sums), so its float16 sums can differ
+# from these (closer to exact) ones by a few half ulps.
 
 def _nll_parts(g, x, target, weight, ignore_index):
     """(target with a unit class axis, is-valid per target, weight per target)."""
