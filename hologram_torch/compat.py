@@ -251,9 +251,13 @@ def install() -> None:
         # deserializer would construct the storage through C++).
         torch.serialization.register_package(9, _tag, _deserialize)
 
-        library = torch.library.Library("aten", "IMPL")
-        library.impl("_to_copy", _to_copy, "PrivateUse1")
-        _libraries.append(library)
+        # Only when no kernel family registered a _to_copy of its own (which must then
+        # handle non_blocking itself): a second registration would override it.
+        if not torch._C._dispatch_has_kernel_for_dispatch_key("aten::_to_copy",
+                                                             "PrivateUse1"):
+            library = torch.library.Library("aten", "IMPL")
+            library.impl("_to_copy", _to_copy, "PrivateUse1")
+            _libraries.append(library)
 
         # Without a kernel for AutocastPrivateUse1, every op inside
         # torch.autocast('hologram') fails to dispatch. A fallthrough runs each op as is

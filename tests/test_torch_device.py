@@ -352,6 +352,7 @@ def test_deepcopy_tensor_parameter_module():
     assert copy.copy(x).device == DEV
 
 
+@pytest.mark.filterwarnings("ignore:TypedStorage is deprecated")
 def test_storages():
     x = torch.arange(6.0, device="hologram")
     st = x.untyped_storage()
