@@ -138,6 +138,30 @@ def test_sum_mean_edge_cases():
     same(lambda a: a.sum(), torch.tensor([2**62, 2**62, 2**62]))  # int64 wraps like torch
 
 
+def _with_out(op, shape, out_dtype, **kwargs):
+    """op(a, ..., out=a new tensor of ``shape``/``out_dtype`` on a's device); returns out."""
+    def fn(a):
+        out = torch.empty(shape, dtype=out_dtype, device=a.device)
+        result = op(a, **kwargs, out=out)
+        assert result is out
+        return out
+    return fn
+
+
+def test_sum_mean_out():
+    x = _make((3, 4, 5), torch.float32)
+    same(_with_out(torch.sum, (3, 5), torch.float32, dim=1), x, native=["sum.IntList_out"])
+    same(_with_out(torch.sum, (3, 1, 1), torch.float64, dim=(1, 2), keepdim=True), x)
+    same(_with_out(torch.sum, (4,), torch.int64, dim=(0, 2)), _make((3, 4, 5), torch.int32))
+    same(_with_out(torch.mean, (5,), torch.float32, dim=(0, 1)), x, native=["mean.out"])
+    same(_with_out(torch.mean, (0,), torch.float32, dim=-1), x[:0, 0])
+    same(_with_out(torch.sum, (0,), torch.float32, dim=0), x[:, 0])  # resized, no warning
+    # logsumexp writes its sum through sum.IntList_out
+    same(lambda a: torch.logsumexp(a, 1), x, native=["sum.IntList_out", "amax.default"])
+    same_error(_with_out(torch.mean, (4,), torch.float32, dim=0), _make((3, 4), torch.int64))
+    same_error(_with_out(torch.sum, (4,), torch.float32, dim=0, dtype=torch.float64), x[0])
+
+
 def test_sum_mean_errors():
     same_error(lambda a: a.sum(2), _make((3, 4), torch.float32))
     same_error(lambda a: a.sum((0, 0)), _make((3, 4), torch.float32))

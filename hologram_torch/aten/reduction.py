@@ -119,6 +119,44 @@ def mean_all(x, dtype=None):
     return mean_dim(x, None, False, dtype=dtype)
 
 
+def _reduced_shape(x: torch.Tensor, axes: tuple[int, ...], keepdim: bool) -> tuple[int, ...]:
+    return tuple(1 if d in axes else n for d, n in enumerate(x.shape) if keepdim or d not in axes)
+
+
+def _into(out: torch.Tensor, x: torch.Tensor, shape: tuple[int, ...]) -> bool:
+    """Can a result of ``shape`` be written into ``out`` directly? (It must not share
+    ``x``'s memory; a non-empty ``out`` of another shape is left to the fallback, which
+    resizes it with torch's warning; an empty one is resized here.)"""
+    if out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
+        return False
+    if tuple(out.shape) != shape:
+        if out.numel():
+            return False
+        out.resize_(shape)
+    return True
+
+
+def _sum_out(name: str, fallback, mean: bool):
+    """sum/mean with ``out=``: torch accumulates in ``dtype``, else in out's dtype."""
+
+    @impl(name)
+    def kernel(x, dim, keepdim=False, *, dtype=None, out):
+        axes, want = _dims(x, dim), dtype or out.dtype
+        if (axes is None or not program.supported(x) or want not in ISA or want is torch.bool
+                or want != out.dtype or (mean and _float_result(x, dtype) is None)
+                or not _into(out, x, _reduced_shape(x, axes, keepdim))):
+            return run_on_cpu(fallback, x, dim, keepdim, dtype=dtype, out=out)
+        count = math.prod(x.shape[d] for d in axes) if mean else None
+        program.run(name, _sum_build, (x,), (axes, keepdim, ISA[want], count), out=(out,))
+        return out
+
+    return kernel
+
+
+sum_out = _sum_out("sum.IntList_out", aten.sum.IntList_out, mean=False)
+mean_out = _sum_out("mean.out", aten.mean.out, mean=True)
+
+
 # --- extremes -----------------------------------------------------------------------------
 
 def _extreme_build(g, x, kind, axes, keepdim):
@@ -260,5 +298,5 @@ def linalg_vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
                        (float(ord), axes, keepdim, ISA[out]))
 
 
-__all__ = ["OPINFO", "linalg_vector_norm", "mean_all", "mean_dim", "std", "std_mean",
-           "sum_all", "sum_dim", "var", "var_mean"]
+__all__ = ["OPINFO", "linalg_vector_norm", "mean_all", "mean_dim", "mean_out", "std",
+           "std_mean", "sum_all", "sum_dim", "sum_out", "var", "var_mean"]
