@@ -99,6 +99,13 @@ def span(size, stride) -> int:
     return 1 + sum((n - 1) * s for n, s in zip(size, stride))
 
 
+def point_at(t: torch.Tensor, st: torch.UntypedStorage, offset: int, size, stride
+             ) -> torch.Tensor:
+    """Make device tensor ``t`` view ``st`` (metadata only, like ``t.set_``)."""
+    _set(_CPU_KEYS, t, st, offset, size, stride)
+    return t
+
+
 def on_storage(st: torch.UntypedStorage, dtype: torch.dtype, size, stride,
                offset: int = 0) -> torch.Tensor:
     """A device tensor viewing ``st``."""

@@ -54,6 +54,12 @@ for _name in ("as_strided", "view", "_reshape_alias", "unfold", "alias", "_unsaf
     _metadata(_name)
 
 
+@impl("set_")
+def set_empty_(self):
+    """``x.set_()``: an empty storage of the device (the CPU kernel would make a CPU one)."""
+    return memory.point_at(self, memory.storage(0), 0, [0], [1])
+
+
 # --- copies -----------------------------------------------------------------------------
 
 def _copy_build(g, src, shape, dtype):
