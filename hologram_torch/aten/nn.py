@@ -48,6 +48,12 @@ def _floats(*tensors) -> bool:
     return all(t is None or (t.dtype.is_floating_point and t.dtype in ISA) for t in tensors)
 
 
+def _or(t: torch.Tensor | None, neutral: float):
+    """An optional tensor operand (a weight, a bias) or, when absent, the number that
+    leaves the formula unchanged: it enters the program as a 0-d runtime input."""
+    return neutral if t is None else t
+
+
 def _reduce(g, loss, reduction: int):
     """at::apply_loss_reduction: elementwise, sum, or mean (NaN for an empty mean)."""
     if reduction == _NONE:
@@ -252,7 +258,7 @@ def binary_cross_entropy(x, target, weight=None, reduction=_MEAN):
             or not _probabilities(x)):
         return run_on_cpu(aten.binary_cross_entropy.default, x, target, weight, reduction)
     return program.run("binary_cross_entropy", _bce_build,
-                       (x, target, 1.0 if weight is None else weight), (reduction, ISA[x.dtype]))
+                       (x, target, _or(weight, 1.0)), (reduction, ISA[x.dtype]))
 
 
 @impl("binary_cross_entropy_backward")
@@ -261,7 +267,7 @@ def binary_cross_entropy_backward(grad, x, target, weight=None, reduction=_MEAN)
         return run_on_cpu(aten.binary_cross_entropy_backward.default, grad, x, target, weight,
                           reduction)
     return program.run("binary_cross_entropy_backward", _bce_grad_build,
-                       (grad, x, target, 1.0 if weight is None else weight),
+                       (grad, x, target, _or(weight, 1.0)),
                        (_loss_scale(reduction, x.numel()), ISA[x.dtype]))
 
 
@@ -287,8 +293,8 @@ def binary_cross_entropy_with_logits(x, target, weight=None, pos_weight=None,
                           pos_weight, reduction)
     out = torch.promote_types(x.dtype, target.dtype)
     return program.run("bce_with_logits", _bce_logits_build,
-                       (x, target, 1.0 if weight is None else weight,
-                        1.0 if pos_weight is None else pos_weight), (reduction, ISA[out]))
+                       (x, target, _or(weight, 1.0),
+                        _or(pos_weight, 1.0)), (reduction, ISA[out]))
 
 
 # --- negative log-likelihood --------------------------------------------------------------
@@ -363,7 +369,7 @@ def _register_nll(name: str) -> None:
     def kernel(x, target, weight, reduction, ignore_index):
         if not _nll_native(x, target, weight, reduction, ignore_index):
             return run_on_cpu(forward.default, x, target, weight, reduction, ignore_index)
-        return program.run(name, _nll_build, (x, target, 1.0 if weight is None else weight),
+        return program.run(name, _nll_build, (x, target, _or(weight, 1.0)),
                            (reduction, int(ignore_index)))
 
     @impl(f"{name}_backward")
@@ -372,7 +378,7 @@ def _register_nll(name: str) -> None:
             return run_on_cpu(backward.default, grad, x, target, weight, reduction,
                               ignore_index, total_weight)
         return program.run(f"{name}_backward", _nll_grad_build,
-                           (grad, x, target, 1.0 if weight is None else weight, total_weight),
+                           (grad, x, target, _or(weight, 1.0), total_weight),
                            (reduction, int(ignore_index)))
 
 
@@ -416,7 +422,7 @@ def native_layer_norm(x, normalized_shape, weight, bias, eps):
         return run_on_cpu(aten.native_layer_norm.default, x, normalized_shape, weight, bias,
                           eps)
     return program.run("layer_norm", _layer_norm_build,
-                       (x, 1.0 if weight is None else weight, 0.0 if bias is None else bias),
+                       (x, _or(weight, 1.0), _or(bias, 0.0)),
                        (len(normalized_shape), float(eps), ISA[_stats_dtype(x, weight)]))
 
 
@@ -463,7 +469,7 @@ def native_layer_norm_backward(grad, x, normalized_shape, mean, rstd, weight, bi
             bool(output_mask[2]) and bias is not None)
     dtypes = (ISA[x.dtype], *(ISA[p.dtype] if p is not None else None for p in (weight, bias)))
     results = iter(program.run("layer_norm_backward", _layer_norm_grad_build,
-                               (grad, x, mean, rstd, 1.0 if weight is None else weight),
+                               (grad, x, mean, rstd, _or(weight, 1.0)),
                                (k, mask, dtypes)) if any(mask) else ())
     return tuple(next(results) if m else None for m in mask)
 
