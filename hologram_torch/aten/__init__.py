@@ -1,9 +1,26 @@
 """aten kernels of the hologram device, by family. Importing this package registers them;
-every op without a kernel here goes through :mod:`hologram_torch.fallback`."""
+every op without a kernel here goes through :mod:`hologram_torch.fallback`.
 
-from hologram_torch.aten import tensor  # noqa: F401  (registers kernels)
-from hologram_torch.aten import reduction, nn  # noqa: F401
-from hologram_torch.aten import linalg, shape  # noqa: F401
+- :mod:`.tensor`: creation, host transfers, copies, views, fills, resize, item
+- :mod:`.elementwise`: arithmetic, comparisons, unary math, selection, activations
+- :mod:`.foreach`: addcmul/addcdiv/lerp and the optimizers' ``_foreach_*`` ops
+- :mod:`.reduction`: sum, mean, max/min, arg*, var/std, norms
+- :mod:`.nn`: softmax, losses, layer norm, embedding, dropout (with backward ops)
+- :mod:`.linalg`: matrix products (BLAS through the CPU backend's GEMM)
+- :mod:`.shape`: cat and the index ops (gather, scatter, index_select, ...)
+- :mod:`.random`: random draws (the CPU generator, into device memory) and arange
+"""
+
+from hologram_torch.aten import (  # noqa: F401  (importing registers the kernels)
+    elementwise,
+    foreach,
+    linalg,
+    nn,
+    random,
+    reduction,
+    shape,
+    tensor,
+)
 from hologram_torch.aten.registry import NATIVE
 
 __all__ = ["NATIVE"]
