@@ -15,15 +15,21 @@ import warnings
 import pytest
 
 torch = pytest.importorskip("torch")
-import hologram_torch  # noqa: E402  (registers the device before the OpInfo database)
+import hologram_torch  # noqa: E402
 import hologram_torch.aten  # noqa: E402
-from torch.testing._internal.common_methods_invocations import op_db  # noqa: E402
 
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64,
           torch.int32, torch.uint8, torch.bool)
 GRAD_DTYPES = (torch.float32, torch.float64)
 TOLERANCE = {torch.float32: (1e-5, 1e-4), torch.float64: (1e-7, 1e-7),
              torch.float16: (1e-3, 1e-3), torch.bfloat16: (1e-2, 1.6e-2)}
+# (OpInfo entry, dtype) -> (atol, rtol), each with its reason.
+OVERRIDES = {
+    # torch's CPU nll_loss2d adds float16 values in float16, in its own grouping; the
+    # kernel here adds in float32 (nearer the exact sum): 4-d sum/mean samples differ by a
+    # few float16 steps.
+    ("nn.functional.nll_loss", torch.float16): (2e-2, 1e-2),
+}
 
 
 def _opinfo_names() -> list[str]:
@@ -34,10 +40,17 @@ def _opinfo_names() -> list[str]:
     return sorted(set(names))
 
 
+def _key(op) -> str:
+    return op.name if not op.variant_test_name else f"{op.name}.{op.variant_test_name}"
+
+
 def _cases():
+    # Imported here, after hologram_torch: the database must see the device registered.
+    from torch.testing._internal.common_methods_invocations import op_db
+
     wanted = set(_opinfo_names())
     for op in op_db:
-        key = op.name if not op.variant_test_name else f"{op.name}.{op.variant_test_name}"
+        key = _key(op)
         if key in wanted:
             for dtype in DTYPES:
                 if dtype in op.supported_dtypes("cpu"):
@@ -59,8 +72,8 @@ def _flat_tensors(x) -> list:
     return []
 
 
-def _close(actual, expected, dtype, what: str) -> None:
-    atol, rtol = TOLERANCE.get(dtype, (0, 0))
+def _close(actual, expected, dtype, what: str, override=None) -> None:
+    atol, rtol = override or TOLERANCE.get(dtype, (0, 0))
     torch.testing.assert_close(actual.cpu() if isinstance(actual, torch.Tensor) else actual,
                                expected, atol=atol, rtol=rtol, equal_nan=True,
                                check_device=False, msg=lambda m: f"{what}: {m}")
@@ -75,7 +88,7 @@ def test_opinfo(op, dtype):
         samples = list(op.sample_inputs("cpu", dtype, requires_grad=grads))
     for i, sample in enumerate(samples):
         count += 1
-        what = f"{op.name} {dtype} sample {i}: {sample.summary() if hasattr(sample, 'summary') else sample}"
+        what = f"{op.name} {dtype} sample {i}: {sample}"
         try:
             torch.manual_seed(i)
             expected = op(sample.input, *sample.args, **sample.kwargs)
@@ -87,7 +100,7 @@ def test_opinfo(op, dtype):
             actual = op(device.input, *device.args, **kwargs)
             for a, e in zip(_flat_tensors(actual), _flat_tensors(expected)):
                 assert a.device.type == "hologram", f"{what}: result on {a.device}"
-                _close(a, e, e.dtype, what)
+                _close(a, e, e.dtype, what, OVERRIDES.get((_key(op), dtype)))
             if not grads:
                 continue
             outs = [(a, e) for a, e in zip(_flat_tensors(actual), _flat_tensors(expected))
@@ -108,7 +121,7 @@ def test_opinfo(op, dtype):
                 assert (a is None) == (e is None), f"{what}: gradient presence differs"
                 if e is not None:
                     _close(a, e, e.dtype, f"{what} (gradient)")
-        except Exception as exc:  # noqa: BLE001  (collect every failing sample)
+        except Exception as exc:  # collect every failing sample
             failures.append(f"{type(exc).__name__}: {str(exc)[:600]}")
     assert not failures, f"{len(failures)} of {count} samples failed:\n" + "\n".join(
         failures[:10])
