@@ -1,20 +1,24 @@
 """The developer benchmark suite: the CPU backend against PyTorch (:mod:`benchmarks.cpu`),
-the SDK's per-op costs and fusion (:mod:`benchmarks.sdk`), compiler and program-cache
-costs, and a small check of the reference interpreter against NumPy eager on the same
-fused programs.
+the SDK's per-op costs and fusion (:mod:`benchmarks.sdk`), the PyTorch device's per-op
+overhead and elementwise ratios (:mod:`benchmarks.torch_device`), training steps on the
+device and with ``hologram_torch.nn`` (:mod:`benchmarks.training`), compiler and
+program-cache costs, and a small check of the reference interpreter against NumPy eager on
+the same fused programs.
 
     python -m benchmarks.run [--out DIR] [--quick] [--no-torch-compile]
 
 Measured in one process, interleaved, medians over repeated runs, with a temporary
 program cache. Writes ``results.json`` and ``report.md`` to DIR (default
-``bench-results/``). Without PyTorch the CPU section is skipped with a message and the rest
-runs. The interpreter is the executable definition of the ISA, not a fast backend: its
-table shows what fusion alone buys when every instruction is still a NumPy call.
+``bench-results/``). Without PyTorch the CPU, device and training sections are skipped with
+a message and the rest runs. The interpreter is the executable definition of the ISA, not a
+fast backend: its table shows what fusion alone buys when every instruction is still a
+NumPy call.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -29,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 import hologram
-from benchmarks import cpu, sdk
+from benchmarks import cpu, sdk, torch_device, training
 from hologram import backends, config
 from hologram.compiler import pipeline
 from hologram.graph import Graph
@@ -212,6 +216,29 @@ def _cpu_section(cpu_result: dict) -> list[str]:
     ]
 
 
+def _torch_sections(device_result: dict | None, training_result: dict | None) -> list[str]:
+    """The report's PyTorch-device parts: per-op overhead and elementwise ratios, then
+    training steps (skipped without PyTorch)."""
+    if device_result is None:
+        return ["## PyTorch device and training steps", "Skipped: PyTorch is not installed."]
+    load = training_result["load_average"]
+    return [
+        f"## PyTorch device `hologram` vs CPU eager ({device_result['threads']} threads)",
+        "`a + b` on 100 elements split into dispatch, allocation, launch and the kernel's "
+        "Python; elementwise ops and activations on device tensors against the same on CPU "
+        "tensors. `ratio` is CPU / device: above 1, the device was faster.",
+        sdk.table(device_result),
+        f"## Training steps ({training_result['threads']} threads, load average "
+        f"{load[0]} before / {load[1]} after)",
+        "One `zero_grad` + forward + loss + backward + Adam step on a fixed batch; medians of "
+        "interleaved rounds, and the fastest step of each side (medians on a loaded machine "
+        "include waits for a time slice). `check`: the first two steps' losses match the CPU "
+        "within 1e-4 relative. The note counts one warm step's native kernel calls and the "
+        "ops that ran through the CPU fallback. `ratio` is CPU / Hologram.",
+        training.table(training_result),
+    ]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="bench-results")
@@ -230,6 +257,9 @@ def main(argv: list[str] | None = None) -> None:
         os.environ["HOLOGRAM_CACHE_DIR"] = cache_dir  # never touch the user's cache
         cpu_result = cpu.run(args.quick, args.torch_compile)
         sdk_result = sdk.run(args.quick)
+        has_torch = importlib.util.find_spec("torch") is not None
+        device_result = torch_device.run(args.quick) if has_torch else None
+        training_result = training.run(args.quick) if has_torch else None
         compiler_rows = bench_compiler(100_000, 5 if args.quick else 15, backend)
         new_process_ms = bench_new_process_disk_hit(backend)
         execution_rows = bench_execution(sizes, repeat)
@@ -240,6 +270,8 @@ def main(argv: list[str] | None = None) -> None:
                    "processor": platform.processor(), "quick": args.quick},
         "cpu_vs_torch": cpu_result,
         "sdk": sdk_result,
+        "torch_device": device_result,
+        "training": training_result,
         "compiler_backend": backend,
         "compiler": compiler_rows,
         "new_process_disk_hit_ms": new_process_ms,
@@ -252,6 +284,7 @@ def main(argv: list[str] | None = None) -> None:
         f"## SDK costs ({sdk_result['threads']} threads)",
         "`ratio` is baseline / Hologram: above 1, the Hologram form was faster.",
         sdk.table(sdk_result),
+        *_torch_sections(device_result, training_result),
         f"## Compiler and program cache (µs), backend `{backend}`",
         _table(compiler_rows, ["program", "kernels_before", "kernels_after", "temps_after",
                                "canonicalize_us", "fuse_schedule_us", "cold_compile_us",

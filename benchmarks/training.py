@@ -1,0 +1,355 @@
+"""Training steps on ``torch.device('hologram')`` and with ``hologram_torch.nn`` against
+PyTorch's CPU eager, in one process.
+
+    python -m benchmarks.training [--quick] [--json FILE] [--profile [CASE]]
+
+Same method as :mod:`benchmarks.cpu`: Hologram and PyTorch interleaved round by round,
+medians. One timed call is one whole training step, ``zero_grad`` + forward + loss +
+backward + ``optimizer.step`` (Adam), on a fixed batch. Cases:
+
+- ``mlp``: Linear 256->512, GELU, Linear 512->512, ReLU, Linear 512->1 on a batch of 64,
+  MSE loss: the model on the ``hologram`` device against the same model on the CPU, and
+  the same MLP built from ``hologram_torch.nn`` modules on CPU tensors (Hologram kernels
+  run zero-copy on CPU memory; Adam stays PyTorch's) against ``torch.nn`` on the CPU.
+- ``transformer``: embedding, 2 ``nn.TransformerEncoderLayer`` (d_model 64, 4 heads, ff 128,
+  dropout 0, batch_first), linear head, cross-entropy; batch 16 x sequence 32.
+
+Before timing, two steps from the same initial weights must give the same losses on both
+sides (within 1e-4 relative; the second loss checks the first update), and one warm step
+is recorded with :func:`hologram_torch.fallback_stats` (ops that ran on the CPU through the
+fallback: they cost a copy and a dispatch each, and explain much of the numbers) and the
+number of native kernel calls (``program.run``) it made.
+
+``ratio`` is ``cpu_ms / hologram_ms`` (medians): above 1 means the Hologram side was faster.
+The fastest single step of each side is listed too: on a loaded machine medians include
+waits for a time slice, and ``run`` records the 1-minute load average before and after.
+``--profile mlp`` prints a cProfile of device MLP steps, sorted by own time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import time
+
+from benchmarks import cpu
+
+RTOL = 1e-4
+# Untimed steps before every sample: three thread pools share the cores here (PyTorch's
+# OpenMP, OpenBLAS's for Hologram's matmuls, Hologram's own), and a pool still spinning
+# from the other side's steps (OpenBLAS's for ~0.1 s) slows the next steps by multiples.
+WARM_S = 0.1
+SIZES = {
+    "mlp": {"features": 256, "hidden": 512, "batch": 64},
+    "transformer": {"vocab": 32, "d_model": 64, "heads": 4, "ff": 128, "layers": 2,
+                    "batch": 16, "seq": 32},
+}
+# Small enough for a test: the same code paths, a fraction of the time.
+TINY_SIZES = {
+    "mlp": {"features": 16, "hidden": 32, "batch": 8},
+    "transformer": {"vocab": 8, "d_model": 16, "heads": 2, "ff": 32, "layers": 1,
+                    "batch": 2, "seq": 6},
+}
+
+
+def _mlp(torch, nn, s):
+    return torch.nn.Sequential(nn.Linear(s["features"], s["hidden"]), nn.GELU(),
+                               nn.Linear(s["hidden"], s["hidden"]), nn.ReLU(),
+                               nn.Linear(s["hidden"], 1))
+
+
+def _token_model(torch, s):
+    class TokenModel(torch.nn.Module):
+        """Embedding -> encoder layers -> vocabulary logits."""
+
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(s["vocab"], s["d_model"])
+            layer = torch.nn.TransformerEncoderLayer(
+                s["d_model"], s["heads"], dim_feedforward=s["ff"], dropout=0.0,
+                batch_first=True)
+            self.encoder = torch.nn.TransformerEncoder(layer, s["layers"],
+                                                       enable_nested_tensor=False)
+            self.head = torch.nn.Linear(s["d_model"], s["vocab"])
+
+        def forward(self, tokens):
+            return self.head(self.encoder(self.embed(tokens)))
+
+    return TokenModel()
+
+
+def _stepper(torch, model, loss_fn, x, y):
+    """One training step on a fixed batch, returning the loss tensor."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    def step():
+        optimizer.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    return step
+
+
+def _check(hologram_losses: list[float], cpu_losses: list[float]) -> str:
+    for i, (h, c) in enumerate(zip(hologram_losses, cpu_losses)):
+        if not abs(h - c) <= RTOL * abs(c):
+            return f"MISMATCH at step {i}: loss {h:.6g} vs CPU {c:.6g}"
+    return "ok"
+
+
+def _losses(step, steps: int = 2) -> list[float]:
+    return [step().item() for _ in range(steps)]
+
+
+def _one_step_costs(step) -> tuple[dict[str, int], int]:
+    """(fallback ops and their calls, native kernel calls) of one (warm) step."""
+    import hologram_torch
+    from hologram_torch.aten import program
+
+    step()  # compile whatever the step needs first
+    calls = [0]
+    run = program.run
+
+    def counting(*args, **kwargs):
+        calls[0] += 1
+        return run(*args, **kwargs)
+
+    hologram_torch.reset_fallback_stats()
+    program.run = counting
+    try:
+        step()
+    finally:
+        program.run = run
+    stats = hologram_torch.fallback_stats()
+    hologram_torch.reset_fallback_stats()
+    return stats, calls[0]
+
+
+def _note(fallbacks: dict[str, int], kernels: int) -> str:
+    total = sum(fallbacks.values())
+    if not fallbacks:
+        return f"{kernels} kernel calls, no fallback"
+    top = ", ".join(f"{op.removeprefix('aten::')} x{n}" for op, n in fallbacks.items())
+    return f"{kernels} kernel calls; {total} fallback calls ({len(fallbacks)} ops: {top})"
+
+
+def _row(case, hologram, hologram_ms, baseline, cpu_ms, check, note, fallbacks, kernels,
+         best_us):
+    return {"case": case, "hologram": hologram, "hologram_ms": round(hologram_ms, 3),
+            "baseline": baseline, "cpu_ms": round(cpu_ms, 3),
+            "ratio": round(cpu_ms / hologram_ms, 3),
+            "best_ms": [round(us / 1e3, 3) for us in best_us], "check": check, "note": note,
+            "fallbacks": fallbacks, "kernel_calls": kernels}
+
+
+def _interleaved(steps, settings) -> tuple[list[float], list[float]]:
+    """(median µs, fastest µs) per step function, by :func:`benchmarks.cpu.interleaved`.
+
+    The fastest single call is kept too: on a loaded machine a median step can include
+    waits for a time slice (multiples of ~12 ms here), the fastest rarely does."""
+    best = [float("inf")] * len(steps)
+
+    def timed(i, step):
+        def call():
+            start = time.perf_counter()
+            step()
+            best[i] = min(best[i], (time.perf_counter() - start) * 1e6)
+        return call
+
+    medians = cpu.interleaved([(timed(i, s), ()) for i, s in enumerate(steps)], settings,
+                              warm_s=WARM_S)
+    return medians, best
+
+
+def _device_case(torch, model, loss_fn, x, y):
+    """(device step, CPU step, check, fallbacks, kernel calls) for a model on both sides."""
+    device = torch.device("hologram")
+    dx, dy = x.to(device), y.to(device)
+    check = _check(_losses(_stepper(torch, copy.deepcopy(model).to(device), loss_fn, dx, dy)),
+                   _losses(_stepper(torch, copy.deepcopy(model), loss_fn, x, y)))
+    dev_step = _stepper(torch, copy.deepcopy(model).to(device), loss_fn, dx, dy)
+    cpu_step = _stepper(torch, copy.deepcopy(model), loss_fn, x, y)
+    fallbacks, kernels = _one_step_costs(dev_step)
+    return dev_step, cpu_step, check, fallbacks, kernels
+
+
+def mlp_inputs(torch, s):
+    torch.manual_seed(0)
+    x = torch.randn(s["batch"], s["features"])
+    y = x[:, :1] * 0.5 + 0.1 * torch.randn(s["batch"], 1)
+    return x, y
+
+
+def bench_mlp(torch, settings, s) -> list[dict]:
+    import hologram_torch as hgt
+
+    x, y = mlp_inputs(torch, s)
+    torch.manual_seed(1)
+    model = _mlp(torch, torch.nn, s)
+    mse = torch.nn.functional.mse_loss
+    dev_step, cpu_step, check, fallbacks, kernels = _device_case(torch, model, mse, x, y)
+
+    # The same weights in hologram_torch.nn modules (same classes' state_dict keys).
+    hg_model = _mlp(torch, hgt.nn, s)
+    hg_model.load_state_dict(model.state_dict())
+    hg_loss = hgt.nn.MSELoss()
+    hg_check = _check(_losses(_stepper(torch, copy.deepcopy(hg_model), hg_loss, x, y)),
+                      _losses(_stepper(torch, copy.deepcopy(model), mse, x, y)))
+    hg_step = _stepper(torch, hg_model, hg_loss, x, y)
+    _, hg_kernels = _one_step_costs(hg_step)
+
+    (dev_us, hg_us, cpu_us), (dev_best, hg_best, cpu_best) = _interleaved(
+        [dev_step, hg_step, cpu_step], settings)
+    label = f"MLP {s['features']}-{s['hidden']}-{s['hidden']}-1, batch {s['batch']}"
+    return [
+        _row(label, "hologram device", dev_us / 1e3, "CPU eager", cpu_us / 1e3, check,
+             _note(fallbacks, kernels), fallbacks, kernels, (dev_best, cpu_best)),
+        _row(label, "hologram_torch.nn on CPU tensors", hg_us / 1e3, "torch.nn on CPU",
+             cpu_us / 1e3, hg_check,
+             f"{hg_kernels} kernel calls (Linear, GELU, ReLU, MSELoss); Adam is PyTorch's",
+             {}, hg_kernels, (hg_best, cpu_best)),
+    ]
+
+
+def transformer_inputs(torch, s):
+    torch.manual_seed(0)
+    x = torch.randint(0, s["vocab"], (s["batch"], s["seq"]))
+    return x, (x + 1) % s["vocab"]  # predict the next token id
+
+
+def bench_transformer(torch, settings, s) -> list[dict]:
+    x, y = transformer_inputs(torch, s)
+    torch.manual_seed(1)
+    model = _token_model(torch, s)
+    vocab = s["vocab"]
+
+    def loss_fn(logits, target):
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), target.reshape(-1))
+
+    dev_step, cpu_step, check, fallbacks, kernels = _device_case(torch, model, loss_fn, x, y)
+    (dev_us, cpu_us), (dev_best, cpu_best) = _interleaved([dev_step, cpu_step], settings)
+    label = (f"Transformer {s['layers']}x(d {s['d_model']}, {s['heads']} heads, ff {s['ff']}), "
+             f"batch {s['batch']}x{s['seq']}")
+    return [_row(label, "hologram device", dev_us / 1e3, "CPU eager", cpu_us / 1e3, check,
+                 _note(fallbacks, kernels), fallbacks, kernels, (dev_best, cpu_best))]
+
+
+def run(quick: bool = False, sizes: dict | None = None) -> dict:
+    """Every case: ``{"threads", "load_average", "rows"}``; ``sizes`` replaces
+    :data:`SIZES` (e.g. :data:`TINY_SIZES` in the tests)."""
+    import warnings
+
+    torch = cpu.import_torch()
+    if torch is None:
+        return {"threads": None, "load_average": None, "rows": [],
+                "skipped": "PyTorch is not installed"}
+    import hologram_torch
+
+    sizes = sizes or SIZES
+    settings = cpu.Settings.make(quick)
+    load_before = os.getloadavg()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", hologram_torch.FallbackWarning)
+        rows = bench_mlp(torch, settings, sizes["mlp"])
+        rows += bench_transformer(torch, settings, sizes["transformer"])
+    load_after = os.getloadavg()
+    return {"threads": torch.get_num_threads(),
+            "load_average": [round(v, 2) for v in (load_before[0], load_after[0])],
+            "rows": rows}
+
+
+def table(result: dict) -> str:
+    lines = ["| case | hologram | hologram ms | baseline | CPU ms | ratio | fastest ms "
+             "(hologram / CPU) | check | note |", "|" + "---|" * 9]
+    for r in result["rows"]:
+        best = " / ".join(str(v) for v in r["best_ms"])
+        lines.append(f"| {r['case']} | {r['hologram']} | {r['hologram_ms']} | {r['baseline']} "
+                     f"| {r['cpu_ms']} | {r['ratio']} | {best} | {r['check']} | {r['note']} |")
+    return "\n".join(lines)
+
+
+def profile(case: str = "mlp", steps: int = 20, top: int = 25) -> str:
+    """cProfile of ``steps`` warm device training steps of ``case``, sorted by own time."""
+    import cProfile
+    import io
+    import pstats
+    import statistics
+    import warnings
+
+    torch = cpu.import_torch()
+    import hologram_torch
+
+    s = SIZES[case]
+    device = torch.device("hologram")
+    torch.manual_seed(1)
+    if case == "mlp":
+        x, y = mlp_inputs(torch, s)
+        model, loss_fn = _mlp(torch, torch.nn, s), torch.nn.functional.mse_loss
+    else:
+        x, y = transformer_inputs(torch, s)
+        model = _token_model(torch, s)
+
+        def loss_fn(logits, target):
+            return torch.nn.functional.cross_entropy(logits.reshape(-1, s["vocab"]),
+                                                     target.reshape(-1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", hologram_torch.FallbackWarning)
+        model = model.to(device)
+        x, y = x.to(device), y.to(device)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        phases = {"zero_grad": [], "forward + loss": [], "backward": [], "optimizer.step": []}
+        profiler = cProfile.Profile()
+        # Backward on this thread: the autograd engine otherwise runs a device's backward
+        # on its own thread, where cProfile does not see the kernels' Python.
+        with torch.autograd.set_multithreading_enabled(False):
+            for i in range(steps + 2):
+                if i == 2:
+                    profiler.enable()
+                t0 = time.perf_counter()
+                optimizer.zero_grad()
+                t1 = time.perf_counter()
+                loss = loss_fn(model(x), y)
+                t2 = time.perf_counter()
+                loss.backward()
+                t3 = time.perf_counter()
+                optimizer.step()
+                t4 = time.perf_counter()
+                if i >= 2:
+                    for name, t in zip(phases, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+                        phases[name].append(t * 1e3)
+        profiler.disable()
+    out = io.StringIO()
+    out.write(f"{case}: {steps} device steps (profiled), median ms per phase: "
+              + ", ".join(f"{k} {statistics.median(v):.2f}" for k, v in phases.items())
+              + "\n")
+    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(top)
+    return out.getvalue()
+
+
+def main(argv: list[str] | None = None) -> None:
+    import hologram
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", default=hologram.config.get().bench_quick)
+    parser.add_argument("--json", help="also write the rows to this file")
+    parser.add_argument("--profile", nargs="?", const="mlp", choices=sorted(SIZES),
+                        help="print a cProfile of device steps of this case instead")
+    args = parser.parse_args(argv)
+    if args.profile:
+        print(profile(args.profile))
+        return
+    result = run(args.quick)
+    print(f"threads: {result['threads']}, load average (1 min) before/after: "
+          f"{result['load_average']}\n")
+    print(table(result))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,32 @@
+"""benchmarks.training on tiny models: well-formed rows whose checks pass, and the report
+section benchmarks.run builds from them."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch")
+
+from benchmarks import run as bench_run
+from benchmarks import training
+
+
+def test_training_bench_rows_are_well_formed():
+    result = training.run(quick=True, sizes=training.TINY_SIZES)
+    rows = result["rows"]
+    assert [r["hologram"] for r in rows] == [
+        "hologram device", "hologram_torch.nn on CPU tensors", "hologram device"]
+    for r in rows:
+        assert r["check"] == "ok", r
+        assert r["hologram_ms"] > 0 and r["cpu_ms"] > 0
+        assert r["ratio"] == pytest.approx(r["cpu_ms"] / r["hologram_ms"], rel=1e-2)
+        assert len(r["best_ms"]) == 2 and min(r["best_ms"]) > 0
+        assert r["kernel_calls"] > 0
+        assert all(isinstance(op, str) and n > 0 for op, n in r["fallbacks"].items())
+        assert "kernel calls" in r["note"]
+    assert len(result["load_average"]) == 2
+    table = training.table(result)
+    assert table.count("\n") == len(rows) + 1 and "| ok |" in table
+    device = {"threads": 1, "rows": []}
+    report = "\n".join(bench_run._torch_sections(device, result))
+    assert "## Training steps" in report and table in report
