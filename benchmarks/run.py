@@ -216,18 +216,36 @@ def _cpu_section(cpu_result: dict) -> list[str]:
     ]
 
 
+def _guarded(bench, quick: bool) -> dict:
+    """``bench(quick)``, or ``{"error": ...}`` when it raises: one broken section must not
+    cost the suite its other tables."""
+    try:
+        return bench(quick)
+    except Exception as e:  # reported in the section instead
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
 def _torch_sections(device_result: dict | None, training_result: dict | None) -> list[str]:
     """The report's PyTorch-device parts: per-op overhead and elementwise ratios, then
-    training steps (skipped without PyTorch)."""
-    if device_result is None:
+    training steps (skipped without PyTorch; a section that raised says so)."""
+    if device_result is None or training_result is None:
         return ["## PyTorch device and training steps", "Skipped: PyTorch is not installed."]
+    if "error" in device_result:
+        device = ["## PyTorch device `hologram` vs CPU eager",
+                  f"**Failed**: `{device_result['error']}`"]
+    else:
+        device = [
+            f"## PyTorch device `hologram` vs CPU eager ({device_result['threads']} threads)",
+            "`a + b` on 100 elements split into dispatch, allocation, launch and the kernel's "
+            "Python; elementwise ops and activations on device tensors against the same on "
+            "CPU tensors. `ratio` is CPU / device: above 1, the device was faster.",
+            sdk.table(device_result),
+        ]
+    if "error" in training_result:
+        return [*device, "## Training steps", f"**Failed**: `{training_result['error']}`"]
     load = training_result["load_average"]
     return [
-        f"## PyTorch device `hologram` vs CPU eager ({device_result['threads']} threads)",
-        "`a + b` on 100 elements split into dispatch, allocation, launch and the kernel's "
-        "Python; elementwise ops and activations on device tensors against the same on CPU "
-        "tensors. `ratio` is CPU / device: above 1, the device was faster.",
-        sdk.table(device_result),
+        *device,
         f"## Training steps ({training_result['threads']} threads, load average "
         f"{load[0]} before / {load[1]} after)",
         "One `zero_grad` + forward + loss + backward + Adam step on a fixed batch; medians of "
@@ -258,8 +276,8 @@ def main(argv: list[str] | None = None) -> None:
         cpu_result = cpu.run(args.quick, args.torch_compile)
         sdk_result = sdk.run(args.quick)
         has_torch = importlib.util.find_spec("torch") is not None
-        device_result = torch_device.run(args.quick) if has_torch else None
-        training_result = training.run(args.quick) if has_torch else None
+        device_result = _guarded(torch_device.run, args.quick) if has_torch else None
+        training_result = _guarded(training.run, args.quick) if has_torch else None
         compiler_rows = bench_compiler(100_000, 5 if args.quick else 15, backend)
         new_process_ms = bench_new_process_disk_hit(backend)
         execution_rows = bench_execution(sizes, repeat)
