@@ -9,7 +9,7 @@ try:
 except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from hologram.bench import (  # noqa: E402
+from hologram.bench import (
     BenchmarkResult,
     TorchDeviceUnavailableError,
     Verification,
@@ -29,7 +29,7 @@ from hologram.bench import (  # noqa: E402
     time_pair,
     verify_correctness,
 )
-from hologram.bench.plots import (  # noqa: E402
+from hologram.bench.plots import (
     plot_comparison,
     plot_heatmap,
     plot_scaling,

@@ -100,9 +100,59 @@ def test_notebook_helpers_record_and_flag_failures(capsys):
 
 
 def test_unusable_hologram_device_is_a_clear_error():
+    # A device type torch knows but cannot allocate on here: 'hologram' itself works once any
+    # test in this process has imported hologram_torch.
     with pytest.raises(bench.TorchDeviceUnavailableError, match="hologram_device=None"):
-        bench.benchmark_elementwise_op("abs", torch.abs, [8], hologram_device="hologram:0",
+        bench.benchmark_elementwise_op("abs", torch.abs, [8], hologram_device="xla:0",
                                        verbose=False)
+
+
+def test_notebook_helpers_run_on_the_hologram_device():
+    pytest.importorskip("hologram_torch")
+    import torch.nn.functional as F
+
+    dev = torch.device("hologram:0")
+    common = dict(warmup=1, timing=3, hologram_device=dev, verbose=False)
+    seen = []
+
+    def spy_neg(x):
+        seen.append(x.device.type)
+        return torch.neg(x)
+
+    records = bench.benchmark_elementwise_op("neg", spy_neg, [100, 1000], **common)
+    # The same op runs as the CPU reference, then on device tensors (verified, then timed
+    # against itself on CPU).
+    assert seen[:2] == ["cpu", "hologram"] and set(seen) == {"cpu", "hologram"}
+    bench.benchmark_reduction_op("sum", torch.sum, [1000], rtol=1e-4, atol=1e-3,
+                                 results_list=records, **common)
+    bench.benchmark_matmul_op([16], results_list=records, **common)
+    bench.benchmark_loss_op("mse", F.mse_loss, [100], rtol=1e-4, atol=1e-6,
+                            results_list=records, **common)
+    assert [r["operation"] for r in records] == ["neg", "neg", "sum", "gemm", "mse"]
+    for r in records:
+        assert r["verified"], r["error"]
+        assert r["backend"] == "hologram:0" and r["speedup"] > 0
+        assert r["fallback_ops"] == "", r  # these ops have hologram kernels
+    # A device result that differs from CPU torch's is flagged.
+    wrong = bench.benchmark_elementwise_op(
+        "wrong", lambda x: torch.abs(x) if x.device.type == "hologram" else torch.neg(x), [64],
+        **common)
+    assert not wrong[0]["verified"] and "MISMATCH" in wrong[0]["error"]
+
+
+def test_device_records_name_ops_that_fell_back_to_the_cpu():
+    hologram_torch = pytest.importorskip("hologram_torch")
+
+    # A custom op with only a CPU kernel always takes the device's CPU fallback.
+    @torch.library.custom_op("hologram_bench_test::twice", mutates_args=(), device_types="cpu")
+    def twice(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    with pytest.warns(hologram_torch.FallbackWarning):
+        records = bench.benchmark_elementwise_op("twice", twice, [32], warmup=1, timing=2,
+                                                 hologram_device="hologram:0", verbose=False)
+    assert records[0]["verified"]
+    assert records[0]["fallback_ops"] == "hologram_bench_test.twice.default"
 
 
 def test_tables_and_save_load(tmp_path):

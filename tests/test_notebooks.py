@@ -1,5 +1,7 @@
-"""notebooks/pytorch_vs_atlas.ipynb executes end to end (small sizes:
-HOLOGRAM_BENCH_QUICK=1) in a copy of notebooks/, so its saved results stay out of the tree."""
+"""The benchmark notebooks execute end to end (small sizes: HOLOGRAM_BENCH_QUICK=1) in a copy
+of notebooks/, so their saved results stay out of the tree: pytorch_vs_atlas.ipynb (Hologram
+through the SDK) and pytorch_vs_hologram_torch.ipynb (the same PyTorch ops on
+torch.device('hologram'))."""
 
 from __future__ import annotations
 
@@ -19,22 +21,43 @@ pytest.importorskip("torch")
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 
 
-def test_pytorch_vs_atlas_notebook_runs(tmp_path, monkeypatch):
-    for name in ("pytorch_vs_atlas.ipynb", "benchmark_utils.py"):
-        shutil.copy(NOTEBOOKS / name, tmp_path / name)
+def _execute(name: str, tmp_path: Path, monkeypatch) -> str:
+    """Run notebook ``name`` in ``tmp_path``; returns the text of all its outputs."""
+    for file in (name, "benchmark_utils.py"):
+        shutil.copy(NOTEBOOKS / file, tmp_path / file)
     monkeypatch.setenv("HOLOGRAM_BENCH_QUICK", "1")
     monkeypatch.setenv("MPLBACKEND", "Agg")
     # The kernel imports hologram from this checkout even when it is not installed.
     root = str(NOTEBOOKS.parent)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [root,
                                                                   os.environ.get("PYTHONPATH")])))
-    nb = nbformat.read(tmp_path / "pytorch_vs_atlas.ipynb", as_version=4)
+    nb = nbformat.read(tmp_path / name, as_version=4)
     client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
                                      resources={"metadata": {"path": str(tmp_path)}})
     client.execute()
-    text = "\n".join(str(output.get("text", "")) + str(output.get("data", {}))
+    return "\n".join(str(output.get("text", "")) + str(output.get("data", {}))
                      for cell in nb.cells if cell.cell_type == "code"
                      for output in cell.get("outputs", []))
+
+
+def test_pytorch_vs_atlas_notebook_runs(tmp_path, monkeypatch):
+    text = _execute("pytorch_vs_atlas.ipynb", tmp_path, monkeypatch)
     assert "Key findings (measured)" in text
     assert "All 40 cases verified" in text
     assert list(tmp_path.glob("benchmark_results_*.json"))
+
+
+def test_pytorch_vs_hologram_torch_notebook_runs(tmp_path, monkeypatch):
+    pytest.importorskip("hologram_torch")
+    text = _execute("pytorch_vs_hologram_torch.ipynb", tmp_path, monkeypatch)
+    assert "device=hologram:0" in text
+    assert "Key findings (measured)" in text
+    # Every device result matched CPU torch's; a failed case would be listed instead.
+    assert "All 40 cases verified against PyTorch CPU" in text
+    assert "CPU fallback on the device" in text
+    saved = list(tmp_path.glob("benchmark_results_*.json"))
+    assert saved
+    from hologram.bench import load_results
+
+    records = load_results(saved[0])
+    assert len(records) == 40 and {r["backend"] for r in records} == {"hologram:0"}

@@ -7,14 +7,19 @@ printed prominently; the case is still timed when Hologram produced an output, a
 dropped.
 
 ``hologram_device``: None runs Hologram through the SDK (``hg.Executor``, ``hg.ops``). A
-``torch.device`` (the coming ``torch.device('hologram')``) runs the PyTorch op on that device
-instead, once the device works; until then :class:`TorchDeviceUnavailableError` is raised,
-naming the remedy (pass ``hologram_device=None``).
+``torch.device`` (``torch.device('hologram:0')`` once ``hologram_torch`` is imported) runs
+the same PyTorch op on that device instead: the inputs are copied to the device before
+timing, the output is verified against the op on CPU tensors, each timed call is followed by
+the device module's ``synchronize()`` (``torch.hologram.synchronize``), and the record's
+``fallback_ops`` names the aten ops that ran through ``hologram_torch``'s CPU fallback
+during the (untimed) verification call. A device that cannot hold tensors (``hologram_torch``
+not imported) raises :class:`TorchDeviceUnavailableError`, naming the remedies.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -52,8 +57,24 @@ def _check_device(device: Any) -> None:
     except Exception as exc:  # an unknown device type raises RuntimeError, others vary
         raise TorchDeviceUnavailableError(
             f"hologram_device={device!r} cannot hold tensors here ({type(exc).__name__}: "
-            f"{exc}); the torch.device('hologram') backend is not available yet. Pass "
+            f"{exc}). For torch.device('hologram'), `import hologram_torch` first; or pass "
             f"hologram_device=None to benchmark Hologram through its SDK.") from exc
+
+
+def _device_sync(device: Any) -> Callable[[], None] | None:
+    """The device module's ``synchronize`` (``torch.hologram.synchronize``), called with no
+    argument: the call with a device argument parses it, ~1 µs that would be timed."""
+    import torch
+
+    module = getattr(torch, torch.device(device).type, None)
+    return getattr(module, "synchronize", None)
+
+
+def _fallback_counts() -> dict[str, int] | None:
+    """``hologram_torch.fallback_stats()`` when the device package is loaded."""
+    module = sys.modules.get("hologram_torch")
+    stats = getattr(module, "fallback_stats", None)
+    return stats() if stats is not None else None
 
 
 def _shape(arrays: Sequence[np.ndarray]) -> str:
@@ -71,13 +92,15 @@ def compare(name: str, size: int, torch_fn: Callable, hologram_fn: Callable,
     ``hologram_fn`` takes Hologram buffers (``hologram_device`` None) or tensors on
     ``hologram_device``. Returns one record: statistics prefixed ``pytorch_``,
     ``hologram_`` (and ``torch_compile_``), ``speedup`` (PyTorch's median time over
-    Hologram's: above 1 means Hologram was faster), ``verified`` and the errors.
+    Hologram's: above 1 means Hologram was faster), ``verified`` and the errors (and, on a
+    device, ``fallback_ops``: the ops that ran on the CPU during the verification call).
     ``warm_s``: see :func:`~hologram.bench.stats.time_pair`; None picks
     :func:`default_warm_s`.
     """
     import torch
 
-    ex = executor or default_executor()
+    # The device path needs no SDK executor: don't create one.
+    ex = executor or (default_executor() if hologram_device is None else None)
     tensors = tuple(torch.from_numpy(a) for a in arrays)
     if hologram_device is None:
         operands = tuple(ex.from_numpy(a) for a in arrays)
@@ -85,7 +108,7 @@ def compare(name: str, size: int, torch_fn: Callable, hologram_fn: Callable,
     else:
         _check_device(hologram_device)
         operands = tuple(t.to(hologram_device) for t in tensors)
-        sync = None
+        sync = _device_sync(hologram_device)
     record: Record = {
         "family": family, "operation": name, "size": size, "shape": _shape(arrays),
         "dtype": str(arrays[0].dtype), "backend": str(ex.backend) if hologram_device is None
@@ -93,8 +116,15 @@ def compare(name: str, size: int, torch_fn: Callable, hologram_fn: Callable,
         "torch_threads": torch.get_num_threads(), "rtol": rtol, "atol": atol,
     }
     expected = torch_fn(*tensors)
+    before = _fallback_counts() if hologram_device is not None else None
     try:
-        actual = hologram_fn(*operands)
+        try:
+            actual = hologram_fn(*operands)
+        finally:
+            if before is not None:
+                after = _fallback_counts() or {}
+                record["fallback_ops"] = ", ".join(
+                    sorted(op for op, n in after.items() if n > before.get(op, 0)))
         check = verify_correctness(actual, expected, rtol=rtol, atol=atol,
                                    name=f"{name}[{size}]", raise_on_error=False)
         record.update(verified=check.ok, max_abs_err=check.max_abs_err,
