@@ -57,6 +57,23 @@ def _returns_view(op) -> bool:
     return view
 
 
+_tensor_positions: dict = {}  # op -> positions of its Tensor arguments
+
+
+def _rewrap_numbers(op, args: tuple) -> tuple:
+    """Wrapped numbers (``x % 5`` passes 5 as a 0-d tensor) reach a boxed kernel as Python
+    numbers; calling the op again needs them as tensors."""
+    positions = _tensor_positions.get(op)
+    if positions is None:
+        positions = _tensor_positions[op] = frozenset(
+            i for i, a in enumerate(op._schema.arguments) if str(a.type) == "Tensor")
+    if not any(i in positions and isinstance(x, (bool, int, float, complex))
+               for i, x in enumerate(args)):
+        return args
+    return tuple(torch.tensor(x) if i in positions and isinstance(x, (bool, int, float, complex))
+                 else x for i, x in enumerate(args))
+
+
 def run_on_cpu(op, *args, **kwargs):
     """The boxed fallback kernel registered for the hologram dispatch key."""
     if _returns_view(op):
@@ -94,6 +111,7 @@ def run_on_cpu(op, *args, **kwargs):
             return c
         return x
 
+    args = _rewrap_numbers(op, args)
     cargs = tree_map(to_cpu, args)
     ckwargs = {k: tree_map(out_to_cpu if k in out_args else to_cpu, v)
                for k, v in kwargs.items()}

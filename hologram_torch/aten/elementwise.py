@@ -35,7 +35,8 @@ OPINFO = (
 
 def _build(g, *args):
     """``fn`` on the inputs cast to ``compute`` (except positions in ``keep``), cast to
-    ``result``."""
+    ``result``. ``fn`` is part of the compiled-kernel key: pass functions made once, never
+    a lambda made per call (each would compile anew)."""
     *inputs, (fn, compute, result, keep, extra) = args
     values = [x if i in keep else cast(x, compute) for i, x in enumerate(inputs)]
     return cast(fn(g, *values, *extra), result)
@@ -191,11 +192,15 @@ _arithmetic("div", lambda g, a, b: a / b, floating=True)
 
 
 def _minmax(name: str):
+    # One function per op, made once: the builder is part of the compiled-kernel key.
+    def fn(g, a, b):
+        return g.binary(name[:3], a, b)
+
     def functional(self, other):
-        return _binary(name, lambda g, a, b: g.binary(name[:3], a, b), self, other)
+        return _binary(name, fn, self, other)
 
     def out_variant(self, other, *, out):
-        return _binary(name, lambda g, a, b: g.binary(name[:3], a, b), self, other, out=out)
+        return _binary(name, fn, self, other, out=out)
 
     native_or_cpu(name)(functional)
     native_or_cpu(f"{name}.out")(out_variant)
@@ -235,6 +240,10 @@ _POW = {2.0: lambda g, x: x * x, 3.0: lambda g, x: x * x * x,
         1.0: lambda g, x: x}
 
 
+def _pow(g, x, exponent):
+    return g.binary("pow", x, exponent)
+
+
 def _pow_scalar(g, x, exponent):
     return _POW[exponent](g, x)
 
@@ -246,8 +255,7 @@ def pow_tensor_scalar(self, exponent):
         return NotImplemented  # integer pow stays integral in torch: exact on the CPU
     if float(exponent) in _POW:
         return _pointwise("pow", _pow_scalar, (self,), result, extra=(float(exponent),))
-    return _pointwise("pow", lambda g, x, e: g.binary("pow", x, e), (self, float(exponent)),
-                      result)
+    return _pointwise("pow", _pow, (self, float(exponent)), result)
 
 
 @native_or_cpu("pow.Tensor_Tensor")
@@ -255,7 +263,7 @@ def pow_tensor_tensor(self, exponent):
     result = torch.result_type(self, exponent)
     if not result.is_floating_point or not _native(self, exponent):
         return NotImplemented
-    return _pointwise("pow", lambda g, x, e: g.binary("pow", x, e), (self, exponent), result)
+    return _pointwise("pow", _pow, (self, exponent), result)
 
 
 # --- unary math -------------------------------------------------------------------------
@@ -508,20 +516,22 @@ _backward("sigmoid_backward", lambda g, grad, y: grad * (1.0 - y) * y)
 _backward("tanh_backward", lambda g, grad, y: grad * (1.0 - y * y))
 
 
+def _gelu(g, x, approximate):
+    return functional.gelu(x, approximate)
+
+
 @native_or_cpu("gelu")
 def gelu(self, approximate="none"):
     if not _float(self):
         return NotImplemented
-    return _pointwise("gelu", lambda g, x, a: functional.gelu(x, a), (self,), self.dtype,
-                      extra=(approximate,))
+    return _pointwise("gelu", _gelu, (self,), self.dtype, extra=(approximate,))
 
 
 @native_or_cpu("gelu_")
 def gelu_(self, approximate="none"):
     if not _float(self):
         return NotImplemented
-    return _pointwise("gelu", lambda g, x, a: functional.gelu(x, a), (self,), self.dtype,
-                      extra=(approximate,), out=(self,))
+    return _pointwise("gelu", _gelu, (self,), self.dtype, extra=(approximate,), out=(self,))
 
 
 def _gelu_backward(g, grad, x, approximate):
@@ -554,10 +564,12 @@ _activation("leaky_relu", _leaky_relu, defaults=(0.01,))
 def leaky_relu_backward(grad_output, self, negative_slope, self_is_result):
     if not _float(grad_output, self):
         return NotImplemented
-    return _pointwise("leaky_relu_backward",
-                      lambda g, grad, x, slope: g.where(g.binary("gt", x, 0.0), grad,
-                                                        grad * slope),
+    return _pointwise("leaky_relu_backward", _leaky_relu_backward,
                       (grad_output, self, negative_slope), grad_output.dtype)
+
+
+def _leaky_relu_backward(g, grad, x, slope):
+    return g.where(g.binary("gt", x, 0.0), grad, grad * slope)
 
 
 def _hardtanh(g, x, lo, hi):
@@ -629,16 +641,19 @@ for _name in ("and", "or", "xor"):
     _logical(f"logical_{_name}", _name)
 
 
+def _logical_not(g, x):
+    return g.unary("not", _truth(g, x))
+
+
 @native_or_cpu("logical_not")
 def logical_not(self):
-    return _pointwise("logical_not", lambda g, x: g.unary("not", _truth(g, x)), (self,),
-                      torch.bool, ISA.get(self.dtype))
+    return _pointwise("logical_not", _logical_not, (self,), torch.bool, ISA.get(self.dtype))
 
 
 @native_or_cpu("logical_not.out")
 def logical_not_out(self, *, out):
-    r = _pointwise("logical_not", lambda g, x: g.unary("not", _truth(g, x)), (self,),
-                   torch.bool, ISA.get(self.dtype), out=(_fit_out(out, self.shape),))
+    r = _pointwise("logical_not", _logical_not, (self,), torch.bool, ISA.get(self.dtype),
+                   out=(_fit_out(out, self.shape),))
     return r if r is NotImplemented else out
 
 
@@ -651,8 +666,11 @@ _unary("bitwise_not", _bitwise_not, floating=False, bools=True)
 
 @native_or_cpu("isnan")
 def isnan(self):
-    return _pointwise("isnan", lambda g, x: g.binary("ne", x, x), (self,), torch.bool,
-                      ISA.get(self.dtype))
+    return _pointwise("isnan", _isnan, (self,), torch.bool, ISA.get(self.dtype))
+
+
+def _isnan(g, x):
+    return g.binary("ne", x, x)
 
 
 def _infinity_test(name: str, value: float):
@@ -661,8 +679,7 @@ def _infinity_test(name: str, value: float):
 
     def functional(self):
         if not self.dtype.is_floating_point:  # integers are never infinite
-            return _pointwise(name, lambda g, x: g.binary("ne", x, x), (self,), torch.bool,
-                              ISA.get(self.dtype))
+            return _pointwise(name, _isnan, (self,), torch.bool, ISA.get(self.dtype))
         return _pointwise(name, fn, (self,), torch.bool, ISA.get(self.dtype))
 
     def out_variant(self, *, out):
