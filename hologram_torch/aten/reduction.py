@@ -28,13 +28,14 @@ import torch
 from hologram.isa import dtypes as dt
 from hologram_torch.aten import program
 from hologram_torch.aten.program import ISA, cast, opmath
-from hologram_torch.aten.registry import aten, impl
+from hologram_torch.aten.registry import aten, impl, native_or_cpu
 from hologram_torch.fallback import run_on_cpu
 
 OPINFO = ("sum", "mean", "amax", "amin", "max.reduction_with_dim", "max.reduction_no_dim",
           "min.reduction_with_dim", "min.reduction_no_dim", "argmax", "argmin", "var",
           "var.unbiased", "std", "std.unbiased", "var_mean", "var_mean.unbiased", "std_mean",
-          "std_mean.unbiased", "linalg.vector_norm", "norm", "norm.fro", "norm.inf")
+          "std_mean.unbiased", "linalg.vector_norm", "norm", "norm.fro", "norm.inf", "all",
+          "any")
 
 
 # --- argument parsing -------------------------------------------------------------------
@@ -300,3 +301,37 @@ def linalg_vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
 
 __all__ = ["OPINFO", "linalg_vector_norm", "mean_all", "mean_dim", "mean_out", "std",
            "std_mean", "sum_all", "sum_dim", "sum_out", "var", "var_mean"]
+
+
+# --- all / any ----------------------------------------------------------------------------
+
+def _truth_build(g, x, axes, keepdim, kind):
+    """all: min of the truth values; any: their max (NaN counts as true, as in torch)."""
+    truth = x if x.dtype is dt.bool_ else g.binary("ne", x, 0)
+    return g.reduce(kind, truth, axes, keepdim)
+
+
+def _all_any(name: str, kind: str):
+    """``all``/``any`` over every dimension or ``dim`` (an int or a list), and ``out=``.
+    The result is bool (torch returns uint8 for uint8 inputs: the fallback handles that)."""
+
+    def reduce(x, dim=None, keepdim=False, *, out=None):
+        axes = _dims(x, dim)
+        if axes is None or not program.supported(x) or x.dtype is torch.uint8 or (
+                out is not None and (out.dtype is not torch.bool
+                                     or not _into(out, x, _reduced_shape(x, axes, keepdim)))):
+            return NotImplemented
+        result = program.run(name, _truth_build, (x,), (axes, keepdim, kind),
+                             out=None if out is None else (out,))
+        return result if out is None else out
+
+    native_or_cpu(name)(lambda x: reduce(x))
+    native_or_cpu(f"{name}.dim", f"{name}.dims")(
+        lambda x, dim=None, keepdim=False: reduce(x, dim, keepdim))
+    native_or_cpu(f"{name}.all_out")(lambda x, *, out: reduce(x, out=out))
+    native_or_cpu(f"{name}.out", f"{name}.dims_out")(
+        lambda x, dim=None, keepdim=False, *, out: reduce(x, dim, keepdim, out=out))
+
+
+_all_any("all", "min")
+_all_any("any", "max")
