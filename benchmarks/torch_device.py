@@ -37,7 +37,8 @@ CASES = {
 
 
 def _check(torch, got, want, name: str) -> str:
-    if not torch.allclose(got.cpu(), want, rtol=1e-5, atol=1e-6):
+    # atol 1e-5: float32 gelu near its zero crossing differs from PyTorch's by ~1e-6
+    if not torch.allclose(got.cpu(), want, rtol=1e-5, atol=1e-5):
         return f"MISMATCH in {name}: max |diff| {(got.cpu() - want).abs().max().item():.3g}"
     return "ok"
 
