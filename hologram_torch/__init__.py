@@ -66,7 +66,3 @@ def list_available_backends() -> list[str]:
     return hologram.backend.list_available_backends()
 
 
-def _autoload() -> None:
-    """The ``torch.backends`` entry point: ``import torch`` calls this."""
-
-

@@ -584,7 +584,7 @@ def test_risky_path_does_not_crash(name):
 def test_entry_point_declared_and_callable():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     target = project["entry-points"]["torch.backends"]["hologram"]
-    assert target == "hologram_torch:_autoload"
+    assert target == "hologram_torch.autoload:load"
     module, _, attr = target.partition(":")
     fn = getattr(importlib.import_module(module), attr)
     assert callable(fn)
@@ -596,8 +596,9 @@ def test_entry_point_declared_and_callable():
         assert entry.value == target and entry.load() is fn
 
 
+@pytest.mark.parametrize("first", ["torch", "hologram_torch"])
 @pytest.mark.parametrize("autoload", ["1", "0"])
-def test_import_torch_autoloads_the_device(tmp_path, autoload):
+def test_import_torch_autoloads_the_device(tmp_path, autoload, first):
     """What `pip install` of the package makes torch do: a distribution declaring the
     entry point (here a bare .dist-info on the path) is loaded by `import torch`, unless
     TORCH_DEVICE_BACKEND_AUTOLOAD is anything but "1"."""
@@ -606,10 +607,12 @@ def test_import_torch_autoloads_the_device(tmp_path, autoload):
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: hologram-autoload-check\n"
                                    "Version: 0\n")
     (info / "entry_points.txt").write_text(
-        "[torch.backends]\nhologram = hologram_torch:_autoload\n")
+        "[torch.backends]\nhologram = hologram_torch.autoload:load\n")
     env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD=autoload,
                PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]))
-    code = ("import sys, torch\n"
+    # Importing hologram_torch first runs torch's autoload while the package is half
+    # initialized: the entry point must still resolve (it once failed torch's import).
+    code = (f"import sys, {first}, torch\n"
             "print(torch._C._get_privateuse1_backend_name(), 'hologram_torch' in sys.modules)\n"
             "if 'hologram_torch' in sys.modules:\n"
             "    print(torch.ones(2, device='hologram').device)\n")
@@ -617,7 +620,7 @@ def test_import_torch_autoloads_the_device(tmp_path, autoload):
                           text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.split()
-    if autoload == "1":
+    if autoload == "1" or first == "hologram_torch":
         assert lines == ["hologram", "True", "hologram:0"]
     else:
         assert lines == ["privateuseone", "False"]
