@@ -26,6 +26,9 @@ _create = torch._C._acc.create_empty_tensor
 _set = torch.ops.aten.set_.source_Storage_storage_offset._handle.redispatch_boxed
 
 _pool = Pool()
+# torch 2.13's storages can exchange their data pointers and sizes (StorageBase.
+# _swap_data_ptr_, undocumented): feature-checked, with set_ as the fallback.
+_SWAP = hasattr(torch.UntypedStorage, "_swap_data_ptr_")
 
 # Small blocks whose storage died, by exact size, ready for the next request of that size:
 # a list pop instead of the pool's locked bookkeeping (about a microsecond of every small
@@ -115,9 +118,21 @@ def on_storage(st: torch.UntypedStorage, dtype: torch.dtype, size, stride,
 
 
 def new(size: list[int], stride: list[int], nbytes: int, dtype: torch.dtype) -> torch.Tensor:
-    """:func:`empty` with the layout worked out by the caller (the kernels' hot path)."""
-    t = _create([0], dtype)
-    _set(_CPU_KEYS, t, storage(nbytes), 0, size, stride)
+    """A contiguous device tensor (``stride`` must be ``size``'s contiguous strides) of
+    ``nbytes``: the kernels' hot path. ``create_empty_tensor(size)`` already has the
+    metadata, on a null storage; swapping our block's pointer into that storage costs
+    half of a ``set_`` (which goes through the dispatcher)."""
+    if not _SWAP:
+        return on_storage(storage(nbytes), dtype, size, stride)
+    t = _create(size, dtype)
+    if nbytes:
+        spare = _spares.get(nbytes)
+        owner = _Owner()
+        owner.lease = spare.pop() if spare else _pool.lease(nbytes)
+        owner.nbytes = nbytes
+        st = t.untyped_storage()
+        st._swap_data_ptr_(_construct(owner.lease.block.addr, DEVICE, nbytes))
+        st._hologram = owner
     return t
 
 
