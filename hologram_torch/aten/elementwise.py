@@ -52,11 +52,16 @@ def _pointwise(name: str, fn, args: tuple, result: torch.dtype,
     takes (e.g. a complex dtype), which then run through the CPU fallback."""
     if result not in ISA:
         return NotImplemented
-    spec = (fn, compute or _compute(result), ISA[result], keep, extra)
+    spec = _spec(fn, result, compute, keep, extra)
     try:
         return program.run(name, _build, args, (spec,), out)
     except Unsupported:
         return NotImplemented
+
+
+def _spec(fn, result: torch.dtype, compute: dt.DType | None, keep=(), extra=()) -> tuple:
+    """The static part of a pointwise kernel's key (what :func:`_build` unpacks)."""
+    return (fn, compute or _compute(result), ISA[result], keep, extra)
 
 
 def _check_inplace(name: str, self: torch.Tensor, result: torch.dtype, *others) -> None:
@@ -121,6 +126,16 @@ def _binary(name: str, fn, self, other, alpha=1, out=None, inplace=False,
             floating=False, compare=False):
     """``fn(a, b)`` (or ``fn(a, b, alpha)``) with broadcasting and promotion, into a new
     tensor, ``out``, or ``self`` (in place)."""
+    shortcut = None
+    if (out is None and not inplace and alpha == 1 and isinstance(other, torch.Tensor)
+            and isinstance(self, torch.Tensor) and not other.is_cpu and not self.is_cpu):
+        # Two device tensors into a fresh result, the hot case: a signature of the operands
+        # finds the kernel without promotion or the general key (see program.shortcuts).
+        shortcut = (name, fn, floating, compare, self.dtype, self.shape, self.stride(),
+                    other.dtype, other.shape, other.stride())
+        entry = program.shortcuts.get(shortcut)
+        if entry is not None:
+            return program.launch_fresh(entry, (self, other))
     common = torch.result_type(self, other)
     result = torch.bool if compare else common
     if floating and not result.is_floating_point:
@@ -135,6 +150,8 @@ def _binary(name: str, fn, self, other, alpha=1, out=None, inplace=False,
     elif out is not None:
         out = _fit_out(out, _shape(self, other))
     r = _pointwise(name, fn, args, result, compute, None if out is None else (out,))
+    if shortcut is not None and r is not NotImplemented:
+        program.remember(shortcut, name, (_spec(fn, result, compute),), args)
     return r if out is None or r is NotImplemented else out
 
 

@@ -68,6 +68,33 @@ def backend() -> str:
 
 def set_backend(name: str) -> None:
     _state["backend"] = hologram.backend.validate_backend(name)
+    shortcuts.clear()  # they hold kernels of the previous backend
+
+
+#: Kernels' own signature -> entry, for hot ops whose signature is cheaper to form than
+#: run()'s key (see :func:`remember` and :func:`launch_fresh`). Cleared with the backend.
+shortcuts: dict[tuple, _Entry] = {}
+
+
+def remember(shortcut: tuple, name: str, static: tuple, args: Sequence) -> None:
+    """File the entry :func:`run` just used for ``(name, static, args)`` (device tensors,
+    fresh results) under ``shortcut``, a key the caller forms from its own operands."""
+    key = [name, static, _state["backend"], False]
+    for x in args:
+        if not isinstance(x, torch.Tensor) or x.is_cpu:
+            return
+        key.append((x.dtype, x.shape, x.stride()))
+    entry = _cache.get(tuple(key))
+    if entry is not None and entry.single and len(shortcuts) < CACHE_ENTRIES:
+        shortcuts[shortcut] = entry
+
+
+def launch_fresh(entry: _Entry, args: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Run a remembered entry on device tensors ``args`` into a fresh result."""
+    out = memory.new(*entry.layouts[0])
+    if entry.launch is not None:
+        entry.launch((*[x.data_ptr() for x in args], out.data_ptr()))
+    return out
 
 
 def supported(*tensors: torch.Tensor) -> bool:
@@ -88,16 +115,22 @@ def run(name: str, build: Callable, args: Sequence, static: tuple = (),
     results are CPU tensors (:mod:`hologram_torch.functional` on CPU tensors). Otherwise
     CPU tensors are 0-d scalars mixed with device tensors.
     """
-    # The hot path of every device op: keep it to one pass over the arguments.
+    # The hot path of every device op: one pass over the arguments builds the signature
+    # key and the launch addresses (numbers are boxed; the boxes must outlive the launch).
     key = [name, static, _state["backend"], host]
-    numbers = False
+    addresses = []
+    boxes = []
     for x in args:
         if isinstance(x, torch.Tensor):
-            key.append((x.dtype,) if x.is_cpu and not host else
+            key.append((x.dtype,) if not host and x.is_cpu else
                        (x.dtype, x.shape, x.stride()))
+            addresses.append(x.data_ptr())
         else:
-            key.append(type(x))
-            numbers = True
+            kind = type(x)
+            key.append(kind)
+            box = _NUMBER[kind][1](x) if kind in _NUMBER else None
+            boxes.append(box)
+            addresses.append(ctypes.addressof(box) if box is not None else 0)
     if out is not None:
         key.append(tuple((o.dtype, o.shape, o.stride()) for o in out))
     key = tuple(key)
@@ -111,13 +144,6 @@ def run(name: str, build: Callable, args: Sequence, static: tuple = (),
         out = [memory.new(*layout) if not host else torch.empty(layout[0], dtype=layout[3])
                for layout in entry.layouts]
     if entry.launch is not None:
-        if numbers:  # boxed numbers must outlive the launch: ``boxes`` holds them
-            boxes = [x if isinstance(x, torch.Tensor) else _NUMBER[type(x)][1](x)
-                     for x in args]
-            addresses = [x.data_ptr() if isinstance(x, torch.Tensor) else ctypes.addressof(x)
-                         for x in boxes]
-        else:
-            addresses = [x.data_ptr() for x in args]
         for o in out:
             addresses.append(o.data_ptr())
         entry.launch(tuple(addresses))
@@ -143,6 +169,8 @@ def _compile(name: str, build: Callable, args: Sequence, static: tuple,
                 inputs.append(g.strided_input(f"x{i}", ISA[x.dtype], tuple(x.shape),
                                               tuple(x.stride())))
         else:
+            if type(x) not in _NUMBER:  # complex, or not a number at all
+                raise Unsupported(f"{name}: argument {x!r}")
             inputs.append(g.input(f"x{i}", _NUMBER[type(x)][0], ()))
     result = build(g, *inputs, *static)
     single = isinstance(result, Tensor)
