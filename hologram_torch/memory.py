@@ -149,10 +149,6 @@ def empty(size, dtype: torch.dtype | None = None, stride=None) -> torch.Tensor:
     return t
 
 
-def empty_like(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-    return empty(t.shape, dtype or t.dtype)
-
-
 def cpu_alias(t: torch.Tensor) -> torch.Tensor:
     """An ordinary CPU tensor sharing ``t``'s memory and layout (no copy); it keeps
     ``t``'s storage alive. Its storage is not resizable."""
@@ -191,10 +187,3 @@ def cpu_alias_bytes(st: torch.UntypedStorage) -> torch.Tensor:
     cst = _construct(st.data_ptr(), _CPU_DEVICE, st.nbytes())
     cst._hologram_storage = st
     return torch.empty(0, dtype=torch.uint8).set_(cst)
-
-
-def clone_storage(st: torch.UntypedStorage) -> torch.UntypedStorage:
-    new = storage(st.nbytes())
-    if st.nbytes():
-        cpu_alias_bytes(new).copy_(cpu_alias_bytes(st))
-    return new
