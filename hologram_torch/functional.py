@@ -17,13 +17,12 @@ zero-copy, or hologram tensors; they must all be on one device. Every op is a
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from hologram import functional as hf
 from hologram.errors import DeviceError, ShapeError
 from hologram.executor import Executor
+from hologram_torch.aten import elementwise as ew
 from hologram_torch.aten import program
 from hologram_torch.aten.program import ISA, cast
 
@@ -150,16 +149,17 @@ def _float_only(name: str, x: torch.Tensor) -> None:
                           f"got {x.dtype} {list(x.shape)}; convert with .float()")
 
 
+# The math is the device kernels' (hologram_torch.aten.elementwise); gradients come from
+# the saved output y (relu, sigmoid, tanh) or the input x (gelu).
 _ACTIVATION = {
-    "relu": lambda g, x: g.where(g.binary("lt", x, 0), 0.0, x),
+    "relu": ew._relu,
     "sigmoid": lambda g, x: g.unary("sigmoid", x),
     "tanh": lambda g, x: g.unary("tanh", x),
 }
-# Gradients from the saved output y (relu, sigmoid, tanh) or input x (gelu).
 _GRADIENT = {
     "relu": lambda g, grad, y: g.where(g.binary("gt", y, 0.0), grad, 0.0),
-    "sigmoid": lambda g, grad, y: grad * y * (1.0 - y),
-    "tanh": lambda g, grad, y: grad * (1.0 - y * y),
+    "sigmoid": ew._sigmoid_backward,
+    "tanh": ew._tanh_backward,
 }
 
 
@@ -217,15 +217,8 @@ def _gelu_build(g, x, approximate):
 
 def _gelu_grad_build(g, grad, x, approximate):
     compute = program.opmath(grad.dtype)
-    grad, x = cast(grad, compute), cast(x, compute)
-    if approximate == "tanh":
-        k = math.sqrt(2.0 / math.pi)
-        t = g.unary("tanh", (x + x * x * x * 0.044715) * k)
-        inner = (x * x * (3 * 0.044715) + 1.0) * k
-        return cast(grad * ((t + 1.0) * 0.5 + x * 0.5 * (1.0 - t * t) * inner), grad.dtype)
-    cdf = (g.unary("erf", x * (1.0 / math.sqrt(2.0))) + 1.0) * 0.5
-    pdf = g.unary("exp", x * x * -0.5) * (1.0 / math.sqrt(2.0 * math.pi))
-    return grad * (cdf + x * pdf)
+    return cast(ew._gelu_backward(g, cast(grad, compute), cast(x, compute), approximate),
+                grad.dtype)
 
 
 class _Gelu(torch.autograd.Function):

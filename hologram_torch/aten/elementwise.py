@@ -516,8 +516,20 @@ def _backward(name: str, fn):
     native_or_cpu(name)(kernel)
 
 
-# where(x < 0, 0, x), not max(x, 0): torch keeps NaN and -0.0
-_activation("relu", lambda g, x: g.where(g.binary("lt", x, 0), 0, x), ints=True)
+def _relu(g, x):
+    # where(x < 0, 0, x), not max(x, 0): torch keeps NaN and -0.0
+    return g.where(g.binary("lt", x, 0), 0, x)
+
+
+def _sigmoid_backward(g, grad, y):
+    return grad * (1.0 - y) * y
+
+
+def _tanh_backward(g, grad, y):
+    return grad * (1.0 - y * y)
+
+
+_activation("relu", _relu, ints=True)
 _backward("threshold_backward",
           lambda g, grad, x, threshold: g.where(g.binary("le", x, threshold), 0.0, grad))
 _activation("silu", lambda g, x: x * g.unary("sigmoid", x))
@@ -529,8 +541,8 @@ def _silu_backward(g, grad, x):
 
 
 _backward("silu_backward", _silu_backward)
-_backward("sigmoid_backward", lambda g, grad, y: grad * (1.0 - y) * y)
-_backward("tanh_backward", lambda g, grad, y: grad * (1.0 - y * y))
+_backward("sigmoid_backward", _sigmoid_backward)
+_backward("tanh_backward", _tanh_backward)
 
 
 def _gelu(g, x, approximate):

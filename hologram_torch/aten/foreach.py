@@ -10,17 +10,11 @@ from __future__ import annotations
 
 import torch
 
-from hologram_torch.aten import program
-from hologram_torch.aten.elementwise import _check_inplace, _pointwise
-from hologram_torch.aten.program import ISA, cast
+from hologram_torch.aten.elementwise import _check_inplace, _float, _pointwise
+from hologram_torch.aten.program import cast
 from hologram_torch.aten.registry import native_or_cpu
 
 OPINFO = ("addcmul", "addcdiv", "lerp")
-
-
-def _floats(*xs) -> bool:
-    return all(not isinstance(x, torch.Tensor) or (x.dtype in ISA and x.dtype.is_floating_point)
-               for x in xs)
 
 
 # --- single-tensor ops ------------------------------------------------------------------
@@ -42,7 +36,7 @@ def _lerp(g, x, end, weight):
 
 
 def _ternary(name, fn, self, a, b, out=None):
-    if not _floats(self, a, b):
+    if not _float(self, a, b):
         return NotImplemented
     result = torch.result_type(self, a)
     if isinstance(b, torch.Tensor):
@@ -74,7 +68,7 @@ def addcdiv_(self, tensor1, tensor2, *, value=1):
 
 
 def _ternary_value(name, fn, self, a, b, value, out=None):
-    if not _floats(self, a, b, value) or isinstance(value, complex):
+    if not _float(self, a, b, value) or isinstance(value, complex):
         return NotImplemented
     result = torch.promote_types(torch.result_type(self, a), torch.result_type(a, b))
     if out is not None:
@@ -123,7 +117,7 @@ def _each(name, fn, self, *others, inplace):
     """``fn(self[i], *others[i])`` for each i (others: lists, or one value for all)."""
     columns = [o if isinstance(o, (list, tuple)) else [o] * len(self) for o in others]
     rows = list(zip(self, *columns))
-    if not all(_floats(*row) for row in rows):
+    if not all(_float(*row) for row in rows):
         return NotImplemented
     results = []
     for x, *rest in rows:
@@ -204,4 +198,4 @@ def _foreach_copy_(self, src, non_blocking=False):
         x.copy_(s)
 
 
-__all__ = ["addcdiv", "addcmul", "lerp", "program"]
+__all__ = ["addcdiv", "addcmul", "lerp"]
