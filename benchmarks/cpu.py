@@ -804,21 +804,32 @@ def run(quick: bool = False, torch_compile: bool = True,
     return {"environment": env, "rows": rows}
 
 
-def main(argv: list[str] | None = None) -> None:
+def cli(doc: str) -> argparse.ArgumentParser:
+    """The benchmark scripts' common options: ``--quick`` (default: HOLOGRAM_BENCH_QUICK)
+    and ``--json PATH``; the first paragraph of ``doc`` describes the command."""
     from hologram import config
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", default=config.get().bench_quick)
+    parser.add_argument("--json", type=Path, help="also write the result here")
+    return parser
+
+
+def report(text: str, result: dict, path: Path | None) -> None:
+    """Print a benchmark's table (``text``) and write ``result`` to ``path`` if given."""
+    print(text)
+    if path:
+        path.write_text(json.dumps(result, indent=2))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = cli(__doc__)
     parser.add_argument("--no-torch-compile", dest="torch_compile", action="store_false",
                         help="skip the torch.compile comparison (its compiles take seconds)")
-    parser.add_argument("--json", type=Path, help="also write the result here")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as cache_dir, _env("HOLOGRAM_CACHE_DIR", cache_dir):
         result = run(args.quick, args.torch_compile)
-    print()
-    print(ratio_table(result["rows"]))
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+    report("\n" + ratio_table(result["rows"]), result, args.json)
 
 
 if __name__ == "__main__":

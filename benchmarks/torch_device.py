@@ -19,9 +19,6 @@ issue's):
 
 from __future__ import annotations
 
-import argparse
-import json
-
 from benchmarks import cpu
 from benchmarks.sdk import _row, table
 
@@ -108,18 +105,9 @@ def run(quick: bool = False) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import hologram
-
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", default=hologram.config.get().bench_quick)
-    parser.add_argument("--json", help="also write the rows to this file")
-    args = parser.parse_args(argv)
+    args = cpu.cli(__doc__).parse_args(argv)
     result = run(args.quick)
-    print(f"threads: {result['threads']}\n")
-    print(table(result))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+    cpu.report(f"threads: {result['threads']}\n\n" + table(result), result, args.json)
 
 
 if __name__ == "__main__":

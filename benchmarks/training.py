@@ -28,9 +28,7 @@ waits for a time slice, and ``run`` records the 1-minute load average before and
 
 from __future__ import annotations
 
-import argparse
 import copy
-import json
 import os
 import time
 
@@ -331,11 +329,7 @@ def profile(case: str = "mlp", steps: int = 20, top: int = 25) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import hologram
-
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", default=hologram.config.get().bench_quick)
-    parser.add_argument("--json", help="also write the rows to this file")
+    parser = cpu.cli(__doc__)
     parser.add_argument("--profile", nargs="?", const="mlp", choices=sorted(SIZES),
                         help="print a cProfile of device steps of this case instead")
     args = parser.parse_args(argv)
@@ -343,12 +337,8 @@ def main(argv: list[str] | None = None) -> None:
         print(profile(args.profile))
         return
     result = run(args.quick)
-    print(f"threads: {result['threads']}, load average (1 min) before/after: "
-          f"{result['load_average']}\n")
-    print(table(result))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+    cpu.report(f"threads: {result['threads']}, load average (1 min) before/after: "
+               f"{result['load_average']}\n\n" + table(result), result, args.json)
 
 
 if __name__ == "__main__":
