@@ -125,7 +125,7 @@ def new(size: list[int], stride: list[int], nbytes: int, dtype: torch.dtype) -> 
     if not _SWAP:
         return on_storage(storage(nbytes), dtype, size, stride)
     t = _create(size, dtype)
-    if nbytes:
+    if nbytes:  # storage()'s steps, inlined: this is every op's allocation
         spare = _spares.get(nbytes)
         owner = _Owner()
         owner.lease = spare.pop() if spare else _pool.lease(nbytes)
