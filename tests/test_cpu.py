@@ -1174,15 +1174,15 @@ def test_temporaries_in_the_arena():
 # --- threads ---------------------------------------------------------------------------------
 @pytest.fixture
 def pool_spy(monkeypatch):
-    """Records the number of chunks of every parallel_for the backend issues."""
+    """Records the number of chunks of every parallel kernel launch the backend issues."""
     calls = []
-    original = threads.parallel_for
+    original = threads.run_kernel
 
-    def spy(fn, total, grain):
+    def spy(kernel, pointers, total, grain):
         calls.append(len(threads.chunks(total, grain, threads.num_threads())))
-        return original(fn, total, grain)
+        return original(kernel, pointers, total, grain)
 
-    monkeypatch.setattr(threads, "parallel_for", spy)
+    monkeypatch.setattr(threads, "run_kernel", spy)
     return calls
 
 

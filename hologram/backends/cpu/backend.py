@@ -33,7 +33,6 @@ from hologram.isa.ir import Program
 # (~10-30 µs): about 100k simple element operations on our machines.
 MIN_CHUNK_WORK = 1 << 17
 
-_KERNEL = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
 _RAW_KERNEL = ctypes.CFUNCTYPE(None)  # the same function, called with ctypes objects only
 _ZERO = ctypes.c_int64(0)
 _HEADER = struct.Struct("<I")
@@ -126,12 +125,7 @@ class _Executable:
             # conversion (~0.2 µs of a small op's budget); the arguments are typed objects.
             raw, stop = _RAW_KERNEL(address), ctypes.c_int64(rows)
             return lambda pointers, memory: raw(pointers, _ZERO, stop)
-        fn = _KERNEL(address)
-
-        def run(pointers, memory) -> None:
-            threads.parallel_for(lambda start, stop: fn(pointers, start, stop), rows, grain)
-
-        return run
+        return lambda pointers, memory: threads.run_kernel(address, pointers, rows, grain)
 
     def __call__(self, arrays: Sequence[np.ndarray]) -> None:
         pointers = (ctypes.c_void_p * max(self.nbuffers, 1))()

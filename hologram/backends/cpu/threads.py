@@ -1,9 +1,13 @@
-"""A persistent worker pool that runs compiled kernels on several cores.
+"""Running compiled kernels on several cores.
 
-Compiled kernels are called through ctypes, which releases the GIL, so plain Python threads
-run them in parallel. :func:`parallel_for` splits ``range(total)`` into contiguous chunks
-(:func:`chunks`), runs the first chunk on the calling thread and hands the others to
-persistent daemon workers.
+:func:`run_kernel` runs a compiled kernel over the chunks of its first grid dimension: on
+the native worker pool (:mod:`.workers`) where the host has one, else through
+:func:`parallel_for`.
+
+:func:`parallel_for` is the portable pool: compiled kernels are called through ctypes,
+which releases the GIL, so plain Python threads run them in parallel. It splits
+``range(total)`` into contiguous chunks (:func:`chunks`), runs the first chunk on the
+calling thread and hands the others to persistent daemon workers.
 
 What is promised:
 
@@ -30,14 +34,16 @@ Python-level bookkeeping on every signal.
 from __future__ import annotations
 
 import _thread
+import ctypes
 import os
 import threading
 from collections.abc import Callable
 
 from hologram import config
+from hologram.backends.cpu import workers
 from hologram.errors import HologramError
 
-__all__ = ["chunks", "num_threads", "parallel_for", "set_num_threads"]
+__all__ = ["chunks", "num_threads", "parallel_for", "run_kernel", "set_num_threads"]
 
 _override: int | None = None  # set_num_threads value; None follows the environment
 
@@ -230,3 +236,23 @@ def parallel_for(fn: Callable[[int, int], None], total: int, grain: int) -> None
         pool.run(fn, pieces)
     finally:
         pool.lock.release()
+
+
+_KERNEL = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
+_functions: dict[int, ctypes._CFuncPtr] = {}  # kernel address -> ctypes function
+
+
+def run_kernel(kernel: int, pointers: ctypes.Array, total: int, grain: int) -> None:
+    """Call the compiled kernel at address ``kernel`` as ``kernel(pointers, start, stop)``
+    for each piece of ``chunks(total, grain, num_threads())`` and return when all are done:
+    on native workers where :func:`workers.available`, else through :func:`parallel_for`
+    (same pieces either way)."""
+    if workers.available():
+        count = max(1, min(num_threads(), total // max(grain, 1))) if total > 0 else 0
+        if count:
+            workers.run(kernel, pointers, total, count)
+        return
+    fn = _functions.get(kernel)
+    if fn is None:
+        fn = _functions[kernel] = _KERNEL(kernel)
+    parallel_for(lambda start, stop: fn(pointers, start, stop), total, grain)

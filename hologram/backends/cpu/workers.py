@@ -1,0 +1,398 @@
+"""Native worker threads for compiled kernels: a thread pool written in LLVM IR.
+
+Handing a chunk to a Python thread costs tens of microseconds: the worker wakes up
+through a lock, takes the GIL, runs bytecode with cold caches, and only then makes its
+ctypes call. At 1e6 elements (a ~150 µs kernel on two cores) that is a third of the time.
+Here the workers are pthreads created by native code that never touch Python: one ctypes
+call (:func:`run`) releases the GIL once, publishes the chunks, runs chunk 0 on the
+calling thread, and spins until the others are done.
+
+Protocol (one cache line per worker, so workers never share a line):
+
+- ``gen`` counts the jobs posted to the worker. The caller stores the job (kernel, its
+  pointer array, start, stop), then increments ``gen`` (sequentially consistent, which
+  publishes the job). The worker waits for ``gen`` to change, runs the chunk, and
+  decrements the shared ``pending`` counter (release); the caller spins until it is 0.
+- A worker spins for :data:`SPIN_CYCLES` time-stamp-counter ticks after its last job
+  (back-to-back kernels then start at once), then sleeps on a futex on ``gen``. Before
+  sleeping it sets ``sleeping`` and re-reads ``gen``; the caller increments ``gen`` and
+  then reads ``sleeping``. Both sides use sequentially consistent accesses, so at least
+  one sees the other: either the worker sees the new job, or the caller wakes it, and
+  ``FUTEX_WAIT`` re-checks ``gen`` in the kernel, so a wake-up is never lost.
+- One caller at a time owns the workers (``busy``, taken with a compare-and-swap). A
+  caller that finds them busy, or that asks for more chunks than there are workers, runs
+  the same chunks one after another on its own thread: same boundaries, same results.
+- Chunk boundaries are those of :func:`threads.chunks` (sizes differ by at most one, the
+  larger first), computed natively from ``(total, count)``.
+
+Workers only ever run compiled kernels, which cannot raise. At interpreter exit they are
+stopped and waited for (their code lives in JIT memory that is freed at shutdown); after
+``fork()`` the child forgets them and starts new ones on first use.
+
+Linux on x86-64 only (futex, the time-stamp counter, ``pause``); elsewhere
+:func:`available` is False and :mod:`.threads` uses its Python pool.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import os
+import platform
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import cache
+
+import llvmlite.binding as binding
+from llvmlite import ir
+
+from hologram.backends.cpu import llvm
+from hologram.errors import DeviceError
+
+__all__ = ["available", "run", "started"]
+
+MAX_WORKERS = 1024
+# Ticks a worker keeps spinning after its last chunk before it sleeps (~50-100 µs at the
+# usual 2-4 GHz): long enough for back-to-back kernels, short enough that an idle pool
+# leaves the cores to other libraries' threads.
+SPIN_CYCLES = 200_000
+
+_SYS_FUTEX = 202  # x86-64
+_FUTEX_WAIT_PRIVATE = 128
+_FUTEX_WAKE_PRIVATE = 129
+
+_I32, _I64 = ir.IntType(32), ir.IntType(64)
+_I8P = ir.IntType(8).as_pointer()
+_KERNEL_TYPE = ir.FunctionType(ir.VoidType(), [_I8P.as_pointer(), _I64, _I64])
+# gen, sleeping, kernel, pointers, start, stop, thread id, padding to 64 bytes
+_SLOT = ir.LiteralStructType([_I32, _I32, _I64, _I64, _I64, _I64, _I64, ir.ArrayType(_I64, 2)])
+_GEN, _SLEEPING, _FN, _ARGS, _START, _STOP, _TID = range(7)
+
+
+def _const(ty: ir.IntType, value: int) -> ir.Constant:
+    return ir.Constant(ty, value)
+
+
+class _Module:
+    """Builds the pool's LLVM module: globals, the worker loop and the entry points."""
+
+    def __init__(self) -> None:
+        m = self.m = ir.Module("hologram_workers")
+        m.triple = llvm.host_cpu()[0]
+        self.slots = self._global("slots", ir.ArrayType(_SLOT, MAX_WORKERS))
+        self.pending = self._global("pending", _I64)
+        self.busy = self._global("busy", _I32)
+        self.started = self._global("started", _I32)
+        self.spin = self._global("spin", _I64, SPIN_CYCLES)
+        self.syscall = ir.Function(m, ir.FunctionType(_I64, [_I64], var_arg=True), "syscall")
+        thread_fn = ir.FunctionType(_I8P, [_I8P])
+        self.pthread_create = ir.Function(m, ir.FunctionType(
+            _I32, [_I64.as_pointer(), _I8P, thread_fn.as_pointer(), _I8P]), "pthread_create")
+        self.pthread_join = ir.Function(m, ir.FunctionType(_I32, [_I64, _I8P.as_pointer()]),
+                                        "pthread_join")
+        self.sched_yield = ir.Function(m, ir.FunctionType(_I32, []), "sched_yield")
+        self.pause = ir.Function(m, ir.FunctionType(ir.VoidType(), []), "llvm.x86.sse2.pause")
+        self.clock = ir.Function(m, ir.FunctionType(_I64, []), "llvm.readcyclecounter")
+        self.worker = ir.Function(m, thread_fn, "hg_worker")
+        self._worker()
+        self._parallel()
+        self._grow()
+        self._stop()
+        self._forget()
+
+    def _global(self, name: str, ty: ir.Type, value: int | None = None) -> ir.GlobalVariable:
+        g = ir.GlobalVariable(self.m, ty, f"hg_pool_{name}")
+        g.initializer = ir.Constant(ty, value if value is not None else None)
+        g.align = 64
+        return g
+
+    @staticmethod
+    def _function(m: ir.Module, name: str, ret: ir.Type, args: list[ir.Type]):
+        fn = ir.Function(m, ir.FunctionType(ret, args), name)
+        return fn, ir.IRBuilder(fn.append_basic_block("entry"))
+
+    def _field(self, b: ir.IRBuilder, index: ir.Value, field: int) -> ir.Value:
+        return b.gep(self.slots, [_const(_I32, 0), index, _const(_I32, field)], inbounds=True)
+
+    def _futex(self, b: ir.IRBuilder, word: ir.Value, op: int, value: ir.Value) -> None:
+        null = ir.Constant(_I64, 0)
+        b.call(self.syscall, [_const(_I64, _SYS_FUTEX), b.ptrtoint(word, _I64),
+                              _const(_I64, op), value, null, null, null])
+
+    def _spin_until(self, b: ir.IRBuilder, fn: ir.Function, done) -> None:
+        """Loop ``pause`` until ``done(b)`` is true, yielding the core after ``spin``
+        ticks (a descheduled worker needs it more than the caller)."""
+        start = b.call(self.clock, [])
+        head, body, out = (fn.append_basic_block(n) for n in ("wait", "wait.body", "waited"))
+        b.branch(head)
+        b.position_at_end(head)
+        b.cbranch(done(b), out, body)
+        b.position_at_end(body)
+        b.call(self.pause, [])
+        elapsed = b.sub(b.call(self.clock, []), start)
+        with b.if_then(b.icmp_unsigned(">", elapsed, b.load(self.spin))):
+            b.call(self.sched_yield, [])
+        b.branch(head)
+        b.position_at_end(out)
+
+    def _chunk(self, b: ir.IRBuilder, i: ir.Value, total: ir.Value, count: ir.Value):
+        """(start, stop) of chunk ``i`` of ``count``: sizes differ by at most one, the
+        larger first (the same boundaries as threads.chunks)."""
+        base, extra = b.sdiv(total, count), b.srem(total, count)
+        start = b.add(b.mul(i, base), b.select(b.icmp_signed("<", i, extra), i, extra))
+        size = b.add(base, b.zext(b.icmp_signed("<", i, extra), _I64))
+        return start, b.add(start, size)
+
+    def _worker(self) -> None:
+        """``hg_worker(arg)``: arg = slot index | (the slot's gen at creation) << 16."""
+        fn = self.worker
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        arg = b.ptrtoint(fn.args[0], _I64)
+        index = b.and_(arg, _const(_I64, 0xFFFF))
+        first = b.trunc(b.lshr(arg, _const(_I64, 16)), _I32)
+        gen, sleeping = self._field(b, index, _GEN), self._field(b, index, _SLEEPING)
+        entry = b.block
+        wait, spin, sleep, work, quit_ = (fn.append_basic_block(n) for n in (
+            "wait", "spin", "sleep", "work", "quit"))
+        b.branch(wait)
+
+        b.position_at_end(wait)
+        seen = b.phi(_I32, "seen")
+        seen.add_incoming(first, entry)
+        started = b.call(self.clock, [])
+        b.branch(spin)
+
+        b.position_at_end(spin)
+        now = b.load_atomic(gen, "acquire", 4)
+        keep_spinning = fn.append_basic_block("spin.more")
+        b.cbranch(b.icmp_unsigned("!=", now, seen), work, keep_spinning)
+        b.position_at_end(keep_spinning)
+        b.call(self.pause, [])
+        elapsed = b.sub(b.call(self.clock, []), started)
+        b.cbranch(b.icmp_unsigned("<", elapsed, b.load(self.spin)), spin, sleep)
+
+        b.position_at_end(sleep)
+        b.store_atomic(_const(_I32, 1), sleeping, "seq_cst", 4)
+        again = b.load_atomic(gen, "seq_cst", 4)
+        with b.if_then(b.icmp_unsigned("==", again, seen)):
+            self._futex(b, gen, _FUTEX_WAIT_PRIVATE, b.zext(seen, _I64))
+        b.store_atomic(_const(_I32, 0), sleeping, "seq_cst", 4)
+        seen.add_incoming(seen, b.block)
+        b.branch(wait)
+
+        b.position_at_end(work)
+        kernel = b.load(self._field(b, index, _FN))
+        body = fn.append_basic_block("run")
+        b.cbranch(b.icmp_unsigned("==", kernel, _const(_I64, 0)), quit_, body)
+        b.position_at_end(body)
+        b.call(b.inttoptr(kernel, _KERNEL_TYPE.as_pointer()), [
+            b.inttoptr(b.load(self._field(b, index, _ARGS)), _I8P.as_pointer()),
+            b.load(self._field(b, index, _START)), b.load(self._field(b, index, _STOP))])
+        b.atomic_rmw("sub", self.pending, _const(_I64, 1), "release")
+        seen.add_incoming(now, b.block)
+        b.branch(wait)
+
+        b.position_at_end(quit_)
+        b.ret(ir.Constant(_I8P, None))
+
+    def _parallel(self) -> None:
+        """``hg_parallel(kernel, pointers, total, count) -> i32``: run ``count`` chunks of
+        ``range(total)``, chunk 0 here; 1 if workers took part, 0 if ran serially."""
+        fn, b = self._function(self.m, "hg_parallel", _I32, [_I64, _I64, _I64, _I64])
+        kernel, args, total, count = fn.args
+        call = b.inttoptr(kernel, _KERNEL_TYPE.as_pointer())
+        pointers = b.inttoptr(args, _I8P.as_pointer())
+        helpers = b.zext(b.load_atomic(self.started, "acquire", 4), _I64)
+        fits = b.icmp_signed("<=", b.sub(count, _const(_I64, 1)), helpers)
+        serial_bb, shared_bb = fn.append_basic_block("serial"), fn.append_basic_block("shared")
+        with b.if_then(fits):
+            owned = b.extract_value(b.cmpxchg(self.busy, _const(_I32, 0), _const(_I32, 1),
+                                              "acquire", "monotonic"), 1)
+            b.cbranch(owned, shared_bb, serial_bb)
+        b.branch(serial_bb)
+
+        # Serial: every chunk here, in order.
+        b.position_at_end(serial_bb)
+        with self._for(b, fn, count) as i:
+            b.call(call, [pointers, *self._chunk(b, i, total, count)])
+        b.ret(_const(_I32, 0))
+
+        b.position_at_end(shared_bb)
+        b.store_atomic(b.sub(count, _const(_I64, 1)), self.pending, "seq_cst", 8)
+        with self._for(b, fn, b.sub(count, _const(_I64, 1))) as w:
+            start, stop = self._chunk(b, b.add(w, _const(_I64, 1)), total, count)
+            b.store(kernel, self._field(b, w, _FN))
+            b.store(args, self._field(b, w, _ARGS))
+            b.store(start, self._field(b, w, _START))
+            b.store(stop, self._field(b, w, _STOP))
+            gen = self._field(b, w, _GEN)
+            b.atomic_rmw("add", gen, _const(_I32, 1), "seq_cst")
+            asleep = b.load_atomic(self._field(b, w, _SLEEPING), "seq_cst", 4)
+            with b.if_then(b.icmp_unsigned("!=", asleep, _const(_I32, 0))):
+                self._futex(b, gen, _FUTEX_WAKE_PRIVATE, _const(_I64, 1))
+        b.call(call, [pointers, *self._chunk(b, _const(_I64, 0), total, count)])
+        self._spin_until(b, fn, lambda b: b.icmp_unsigned(
+            "==", b.load_atomic(self.pending, "acquire", 8), _const(_I64, 0)))
+        b.store_atomic(_const(_I32, 0), self.busy, "release", 4)
+        b.ret(_const(_I32, 1))
+
+    def _grow(self) -> None:
+        """``hg_grow(n) -> i32``: start workers until there are ``n``; 0, or the
+        pthread_create error. Callers serialize (the Python side holds a lock)."""
+        fn, b = self._function(self.m, "hg_grow", _I32, [_I32])
+        head, body, done = (fn.append_basic_block(n) for n in ("head", "body", "done"))
+        b.branch(head)
+        b.position_at_end(head)
+        have = b.load_atomic(self.started, "acquire", 4)
+        b.cbranch(b.icmp_signed("<", have, fn.args[0]), body, done)
+        b.position_at_end(body)
+        index = b.zext(have, _I64)
+        first = b.zext(b.load_atomic(self._field(b, index, _GEN), "acquire", 4), _I64)
+        arg = b.inttoptr(b.or_(index, b.shl(first, _const(_I64, 16))), _I8P)
+        tid = self._field(b, index, _TID)
+        error = b.call(self.pthread_create, [tid, ir.Constant(_I8P, None), self.worker, arg])
+        with b.if_then(b.icmp_signed("!=", error, _const(_I32, 0))):
+            b.ret(error)
+        b.store_atomic(b.add(have, _const(_I32, 1)), self.started, "release", 4)
+        b.branch(head)
+        b.position_at_end(done)
+        b.ret(_const(_I32, 0))
+
+    def _stop(self) -> None:
+        """``hg_stop()``: wait for the workers to be free, ask each to quit and join it
+        (joined threads have left the JIT code for good). The pool can grow again."""
+        fn, b = self._function(self.m, "hg_stop", ir.VoidType(), [])
+        self._spin_until(b, fn, lambda b: b.extract_value(b.cmpxchg(
+            self.busy, _const(_I32, 0), _const(_I32, 1), "acquire", "monotonic"), 1))
+        count = b.zext(b.load_atomic(self.started, "acquire", 4), _I64)
+        with self._for(b, fn, count) as w:
+            b.store(_const(_I64, 0), self._field(b, w, _FN))
+            gen = self._field(b, w, _GEN)
+            b.atomic_rmw("add", gen, _const(_I32, 1), "seq_cst")
+            self._futex(b, gen, _FUTEX_WAKE_PRIVATE, _const(_I64, 1))
+        with self._for(b, fn, count) as w:
+            b.call(self.pthread_join, [b.load(self._field(b, w, _TID)),
+                                       ir.Constant(_I8P.as_pointer(), None)])
+        b.store_atomic(_const(_I32, 0), self.started, "release", 4)
+        b.store_atomic(_const(_I32, 0), self.busy, "release", 4)
+        b.ret_void()
+
+    def _forget(self) -> None:
+        """``hg_forget()``: in a forked child, where the parent's workers do not exist."""
+        fn, b = self._function(self.m, "hg_forget", ir.VoidType(), [])
+        for g in (self.started, self.busy):
+            b.store(_const(_I32, 0), g)
+        b.store(_const(_I64, 0), self.pending)
+        with self._for(b, fn, _const(_I64, MAX_WORKERS)) as w:
+            b.store(_const(_I32, 0), self._field(b, w, _SLEEPING))
+        b.ret_void()
+
+    @staticmethod
+    @contextmanager
+    def _for(b: ir.IRBuilder, fn: ir.Function, n: ir.Value) -> Iterator[ir.Value]:
+        """``for i in range(n)`` around the block of the ``with`` statement."""
+        before = b.block
+        head, body, done = (fn.append_basic_block(x) for x in ("for", "for.body", "for.done"))
+        b.branch(head)
+        b.position_at_end(head)
+        i = b.phi(_I64, "i")
+        i.add_incoming(_const(_I64, 0), before)
+        b.cbranch(b.icmp_signed("<", i, n), body, done)
+        b.position_at_end(body)
+        yield i
+        i.add_incoming(b.add(i, _const(_I64, 1)), b.block)
+        b.branch(head)
+        b.position_at_end(done)
+
+
+@cache
+def available() -> bool:
+    """Can this host run the native pool (Linux on x86-64, with its C library's threads)?"""
+    return sys.platform == "linux" and platform.machine() in ("x86_64", "AMD64")
+
+
+_lock = threading.Lock()  # serializes hg_grow and the first load
+
+
+@cache
+def _entry_points() -> dict[str, int]:
+    if not available():
+        raise DeviceError("the native worker pool needs Linux on x86-64")
+    libc = ctypes.CDLL(None)
+    for name in ("syscall", "pthread_create", "pthread_join", "sched_yield"):
+        binding.add_symbol(name, ctypes.cast(getattr(libc, name), ctypes.c_void_p).value)
+    names = ["hg_parallel", "hg_grow", "hg_stop", "hg_forget"]
+    addresses = llvm.load_object(llvm.compile_ir(str(_Module().m)), names)
+    return addresses
+
+
+class _Native:
+    """The loaded pool's entry points as ctypes functions."""
+
+    def __init__(self) -> None:
+        a = _entry_points()
+        i64 = ctypes.c_int64
+        self.parallel = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p,
+                                         i64, i64)(a["hg_parallel"])
+        self.grow = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_int32)(a["hg_grow"])
+        self.stop = ctypes.CFUNCTYPE(None)(a["hg_stop"])
+        self.forget = ctypes.CFUNCTYPE(None)(a["hg_forget"])
+        self.started = 0  # workers known to run (a mirror of hg_pool_started)
+
+
+_native: _Native | None = None
+
+
+def _load() -> _Native:
+    global _native
+    with _lock:
+        if _native is None:
+            _native = _Native()
+            atexit.register(_shutdown)
+    return _native
+
+
+def run(kernel: int, pointers: ctypes.Array, total: int, count: int) -> None:
+    """Run ``kernel(pointers, start, stop)`` over ``range(total)`` in ``count`` chunks,
+    chunk 0 on this thread and the others on native workers (started on first need)."""
+    native = _native or _load()
+    if count - 1 > native.started:
+        _grow(native, count - 1)
+    native.parallel(kernel, pointers, total, count)
+
+
+def _grow(native: _Native, n: int) -> None:
+    if n > MAX_WORKERS:
+        n = MAX_WORKERS  # more chunks than workers run serially (hg_parallel checks)
+    with _lock:
+        error = native.grow(n)
+        if error:
+            raise DeviceError(f"could not start CPU worker thread {native.started + 1} "
+                              f"(pthread_create: {os.strerror(error)}); use fewer threads "
+                              "with hologram.set_num_threads(n)")
+        native.started = n
+
+
+def started() -> int:
+    """Native workers running now (0 before first use)."""
+    return _native.started if _native is not None else 0
+
+
+def _shutdown() -> None:
+    # Workers spin in JIT-compiled code, which is freed when the interpreter tears its
+    # modules down: stop them first.
+    if _native is not None:
+        _native.stop()
+        _native.started = 0
+
+
+def _after_fork_in_child() -> None:
+    if _native is not None:
+        _native.forget()
+        _native.started = 0
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,248 @@
+"""The native worker pool (hologram/backends/cpu/workers.py): chunk boundaries, real
+parallelism, concurrent callers, growth, the Python fallback, interpreter exit and fork.
+
+The kernels here are small LLVM functions with the compiled-kernel signature
+``void(i8** pointers, i64 start, i64 stop)``."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+import threading
+import time
+import warnings
+
+import numpy as np
+import pytest
+from llvmlite import ir
+
+from hologram.backends.cpu import llvm, threads, workers
+
+pytestmark = pytest.mark.skipif(not workers.available(), reason="native pool: Linux x86-64")
+
+I64 = ir.IntType(64)
+I8PP = ir.IntType(8).as_pointer().as_pointer()
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(autouse=True)
+def _default_threads(monkeypatch):
+    monkeypatch.delenv("HOLOGRAM_NUM_THREADS", raising=False)
+    threads.set_num_threads(None)
+    yield
+    threads.set_num_threads(None)
+
+
+def _compile(name: str, emit) -> int:
+    """Address of ``name``: ``emit(builder, array, start, stop)`` fills its body, where
+    ``array(k)`` is pointer ``k`` as an ``i64*``."""
+    module = ir.Module(name)
+    module.triple = llvm.host_cpu()[0]
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [I8PP, I64, I64]), name)
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+
+    def array(k: int) -> ir.Value:
+        return b.bitcast(b.load(b.gep(fn.args[0], [ir.Constant(I64, k)])), I64.as_pointer())
+
+    emit(b, array, fn.args[1], fn.args[2])
+    b.ret_void()
+    return llvm.load_object(llvm.compile_ir(str(module)), [name])[name]
+
+
+def _mark(b, array, start, stop):
+    """out[i] = start for i in [start, stop): which chunk wrote each element."""
+    out = array(0)
+    fn, before = b.function, b.block
+    head, body, done = (fn.append_basic_block(n) for n in ("head", "body", "done"))
+    b.branch(head)
+    b.position_at_end(head)
+    i = b.phi(I64)
+    i.add_incoming(start, before)
+    b.cbranch(b.icmp_signed("<", i, stop), body, done)
+    b.position_at_end(body)
+    b.store(start, b.gep(out, [i]))
+    i.add_incoming(b.add(i, ir.Constant(I64, 1)), body)
+    b.branch(head)
+    b.position_at_end(done)
+
+
+def _meet(b, array, start, stop):
+    """A barrier with a time limit: count[0] += 1, then wait (at most ~2^28 polls) until
+    count[0] reaches count[1]; out[start] = what was seen. Chunks that run one after
+    another see 1, 2, ...; chunks that run at the same time all see count[1]."""
+    count, out = array(0), array(1)
+    b.atomic_rmw("add", count, ir.Constant(I64, 1), "seq_cst")
+    want = b.load(b.gep(count, [ir.Constant(I64, 1)]))
+    polls = b.alloca(I64)
+    b.store(ir.Constant(I64, 0), polls)
+    fn = b.function
+    head, body, done = (fn.append_basic_block(n) for n in ("head", "body", "done"))
+    b.branch(head)
+    b.position_at_end(head)
+    seen = b.load_atomic(count, "seq_cst", 8)
+    more = b.and_(b.icmp_signed("<", seen, want),
+                  b.icmp_signed("<", b.load(polls), ir.Constant(I64, 1 << 28)))
+    b.cbranch(more, body, done)
+    b.position_at_end(body)
+    b.store(b.add(b.load(polls), ir.Constant(I64, 1)), polls)
+    b.branch(head)
+    b.position_at_end(done)
+    b.store(seen, b.gep(out, [start]))
+
+
+@pytest.fixture(scope="module")
+def mark() -> int:
+    return _compile("test_workers_mark", _mark)
+
+
+@pytest.fixture(scope="module")
+def meet() -> int:
+    return _compile("test_workers_meet", _meet)
+
+
+def _pointers(*arrays: np.ndarray) -> ctypes.Array:
+    return (ctypes.c_void_p * len(arrays))(*(a.ctypes.data for a in arrays))
+
+
+def _expected(total: int, grain: int, n: int) -> np.ndarray:
+    want = np.empty(total, np.int64)
+    for start, stop in threads.chunks(total, grain, n):
+        want[start:stop] = start
+    return want
+
+
+@pytest.mark.parametrize("total", [1, 2, 7, 100, 1001, 65_537])
+@pytest.mark.parametrize("n", [1, 2, 3, 8])
+def test_chunks_match_the_python_pool(mark, total, n):
+    threads.set_num_threads(n)
+    out = np.full(total, -1, np.int64)
+    threads.run_kernel(mark, _pointers(out), total, 1)
+    np.testing.assert_array_equal(out, _expected(total, 1, n))
+
+
+def test_grain_limits_the_pieces(mark):
+    threads.set_num_threads(8)
+    out = np.full(1000, -1, np.int64)
+    threads.run_kernel(mark, _pointers(out), 1000, 300)  # 3 pieces, not 8
+    np.testing.assert_array_equal(out, _expected(1000, 300, 8))
+    assert len(np.unique(out)) == 3
+
+
+def test_zero_work_runs_nothing(mark):
+    out = np.full(4, -1, np.int64)
+    threads.run_kernel(mark, _pointers(out), 0, 1)
+    assert (out == -1).all()
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_chunks_run_at_the_same_time(meet, n):
+    threads.set_num_threads(n)
+    count = np.array([0, n], np.int64)
+    out = np.zeros(n, np.int64)
+    threads.run_kernel(meet, _pointers(count, out), n, 1)
+    assert out.tolist() == [n] * n
+    assert workers.started() >= n - 1
+
+
+def test_concurrent_callers_get_their_own_results(mark):
+    # One caller owns the workers; the others run their chunks on their own thread.
+    threads.set_num_threads(2)
+    results, errors = {}, []
+
+    def caller(k: int) -> None:
+        try:
+            for _ in range(50):
+                out = np.full(10_000 + k, -1, np.int64)
+                threads.run_kernel(mark, _pointers(out), out.size, 1)
+                if not np.array_equal(out, _expected(out.size, 1, 2)):
+                    results[k] = out
+                    return
+            results[k] = None
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    callers = [threading.Thread(target=caller, args=(k,)) for k in range(4)]
+    for t in callers:
+        t.start()
+    for t in callers:
+        t.join(timeout=60)
+    assert not errors
+    assert results == {k: None for k in range(4)}
+
+
+def test_idle_workers_sleep():
+    # After the spin window the workers block in the kernel: an idle process burns no CPU.
+    threads.set_num_threads(2)
+    out = np.zeros(1000, np.int64)
+    threads.run_kernel(_compile("test_workers_idle", _mark), _pointers(out), 1000, 1)
+    time.sleep(0.05)
+    before = os.times()
+    time.sleep(0.3)
+    after = os.times()
+    used = (after.user - before.user) + (after.system - before.system)
+    assert used < 0.1, f"{used:.2f} s of CPU while idle"
+
+
+def test_without_native_workers_the_python_pool_runs_kernels(mark, monkeypatch):
+    monkeypatch.setattr(workers, "available", lambda: False)
+    threads.set_num_threads(3)
+    out = np.full(999, -1, np.int64)
+    threads.run_kernel(mark, _pointers(out), 999, 1)
+    np.testing.assert_array_equal(out, _expected(999, 1, 3))
+
+
+_CHILD = """
+import ctypes, numpy as np
+from llvmlite import ir
+import tests.test_cpu_workers as t
+from hologram.backends.cpu import threads
+threads.set_num_threads(4)
+address = t._compile("exit_mark", t._mark)
+out = np.zeros(100_000, np.int64)
+for _ in range(100):
+    threads.run_kernel(address, t._pointers(out), out.size, 1)
+assert (out == t._expected(out.size, 1, 4)).all()
+"""
+
+
+def test_interpreter_exit_with_spinning_workers():
+    # Exit right after a parallel kernel, while the workers still spin in JIT code.
+    for _ in range(3):
+        proc = subprocess.run([sys.executable, "-c", _CHILD], cwd=ROOT, timeout=60,
+                              capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_fork_child_starts_its_own_workers(meet):
+    threads.set_num_threads(2)
+    count = np.array([0, 2], np.int64)
+    out = np.zeros(2, np.int64)
+    threads.run_kernel(meet, _pointers(count, out), 2, 1)  # the parent has workers
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads, 3.12+
+        pid = os.fork()
+    if pid == 0:  # child: report through the exit status only
+        status = 1
+        try:
+            count[:] = [0, 2]
+            threads.run_kernel(meet, _pointers(count, out), 2, 1)
+            status = 0 if out.tolist() == [2, 2] else 2
+        finally:
+            os._exit(status)
+    deadline = time.monotonic() + 30
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("fork child hung in run_kernel")
+        time.sleep(0.01)
+    assert os.waitstatus_to_exitcode(status) == 0
+    count[:] = [0, 2]
+    threads.run_kernel(meet, _pointers(count, out), 2, 1)  # and the parent's still work
+    assert out.tolist() == [2, 2]
