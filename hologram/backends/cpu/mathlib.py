@@ -14,15 +14,20 @@ The algorithms (docs/mathlib.md has the details and the measured errors):
   for ``e^r``, and ``2^k`` applied in two steps so that denormal results round once.
 - log, log2, log1p: ``x = 2^k * m`` with ``m`` in ``[sqrt(1/2), sqrt(2))`` (denormals are
   scaled first), ``s = f/(2+f)`` with ``f = m - 1`` and an odd polynomial in ``s``.
-- tanh = ``e/(e+2)`` with ``e = expm1(2|x|)``; sigmoid = ``1/(1+e^-x)`` (``e^x/(1+e^x)`` for
-  ``x < 0``); erf = ``x + x*P(x^2)`` below 1 and ``1 - exp(h(x) - x^2)`` above.
+- tanh, erf (f32): ``x*P(x^2)/Q(x^2)``, a rational minimax fit, clamped to +-1 where the
+  function rounds to 1 (a short dependency chain; within 6.3 ulp).
+- tanh (f64) = ``e/(e+2)`` with ``e = expm1(2|x|)``; sigmoid = ``1/(1+e^-x)``
+  (``e^x/(1+e^x)`` for ``x < 0``); erf (f64) = ``x + x*P(x^2)`` below 1 and
+  ``1 - exp(h(x) - x^2)`` above.
 - sin, cos: ``x = j*pi/2 + r`` with ``pi/2`` split in three constants (fma keeps every step
   exact or rounded relative to ``r``), minimax polynomials for sin and cos on ``|r| <= 0.8``.
 - pow: f32 evaluates ``exp2(y*log2|x|)`` in f64; f64 carries ``log2|x|`` and ``y*log2|x|`` in
   double-double. Then the C99 special cases.
 
 Polynomial coefficients come from a weighted Remez fit (mpmath, 50 digits) of the stated
-function on the stated interval, rounded to the format.
+function on the stated interval (the f32 tanh and erf rational functions from a
+Lawson-reweighted linearized least-squares fit, which converges to the minimax one),
+rounded to the format.
 """
 
 from __future__ import annotations
@@ -56,7 +61,7 @@ _F32 = _Format(ir.FloatType(), ir.IntType(32), "f32", 23, 127, dict(
     ln2_hi=0.693145751953125, ln2_lo=1.4286068e-06, log2e=1.442695, log2e_lo=1.925963e-08,
     sqrt_half_bits=0x3F3504F3, min_normal=2.0 ** -126, tiny=2.0 ** -25,
     two_over_pi=0.63661975, pio2=(1.5707964, -4.371139e-08, -1.7151245e-15),
-    erf_max=3.93, erf_mid=2.465,
+    erf_max=3.93,
     # e^r = 1 + r + r^2 P(r), |r| <= 0.3467: rel. error 2^-28.3
     exp=(0.49999994, 0.16666521, 0.04166839, 0.008368735, 0.0013814559),
     # 2^r = 1 + r Q(r), |r| <= 0.5001: 2^-28.5
@@ -68,12 +73,14 @@ _F32 = _Format(ir.FloatType(), ir.IntType(32), "f32", 23, 127, dict(
     # sin(r) = r + r z S(z), cos(r) = 1 - z/2 + z^2 C(z), |r| <= 0.8: 2^-27.8, 2^-32.7
     sin=(-0.16666654, 0.008332071, -0.00019503069),
     cos=(0.04166664, -0.0013887194, 2.4419196e-05),
-    # erf(x) = x + x P(x^2), |x| <= 1: 2^-29.6
-    erf_small=(0.12837917, -0.37612626, 0.112835854, -0.026853813, 0.0051883277,
-               -0.00080101937, 7.8538615e-05),
-    # log(erfc(x)) + x^2 = H(x - erf_mid), 1 <= x <= 3.93: 2^-29.8 relative to erf
-    erf_tail=(-1.5444044, -0.35666192, 0.057259727, -0.011058437, 0.0024954032,
-              -0.00019111039, 0.00018637913),
+    # tanh(x) = x P(z)/Q(z), z = x^2, |x| < tanh_max: 2^-29.3 (P(0) = 1)
+    tanh_max=9.1,
+    tanh_p=(1.0, 0.13677788, 0.0038656334, 2.7951364e-05, 3.0443378e-08, -1.2092532e-11),
+    tanh_q=(1.0, 0.4701112, 0.027236052, 0.00039338187, 1.2833565e-06),
+    # erf(x) = x P(z)/Q(z), |x| < erf_max: 2^-28.9 relative to erf
+    erf_p=(1.1283792, 0.18524326, 0.05424647, 0.0038415594, 0.0003763393, 4.5953625e-06,
+           -1.2736132e-08),
+    erf_q=(1.0, 0.49750096, 0.11390794, 0.015434342, 0.0013015682, 6.226847e-05),
 ))
 
 _F64 = _Format(ir.DoubleType(), ir.IntType(64), "f64", 52, 1023, dict(
@@ -334,7 +341,24 @@ def _log1p(e: _Emitter, x: ir.Value) -> ir.Value:
 
 
 # ---------------------------------------------------------------- tanh, sigmoid, erf
+def _odd_rational(e: _Emitter, x: ir.Value, name: str) -> ir.Value:
+    """x P(x^2)/Q(x^2) for |x| < <name>_max, copysign(1, x) beyond, NaN for NaN (f32).
+
+    The two polynomials run side by side and the dependency chain is short: in the
+    vectorized loop that chain, not the instruction count, is what costs. The price is
+    accuracy: the f32 Horner steps of P and Q round up to ~2.5 ulp each at the top of the
+    range, so the result is within 6-7 ulp (docs/mathlib.md). Where P(0) = 1, x * 1 / 1
+    returns denormals and -0.0 unchanged.
+    """
+    z = e.mul(x, x)  # inf for huge x: the quotient is NaN there and replaced below
+    q = e.div(e.mul(x, e.horner(z, e.k[name + "_p"])), e.horner(z, e.k[name + "_q"]))
+    inner = e.b.fcmp_unordered("<", e.fabs(x), e.c(e.k[name + "_max"]))  # true for NaN
+    return e.sel(inner, q, e.copysign(e.c(1.0), x))
+
+
 def _tanh(e: _Emitter, x: ir.Value) -> ir.Value:
+    if "tanh_p" in e.k:  # f32: a rational minimax approximation
+        return _odd_rational(e, x, "tanh")
     a = e.fabs(x)
     em = _expm1_core(e, e.mul(e.c(2.0), e.clamp(a, e.k["tiny"], 20.0)))  # tanh(20) == 1
     y = e.copysign(e.div(em, e.add(em, e.c(2.0))), x)
@@ -349,6 +373,8 @@ def _sigmoid(e: _Emitter, x: ir.Value) -> ir.Value:
 
 
 def _erf(e: _Emitter, x: ir.Value) -> ir.Value:
+    if "erf_p" in e.k:  # f32: a rational minimax approximation
+        return _odd_rational(e, x, "erf")
     a = e.fabs(x)
     small = e.fma(x, e.horner(e.mul(x, x), e.k["erf_small"]), x)  # x + x P: P rounds small
     # erfc(a) = exp(H(a) - a^2); a^2 is carried as a double word (hi + lo) because an
