@@ -106,9 +106,10 @@ def _pointers(*arrays: np.ndarray) -> ctypes.Array:
     return (ctypes.c_void_p * len(arrays))(*(a.ctypes.data for a in arrays))
 
 
-def _expected(total: int, grain: int, n: int) -> np.ndarray:
+def _expected(total: int, grain: int, n: int,
+              per_thread: int = threads.CHUNKS_PER_THREAD) -> np.ndarray:
     want = np.empty(total, np.int64)
-    for start, stop in threads.chunks(total, grain, n):
+    for start, stop in threads.chunks(total, grain, n, per_thread):
         want[start:stop] = start
     return want
 
@@ -128,6 +129,10 @@ def test_grain_limits_the_pieces(mark):
     threads.run_kernel(mark, _pointers(out), 1000, 300)  # 3 pieces, not 8
     np.testing.assert_array_equal(out, _expected(1000, 300, 8))
     assert len(np.unique(out)) == 3
+    threads.set_num_threads(2)
+    threads.run_kernel(mark, _pointers(out), 1000, 100)  # 2 threads x 4 pieces
+    np.testing.assert_array_equal(out, _expected(1000, 100, 2))
+    assert len(np.unique(out)) == 8
 
 
 def test_zero_work_runs_nothing(mark):
@@ -190,7 +195,7 @@ def test_without_native_workers_the_python_pool_runs_kernels(mark, monkeypatch):
     threads.set_num_threads(3)
     out = np.full(999, -1, np.int64)
     threads.run_kernel(mark, _pointers(out), 999, 1)
-    np.testing.assert_array_equal(out, _expected(999, 1, 3))
+    np.testing.assert_array_equal(out, _expected(999, 1, 3, per_thread=1))
 
 
 _CHILD = """

@@ -29,10 +29,6 @@ from hologram.backends.cpu import blas, gemm, llvm, threads
 from hologram.backends.cpu.render import render, unsupported
 from hologram.isa.ir import Program
 
-# Work (grid points x loop iterations) below which a chunk is not worth a thread handoff
-# (~10-30 µs): about 100k simple element operations on our machines.
-MIN_CHUNK_WORK = 1 << 17
-
 _RAW_KERNEL = ctypes.CFUNCTYPE(None)  # the same function, called with ctypes objects only
 _ZERO = ctypes.c_int64(0)
 _HEADER = struct.Struct("<I")
@@ -119,7 +115,7 @@ class _Executable:
             return lambda pointers, memory: self._interpret(index, memory)
         address = addresses[step["symbol"]]
         rows, parallel = step["rows"], step["parallel"]
-        grain = max(1, -(-MIN_CHUNK_WORK // max(step["row_work"], 1)))
+        grain = max(1, -(-threads.min_chunk_work() // max(step["row_work"], 1)))
         if not parallel or rows < 2 * grain:
             # One call on this thread. Without a prototype, ctypes skips argument
             # conversion (~0.2 µs of a small op's budget); the arguments are typed objects.

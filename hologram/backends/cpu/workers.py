@@ -19,6 +19,10 @@ Protocol (one cache line per worker, so workers never share a line):
   then reads ``sleeping``. Both sides use sequentially consistent accesses, so at least
   one sees the other: either the worker sees the new job, or the caller wakes it, and
   ``FUTEX_WAIT`` re-checks ``gen`` in the kernel, so a wake-up is never lost.
+- Each posted chunk is claimed once, with a compare-and-swap on its slot's ``posted``
+  flag: by its worker, or by the caller, which after its own chunk takes every chunk no
+  worker has started. A worker without a core (a loaded machine, more threads than
+  cores) then costs nothing: the caller runs its chunk instead of spinning for it.
 - One caller at a time owns the workers (``busy``, taken with a compare-and-swap). A
   caller that finds them busy, or that asks for more chunks than there are workers, runs
   the same chunks one after another on its own thread: same boundaries, same results.
@@ -66,9 +70,10 @@ _FUTEX_WAKE_PRIVATE = 129
 _I32, _I64 = ir.IntType(32), ir.IntType(64)
 _I8P = ir.IntType(8).as_pointer()
 _KERNEL_TYPE = ir.FunctionType(ir.VoidType(), [_I8P.as_pointer(), _I64, _I64])
-# gen, sleeping, kernel, pointers, start, stop, thread id, padding to 64 bytes
-_SLOT = ir.LiteralStructType([_I32, _I32, _I64, _I64, _I64, _I64, _I64, ir.ArrayType(_I64, 2)])
-_GEN, _SLEEPING, _FN, _ARGS, _START, _STOP, _TID = range(7)
+# gen, sleeping, quit, thread id, padding to 64 bytes
+_SLOT = ir.LiteralStructType([_I32, _I32, _I32, _I32, _I64, ir.ArrayType(_I64, 6)])
+_GEN, _SLEEPING, _QUIT, _, _TID = range(5)
+_JOB = ("kernel", "pointers", "total", "count")  # hg_parallel's arguments, as globals
 
 
 def _const(ty: ir.IntType, value: int) -> ir.Constant:
@@ -82,7 +87,9 @@ class _Module:
         m = self.m = ir.Module("hologram_workers")
         m.triple = llvm.host_cpu()[0]
         self.slots = self._global("slots", ir.ArrayType(_SLOT, MAX_WORKERS))
-        self.pending = self._global("pending", _I64)
+        self.job = {name: self._global(f"job_{name}", _I64) for name in _JOB}
+        self.ticket = self._global("ticket", _I64)
+        self.finished = self._global("finished", _I64)
         self.busy = self._global("busy", _I32)
         self.started = self._global("started", _I32)
         self.spin = self._global("spin", _I64, SPIN_CYCLES)
@@ -96,6 +103,9 @@ class _Module:
         self.pause = ir.Function(m, ir.FunctionType(ir.VoidType(), []), "llvm.x86.sse2.pause")
         self.clock = ir.Function(m, ir.FunctionType(_I64, []), "llvm.readcyclecounter")
         self.worker = ir.Function(m, thread_fn, "hg_worker")
+        self.take = ir.Function(m, ir.FunctionType(ir.VoidType(), []), "hg_take")
+        self.take.linkage = "internal"
+        self._take()
         self._worker()
         self._parallel()
         self._grow()
@@ -145,6 +155,41 @@ class _Module:
         size = b.add(base, b.zext(b.icmp_signed("<", i, extra), _I64))
         return start, b.add(start, size)
 
+    def _take(self) -> None:
+        """``hg_take()``: claim and run chunks of the current job until none is left.
+
+        The job is read before each claim; a claim (compare-and-swap of the ticket from
+        the value read to the next one) succeeds only while that job is current and the
+        chunk unclaimed, so the job read was the one claimed from (a new job is written
+        only after every chunk of the previous one finished)."""
+        fn = self.take
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        first = b.load_atomic(self.ticket, "acquire", 8)
+        entry = b.block
+        loop, claim, run, done = (fn.append_basic_block(n) for n in (
+            "loop", "claim", "run", "done"))
+        b.branch(loop)
+        b.position_at_end(loop)
+        ticket = b.phi(_I64, "ticket")
+        ticket.add_incoming(first, entry)
+        job = {name: b.load_atomic(g, "monotonic", 8) for name, g in self.job.items()}
+        index = b.and_(ticket, _const(_I64, 0xFFFF_FFFF))
+        b.cbranch(b.icmp_signed("<", index, job["count"]), claim, done)
+        b.position_at_end(claim)
+        swap = b.cmpxchg(self.ticket, ticket, b.add(ticket, _const(_I64, 1)), "acq_rel",
+                         "acquire")
+        ticket.add_incoming(b.extract_value(swap, 0), b.block)  # lost: retry from its value
+        b.cbranch(b.extract_value(swap, 1), run, loop)
+        b.position_at_end(run)
+        call = b.inttoptr(job["kernel"], _KERNEL_TYPE.as_pointer())
+        b.call(call, [b.inttoptr(job["pointers"], _I8P.as_pointer()),
+                      *self._chunk(b, index, job["total"], job["count"])])
+        b.atomic_rmw("add", self.finished, _const(_I64, 1), "release")
+        ticket.add_incoming(b.add(ticket, _const(_I64, 1)), b.block)
+        b.branch(loop)
+        b.position_at_end(done)
+        b.ret_void()
+
     def _worker(self) -> None:
         """``hg_worker(arg)``: arg = slot index | (the slot's gen at creation) << 16."""
         fn = self.worker
@@ -154,8 +199,8 @@ class _Module:
         first = b.trunc(b.lshr(arg, _const(_I64, 16)), _I32)
         gen, sleeping = self._field(b, index, _GEN), self._field(b, index, _SLEEPING)
         entry = b.block
-        wait, spin, sleep, work, quit_ = (fn.append_basic_block(n) for n in (
-            "wait", "spin", "sleep", "work", "quit"))
+        wait, spin, sleep, work, run, quit_ = (fn.append_basic_block(n) for n in (
+            "wait", "spin", "sleep", "work", "run", "quit"))
         b.branch(wait)
 
         b.position_at_end(wait)
@@ -183,14 +228,10 @@ class _Module:
         b.branch(wait)
 
         b.position_at_end(work)
-        kernel = b.load(self._field(b, index, _FN))
-        body = fn.append_basic_block("run")
-        b.cbranch(b.icmp_unsigned("==", kernel, _const(_I64, 0)), quit_, body)
-        b.position_at_end(body)
-        b.call(b.inttoptr(kernel, _KERNEL_TYPE.as_pointer()), [
-            b.inttoptr(b.load(self._field(b, index, _ARGS)), _I8P.as_pointer()),
-            b.load(self._field(b, index, _START)), b.load(self._field(b, index, _STOP))])
-        b.atomic_rmw("sub", self.pending, _const(_I64, 1), "release")
+        stop = b.load_atomic(self._field(b, index, _QUIT), "acquire", 4)
+        b.cbranch(b.icmp_unsigned("!=", stop, _const(_I32, 0)), quit_, run)
+        b.position_at_end(run)
+        b.call(self.take, [])
         seen.add_incoming(now, b.block)
         b.branch(wait)
 
@@ -198,16 +239,18 @@ class _Module:
         b.ret(ir.Constant(_I8P, None))
 
     def _parallel(self) -> None:
-        """``hg_parallel(kernel, pointers, total, count) -> i32``: run ``count`` chunks of
-        ``range(total)``, chunk 0 here; 1 if workers took part, 0 if ran serially."""
-        fn, b = self._function(self.m, "hg_parallel", _I32, [_I64, _I64, _I64, _I64])
-        kernel, args, total, count = fn.args
-        call = b.inttoptr(kernel, _KERNEL_TYPE.as_pointer())
-        pointers = b.inttoptr(args, _I8P.as_pointer())
-        helpers = b.zext(b.load_atomic(self.started, "acquire", 4), _I64)
-        fits = b.icmp_signed("<=", b.sub(count, _const(_I64, 1)), helpers)
+        """``hg_parallel(kernel, pointers, total, count, helpers) -> i32``: run ``count``
+        chunks of ``range(total)`` here and on up to ``helpers`` workers (no more than
+        have started); 1 if workers were asked, 0 if every chunk ran here, in order
+        (nothing to share, or another caller owns the workers)."""
+        fn, b = self._function(self.m, "hg_parallel", _I32, [_I64] * 5)
+        kernel, pointers, total, count, helpers = fn.args
+        started = b.zext(b.load_atomic(self.started, "acquire", 4), _I64)
+        helpers = b.select(b.icmp_signed("<", helpers, started), helpers, started)
+        wanted = b.sub(count, _const(_I64, 1))
+        helpers = b.select(b.icmp_signed("<", wanted, helpers), wanted, helpers)
         serial_bb, shared_bb = fn.append_basic_block("serial"), fn.append_basic_block("shared")
-        with b.if_then(fits):
+        with b.if_then(b.icmp_signed(">", helpers, _const(_I64, 0))):
             owned = b.extract_value(b.cmpxchg(self.busy, _const(_I32, 0), _const(_I32, 1),
                                               "acquire", "monotonic"), 1)
             b.cbranch(owned, shared_bb, serial_bb)
@@ -215,26 +258,30 @@ class _Module:
 
         # Serial: every chunk here, in order.
         b.position_at_end(serial_bb)
+        call = b.inttoptr(kernel, _KERNEL_TYPE.as_pointer())
         with self._for(b, fn, count) as i:
-            b.call(call, [pointers, *self._chunk(b, i, total, count)])
+            b.call(call, [b.inttoptr(pointers, _I8P.as_pointer()),
+                          *self._chunk(b, i, total, count)])
         b.ret(_const(_I32, 0))
 
+        # Shared: publish the job under a new ticket, wake the helpers, take chunks here
+        # too, wait for the ones workers took.
         b.position_at_end(shared_bb)
-        b.store_atomic(b.sub(count, _const(_I64, 1)), self.pending, "seq_cst", 8)
-        with self._for(b, fn, b.sub(count, _const(_I64, 1))) as w:
-            start, stop = self._chunk(b, b.add(w, _const(_I64, 1)), total, count)
-            b.store(kernel, self._field(b, w, _FN))
-            b.store(args, self._field(b, w, _ARGS))
-            b.store(start, self._field(b, w, _START))
-            b.store(stop, self._field(b, w, _STOP))
+        for name, value in zip(_JOB, fn.args):
+            b.store_atomic(value, self.job[name], "monotonic", 8)
+        b.store_atomic(_const(_I64, 0), self.finished, "monotonic", 8)
+        sequence = b.lshr(b.load_atomic(self.ticket, "monotonic", 8), _const(_I64, 32))
+        fresh = b.shl(b.add(sequence, _const(_I64, 1)), _const(_I64, 32))
+        b.store_atomic(fresh, self.ticket, "release", 8)
+        with self._for(b, fn, helpers) as w:
             gen = self._field(b, w, _GEN)
             b.atomic_rmw("add", gen, _const(_I32, 1), "seq_cst")
             asleep = b.load_atomic(self._field(b, w, _SLEEPING), "seq_cst", 4)
             with b.if_then(b.icmp_unsigned("!=", asleep, _const(_I32, 0))):
                 self._futex(b, gen, _FUTEX_WAKE_PRIVATE, _const(_I64, 1))
-        b.call(call, [pointers, *self._chunk(b, _const(_I64, 0), total, count)])
-        self._spin_until(b, fn, lambda b: b.icmp_unsigned(
-            "==", b.load_atomic(self.pending, "acquire", 8), _const(_I64, 0)))
+        b.call(self.take, [])
+        self._spin_until(b, fn, lambda b: b.icmp_signed(
+            ">=", b.load_atomic(self.finished, "acquire", 8), count))
         b.store_atomic(_const(_I32, 0), self.busy, "release", 4)
         b.ret(_const(_I32, 1))
 
@@ -251,6 +298,7 @@ class _Module:
         index = b.zext(have, _I64)
         first = b.zext(b.load_atomic(self._field(b, index, _GEN), "acquire", 4), _I64)
         arg = b.inttoptr(b.or_(index, b.shl(first, _const(_I64, 16))), _I8P)
+        b.store_atomic(_const(_I32, 0), self._field(b, index, _QUIT), "release", 4)
         tid = self._field(b, index, _TID)
         error = b.call(self.pthread_create, [tid, ir.Constant(_I8P, None), self.worker, arg])
         with b.if_then(b.icmp_signed("!=", error, _const(_I32, 0))):
@@ -268,7 +316,7 @@ class _Module:
             self.busy, _const(_I32, 0), _const(_I32, 1), "acquire", "monotonic"), 1))
         count = b.zext(b.load_atomic(self.started, "acquire", 4), _I64)
         with self._for(b, fn, count) as w:
-            b.store(_const(_I64, 0), self._field(b, w, _FN))
+            b.store_atomic(_const(_I32, 1), self._field(b, w, _QUIT), "release", 4)
             gen = self._field(b, w, _GEN)
             b.atomic_rmw("add", gen, _const(_I32, 1), "seq_cst")
             self._futex(b, gen, _FUTEX_WAKE_PRIVATE, _const(_I64, 1))
@@ -284,7 +332,6 @@ class _Module:
         fn, b = self._function(self.m, "hg_forget", ir.VoidType(), [])
         for g in (self.started, self.busy):
             b.store(_const(_I32, 0), g)
-        b.store(_const(_I64, 0), self.pending)
         with self._for(b, fn, _const(_I64, MAX_WORKERS)) as w:
             b.store(_const(_I32, 0), self._field(b, w, _SLEEPING))
         b.ret_void()
@@ -335,7 +382,7 @@ class _Native:
         a = _entry_points()
         i64 = ctypes.c_int64
         self.parallel = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p,
-                                         i64, i64)(a["hg_parallel"])
+                                         i64, i64, i64)(a["hg_parallel"])
         self.grow = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_int32)(a["hg_grow"])
         self.stop = ctypes.CFUNCTYPE(None)(a["hg_stop"])
         self.forget = ctypes.CFUNCTYPE(None)(a["hg_forget"])
@@ -354,18 +401,18 @@ def _load() -> _Native:
     return _native
 
 
-def run(kernel: int, pointers: ctypes.Array, total: int, count: int) -> None:
-    """Run ``kernel(pointers, start, stop)`` over ``range(total)`` in ``count`` chunks,
-    chunk 0 on this thread and the others on native workers (started on first need)."""
+def run(kernel: int, pointers: ctypes.Array, total: int, count: int, helpers: int) -> None:
+    """Run ``kernel(pointers, start, stop)`` on the ``count`` chunks of ``range(total)``
+    (see :func:`threads.chunks`), on this thread and up to ``helpers`` native workers
+    (started on first need)."""
     native = _native or _load()
-    if count - 1 > native.started:
-        _grow(native, count - 1)
-    native.parallel(kernel, pointers, total, count)
+    if helpers > native.started:
+        _grow(native, helpers)
+    native.parallel(kernel, pointers, total, count, helpers)
 
 
 def _grow(native: _Native, n: int) -> None:
-    if n > MAX_WORKERS:
-        n = MAX_WORKERS  # more chunks than workers run serially (hg_parallel checks)
+    n = min(n, MAX_WORKERS)  # hg_parallel asks no more workers than have started
     with _lock:
         error = native.grow(n)
         if error:
