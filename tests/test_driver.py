@@ -58,9 +58,32 @@ def test_options_and_backend_are_part_of_the_key():
     plain = hologram.compile(axpy("a"))
     fast = hologram.compile(axpy("a"), options=hologram.CompileOptions(fast_math=True))
     assert plain.key.digest() != fast.key.digest()
-    assert plain.key.version == hologram.__version__
+    assert plain.key.version.startswith(hologram.__version__ + "+")
     with pytest.raises(DeviceError, match=r"unknown backend 'metal'.*interp"):
         hologram.compile(axpy("a"), backend="metal")
+
+
+def test_the_code_generators_sources_are_part_of_the_key(tmp_path, monkeypatch):
+    # A copy of the package with one backend source changed gets another version.
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    package = Path(hologram.__file__).parent
+    shutil.copytree(package, tmp_path / "hologram", ignore=shutil.ignore_patterns("__pycache__"))
+    code = "from hologram.compiler import driver; print(driver.compiler_version())"
+
+    def version() -> str:
+        return subprocess.run([sys.executable, "-c", code], cwd=tmp_path, check=True,
+                              capture_output=True, text=True).stdout.strip()
+
+    from hologram.compiler import driver
+
+    assert version() == driver.compiler_version()
+    with open(tmp_path / "hologram/backends/cpu/mathlib.py", "a") as f:
+        f.write("\n# changed\n")
+    assert version() != driver.compiler_version()
 
 
 def test_bad_arrays_are_rejected_with_the_parameter_named():

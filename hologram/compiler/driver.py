@@ -14,8 +14,11 @@ backend compiler run.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections import OrderedDict
+from functools import cache
+from pathlib import Path
 
 import numpy as np
 
@@ -92,9 +95,8 @@ def compile(program: Program, backend: str = "auto",
             _memo.move_to_end(memo_key)
             return _memo[memo_key]
     canonical = pipeline.canonical_form(program, options)
-    from hologram import __version__
-
-    key = CacheKey(canonical.fingerprint(), backend, impl.target(), options.key(), __version__)
+    key = CacheKey(canonical.fingerprint(), backend, impl.target(), options.key(),
+                   compiler_version())
     run = default_cache().get(
         key,
         build=lambda: impl.compile(pipeline.lower(canonical, options)),
@@ -112,3 +114,18 @@ def clear_memo() -> None:
     with _memo_lock:
         _memo.clear()
 
+
+
+@cache
+def compiler_version() -> str:
+    """``hologram.__version__`` plus a digest of the sources that turn programs into code
+    (the ISA, the passes, the backends): a changed code generator never reuses artifacts
+    compiled by the old one, even between releases."""
+    from hologram import __version__
+
+    root = Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256()
+    for package in ("isa", "compiler", "backends"):
+        for path in sorted((root / package).rglob("*.py")):
+            digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return f"{__version__}+{digest.hexdigest()[:16]}"
