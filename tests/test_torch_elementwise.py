@@ -151,6 +151,10 @@ def test_selection(dtype):
     same(dev(x).clamp(-1, 0.5), x.clamp(-1, 0.5))
     same(dev(x).clamp(min=0.25), x.clamp(min=0.25))
     same(dev(x).clamp(max=dev(y)), x.clamp(max=y))
+    for fn, bound in ((torch.clamp_min, 0.25), (torch.clamp_max, -0.5)):
+        out, want = dev(torch.empty(0, dtype=dtype)), torch.empty(0, dtype=dtype)
+        same(fn(dev(x), bound, out=out), fn(x, bound, out=want))
+        same(fn(dev(x), dev(y), out=out), fn(x, y, out=want))
 
 
 @pytest.mark.parametrize("dtype", (torch.float32, torch.float64))

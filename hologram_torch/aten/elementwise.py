@@ -475,6 +475,16 @@ def clamp_max_(self, max):
     return _clamp_call("clamp_max_", self, None, max, inplace=True)
 
 
+@native_or_cpu("clamp_min.out", "clamp_min.Tensor_out")
+def clamp_min_out(self, min, *, out):
+    return _clamp_call("clamp_min", self, min, None, out=out)
+
+
+@native_or_cpu("clamp_max.out", "clamp_max.Tensor_out")
+def clamp_max_out(self, max, *, out):
+    return _clamp_call("clamp_max", self, None, max, out=out)
+
+
 # --- activations and their backward ops -------------------------------------------------
 
 def _float(*xs) -> bool:
