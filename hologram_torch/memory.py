@@ -15,6 +15,7 @@ import math
 
 import torch
 
+from hologram.errors import OutOfMemoryError
 from hologram.runtime.pool import Pool
 from hologram_torch.device import NAME
 
@@ -30,14 +31,15 @@ _pool = Pool()
 # _swap_data_ptr_, undocumented): feature-checked, with set_ as the fallback.
 _SWAP = hasattr(torch.UntypedStorage, "_swap_data_ptr_")
 
-# Small blocks whose storage died, by exact size, ready for the next request of that size:
-# a list pop instead of the pool's locked bookkeeping (about a microsecond of every small
-# op's budget). Bounded: SPARE_PER_SIZE blocks of at most SPARE_MAX_BYTES per size, and
-# empty_cache() returns them all.
-SPARE_MAX_BYTES = 64 << 10
+# Blocks whose storage died, by exact size, ready for the next request of that size: a
+# list pop instead of the pool's locked bookkeeping (1-2 µs of every op: more for large
+# blocks). Bounded: SPARE_PER_SIZE blocks per size, SPARE_SIZES sizes, SPARE_MAX_BYTES in
+# all (a block that does not fit goes back to the pool); empty_cache() returns them all.
+SPARE_MAX_BYTES = 256 << 20
 SPARE_PER_SIZE = 4
 SPARE_SIZES = 256
 _spares: dict[int, list] = {}
+_spare_bytes = [0]  # held in _spares (a list: updated from __del__ without a global)
 
 
 class _Owner:
@@ -47,11 +49,27 @@ class _Owner:
     __slots__ = ("lease", "nbytes")
 
     def __del__(self) -> None:
-        spare = _spares.get(self.nbytes)
-        if spare is None and len(_spares) < SPARE_SIZES and self.nbytes <= SPARE_MAX_BYTES:
-            spare = _spares.setdefault(self.nbytes, [])
+        nbytes = self.nbytes
+        if _spare_bytes[0] + nbytes > SPARE_MAX_BYTES:
+            return  # the lease dies here and frees the block
+        spare = _spares.get(nbytes)
+        if spare is None and len(_spares) < SPARE_SIZES:
+            spare = _spares.setdefault(nbytes, [])
         if spare is not None and len(spare) < SPARE_PER_SIZE:
-            spare.append(self.lease)  # else the lease dies here and frees the block
+            spare.append(self.lease)
+            _spare_bytes[0] += nbytes
+
+
+def _lease(nbytes: int, spare: list | None):
+    """A block of ``nbytes``: a spare one if ``spare`` (its size's list) has one."""
+    if spare:
+        _spare_bytes[0] -= nbytes
+        return spare.pop()
+    try:
+        return _pool.lease(nbytes)
+    except OutOfMemoryError:
+        empty_cache()  # spare blocks of other sizes count against the pool's limit
+        return _pool.lease(nbytes)
 
 
 def pool() -> Pool:
@@ -70,6 +88,7 @@ def stats() -> dict:
 
 def empty_cache() -> None:
     _spares.clear()
+    _spare_bytes[0] = 0
     _pool.empty_cache()
 
 
@@ -77,9 +96,8 @@ def storage(nbytes: int) -> torch.UntypedStorage:
     """A new device storage of ``nbytes`` uninitialized bytes."""
     if nbytes == 0:
         return _construct(0, DEVICE, 0)
-    spare = _spares.get(nbytes)
     owner = _Owner()
-    owner.lease = spare.pop() if spare else _pool.lease(nbytes)
+    owner.lease = _lease(nbytes, _spares.get(nbytes))
     owner.nbytes = nbytes
     st = _construct(owner.lease.block.addr, DEVICE, nbytes)
     st._hologram = owner
@@ -126,9 +144,8 @@ def new(size: list[int], stride: list[int], nbytes: int, dtype: torch.dtype) -> 
         return on_storage(storage(nbytes), dtype, size, stride)
     t = _create(size, dtype)
     if nbytes:  # storage()'s steps, inlined: this is every op's allocation
-        spare = _spares.get(nbytes)
         owner = _Owner()
-        owner.lease = spare.pop() if spare else _pool.lease(nbytes)
+        owner.lease = _lease(nbytes, _spares.get(nbytes))
         owner.nbytes = nbytes
         st = t.untyped_storage()
         st._swap_data_ptr_(_construct(owner.lease.block.addr, DEVICE, nbytes))
