@@ -4,28 +4,30 @@ Handing a chunk to a Python thread costs tens of microseconds: the worker wakes 
 through a lock, takes the GIL, runs bytecode with cold caches, and only then makes its
 ctypes call. At 1e6 elements (a ~150 µs kernel on two cores) that is a third of the time.
 Here the workers are pthreads created by native code that never touch Python: one ctypes
-call (:func:`run`) releases the GIL once, publishes the chunks, runs chunk 0 on the
-calling thread, and spins until the others are done.
+call (:func:`run`) releases the GIL once, publishes the job, takes chunks itself and spins
+until the workers' chunks are done. A hand-off measured ~1 µs.
 
-Protocol (one cache line per worker, so workers never share a line):
+Protocol:
 
-- ``gen`` counts the jobs posted to the worker. The caller stores the job (kernel, its
-  pointer array, start, stop), then increments ``gen`` (sequentially consistent, which
-  publishes the job). The worker waits for ``gen`` to change, runs the chunk, and
-  decrements the shared ``pending`` counter (release); the caller spins until it is 0.
-- A worker spins for :data:`SPIN_CYCLES` time-stamp-counter ticks after its last job
-  (back-to-back kernels then start at once), then sleeps on a futex on ``gen``. Before
+- A job (kernel, pointer array, ``total``, ``count``) is a set of global words and a
+  64-bit ``ticket``: the job's sequence number above, the next unclaimed chunk below.
+  Caller and workers claim chunk ``i`` by a compare-and-swap of the ticket from ``(job,
+  i)`` to ``(job, i + 1)``, having read the job's words first; the swap succeeds only
+  while that job is current and the chunk unclaimed, so what was read is what was
+  claimed (the caller writes a new job only after every chunk of the last one finished,
+  counted in ``finished``). Whoever is free takes the next chunk: a worker that has no
+  core (a loaded machine, more threads than cores) delays the call by at most the chunk
+  it is running, and a caller whose workers are slow to wake runs the chunks itself.
+- Waking: each worker has a cache line with ``gen``, the number of wake-ups posted to it.
+  It spins for :data:`SPIN_CYCLES` time-stamp-counter ticks after its last job
+  (back-to-back kernels start at once), then sleeps on a futex on ``gen``. Before
   sleeping it sets ``sleeping`` and re-reads ``gen``; the caller increments ``gen`` and
   then reads ``sleeping``. Both sides use sequentially consistent accesses, so at least
   one sees the other: either the worker sees the new job, or the caller wakes it, and
   ``FUTEX_WAIT`` re-checks ``gen`` in the kernel, so a wake-up is never lost.
-- Each posted chunk is claimed once, with a compare-and-swap on its slot's ``posted``
-  flag: by its worker, or by the caller, which after its own chunk takes every chunk no
-  worker has started. A worker without a core (a loaded machine, more threads than
-  cores) then costs nothing: the caller runs its chunk instead of spinning for it.
 - One caller at a time owns the workers (``busy``, taken with a compare-and-swap). A
-  caller that finds them busy, or that asks for more chunks than there are workers, runs
-  the same chunks one after another on its own thread: same boundaries, same results.
+  caller that finds them busy runs the same chunks one after another on its own thread:
+  same boundaries, same results.
 - Chunk boundaries are those of :func:`threads.chunks` (sizes differ by at most one, the
   larger first), computed natively from ``(total, count)``.
 
