@@ -64,6 +64,23 @@ def _spec(fn, result: torch.dtype, compute: dt.DType | None, keep=(), extra=()) 
     return (fn, compute or _compute(result), ISA[result], keep, extra)
 
 
+def _unary_fresh(name: str, fn, self: torch.Tensor, result: torch.dtype, extra=()):
+    """``fn(self)`` into a fresh tensor, the kernel remembered under ``self``'s signature so
+    that the next call finds it straight from there (see :func:`_remembered`)."""
+    r = _pointwise(name, fn, (self,), result, extra=extra)
+    if r is not NotImplemented:
+        program.remember((name, extra, self.dtype, self.shape, self.stride()), name,
+                         (_spec(fn, result, None, (), extra),), (self,))
+    return r
+
+
+def _remembered(name: str, self: torch.Tensor, extra=()) -> torch.Tensor | None:
+    """A unary op's fresh result from the kernel :func:`_unary_fresh` remembered, if any:
+    the hot path of unary math and activations (no promotion, no general key)."""
+    entry = program.shortcuts.get((name, extra, self.dtype, self.shape, self.stride()))
+    return None if entry is None else program.launch_fresh(entry, (self,))
+
+
 def _check_inplace(name: str, self: torch.Tensor, result: torch.dtype, *others) -> None:
     """PyTorch's rules for writing a result into ``self``: the dtype must cast, the
     broadcast shape must be self's, and inputs may not partially overlap it."""
@@ -301,8 +318,11 @@ def _unary(name: str, fn, floating: bool, int_fn=None, bools: bool = False):
         return f, result
 
     def functional(self):
+        r = _remembered(name, self)
+        if r is not None:
+            return r
         p = plan(self)
-        return NotImplemented if p is None else _pointwise(name, p[0], (self,), p[1])
+        return NotImplemented if p is None else _unary_fresh(name, p[0], self, p[1])
 
     def inplace(self):
         p = plan(self)
@@ -497,9 +517,15 @@ def _activation(name: str, fn, *, inplace: bool = True, ints: bool = False, defa
     ``defaults``: the schema's default scalars (a boxed call may leave them out)."""
 
     def functional(self, *scalars):
+        if not scalars and not defaults:
+            r = _remembered(name, self)
+            if r is not None:
+                return r
         scalars = scalars + defaults[len(scalars):]
         if not (_float(self) or (ints and _native(self) and self.dtype is not torch.bool)):
             return NotImplemented
+        if not scalars:
+            return _unary_fresh(name, fn, self, self.dtype)
         return _pointwise(name, fn, (self, *scalars), self.dtype)
 
     def in_place(self, *scalars):
@@ -561,9 +587,12 @@ def _gelu(g, x, approximate):
 
 @native_or_cpu("gelu")
 def gelu(self, approximate="none"):
+    r = _remembered("gelu", self, (approximate,))
+    if r is not None:
+        return r
     if not _float(self):
         return NotImplemented
-    return _pointwise("gelu", _gelu, (self,), self.dtype, extra=(approximate,))
+    return _unary_fresh("gelu", _gelu, self, self.dtype, (approximate,))
 
 
 @native_or_cpu("gelu_")
