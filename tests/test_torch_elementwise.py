@@ -200,3 +200,21 @@ def test_empty_and_zero_dim():
     s = torch.tensor(2.5)
     same(dev(s).exp(), s.exp())
     same(dev(s) * dev(torch.ones(4)), s * torch.ones(4))
+
+
+def test_remembered_kernels_keep_signatures_apart():
+    # Unary ops remember their kernel under the operand's dtype, shape and strides: the
+    # second call of each signature takes that path and must still be right.
+    from hologram_torch.aten import program
+
+    gelu = torch.nn.functional.gelu
+    for dtype in (torch.float32, torch.float64, torch.int64, torch.float32):
+        x = sample((4, 5), dtype)
+        for _ in range(2):
+            same(dev(x).exp(), x.exp())
+            same(dev(x).t().exp(), x.t().exp())  # other strides
+            same(dev(x).relu(), x.relu())
+            if dtype.is_floating_point:
+                same(gelu(dev(x)), gelu(x))
+                same(gelu(dev(x), approximate="tanh"), gelu(x, approximate="tanh"))
+    assert ("exp", (), torch.int64, torch.Size([4, 5]), (5, 1)) in program.shortcuts
