@@ -214,7 +214,10 @@ def test_remembered_kernels_keep_signatures_apart():
             same(dev(x).exp(), x.exp())
             same(dev(x).t().exp(), x.t().exp())  # other strides
             same(dev(x).relu(), x.relu())
-            if dtype.is_floating_point:
-                same(gelu(dev(x)), gelu(x))
-                same(gelu(dev(x), approximate="tanh"), gelu(x, approximate="tanh"))
+            if dtype.is_floating_point:  # as in test_activations_and_gradients: PyTorch's
+                # float32 gelu(inf) is NaN, and 1 + erf(x) cancels for x << 0
+                y = sample((4, 5), dtype, edge=False)
+                same(gelu(dev(y)), gelu(y), (1e-5, 1e-6))
+                same(gelu(dev(y), approximate="tanh"), gelu(y, approximate="tanh"),
+                     (1e-5, 1e-6))
     assert ("exp", (), torch.int64, torch.Size([4, 5]), (5, 1)) in program.shortcuts
