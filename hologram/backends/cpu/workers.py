@@ -20,7 +20,8 @@ Protocol:
   it is running, and a caller whose workers are slow to wake runs the chunks itself.
 - Waking: each worker has a cache line with ``gen``, the number of wake-ups posted to it.
   It spins for :data:`SPIN_CYCLES` time-stamp-counter ticks after its last job
-  (back-to-back kernels start at once), then sleeps on a futex on ``gen``. Before
+  (back-to-back kernels start at once; not at all when there are more threads than
+  cores), then sleeps on a futex on ``gen``. Before
   sleeping it sets ``sleeping`` and re-reads ``gen``; the caller increments ``gen`` and
   then reads ``sleeping``. Both sides use sequentially consistent accesses, so at least
   one sees the other: either the worker sees the new job, or the caller wakes it, and
@@ -113,6 +114,9 @@ class _Module:
         self._grow()
         self._stop()
         self._forget()
+        fn, b = self._function(m, "hg_set_spin", ir.VoidType(), [_I64])
+        b.store(fn.args[0], self.spin)
+        b.ret_void()
 
     def _global(self, name: str, ty: ir.Type, value: int | None = None) -> ir.GlobalVariable:
         g = ir.GlobalVariable(self.m, ty, f"hg_pool_{name}")
@@ -372,7 +376,7 @@ def _entry_points() -> dict[str, int]:
     libc = ctypes.CDLL(None)
     for name in ("syscall", "pthread_create", "pthread_join", "sched_yield"):
         binding.add_symbol(name, ctypes.cast(getattr(libc, name), ctypes.c_void_p).value)
-    names = ["hg_parallel", "hg_grow", "hg_stop", "hg_forget"]
+    names = ["hg_parallel", "hg_grow", "hg_stop", "hg_forget", "hg_set_spin"]
     addresses = llvm.load_object(llvm.compile_ir(str(_Module().m)), names)
     return addresses
 
@@ -388,7 +392,9 @@ class _Native:
         self.grow = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_int32)(a["hg_grow"])
         self.stop = ctypes.CFUNCTYPE(None)(a["hg_stop"])
         self.forget = ctypes.CFUNCTYPE(None)(a["hg_forget"])
+        self.set_spin = ctypes.CFUNCTYPE(None, i64)(a["hg_set_spin"])
         self.started = 0  # workers known to run (a mirror of hg_pool_started)
+        self.helpers = 0  # the helper count the spin window was set for
 
 
 _native: _Native | None = None
@@ -408,12 +414,27 @@ def run(kernel: int, pointers: ctypes.Array, total: int, count: int, helpers: in
     (see :func:`threads.chunks`), on this thread and up to ``helpers`` native workers
     (started on first need)."""
     native = _native or _load()
-    if helpers > native.started:
-        _grow(native, helpers)
+    if helpers != native.helpers:
+        _resize(native, helpers)
     native.parallel(kernel, pointers, total, count, helpers)
 
 
+def _resize(native: _Native, helpers: int) -> None:
+    if helpers > native.started:
+        _grow(native, helpers)
+    # With more threads than cores a spinning worker takes the core another one needs:
+    # sleep at once (a wake-up then costs a futex call).
+    native.set_spin(SPIN_CYCLES if helpers < _cores() else 0)
+    native.helpers = helpers
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+        os.cpu_count() or 1)
+
+
 def _grow(native: _Native, n: int) -> None:
+    """Start workers until ``n`` run (a DeviceError if the system refuses a thread)."""
     n = min(n, MAX_WORKERS)  # hg_parallel asks no more workers than have started
     with _lock:
         error = native.grow(n)
@@ -434,13 +455,13 @@ def _shutdown() -> None:
     # modules down: stop them first.
     if _native is not None:
         _native.stop()
-        _native.started = 0
+        _native.started = _native.helpers = 0
 
 
 def _after_fork_in_child() -> None:
     if _native is not None:
         _native.forget()
-        _native.started = 0
+        _native.started = _native.helpers = 0
 
 
 if hasattr(os, "register_at_fork"):
