@@ -89,6 +89,22 @@ def get() -> Settings:
     return _last[1]
 
 
+_THREADS = "HOLOGRAM_NUM_THREADS"
+_THREADS_KEY = os.environ.encodekey(_THREADS) if _RAW is not None else None
+_threads_seen: list = [None, 0]  # the raw value last parsed, and what it parsed to
+
+
+def num_threads() -> int:
+    """``get().num_threads`` for kernel launches, which ask on every parallel call: one
+    lookup, and a parse only when the variable's value object changed."""
+    raw = _RAW.get(_THREADS_KEY) if _RAW is not None else os.environ.get(_THREADS)
+    if raw is None:
+        return 0
+    if raw is not _threads_seen[0]:
+        _threads_seen[:] = [raw, _int(_THREADS, 0, 0)]
+    return _threads_seen[1]
+
+
 def _read() -> Settings:
     dump = os.environ.get("HOLOGRAM_DUMP_DIR", "").strip()
     cache_dir = os.environ.get("HOLOGRAM_CACHE_DIR", "").strip()

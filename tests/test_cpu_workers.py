@@ -191,7 +191,7 @@ def test_idle_workers_sleep():
 
 
 def test_without_native_workers_the_python_pool_runs_kernels(mark, monkeypatch):
-    monkeypatch.setattr(workers, "available", lambda: False)
+    monkeypatch.setattr(threads, "_NATIVE", False)
     threads.set_num_threads(3)
     out = np.full(999, -1, np.int64)
     threads.run_kernel(mark, _pointers(out), 999, 1)

@@ -38,6 +38,7 @@ import ctypes
 import os
 import threading
 from collections.abc import Callable
+from functools import cache
 
 from hologram import config
 from hologram.backends.cpu import workers
@@ -49,8 +50,10 @@ __all__ = ["chunk_count", "chunks", "min_chunk_work", "num_threads", "parallel_f
 _override: int | None = None  # set_num_threads value; None follows the environment
 
 
+@cache
 def _available_cores() -> int:
-    """Cores this process may run on (its affinity mask), not the machine's total."""
+    """Cores this process may run on (its affinity mask at first use, as OpenMP reads it
+    once), not the machine's total."""
     if hasattr(os, "sched_getaffinity"):
         return max(1, len(os.sched_getaffinity(0)))
     return os.cpu_count() or 1
@@ -62,7 +65,7 @@ def num_threads() -> int:
     available to this process."""
     if _override is not None:
         return _override
-    configured = config.get().num_threads
+    configured = config.num_threads()
     return configured if configured > 0 else _available_cores()
 
 
@@ -254,6 +257,7 @@ def parallel_for(fn: Callable[[int, int], None], total: int, grain: int) -> None
 # that loses its core (a loaded machine) delays the call by one piece, not by its share.
 CHUNKS_PER_THREAD = 4
 
+_NATIVE = workers.available()  # tests switch the native pool off here
 _KERNEL = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
 _functions: dict[int, ctypes._CFuncPtr] = {}  # kernel address -> ctypes function
 
@@ -262,20 +266,22 @@ def min_chunk_work() -> int:
     """Work (grid points x loop iterations) below which a piece is not worth another
     thread: ~33k element operations with native workers (a hand-off costs ~1 µs), ~131k
     with Python ones (10-30 µs)."""
-    return 1 << 15 if workers.available() else 1 << 17
+    return 1 << 15 if _NATIVE else 1 << 17
 
 
 def run_kernel(kernel: int, pointers: ctypes.Array, total: int, grain: int) -> None:
     """Call the compiled kernel at address ``kernel`` as ``kernel(pointers, start, stop)``
-    on the pieces of ``range(total)`` and return when all are done: on native workers,
-    ``CHUNKS_PER_THREAD`` pieces per thread taken by whoever is free, where
+    on the pieces of ``range(total)`` (``grain >= 1``) and return when all are done: on
+    native workers, ``CHUNKS_PER_THREAD`` pieces per thread taken by whoever is free, where
     :func:`workers.available`; else the pieces of ``chunks(total, grain, num_threads())``
     through :func:`parallel_for`. Which thread runs a piece never changes its result."""
     n = num_threads()
-    if workers.available():
-        count = chunk_count(total, grain, n, CHUNKS_PER_THREAD)
-        if count:
-            workers.run(kernel, pointers, total, count, n - 1)
+    if _NATIVE:
+        fits = total // grain  # chunk_count(total, grain, n, CHUNKS_PER_THREAD), inlined
+        if fits >= n:
+            workers.run(kernel, pointers, total, n * min(CHUNKS_PER_THREAD, fits // n), n - 1)
+        elif total > 0:
+            workers.run(kernel, pointers, total, max(fits, 1), n - 1)
         return
     fn = _functions.get(kernel)
     if fn is None:
