@@ -374,3 +374,30 @@ def test_f32_exp_loop_vectorizes():
     body = asm[asm.index(f"{fname}:"):]
     assert re.search(r"\bvfmadd\w*ps\b|%[yz]mm", body), "no packed float instructions"
     assert not re.search(r"\bcall\w*\s+\S*exp", body), "exp is still a library call"
+
+
+def test_f32_avx512_scaling_and_reciprocal():
+    """On AVX-512, exp scales with vscalefps (no ldexp call) and sigmoid divides with a
+    reciprocal estimate (vrcp14ps) instead of vdivps."""
+    if not (llvm.has_feature("avx512f") and mathlib._use_scalef()):
+        pytest.skip("host CPU lacks AVX-512")
+    text, fnames = _ir([("exp", 32), ("sigmoid", 32)])
+    asm = llvm.assembly(text)
+    exp_body = asm[asm.index(f"{fnames[0]}:"):asm.index(f"{fnames[1]}:")]
+    sig_body = asm[asm.index(f"{fnames[1]}:"):]
+    assert "vscalefps" in exp_body and not re.search(r"\bcall", exp_body)
+    assert "vrcp14ps" in sig_body and "vdivps" not in sig_body
+    assert not re.search(r"\bcall", sig_body)
+
+
+def test_f32_sigmoid_every_array_length():
+    """The vector body, the narrower vector epilogue (vrcpps, 12-bit estimate) and the scalar
+    tail (divss) all stay within the bound and give exact 0, 1/2 and 1."""
+    rng = np.random.default_rng(3)
+    for n in range(1, 70):
+        x = rng.uniform(-95, 20, n).astype(np.float32)
+        err = ulp_errors(32, run("sigmoid", 32, x), reference("sigmoid", 32, x))
+        assert err.max() <= BOUND32["sigmoid"], (n, float(err.max()))
+        for value, want in ((INF, 1.0), (200.0, 1.0), (0.0, 0.5), (-INF, 0.0)):
+            got = run("sigmoid", 32, np.full(n, value, np.float32))
+            assert np.all(got == want), (n, value, got)

@@ -3,21 +3,24 @@
 ``llvm.exp.f32`` and friends lower to scalar libm calls, which stop LLVM's loop
 vectorizer. :func:`get` instead emits ``hg.<name>.f32`` / ``hg.<name>.f64``: internal,
 ``alwaysinline`` functions built only from instructions that vectorize (``fma``, ``rint``,
-``floor``, ``fabs``, ``copysign``, ``fdiv``, selects, bitcasts and integer ops). There are
-no branches and no calls to libm, in f32 and in f64 alike; special values are patched in
-with selects at the end. Every ``fma`` is ``llvm.fma`` (exact semantics, so results are the
-same on every host; hosts without FMA get correct but slow library calls).
+``floor``, ``fabs``, ``copysign``, ``fdiv``, ``ldexp`` on AVX-512, selects, bitcasts and
+integer ops). There are no branches and no calls to libm, in f32 and in f64 alike; special
+values are patched in with selects at the end. Every ``fma`` is ``llvm.fma`` (exact
+semantics, so results are the same on every host, f32 sigmoid's last bit excepted; hosts
+without FMA get correct but slow library calls).
 
 The algorithms (docs/mathlib.md has the details and the measured errors):
 
 - exp, exp2, expm1: ``x = k*ln2 + r`` (Cody-Waite, ``|r| <= ln2/2``), a minimax polynomial
-  for ``e^r``, and ``2^k`` applied in two steps so that denormal results round once.
+  for ``e^r``, and ``2^k`` applied so that denormal results round once: ``llvm.ldexp``
+  (``vscalefps``) on AVX-512 hosts, elsewhere two multiplications by powers of two.
 - log, log2, log1p: ``x = 2^k * m`` with ``m`` in ``[sqrt(1/2), sqrt(2))`` (denormals are
   scaled first), ``s = f/(2+f)`` with ``f = m - 1`` and an odd polynomial in ``s``.
 - tanh, erf (f32): ``x*P(x^2)/Q(x^2)``, a rational minimax fit, clamped to +-1 where the
   function rounds to 1 (a short dependency chain; within 6.3 ulp).
 - tanh (f64) = ``e/(e+2)`` with ``e = expm1(2|x|)``; sigmoid = ``1/(1+e^-x)``
-  (``e^x/(1+e^x)`` for ``x < 0``); erf (f64) = ``x + x*P(x^2)`` below 1 and
+  (``e^x/(1+e^x)`` for ``x < 0``; f32 divides with a reciprocal estimate, a Newton step and
+  a residual correction instead of ``vdivps``); erf (f64) = ``x + x*P(x^2)`` below 1 and
   ``1 - exp(h(x) - x^2)`` above.
 - sin, cos: ``x = j*pi/2 + r`` with ``pi/2`` split in three constants (fma keeps every step
   exact or rounded relative to ``r``), minimax polynomials for sin and cos on ``|r| <= 0.8``.
@@ -38,8 +41,15 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
+from hologram.backends.cpu import llvm as _llvm
+
 FUNCTIONS = ("exp", "exp2", "expm1", "log", "log2", "log1p", "tanh", "sigmoid", "erf", "sin",
              "cos", "pow")
+
+
+def _use_scalef() -> bool:
+    """Scale by 2^n with ``llvm.ldexp`` (AVX-512 ``vscalefps``; elsewhere it is a libm call)."""
+    return _llvm.has_feature("avx512f")
 
 
 @dataclass(frozen=True)
@@ -55,8 +65,9 @@ class _Format:
 
 
 _F32 = _Format(ir.FloatType(), ir.IntType(32), "f32", 23, 127, dict(
-    # exp: clamp so that 2^k stays in the two-step scaling range (and NaN becomes lo).
+    # exp: clamp so that 2^k stays in the two-step scaling range (exp2: NaN becomes lo).
     exp_lo=-104.0, exp_hi=89.0, exp2_lo=-151.0, exp2_hi=129.0, expm1_lo=-20.0,
+    round_magic=1.5 * 2.0 ** 23,  # x + magic rounds x to an integer, in the low bits
     # ln2_hi has trailing zeros: k*ln2_hi is exact for |k| < 512.
     ln2_hi=0.693145751953125, ln2_lo=1.4286068e-06, log2e=1.442695, log2e_lo=1.925963e-08,
     sqrt_half_bits=0x3F3504F3, min_normal=2.0 ** -126, tiny=2.0 ** -25,
@@ -85,6 +96,7 @@ _F32 = _Format(ir.FloatType(), ir.IntType(32), "f32", 23, 127, dict(
 
 _F64 = _Format(ir.DoubleType(), ir.IntType(64), "f64", 52, 1023, dict(
     exp_lo=-746.0, exp_hi=710.0, exp2_lo=-1076.0, exp2_hi=1025.0, expm1_lo=-40.0,
+    round_magic=1.5 * 2.0 ** 52,
     # k*ln2_hi is exact for |k| < 2048.
     ln2_hi=0.6931471803691238, ln2_lo=1.9082149292705877e-10,
     log2e=1.4426950408889634, log2e_lo=2.0355273740931033e-17,
@@ -201,6 +213,13 @@ class _Emitter:
     def sel(self, cond, a, b):
         return self.b.select(cond, a, b)
 
+    def clamp_keep_nan(self, x, lo: float, hi: float | None = None):
+        """x limited to [lo, hi], NaN stays NaN (x86: ``maxps(lo, x)``, ``minps(hi, x)``)."""
+        x = self.sel(self.lt(x, self.c(lo)), self.c(lo), x)
+        if hi is not None:
+            x = self.sel(self.lt(self.c(hi), x), self.c(hi), x)
+        return x
+
     def clamp(self, x, lo: float, hi: float):
         """x limited to [lo, hi]; NaN becomes lo (callers patch NaN in afterwards)."""
         x = self.sel(self.lt(self.c(lo), x), x, self.c(lo))
@@ -218,8 +237,36 @@ class _Emitter:
         bits = self.b.shl(self.b.add(n, self.ci(self.f.bias)), self.ci(self.f.mant))
         return self.b.bitcast(bits, self.f.ty)
 
+    def round_mul(self, x, c: float):
+        """rint(x*c) as a float and as an integer, for |x*c| < 2^(mant-1).
+
+        Adding 1.5*2^mant rounds to an integer (the fma rounds x*c once) and leaves it in the
+        low bits: the integer is those bits minus the constant's.
+        """
+        magic = self.c(self.k["round_magic"])
+        kf = self.fma(x, self.c(c), magic)
+        n = self.b.sub(self.b.bitcast(kf, self.f.ity), self.b.bitcast(magic, self.f.ity))
+        # sitofp(n), not kf - magic: ldexp's x86 lowering converts n too, the two share one
+        # vcvtdq2ps
+        return self.to_float(n), n
+
     def scale(self, p, n):
-        """p * 2^n in two exact steps, so a denormal result is rounded once."""
+        """p * 2^n rounded once (a denormal result too).
+
+        With AVX-512, ``llvm.ldexp`` (one ``vscalefps``, also right for NaN p); elsewhere
+        in two exact steps of multiplying by a power of two built from bits, because ldexp
+        would become library calls there.
+        """
+        if _use_scalef():
+            i32 = ir.IntType(32)
+            name = f"llvm.ldexp.{self.f.suffix}.i32"
+            fn = self.b.module.globals.get(name)
+            if fn is None:
+                fn = ir.Function(self.b.module, ir.FunctionType(self.f.ty, [self.f.ty, i32]),
+                                 name)
+            if self.f.ity.width != 32:
+                n = self.b.trunc(n, i32)
+            return self.b.call(fn, [p, n])
         half = self.b.ashr(n, self.ci(1))
         return self.mul(self.mul(p, self.pow2i(half)), self.pow2i(self.b.sub(n, half)))
 
@@ -227,19 +274,19 @@ class _Emitter:
 # ---------------------------------------------------------------- exp family
 def _exp_core(e: _Emitter, x: ir.Value, lo: ir.Value | None = None) -> ir.Value:
     """e^(x + lo) for finite x in [exp_lo, exp_hi] (lo: a small correction term)."""
-    kf = e.rint(e.mul(x, e.c(e.k["log2e"])))
+    kf, n = e.round_mul(x, e.k["log2e"])
     r = e.fma(e.neg(kf), e.c(e.k["ln2_hi"]), x)  # exact: ln2_hi has trailing zeros
     r = e.fma(e.neg(kf), e.c(e.k["ln2_lo"]), r)
     if lo is not None:
         r = e.add(r, lo)
     one = e.c(1.0)
     p = e.fma(r, e.fma(r, e.horner(r, e.k["exp"]), one), one)  # 1 + r(1 + r P(r))
-    return e.scale(p, e.to_int(kf))
+    return e.scale(p, n)
 
 
 def _exp(e: _Emitter, x: ir.Value) -> ir.Value:
-    y = _exp_core(e, e.clamp(x, e.k["exp_lo"], e.k["exp_hi"]))
-    return e.sel(e.isnan(x), x, y)
+    """e^x; a NaN x runs through as NaN."""
+    return _exp_core(e, e.clamp_keep_nan(x, e.k["exp_lo"], e.k["exp_hi"]))
 
 
 def _exp2(e: _Emitter, x: ir.Value, lo: ir.Value | None = None) -> ir.Value:
@@ -367,9 +414,22 @@ def _tanh(e: _Emitter, x: ir.Value) -> ir.Value:
 
 
 def _sigmoid(e: _Emitter, x: ir.Value) -> ir.Value:
-    t = _exp(e, e.neg(e.fabs(x)))  # in (0, 1]; NaN stays NaN
+    a = e.neg(e.fabs(x))
+    # exp(a) for a <= 0: below exp_lo (also -inf) the reduction is garbage or NaN and t is
+    # 0 instead (a select, not a clamp: on x86 it keeps the busy FP port free); NaN stays
+    t = e.sel(e.lt(a, e.c(e.k["exp_lo"])), e.c(0.0), _exp_core(e, a))
     num = e.sel(e.b.fcmp_ordered(">=", x, e.c(0.0)), e.c(1.0), t)
-    return e.div(num, e.add(e.c(1.0), t))
+    den = e.add(e.c(1.0), t)
+    if e.f is _F32:
+        # vdivps is slow. ``arcp`` lets LLVM compute 1/den as a reciprocal estimate and a
+        # Newton step (x86: vrcp14ps or the 12-bit vrcpps, then two fma), good to ~2^-23
+        # (den is in [1, 2] or NaN, never inf: ``ninf`` holds); then one more correction
+        # with the exact residual makes num/den accurate to 0.5 ulp + 2^-20 ulp whatever
+        # the estimate's precision (a scalar tail gets a true divss, same bound).
+        rinv = e.b.fdiv(e.c(1.0), den, flags=("arcp", "ninf", "contract"))
+        q = e.mul(num, rinv)
+        return e.fma(e.fma(e.neg(den), q, num), rinv, q)
+    return e.div(num, den)
 
 
 def _erf(e: _Emitter, x: ir.Value) -> ir.Value:
