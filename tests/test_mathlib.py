@@ -224,6 +224,15 @@ def test_sincos_large_arguments_stay_bounded(whole):
             assert np.all(np.abs(y) <= 1), (name, bits)
 
 
+@pytest.mark.parametrize("bits", [32, 64])
+@pytest.mark.parametrize("name", ["tanh", "erf"])
+def test_bounded_functions_stay_within_one(name, bits, whole):
+    """|tanh| and |erf| never exceed 1, also where the approximation is rounded to it."""
+    x = np.concatenate([whole, _f32_range(-10, 10, 400_000)])
+    x = x[np.isfinite(x)].astype(np.float32 if bits == 32 else np.float64)
+    assert np.all(np.abs(run(name, bits, x)) <= 1)
+
+
 # ------------------------------------------------------------------ (b) special values
 INF, NAN = math.inf, math.nan
 SPECIALS = dict(

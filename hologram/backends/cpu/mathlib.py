@@ -400,7 +400,10 @@ def _odd_rational(e: _Emitter, x: ir.Value, name: str) -> ir.Value:
     z = e.mul(x, x)  # inf for huge x: the quotient is NaN there and replaced below
     q = e.div(e.mul(x, e.horner(z, e.k[name + "_p"])), e.horner(z, e.k[name + "_q"]))
     inner = e.b.fcmp_unordered("<", e.fabs(x), e.c(e.k[name + "_max"]))  # true for NaN
-    return e.sel(inner, q, e.copysign(e.c(1.0), x))
+    # Near the top of the range the rounded quotient can exceed 1 by an ulp, where the
+    # function itself is just below: 1 is then the better answer, and keeps |f| <= 1.
+    bounded = e.b.fcmp_unordered("<=", e.fabs(q), e.c(1.0))
+    return e.sel(e.b.and_(inner, bounded), q, e.copysign(e.c(1.0), x))
 
 
 def _tanh(e: _Emitter, x: ir.Value) -> ir.Value:
