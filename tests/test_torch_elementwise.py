@@ -163,14 +163,17 @@ def test_activations_and_gradients(dtype):
            torch.nn.functional.gelu, lambda t: torch.nn.functional.gelu(t, approximate="tanh"),
            lambda t: torch.nn.functional.leaky_relu(t, 0.2),
            lambda t: torch.nn.functional.hardtanh(t, -0.5, 0.7)]
-    for f in fns:
+    for i, f in enumerate(fns):
         x = sample((30,), dtype, edge=False).requires_grad_()
         d = dev(x.detach()).requires_grad_()
-        g = torch.randn(30, dtype=dtype)
+        g = torch.randn(30, dtype=dtype, generator=torch.Generator().manual_seed(i))
         f(x).backward(g)
         f(d).backward(dev(g))
         same(f(d).detach(), f(x).detach(), (1e-5, 1e-6))
-        same(d.grad, x.grad, (1e-5, 1e-6))
+        # tanh's backward, g * (1 - y^2), cancels for |x| > 2: the float32 tanh's 6 ulp
+        # (docs/mathlib.md; PyTorch's ~1) become ~1e-6 there
+        tanh_based = dtype is torch.float32 and i in (2, 5)
+        same(d.grad, x.grad, (1e-5, 4e-6 if tanh_based else 1e-6))
 
 
 def test_foreach_and_lerp_against_cpu():
