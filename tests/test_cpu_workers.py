@@ -130,9 +130,9 @@ def test_grain_limits_the_pieces(mark):
     np.testing.assert_array_equal(out, _expected(1000, 300, 8))
     assert len(np.unique(out)) == 3
     threads.set_num_threads(2)
-    threads.run_kernel(mark, _pointers(out), 1000, 100)  # 2 threads x 4 pieces
-    np.testing.assert_array_equal(out, _expected(1000, 100, 2))
-    assert len(np.unique(out)) == 8
+    threads.run_kernel(mark, _pointers(out), 1000, 10)  # 2 threads x CHUNKS_PER_THREAD
+    np.testing.assert_array_equal(out, _expected(1000, 10, 2))
+    assert len(np.unique(out)) == 2 * threads.CHUNKS_PER_THREAD
 
 
 def test_zero_work_runs_nothing(mark):

@@ -255,7 +255,7 @@ def parallel_for(fn: Callable[[int, int], None], total: int, grain: int) -> None
 
 # Pieces per thread on native workers: whoever is free takes the next piece, so a thread
 # that loses its core (a loaded machine) delays the call by one piece, not by its share.
-CHUNKS_PER_THREAD = 4
+CHUNKS_PER_THREAD = 8
 
 _NATIVE = workers.available()  # tests switch the native pool off here
 _KERNEL = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
