@@ -115,7 +115,7 @@ class _Module:
         self._stop()
         self._forget()
         fn, b = self._function(m, "hg_set_spin", ir.VoidType(), [_I64])
-        b.store(fn.args[0], self.spin)
+        b.store_atomic(fn.args[0], self.spin, "monotonic", 8)  # read while workers spin
         b.ret_void()
 
     def _global(self, name: str, ty: ir.Type, value: int | None = None) -> ir.GlobalVariable:
@@ -148,10 +148,13 @@ class _Module:
         b.position_at_end(body)
         b.call(self.pause, [])
         elapsed = b.sub(b.call(self.clock, []), start)
-        with b.if_then(b.icmp_unsigned(">", elapsed, b.load(self.spin))):
+        with b.if_then(b.icmp_unsigned(">", elapsed, self._spin_window(b))):
             b.call(self.sched_yield, [])
         b.branch(head)
         b.position_at_end(out)
+
+    def _spin_window(self, b: ir.IRBuilder) -> ir.Value:
+        return b.load_atomic(self.spin, "monotonic", 8)  # hg_set_spin may change it
 
     def _chunk(self, b: ir.IRBuilder, i: ir.Value, total: ir.Value, count: ir.Value):
         """(start, stop) of chunk ``i`` of ``count``: sizes differ by at most one, the
@@ -222,7 +225,7 @@ class _Module:
         b.position_at_end(keep_spinning)
         b.call(self.pause, [])
         elapsed = b.sub(b.call(self.clock, []), started)
-        b.cbranch(b.icmp_unsigned("<", elapsed, b.load(self.spin)), spin, sleep)
+        b.cbranch(b.icmp_unsigned("<", elapsed, self._spin_window(b)), spin, sleep)
 
         b.position_at_end(sleep)
         b.store_atomic(_const(_I32, 1), sleeping, "seq_cst", 4)
