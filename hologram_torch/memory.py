@@ -63,8 +63,13 @@ class _Owner:
 def _lease(nbytes: int, spare: list | None):
     """A block of ``nbytes``: a spare one if ``spare`` (its size's list) has one."""
     if spare:
-        _spare_bytes[0] -= nbytes
-        return spare.pop()
+        try:
+            lease = spare.pop()
+        except IndexError:  # another thread took the last one
+            pass
+        else:
+            _spare_bytes[0] -= nbytes
+            return lease
     try:
         return _pool.lease(nbytes)
     except OutOfMemoryError:
