@@ -10,12 +10,12 @@ import subprocess
 import sys
 import threading
 import time
-import warnings
 
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from util import in_forked_child
 
 from hologram.backends.cpu import threads
 from hologram.errors import HologramError
@@ -238,30 +238,14 @@ def test_interpreter_exit_does_not_hang():
 def test_fork_child_can_use_the_pool():
     threads.set_num_threads(2)
     threads.parallel_for(Recorder(), 1000, 1)  # parent has live workers
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads, 3.12+
-        pid = os.fork()
-    if pid == 0:  # child: report through the exit status only
-        status = 1
-        try:
-            rec = Recorder(sleep=0.005)
-            threads.parallel_for(rec, 1000, 100)
-            ok = rec.ranges() == [(0, 500), (500, 1000)]
-            ok = ok and len({ident for _, _, ident in rec.calls}) == 2
-            status = 0 if ok else 2
-        finally:
-            os._exit(status)
-    deadline = time.monotonic() + 20
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        if time.monotonic() > deadline:
-            os.kill(pid, 9)
-            os.waitpid(pid, 0)
-            pytest.fail("fork child hung in parallel_for")
-        time.sleep(0.01)
-    assert os.waitstatus_to_exitcode(status) == 0
+
+    def child() -> bool:
+        rec = Recorder(sleep=0.005)
+        threads.parallel_for(rec, 1000, 100)
+        return (rec.ranges() == [(0, 500), (500, 1000)]
+                and len({ident for _, _, ident in rec.calls}) == 2)
+
+    assert in_forked_child(child, 20, "parallel_for") == 0
 
 
 def test_the_public_thread_setting_drives_the_pool(monkeypatch):

@@ -12,11 +12,11 @@ import subprocess
 import sys
 import threading
 import time
-import warnings
 
 import numpy as np
 import pytest
 from llvmlite import ir
+from util import in_forked_child
 
 from hologram.backends.cpu import llvm, threads, workers
 
@@ -199,9 +199,10 @@ def test_without_native_workers_the_python_pool_runs_kernels(mark, monkeypatch):
 
 
 _CHILD = """
-import ctypes, numpy as np
-from llvmlite import ir
-import tests.test_cpu_workers as t
+import sys
+import numpy as np
+sys.path.insert(0, "tests")
+import test_cpu_workers as t
 from hologram.backends.cpu import threads
 threads.set_num_threads(4)
 address = t._compile("exit_mark", t._mark)
@@ -226,28 +227,13 @@ def test_fork_child_starts_its_own_workers(meet):
     count = np.array([0, 2], np.int64)
     out = np.zeros(2, np.int64)
     threads.run_kernel(meet, _pointers(count, out), 2, 1)  # the parent has workers
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads, 3.12+
-        pid = os.fork()
-    if pid == 0:  # child: report through the exit status only
-        status = 1
-        try:
-            count[:] = [0, 2]
-            threads.run_kernel(meet, _pointers(count, out), 2, 1)
-            status = 0 if out.tolist() == [2, 2] else 2
-        finally:
-            os._exit(status)
-    deadline = time.monotonic() + 30
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        if time.monotonic() > deadline:
-            os.kill(pid, 9)
-            os.waitpid(pid, 0)
-            pytest.fail("fork child hung in run_kernel")
-        time.sleep(0.01)
-    assert os.waitstatus_to_exitcode(status) == 0
+
+    def child() -> bool:
+        count[:] = [0, 2]
+        threads.run_kernel(meet, _pointers(count, out), 2, 1)
+        return out.tolist() == [2, 2]
+
+    assert in_forked_child(child, 30, "run_kernel") == 0
     count[:] = [0, 2]
     threads.run_kernel(meet, _pointers(count, out), 2, 1)  # and the parent's still work
     assert out.tolist() == [2, 2]

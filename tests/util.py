@@ -3,7 +3,13 @@ reference interpreter, and bit-level comparison."""
 
 from __future__ import annotations
 
+import os
+import time
+import warnings
+from collections.abc import Callable
+
 import numpy as np
+import pytest
 
 from hologram.backends.interp import run
 from hologram.isa import dtypes as dt
@@ -62,3 +68,28 @@ def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     if a.dtype == np.uint16:  # bf16 bit patterns: compare as floats for the NaN rule
         return same_bits(dt.from_bf16_bits(a), dt.from_bf16_bits(b))
     return np.array_equal(a, b)
+
+
+def in_forked_child(check: Callable[[], bool], seconds: float, what: str) -> int:
+    """Run ``check()`` in a forked child and return its exit code: 0 when it returned
+    true, 2 when false, 1 when it raised. A child still running after ``seconds`` is
+    killed and the test fails with ``what`` hung."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads, 3.12+
+        pid = os.fork()
+    if pid == 0:  # child: report through the exit status only
+        status = 1
+        try:
+            status = 0 if check() else 2
+        finally:
+            os._exit(status)
+    deadline = time.monotonic() + seconds
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail(f"fork child hung in {what}")
+        time.sleep(0.01)
