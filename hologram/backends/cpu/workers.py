@@ -423,17 +423,14 @@ def run(kernel: int, pointers: ctypes.Array, total: int, count: int, helpers: in
 
 
 def _resize(native: _Native, helpers: int) -> None:
+    from hologram.backends.cpu.threads import _available_cores  # threads imports this module
+
     if helpers > native.started:
         _grow(native, helpers)
     # With more threads than cores a spinning worker takes the core another one needs:
     # sleep at once (a wake-up then costs a futex call).
-    native.set_spin(SPIN_CYCLES if helpers < _cores() else 0)
+    native.set_spin(SPIN_CYCLES if helpers < _available_cores() else 0)
     native.helpers = helpers
-
-
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
-        os.cpu_count() or 1)
 
 
 def _grow(native: _Native, n: int) -> None:
