@@ -15,7 +15,9 @@ Protocol:
   i)`` to ``(job, i + 1)``, having read the job's words first; the swap succeeds only
   while that job is current and the chunk unclaimed, so what was read is what was
   claimed (the caller writes a new job only after every chunk of the last one finished,
-  counted in ``finished``). Whoever is free takes the next chunk: a worker that has no
+  counted in ``finished``, and closes the ticket -- new sequence, no chunk left -- before
+  it writes the job's words, so a claim under the old ticket fails once any new word is
+  visible). Whoever is free takes the next chunk: a worker that has no
   core (a loaded machine, more threads than cores) delays the call by at most the chunk
   it is running, and a caller whose workers are slow to wake runs the chunks itself.
 - Waking: each worker has a cache line with ``gen``, the number of wake-ups posted to it.
@@ -77,6 +79,7 @@ _KERNEL_TYPE = ir.FunctionType(ir.VoidType(), [_I8P.as_pointer(), _I64, _I64])
 _SLOT = ir.LiteralStructType([_I32, _I32, _I32, _I32, _I64, ir.ArrayType(_I64, 6)])
 _GEN, _SLEEPING, _QUIT, _, _TID = range(5)
 _JOB = ("kernel", "pointers", "total", "count")  # hg_parallel's arguments, as globals
+_CLOSED = 0xFFFF_FFFF  # a ticket's chunk index while its job is being written: none left
 
 
 def _const(ty: ir.IntType, value: int) -> ir.Constant:
@@ -181,7 +184,7 @@ class _Module:
         b.position_at_end(loop)
         ticket = b.phi(_I64, "ticket")
         ticket.add_incoming(first, entry)
-        job = {name: b.load_atomic(g, "monotonic", 8) for name, g in self.job.items()}
+        job = {name: b.load_atomic(g, "acquire", 8) for name, g in self.job.items()}
         index = b.and_(ticket, _const(_I64, 0xFFFF_FFFF))
         b.cbranch(b.icmp_signed("<", index, job["count"]), claim, done)
         b.position_at_end(claim)
@@ -276,11 +279,16 @@ class _Module:
         # Shared: publish the job under a new ticket, wake the helpers, take chunks here
         # too, wait for the ones workers took.
         b.position_at_end(shared_bb)
-        for name, value in zip(_JOB, fn.args):
-            b.store_atomic(value, self.job[name], "monotonic", 8)
-        b.store_atomic(_const(_I64, 0), self.finished, "monotonic", 8)
         sequence = b.lshr(b.load_atomic(self.ticket, "monotonic", 8), _const(_I64, 32))
         fresh = b.shl(b.add(sequence, _const(_I64, 1)), _const(_I64, 32))
+        # Close the ticket before the job words change: a thread still in hg_take that read
+        # the last job's ticket and then reads a word of this job would otherwise claim a
+        # chunk of it (with a mix of old and new words) under the old ticket.
+        b.store_atomic(b.or_(fresh, _const(_I64, _CLOSED)), self.ticket, "seq_cst", 8)
+        for name, value in zip(_JOB, fn.args):
+            # release: a thread that reads the new word also sees the closed ticket
+            b.store_atomic(value, self.job[name], "release", 8)
+        b.store_atomic(_const(_I64, 0), self.finished, "release", 8)
         b.store_atomic(fresh, self.ticket, "release", 8)
         with self._for(b, fn, helpers) as w:
             gen = self._field(b, w, _GEN)
