@@ -56,7 +56,7 @@ from util import inputs_for, random_array, same_bits
 import hologram
 from hologram.backends.cpu import gemm, llvm, threads
 from hologram.backends.cpu.backend import CpuBackend
-from hologram.backends.cpu.render import render, unsupported
+from hologram.backends.cpu.render import PART_WORK, render, split_parts, unsupported
 from hologram.compiler import pipeline
 from hologram.errors import IRError
 from hologram.graph import Graph, Tensor
@@ -728,6 +728,79 @@ def test_large_f64_sum_within_the_recursive_summation_bound():
     (got,) = run_cpu(g.program(), [x])
     exact = math.fsum(x.tolist())
     assert abs(got[0] - exact) <= n * 2.0 ** -53 * float(np.abs(x).sum())
+
+
+# A reduction of a whole large domain runs as partials on the threads, folded in order
+# (render.split_parts): the cases above are too small to split.
+SPLIT_CASES = [(kind, t.name) for kind in ("sum", "prod", "max", "min", "argmax", "argmin")
+               for t in (dt.float32, dt.float64, dt.bfloat16, dt.int32, dt.uint8, dt.bool_)
+               if not (t.is_bool and kind in ("sum", "prod"))]
+
+
+def split_program(kind: str, t: DType) -> Program:
+    g = Graph(f"split_{kind}_{t.name}")
+    flat = g.input("flat", t, (2 * PART_WORK + 3,))  # two partials, of unequal length
+    rows = g.input("rows", t, (300, 700))  # split along rows; read transposed too
+    g.output("r_flat", g.reduce(kind, flat))
+    g.output("r_rows", g.reduce(kind, rows))
+    g.output("r_cols", g.reduce(kind, rows.permute(1, 0)))
+    return g.program()
+
+
+@pytest.mark.parametrize("kind, name", SPLIT_CASES)
+def test_split_reductions_match_the_interpreter_on_any_thread_count(kind, name):
+    t = dt.dtype(name)
+    program = split_program(kind, t)
+    assert all(split_parts(k) >= 2 for k in pipeline.run(program).kernels)
+    rng = np.random.default_rng(seed_of("split", kind, name))
+    params = [p for p in program.params if p.kind == "in"]
+    # products of many values over/underflow: values near 1 keep them finite
+    datasets = {"ties": [tie_values(t, p.size, rng) for p in params]}
+    if kind == "prod" and t.is_float:
+        datasets["random"] = [storage(rng.uniform(0.999, 1.001, p.size), t) for p in params]
+    else:
+        datasets["random"] = [random_array(p, rng, edges=True) for p in params]
+    for label, inputs in datasets.items():
+        want = run_interp(program, inputs)
+        by_threads = []
+        for n in (1, 2, 3):
+            with num_threads(n):
+                by_threads.append(run_cpu(program, inputs))
+        for got in by_threads[1:]:  # fixed partials: the same bits on any thread count
+            assert all(same_bits(a, b) for a, b in zip(by_threads[0], got)), label
+        rt = dt.int64 if kind.startswith("arg") else t
+        for out, g, w, x in zip(("flat", "rows", "cols"), by_threads[0], want,
+                                 (inputs[0], inputs[1], inputs[1])):
+            shape = x.shape if out == "flat" else (300, 700)
+            ulps, atol = reduce_tolerance(kind, t, w, x, shape, tuple(range(len(shape))))
+            assert_close(g, w, rt, ulps, atol, what=f"{kind} {name} {out} on {label} inputs")
+
+
+def test_split_reduction_runs_what_follows_it_and_dot_products():
+    n = 3 * PART_WORK + 1
+    g = Graph("split_rest")
+    x, y = g.input("x", "f32", (n,)), g.input("y", "f32", (n,))
+    g.output("mean", g.mean(x))
+    g.output("dot", g.reduce("sum", x * y))
+    g.output("norm", g.unary("sqrt", g.sum(x * x)))
+    program = g.program()
+    assert sum(split_parts(k) for k in pipeline.run(program).kernels) >= 6
+    rng = np.random.default_rng(3)
+    inputs = [rng.standard_normal(n).astype(np.float32) for _ in range(2)]
+    for got, want in zip(run_cpu(program, inputs), run_interp(program, inputs)):
+        assert_close(got, want, dt.float32, ulps=1)
+
+
+def test_what_is_not_split():
+    def kernels(build) -> list:
+        g = Graph("not_split")
+        build(g)
+        return pipeline.run(g.program()).kernels
+
+    small = kernels(lambda g: g.output("s", g.sum(g.input("x", "f32", (PART_WORK,)))))
+    rows = kernels(lambda g: g.output("s", g.sum(g.input("x", "f32", (512, 4096)), 1)))
+    both = kernels(lambda g: g.output("e", g.unary("exp", g.input("x", "f32", (1 << 20,)))))
+    assert [split_parts(k) for k in small + rows + both] == [0] * len(small + rows + both)
 
 
 # --- fused programs -------------------------------------------------------------------------

@@ -26,7 +26,7 @@ import numpy as np
 
 from hologram.backends.base import Backend, Executable
 from hologram.backends.cpu import blas, gemm, llvm, threads
-from hologram.backends.cpu.render import render, unsupported
+from hologram.backends.cpu.render import render, split_parts, unsupported
 from hologram.isa.ir import Program
 
 _RAW_KERNEL = ctypes.CFUNCTYPE(None)  # the same function, called with ctypes objects only
@@ -66,6 +66,7 @@ class CpuBackend(Backend):
                 "rows": kernel.domain[0] if kernel.grid_rank else 1,
                 "row_work": math.prod(kernel.domain[1:]) if kernel.grid_rank else 1,
                 "parallel": kernel.grid_rank > 0,
+                "parts": split_parts(kernel) if reason is None else 0,
             })
         steps += [{"gemm": g.to_json()} for g in gemms.get(len(program.kernels), ())]
         header = {
@@ -84,7 +85,12 @@ class CpuBackend(Backend):
         (size,) = _HEADER.unpack_from(artifact)
         header = json.loads(artifact[_HEADER.size : _HEADER.size + size])
         obj = artifact[_HEADER.size + size :]
-        names = [s["symbol"] for s in header["steps"] if s.get("symbol")]
+        names = []
+        for step in header["steps"]:
+            if step.get("symbol"):
+                names.append(step["symbol"])
+                if step.get("parts"):
+                    names.append(step["symbol"] + "_final")
         addresses = llvm.load_object(obj, names) if names else {}
         return _Executable(header, addresses)
 
@@ -114,6 +120,9 @@ class _Executable:
             index = step["kernel"]
             return lambda pointers, memory: self._interpret(index, memory)
         address = addresses[step["symbol"]]
+        if step.get("parts"):
+            return self._split_step(address, addresses[step["symbol"] + "_final"],
+                                    step["parts"])
         rows, parallel = step["rows"], step["parallel"]
         grain = max(1, -(-threads.min_chunk_work() // max(step["row_work"], 1)))
         if not parallel or rows < 2 * grain:
@@ -122,6 +131,22 @@ class _Executable:
             raw, stop = _RAW_KERNEL(address), ctypes.c_int64(rows)
             return lambda pointers, memory: raw(pointers, _ZERO, stop)
         return lambda pointers, memory: threads.run_kernel(address, pointers, rows, grain)
+
+    def _split_step(self, part: int, final: int, parts: int) -> Callable:
+        """A reduction split into ``parts`` partials (see ``render.split_parts``): the
+        partials on the worker threads, then the final function here. The scratch memory
+        for the partials (8 bytes each for the accumulators, 8 for argmax/argmin indices)
+        is the pointer after the program's buffers."""
+        nbuffers, final_fn, one = self.nbuffers, _RAW_KERNEL(final), ctypes.c_int64(1)
+
+        def run(pointers, memory) -> None:
+            scratch = (ctypes.c_int64 * (2 * parts))()
+            extended = (ctypes.c_void_p * (nbuffers + 1))(*pointers[:nbuffers],
+                                                           ctypes.addressof(scratch))
+            threads.run_kernel(part, extended, parts, 1)
+            final_fn(extended, _ZERO, one)
+
+        return run
 
     def __call__(self, arrays: Sequence[np.ndarray]) -> None:
         pointers = (ctypes.c_void_p * max(self.nbuffers, 1))()

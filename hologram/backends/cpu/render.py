@@ -68,13 +68,52 @@ def unsupported(kernel: Kernel) -> str | None:
     return None
 
 
+#: Elements per partial result of a split reduction, and the most partials (see
+#: :func:`split_parts`). Fixed numbers, not the thread count: a split reduction's result
+#: is the same bits however many threads compute its partials.
+PART_WORK = 1 << 16
+MAX_PARTS = 64
+
+
+def split_parts(kernel: Kernel) -> int:
+    """Into how many partial results a reduction of a whole domain is split (0: none).
+
+    A kernel without a grid whose one reduction runs over dimension 0 among others, and
+    whose stores all store values computed once (the reduction's result and what follows
+    from it), is rendered as two functions: ``symbol`` computes partial ``p`` (the
+    reduction over dimension-0 indices ``[bound(p), bound(p + 1))``, bounds as
+    ``threads.chunks`` draws them) for the ``p`` in its ``[start, stop)``, into a scratch
+    buffer passed as pointer ``len(program.buffers)``; ``symbol_final`` folds the partials
+    in order and runs the rest of the kernel. The partials can then run on all threads,
+    where a whole reduction would run on one."""
+    if kernel.grid_rank or not kernel.domain or 0 in kernel.domain:
+        return 0
+    reductions = [x for x in kernel.body if x.op in ("reduce", "contract")]
+    if len(reductions) != 1 or reductions[0].axes[:1] != (0,):
+        return 0
+    loops = range(len(kernel.domain))
+    for x in kernel.body:
+        if x.op == "store" and any(x.shape[d] > 1 for d in loops):
+            return 0
+    parts = min(MAX_PARTS, kernel.domain[0], math.prod(kernel.domain) // PART_WORK)
+    return parts if parts >= 2 else 0
+
+
 def render(program: Program, symbols: dict[str, str]) -> str:
-    """LLVM IR for the kernels named in ``symbols`` (kernel name -> function symbol)."""
+    """LLVM IR for the kernels named in ``symbols`` (kernel name -> function symbol); a
+    kernel that :func:`split_parts` splits gets ``symbol`` and ``symbol + "_final"``."""
     module = ir.Module(name=program.name)
     module.triple = ""  # the target machine decides
     for kernel in program.kernels:
         if kernel.name in symbols:
-            _KernelRenderer(module, program, kernel, symbols[kernel.name]).render()
+            symbol = symbols[kernel.name]
+            parts = split_parts(kernel)
+            if parts:
+                _KernelRenderer(module, program, kernel, symbol, parts, "part").render()
+                _KernelRenderer(module, program, kernel, symbol + "_final", parts,
+                                "final").render()
+            else:
+                _KernelRenderer(module, program, kernel, symbol).render()
     return str(module)
 
 
@@ -85,8 +124,13 @@ def _float_const(t: ir.Type, value: float) -> ir.Constant:
 
 
 class _KernelRenderer:
-    def __init__(self, module: ir.Module, program: Program, kernel: Kernel, symbol: str):
+    def __init__(self, module: ir.Module, program: Program, kernel: Kernel, symbol: str,
+                 parts: int = 0, split: str = ""):
         self.module, self.program, self.kernel = module, program, kernel
+        # A split reduction (see split_parts): "part" or "final", with its partial count.
+        self.parts, self.split = parts, split
+        self.scratch: ir.Value | None = None  # the partials' memory (i8*)
+        self.outer: tuple[ir.Value, ir.Value] | None = None  # dimension 0's [start, stop)
         self.fn = ir.Function(module, KERNEL_TYPE, name=symbol)
         self.fn.args[0].add_attribute("noalias")
         entry = self.fn.append_basic_block("entry")
@@ -109,7 +153,13 @@ class _KernelRenderer:
                 slot = b.gep(self.fn.args[0], [ir.Constant(I64, i)])
                 raw = b.load(slot)
                 self.bases[i] = b.bitcast(raw, _MEMORY[buf.dtype.name].as_pointer())
-        if kernel.grid_rank == 0:
+        if self.split:
+            slot = b.gep(self.fn.args[0], [ir.Constant(I64, len(self.program.buffers))])
+            self.scratch = b.load(slot)
+        if self.split == "part":
+            start, stop = self.fn.args[1], self.fn.args[2]
+            self._loop(stop, self._partial, start=start, dim=-1)
+        elif kernel.grid_rank == 0:
             self._grid_point()
         else:
             start, stop = self.fn.args[1], self.fn.args[2]
@@ -152,8 +202,35 @@ class _KernelRenderer:
             body()
             return
         d = dims[0]
-        self._loop(ir.Constant(I64, self.kernel.domain[d]), lambda i: self._nest(dims[1:], body),
-                   dim=d)
+        inner = lambda i: self._nest(dims[1:], body)  # noqa: E731
+        if d == 0 and self.outer is not None:  # a partial of a split reduction
+            self._loop(self.outer[1], inner, dim=d, start=self.outer[0])
+        else:
+            self._loop(ir.Constant(I64, self.kernel.domain[d]), inner, dim=d)
+
+    def _partial(self, p: ir.Value) -> None:
+        """Partial ``p`` of a split reduction into the scratch memory: the accumulator at
+        ``[p]``, and for argmax/argmin the best flat index at ``[parts + p]`` (i64)."""
+        b, body = self.b, self.kernel.body
+        n = self.kernel.domain[0]
+        base, extra = divmod(n, self.parts)
+
+        def bound(q: ir.Value) -> ir.Value:  # threads.chunks' boundaries
+            smaller = b.select(b.icmp_signed("<", q, ir.Constant(I64, extra)), q,
+                               ir.Constant(I64, extra))
+            return b.add(b.mul(q, ir.Constant(I64, base)), smaller)
+
+        self.outer = (bound(p), bound(b.add(p, ir.Constant(I64, 1))))
+        self.point, self.local = {}, {}
+        instr = next(x for x in body if x.op in ("reduce", "contract"))
+        for a in instr.args:
+            self._prepare(a)
+        acc, best, acc_type = self._accumulate(instr)
+        b.store(acc, b.gep(b.bitcast(self.scratch, acc_type.as_pointer()), [p]))
+        if best is not None:
+            indices = b.bitcast(self.scratch, I64.as_pointer())
+            b.store(best, b.gep(indices, [b.add(p, ir.Constant(I64, self.parts))]))
+        self.outer = None
 
     def _varying(self, instr: Instr) -> list[int]:
         return [d for d in self.loops if instr.shape[d] > 1]
@@ -259,14 +336,25 @@ class _KernelRenderer:
 
     # --- reductions -------------------------------------------------------------------
     def _reduce(self, instr: Instr) -> ir.Value:
+        t = self.kernel.body[instr.args[0]].dtype
+        kind = "sum" if instr.op == "contract" else instr.kind
+        extents = [self.kernel.domain[a] for a in instr.axes]
+        if kind == "sum" and math.prod(extents) == 0:
+            return self._const(0, t)  # an empty sum is +0.0 (not the -0.0 identity)
+        acc, best, acc_type = self._accumulate(instr)
+        if best is not None:
+            return best
+        return self._narrow(acc, acc_type, instr.dtype)
+
+    def _accumulate(self, instr: Instr) -> tuple[ir.Value, ir.Value | None, ir.Type]:
+        """(accumulator, best flat index for argmax/argmin else None, accumulator type)
+        of a reduction: over its axes (dimension 0 limited to ``self.outer`` when set), or
+        in a split reduction's final function, over the partials in order."""
         b, kernel = self.b, self.kernel
         axes = list(instr.axes)
         extents = [kernel.domain[a] for a in axes]
-        operands = [kernel.body[a] for a in instr.args]
-        t = operands[0].dtype
+        t = kernel.body[instr.args[0]].dtype
         kind = "sum" if instr.op == "contract" else instr.kind
-        if kind == "sum" and math.prod(extents) == 0:
-            return self._const(0, t)  # an empty sum is +0.0 (not the -0.0 identity)
         acc_type = self._accumulator_type(t, kind)
         acc = self._alloca(acc_type)
         b.store(self._identity(kind, t, acc_type), acc)
@@ -274,31 +362,46 @@ class _KernelRenderer:
         if kind in ("argmax", "argmin"):
             best = self._alloca(I64)
             b.store(ir.Constant(I64, 0), best)
-        saved_local, self.local = self.local, {}
 
-        def step() -> None:
-            values = [self._value(a) for a in instr.args]
-            if instr.op == "contract":
-                values = [self._widen(v, t, acc_type) for v in values]
-                value = self._arith("mul", values[0], values[1], t, acc_type)
-            else:
-                value = self._widen(values[0], t, acc_type)
+        def fold(value: ir.Value, index: Callable[[], ir.Value]) -> None:
             current = b.load(acc)
             if best is None:
                 b.store(self._combine(kind, current, value, t, acc_type), acc)
-            else:
+            else:  # in order, strictly better only: the first occurrence wins
                 better = self._better(kind == "argmax", value, current, t)
                 b.store(b.select(better, value, current), acc)
+                b.store(b.select(better, index(), b.load(best)), best)
+
+        if self.split == "final":
+            values = b.bitcast(self.scratch, acc_type.as_pointer())
+            indices = b.bitcast(self.scratch, I64.as_pointer())
+
+            def partial(p: ir.Value) -> None:
+                at = b.add(p, ir.Constant(I64, self.parts))
+                fold(b.load(b.gep(values, [p])), lambda: b.load(b.gep(indices, [at])))
+
+            self._loop(ir.Constant(I64, self.parts), partial, dim=-1)
+        else:
+            saved_local, self.local = self.local, {}
+
+            def flat_index() -> ir.Value:
                 flat = ir.Constant(I64, 0)
                 for a, n in zip(axes, extents):
                     flat = b.add(b.mul(flat, ir.Constant(I64, n)), self.index[a])
-                b.store(b.select(better, flat, b.load(best)), best)
+                return flat
 
-        self._nest(axes, step)
-        self.local = saved_local
-        if best is not None:
-            return b.load(best)
-        return self._narrow(b.load(acc), acc_type, instr.dtype)
+            def step() -> None:
+                values = [self._value(a) for a in instr.args]
+                if instr.op == "contract":
+                    values = [self._widen(v, t, acc_type) for v in values]
+                    value = self._arith("mul", values[0], values[1], t, acc_type)
+                else:
+                    value = self._widen(values[0], t, acc_type)
+                fold(value, flat_index)
+
+            self._nest(axes, step)
+            self.local = saved_local
+        return b.load(acc), (b.load(best) if best is not None else None), acc_type
 
     def _alloca(self, ty: ir.Type) -> ir.Value:
         with self.b.goto_block(self.alloca_block):
