@@ -14,6 +14,8 @@ Inside one grid point the kernel's loop dimensions are structured loops:
   accumulator) or a group of stores (one nest over the dimensions they vary along).
 
 Dependencies are emitted before the nest that uses them, so everything dominates its uses.
+A large reduction of a whole domain becomes two functions instead, partials and their
+fold, so that the partials run on all threads (:func:`split_parts`).
 Float sums (and products, and contractions) accumulate in float64 for f16/bf16/f32 — more
 accurate than pairwise float32 summation — with ``reassoc`` so the loops vectorize.
 Transcendentals come from :mod:`.mathlib` (vectorizable IR, no libm calls).
@@ -202,7 +204,10 @@ class _KernelRenderer:
             body()
             return
         d = dims[0]
-        inner = lambda i: self._nest(dims[1:], body)  # noqa: E731
+
+        def inner(i: ir.Value) -> None:
+            self._nest(dims[1:], body)
+
         if d == 0 and self.outer is not None:  # a partial of a split reduction
             self._loop(self.outer[1], inner, dim=d, start=self.outer[0])
         else:
