@@ -51,9 +51,8 @@ def _compile(name: str, emit) -> int:
     return llvm.load_object(llvm.compile_ir(str(module)), [name])[name]
 
 
-def _mark(b, array, start, stop):
-    """out[i] = start for i in [start, stop): which chunk wrote each element."""
-    out = array(0)
+def _each(b, start, stop, emit) -> None:
+    """``for i in [start, stop): emit(i)``."""
     fn, before = b.function, b.block
     head, body, done = (fn.append_basic_block(n) for n in ("head", "body", "done"))
     b.branch(head)
@@ -62,27 +61,23 @@ def _mark(b, array, start, stop):
     i.add_incoming(start, before)
     b.cbranch(b.icmp_signed("<", i, stop), body, done)
     b.position_at_end(body)
-    b.store(start, b.gep(out, [i]))
-    i.add_incoming(b.add(i, ir.Constant(I64, 1)), body)
+    emit(i)
+    i.add_incoming(b.add(i, ir.Constant(I64, 1)), b.block)
     b.branch(head)
     b.position_at_end(done)
+
+
+def _mark(b, array, start, stop):
+    """out[i] = start for i in [start, stop): which chunk wrote each element."""
+    out = array(0)
+    _each(b, start, stop, lambda i: b.store(start, b.gep(out, [i])))
 
 
 def _count(b, array, start, stop):
     """out[i] += 1 (atomically) for i in [start, stop): how often each element was run."""
     out = array(0)
-    fn, before = b.function, b.block
-    head, body, done = (fn.append_basic_block(n) for n in ("head", "body", "done"))
-    b.branch(head)
-    b.position_at_end(head)
-    i = b.phi(I64)
-    i.add_incoming(start, before)
-    b.cbranch(b.icmp_signed("<", i, stop), body, done)
-    b.position_at_end(body)
-    b.atomic_rmw("add", b.gep(out, [i]), ir.Constant(I64, 1), "monotonic")
-    i.add_incoming(b.add(i, ir.Constant(I64, 1)), body)
-    b.branch(head)
-    b.position_at_end(done)
+    _each(b, start, stop, lambda i: b.atomic_rmw("add", b.gep(out, [i]), ir.Constant(I64, 1),
+                                                 "monotonic"))
 
 
 def _meet(b, array, start, stop):
