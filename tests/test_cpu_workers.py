@@ -80,20 +80,15 @@ def _count(b, array, start, stop):
                                                  "monotonic"))
 
 
-def _meet(b, array, start, stop):
-    """A barrier with a time limit: count[0] += 1, then wait (at most ~2^28 polls) until
-    count[0] reaches count[1]; out[start] = what was seen. Chunks that run one after
-    another see 1, 2, ...; chunks that run at the same time all see count[1]."""
-    count, out = array(0), array(1)
-    b.atomic_rmw("add", count, ir.Constant(I64, 1), "seq_cst")
-    want = b.load(b.gep(count, [ir.Constant(I64, 1)]))
+def _wait_until(b, counter, want) -> ir.Value:
+    """Poll ``counter`` until it reaches ``want`` or ~2^28 polls passed; what was seen."""
     polls = b.alloca(I64)
     b.store(ir.Constant(I64, 0), polls)
     fn = b.function
     head, body, done = (fn.append_basic_block(n) for n in ("head", "body", "done"))
     b.branch(head)
     b.position_at_end(head)
-    seen = b.load_atomic(count, "seq_cst", 8)
+    seen = b.load_atomic(counter, "seq_cst", 8)
     more = b.and_(b.icmp_signed("<", seen, want),
                   b.icmp_signed("<", b.load(polls), ir.Constant(I64, 1 << 28)))
     b.cbranch(more, body, done)
@@ -101,7 +96,32 @@ def _meet(b, array, start, stop):
     b.store(b.add(b.load(polls), ir.Constant(I64, 1)), polls)
     b.branch(head)
     b.position_at_end(done)
-    b.store(seen, b.gep(out, [start]))
+    return seen
+
+
+def _meet(b, array, start, stop):
+    """A barrier with a time limit: count[0] += 1, then wait until count[0] reaches
+    count[1]; out[start] = what was seen. Chunks that run one after another see 1, 2,
+    ...; chunks that run at the same time all see count[1]."""
+    count, out = array(0), array(1)
+    b.atomic_rmw("add", count, ir.Constant(I64, 1), "seq_cst")
+    want = b.load(b.gep(count, [ir.Constant(I64, 1)]))
+    b.store(_wait_until(b, count, want), b.gep(out, [start]))
+
+
+def _arrive(b, array, start, stop):
+    """order[start] = how many chunks started before this one, tid[start] = the thread
+    that runs it; the first state[1] chunks to start wait (with a time limit) until that
+    many have: each thread's first chunk starts before anyone's second."""
+    state, order, tid = array(0), array(1), array(2)
+    syscall = b.module.globals.get("syscall") or ir.Function(
+        b.module, ir.FunctionType(I64, [I64], var_arg=True), "syscall")
+    seen = b.atomic_rmw("add", state, ir.Constant(I64, 1), "seq_cst")
+    b.store(seen, b.gep(order, [start]))
+    b.store(b.call(syscall, [ir.Constant(I64, 186)]), b.gep(tid, [start]))  # gettid
+    want = b.load(b.gep(state, [ir.Constant(I64, 1)]))
+    with b.if_then(b.icmp_signed("<", seen, want)):
+        _wait_until(b, state, want)
 
 
 @pytest.fixture(scope="module")
@@ -117,6 +137,13 @@ def count() -> int:
 @pytest.fixture(scope="module")
 def meet() -> int:
     return _compile("test_workers_meet", _meet)
+
+
+@pytest.fixture(scope="module")
+def arrive() -> int:
+    workers.run(_compile("test_workers_warm", _mark), _pointers(np.zeros(1, np.int64)), 1,
+                1, 0)  # loads the pool, which makes `syscall` known to the JIT linker
+    return _compile("test_workers_arrive", _arrive)
 
 
 def _pointers(*arrays: np.ndarray) -> ctypes.Array:
@@ -181,6 +208,41 @@ def test_back_to_back_jobs_run_every_element_once(count):
             threads.run_kernel(count, _pointers(out), out.size, 1 + rounds % 7)
     for out in outs:
         assert (out == 300).all()
+
+
+def _arrivals(arrive, chunks: int, waiters: int) -> tuple[np.ndarray, np.ndarray]:
+    """(start order, thread id) of each of ``chunks`` one-element chunks."""
+    state = np.array([0, waiters], np.int64)
+    order, tid = np.full(chunks, -1, np.int64), np.zeros(chunks, np.int64)
+    threads.run_kernel(arrive, _pointers(state, order, tid), chunks, 1)
+    return order, tid
+
+
+def test_one_thread_alternates_the_direction_of_its_chunks(arrive):
+    threads.set_num_threads(1)
+    orders = [_arrivals(arrive, threads.CHUNKS_PER_THREAD, 0)[0] for _ in range(3)]
+    up = list(range(threads.CHUNKS_PER_THREAD))
+    assert sorted([orders[0].tolist(), orders[1].tolist()]) == [up, up[::-1]]
+    assert orders[2].tolist() == orders[0].tolist()
+
+
+def test_each_thread_starts_on_its_home_run_in_the_direction_of_the_call(arrive):
+    # 2 threads, 8 chunks each: the caller's home run is chunks 0-7, the worker's 8-15.
+    # Each starts at the near end of its run in the call's direction (the first two
+    # chunks to start wait for each other, so neither thread can take both), and
+    # consecutive calls alternate the direction.
+    threads.set_num_threads(2)
+    per = threads.CHUNKS_PER_THREAD
+    caller = threading.get_native_id()
+    firsts = []
+    for _ in range(4):
+        order, tid = _arrivals(arrive, 2 * per, 2)
+        assert sorted(order.tolist()) == list(range(2 * per))  # each chunk ran once
+        first = sorted(np.flatnonzero(order < 2).tolist())
+        assert first in ([0, per], [per - 1, 2 * per - 1]), order
+        assert tid[first[0]] == caller and tid[first[1]] != caller
+        firsts.append(first[0])
+    assert firsts[0] != firsts[1] and firsts[0] == firsts[2] and firsts[1] == firsts[3]
 
 
 def test_concurrent_callers_get_their_own_results(mark):

@@ -253,8 +253,9 @@ def parallel_for(fn: Callable[[int, int], None], total: int, grain: int) -> None
         pool.lock.release()
 
 
-# Pieces per thread on native workers: whoever is free takes the next piece, so a thread
-# that loses its core (a loaded machine) delays the call by one piece, not by its share.
+# Pieces per thread on native workers: a thread that finishes its own pieces takes the
+# others' that are left, so one that loses its core (a loaded machine) delays the call by
+# one piece, not by its share.
 CHUNKS_PER_THREAD = 8
 
 _NATIVE = workers.available()  # tests switch the native pool off here
@@ -272,7 +273,7 @@ def min_chunk_work() -> int:
 def run_kernel(kernel: int, pointers: ctypes.Array, total: int, grain: int) -> None:
     """Call the compiled kernel at address ``kernel`` as ``kernel(pointers, start, stop)``
     on the pieces of ``range(total)`` (``grain >= 1``) and return when all are done: on
-    native workers, ``CHUNKS_PER_THREAD`` pieces per thread taken by whoever is free, where
+    native workers, ``CHUNKS_PER_THREAD`` pieces per thread (see :mod:`.workers`), where
     :func:`workers.available`; else the pieces of ``chunks(total, grain, num_threads())``
     through :func:`parallel_for`. Which thread runs a piece never changes its result."""
     n = num_threads()

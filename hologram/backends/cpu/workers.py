@@ -9,17 +9,25 @@ until the workers' chunks are done. A hand-off measured ~1 µs.
 
 Protocol:
 
-- A job (kernel, pointer array, ``total``, ``count``) is a set of global words and a
-  64-bit ``ticket``: the job's sequence number above, the next unclaimed chunk below.
-  Caller and workers claim chunk ``i`` by a compare-and-swap of the ticket from ``(job,
-  i)`` to ``(job, i + 1)``, having read the job's words first; the swap succeeds only
-  while that job is current and the chunk unclaimed, so what was read is what was
-  claimed (the caller writes a new job only after every chunk of the last one finished,
-  counted in ``finished``, and closes the ticket -- new sequence, no chunk left -- before
-  it writes the job's words, so a claim under the old ticket fails once any new word is
-  visible). Whoever is free takes the next chunk: a worker that has no
-  core (a loaded machine, more threads than cores) delays the call by at most the chunk
-  it is running, and a caller whose workers are slow to wake runs the chunks itself.
+- A job (kernel, pointer array, ``total``, ``count``, participants, direction) is a set
+  of global words under a ``sequence`` number, published like a seqlock: the caller makes
+  ``sequence`` odd, writes the words, makes it even (the next job's number); a thread reads
+  ``sequence``, the words, ``sequence`` again, and takes the job only if both reads agree
+  and are even. Chunk ``i`` is claimed by a compare-and-swap raising ``claims[i]`` from
+  below the job's number to it. The caller writes a new job only after every chunk of
+  the last one finished (counted in ``finished``), so a thread that read a job and lost
+  its core until after the job ended claims nothing: each of that job's chunks already
+  holds its number or a later one.
+- Who runs which chunk: participant ``p`` (the caller is 0, worker ``w`` is ``w + 1``)
+  first takes its *home* run, the ``p``-th of equal runs of chunks, then any chunk left,
+  walking each run from the far end. Home runs make a thread touch the same part of a
+  same-sized tensor from one call to the next, and calls alternate the direction of the
+  walk (ascending, descending), so each call starts on what its thread touched last and
+  what is still in that core's L2: a 1e6-element add on 2 cores runs ~20 % faster than
+  with chunks taken in one order by whoever is free. Taking what is left keeps the old
+  guarantee: a worker that has no core (a loaded machine, more threads than cores)
+  delays the call by at most the chunk it is running, and a caller whose workers are
+  slow to wake runs their chunks itself.
 - Waking: each worker has a cache line with ``gen``, the number of wake-ups posted to it.
   It spins for :data:`SPIN_CYCLES` time-stamp-counter ticks after its last job
   (back-to-back kernels start at once; not at all when there are more threads than
@@ -63,6 +71,9 @@ from hologram.errors import DeviceError
 __all__ = ["available", "run", "started"]
 
 MAX_WORKERS = 1024
+# Chunks a job shared with the workers may have (threads x CHUNKS_PER_THREAD up to 1024
+# threads); a job with more runs on the calling thread alone.
+MAX_CHUNKS = 8192
 # Ticks a worker keeps spinning after its last chunk before it sleeps (~50-100 µs at the
 # usual 2-4 GHz): long enough for back-to-back kernels, short enough that an idle pool
 # leaves the cores to other libraries' threads.
@@ -78,8 +89,8 @@ _KERNEL_TYPE = ir.FunctionType(ir.VoidType(), [_I8P.as_pointer(), _I64, _I64])
 # gen, sleeping, quit, thread id, padding to 64 bytes
 _SLOT = ir.LiteralStructType([_I32, _I32, _I32, _I32, _I64, ir.ArrayType(_I64, 6)])
 _GEN, _SLEEPING, _QUIT, _, _TID = range(5)
-_JOB = ("kernel", "pointers", "total", "count")  # hg_parallel's arguments, as globals
-_CLOSED = 0xFFFF_FFFF  # a ticket's chunk index while its job is being written: none left
+# hg_parallel's arguments, the participants' count and the direction, as globals
+_JOB = ("kernel", "pointers", "total", "count", "parts", "reverse")
 
 
 def _const(ty: ir.IntType, value: int) -> ir.Constant:
@@ -94,7 +105,9 @@ class _Module:
         m.triple = llvm.host_cpu()[0]
         self.slots = self._global("slots", ir.ArrayType(_SLOT, MAX_WORKERS))
         self.job = {name: self._global(f"job_{name}", _I64) for name in _JOB}
-        self.ticket = self._global("ticket", _I64)
+        self.sequence = self._global("sequence", _I64)
+        self.claims = self._global("claims", ir.ArrayType(_I64, MAX_CHUNKS))
+        self.calls = self._global("calls", _I64)
         self.finished = self._global("finished", _I64)
         self.busy = self._global("busy", _I32)
         self.started = self._global("started", _I32)
@@ -109,7 +122,7 @@ class _Module:
         self.pause = ir.Function(m, ir.FunctionType(ir.VoidType(), []), "llvm.x86.sse2.pause")
         self.clock = ir.Function(m, ir.FunctionType(_I64, []), "llvm.readcyclecounter")
         self.worker = ir.Function(m, thread_fn, "hg_worker")
-        self.take = ir.Function(m, ir.FunctionType(ir.VoidType(), []), "hg_take")
+        self.take = ir.Function(m, ir.FunctionType(ir.VoidType(), [_I64]), "hg_take")
         self.take.linkage = "internal"
         self._take()
         self._worker()
@@ -168,38 +181,65 @@ class _Module:
         return start, b.add(start, size)
 
     def _take(self) -> None:
-        """``hg_take()``: claim and run chunks of the current job until none is left.
+        """``hg_take(p)``: run unclaimed chunks of the current job as participant ``p``:
+        first those of ``p``'s home range, in the job's direction, then any left.
 
-        The job is read before each claim; a claim (compare-and-swap of the ticket from
-        the value read to the next one) succeeds only while that job is current and the
-        chunk unclaimed, so the job read was the one claimed from (a new job is written
-        only after every chunk of the previous one finished)."""
+        The job's words are read between two reads of ``sequence`` that must agree (a
+        seqlock); chunk ``i`` is claimed by raising ``claims[i]`` from below the job's
+        sequence to it with a compare-and-swap. A thread holding a job that has since
+        finished claims nothing: every chunk of that job holds its sequence or a later one.
+        """
         fn = self.take
+        (p,) = fn.args
         b = ir.IRBuilder(fn.append_basic_block("entry"))
-        first = b.load_atomic(self.ticket, "acquire", 8)
-        entry = b.block
-        loop, claim, run, done = (fn.append_basic_block(n) for n in (
-            "loop", "claim", "run", "done"))
-        b.branch(loop)
-        b.position_at_end(loop)
-        ticket = b.phi(_I64, "ticket")
-        ticket.add_incoming(first, entry)
+        leave = fn.append_basic_block("leave")
+        sequence = b.load_atomic(self.sequence, "acquire", 8)
+        writing = b.trunc(sequence, ir.IntType(1))  # odd: a job is being written
+        read = fn.append_basic_block("read")
+        b.cbranch(writing, leave, read)
+        b.position_at_end(read)
         job = {name: b.load_atomic(g, "acquire", 8) for name, g in self.job.items()}
-        index = b.and_(ticket, _const(_I64, 0xFFFF_FFFF))
-        b.cbranch(b.icmp_signed("<", index, job["count"]), claim, done)
-        b.position_at_end(claim)
-        swap = b.cmpxchg(self.ticket, ticket, b.add(ticket, _const(_I64, 1)), "acq_rel",
-                         "acquire")
-        ticket.add_incoming(b.extract_value(swap, 0), b.block)  # lost: retry from its value
-        b.cbranch(b.extract_value(swap, 1), run, loop)
-        b.position_at_end(run)
-        call = b.inttoptr(job["kernel"], _KERNEL_TYPE.as_pointer())
-        b.call(call, [b.inttoptr(job["pointers"], _I8P.as_pointer()),
-                      *self._chunk(b, index, job["total"], job["count"])])
-        b.atomic_rmw("add", self.finished, _const(_I64, 1), "release")
-        ticket.add_incoming(b.add(ticket, _const(_I64, 1)), b.block)
-        b.branch(loop)
-        b.position_at_end(done)
+        again = b.load_atomic(self.sequence, "acquire", 8)
+        go = fn.append_basic_block("go")
+        b.cbranch(b.icmp_unsigned("==", again, sequence), go, leave)
+        b.position_at_end(go)
+        count, reverse = job["count"], b.trunc(job["reverse"], ir.IntType(1))
+        kernel = b.inttoptr(job["kernel"], _KERNEL_TYPE.as_pointer())
+        pointers = b.inttoptr(job["pointers"], _I8P.as_pointer())
+
+        def visit(lo: ir.Value, hi: ir.Value, backwards: ir.Value) -> None:
+            # for k in range(hi - lo): claim and run chunk (hi - 1 - k if backwards else lo + k)
+            with self._for(b, fn, b.sub(hi, lo)) as k:
+                i = b.select(backwards, b.sub(b.sub(hi, _const(_I64, 1)), k), b.add(lo, k))
+                slot = b.gep(self.claims, [_const(_I32, 0), i], inbounds=True)
+                first = b.load_atomic(slot, "monotonic", 8)
+                before = b.block
+                head, swap, run, next_ = (fn.append_basic_block(n) for n in (
+                    "claim", "claim.swap", "claim.run", "claim.next"))
+                b.branch(head)
+                b.position_at_end(head)
+                seen = b.phi(_I64, "seen")
+                seen.add_incoming(first, before)
+                b.cbranch(b.icmp_unsigned("<", seen, sequence), swap, next_)
+                b.position_at_end(swap)
+                result = b.cmpxchg(slot, seen, sequence, "acq_rel", "monotonic")
+                seen.add_incoming(b.extract_value(result, 0), b.block)  # lost: look again
+                b.cbranch(b.extract_value(result, 1), run, head)
+                b.position_at_end(run)
+                b.call(kernel, [pointers, *self._chunk(b, i, job["total"], count)])
+                b.atomic_rmw("add", self.finished, _const(_I64, 1), "release")
+                b.branch(next_)
+                b.position_at_end(next_)
+
+        # Home: the p-th of `parts` equal runs of chunks (none when p >= parts).
+        parts = job["parts"]
+        home = b.icmp_signed("<", p, parts)
+        lo, hi = self._chunk(b, b.select(home, p, _const(_I64, 0)), count, parts)
+        visit(lo, b.select(home, hi, lo), reverse)
+        # The rest, against the direction the owners walk: from the far end of each run.
+        visit(_const(_I64, 0), count, b.not_(reverse))
+        b.branch(leave)
+        b.position_at_end(leave)
         b.ret_void()
 
     def _worker(self) -> None:
@@ -243,7 +283,7 @@ class _Module:
         stop = b.load_atomic(self._field(b, index, _QUIT), "acquire", 4)
         b.cbranch(b.icmp_unsigned("!=", stop, _const(_I32, 0)), quit_, run)
         b.position_at_end(run)
-        b.call(self.take, [])
+        b.call(self.take, [b.add(index, _const(_I64, 1))])  # the caller is participant 0
         seen.add_incoming(now, b.block)
         b.branch(wait)
 
@@ -253,50 +293,55 @@ class _Module:
     def _parallel(self) -> None:
         """``hg_parallel(kernel, pointers, total, count, helpers) -> i32``: run ``count``
         chunks of ``range(total)`` here and on up to ``helpers`` workers (no more than
-        have started); 1 if workers were asked, 0 if every chunk ran here, in order
-        (nothing to share, or another caller owns the workers)."""
+        have started); 1 if workers were asked, 0 if every chunk ran here (nothing to
+        share, more than MAX_CHUNKS chunks, or another caller owns the workers). Chunks
+        are taken in ascending order on even calls, descending on odd ones."""
         fn, b = self._function(self.m, "hg_parallel", _I32, [_I64] * 5)
         kernel, pointers, total, count, helpers = fn.args
+        reverse = b.and_(b.atomic_rmw("add", self.calls, _const(_I64, 1), "monotonic"),
+                         _const(_I64, 1))
         started = b.zext(b.load_atomic(self.started, "acquire", 4), _I64)
         helpers = b.select(b.icmp_signed("<", helpers, started), helpers, started)
         wanted = b.sub(count, _const(_I64, 1))
         helpers = b.select(b.icmp_signed("<", wanted, helpers), wanted, helpers)
         serial_bb, shared_bb = fn.append_basic_block("serial"), fn.append_basic_block("shared")
-        with b.if_then(b.icmp_signed(">", helpers, _const(_I64, 0))):
+        share = b.and_(b.icmp_signed(">", helpers, _const(_I64, 0)),
+                       b.icmp_signed("<=", count, _const(_I64, MAX_CHUNKS)))
+        with b.if_then(share):
             owned = b.extract_value(b.cmpxchg(self.busy, _const(_I32, 0), _const(_I32, 1),
                                               "acquire", "monotonic"), 1)
             b.cbranch(owned, shared_bb, serial_bb)
         b.branch(serial_bb)
 
-        # Serial: every chunk here, in order.
+        # Serial: every chunk here.
         b.position_at_end(serial_bb)
         call = b.inttoptr(kernel, _KERNEL_TYPE.as_pointer())
-        with self._for(b, fn, count) as i:
+        backwards = b.trunc(reverse, ir.IntType(1))
+        with self._for(b, fn, count) as k:
+            i = b.select(backwards, b.sub(b.sub(count, _const(_I64, 1)), k), k)
             b.call(call, [b.inttoptr(pointers, _I8P.as_pointer()),
                           *self._chunk(b, i, total, count)])
         b.ret(_const(_I32, 0))
 
-        # Shared: publish the job under a new ticket, wake the helpers, take chunks here
-        # too, wait for the ones workers took.
+        # Shared: publish the job under the next sequence number (odd while its words are
+        # written), wake the helpers, take chunks here too, wait for the ones workers took.
         b.position_at_end(shared_bb)
-        sequence = b.lshr(b.load_atomic(self.ticket, "monotonic", 8), _const(_I64, 32))
-        fresh = b.shl(b.add(sequence, _const(_I64, 1)), _const(_I64, 32))
-        # Close the ticket before the job words change: a thread still in hg_take that read
-        # the last job's ticket and then reads a word of this job would otherwise claim a
-        # chunk of it (with a mix of old and new words) under the old ticket.
-        b.store_atomic(b.or_(fresh, _const(_I64, _CLOSED)), self.ticket, "seq_cst", 8)
-        for name, value in zip(_JOB, fn.args):
-            # release: a thread that reads the new word also sees the closed ticket
+        sequence = b.load_atomic(self.sequence, "monotonic", 8)  # only the owner writes it
+        b.store_atomic(b.add(sequence, _const(_I64, 1)), self.sequence, "seq_cst", 8)
+        job = dict(zip(_JOB, (kernel, pointers, total, count,
+                              b.add(helpers, _const(_I64, 1)), reverse)))
+        for name, value in job.items():
+            # release: a thread that reads the new word also sees the odd sequence
             b.store_atomic(value, self.job[name], "release", 8)
         b.store_atomic(_const(_I64, 0), self.finished, "release", 8)
-        b.store_atomic(fresh, self.ticket, "release", 8)
+        b.store_atomic(b.add(sequence, _const(_I64, 2)), self.sequence, "release", 8)
         with self._for(b, fn, helpers) as w:
             gen = self._field(b, w, _GEN)
             b.atomic_rmw("add", gen, _const(_I32, 1), "seq_cst")
             asleep = b.load_atomic(self._field(b, w, _SLEEPING), "seq_cst", 4)
             with b.if_then(b.icmp_unsigned("!=", asleep, _const(_I32, 0))):
                 self._futex(b, gen, _FUTEX_WAKE_PRIVATE, _const(_I64, 1))
-        b.call(self.take, [])
+        b.call(self.take, [_const(_I64, 0)])
         self._spin_until(b, fn, lambda b: b.icmp_signed(
             ">=", b.load_atomic(self.finished, "acquire", 8), count))
         b.store_atomic(_const(_I32, 0), self.busy, "release", 4)
