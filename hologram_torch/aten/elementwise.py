@@ -357,7 +357,18 @@ def _unary(name: str, fn, floating: bool, int_fn=None, bools: bool = False):
         r = _pointwise(name, p[0], (self,), p[1], out=(_fit_out(out, self.shape),))
         return r if r is NotImplemented else out
 
-    native_or_cpu(name)(functional)
+    op = overload(name)
+
+    def hot(self):
+        # The registered kernel: a remembered kernel with no other Python frame (see the
+        # binary ops' `hot`), else the general way, then the CPU fallback.
+        entry = program.shortcuts.get((name, (), self.dtype, self.shape, self.stride()))
+        if entry is not None:
+            return program.launch_fresh(entry, (self,))
+        r = functional(self)
+        return run_on_cpu(op, self) if r is NotImplemented else r
+
+    impl(name)(hot)
     native_or_cpu(f"{name}_")(inplace)
     native_or_cpu(f"{name}.out")(out_variant)
 
