@@ -263,9 +263,10 @@ _minmax("maximum")
 _minmax("minimum")
 
 
-def _comparison(name: str):
-    def fn(g, a, b):
-        return g.binary(name, a, b)
+def _predicate(name: str, fn, overloads: tuple[str, str, str]) -> None:
+    """A boolean-valued binary op (comparisons, logical ops): its functional, out= and
+    in-place kernels, registered for the overload suffixes ``overloads`` (each may name
+    several, comma-separated)."""
 
     def functional(self, other):
         return _binary(name, fn, self, other, compare=True)
@@ -276,9 +277,15 @@ def _comparison(name: str):
     def inplace(self, other):
         return _binary(name, fn, self, other, inplace=True, compare=True)
 
-    native_or_cpu(f"{name}.Tensor", f"{name}.Scalar")(functional)
-    native_or_cpu(f"{name}.Tensor_out", f"{name}.Scalar_out")(out_variant)
-    native_or_cpu(f"{name}_.Tensor", f"{name}_.Scalar")(inplace)
+    for kernel, suffixes in zip((functional, out_variant, inplace), overloads):
+        native_or_cpu(*(name + suffix for suffix in suffixes.split(",")))(kernel)
+
+
+def _comparison(name: str):
+    def fn(g, a, b):
+        return g.binary(name, a, b)
+
+    _predicate(name, fn, (".Tensor,.Scalar", ".Tensor_out,.Scalar_out", "_.Tensor,_.Scalar"))
 
 
 for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
@@ -336,13 +343,6 @@ def _unary(name: str, fn, floating: bool, int_fn=None, bools: bool = False):
         f = int_fn if int_fn is not None and not self.dtype.is_floating_point else fn
         return f, result
 
-    def functional(self):
-        r = _remembered(name, self)
-        if r is not None:
-            return r
-        p = plan(self)
-        return NotImplemented if p is None else _unary_fresh(name, p[0], self, p[1])
-
     def inplace(self):
         p = plan(self)
         if p is None or p[1] is not self.dtype:
@@ -359,16 +359,17 @@ def _unary(name: str, fn, floating: bool, int_fn=None, bools: bool = False):
 
     op = overload(name)
 
-    def hot(self):
+    def functional(self):
         # The registered kernel: a remembered kernel with no other Python frame (see the
-        # binary ops' `hot`), else the general way, then the CPU fallback.
+        # binary ops' `hot`), else compiled and remembered, else the CPU fallback.
         entry = program.shortcuts.get((name, (), self.dtype, self.shape, self.stride()))
         if entry is not None:
             return program.launch_fresh(entry, (self,))
-        r = functional(self)
+        p = plan(self)
+        r = NotImplemented if p is None else _unary_fresh(name, p[0], self, p[1])
         return run_on_cpu(op, self) if r is NotImplemented else r
 
-    impl(name)(hot)
+    impl(name)(functional)
     native_or_cpu(f"{name}_")(inplace)
     native_or_cpu(f"{name}.out")(out_variant)
 
@@ -721,18 +722,7 @@ def _logical(name: str, op: str):
     def fn(g, a, b):
         return g.binary(op, _truth(g, a), _truth(g, b))
 
-    def functional(self, other):
-        return _binary(name, fn, self, other, compare=True)
-
-    def out_variant(self, other, *, out):
-        return _binary(name, fn, self, other, out=out, compare=True)
-
-    def inplace(self, other):
-        return _binary(name, fn, self, other, inplace=True, compare=True)
-
-    native_or_cpu(name)(functional)
-    native_or_cpu(f"{name}.out")(out_variant)
-    native_or_cpu(f"{name}_")(inplace)
+    _predicate(name, fn, ("", ".out", "_"))
 
 
 for _name in ("and", "or", "xor"):
