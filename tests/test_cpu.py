@@ -56,7 +56,13 @@ from util import inputs_for, random_array, same_bits
 import hologram
 from hologram.backends.cpu import gemm, llvm, threads
 from hologram.backends.cpu.backend import CpuBackend
-from hologram.backends.cpu.render import PART_WORK, render, split_parts, unsupported
+from hologram.backends.cpu.render import (
+    MATH_INTERLEAVE,
+    PART_WORK,
+    render,
+    split_parts,
+    unsupported,
+)
 from hologram.compiler import pipeline
 from hologram.errors import IRError
 from hologram.graph import Graph, Tensor
@@ -1383,6 +1389,34 @@ def test_kernels_use_packed_vector_instructions(op):
         assert re.search(r"^\s*vaddps\s.*%[yz]mm", asm, re.M)
     calls = re.findall(r"^\s*(?:call|jmp)\w*\s+(\S+)", asm, re.M)
     assert not [c for c in calls if "exp" in c.lower()], calls
+
+
+def _loop_hints(g: Graph) -> list[str]:
+    """The block of each back edge that carries a loop ID, in the rendered (unoptimized) IR."""
+    lowered = pipeline.run(g.program())
+    ir = render(lowered, {k.name: f"ir_{k.name}" for k in lowered.kernels})
+    hinted = re.findall(r"^(\S+):\n(?:  .*\n)*?  br label %\"\S+\", !llvm.loop !\d+$", ir, re.M)
+    if hinted:
+        assert f'!"llvm.loop.interleave.count", i32 {MATH_INTERLEAVE}' in ir
+    return hinted
+
+
+def test_only_innermost_loops_with_math_ask_for_interleaving():
+    g = Graph("flat")
+    a, b = g.input("a", "f32", (4096,)), g.input("b", "f32", (4096,))
+    g.output("y", g.unary("exp", a) * b)
+    g.output("z", a + b)
+    assert len(_loop_hints(g)) == 1  # one kernel, one loop: the fused exp * b and a + b
+
+    g = Graph("plain")
+    a, b = g.input("a", "f32", (4096,)), g.input("b", "f32", (4096,))
+    g.output("y", a * b + 1.0)
+    assert _loop_hints(g) == []
+
+    g = Graph("rows")  # softmax's denominator: the grid over rows, exp summed along a row
+    x = g.input("x", "f32", (64, 1000))
+    g.output("s", g.sum(g.unary("exp", x), axes=1))
+    assert _loop_hints(g) == ["d1.body"]
 
 
 # --- cache and fallback -----------------------------------------------------------------------

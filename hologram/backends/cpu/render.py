@@ -48,6 +48,11 @@ KERNEL_TYPE = ir.FunctionType(ir.VoidType(), [PTR.as_pointer(), I64, I64])
 _REGISTER = {"bool": I1, "i8": I8, "u8": I8, "i16": I16, "i32": I32, "i64": I64,
              "f16": F16, "bf16": F32, "f32": F32, "f64": F64}
 _MEMORY = {**_REGISTER, "bool": I8, "bf16": I16}
+# Vectors per iteration of an innermost loop that calls the math library. LLVM's cost model
+# picks one for such long bodies; a single polynomial's dependency chain then stalls the
+# loop on every cache miss. Four in flight measured f32 exp, sigmoid and gelu 7-15% faster
+# on data in L2 (tanh 2-5%), 1e6 elements on two threads ~10%; 100 elements ~35 ns slower.
+MATH_INTERLEAVE = 4
 _CMP = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 
 
@@ -143,6 +148,8 @@ class _KernelRenderer:
         self.point: dict[int, ir.Value] = {}  # values computed once per grid point
         self.local: dict[int, ir.Value] = {}  # values computed inside the current nest
         self.loops = range(kernel.grid_rank, len(kernel.domain))
+        self.math_calls = 0  # mathlib calls emitted so far
+        self.loops_done = 0  # loops emitted so far
 
     # --- structure --------------------------------------------------------------------
     def render(self) -> None:
@@ -192,12 +199,26 @@ class _KernelRenderer:
         b.cbranch(b.icmp_signed("<", i, stop), inner, done)
         b.position_at_end(inner)
         self.index[dim] = i
+        calls, loops = self.math_calls, self.loops_done
         body(i)
         following = b.add(i, ir.Constant(I64, 1))
         i.add_incoming(following, b.block)
-        b.branch(head)
+        back = b.branch(head)
+        if self.math_calls > calls and self.loops_done == loops:
+            back.set_metadata("llvm.loop", self._interleaved())
+        self.loops_done += 1
         b.position_at_end(done)
         del self.index[dim]
+
+    def _interleaved(self) -> ir.MDValue:
+        """Loop metadata asking the vectorizer for :data:`MATH_INTERLEAVE` vectors per
+        iteration (a fresh, self-referential loop ID, as LLVM requires)."""
+        hint = self.module.add_metadata([ir.MetaDataString(self.module, "llvm.loop.interleave"
+                                                           ".count"),
+                                         ir.Constant(I32, MATH_INTERLEAVE)])
+        loop_id = ir.MDValue(self.module, [hint], name=str(len(self.module.metadata)))
+        loop_id.operands = (loop_id, hint)
+        return loop_id
 
     def _nest(self, dims: list[int], body: Callable[[], None]) -> None:
         if not dims:
@@ -495,6 +516,10 @@ class _KernelRenderer:
             return {"add": b.fadd, "sub": b.fsub, "mul": b.fmul, "div": b.fdiv}[op](x, y)
         return {"add": b.add, "sub": b.sub, "mul": b.mul}[op](x, y)
 
+    def _math(self, name: str, args: list[ir.Value]) -> ir.Value:
+        self.math_calls += 1
+        return self.b.call(mathlib.get(self.module, name, args[0].type), args)
+
     def _intrinsic(self, name: str, ret: ir.Type, args: list[ir.Value]) -> ir.Value:
         suffix = {F16: "f16", F32: "f32", F64: "f64"}.get(ret, f"i{getattr(ret, 'width', 0)}")
         full = f"llvm.{name}.{suffix}"
@@ -639,7 +664,7 @@ def _float_unary(op: str):
             root = r._intrinsic("sqrt", x.type, [x])
             return b.fdiv(_float_const(x.type, 1.0), root)
         wide = r._to_f32(x, a)  # f16 through the f32 library
-        result = b.call(mathlib.get(r.module, op, wide.type), [wide])
+        result = r._math(op, [wide])
         return b.fptrunc(result, x.type) if result.type != x.type else result
     return emit
 
@@ -647,7 +672,7 @@ def _float_unary(op: str):
 def _pow(r: _KernelRenderer, args, a: DType, t: DType) -> ir.Value:
     b = r.b
     x, y = (r._to_f32(v, a) for v in args)
-    result = b.call(mathlib.get(r.module, "pow", x.type), [x, y])
+    result = r._math("pow", [x, y])
     return b.fptrunc(result, args[0].type) if result.type != args[0].type else result
 
 
