@@ -213,10 +213,11 @@ class _KernelRenderer:
     def _interleaved(self) -> ir.MDValue:
         """Loop metadata asking the vectorizer for :data:`MATH_INTERLEAVE` vectors per
         iteration (a fresh, self-referential loop ID, as LLVM requires)."""
-        hint = self.module.add_metadata([ir.MetaDataString(self.module, "llvm.loop.interleave"
-                                                           ".count"),
-                                         ir.Constant(I32, MATH_INTERLEAVE)])
-        loop_id = ir.MDValue(self.module, [hint], name=str(len(self.module.metadata)))
+        m = self.module
+        hint = m.add_metadata([ir.MetaDataString(m, "llvm.loop.interleave.count"),
+                               ir.Constant(I32, MATH_INTERLEAVE)])
+        # Not add_metadata, which would give every loop the same (cached) node.
+        loop_id = ir.MDValue(m, [hint], name=str(len(m.metadata)))
         loop_id.operands = (loop_id, hint)
         return loop_id
 
