@@ -20,13 +20,7 @@ from util import in_forked_child
 from hologram.backends.cpu import threads
 from hologram.errors import HologramError
 
-
-@pytest.fixture(autouse=True)
-def _default_threads(monkeypatch):
-    monkeypatch.delenv("HOLOGRAM_NUM_THREADS", raising=False)
-    threads.set_num_threads(None)
-    yield
-    threads.set_num_threads(None)
+pytestmark = pytest.mark.usefixtures("default_threads")
 
 
 class Recorder:

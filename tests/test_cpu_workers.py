@@ -20,19 +20,12 @@ from util import in_forked_child
 
 from hologram.backends.cpu import llvm, threads, workers
 
-pytestmark = pytest.mark.skipif(not workers.available(), reason="native pool: Linux x86-64")
+pytestmark = [pytest.mark.skipif(not workers.available(), reason="native pool: Linux x86-64"),
+              pytest.mark.usefixtures("default_threads")]
 
 I64 = ir.IntType(64)
 I8PP = ir.IntType(8).as_pointer().as_pointer()
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture(autouse=True)
-def _default_threads(monkeypatch):
-    monkeypatch.delenv("HOLOGRAM_NUM_THREADS", raising=False)
-    threads.set_num_threads(None)
-    yield
-    threads.set_num_threads(None)
 
 
 def _compile(name: str, emit) -> int:
