@@ -11,8 +11,17 @@ under ``<directory>/<digest[:2]>/<digest>.bin``. The disk is only an optimizatio
 damaged file is discarded and rebuilt, and a disk that cannot be written is recorded in
 :meth:`ProgramCache.info` and otherwise ignored.
 
-File format: ``b"HGCACHE1"``, payload length (8 bytes, little endian), sha256 of the
-payload (32 bytes), payload.
+File format: ``b"HGCACHE2"``, body length (8 bytes, little endian), sha256 of the body
+(32 bytes), body; the body is the key's digest (32 bytes) followed by the payload. The
+key is inside the checksummed body because a file name proves nothing: a file copied
+under another entry's name (a bad sync, a manual copy) would otherwise pass the checksum
+and run the wrong program. Files of the old format fail on the magic and are rebuilt.
+
+An entry's path is only ever opened if it is a regular file (symlinks followed) of at
+most :data:`MAX_ENTRY_BYTES`, and never more than its size is read: a FIFO there would
+block the read forever, and a device such as ``/dev/zero`` or a huge file would exhaust
+memory. Anything else at the path, or any error reading or parsing it other than an
+``OSError``, makes the entry damaged like a bad checksum does.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ import contextlib
 import hashlib
 import os
 import re
+import stat
 import struct
 import tempfile
 import threading
@@ -35,8 +45,15 @@ from hologram.errors import CacheError
 
 T = TypeVar("T")
 
-MAGIC = b"HGCACHE1"
-_HEADER = struct.Struct("<8sQ32s")
+MAGIC = b"HGCACHE2"
+_HEADER = struct.Struct("<8sQ32s")  # magic, body length, sha256 of the body
+_KEY_SIZE = 32  # the body starts with the raw sha256 key digest
+# A sanity bound on entry files, written and read: far above any real artifact, far below
+# what a huge or sparse file at an entry's path would take to read into memory.
+MAX_ENTRY_BYTES = 1 << 30
+# No blocking open even if a FIFO replaces the entry between its stat and its open.
+# (Windows has neither O_NONBLOCK nor FIFOs, but needs O_BINARY.)
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
 _SHARD = re.compile(r"[0-9a-f]{2}")
 _ENTRY = re.compile(r"[0-9a-f]{64}\.bin")
 _MISSING = object()
@@ -152,34 +169,37 @@ class ProgramCache:
         """Return the verified payload, or None if the entry is absent or damaged."""
         path = self._path(digest)
         try:
-            data = path.read_bytes()
+            data = _read_entry_file(path)
+            payload = None if data is None else _unpack(data, digest)
         except FileNotFoundError:
             return None
         except OSError as exc:
             self._note_disk_error(f"reading {path}: {exc}")
             return None
-        if len(data) >= _HEADER.size:
-            magic, length, checksum = _HEADER.unpack_from(data)
-            payload = data[_HEADER.size :]
-            if (
-                magic == MAGIC
-                and length == len(payload)
-                and hashlib.sha256(payload).digest() == checksum
-            ):
-                return payload
-        self._discard(digest)
-        return None
+        except Exception:
+            # MemoryError, a parsing error: whatever the file holds, it cannot be used,
+            # and rebuilding is always safe; failing the compile would not be.
+            payload = None
+        if payload is None:
+            self._discard(digest)
+        return payload
 
     def _discard(self, digest: str) -> None:
         with self._lock:
             self._corrupt += 1
-        # Already gone (another process), or unremovable: the rebuild overwrites it.
+        # Already gone (another process), or unremovable (a directory): the rebuild
+        # overwrites it, or fails to and records why.
         with contextlib.suppress(OSError):
             self._path(digest).unlink()
 
     def _write(self, digest: str, payload: bytes) -> None:
         path = self._path(digest)
-        header = _HEADER.pack(MAGIC, len(payload), hashlib.sha256(payload).digest())
+        data = _pack(digest, payload)
+        if len(data) > MAX_ENTRY_BYTES:
+            # It could never be read back.
+            self._note_disk_error(f"not writing {path}: {len(data)} bytes is over "
+                                  f"MAX_ENTRY_BYTES ({MAX_ENTRY_BYTES})")
+            return
         tmp: str | None = None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -188,8 +208,7 @@ class ProgramCache:
             # an entry lost or torn by a crash fails the checksum and is rebuilt.
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
             with os.fdopen(fd, "wb") as f:
-                f.write(header)
-                f.write(payload)
+                f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
@@ -248,6 +267,45 @@ class ProgramCache:
                     path.unlink()
             # Shard directories stay: removing one could race with a writer that just
             # created it, and empty directories cost nothing.
+
+
+def _pack(digest: str, payload: bytes) -> bytes:
+    """The entry file for ``payload`` stored under key digest ``digest``."""
+    body = bytes.fromhex(digest) + payload
+    return _HEADER.pack(MAGIC, len(body), hashlib.sha256(body).digest()) + body
+
+
+def _unpack(data: bytes, digest: str) -> bytes | None:
+    """The payload of entry file ``data``, or None unless it is intact and was written for
+    key digest ``digest``."""
+    if len(data) < _HEADER.size + _KEY_SIZE:
+        return None
+    magic, length, checksum = _HEADER.unpack_from(data)
+    body = data[_HEADER.size :]
+    if magic != MAGIC or length != len(body) or hashlib.sha256(body).digest() != checksum:
+        return None
+    if body[:_KEY_SIZE] != bytes.fromhex(digest):
+        return None  # another entry's file under this name
+    return body[_KEY_SIZE:]
+
+
+def _is_entry_file(st: os.stat_result) -> bool:
+    return stat.S_ISREG(st.st_mode) and st.st_size <= MAX_ENTRY_BYTES
+
+
+def _read_entry_file(path: Path) -> bytes | None:
+    """The contents of the file at ``path``, or None if it cannot be an entry file.
+
+    A symlink to a regular file is followed and read like any entry (the checksum and the
+    key decide); anything else is never opened (see the module docstring).
+    """
+    if not _is_entry_file(os.stat(path)):
+        return None
+    with os.fdopen(os.open(path, _OPEN_FLAGS), "rb") as f:
+        # Check again what was opened, and read no more than its size then: the path may
+        # have been replaced since the stat, and a file still growing must not be followed.
+        st = os.fstat(f.fileno())
+        return f.read(st.st_size) if _is_entry_file(st) else None
 
 
 _default: ProgramCache | None = None

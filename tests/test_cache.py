@@ -3,20 +3,28 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import shutil
+import struct
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+import hologram
+from hologram import backends
 from hologram import cache as cache_mod
 from hologram.cache import MAGIC, CacheKey, ProgramCache
+from hologram.graph import Graph
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-HEADER_SIZE = 48
+HEADER_SIZE = 48  # magic, body length, sha256 of the body
+KEY_SIZE = 32  # the body starts with the key's digest
 
 
 def make_key(program: str = "p0") -> CacheKey:
@@ -63,7 +71,7 @@ def test_memory_hits_are_counted(tmp_path: Path) -> None:
     assert (info["hits"], info["misses"], info["disk_hits"]) == (2, 1, 0)
     assert info["entries"] == 1
     assert info["disk_entries"] == 1
-    assert info["disk_bytes"] == HEADER_SIZE + len(build.payload)
+    assert info["disk_bytes"] == HEADER_SIZE + KEY_SIZE + len(build.payload)
     assert info["directory"] == str(tmp_path)
     assert info["last_disk_error"] is None
 
@@ -94,10 +102,11 @@ def test_file_format(tmp_path: Path) -> None:
     payload = b"\x00\x01payload"
     ProgramCache(tmp_path).get(make_key(), Builder(payload), identity)
     data = entry_path(tmp_path, make_key()).read_bytes()
-    assert data[:8] == MAGIC
-    assert int.from_bytes(data[8:16], "little") == len(payload)
-    assert data[16:48] == hashlib.sha256(payload).digest()
-    assert data[48:] == payload
+    body = bytes.fromhex(make_key().digest()) + payload
+    assert data[:8] == MAGIC == b"HGCACHE2"
+    assert int.from_bytes(data[8:16], "little") == len(body)
+    assert data[16:48] == hashlib.sha256(body).digest()
+    assert data[48:] == body
     # No temp files are left behind.
     assert [p.name for p in entry_path(tmp_path, make_key()).parent.iterdir()] == [
         f"{make_key().digest()}.bin"
@@ -131,11 +140,19 @@ def _wrong_length(data: bytes) -> bytes:
     return data[:8] + (len(data) - HEADER_SIZE + 1).to_bytes(8, "little") + data[16:]
 
 
+def _body_cut_into_key(data: bytes) -> bytes:
+    # Intact by its own checksum, but too short to hold a key.
+    body = data[HEADER_SIZE : HEADER_SIZE + KEY_SIZE // 2]
+    return cache_mod._HEADER.pack(MAGIC, len(body), hashlib.sha256(body).digest()) + body
+
+
 CORRUPTIONS: dict[str, Callable[[bytes], bytes]] = {
     "flipped-payload": _flip_payload_byte,
     "flipped-checksum": _flip_checksum_byte,
     "truncated-payload": lambda d: d[:-3],
     "truncated-header": lambda d: d[:20],
+    "truncated-key": lambda d: d[: HEADER_SIZE + KEY_SIZE // 2],
+    "body-cut-into-key": _body_cut_into_key,
     "garbage-magic": lambda d: b"GARBAGE!" + d[8:],
     "wrong-length": _wrong_length,
     "empty": lambda d: b"",
@@ -294,10 +311,7 @@ def test_concurrent_processes(tmp_path: Path) -> None:
 
     payload = bytes(range(256)) * 4096
     key = CacheKey("p", "interp", "t", "o", "v")
-    data = entry_path(tmp_path, key).read_bytes()
-    assert data[:8] == MAGIC
-    assert data[16:48] == hashlib.sha256(payload).digest()
-    assert data[48:] == payload
+    assert entry_path(tmp_path, key).read_bytes() == cache_mod._pack(key.digest(), payload)
 
     def must_not_build() -> bytes:
         raise AssertionError("entry should be on disk")
@@ -361,3 +375,192 @@ def test_default_cache_follows_environment(tmp_path: Path, monkeypatch: pytest.M
 
     monkeypatch.setenv("HOLOGRAM_CACHE_SIZE", "3")
     assert cache_mod.default_cache().max_entries == 3
+
+
+# Integrity: what is at an entry's path is used only if it is a regular file holding an
+# intact entry written for the key looked up. Anything else is damaged: counted, removed
+# and rebuilt, never run, never allowed to hang or exhaust memory.
+
+
+def test_another_entrys_file_under_this_name_is_rebuilt(tmp_path: Path) -> None:
+    a, b = make_key("a"), make_key("b")
+    build_a, build_b = Builder(b"program a"), Builder(b"program b")
+    ProgramCache(tmp_path).get(a, build_a, identity)
+    ProgramCache(tmp_path).get(b, build_b, identity)
+    shutil.copyfile(entry_path(tmp_path, a), entry_path(tmp_path, b))
+
+    fresh = ProgramCache(tmp_path)
+    assert fresh.get(b, build_b, identity) == b"program b"
+    assert build_b.calls == 2
+    assert fresh.info()["corrupt"] == 1
+    # The rebuild replaced the copy, and a's own entry is untouched.
+    assert ProgramCache(tmp_path).get(b, build_b, identity) == b"program b"
+    assert ProgramCache(tmp_path).get(a, build_a, identity) == b"program a"
+    assert (build_a.calls, build_b.calls) == (1, 2)
+
+
+def test_an_old_format_entry_is_rebuilt(tmp_path: Path) -> None:
+    payload = b"compiled by an older hologram"
+    path = entry_path(tmp_path, make_key())
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"HGCACHE1" + struct.pack("<Q", len(payload))
+                     + hashlib.sha256(payload).digest() + payload)
+    build = Builder(b"current")
+    cache = ProgramCache(tmp_path)
+    assert cache.get(make_key(), build, identity) == b"current"
+    assert (build.calls, cache.info()["corrupt"]) == (1, 1)
+    assert path.read_bytes()[:8] == MAGIC
+
+
+def test_a_directory_at_the_entry_path_is_damaged(tmp_path: Path) -> None:
+    path = entry_path(tmp_path, make_key())
+    (path / "inside").mkdir(parents=True)
+    build = Builder()
+    for _ in range(2):
+        cache = ProgramCache(tmp_path)
+        assert cache.get(make_key(), build, identity) == build.payload
+        info = cache.info()
+        assert info["corrupt"] == 1
+        # Not removed (it may hold someone's files), so the entry cannot be written.
+        assert "writing" in info["last_disk_error"]
+    assert build.calls == 2
+    assert (path / "inside").is_dir()
+
+
+def test_a_symlink_to_a_regular_file_is_followed(tmp_path: Path) -> None:
+    # The documented choice: its contents are checked like any entry's.
+    build = Builder()
+    ProgramCache(tmp_path / "cache").get(make_key(), build, identity)
+    path = entry_path(tmp_path / "cache", make_key())
+    path.rename(tmp_path / "elsewhere.bin")
+    path.symlink_to(tmp_path / "elsewhere.bin")
+    cache = ProgramCache(tmp_path / "cache")
+    assert cache.get(make_key(), build, identity) == build.payload
+    assert (build.calls, cache.info()["disk_hits"]) == (1, 1)
+
+
+@pytest.mark.parametrize(("function", "error"), [
+    pytest.param("_read_entry_file", MemoryError, id="read-MemoryError"),
+    pytest.param("_unpack", struct.error, id="parse-struct.error"),
+    pytest.param("_unpack", ValueError, id="parse-ValueError"),
+])
+def test_any_error_reading_an_entry_is_a_damaged_entry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, function: str, error: type[Exception]
+) -> None:
+    build = Builder()
+    ProgramCache(tmp_path).get(make_key(), build, identity)
+
+    def fail(*args: object) -> bytes:
+        raise error("while reading the entry")
+
+    monkeypatch.setattr(cache_mod, function, fail)
+    cache = ProgramCache(tmp_path)
+    assert cache.get(make_key(), build, identity) == build.payload
+    assert (build.calls, cache.info()["corrupt"]) == (2, 1)
+    monkeypatch.undo()
+    # Removed and written again by the rebuild.
+    assert ProgramCache(tmp_path).get(make_key(), build, identity) == build.payload
+    assert build.calls == 2
+
+
+def test_entries_over_the_size_limit_are_neither_read_nor_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    build = Builder(b"x" * 1000)
+    ProgramCache(tmp_path).get(make_key(), build, identity)
+    monkeypatch.setattr(cache_mod, "MAX_ENTRY_BYTES", 500)
+    cache = ProgramCache(tmp_path)
+    assert cache.get(make_key(), build, identity) == build.payload
+    info = cache.info()
+    assert (build.calls, info["corrupt"], info["disk_entries"]) == (2, 1, 0)
+    assert "MAX_ENTRY_BYTES" in info["last_disk_error"]
+
+
+# A reader that opens a FIFO blocks forever and one that reads /dev/zero runs out of memory,
+# so these run in a child process with a timeout and a bound on its address space: a
+# regression fails the test instead of hanging or starving the machine.
+_GET_IN_CHILD = """
+import os, resource, sys
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+from test_cache import identity, make_key
+from hologram.cache import ProgramCache
+
+if os.path.exists("/proc/self/statm"):
+    with open("/proc/self/statm") as f:
+        mapped = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    resource.setrlimit(resource.RLIMIT_AS, (mapped + (1 << 30), -1))
+cache = ProgramCache(Path({directory!r}))
+print(cache.get(make_key(), lambda: b"rebuilt", identity).decode(), cache.info()["corrupt"])
+"""
+
+
+def _get_in_child(directory: Path) -> list[str]:
+    code = _GET_IN_CHILD.format(tests=str(REPO_ROOT / "tests"), directory=str(directory))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), *sys.path]))
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.split()
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+def test_a_fifo_at_the_entry_path_is_damaged_and_never_opened(tmp_path: Path) -> None:
+    path = entry_path(tmp_path, make_key())
+    path.parent.mkdir(parents=True)
+    os.mkfifo(path)
+    assert _get_in_child(tmp_path) == ["rebuilt", "1"]
+    assert ProgramCache(tmp_path).get(make_key(), Builder(), identity) == b"rebuilt"
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/zero"), reason="no /dev/zero here")
+def test_a_symlink_to_dev_zero_is_damaged_and_never_read(tmp_path: Path) -> None:
+    path = entry_path(tmp_path, make_key())
+    path.parent.mkdir(parents=True)
+    path.symlink_to("/dev/zero")
+    assert _get_in_child(tmp_path) == ["rebuilt", "1"]
+    assert not path.is_symlink()  # the link was replaced, /dev/zero left alone
+    assert ProgramCache(tmp_path).get(make_key(), Builder(), identity) == b"rebuilt"
+
+
+# End to end: a compiled program's file copied over another's name. Pairs share a signature,
+# so running the wrong artifact would return wrong numbers rather than crash the test run.
+BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "max": np.maximum}
+SWAPS = [("float32", "add", "mul"), ("float32", "mul", "sub"), ("float32", "sub", "max"),
+         ("float64", "max", "add"), ("int32", "add", "sub"), ("int64", "mul", "add")]
+
+
+def binary_program(op: str, dtype: str):
+    g = Graph(op)
+    x, y = g.input("x", dtype, (64,)), g.input("y", dtype, (64,))
+    g.output("z", g.binary(op, x, y))
+    return g.program()
+
+
+@pytest.fixture
+def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    directory = tmp_path / "cache"
+    monkeypatch.delenv("HOLOGRAM_DISABLE_DISK_CACHE", raising=False)
+    monkeypatch.setenv("HOLOGRAM_CACHE_DIR", str(directory))
+    hologram.clear_cache()
+    yield directory
+    hologram.clear_cache()
+
+
+@pytest.mark.parametrize("backend", backends.available())
+@pytest.mark.parametrize(("dtype", "first", "second"), SWAPS)
+def test_a_swapped_program_entry_is_recompiled(
+    cache_dir: Path, backend: str, dtype: str, first: str, second: str
+) -> None:
+    a = hologram.compile(binary_program(first, dtype), backend)
+    b = hologram.compile(binary_program(second, dtype), backend)
+    shutil.copyfile(entry_path(cache_dir, a.key), entry_path(cache_dir, b.key))
+    hologram.clear_cache(disk=False)  # forget the loaded programs, keep the files
+
+    rng = np.random.default_rng(16)
+    x, y = (rng.integers(-50, 50, 64).astype(dtype) for _ in range(2))
+    for op in (second, first):
+        z = hologram.compile(binary_program(op, dtype), backend)(x, y)
+        np.testing.assert_array_equal(z, BINARY[op](x, y))
+    info = hologram.cache_info()
+    assert (info["corrupt"], info["misses"], info["disk_hits"]) == (1, 1, 1)
