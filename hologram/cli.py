@@ -4,8 +4,12 @@
                    [--threads N] [--backend B] [--out DIR] [--runs N] [--no-torch-compile]
 
 ``bench`` compares Hologram with PyTorch (see :mod:`hologram.bench`) and writes
-results.json, results.csv, PNG plots and report.md/report.html into ``--out``. It exits with
-status 1 when a case failed verification (the run still completes and reports it).
+results.json, results.csv, PNG plots and report.md/report.html into ``--out``, all at once:
+``--out`` is replaced only when every file was written. Exit status: 0; 1 when a case
+failed verification (the run still completes and reports it); 2 for an invalid argument or
+``HOLOGRAM_*`` variable, sizes that do not fit in memory, or an ``--out`` that cannot be
+written (checked before the benchmarks run), each with one line on stderr; 130 on Ctrl-C.
+In every case but 0 and 1 the previous ``--out`` is left as it was.
 """
 
 from __future__ import annotations
@@ -15,8 +19,28 @@ import shlex
 import sys
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a usage error on one line (``hologram bench: error: ...``)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _integer(minimum: int):
+    """An argparse type: an integer >= ``minimum``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}")
+        return value
+    return parse
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hologram", description=__doc__.split("\n\n")[0])
+    parser = _Parser(prog="hologram", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     bench = commands.add_parser(
         "bench", help="benchmark Hologram against PyTorch and write a report",
@@ -27,29 +51,42 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--ops", nargs="+", metavar="OP",
                        help="ops (add, relu, gemm, ...) or families (elementwise, "
                             "activations, transcendentals, reductions, gemm, losses, fused)")
-    bench.add_argument("--sizes", nargs="+", type=int, metavar="N",
+    bench.add_argument("--sizes", nargs="+", type=_integer(1), metavar="N",
                        help="element counts for every family but GEMM")
-    bench.add_argument("--gemm-sizes", nargs="+", type=int, metavar="N",
+    bench.add_argument("--gemm-sizes", nargs="+", type=_integer(1), metavar="N",
                        help="N of the N×N×N matrix products")
-    bench.add_argument("--threads", type=int, help="threads for Hologram and PyTorch alike "
-                                                   "(default: every core available)")
+    bench.add_argument("--threads", type=_integer(1),
+                       help="threads for Hologram and PyTorch alike (default: every core "
+                            "available)")
     bench.add_argument("--backend", default="auto", help="Hologram backend (default: auto)")
-    bench.add_argument("--out", default="bench-results", help="output directory")
-    bench.add_argument("--runs", type=int, help="timed runs per case (default 20, quick 10)")
-    bench.add_argument("--warmup", type=int, default=5, help="warm-up runs per case")
+    bench.add_argument("--out", default="bench-results",
+                       help="output directory, replaced as a whole when the run completes "
+                            "(new, empty, or a previous run's)")
+    bench.add_argument("--runs", type=_integer(1),
+                       help="timed runs per case (default 20, quick 10)")
+    bench.add_argument("--warmup", type=_integer(0), default=5, help="warm-up runs per case")
     bench.add_argument("--no-torch-compile", action="store_true",
                        help="skip torch.compile in the fused-chain family")
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
 
 
+def _fail(message: object, status: int = 2) -> int:
+    print(f"hologram bench: {message}", file=sys.stderr)
+    return status
+
+
 def bench(args: argparse.Namespace, argv: list[str]) -> int:
     import hologram
+    from hologram.bench.output import OutputError
     from hologram.bench.report import headline
     from hologram.bench.results import create_summary_table, frame
-    from hologram.bench.suite import BenchConfig, run_bench
+    from hologram.bench.suite import BenchConfig, BenchError, run_bench
 
-    quick = args.quick or hologram.config.get().bench_quick
+    try:
+        quick = args.quick or hologram.config.get().bench_quick
+    except hologram.HologramError as exc:  # a malformed HOLOGRAM_* variable
+        return _fail(exc)
     config = BenchConfig(out=args.out, quick=quick, ops=args.ops, sizes=args.sizes,
                          gemm_sizes=args.gemm_sizes, threads=args.threads,
                          backend=args.backend, warmup=args.warmup, timing=args.runs,
@@ -57,9 +94,10 @@ def bench(args: argparse.Namespace, argv: list[str]) -> int:
                          progress=not args.no_progress)
     try:
         outcome = run_bench(config, command=shlex.join(["hologram", *argv]))
-    except ValueError as exc:  # unknown op names
-        print(f"hologram bench: {exc}", file=sys.stderr)
-        return 2
+    except (BenchError, OutputError) as exc:
+        return _fail(exc)
+    except KeyboardInterrupt:
+        return _fail(f"interrupted; nothing was written to {args.out}", 130)
     import pandas as pd
 
     with pd.option_context("display.width", 120, "display.max_columns", 20,

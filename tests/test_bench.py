@@ -189,3 +189,290 @@ def test_quick_bench_writes_every_artifact(tmp_path):
     report = (out / "report.md").read_text()
     assert "All 9 cases verified" in report and "![speedup.png](speedup.png)" in report
     assert "data:image/png;base64," in (out / "report.html").read_text()
+
+
+# --- GEMM verification: the forward error bound, not a fixed atol ----------------------------
+def _gemm_case(n: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    a, b = (rng.standard_normal((n, n), dtype=np.float32) for _ in range(2))
+    return a, b, torch.matmul(torch.from_numpy(a), torch.from_numpy(b)).numpy()
+
+
+def _verify_gemm(actual, a, b, expected):
+    from hologram.bench.cases import select
+    from hologram.bench.verify import contraction_bound
+
+    (spec,) = select(["gemm"])
+    rtol, atol = spec.tolerances(a.shape[0])
+    return bench.verify_correctness(actual, expected, rtol=rtol, atol=atol, name="gemm",
+                                    raise_on_error=False, bound=contraction_bound(a, b))
+
+
+def test_gemm_verification_accepts_other_summation_orders():
+    a, b, expected = _gemm_case(512)
+    # Blocks of k summed in float32 in the reverse order: a correct result, rounded otherwise.
+    blocked = np.zeros_like(expected)
+    for start in reversed(range(0, 512, 64)):
+        blocked += a[:, start:start + 64] @ b[start:start + 64]
+    assert not np.array_equal(blocked, expected)
+    assert _verify_gemm(blocked, a, b, expected)
+    # The AMD report: one element of 262,144 off by 6.5e-5, which the fixed atol (8 eps
+    # sqrt(k), rtol 1e-4) rejected, is within the bound.
+    amd = expected.copy()
+    i = np.unravel_index(np.argmin(np.abs(expected)), expected.shape)
+    amd[i] += 6.5e-5
+    eps = np.finfo(np.float32).eps
+    assert not bench.verify_correctness(amd, expected, rtol=1e-4, atol=8 * eps * np.sqrt(512),
+                                        raise_on_error=False)
+    check = _verify_gemm(amd, a, b, expected)
+    assert check and check.bound > 0 and "elementwise bound" in check.message
+
+
+def test_gemm_verification_still_fails_wrong_results():
+    a, b, expected = _gemm_case(64)
+    perturbed = expected.copy()
+    perturbed[5, 7] += 1e-2
+    check = _verify_gemm(perturbed, a, b, expected)
+    assert not check and check.mismatched == 1
+    assert not _verify_gemm(expected.T.copy(), a, b, expected)
+    assert not _verify_gemm(b @ a, a, b, expected)
+
+
+def test_contraction_bound():
+    from hologram.bench.verify import contraction_bound
+
+    a = np.array([[1.0, -2.0], [0.0, 0.0]], dtype=np.float32)
+    b = np.array([[3.0], [4.0]], dtype=np.float32)
+    bound = contraction_bound(a, b)
+    eps, tiny = np.finfo(np.float32).eps, np.finfo(np.float32).smallest_subnormal
+    assert bound.shape == (2, 1)
+    assert np.allclose(bound[:, 0], [2 * 2 * (eps * 11 + tiny), 2 * 2 * tiny])
+    assert not contraction_bound(a.astype(np.int32), b.astype(np.int32)).any()
+
+
+def test_suite_gemm_cases_verify_and_flag_a_wrong_product():
+    import dataclasses
+
+    from hologram.bench.cases import select
+    from hologram.bench.runners import run_spec
+
+    (spec,) = select(["gemm"])
+    common = dict(warmup=0, timing=1, executor=hg.Executor(), torch_compile=False, warm_s=0.0)
+    good = run_spec(spec, 48, rng=np.random.default_rng(1), **common)
+    assert good["verified"], good["error"]
+    assert 0 < good["err_bound"] < 1e-2
+    swapped = dataclasses.replace(spec, hologram_fn=lambda a, b: spec.hologram_fn(b, a))
+    bad = run_spec(swapped, 48, rng=np.random.default_rng(1), **common)
+    assert not bad["verified"] and "MISMATCH" in bad["error"]
+
+
+# --- `hologram bench`: argument checks and an output written all at once ---------------------
+def _cli(argv: list[str], capsys) -> tuple[int, str]:
+    from hologram.cli import main
+
+    try:
+        status = main(argv)
+    except SystemExit as exc:  # argparse's usage errors
+        status = exc.code
+    return status, capsys.readouterr().err
+
+
+def _one_line(err: str) -> str:
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+BAD_ARGUMENTS = [
+    (["--sizes", "-5"], "--sizes"), (["--sizes", "0"], "--sizes"),
+    (["--sizes", "1000", "100000000000"], "memory"), (["--gemm-sizes", "1000000"], "memory"),
+    (["--threads", "-1"], "--threads"), (["--threads", "0"], "--threads"),
+    (["--runs", "0"], "--runs"), (["--warmup", "-1"], "--warmup"),
+    (["--backend", "garbage"], "unknown backend 'garbage'"),
+    (["--backend", "cuda"], "backend 'cuda'"), (["--ops", "nope"], "unknown ops"),
+]
+
+
+@pytest.mark.parametrize("args, words", BAD_ARGUMENTS, ids=lambda x: " ".join(x)
+                         if isinstance(x, list) else "")
+def test_bench_rejects_bad_arguments_in_one_line(args, words, tmp_path, capsys):
+    if args == ["--backend", "cuda"] and "cuda" in hg.backend.list_available_backends():
+        pytest.skip("cuda runs here")
+    out = tmp_path / "out"
+    status, err = _cli(["bench", "--out", str(out), *args], capsys)
+    assert status == 2 and words in _one_line(err)
+    assert os.listdir(tmp_path) == []  # nothing created, not even a staging directory
+
+
+def test_bench_rejects_a_malformed_environment_variable(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("HOLOGRAM_BENCH_QUICK", "perhaps")
+    status, err = _cli(["bench", "--out", str(tmp_path / "out")], capsys)
+    assert status == 2 and "HOLOGRAM_BENCH_QUICK='perhaps'" in _one_line(err)
+
+
+def test_bench_errors_are_one_line_from_the_command_line(tmp_path):
+    import subprocess
+    import sys
+
+    for args, env in [(["--sizes", "-5"], {}), ([], {"HOLOGRAM_BENCH_QUICK": "perhaps"})]:
+        run = subprocess.run([sys.executable, "-m", "hologram", "bench", "--out",
+                              str(tmp_path / "out"), *args], capture_output=True, text=True,
+                             env={**os.environ, **env}, timeout=120)
+        assert run.returncode == 2 and run.stdout == ""
+        assert _one_line(run.stderr).startswith("hologram bench: ")
+
+
+def test_bench_rejects_an_out_it_cannot_write(tmp_path, monkeypatch, capsys):
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep me")
+    (foreign / "report.md").write_text("old")
+    read_only = tmp_path / "ro"
+    read_only.mkdir()
+    read_only.chmod(0o555)
+    if os.geteuid() == 0:  # root writes anyway: let the check see what a user would
+        real_access = os.access
+        monkeypatch.setattr(os, "access", lambda path, mode, **kw: os.fspath(path) not in (
+            str(read_only), str(read_only / "sub")) and real_access(path, mode, **kw))
+    monkeypatch.chdir(tmp_path)
+    cases = [(a_file, "not a directory"), (a_file / "out", "is not a directory"),
+             (read_only / "out", "not writable"), (foreign, "notes.txt"),
+             (tmp_path, "current directory"), (".", "current directory")]
+    try:
+        for out, words in cases:
+            status, err = _cli(["bench", "--ops", "add", "--out", str(out)], capsys)
+            assert status == 2 and words in _one_line(err), (out, err)
+    finally:
+        read_only.chmod(0o755)
+    assert (foreign / "notes.txt").read_text() == "keep me"
+    assert sorted(os.listdir(tmp_path)) == ["file", "mine", "ro"]
+    assert os.listdir(read_only) == []
+
+
+def _fake_records(cases, **_):
+    """What run_suite returns, without running anything: the output tests need no timings."""
+    records = []
+    for spec, size in cases:
+        record = {"family": spec.family, "operation": spec.name, "size": size,
+                  "shape": str(size), "dtype": "float32", "backend": "cpu", "rtol": 1e-5,
+                  "atol": 1e-8, "verified": True, "max_abs_err": 0.0, "max_rel_err": 0.0,
+                  "error": ""}
+        record.update(BenchmarkResult("pytorch", [2.0, 2.2]).summary("pytorch_"))
+        record.update(BenchmarkResult("hologram", [1.0, 1.1]).summary("hologram_"))
+        record["speedup"] = record["pytorch_median_ms"] / record["hologram_median_ms"]
+        records.append(record)
+    return records
+
+
+@pytest.fixture
+def fake_suite(monkeypatch, default_threads):
+    monkeypatch.setattr("hologram.bench.runners.run_suite", _fake_records)
+    threads = torch.get_num_threads()
+    yield ["bench", "--ops", "add", "--sizes", "10", "100", "--no-progress"]
+    torch.set_num_threads(threads)
+
+
+def _old_output(tmp_path) -> tuple[str, dict[str, bytes]]:
+    out = tmp_path / "out"
+    out.mkdir()
+    old = {"results.json": b'{"results": []}', "report.md": b"# old report",
+           "report.html": b"<p>old</p>", "comparison_gemm.png": b"old plot"}
+    for name, data in old.items():
+        (out / name).write_bytes(data)
+    return str(out), old
+
+
+def _contents(out: str) -> dict[str, bytes]:
+    return {name: open(os.path.join(out, name), "rb").read() for name in os.listdir(out)}
+
+
+def test_bench_replaces_the_previous_output_as_a_whole(fake_suite, tmp_path, capsys):
+    out, _ = _old_output(tmp_path)
+    status, _ = _cli([*fake_suite, "--out", out], capsys)
+    assert status == 0
+    names = set(os.listdir(out))
+    assert "comparison_gemm.png" not in names  # no stale plot beside the new report
+    assert {"results.json", "results.csv", "report.md", "report.html", "speedup.png"} <= names
+    with open(os.path.join(out, "results.json")) as f:
+        assert len(json.load(f)["results"]) == 2
+    assert os.listdir(tmp_path) == ["out"]  # no staging or old directory left
+    status, _ = _cli([*fake_suite, "--out", str(tmp_path / "a" / "b")], capsys)
+    assert status == 0 and os.listdir(tmp_path / "a" / "b")
+
+
+@pytest.mark.parametrize("existing", [True, False], ids=["existing", "new"])
+def test_interrupt_while_writing_leaves_the_old_output(existing, fake_suite, tmp_path,
+                                                       monkeypatch, capsys):
+    from hologram.bench import report
+
+    out, old = _old_output(tmp_path) if existing else (str(tmp_path / "new" / "out"), {})
+    real_write_report = report.write_report
+
+    def interrupted(records, system, plots, out_dir, **kw):
+        real_write_report(records, system, plots, out_dir, **kw)  # written, then Ctrl-C
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(report, "write_report", interrupted)
+    status, err = _cli([*fake_suite, "--out", out], capsys)
+    assert status == 130 and "interrupted" in _one_line(err)
+    if existing:
+        assert _contents(out) == old
+        assert os.listdir(tmp_path) == ["out"]
+    else:
+        assert os.listdir(tmp_path) == []  # the parents it made are gone too
+
+
+def test_interrupt_while_benchmarking_leaves_no_staging_directory(fake_suite, tmp_path,
+                                                                  monkeypatch, capsys):
+    out, old = _old_output(tmp_path)
+
+    def interrupted(cases, **_):
+        assert any(name.endswith(".tmp") for name in os.listdir(tmp_path))  # made up front
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("hologram.bench.runners.run_suite", interrupted)
+    status, _ = _cli([*fake_suite, "--out", out], capsys)
+    assert status == 130 and _contents(out) == old and os.listdir(tmp_path) == ["out"]
+
+
+def test_a_full_disk_leaves_the_old_results(fake_suite, tmp_path, monkeypatch, capsys):
+    import errno
+
+    from hologram.bench import results
+
+    out, old = _old_output(tmp_path)
+
+    def disk_full(records, path, format="json", metadata=None):
+        open(path, "w").close()  # what a full disk left: a 0-byte file
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    monkeypatch.setattr(results, "save_results", disk_full)
+    status, err = _cli([*fake_suite, "--out", out], capsys)
+    line = _one_line(err)
+    assert status == 2 and "No space left on device" in line and "results.json" in line
+    assert "unchanged" in line
+    assert _contents(out) == old and os.listdir(tmp_path) == ["out"]
+
+
+@pytest.mark.parametrize("failure", [OSError(18, "Invalid cross-device link"),
+                                     KeyboardInterrupt()], ids=["oserror", "interrupt"])
+def test_a_failed_move_into_place_restores_the_old_output(failure, tmp_path, monkeypatch):
+    from hologram.bench import output
+
+    out, old = _old_output(tmp_path)
+    real_rename = os.rename
+
+    def rename(src, dst):
+        if src.endswith(".tmp"):  # the new directory's move into place
+            raise failure
+        real_rename(src, dst)
+
+    monkeypatch.setattr(os, "rename", rename)
+    expected = output.OutputError if isinstance(failure, OSError) else KeyboardInterrupt
+    target = output.check_output(out)
+    with pytest.raises(expected), output.staged_output(target) as staging:
+        (tmp_path / os.path.basename(staging) / "results.json").write_text("new")
+    assert _contents(out) == old and os.listdir(tmp_path) == ["out"]

@@ -10,7 +10,8 @@ Modules: :mod:`~hologram.bench.stats` (timing, :class:`BenchmarkResult`, interle
 :mod:`~hologram.bench.sysinfo`, :mod:`~hologram.bench.cases` (the op registry),
 :mod:`~hologram.bench.runners` (cases and the notebooks' ``benchmark_*_op`` helpers),
 :mod:`~hologram.bench.results` (tables, save/load), :mod:`~hologram.bench.plots`,
-:mod:`~hologram.bench.report`, :mod:`~hologram.bench.suite` (``hologram bench``).
+:mod:`~hologram.bench.report`, :mod:`~hologram.bench.suite` (``hologram bench``),
+:mod:`~hologram.bench.output` (its output directory, replaced all at once).
 
 Needs the ``bench`` extra (torch, pandas, matplotlib, tqdm); matplotlib is imported only
 when plotting.

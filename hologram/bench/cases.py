@@ -7,9 +7,10 @@ Families: ``elementwise``, ``activations``, ``transcendentals``, ``reductions``,
 ``torch.compile``). ``size`` is a number of elements, except for GEMM where it is N of an
 N×N×N product. Tolerances: the seeds' rtol=1e-5, atol=1e-8 where both sides compute the
 same rounded IEEE result (add, mul, div, neg, abs, relu, max, min); elsewhere rtol=1e-5
-with an atol of a few float32 ulps of the output's scale, and, for sums and matrix products,
-an atol that grows with the number of terms summed (both libraries sum in float32 in
-different orders).
+with an atol of a few float32 ulps of the output's scale; for sums, an atol that grows with
+the number of terms summed (both libraries sum in float32 in different orders); matrix
+products (``contraction``) within the forward error bound
+:func:`~hologram.bench.verify.contraction_bound` of PyTorch's result.
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ class OpSpec:
     ``torch_fn`` and ``hologram_fn`` take the inputs (torch tensors, Hologram buffers) made
     from ``inputs(rng, size)``; ``compiled`` (fused chains only) is the same function for
     ``torch.compile``. ``atol_per_term`` adds ``atol_per_term * sqrt(terms)`` to ``atol``
-    for reductions over ``terms(size)`` values.
+    for reductions over ``terms(size)`` values. ``contraction``: the output is the product of
+    the first two inputs, verified within their
+    :func:`~hologram.bench.verify.contraction_bound` (on top of ``rtol``/``atol``).
     """
 
     family: str
@@ -49,6 +52,7 @@ class OpSpec:
     atol_per_term: float = 0.0
     terms: Callable[[int], int] = lambda size: size
     compiled: Callable | None = None
+    contraction: bool = False
 
     def tolerances(self, size: int) -> tuple[float, float]:
         return self.rtol, self.atol + self.atol_per_term * math.sqrt(self.terms(size))
@@ -126,7 +130,7 @@ def _specs() -> list[OpSpec]:
         OpSpec("reductions", "min", torch.min, ops.min, _normal(1)),
         OpSpec("gemm", "gemm", torch.matmul,
                lambda a, b: ops.gemm(a, b, m=a.shape[0], n=b.shape[1], k=a.shape[1]),
-               _square, rtol=1e-4, atol_per_term=8 * F32_EPS),
+               _square, rtol=0.0, atol=0.0, contraction=True),
         OpSpec("losses", "mse", F.mse_loss, ops.mse_loss, _normal(2), rtol=1e-4, atol=ulps),
         OpSpec("losses", "cross_entropy", F.cross_entropy, ops.cross_entropy_loss,
                _logits_targets, rtol=1e-4, atol=ulps),

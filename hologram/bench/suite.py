@@ -1,5 +1,7 @@
-"""The ``hologram bench`` suite: which sizes each family runs, and :func:`run_bench`, which
-runs the cases and writes every artifact (results.json/.csv, PNG plots, report.md/.html).
+"""The ``hologram bench`` suite: which sizes each family runs, :func:`prepare`, which checks a
+configuration before anything runs, and :func:`run_bench`, which runs the cases and writes
+every artifact (results.json/.csv, PNG plots, report.md/.html) into ``out`` at once (see
+:mod:`hologram.bench.output`).
 
 Sizes (elements; N for GEMM), default and ``quick`` (``--quick`` or
 ``HOLOGRAM_BENCH_QUICK=1``): elementwise, activations, transcendentals and fused chains
@@ -14,6 +16,8 @@ import time
 from dataclasses import dataclass
 
 from hologram.bench.cases import OpSpec
+from hologram.bench.output import OutputError, check_output, staged_output
+from hologram.errors import HologramError
 
 DEFAULT_SIZES = (1_000, 10_000, 100_000, 1_000_000, 10_000_000)
 QUICK_SIZES = (10_000, 1_000_000)
@@ -21,6 +25,14 @@ DEFAULT_GEMM = (64, 128, 256, 512, 1024)
 QUICK_GEMM = (64, 256)
 # Reductions and losses stop an order of magnitude earlier, as in the seeds.
 REDUCTION_FAMILIES = ("reductions", "losses")
+#: A case holds up to about this many float32 copies of its largest operand at once: the
+#: inputs for both libraries, the outputs, and the float64 copies verification makes.
+COPIES_PER_CASE = 24
+
+
+class BenchError(HologramError):
+    """A benchmark configuration that cannot run: a count that is not positive, an
+    unknown op or backend, sizes whose buffers do not fit in memory. One line."""
 
 
 @dataclass
@@ -58,44 +70,122 @@ def cases(specs: list[OpSpec], config: BenchConfig) -> list[tuple[OpSpec, int]]:
     return pairs
 
 
+def case_bytes(spec: OpSpec, size: int) -> int:
+    """About the most memory one case takes at once (see :data:`COPIES_PER_CASE`)."""
+    elements = size * size if spec.family == "gemm" else size
+    return COPIES_PER_CASE * 4 * elements
+
+
+def _counts(name: str, values, minimum: int = 1) -> None:
+    if values is None:
+        return
+    for value in values if isinstance(values, (list, tuple)) else [values]:
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise BenchError(f"{name}: expected integers >= {minimum}, got {value!r}")
+
+
+def prepare(config: BenchConfig) -> tuple[list[tuple[OpSpec, int]], str]:
+    """Check ``config`` before anything runs. Returns the cases to run and the absolute path
+    of the output directory. Raises :class:`BenchError` for counts that are not positive
+    (``sizes``, ``gemm_sizes``, ``threads``, ``timing``; ``warmup`` may be 0), an unknown or
+    unavailable backend, unknown op names, or a case whose buffers would not fit in the
+    memory available; :class:`~hologram.bench.output.OutputError` when ``out`` cannot be
+    written (see :func:`~hologram.bench.output.check_output`)."""
+    from hologram.backend import validate_backend
+    from hologram.bench.cases import select
+    from hologram.bench.sysinfo import memory_available_bytes
+
+    _counts("sizes", config.sizes)
+    _counts("gemm_sizes", config.gemm_sizes)
+    _counts("threads", config.threads)
+    _counts("timing runs", config.timing)
+    _counts("warm-up runs", config.warmup, minimum=0)
+    target = check_output(config.out)
+    try:
+        validate_backend(config.backend)
+        # HOLOGRAM_BACKEND too, whichever backend runs: importing torch (in select) imports
+        # hologram_torch, which resolves it.
+        validate_backend("auto")
+        specs = select(config.ops)
+    except (HologramError, ValueError) as exc:  # an unknown backend or op, a bad HOLOGRAM_*
+        raise BenchError(str(exc)) from exc
+    plan = cases(specs, config)
+    available = memory_available_bytes()
+    if plan and available is not None:
+        spec, size = max(plan, key=lambda case: case_bytes(*case))
+        need = case_bytes(spec, size)
+        if need > available:
+            what = "--gemm-sizes" if spec.family == "gemm" else "--sizes"
+            raise BenchError(f"{spec.name} at size {size:,} needs about {need / 2**30:.1f} GiB "
+                             f"of memory, {available / 2**30:.1f} GiB is available; choose "
+                             f"smaller {what}")
+    return plan, target
+
+
 def run_bench(config: BenchConfig, command: str = "") -> dict:
-    """Run the suite and write its artifacts into ``config.out``. Returns ``records``,
-    ``system``, ``paths`` (every file written), ``failed`` (records that did not verify)
-    and ``seconds``."""
+    """Check ``config`` (:func:`prepare`), run the suite, and write its artifacts into a new
+    directory that replaces ``config.out`` only once all of them are written; on any error
+    or a KeyboardInterrupt ``config.out`` is left as it was. Returns ``records``,
+    ``system``, ``paths`` (every file written, under ``config.out``), ``failed`` (records
+    that did not verify) and ``seconds``. Raises :class:`BenchError` and
+    :class:`~hologram.bench.output.OutputError` (one-line messages) for what the user can
+    fix."""
+    start = time.perf_counter()
+    # Checked before torch is imported: torch imports hologram_torch, which needs a valid
+    # HOLOGRAM_BACKEND.
+    plan, target = prepare(config)
     import torch
 
     import hologram as hg
-    from hologram.bench.cases import select
-    from hologram.bench.plots import save_plots
-    from hologram.bench.report import write_report
-    from hologram.bench.results import save_results
     from hologram.bench.runners import run_suite
     from hologram.bench.sysinfo import collect_system_info
 
-    start = time.perf_counter()
+    existed = os.path.lexists(target)
     threads = config.threads or hg.get_num_threads()
     hg.set_num_threads(threads)
     torch.set_num_threads(threads)
     timing = config.timing or (10 if config.quick else 20)
-    os.makedirs(config.out, exist_ok=True)
-    system = collect_system_info()
-    ex = hg.Executor(backend=config.backend)
-    system["hologram_backend"] = str(ex.backend)
-    system.update(quick=config.quick, warmup_runs=config.warmup, timing_runs=timing)
-    plan = cases(select(config.ops), config)
-    # Quick runs warm for less before each sample (see runners.default_warm_s).
-    warm_s = config.warm_s if config.warm_s is not None else (0.02 if config.quick else None)
-    records = run_suite(plan, warmup=config.warmup, timing=timing, executor=ex,
-                        torch_compile=config.torch_compile, progress=config.progress,
-                        warm_s=warm_s)
-    system["load_average_after"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    paths = [save_results(records, os.path.join(config.out, "results.json"), "json",
-                          metadata=system),
-             save_results(records, os.path.join(config.out, "results.csv"), "csv")]
-    plots = save_plots(records, config.out)
-    paths += plots
-    paths += write_report(records, system, plots, config.out, warmup=config.warmup,
-                          timing=timing, command=command)
+    # The staging directory is made now, so an --out that cannot be written fails before
+    # the benchmarks run, not after.
+    with staged_output(target) as staging:
+        system = collect_system_info()
+        ex = hg.Executor(backend=config.backend)
+        system["hologram_backend"] = str(ex.backend)
+        system.update(quick=config.quick, warmup_runs=config.warmup, timing_runs=timing)
+        # Quick runs warm for less before each sample (see runners.default_warm_s).
+        warm_s = config.warm_s if config.warm_s is not None else (0.02 if config.quick
+                                                                  else None)
+        records = run_suite(plan, warmup=config.warmup, timing=timing, executor=ex,
+                            torch_compile=config.torch_compile, progress=config.progress,
+                            warm_s=warm_s)
+        system["load_average_after"] = (os.getloadavg()[0] if hasattr(os, "getloadavg")
+                                        else None)
+        try:
+            written = _write(records, system, staging, warmup=config.warmup, timing=timing,
+                             command=command)
+        except OSError as exc:
+            name = f" ({os.path.basename(exc.filename)})" if exc.filename else ""
+            kept = "is unchanged" if existed else "was not created"
+            raise OutputError(f"cannot write the results{name}: {exc.strerror or exc}; "
+                              f"{config.out} {kept}") from exc
+    paths = [os.path.join(config.out, os.path.basename(p)) for p in written]
     return {"records": records, "system": system, "paths": paths,
             "failed": [r for r in records if not r["verified"]],
             "seconds": time.perf_counter() - start}
+
+
+def _write(records: list[dict], system: dict, out_dir: str, *, warmup: int, timing: int,
+           command: str) -> list[str]:
+    """Every artifact of a run, written into ``out_dir``; returns their paths."""
+    from hologram.bench.plots import save_plots
+    from hologram.bench.report import write_report
+    from hologram.bench.results import save_results
+
+    paths = [save_results(records, os.path.join(out_dir, "results.json"), "json",
+                          metadata=system),
+             save_results(records, os.path.join(out_dir, "results.csv"), "csv")]
+    plots = save_plots(records, out_dir)
+    paths += plots
+    paths += write_report(records, system, plots, out_dir, warmup=warmup, timing=timing,
+                          command=command)
+    return paths

@@ -66,6 +66,37 @@ def _memory_total_gb() -> float:
     return float("nan")
 
 
+def memory_available_bytes() -> int | None:
+    """Memory this process can still take without swapping: ``MemAvailable`` from
+    /proc/meminfo (psutil's reading elsewhere), lowered to what the cgroup's limit leaves
+    (containers); None when neither says."""
+    available = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    available = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError):
+        pass
+    if available is None:
+        try:
+            import psutil
+        except ImportError:
+            return None
+        available = int(psutil.virtual_memory().available)
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        with open("/sys/fs/cgroup/memory.current") as f:
+            used = int(f.read())
+        if limit != "max":
+            available = min(available, max(0, int(limit) - used))
+    except (OSError, ValueError):
+        pass
+    return available
+
+
 def collect_system_info() -> dict:
     """Keys: platform, python_version, cpu_model, cpu_cores_physical, cpu_cores_logical,
     cpu_cores_available (this process's affinity), cpu_freq_mhz, memory_total_gb,
