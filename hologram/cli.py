@@ -8,15 +8,18 @@ results.json, results.csv, PNG plots and report.md/report.html into ``--out``, a
 ``--out`` is replaced only when every file was written. Exit status: 0; 1 when a case
 failed verification (the run still completes and reports it); 2 for an invalid argument or
 ``HOLOGRAM_*`` variable, sizes that do not fit in memory, or an ``--out`` that cannot be
-written (checked before the benchmarks run), each with one line on stderr; 130 on Ctrl-C.
-In every case but 0 and 1 the previous ``--out`` is left as it was.
+written (checked before the benchmarks run), each with one line on stderr; 130 on Ctrl-C,
+143 on SIGTERM. In every case but 0 and 1 the previous ``--out`` is left as it was.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shlex
+import signal
 import sys
+import threading
 
 
 class _Parser(argparse.ArgumentParser):
@@ -71,6 +74,24 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+@contextlib.contextmanager
+def _sigterm_unwinds():
+    """SIGTERM raises SystemExit(143) while the run goes on, so that cleanups run (the
+    staged output directory is removed) as for Ctrl-C; its default action kills at once."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set handlers
+        return
+
+    def terminate(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _fail(message: object, status: int = 2) -> int:
     print(f"hologram bench: {message}", file=sys.stderr)
     return status
@@ -93,7 +114,8 @@ def bench(args: argparse.Namespace, argv: list[str]) -> int:
                          torch_compile=not args.no_torch_compile,
                          progress=not args.no_progress)
     try:
-        outcome = run_bench(config, command=shlex.join(["hologram", *argv]))
+        with _sigterm_unwinds():
+            outcome = run_bench(config, command=shlex.join(["hologram", *argv]))
     except (BenchError, OutputError) as exc:
         return _fail(exc)
     except KeyboardInterrupt:

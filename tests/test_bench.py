@@ -438,6 +438,22 @@ def test_interrupt_while_benchmarking_leaves_no_staging_directory(fake_suite, tm
     assert status == 130 and _contents(out) == old and os.listdir(tmp_path) == ["out"]
 
 
+def test_sigterm_while_benchmarking_leaves_the_old_output(fake_suite, tmp_path, monkeypatch,
+                                                          capsys):
+    import signal
+
+    out, old = _old_output(tmp_path)
+    handler = signal.getsignal(signal.SIGTERM)
+
+    def terminated(cases, **_):
+        os.kill(os.getpid(), signal.SIGTERM)  # handled: raises SystemExit(143) here
+
+    monkeypatch.setattr("hologram.bench.runners.run_suite", terminated)
+    status, _ = _cli([*fake_suite, "--out", out], capsys)
+    assert status == 143 and _contents(out) == old and os.listdir(tmp_path) == ["out"]
+    assert signal.getsignal(signal.SIGTERM) is handler
+
+
 def test_a_full_disk_leaves_the_old_results(fake_suite, tmp_path, monkeypatch, capsys):
     import errno
 
