@@ -13,6 +13,7 @@ Values are read at call time, so tests and users can change the environment at r
 | ``HOLOGRAM_DUMP_DIR`` | if set, every pass writes its output program here | unset |
 | ``HOLOGRAM_FAST_MATH`` | ``1`` allows rewrites that are not exact under IEEE 754 | ``0`` |
 | ``HOLOGRAM_BENCH_QUICK`` | ``1`` makes benchmarks use small sizes | ``0`` |
+| ``HOLOGRAM_CPU_TARGET`` | CPU the cpu backend compiles for (``x86-64-v3``, ...) | ``host`` |
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class Settings:
     dump_dir: Path | None
     fast_math: bool
     bench_quick: bool
+    cpu_target: str
 
 
 def _flag(name: str) -> bool:
@@ -66,7 +68,8 @@ def _default_cache_dir() -> Path:
 _VARIABLES = (
     "HOLOGRAM_BACKEND", "HOLOGRAM_NUM_THREADS", "HOLOGRAM_CACHE_DIR",
     "HOLOGRAM_DISABLE_DISK_CACHE", "HOLOGRAM_CACHE_SIZE", "HOLOGRAM_DUMP_DIR",
-    "HOLOGRAM_FAST_MATH", "HOLOGRAM_BENCH_QUICK", "XDG_CACHE_HOME", "HOME",
+    "HOLOGRAM_FAST_MATH", "HOLOGRAM_BENCH_QUICK", "HOLOGRAM_CPU_TARGET", "XDG_CACHE_HOME",
+    "HOME",
 )
 _last: tuple[tuple, Settings] | None = None
 # os.environ.get encodes every name and value (~0.3 µs a variable, several µs a call: too
@@ -117,4 +120,5 @@ def _read() -> Settings:
         dump_dir=Path(dump) if dump else None,
         fast_math=_flag("HOLOGRAM_FAST_MATH"),
         bench_quick=_flag("HOLOGRAM_BENCH_QUICK"),
+        cpu_target=os.environ.get("HOLOGRAM_CPU_TARGET", "").strip().lower() or "host",
     )

@@ -89,7 +89,7 @@ def compile(program: Program, backend: str = "auto",
     options = options or CompileOptions.from_env()
     backend = backends.resolve(backend)
     impl = backends.get(backend)
-    memo_key = (program, backend, options)
+    memo_key = (program, backend, impl.target(), options)
     with _memo_lock:
         if memo_key in _memo:
             _memo.move_to_end(memo_key)

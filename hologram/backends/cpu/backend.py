@@ -26,6 +26,7 @@ import numpy as np
 
 from hologram.backends.base import Backend, Executable
 from hologram.backends.cpu import blas, gemm, llvm, threads
+from hologram.backends.cpu import target as targets
 from hologram.backends.cpu.render import render, split_parts, unsupported
 from hologram.isa.ir import Program
 
@@ -41,13 +42,13 @@ class CpuBackend(Backend):
     @classmethod
     def is_available(cls) -> bool:
         try:
-            llvm.host_cpu()
+            targets.host()
         except Exception:
             return False
         return True
 
     def target(self) -> str:
-        return llvm.host_identity()
+        return targets.current().identity
 
     def compile(self, program: Program) -> bytes:
         prefix = f"hg_{program.fingerprint()[:16]}_"
@@ -77,7 +78,8 @@ class CpuBackend(Backend):
             "steps": steps,
             "program": str(program) if fallback else None,
         }
-        obj = llvm.compile_ir(render(program, symbols)) if symbols else b""
+        target = targets.current()
+        obj = llvm.compile_ir(render(program, symbols, target), target) if symbols else b""
         data = json.dumps(header).encode()
         return _HEADER.pack(len(data)) + data + obj
 

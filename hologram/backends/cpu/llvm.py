@@ -1,10 +1,14 @@
-"""LLVM through llvmlite: one host target machine, the O3 pipeline, object code, one JIT.
+"""LLVM through llvmlite: target machines, the O3 pipeline, checked object code, one JIT.
 
-- :func:`host_identity` is the part of cache keys that says which machine code was built
-  for: triple, CPU name and the feature string. An object file built for one host never
-  runs on another.
-- :func:`compile_ir` turns LLVM IR text into a relocatable object file (bytes), which is
-  what the disk cache stores.
+- Code is generated for a :class:`~.target.Target` (``HOLOGRAM_CPU_TARGET``; this machine by
+  default). :func:`compile_ir` turns LLVM IR text into a relocatable object file (bytes),
+  which is what the disk cache stores; any target can be compiled on any machine.
+- Generated code calls no runtime library: where a target lacks an instruction, LLVM would
+  lower the operation to a call (``__truncdfhf2``, ``fmaf``, ``floorf``, ...) that the JIT
+  cannot resolve, and the call would jump to address 0. The renderer asks
+  :func:`lowers_natively` and emits our own IR instead (:mod:`.softfloat`); and every
+  object is checked (:func:`check_object`) when it is emitted and again before it is
+  loaded: a symbol it needs from outside is a :class:`CompileError`, never a load.
 - :func:`load_object` loads an object file into its own MCJIT engine and returns the
   addresses of the functions asked for. Each engine gets a fresh target machine (MCJIT
   takes ownership of it: reusing one after its engine is collected crashes the process),
@@ -18,101 +22,202 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from collections.abc import Iterable
 from functools import cache
 
+import lief
 import llvmlite.binding as llvm
 
+from hologram.backends.cpu import target as targets
+from hologram.backends.cpu.target import Target
 from hologram.errors import CompileError
 
-_lock = threading.Lock()  # llvmlite objects are not thread-safe
+_lock = threading.RLock()  # llvmlite objects are not thread-safe
 _loaded: dict[str, dict[str, int]] = {}
 _engines: list[llvm.ExecutionEngine] = []  # never collected: their code stays callable
 
+#: Symbols a kernel object may take from the process: libc's memory functions, which LLVM
+#: calls for loops it recognises as a copy or a fill (``bzero`` on Darwin). Each is resolved
+#: in this process before an object that needs it is loaded.
+PROCESS_SYMBOLS = frozenset({"memcpy", "memmove", "memset", "bzero", "__bzero"})
+# Defined by the linker, or by MCJIT's loader in its place.
+_LINKER_SYMBOLS = frozenset({"_GLOBAL_OFFSET_TABLE_"})
 
-@cache
-def _initialized() -> bool:
-    # llvm.initialize() is deprecated and raises in recent llvmlite; these two suffice.
-    llvm.initialize_native_target()
-    llvm.initialize_native_asmprinter()
-    return True
 
-
-@cache
 def host_cpu() -> tuple[str, str, str]:
     """(triple, CPU name, feature string) of this machine."""
-    _initialized()
-    return (llvm.get_process_triple(), llvm.get_host_cpu_name(),
-            llvm.get_host_cpu_features().flatten())
+    host = targets.host()
+    return host.triple, host.cpu, host.features
 
 
 def host_identity() -> str:
-    triple, cpu, features = host_cpu()
-    digest = hashlib.sha256(features.encode()).hexdigest()[:16]
-    return f"{triple} cpu={cpu} features={digest} llvm={llvm.llvm_version_info}"
+    return targets.host().identity
 
 
 def has_feature(name: str) -> bool:
-    """Does the host CPU have the feature (``"avx2"``, ``"avx512f"``, ...)?"""
-    return f"+{name}" in host_cpu()[2].split(",")
+    """Does this machine's CPU have the feature (``"avx2"``, ``"avx512f"``, ...)?"""
+    return name in targets.host_features()
 
 
-def _target_machine() -> llvm.TargetMachine:
-    triple, cpu, features = host_cpu()
-    if has_feature("avx512f"):
-        # LLVM emits 256-bit vectors by default even on AVX-512 hosts; full-width vectors
-        # run our polynomial math ~1.5x faster and memory-bound loops no slower.
-        features += ",-prefer-256-bit"
-    target = llvm.Target.from_triple(triple)
-    return target.create_target_machine(cpu=cpu, features=features, opt=3,
-                                        reloc="pic", codemodel="jitdefault")
+def _target_machine(target: Target) -> llvm.TargetMachine:
+    features = target.features
+    if target.arch == "x86_64":
+        # LLVM emits 256-bit vectors by default even for AVX-512 CPUs; full-width vectors
+        # run our polynomial math ~1.5x faster and memory-bound loops no slower. (Without
+        # AVX-512 there are no 512-bit registers and this changes nothing.)
+        features = ",".join(f for f in (features, "-prefer-256-bit") if f)
+    return llvm.Target.from_triple(target.triple).create_target_machine(
+        cpu=target.cpu, features=features, opt=3, reloc="pic", codemodel="jitdefault")
 
 
 @cache
-def _emitter() -> llvm.TargetMachine:
+def _emitter(target: Target) -> llvm.TargetMachine:
     """The target machine used to optimize and emit objects (never given to MCJIT)."""
-    return _target_machine()
+    return _target_machine(target)
 
 
-def optimize_ir(ir: str) -> llvm.ModuleRef:
+def _parse(ir: str, target: Target) -> llvm.ModuleRef:
+    try:
+        module = llvm.parse_assembly(ir)
+        module.verify()
+    except RuntimeError as err:
+        raise CompileError("LLVM rejected the generated IR", source=ir, log=str(err)) from None
+    module.triple = target.triple
+    module.data_layout = str(_emitter(target).target_data)
+    return module
+
+
+def optimize_ir(ir: str, target: Target | None = None) -> llvm.ModuleRef:
     """Parse, verify and optimize (O3, loop and SLP vectorization, unrolling) ``ir``."""
+    target = target or targets.current()
     with _lock:
-        _initialized()
-        try:
-            module = llvm.parse_assembly(ir)
-            module.verify()
-        except RuntimeError as err:
-            raise CompileError("LLVM rejected the generated IR", source=ir, log=str(err)) from None
-        tm = _emitter()
+        module = _parse(ir, target)
         options = llvm.create_pipeline_tuning_options(speed_level=3)
         options.loop_vectorization = True
         options.slp_vectorization = True
         options.loop_unrolling = True
-        builder = llvm.create_pass_builder(tm, options)
+        builder = llvm.create_pass_builder(_emitter(target), options)
         builder.getModulePassManager().run(module, builder)
         return module
 
 
-def compile_ir(ir: str) -> bytes:
-    """LLVM IR text -> optimized object file for this host."""
-    module = optimize_ir(ir)
+def compile_ir(ir: str, target: Target | None = None,
+               allowed: Iterable[str] = PROCESS_SYMBOLS) -> bytes:
+    """LLVM IR text -> optimized, checked object file for ``target`` (default: the current
+    one). ``allowed``: the symbols the object may take from the process."""
+    target = target or targets.current()
+    module = optimize_ir(ir, target)
     with _lock:
-        return _emitter().emit_object(module)
+        obj = _emitter(target).emit_object(module)
+    check_object(obj, target, allowed)
+    return obj
 
 
-def assembly(ir: str) -> str:
-    """The host assembly for ``ir`` after optimization (for tests and debugging)."""
-    module = optimize_ir(ir)
+def assembly(ir: str, target: Target | None = None) -> str:
+    """The assembly for ``ir`` after optimization (for tests and debugging)."""
+    target = target or targets.current()
+    module = optimize_ir(ir, target)
     with _lock:
-        return _emitter().emit_assembly(module)
+        return _emitter(target).emit_assembly(module)
 
 
-def load_object(obj: bytes, names: list[str]) -> dict[str, int]:
-    """Add ``obj`` to the JIT and return the addresses of the functions ``names``."""
+def undefined_symbols(obj: bytes) -> list[str]:
+    """The symbols an object file uses but does not define (ELF, Mach-O or COFF), without
+    Mach-O's leading underscore."""
+    if not obj:  # a program of library calls only (BLAS) has no object code
+        return []
+    binary = lief.parse(obj)
+    if isinstance(binary, lief.ELF.Binary):
+        names = [s.name for s in binary.symtab_symbols if s.shndx == 0 and s.name]
+    elif isinstance(binary, lief.MachO.Binary):
+        names = [s.name[1:] if s.name.startswith("_") else s.name for s in binary.symbols
+                 if s.type == lief.MachO.Symbol.TYPE.UNDEFINED]
+    elif isinstance(binary, lief.COFF.Binary):
+        names = [s.name for s in binary.symbols if s.is_undefined]
+    else:
+        raise CompileError("cannot read the symbol table of the generated object file "
+                           f"({len(obj)} bytes): not ELF, Mach-O or COFF")
+    return sorted(set(names))
+
+
+def check_object(obj: bytes, target: Target, allowed: Iterable[str] = PROCESS_SYMBOLS,
+                 what: str = "") -> None:
+    """Raise :class:`CompileError` if ``obj`` needs a symbol from outside other than
+    ``allowed`` ones: such code would call a runtime-library function (the JIT resolves
+    nothing else, so the call would jump to address 0)."""
+    foreign = [s for s in undefined_symbols(obj)
+               if s not in _LINKER_SYMBOLS and s not in set(allowed)]
+    if foreign:
+        functions = what or ", ".join(_defined_functions(obj)) or "?"
+        raise CompileError(
+            f"generated code for {target.cpu} ({target.triple}, HOLOGRAM_CPU_TARGET="
+            f"{target.name}) calls {', '.join(foreign)}, which it does not define (in "
+            f"{functions}): most likely a runtime-library call that LLVM emitted for an "
+            "operation this CPU lacks. Not loaded. This is a Hologram bug: please report it "
+            "with this message; another HOLOGRAM_CPU_TARGET may avoid it")
+
+
+def _defined_functions(obj: bytes) -> list[str]:
+    binary = lief.parse(obj)
+    if isinstance(binary, lief.ELF.Binary):
+        return [s.name for s in binary.symtab_symbols
+                if s.type == lief.ELF.Symbol.TYPE.FUNC and s.shndx != 0]
+    return [s.name for s in binary.symbols if s.name.startswith(("hg_", "_hg_"))]
+
+
+@cache
+def lowers_natively(target: Target, op: str, ty: str) -> bool:
+    """Does ``target`` compile ``op`` on ``ty`` without a runtime-library call?
+
+    ``op`` is an intrinsic base name (``fma``, ``floor``, ``ceil``, ``trunc``, ``rint``,
+    ``roundeven``, ``ldexp``) or a conversion (``fpext``/``fptrunc`` to ``ty`` from half or
+    double: ``f16_to_f32``, ``f32_to_f16``, ``f64_to_f16``). Answered by LLVM itself:
+    a one-instruction function is compiled for the target and its symbols read."""
+    conversions = {
+        "f16_to_f32": ("float", "half", "%y = fpext half %x to float"),
+        "f32_to_f16": ("half", "float", "%y = fptrunc float %x to half"),
+        "f64_to_f16": ("half", "double", "%y = fptrunc double %x to half"),
+    }
+    if op in conversions:
+        ret, arg, body = conversions[op]
+        decl = ""
+    else:
+        ret = arg = ty
+        suffix = {"float": "f32", "double": "f64"}[ty]
+        if op == "fma":
+            call, params = f"{ty} %x, {ty} %x, {ty} %x", f"{ty}, {ty}, {ty}"
+        elif op == "ldexp":
+            suffix, call, params = f"{suffix}.i32", f"{ty} %x, i32 3", f"{ty}, i32"
+        else:
+            call, params = f"{ty} %x", ty
+        body = f"%y = call {ty} @llvm.{op}.{suffix}({call})"
+        decl = f"declare {ty} @llvm.{op}.{suffix}({params})"
+    ir = f"define {ret} @probe({arg} %x) {{\n  {body}\n  ret {ret} %y\n}}\n{decl}\n"
+    with _lock:
+        obj = _emitter(target).emit_object(_parse(ir, target))
+    return not [s for s in undefined_symbols(obj) if s not in _LINKER_SYMBOLS]
+
+
+def load_object(obj: bytes, names: list[str], allowed: Iterable[str] = PROCESS_SYMBOLS,
+                target: Target | None = None) -> dict[str, int]:
+    """Add ``obj``, built for ``target`` (default: the current one), to the JIT and return
+    the addresses of the functions ``names``. The object is checked first (it may come from
+    a disk cache): the target must run here, and every symbol the object needs must be
+    ``allowed`` and resolvable in this process."""
     key = hashlib.sha256(obj).hexdigest()
     with _lock:
         if key not in _loaded:
-            _initialized()
-            engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), _target_machine())
+            target = target or targets.current()
+            target.check_runnable()
+            check_object(obj, target, allowed)
+            # Creating an engine makes the process's own symbols visible to the lookup.
+            engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""),
+                                                _target_machine(target))
+            unresolved = [s for s in undefined_symbols(obj)
+                          if s not in _LINKER_SYMBOLS and not llvm.address_of_symbol(s)]
+            if unresolved:
+                raise CompileError(f"the generated code needs {', '.join(unresolved)}, "
+                                   "which this process does not provide; not loaded")
             engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
             engine.finalize_object()
             _engines.append(engine)

@@ -6,8 +6,9 @@ vectorizer. :func:`get` instead emits ``hg.<name>.f32`` / ``hg.<name>.f64``: int
 ``floor``, ``fabs``, ``copysign``, ``fdiv``, ``ldexp`` on AVX-512, selects, bitcasts and
 integer ops). There are no branches and no calls to libm, in f32 and in f64 alike; special
 values are patched in with selects at the end. Every ``fma`` is ``llvm.fma`` (exact
-semantics, so results are the same on every host, f32 sigmoid's last bit excepted; hosts
-without FMA get correct but slow library calls).
+semantics, so results are the same on every host, f32 sigmoid's last bit excepted); on
+targets without FMA or SSE4.1, ``fma``, ``rint`` and ``floor`` are our own exact IR
+instead (:mod:`.intrinsics`), never library calls.
 
 The algorithms (docs/mathlib.md has the details and the measured errors):
 
@@ -41,15 +42,19 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
+from hologram.backends.cpu import intrinsics
 from hologram.backends.cpu import llvm as _llvm
+from hologram.backends.cpu import target as _targets
+from hologram.backends.cpu.target import Target
 
 FUNCTIONS = ("exp", "exp2", "expm1", "log", "log2", "log1p", "tanh", "sigmoid", "erf", "sin",
              "cos", "pow")
 
 
-def _use_scalef() -> bool:
-    """Scale by 2^n with ``llvm.ldexp`` (AVX-512 ``vscalefps``; elsewhere it is a libm call)."""
-    return _llvm.has_feature("avx512f")
+def _use_scalef(target: Target | None = None) -> bool:
+    """Scale by 2^n with ``llvm.ldexp`` where the target has it as an instruction (AVX-512
+    ``vscalefps``, SVE ``fscale``; elsewhere it is a libm call)."""
+    return _llvm.lowers_natively(target or _targets.current(), "ldexp", "float")
 
 
 @dataclass(frozen=True)
@@ -142,10 +147,11 @@ _F64 = _Format(ir.DoubleType(), ir.IntType(64), "f64", 52, 1023, dict(
 class _Emitter:
     """An IRBuilder bound to one float format, with the operations the algorithms use."""
 
-    def __init__(self, builder: ir.IRBuilder, fmt: _Format):
+    def __init__(self, builder: ir.IRBuilder, fmt: _Format, target: Target):
         self.b = builder
         self.f = fmt
         self.k = fmt.k
+        self.target = target
 
     # constants and intrinsics
     def c(self, value: float) -> ir.Constant:
@@ -155,12 +161,7 @@ class _Emitter:
         return ir.Constant(self.f.ity, value)
 
     def _call(self, base: str, *args: ir.Value) -> ir.Value:
-        module = self.b.module
-        name = f"llvm.{base}.{self.f.suffix}"
-        fn = module.globals.get(name)
-        if fn is None:
-            fn = ir.Function(module, ir.FunctionType(self.f.ty, [self.f.ty] * len(args)), name)
-        return self.b.call(fn, args)
+        return intrinsics.call(self.b, base, list(args), self.target)
 
     def fma(self, a, b, c):
         return self._call("fma", a, b, c)
@@ -257,7 +258,7 @@ class _Emitter:
         in two exact steps of multiplying by a power of two built from bits, because ldexp
         would become library calls there.
         """
-        if _use_scalef():
+        if _use_scalef(self.target):
             i32 = ir.IntType(32)
             name = f"llvm.ldexp.{self.f.suffix}.i32"
             fn = self.b.module.globals.get(name)
@@ -532,7 +533,7 @@ def _pow_magnitude_f64(e: _Emitter, x: ir.Value, y: ir.Value) -> ir.Value:
 
 def _pow(e: _Emitter, x: ir.Value, y: ir.Value) -> ir.Value:
     if e.f is _F32:  # f64 inside: log2 and exp2 errors of 2^-50 vanish in the rounding
-        e64 = _Emitter(e.b, _F64)
+        e64 = _Emitter(e.b, _F64, e.target)
         xd, yd = e.b.fpext(x, _F64.ty), e.b.fpext(y, _F64.ty)
         mag = e.b.fptrunc(_exp2(e64, e64.mul(yd, _log2(e64, e64.fabs(xd)))), e.f.ty)
     else:
@@ -558,8 +559,10 @@ _BUILDERS: dict[str, Callable[..., ir.Value]] = {
 }
 
 
-def get(module: ir.Module, name: str, ty: ir.Type) -> ir.Function:
-    """The function ``hg.<name>.f32`` / ``hg.<name>.f64`` in ``module``, emitted on first use.
+def get(module: ir.Module, name: str, ty: ir.Type, target: Target | None = None
+        ) -> ir.Function:
+    """The function ``hg.<name>.f32`` / ``hg.<name>.f64`` in ``module``, emitted on first use
+    for ``target`` (default: the current one).
 
     ``ty`` is ``ir.FloatType()`` or ``ir.DoubleType()``; the function takes one argument of
     that type (two for ``pow``) and returns that type. It is internal and ``alwaysinline``.
@@ -582,5 +585,6 @@ def get(module: ir.Module, name: str, ty: ir.Type) -> ir.Function:
     fn.attributes.add("alwaysinline")
     fn.attributes.add("nounwind")
     builder = ir.IRBuilder(fn.append_basic_block("entry"))
-    builder.ret(_BUILDERS[name](_Emitter(builder, fmt), *fn.args))
+    emitter = _Emitter(builder, fmt, target or _targets.current())
+    builder.ret(_BUILDERS[name](emitter, *fn.args))
     return fn

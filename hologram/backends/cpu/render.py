@@ -18,10 +18,15 @@ A large reduction of a whole domain becomes two functions instead, partials and 
 fold, so that the partials run on all threads (:func:`split_parts`).
 Float sums (and products, and contractions) accumulate in float64 for f16/bf16/f32 — more
 accurate than pairwise float32 summation — with ``reassoc`` so the loops vectorize.
-Transcendentals come from :mod:`.mathlib` (vectorizable IR, no libm calls).
+Transcendentals come from :mod:`.mathlib` (vectorizable IR, no libm calls); operations
+that some CPUs lack (fma, rounding to integers, fmod, half conversions) from
+:mod:`.intrinsics`, so that the code calls no runtime library on any target.
 
-Registers: bool is ``i1`` (``i8`` in memory), f16 is ``half`` (LLVM keeps IEEE half
-semantics), bf16 is ``float`` rounded to bf16 after every operation (``i16`` in memory).
+Registers: bool is ``i1`` (``i8`` in memory); f16 and bf16 are ``float`` rounded to their
+format after every operation that is not exact (``i16`` in memory). For f16 that is what
+LLVM itself does with ``half`` arithmetic on CPUs without AVX512-FP16, but with the
+conversions under our control: ``half`` registers would make LLVM call ``__truncdfhf2``
+and friends wherever the CPU lacks a conversion, and give results that depend on the host.
 
 :func:`unsupported` says why a kernel cannot be rendered yet (the runtime then runs it on
 the reference interpreter): today, a reduction whose result still varies along a loop
@@ -35,19 +40,22 @@ from collections.abc import Callable
 
 from llvmlite import ir
 
-from hologram.backends.cpu import mathlib
+from hologram.backends.cpu import intrinsics, mathlib
+from hologram.backends.cpu import target as targets
+from hologram.backends.cpu.target import Target
 from hologram.isa import dtypes as dt
 from hologram.isa.dtypes import DType
 from hologram.isa.ir import FLOAT_UNARY_OPS, Instr, Kernel, Program
 
 I1, I8, I16, I32, I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
-F16, F32, F64 = ir.HalfType(), ir.FloatType(), ir.DoubleType()
+F32, F64 = ir.FloatType(), ir.DoubleType()
 PTR = ir.PointerType(I8)
 KERNEL_TYPE = ir.FunctionType(ir.VoidType(), [PTR.as_pointer(), I64, I64])
 
 _REGISTER = {"bool": I1, "i8": I8, "u8": I8, "i16": I16, "i32": I32, "i64": I64,
-             "f16": F16, "bf16": F32, "f32": F32, "f64": F64}
-_MEMORY = {**_REGISTER, "bool": I8, "bf16": I16}
+             "f16": F32, "bf16": F32, "f32": F32, "f64": F64}
+_MEMORY = {**_REGISTER, "bool": I8, "f16": I16, "bf16": I16}
+_NARROW = (dt.float16, dt.bfloat16)  # float formats computed in float32
 # Vectors per iteration of an innermost loop that calls the math library. LLVM's cost model
 # picks one for such long bodies; a single polynomial's dependency chain then stalls the
 # loop on every cache miss. Four in flight measured f32 exp, sigmoid and gelu 7-15% faster
@@ -106,9 +114,11 @@ def split_parts(kernel: Kernel) -> int:
     return parts if parts >= 2 else 0
 
 
-def render(program: Program, symbols: dict[str, str]) -> str:
+def render(program: Program, symbols: dict[str, str], target: Target | None = None) -> str:
     """LLVM IR for the kernels named in ``symbols`` (kernel name -> function symbol); a
-    kernel that :func:`split_parts` splits gets ``symbol`` and ``symbol + "_final"``."""
+    kernel that :func:`split_parts` splits gets ``symbol`` and ``symbol + "_final"``.
+    ``target`` (default: the current one) decides which operations need our own IR."""
+    target = target or targets.current()
     module = ir.Module(name=program.name)
     module.triple = ""  # the target machine decides
     for kernel in program.kernels:
@@ -116,11 +126,12 @@ def render(program: Program, symbols: dict[str, str]) -> str:
             symbol = symbols[kernel.name]
             parts = split_parts(kernel)
             if parts:
-                _KernelRenderer(module, program, kernel, symbol, parts, "part").render()
-                _KernelRenderer(module, program, kernel, symbol + "_final", parts,
+                _KernelRenderer(module, target, program, kernel, symbol, parts,
+                                "part").render()
+                _KernelRenderer(module, target, program, kernel, symbol + "_final", parts,
                                 "final").render()
             else:
-                _KernelRenderer(module, program, kernel, symbol).render()
+                _KernelRenderer(module, target, program, kernel, symbol).render()
     return str(module)
 
 
@@ -131,9 +142,9 @@ def _float_const(t: ir.Type, value: float) -> ir.Constant:
 
 
 class _KernelRenderer:
-    def __init__(self, module: ir.Module, program: Program, kernel: Kernel, symbol: str,
-                 parts: int = 0, split: str = ""):
-        self.module, self.program, self.kernel = module, program, kernel
+    def __init__(self, module: ir.Module, target: Target, program: Program, kernel: Kernel,
+                 symbol: str, parts: int = 0, split: str = ""):
+        self.module, self.target, self.program, self.kernel = module, target, program, kernel
         # A split reduction (see split_parts): "part" or "final", with its partial count.
         self.parts, self.split = parts, split
         self.scratch: ir.Value | None = None  # the partials' memory (i8*)
@@ -326,6 +337,8 @@ class _KernelRenderer:
             return b.zext(value, I8)
         if t is dt.bfloat16:
             return b.trunc(b.lshr(b.bitcast(value, I32), ir.Constant(I32, 16)), I16)
+        if t is dt.float16:
+            return intrinsics.f32_to_f16(b, value, self.target)
         return value
 
     def _from_memory(self, raw: ir.Value, t: DType) -> ir.Value:
@@ -334,6 +347,8 @@ class _KernelRenderer:
             return b.icmp_unsigned("!=", raw, ir.Constant(I8, 0))
         if t is dt.bfloat16:
             return b.bitcast(b.shl(b.zext(raw, I32), ir.Constant(I32, 16)), F32)
+        if t is dt.float16:
+            return intrinsics.f16_to_f32(b, raw, self.target)
         return raw
 
     def _emit(self, instr: Instr) -> ir.Value:
@@ -351,7 +366,7 @@ class _KernelRenderer:
         args = [self._value(a) for a in instr.args]
         arg_type = self.kernel.body[instr.args[0]].dtype
         result = _OPS[op](self, args, arg_type, t)
-        return self._round_bf16(result) if t is dt.bfloat16 and op not in _EXACT_BF16 else result
+        return self._round(result, t) if t in _NARROW and op not in _EXACT_NARROW else result
 
     def _const(self, value: bool | int | float, t: DType) -> ir.Constant:
         ty = register_type(t)
@@ -492,13 +507,14 @@ class _KernelRenderer:
         target = register_type(t)
         if ty == target:
             return value
-        if t is dt.bfloat16:
-            return self._f64_to_bf16(value)
+        if t in _NARROW:
+            return self._f64_to_narrow(value, t)
         return self.b.fptrunc(value, target)
 
-    def _f64_to_bf16(self, x: ir.Value) -> ir.Value:
-        """Round a double once to bf16: first to float32 rounded to odd (truncated, last bit
-        set if inexact), whose nearest-even rounding to bf16 equals the double's."""
+    def _f64_to_narrow(self, x: ir.Value, t: DType) -> ir.Value:
+        """Round a double once to f16 or bf16 (in a float register): first to float32
+        rounded to odd (truncated, last bit set if inexact), whose nearest-even rounding to
+        the narrow format equals the double's (float32 has more than two extra bits)."""
         b = self.b
         near = b.fptrunc(x, F32)
         back = b.fpext(near, F64)
@@ -508,7 +524,14 @@ class _KernelRenderer:
                               self._intrinsic("fabs", F64, [x]))
         bits = b.select(b.and_(inexact, away), b.sub(bits, ir.Constant(I32, 1)), bits)
         bits = b.select(inexact, b.or_(bits, ir.Constant(I32, 1)), bits)
-        return self._round_bf16(b.bitcast(bits, F32))
+        return self._round(b.bitcast(bits, F32), t)
+
+    def _round(self, x: ir.Value, t: DType) -> ir.Value:
+        """A float32 rounded to the nearest f16 or bf16 (ties to even), kept in float32."""
+        if t is dt.float16:
+            return intrinsics.f16_to_f32(self.b, intrinsics.f32_to_f16(self.b, x, self.target),
+                                         self.target)
+        return self._round_bf16(x)
 
     # --- helpers for the op table -----------------------------------------------------
     def _arith(self, op: str, x: ir.Value, y: ir.Value, t: DType, ty: ir.Type) -> ir.Value:
@@ -519,14 +542,12 @@ class _KernelRenderer:
 
     def _math(self, name: str, args: list[ir.Value]) -> ir.Value:
         self.math_calls += 1
-        return self.b.call(mathlib.get(self.module, name, args[0].type), args)
+        return self.b.call(mathlib.get(self.module, name, args[0].type, self.target), args)
 
     def _intrinsic(self, name: str, ret: ir.Type, args: list[ir.Value]) -> ir.Value:
-        suffix = {F16: "f16", F32: "f32", F64: "f64"}.get(ret, f"i{getattr(ret, 'width', 0)}")
-        full = f"llvm.{name}.{suffix}"
-        fn = self.module.globals.get(full)
-        if fn is None:
-            fn = ir.Function(self.module, ir.FunctionType(ret, [a.type for a in args]), full)
+        if ret in (F32, F64):
+            return intrinsics.call(self.b, name, args, self.target)
+        fn = intrinsics.declare(self.module, f"{name}.i{ret.width}", ret, [a.type for a in args])
         return self.b.call(fn, args)
 
     def _round_bf16(self, x: ir.Value) -> ir.Value:
@@ -547,13 +568,9 @@ class _KernelRenderer:
             return self.b.trunc(x, dst)
         return self.b.sext(x, dst) if signed else self.b.zext(x, dst)
 
-    def _to_f32(self, x: ir.Value, t: DType) -> ir.Value:
-        """f16/bf16 values computed in float32 (for the math library)."""
-        return self.b.fpext(x, F32) if t is dt.float16 else x
-
 
 def _float_bits(ty: ir.Type) -> int:
-    return {F16: 16, F32: 32, F64: 64}[ty]
+    return {F32: 32, F64: 64}[ty]
 
 
 # --- the op table ----------------------------------------------------------------------
@@ -590,7 +607,7 @@ def _div(r: _KernelRenderer, args, a: DType, t: DType) -> ir.Value:
 
 def _mod(r: _KernelRenderer, args, a: DType, t: DType) -> ir.Value:
     if a.is_float:
-        return r.b.frem(*args)  # C fmod
+        return intrinsics.fmod(r.b, *args)
     return _integer_division(r, *args, a, remainder=True)
 
 
@@ -664,23 +681,18 @@ def _float_unary(op: str):
         if op == "rsqrt":
             root = r._intrinsic("sqrt", x.type, [x])
             return b.fdiv(_float_const(x.type, 1.0), root)
-        wide = r._to_f32(x, a)  # f16 through the f32 library
-        result = r._math(op, [wide])
-        return b.fptrunc(result, x.type) if result.type != x.type else result
+        return r._math(op, [x])  # f16 and bf16 through the f32 library
     return emit
 
 
 def _pow(r: _KernelRenderer, args, a: DType, t: DType) -> ir.Value:
-    b = r.b
-    x, y = (r._to_f32(v, a) for v in args)
-    result = r._math("pow", [x, y])
-    return b.fptrunc(result, args[0].type) if result.type != args[0].type else result
+    return r._math("pow", args)
 
 
 def _fma(r: _KernelRenderer, args, a: DType, t: DType) -> ir.Value:
-    if a in (dt.float16, dt.bfloat16):  # in f64, then rounded once to the narrow type
+    if a in _NARROW:  # in f64, then rounded once to the narrow type
         wide = r._intrinsic("fma", F64, [r.b.fpext(v, F64) for v in args])
-        return r._f64_to_bf16(wide) if a is dt.bfloat16 else r.b.fptrunc(wide, F16)
+        return r._f64_to_narrow(wide, a)
     return r._intrinsic("fma", args[0].type, args)
 
 
@@ -700,29 +712,26 @@ def _cast(r: _KernelRenderer, args, a: DType, t: DType) -> ir.Value:
         return b.icmp_unsigned("!=", x, ir.Constant(src, 0))
     if a.is_bool:
         return b.uitofp(x, dst) if t.is_float else b.zext(x, dst)
-    if t is dt.bfloat16 and (a is dt.float64 or (a.is_int and a.bits >= 32)):
+    if t in _NARROW and (a is dt.float64 or (a.is_int and a.bits >= 32)):
         # Through f32 would round twice; through f64 and round-to-odd rounds once.
         wide = x if a.is_float else (b.uitofp if a.kind == "u" else b.sitofp)(x, F64)
-        return r._f64_to_bf16(wide)
+        return r._f64_to_narrow(wide, t)
     if a.is_float and t.is_float:
         if _float_bits(src) < _float_bits(dst):
             return b.fpext(x, dst)
-        return b.fptrunc(x, dst) if src != dst else x  # bf16 <- f32 is rounded by _emit
+        return b.fptrunc(x, dst) if src != dst else x  # f16/bf16 <- f32: rounded by _emit
     if a.is_float:  # saturating, NaN -> 0
-        if a is dt.float16:  # AVX512-FP16 hosts miscompile fptosi.sat from half (NaN)
-            x, src = b.fpext(x, F32), F32
         name = "fptoui.sat" if t.kind == "u" else "fptosi.sat"
-        fn_name = f"llvm.{name}.i{dst.width}.{ {F16: 'f16', F32: 'f32', F64: 'f64'}[src] }"
-        fn = r.module.globals.get(fn_name) or ir.Function(
-            r.module, ir.FunctionType(dst, [src]), fn_name)
-        return b.call(fn, [x])
+        suffix = "f32" if src == F32 else "f64"
+        return b.call(intrinsics.declare(r.module, f"{name}.i{dst.width}.{suffix}", dst, [src]),
+                      [x])
     if t.is_float:
         return (b.uitofp if a.kind == "u" else b.sitofp)(x, dst)
     return r._int_cast(x, src, dst, signed=a.kind == "i")
 
 
-# bf16 results these ops produce are already bf16-exact (no rounding needed).
-_EXACT_BF16 = frozenset({"neg", "abs", "select", "min", "max", "sign"})
+# f16/bf16 results these ops produce are already exact in the format (no rounding needed).
+_EXACT_NARROW = frozenset({"neg", "abs", "select", "min", "max", "sign"})
 
 _OPS: dict[str, Callable] = {
     "add": _add_sub_mul("add"), "sub": _add_sub_mul("sub"), "mul": _add_sub_mul("mul"),

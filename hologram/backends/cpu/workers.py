@@ -66,6 +66,8 @@ import llvmlite.binding as binding
 from llvmlite import ir
 
 from hologram.backends.cpu import llvm
+from hologram.backends.cpu import target as targets
+from hologram.backends.cpu.llvm import PROCESS_SYMBOLS
 from hologram.errors import DeviceError
 
 __all__ = ["available", "run", "started"]
@@ -102,7 +104,7 @@ class _Module:
 
     def __init__(self) -> None:
         m = self.m = ir.Module("hologram_workers")
-        m.triple = llvm.host_cpu()[0]
+        m.triple = targets.host().triple
         self.slots = self._global("slots", ir.ArrayType(_SLOT, MAX_WORKERS))
         self.job = {name: self._global(f"job_{name}", _I64) for name in _JOB}
         self.sequence = self._global("sequence", _I64)
@@ -423,6 +425,7 @@ def available() -> bool:
 
 
 _lock = threading.Lock()  # serializes hg_grow and the first load
+_LIBC = ("syscall", "pthread_create", "pthread_join", "sched_yield")  # what the pool calls
 
 
 @cache
@@ -430,11 +433,13 @@ def _entry_points() -> dict[str, int]:
     if not available():
         raise DeviceError("the native worker pool needs Linux on x86-64")
     libc = ctypes.CDLL(None)
-    for name in ("syscall", "pthread_create", "pthread_join", "sched_yield"):
+    for name in _LIBC:
         binding.add_symbol(name, ctypes.cast(getattr(libc, name), ctypes.c_void_p).value)
     names = ["hg_parallel", "hg_grow", "hg_stop", "hg_forget", "hg_set_spin"]
-    addresses = llvm.load_object(llvm.compile_ir(str(_Module().m)), names)
-    return addresses
+    # Host code, whatever HOLOGRAM_CPU_TARGET says: the pool only ever runs here.
+    host, needs = targets.host(), PROCESS_SYMBOLS.union(_LIBC)
+    obj = llvm.compile_ir(str(_Module().m), host, allowed=needs)
+    return llvm.load_object(obj, names, allowed=needs, target=host)
 
 
 class _Native:

@@ -1,0 +1,320 @@
+"""The cpu backend on every CPU target (``HOLOGRAM_CPU_TARGET``), not only on this host.
+
+The target matrix: for each target of :data:`hologram.backends.cpu.target.TARGETS`, one
+program per dtype exercises every opcode that accepts it (unary, binary, compares, select,
+fma, the math library), one casts it to every dtype, one runs every reduction kind over
+several axes, and one multiplies matrices in the generated loops. Targets this machine can
+run (``target.runnable_targets()``, e.g. ``x86-64``, ``x86-64-v2`` and ``x86-64-v3`` on any
+AVX2 host: no F16C, no FMA, no SSE4.1 among them) execute the programs and are compared
+with the interpreter under test_cpu's tolerances. The others are compiled: object code is
+emitted for them, and the check that refuses any runtime-library call must pass.
+
+And the check itself: an object that calls a library function is refused, naming the
+symbol, the function and the target; it never loads.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_cpu import (
+    ALL,
+    SINCOS_LIMIT,
+    accepts,
+    assert_close,
+    cast_inputs,
+    float_tolerance,
+    fma_inputs,
+    pairs,
+    reduce_tolerance,
+    run_cpu,
+    run_interp,
+    seed_of,
+    storage,
+    tie_values,
+    values,
+)
+from util import random_array
+
+import hologram
+from hologram.backends.cpu import llvm
+from hologram.backends.cpu import target as targets
+from hologram.backends.cpu.backend import CpuBackend
+from hologram.compiler import pipeline
+from hologram.compiler.options import CompileOptions
+from hologram.errors import CompileError, DeviceError, HologramError
+from hologram.graph import Graph
+from hologram.isa import dtypes as dt
+from hologram.isa.builder import ProgramBuilder
+from hologram.isa.dtypes import DType
+from hologram.isa.ir import BINARY_OPS, COMPARE_OPS, UNARY_OPS, Program
+
+TARGETS = ["host", *targets.TARGETS]
+RUNNABLE = set(targets.runnable_targets())
+KINDS = ("sum", "prod", "max", "min", "argmax", "argmin")
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("HOLOGRAM_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "targets"))
+    monkeypatch.delenv("HOLOGRAM_FAST_MATH", raising=False)
+
+
+# --- the conformance programs ------------------------------------------------------------
+def elementwise_case(t: DType) -> tuple[Program, list[np.ndarray], list[str]]:
+    """Every unary, binary, compare op on ``t``, select and fma, in one program; returns it,
+    its inputs and the op behind each output."""
+    rng = np.random.default_rng(seed_of("targets", t.name))
+    a, b = pairs(t, 300, rng)
+    n = a.size
+    # sin/cos of huge arguments are a known gap (test_cpu.test_sin_cos_huge_arguments)
+    s = values(t, n, rng, limit=SINCOS_LIMIT)[-n:] if t.is_float else a
+    inputs = [a, b, s]
+    p = ProgramBuilder(f"ops_{t.name}")
+    bufs = [p.input(name, t, (n,)) for name in ("a", "b", "s")]
+    fma = t.is_float
+    if fma:
+        c = fma_inputs(t, rng)
+        inputs += [np.resize(x, n) for x in c]
+        bufs += [p.input(name, t, (n,)) for name in ("fa", "fb", "fc")]
+    k = p.kernel((n,))
+    x, y, small, *fabc = (k.load(buf) for buf in bufs)
+    ops, results = [], []
+    for op in UNARY_OPS:
+        if accepts(op, [t]):
+            ops.append(op)
+            results.append(k.emit(op, (small if op in ("sin", "cos") else x,)))
+    for op in (*BINARY_OPS, *COMPARE_OPS):
+        if accepts(op, [t, t]):
+            ops.append(op)
+            results.append(k.emit(op, (x, y)))
+    ops.append("select")
+    results.append(k.select(k.emit("lt", (x, y)), x, y))
+    if fma:
+        ops.append("fma")
+        results.append(k.emit("fma", tuple(fabc)))
+    for i, value in enumerate(results):
+        k.store(p.output(f"o{i}", value.dtype, (n,)), value)
+    return p.build(), inputs, ops
+
+
+def cast_case(t: DType) -> tuple[Program, list[np.ndarray], list[DType]]:
+    x = cast_inputs(t, np.random.default_rng(seed_of("target casts", t.name)))
+    p = ProgramBuilder(f"casts_{t.name}")
+    buf = p.input("x", t, (x.size,))
+    k = p.kernel((x.size,))
+    value = k.load(buf)
+    for d in ALL:
+        k.store(p.output(f"to_{d.name}", d, (x.size,)), k.cast(value, d))
+    return p.build(), [x], list(ALL)
+
+
+# Each reduction is a kernel of its own (~50 ms of LLVM each): the middle axis, and the
+# outer and inner ones together; test_cpu runs every axis set on the host.
+REDUCE_SHAPE, REDUCE_AXES = (3, 5, 4), [(1,), (0, 2)]
+
+
+def reduce_case(t: DType) -> tuple[Program, list[tuple[str, tuple]]]:
+    g = Graph(f"reductions_{t.name}")
+    x = g.input("x", t, REDUCE_SHAPE)
+    outputs = []
+    for kind in KINDS:
+        if t.is_bool and kind in ("sum", "prod"):
+            continue
+        for axes in REDUCE_AXES:
+            g.output(f"{kind}_{''.join(map(str, axes))}", g.reduce(kind, x, axes))
+            outputs.append((kind, axes))
+    return g.program(), outputs
+
+
+def matmul_case(t: DType) -> Program:
+    g = Graph("mm_" + t.name)
+    a, b = g.input("a", t, (9, 40)), g.input("b", t, (40, 7))
+    g.output("y", a @ b)
+    return g.program()
+
+
+NUMERIC = [t for t in ALL if not t.is_bool]
+
+
+def conformance_programs() -> list[Program]:
+    programs = []
+    for t in ALL:
+        programs += [elementwise_case(t)[0], cast_case(t)[0], reduce_case(t)[0]]
+        if not t.is_bool:
+            programs.append(matmul_case(t))
+    return programs
+
+
+# --- executed ------------------------------------------------------------------------------
+def _use(monkeypatch, name: str) -> targets.Target:
+    monkeypatch.setenv("HOLOGRAM_CPU_TARGET", name)
+    return targets.current()
+
+
+# test_cpu covers the host; the targets this machine cannot run are compiled below.
+EXECUTED = [name for name in TARGETS if name != "host" and name in RUNNABLE]
+
+
+@pytest.mark.parametrize("name", [t.name for t in ALL])
+@pytest.mark.parametrize("target", EXECUTED)
+def test_every_op_on_every_runnable_target(monkeypatch, target, name):
+    _use(monkeypatch, target)
+    t = dt.dtype(name)
+    program, inputs, ops = elementwise_case(t)
+    got, want = run_cpu(program, inputs), run_interp(program, inputs)
+    outputs = [p for p in program.params if p.kind == "out"]
+    for op, g, w, out in zip(ops, got, want, outputs):
+        rt = out.dtype
+        ulps, atol = float_tolerance(op, rt, w) if rt.is_float else (0, 0.0)
+        if (op, t) == ("fma", dt.bfloat16):  # rounds twice today (test_cpu.test_fma)
+            ulps = 1
+        assert_close(g, w, rt, ulps, atol, inputs[:2], f"{op} {name} on {target}")
+
+
+@pytest.mark.parametrize("name", [t.name for t in ALL])
+@pytest.mark.parametrize("target", EXECUTED)
+def test_every_cast_on_every_runnable_target(monkeypatch, target, name):
+    _use(monkeypatch, target)
+    program, inputs, dsts = cast_case(dt.dtype(name))
+    got, want = run_cpu(program, inputs), run_interp(program, inputs)
+    for d, g, w in zip(dsts, got, want):
+        ulps = 1 if (name, d.name) == ("i64", "bf16") else 0  # test_cpu.DOUBLE_ROUNDING_CASTS
+        assert_close(g, w, d, ulps, inputs=inputs, what=f"cast {name} -> {d.name} on {target}")
+
+
+@pytest.mark.parametrize("name", [t.name for t in ALL])
+@pytest.mark.parametrize("target", EXECUTED)
+def test_reductions_and_matmul_loops_on_every_runnable_target(monkeypatch, target, name):
+    _use(monkeypatch, target)
+    t = dt.dtype(name)
+    rng = np.random.default_rng(seed_of("target reductions", name))
+    program, outputs = reduce_case(t)
+    (param,) = [p for p in program.params if p.kind == "in"]
+    for inputs in ([random_array(param, rng)], [tie_values(t, param.size, rng)]):
+        got, want = run_cpu(program, inputs), run_interp(program, inputs)
+        for (kind, axes), g, w in zip(outputs, got, want):
+            rt = dt.int64 if kind.startswith("arg") else t
+            ulps, atol = reduce_tolerance(kind, t, w, inputs[0], REDUCE_SHAPE, axes)
+            assert_close(g, w, rt, ulps, atol, what=f"{kind} {axes} {name} on {target}")
+    if t.is_bool:
+        return
+    program = matmul_case(t)
+    inputs = [random_array(p, rng, edges=False) for p in program.params if p.kind == "in"]
+    (got,), (want,) = run_cpu(program, inputs), run_interp(program, inputs)
+    # f32/f64 go through BLAS (forward error bound); bf16 sums round twice (test_cpu)
+    if t in (dt.float32, dt.float64):
+        a, b = (x.astype(np.float64).reshape(s) for x, s in zip(inputs, [(9, 40), (40, 7)]))
+        bound = 40 * np.finfo(t.storage).eps * (np.abs(a) @ np.abs(b)).reshape(-1)
+        assert_close(got, want, t, 0, bound, what=f"matmul {name} on {target}")
+    else:
+        assert_close(got, want, t, 1 if t is dt.bfloat16 else 0, what=f"matmul {name}")
+
+
+# --- compiled --------------------------------------------------------------------------------
+@pytest.mark.parametrize("target", [name for name in TARGETS if name not in RUNNABLE])
+def test_every_target_compiles_without_library_calls(monkeypatch, target):
+    """Object code for every conformance program, for every target this machine cannot run
+    (the others compile the same programs to run them), calls nothing but libc's memory
+    functions (compile_ir checks that; this asks again independently)."""
+    tgt = _use(monkeypatch, target)
+    options = CompileOptions.from_env()
+    backend = CpuBackend()
+    for program in conformance_programs():
+        artifact = backend.compile(pipeline.lower(pipeline.canonical_form(program, options),
+                                                  options))
+        header_size = int.from_bytes(artifact[:4], "little")
+        obj = artifact[4 + header_size:]
+        foreign = set(llvm.undefined_symbols(obj)) - llvm.PROCESS_SYMBOLS - \
+            {"_GLOBAL_OFFSET_TABLE_"}
+        assert not foreign, f"{program.name} for {tgt.cpu} calls {foreign}"
+
+
+def test_the_matrix_covers_half_precision_targets_both_ways():
+    """Among the targets, some convert f16 in hardware and some in our own IR, some have
+    FMA and some not: the matrix exercises both paths of every such choice."""
+    chosen = [targets.named(n) for n in targets.TARGETS]
+    for op, ty in [("f32_to_f16", ""), ("f64_to_f16", ""), ("fma", "double"),
+                   ("floor", "float")]:
+        answers = {llvm.lowers_natively(t, op, ty) for t in chosen}
+        assert answers == {True, False}, op
+
+
+# --- the symbol check ------------------------------------------------------------------------
+LIBRARY_CALL = """
+define void @hg_kernel(ptr %p, ptr %q) {
+  %x = load double, ptr %p
+  %h = fptrunc double %x to half
+  store half %h, ptr %q
+  ret void
+}
+"""
+
+
+def test_an_object_calling_the_runtime_library_is_refused(monkeypatch):
+    """LLVM lowers double -> half to ``__truncdfhf2`` without AVX512-FP16: the object is
+    refused when compiled, and refused again when loaded (it may come from a disk cache),
+    naming the symbol, the function and the target."""
+    tgt = _use(monkeypatch, "x86-64-v3")
+    with pytest.raises(CompileError, match=r"__truncdfhf2.*hg_kernel") as err:
+        llvm.compile_ir(LIBRARY_CALL)
+    assert "x86-64-v3" in str(err.value)
+    module = llvm.optimize_ir(LIBRARY_CALL, tgt)
+    obj = llvm._emitter(tgt).emit_object(module)
+    assert "__truncdfhf2" in llvm.undefined_symbols(obj)
+    with pytest.raises(CompileError, match="__truncdfhf2"):
+        llvm.load_object(obj, ["hg_kernel"])
+
+
+@pytest.mark.parametrize("triple, cpu", [("aarch64-unknown-linux-gnu", "neoverse-v1"),
+                                         ("arm64-apple-macosx", "apple-m1")])
+def test_the_check_reads_elf_and_mach_o(triple, cpu):
+    """fmod is a library call everywhere; the check finds it in both object formats."""
+    tgt = targets.Target("test", triple, cpu, "", frozenset())
+    frem = "define float @hg_f(float %x, float %y) {\n%r = frem float %x, %y\nret float %r\n}"
+    with pytest.raises(CompileError, match="fmodf"):
+        llvm.compile_ir(frem, tgt)
+
+
+def test_host_code_may_take_only_the_symbols_it_is_allowed():
+    ir = ("declare i64 @syscall(i64, ...)\n"
+          "define i64 @hg_f() {\n%r = call i64 (i64, ...) @syscall(i64 39)\nret i64 %r\n}")
+    with pytest.raises(CompileError, match="syscall"):
+        llvm.compile_ir(ir, targets.host())
+    assert llvm.compile_ir(ir, targets.host(), allowed={"syscall"})
+
+
+# --- choosing a target -------------------------------------------------------------------------
+def test_an_unknown_target_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("HOLOGRAM_CPU_TARGET", "pentium5")
+    with pytest.raises(HologramError, match=r"pentium5.*host.*x86-64-v3"):
+        targets.current()
+
+
+def test_a_target_this_machine_cannot_run_is_refused_before_loading(monkeypatch):
+    foreign = next(n for n in targets.TARGETS if n not in RUNNABLE)
+    monkeypatch.setenv("HOLOGRAM_CPU_TARGET", foreign)
+    g = Graph("not_here")
+    g.output("y", g.input("x", "f32", (4,)) + 1.0)
+    with pytest.raises(DeviceError, match=f"HOLOGRAM_CPU_TARGET={foreign}.*lacks"):
+        hologram.compile(g.program(), backend="cpu")
+
+
+def test_the_target_is_part_of_the_cache_key(monkeypatch):
+    g = Graph("keyed")
+    g.output("y", g.input("x", "f16", (4,)) * 3.0)
+    keys = set()
+    for name in ("x86-64", "x86-64-v3", "host"):
+        monkeypatch.setenv("HOLOGRAM_CPU_TARGET", name)
+        compiled = hologram.compile(g.program(), backend="cpu")
+        keys.add(compiled.key)
+        x = storage([1.0, -2.0, 0.1, 65504.0], dt.float16)
+        np.testing.assert_array_equal(compiled(x), storage(x.astype(np.float64) * 3.0,
+                                                           dt.float16))
+    assert len(keys) == 3
+
+
+def test_host_features_are_this_machines():
+    host = targets.host()
+    assert host.runnable_here() and "host" in RUNNABLE
+    assert targets.named("x86-64").runnable_here() == (host.arch == "x86_64")
