@@ -15,6 +15,10 @@ symbol, the function and the target; it never loads.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from test_cpu import (
@@ -318,3 +322,60 @@ def test_host_features_are_this_machines():
     host = targets.host()
     assert host.runnable_here() and "host" in RUNNABLE
     assert targets.named("x86-64").runnable_here() == (host.arch == "x86_64")
+
+
+# --- the everyday float16 calls that crashed CPUs without AVX512-FP16 -------------------------
+EVERYDAY_F16 = r"""
+import numpy as np, torch
+import hologram as hg, hologram_torch  # noqa: F401
+
+ex = hg.Executor()
+x = np.linspace(-3, 3, 24).astype(np.float16)
+a, b = ex.from_numpy(x), ex.from_numpy(x[::-1].copy())
+assert hg.ops.sum(a).to_numpy() == np.float16(x.astype(np.float64).sum())
+for got, want in [(hg.ops.mean(a), x.astype(np.float64).mean()),
+                  (hg.ops.mse_loss(a, b), ((x - x[::-1]).astype(np.float64) ** 2).mean())]:
+    assert abs(float(got.to_numpy()) - want) <= 1e-3 * max(1, abs(want)), (got, want)
+m = x.reshape(4, 6)
+sm = hg.ops.softmax(ex.from_numpy(m)).to_numpy().astype(np.float64)
+np.testing.assert_allclose(sm, torch.softmax(torch.tensor(m, dtype=torch.float64), -1),
+                           rtol=2e-3, atol=1e-4)
+mm = hg.ops.matmul(ex.from_numpy(m), ex.from_numpy(m.T.copy())).to_numpy()
+np.testing.assert_allclose(mm, m.astype(np.float64) @ m.T.astype(np.float64), rtol=2e-3,
+                           atol=2e-2)
+
+dev = "hologram"
+assert torch.ones(4, dtype=torch.float16, device=dev).cpu().tolist() == [1.0] * 4
+assert torch.full((3,), 0.1, dtype=torch.float16, device=dev).cpu().equal(
+    torch.full((3,), 0.1, dtype=torch.float16))
+t = torch.randn(64, dtype=torch.float64)
+assert t.to(dev).half().cpu().equal(t.half())
+assert (t.half().to(dev) * 0.1).cpu().equal(t.half() * 0.1)
+z = torch.zeros(5, dtype=torch.float16, device=dev).fill_(2.5)
+assert z.cpu().tolist() == [2.5] * 5
+w = torch.randn(10, 8, dtype=torch.float16)
+emb = torch.nn.functional.embedding(torch.tensor([1, 3, 3]), w)
+assert torch.nn.functional.embedding(torch.tensor([1, 3, 3], device=dev),
+                                     w.to(dev)).cpu().equal(emb)
+h = torch.randn(4, 8, dtype=torch.float16)
+ln = torch.nn.functional.layer_norm(h.float(), (8,))
+got = torch.nn.functional.layer_norm(h.to(dev), (8,)).cpu().float()
+assert (got - ln).abs().max() < 1e-2
+p = torch.randn(6, dtype=torch.float16, device=dev, requires_grad=True)
+(p * p).sum().backward()
+assert p.grad.cpu().equal((2 * p.detach().cpu().float()).half())
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("target", [n for n in ("x86-64", "x86-64-v3") if n in RUNNABLE])
+def test_everyday_f16_calls_on_cpus_without_fp16_hardware(target, tmp_path):
+    """The calls that crashed the interpreter, run where half conversions are ours
+    (x86-64: no F16C) or partly ours (x86-64-v3: double -> half), in a child process so
+    that a crash fails this test instead of the run."""
+    env = {**os.environ, "HOLOGRAM_CPU_TARGET": target,
+           "HOLOGRAM_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", EVERYDAY_F16], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), \
+        f"exit {done.returncode}\n{done.stdout}\n{done.stderr[-3000:]}"
