@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import subprocess
 import sys
 import textwrap
@@ -153,13 +152,12 @@ def test_a_corrupted_entry_is_recompiled(cache_dir):
 
 
 def test_a_valid_entry_that_does_not_parse_is_recompiled(cache_dir):
-    from hologram.cache import _HEADER, MAGIC
+    from hologram.cache import _pack
 
     hologram.compile(axpy("a"))
     (entry,) = cache_dir.rglob("*.bin")
-    payload = b"program broken {"  # intact file, but not a program
-    header = _HEADER.pack(MAGIC, len(payload), hashlib.sha256(payload).digest())
-    entry.write_bytes(header + payload)
+    # An intact file written for this very key, but not a program.
+    entry.write_bytes(_pack(entry.stem, b"program broken {"))
     out, _ = _child("""
         c = hologram.compile(axpy("a"))
         x = np.arange(64, dtype=np.float32)
