@@ -71,6 +71,24 @@ def as_shape(shape: object, where: str, *, infer: bool = False) -> tuple[int, ..
     return dims
 
 
+#: The most elements a shape's non-zero extents may multiply to: what an array of 8-byte
+#: values can address (NumPy's limit for the widest types Hologram computes in).
+MAX_EXTENT = np.iinfo(np.intp).max // 8
+
+
+def check_extent(shape: tuple[int, ...], where: str) -> None:
+    """Refuse a shape whose non-zero extents multiply to more than :data:`MAX_EXTENT`, even
+    when another extent is 0 (NumPy refuses ``(2**62, 2**62, 0)``, and so does PyTorch's
+    ``torch.empty``): a :class:`ShapeError` naming the shape."""
+    extent = math.prod(n for n in shape if n)
+    if extent > MAX_EXTENT:
+        raise ShapeError(f"{where}: shape {list(shape)}: its non-zero extents multiply to "
+                         f"{extent} elements, more than the {MAX_EXTENT} an array of 8-byte "
+                         "values can address, so the shape cannot be represented even "
+                         "though it holds no elements (np.empty and torch.empty refuse "
+                         "(2**62, 2**62, 0) too); use smaller extents")
+
+
 def _asarray(data: object, where: str) -> np.ndarray:
     """``np.asarray(data)``, with NumPy's refusals (ragged lists, ...) as DTypeError."""
     try:
@@ -222,6 +240,7 @@ class Buffer:
             raise ShapeError(f"reshape: cannot view buffer {list(self.shape)} ({self.size} "
                              f"elements) as {asked}; the new shape must hold {self.size} "
                              "elements")
+        check_extent(tuple(dims), "reshape")
         view = self._view(array.reshape(dims))
         self._executor._register(view)  # close() ends views too
         return view

@@ -10,7 +10,7 @@ Values are read at call time, so tests and users can change the environment at r
 | ``HOLOGRAM_CACHE_DIR`` | on-disk program cache | ``$XDG_CACHE_HOME/hologram`` |
 | ``HOLOGRAM_DISABLE_DISK_CACHE`` | ``1`` keeps compiled programs in memory only | ``0`` |
 | ``HOLOGRAM_CACHE_SIZE`` | entries kept in the in-memory LRU | ``512`` |
-| ``HOLOGRAM_DUMP_DIR`` | if set, every pass writes its output program here | unset |
+| ``HOLOGRAM_DUMP_DIR`` | if set, each pass writes its output here (created if missing) | unset |
 | ``HOLOGRAM_FAST_MATH`` | ``1`` allows rewrites that are not exact under IEEE 754 | ``0`` |
 | ``HOLOGRAM_BENCH_QUICK`` | ``1`` makes benchmarks use small sizes | ``0`` |
 | ``HOLOGRAM_CPU_TARGET`` | CPU the cpu backend compiles for (``x86-64-v3``, ...) | ``host`` |

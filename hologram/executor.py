@@ -21,7 +21,7 @@ import weakref
 import numpy as np
 
 from hologram.backend import validate_backend
-from hologram.buffer import Buffer, _asarray, as_dtype, as_shape
+from hologram.buffer import Buffer, _asarray, as_dtype, as_shape, check_extent
 from hologram.errors import DTypeError, InvalidBufferError, OutOfMemoryError, ShapeError
 from hologram.runtime.pool import Pool
 
@@ -143,7 +143,9 @@ class Executor:
         """Uninitialized pool memory for an op output or a new buffer."""
         self._check_open("allocate")
         nbytes = math.prod(shape) * dtype.itemsize
-        if nbytes > 1 << 50:
+        if not nbytes:  # an empty shape may still have extents no array can address
+            check_extent(shape, "allocate")
+        elif nbytes > 1 << 50:
             raise OutOfMemoryError(f"allocate: {list(shape)} {dtype} needs {nbytes} bytes, "
                                    "beyond any machine's memory; allocate a smaller buffer")
         try:

@@ -124,6 +124,20 @@ def _broadcast(shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
                          "to compatible shapes") from None
 
 
+def _reduced_axes(kind: str, x: Tensor, axes: int | tuple[int, ...] | None) -> tuple[int, ...]:
+    """``axes`` of a reduction as sorted non-negative dimensions; None and ``()`` are all
+    of them (PyTorch's rule for ``sum``, ``mean``, ``amax`` and ``amin``). A 0-d tensor
+    accepts axis 0 and -1, as in PyTorch."""
+    axes = (axes,) if isinstance(axes, int) else tuple(axes or ())
+    rank = max(x.ndim, 1)
+    if not all(-rank <= a < rank for a in axes):
+        raise ShapeError(f"reduce {kind}: axes {list(axes)} out of range for shape "
+                         f"{list(x.shape)}; each must be in [{-rank}, {rank - 1}]")
+    if not axes or not x.ndim:
+        return tuple(range(x.ndim))
+    return tuple(sorted({a % x.ndim for a in axes}))
+
+
 class Graph:
     def __init__(self, name: str = "main"):
         self.builder = ProgramBuilder(name)
@@ -221,13 +235,13 @@ class Graph:
 
     def reduce(self, kind: str, x: Tensor, axes: int | tuple[int, ...] | None = None,
                keepdim: bool = False) -> Tensor:
-        """Reduce over ``axes`` (default: all). The reduced dimensions become the kernel's
-        trailing loop dimensions, so the kept ones can form its parallel grid."""
-        axes = tuple(range(x.ndim)) if axes is None else (axes,) if isinstance(axes, int) else axes
-        try:
-            axes = tuple(sorted({a % x.ndim for a in axes}))
-        except ZeroDivisionError:
-            raise ShapeError(f"reduce {kind}: a 0-d tensor has no axis {axes}") from None
+        """Reduce over ``axes``: an int or a tuple; None or ``()`` reduce every dimension,
+        as ``torch.sum(x, dim=())`` does. A 0-d tensor is one element (its ``argmax`` is
+        0). The reduced dimensions become the kernel's trailing loop dimensions, so the
+        kept ones can form its parallel grid."""
+        axes = _reduced_axes(kind, x, axes)
+        if kind in ("argmax", "argmin") and not x.ndim:  # the ISA needs an axis to count
+            return self.reduce(kind, x.reshape(1), 0)
         kept = [d for d in range(x.ndim) if d not in axes]
         order = kept + list(axes)
         k = self.builder.kernel(tuple(x.shape[d] for d in order))
@@ -247,7 +261,7 @@ class Graph:
         return self.reduce("max", x, axes, keepdim)
 
     def mean(self, x: Tensor, axes=None, keepdim=False) -> Tensor:
-        axes = tuple(range(x.ndim)) if axes is None else (axes,) if isinstance(axes, int) else axes
+        axes = _reduced_axes("mean", x, axes)
         count = math.prod(x.shape[a] for a in axes)
         return self.reduce("sum", x, axes, keepdim) / count  # 0/0 gives NaN, as in NumPy
 

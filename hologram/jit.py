@@ -6,6 +6,8 @@
 
     y = fused(a, b, c)                         # traced and compiled on the first call
 
+Arguments may be passed by position or by keyword, as to the function itself (they are
+bound to its parameters, so ``fused(a, b, c=c)`` and ``fused(a, b, c)`` are one signature).
 The first call with a new signature (each buffer argument's shape and dtype, the executor's
 backend, and the values of every other argument) runs the function once on placeholders
 (:class:`Traced`): each ``hg.ops`` call, and each operator on a placeholder, adds its
@@ -14,7 +16,8 @@ program, which the compiler canonicalizes and fuses, and the backend compiles; l
 with the same signature only allocate the outputs and launch it.
 
 Rules, as in other tracing JITs: the function must be pure in its buffer arguments (an
-``out=`` buffer cannot be written while tracing; return results instead); it may return a
+``out=`` buffer cannot be written while tracing, nor can ``fill``, ``copy_from`` or
+``from_numpy`` change a buffer in place; return results instead); it may return a
 buffer or a tuple or list of buffers; non-buffer arguments are compile-time constants (a
 new value traces again); values cannot be read (``to_numpy``) while tracing; buffers that
 are not arguments cannot be captured.
@@ -23,6 +26,7 @@ are not arguments cannot be captured.
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import threading
 from collections.abc import Callable
@@ -80,6 +84,15 @@ class Traced:
 
     __array__ = numpy = to_numpy
 
+    def fill(self, value, *args, **kwargs):
+        raise in_place_error("fill", self)
+
+    def copy_from(self, other, *args, **kwargs):
+        raise in_place_error("copy_from", self)
+
+    def from_numpy(self, data, *args, **kwargs):
+        raise in_place_error("from_numpy", self)
+
     def __repr__(self) -> str:
         return f"<hologram traced value shape={list(self.shape)} dtype={self.dtype}>"
 
@@ -96,6 +109,16 @@ class Traced:
     def __matmul__(self, o): return ops.matmul(self, o)
     def __neg__(self): return ops.vector_neg(self)
     def __abs__(self): return ops.vector_abs(self)
+
+
+def in_place_error(op: str, x: Traced) -> HologramError:
+    """The error for an in-place write (``fill``, ``copy_from``, ...) of a traced value."""
+    return HologramError(
+        f"{op}: writes buffer {list(x.shape)} {x.dtype} in place, which hg.jit does not "
+        "support: a jitted function computes new buffers and never changes its arguments. "
+        "Fill or copy into the buffer before calling the function (buf.fill(v); f(buf)), "
+        "or use the value itself inside it (Python numbers broadcast in every op: x + 1.5, "
+        "hg.ops.vector_max(x, 0.0)) and return the result")
 
 
 @dataclass(eq=False)
@@ -144,17 +167,24 @@ class JitFunction:
         self.fn = fn
         self._entries: dict[tuple, _Entry] = {}
         self._lock = threading.Lock()
+        self._parameters: inspect.Signature | None = None
 
-    def __call__(self, *args):
+    def __call__(self, *args, **kwargs):
         from hologram.buffer import Buffer
 
-        if any(type(a) is Traced for a in args):  # called while tracing another function:
-            return self.fn(*args)                  # inline it into that trace
-        ex, key = self._signature(args)
+        if kwargs:
+            if any(type(a) is Traced for a in (*args, *kwargs.values())):
+                return self.fn(*args, **kwargs)  # inlined into the trace of another function
+            args, names = self._bind(args, kwargs)
+        elif any(type(a) is Traced for a in args):  # called while tracing another function:
+            return self.fn(*args)                    # inline it into that trace
+        else:
+            names = ()
+        ex, key = self._signature(args, names)
         entry = self._entries.get(key)
         if entry is None:
             with self._lock:
-                entry = self._entries.get(key) or self._compile(args, ex, key)
+                entry = self._entries.get(key) or self._compile(args, names, ex, key)
         buffers = [a for a in args if type(a) is Buffer]
         outs = [ex._wrap(ex._new(shape, dtype)) for shape, dtype in entry.outputs]
         if all(o.size == 0 for o in outs):
@@ -167,16 +197,34 @@ class JitFunction:
             return outs[0]
         return tuple(outs) if entry.structure == "tuple" else outs
 
-    def trace(self, *args) -> Program:
-        """The Atlas program this function traces to for ``args`` (before compilation)."""
-        ex, _ = self._signature(args)
-        return self._trace(args, ex)[0]
+    def trace(self, *args, **kwargs) -> Program:
+        """The Atlas program this function traces to for these arguments (before
+        compilation)."""
+        args, names = self._bind(args, kwargs) if kwargs else (args, ())
+        ex, _ = self._signature(args, names)
+        return self._trace(args, names, ex)[0]
 
-    def _signature(self, args: tuple):
+    def _bind(self, args: tuple, kwargs: dict) -> tuple[tuple, tuple[str, ...]]:
+        """The arguments bound to the function's parameters as it would bind them: every
+        value in order, and the keyword names of the trailing ones (as in a vectorcall).
+        An argument that could be positional becomes positional, so a call by keyword
+        shares the compiled program of the same call by position."""
+        if self._parameters is None:
+            try:
+                self._parameters = inspect.signature(self.fn)
+            except (TypeError, ValueError):  # no signature to read: pass keywords through
+                return (*args, *kwargs.values()), tuple(kwargs)
+        try:
+            bound = self._parameters.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise TypeError(f"{self.__name__}(): {exc}") from None
+        return (*bound.args, *bound.kwargs.values()), tuple(bound.kwargs)
+
+    def _signature(self, args: tuple, names: tuple[str, ...]):
         from hologram.buffer import Buffer
 
         ex = None
-        key = []
+        key = [names]
         for a in args:
             if type(a) is Buffer:
                 if a._array is None:
@@ -199,7 +247,7 @@ class JitFunction:
             raise HologramError(f"{self.__name__}: hg.jit functions take at least one buffer")
         return ex, (ex.backend, *key)
 
-    def _trace(self, args: tuple, ex) -> tuple[Program, str]:
+    def _trace(self, args: tuple, names: tuple[str, ...], ex) -> tuple[Program, str]:
         from hologram.buffer import Buffer
 
         g = Graph(getattr(self.fn, "__name__", "jit").replace("<", "").replace(">", ""))
@@ -208,7 +256,8 @@ class JitFunction:
             Traced(g.input(f"arg{i}", dt.dtype(a.dtype), a.shape), trace)
             if type(a) is Buffer else a for i, a in enumerate(args)
         ]
-        result = self.fn(*placeholders)
+        split = len(placeholders) - len(names)
+        result = self.fn(*placeholders[:split], **dict(zip(names, placeholders[split:])))
         structure = "tuple" if isinstance(result, tuple) else "list" if isinstance(
             result, list) else "one"
         results = result if structure != "one" else [result]
@@ -221,10 +270,10 @@ class JitFunction:
             g.output(f"out{i}", r.tensor)
         return g.program(), structure
 
-    def _compile(self, args: tuple, ex, key: tuple) -> _Entry:
+    def _compile(self, args: tuple, names: tuple[str, ...], ex, key: tuple) -> _Entry:
         import hologram
 
-        program, structure = self._trace(args, ex)
+        program, structure = self._trace(args, names, ex)
         compiled = hologram.compile(program, ex.backend)
         outputs = tuple((p.shape, p.dtype.storage) for p in program.params if p.kind == "out")
         entry = _Entry(compiled, getattr(compiled._run, "by_address", None), outputs, structure)

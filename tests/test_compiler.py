@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 from util import execute, inputs_for, same_bits
 
+from hologram import backends
 from hologram.compiler import CompileOptions, canonicalize, pipeline
 from hologram.compiler.schedule import grid_rank
-from hologram.errors import CompileError
+from hologram.errors import CompileError, ShapeError
 from hologram.graph import Graph
 from hologram.isa import dtypes as dt
 from hologram.isa.builder import ProgramBuilder
@@ -493,3 +494,85 @@ def test_fusion_does_not_nest_reductions():
     assert not any(_nests_reductions(k) for k in q.kernels)
     inputs = [inputs_for(p)[0], np.arange(16, dtype=np.int64) % 10]
     assert same_bits(execute(p, inputs)[0], execute(q, inputs)[0])
+
+
+# --- HOLOGRAM_DUMP_DIR that is missing or not a directory (issue 16, part 6) ------------
+def test_dump_dir_is_created_with_its_parents(tmp_path, monkeypatch):
+    target = tmp_path / "missing" / "nested" / "dumps"
+    monkeypatch.setenv("HOLOGRAM_DUMP_DIR", str(target))
+    pipeline.run(_graph(relu_mad))
+    assert len(list(target.iterdir())) == len(pipeline.PIPELINE)
+
+
+@pytest.mark.parametrize("where", ["file", "under_file"])
+def test_dump_dir_that_cannot_be_a_directory_is_one_clear_error(tmp_path, monkeypatch, where):
+    import hologram
+    from hologram.errors import HologramError
+
+    blocker = tmp_path / "dumps"
+    blocker.write_text("not a directory")
+    target = blocker if where == "file" else blocker / "sub"
+    monkeypatch.setenv("HOLOGRAM_DUMP_DIR", str(target))
+    messages = set()
+    for build in (relu_mad, softmax, relu_mad):  # every compile: the same error, raised
+        with pytest.raises(HologramError) as info:  # before any stage runs
+            pipeline.run(_graph(build))
+        assert not isinstance(info.value, OSError)
+        messages.add(str(info.value))
+    (message,) = messages
+    assert "HOLOGRAM_DUMP_DIR" in message and repr(str(target)) in message
+    assert "is a file" in message and "unset it" in message
+    g = Graph(f"dump_dir_{where}")  # a program no other test compiled (no memo hit)
+    x = g.input("x", "f32", (3,))
+    g.output("y", x * x)
+    with pytest.raises(HologramError, match="HOLOGRAM_DUMP_DIR"):
+        hologram.compile(g.program(), "interp")
+    assert blocker.read_text() == "not a directory"
+
+
+def test_dump_file_names_are_safe_for_any_program_name(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOLOGRAM_DUMP_DIR", str(tmp_path))
+    g = Graph("a/b c<lambda>")
+    x = g.input("x", "f32", (4,))
+    g.output("y", x + x)
+    pipeline.run(g.program())
+    files = sorted(f.name for f in tmp_path.iterdir())
+    assert files[0] == "a_b_c_lambda_.00.verify.atlas" and len(files) == len(pipeline.PIPELINE)
+
+
+# --- graph reductions over () and of 0-d tensors, as PyTorch (issue 16, part 6) ---------
+@pytest.mark.parametrize("backend", backends.available())
+def test_graph_reductions_over_no_axes_and_of_0d_tensors_follow_torch(backend):
+    import hologram
+
+    torch = pytest.importorskip("torch")
+    g = Graph("reduce_edges")
+    x = g.input("x", "f32", (2, 3))
+    s = g.input("s", "f32", ())
+    cases = {  # graph result, and what torch computes for it
+        "sum_none": (g.reduce("sum", x, ()), lambda t, u: torch.sum(t, dim=())),
+        "sum_none_keep": (g.reduce("sum", x, (), keepdim=True),
+                          lambda t, u: torch.sum(t, dim=(), keepdim=True)),
+        "max_none": (g.reduce("max", x, ()), lambda t, u: torch.amax(t, dim=())),
+        "min_none": (g.reduce("min", x, ()), lambda t, u: torch.amin(t, dim=())),
+        "mean_none": (g.mean(x, ()), lambda t, u: torch.mean(t, dim=())),
+        "argmax_all": (g.reduce("argmax", x), lambda t, u: torch.argmax(t)),
+        "argmax_0d": (g.reduce("argmax", s), lambda t, u: torch.argmax(u)),
+        "argmin_0d": (g.reduce("argmin", s, ()), lambda t, u: torch.argmin(u)),
+        "argmax_0d_dim": (g.reduce("argmax", s, 0), lambda t, u: torch.argmax(u, 0)),
+        "sum_0d": (g.reduce("sum", s, -1), lambda t, u: torch.sum(u, -1)),
+        "max_0d": (g.reduce("max", s), lambda t, u: torch.amax(u)),
+    }
+    for name, (value, _) in cases.items():
+        g.output(name, value)
+    xv = np.array([[1.0, 5.0, 2.0], [7.0, 0.0, 3.0]], np.float32)
+    sv = np.array(-4.5, np.float32)
+    results = hologram.compile(g.program(), backend)(xv, sv)
+    for (name, (_, reference)), got in zip(cases.items(), results):
+        want = reference(torch.from_numpy(xv), torch.from_numpy(sv)).numpy()
+        assert got.shape == want.shape and got.dtype == want.dtype, (name, got, want)
+        np.testing.assert_array_equal(got, want, err_msg=name)
+    with pytest.raises(ShapeError, match="out of range"):
+        g.reduce("sum", x, 2)
+    with pytest.raises(ShapeError, match="out of range"):
+        g.reduce("sum", s, 1)

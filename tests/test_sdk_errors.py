@@ -442,3 +442,37 @@ def test_hostile_calls_do_not_crash_the_process(tmp_path):
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     assert proc.stdout.rstrip().endswith("DONE"), proc.stdout + proc.stderr
     assert "UNEXPECTED 0" in proc.stdout, proc.stdout
+
+
+# --- empty shapes with extents no array can address (issue 16, part 6) -------------------
+
+@pytest.mark.parametrize("shape", [(2**62, 2**62, 0), (0, 2**62, 4), (2**60, 0)])
+def test_empty_shapes_with_unaddressable_extents(ex, shape):
+    for make in (ex.allocate, ex.empty):
+        with pytest.raises(ShapeError) as info:
+            make(shape)
+        explains(info, ShapeError, "allocate", str(list(shape)))
+    empty = ex.allocate(0)
+    with pytest.raises(ShapeError) as info:
+        empty.reshape(shape)
+    explains(info, ShapeError, "reshape", str(list(shape)))
+    assert ex.memory_stats()["allocated_bytes"] == 0
+
+
+def test_torch_refuses_unaddressable_empty_shapes_too():
+    torch = pytest.importorskip("torch")
+    with pytest.raises(RuntimeError, match="overflow"):
+        torch.empty(2**62, 2**62, 0)
+
+
+@pytest.mark.parametrize("backend", hg.backend.list_available_backends())
+def test_empty_shapes_with_large_extents_work(backend):
+    with hg.Executor(backend) as ex:
+        wide = ex.allocate((2**60 - 1, 0))  # the largest extents an empty buffer may have
+        tall = ex.allocate((0, 2**60 - 1))
+        assert wide.size == 0 and wide.nbytes == 0
+        assert ops.vector_add(wide, wide).shape == (2**60 - 1, 0)
+        assert float(ops.sum(wide).to_numpy()) == 0.0
+        assert ops.sum(tall, dim=1).shape == (0,)
+        assert ops.softmax(wide).shape == (2**60 - 1, 0)
+        assert ex.allocate(0).reshape(2**60 - 1, 0).shape == (2**60 - 1, 0)

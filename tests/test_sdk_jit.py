@@ -373,3 +373,81 @@ def test_empty_results(ex):
     same(t, np.zeros(3, np.float32))
     s, = hg.jit(lambda x: (ops.softmax(x, dim=1),))(ex.allocate((3, 0)))
     assert s.shape == (3, 0)
+
+
+# --- keyword arguments and in-place writes (issue 16, part 6) ---------------------------
+
+def test_keyword_arguments_bind_like_the_function(ex):
+    counted = Counter(lambda a, b, scale=2.0: a * scale + b)
+
+    def f(a, b, scale=2.0):
+        return counted(a, b, scale)
+
+    fused = hg.jit(f)
+    a, b = ex.from_numpy(rand(6, seed=1)), ex.from_numpy(rand(6, seed=2))
+    want = a.to_numpy() * 2 + b.to_numpy()
+    same(fused(a, b=b), want)
+    same(fused(b=b, a=a), want)
+    same(fused(a, b), want)
+    assert counted.calls == 1  # by keyword or by position: one signature
+    same(fused(a, b, scale=3.0), a.to_numpy() * 3 + b.to_numpy())
+    assert counted.calls == 2  # a keyword constant is part of the signature like any other
+    with pytest.raises(TypeError, match=r"f\(\).*'b'"):
+        fused(a, c=b)
+    with pytest.raises(TypeError, match=r"f\(\)"):
+        fused(a, b, a=a)
+
+
+def test_keyword_only_and_var_keyword_arguments(ex):
+    @hg.jit
+    def shifted(x, *, shift, scale=1.0):
+        return x * scale + shift
+
+    a = ex.from_numpy(rand(5, seed=3))
+    same(shifted(a, shift=1.5), a.to_numpy() + 1.5)
+    same(shifted(a, scale=2.0, shift=0.5), a.to_numpy() * 2 + 0.5)
+    with pytest.raises(TypeError, match="shift"):
+        shifted(a)
+
+    @hg.jit
+    def doubled(**buffers):
+        return tuple(v * 2.0 for v in buffers.values())
+
+    b = ex.from_numpy(rand(5, seed=4))
+    x, y = doubled(first=a, second=b)
+    same(x, a.to_numpy() * 2)
+    same(y, b.to_numpy() * 2)
+    y, x = doubled(second=b, first=a)  # results in the call's order, as eagerly
+    same(x, a.to_numpy() * 2)
+    same(y, b.to_numpy() * 2)
+    program = doubled.trace(first=a, second=b)
+    assert len(program.params) == 4
+
+
+def test_keyword_arguments_inside_another_trace(ex):
+    inner = hg.jit(lambda x, y, *, k=1.0: x * k + y)
+    outer = hg.jit(lambda a, b: inner(a, y=b, k=3.0))
+    a, b = ex.from_numpy(rand(7, seed=5)), ex.from_numpy(rand(7, seed=6))
+    same(outer(a, b), a.to_numpy() * 3 + b.to_numpy())
+    assert kernels(outer.trace(a, b)) == 1
+
+
+@pytest.mark.parametrize("write", [
+    lambda x: x.fill(1.0),
+    lambda x: ops.fill(x, 1.0),
+    lambda x: x.copy_from(x),
+    lambda x: x.from_numpy(np.zeros(5, np.float32)),
+])
+def test_in_place_writes_inside_jit_explain_what_to_do(ex, write):
+    def f(x):
+        write(x)
+        return x + 1
+
+    a = ex.from_numpy(rand(5, seed=7))
+    with pytest.raises(HologramError) as info:
+        hg.jit(f)(a)
+    message = str(info.value)
+    for part in ("in place", "hg.jit", "[5] float32", "before calling the function",
+                 "Python numbers"):
+        assert part in message, (part, message)
+    assert not isinstance(info.value, AttributeError)

@@ -1188,3 +1188,57 @@ def test_buffer_operators(ex):
     check(i + 1, np.arange(5, dtype=np.int32) + 1)
     check(i * 0.5, (np.arange(5) * 0.5).astype(np.float32))
     check(i / 2, (np.arange(5) / 2).astype(np.float32))
+
+
+@pytest.mark.parametrize("kind", list(RED))
+@pytest.mark.parametrize("shape", [(), (7,), (4, 5), (2, 0, 3)])
+def test_reductions_over_an_empty_dim_tuple_reduce_everything_as_torch(ex, kind, shape):
+    # torch.sum/amax/amin/mean(x, dim=()) reduce every dimension (torch 2.13), unlike
+    # any/all, whose dim=() reduces none; these ops follow sum.
+    if kind in ("min", "max") and 0 in shape:
+        return  # no identity: an error, tested elsewhere
+    x = rand(shape, np.float32, 2)
+    for dim in ((), []):
+        for keepdim in (False, True):
+            want = RED[kind](T(x), dim, keepdim)
+            assert want.shape == ((1,) * len(shape) if keepdim else ())
+            for name in ALIASES[kind]:
+                check(getattr(ops, name)(ex.from_numpy(x), dim=dim, keepdim=keepdim), want,
+                      rtol=1e-5, atol=1e-5)
+
+
+# --- the sign of zero in min, max, relu and clip (issue 16, part 8) ----------------------
+# One rule, the ISA's (IEEE 754-2019 maximum/minimum): -0.0 orders below +0.0 in either
+# operand order, NaN propagates. So relu(-0.0) is +0.0 (PyTorch's CPU kernels give -0.0;
+# the torch device reproduces PyTorch, the SDK does not: see docs/sdk.md).
+
+@pytest.mark.parametrize("n", [1, 1000])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_min_max_relu_clip_order_signed_zeros_in_either_order(ex, dtype, n):
+    neg, pos = np.full(n, -0.0, dtype), np.zeros(n, dtype)
+    N, P = ex.from_numpy(neg), ex.from_numpy(pos)
+
+    def signs(buf):
+        got = buf.to_numpy()
+        assert (got == 0).all()
+        return set(np.signbit(got).tolist())
+
+    for a, b in ((N, P), (P, N)):
+        assert signs(ops.vector_max(a, b)) == {False}
+        assert signs(ops.vector_min(a, b)) == {True}
+    assert signs(ops.vector_max(N, N)) == {True} and signs(ops.vector_min(P, P)) == {False}
+    for s in (0.0, -0.0):
+        sign = {bool(np.signbit(s))}
+        assert signs(ops.vector_max(N, s)) == signs(ops.vector_max(s, N)) == sign
+        assert signs(ops.vector_min(P, s)) == signs(ops.vector_min(s, P)) == sign
+    assert signs(ops.relu(N)) == signs(ops.vector_relu(N)) == {False}
+    assert signs(ops.clip(N, 0.0, 1.0)) == {False}
+    assert signs(ops.clip(P, -1.0, -0.0)) == {True}
+    fused = hg.jit(lambda a, b: (ops.vector_max(a, b), ops.vector_min(b, a), ops.relu(a)))
+    mx, mn, r = fused(N, P)
+    assert signs(mx) == {False} and signs(mn) == {True} and signs(r) == {False}
+    nan = ex.from_numpy(np.full(n, np.nan, dtype))
+    for a, b in ((nan, N), (P, nan)):
+        assert np.isnan(ops.vector_max(a, b).to_numpy()).all()
+        assert np.isnan(ops.vector_min(a, b).to_numpy()).all()
+    assert np.isnan(ops.relu(nan).to_numpy()).all()

@@ -224,3 +224,132 @@ def test_remembered_kernels_keep_signatures_apart():
                 same(gelu(dev(y), approximate="tanh"), gelu(y, approximate="tanh"),
                      (1e-5, 1e-6))
     assert ("exp", (), torch.int64, torch.Size([4, 5]), (5, 1)) in program.shortcuts
+
+
+# --- the sign of zero in max/min-like ops, bit for bit with PyTorch CPU (issue 16, part 8)
+# PyTorch's CPU rule, observed in torch 2.13 (AVX2 build): its scalar kernels compute
+# std::max/std::min, which give the *first* operand on a tie, so maximum(-0.0, +0.0) is
+# -0.0 and maximum(+0.0, -0.0) is +0.0; NaN if either operand is NaN. Ops with number
+# bounds (clamp, clamp_min/max, hardtanh, relu6, relu, _foreach_maximum.Scalar) follow
+# it at every size. Tensor-tensor maximum/minimum/clamp/_foreach_maximum.List follow it
+# in their scalar code (0-d tensors, short and strided tensors, the tail of a long one),
+# while their vectorized code (blocks of 2 SIMD vectors of a contiguous tensor) gives the
+# *second* operand on a tie. The device applies the scalar rule everywhere: bit for bit
+# with PyTorch wherever PyTorch itself is consistent. (No f16: see test_interp.py.)
+SIGNED = (torch.float32, torch.float64, torch.bfloat16)
+
+
+def same_bits(actual, expected):
+    assert actual.device.type == "hologram"
+    actual = actual.cpu()
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    nan = torch.isnan(expected)
+    assert torch.equal(torch.isnan(actual), nan)
+    assert torch.equal(actual[~nan], expected[~nan])
+    assert torch.equal(torch.signbit(actual[~nan]), torch.signbit(expected[~nan]))
+
+
+def zero_pairs(n, dtype, strided=False):
+    """``a`` and ``b`` (n elements, or 0-d for n=None) cycling through the signed-zero
+    ties in both orders and NaN in either position."""
+    pairs = [(-0.0, 0.0), (0.0, -0.0), (-0.0, -0.0), (0.0, 0.0), (float("nan"), -0.0),
+             (0.0, float("nan")), (-0.0, 1.0), (-1.0, 0.0)]
+    count = 1 if n is None else n
+    a = torch.tensor([pairs[i % len(pairs)][0] for i in range(count)], dtype=dtype)
+    b = torch.tensor([pairs[i % len(pairs)][1] for i in range(count)], dtype=dtype)
+    if n is None:
+        return a[0].clone(), b[0].clone()
+    if strided:  # every other element of a twice-as-long tensor
+        return (torch.stack([a, a]).T.reshape(-1)[::2], torch.stack([b, b]).T.reshape(-1)[::2])
+    return a, b
+
+
+NUMBER_BOUNDS = {  # f(x, bound): PyTorch gives x on a tie at every size
+    "clamp_min": lambda x, s: torch.clamp(x, min=s),
+    "clamp_max": lambda x, s: torch.clamp(x, max=s),
+    "clamp_both": lambda x, s: torch.clamp(x, s, s),
+    "clamp_min_fn": lambda x, s: torch.clamp_min(x, s),
+    "clamp_max_fn": lambda x, s: torch.clamp_max(x, s),
+    "clamp_": lambda x, s: x.clone().clamp_(min=s),
+    "hardtanh": lambda x, s: torch.nn.functional.hardtanh(x, s, 1.0),
+    "hardtanh_hi": lambda x, s: torch.nn.functional.hardtanh(x, -1.0, s),
+    "relu": lambda x, s: torch.relu(x),
+    "relu_": lambda x, s: x.clone().relu_(),
+    "relu6": lambda x, s: torch.nn.functional.relu6(x),
+    "leaky_relu": lambda x, s: torch.nn.functional.leaky_relu(x),
+    "foreach_maximum": lambda x, s: torch._foreach_maximum([x], s)[0],
+}
+
+
+@pytest.mark.parametrize("dtype", SIGNED)
+@pytest.mark.parametrize("name", sorted(NUMBER_BOUNDS))
+def test_signed_zero_ties_with_number_bounds_match_torch(name, dtype):
+    f = NUMBER_BOUNDS[name]
+    for n in (None, 1, 1000):
+        x, _ = zero_pairs(n, dtype)
+        for bound in (0.0, -0.0, float("nan")):  # a NaN bound: NaN, as in torch
+            same_bits(f(dev(x), bound), f(x, bound))
+
+
+TENSOR_PAIRS = {  # f(a, b) of two tensors
+    "maximum": torch.maximum,
+    "minimum": torch.minimum,
+    "max": torch.max,
+    "min": torch.min,
+    "clamp_min_": lambda a, b: a.clone().clamp_min_(b),
+    "maximum_out": lambda a, b: torch.maximum(a, b, out=torch.empty_like(a)),
+    "clamp_min_tensor": lambda a, b: torch.clamp(a, min=b),
+    "clamp_max_tensor": lambda a, b: torch.clamp(a, max=b),
+    "clamp_both_tensor": lambda a, b: torch.clamp(a, b, b),
+    "foreach_maximum": lambda a, b: torch._foreach_maximum([a], [b])[0],
+}
+
+
+@pytest.mark.parametrize("dtype", SIGNED)
+@pytest.mark.parametrize("name", sorted(TENSOR_PAIRS))
+def test_signed_zero_ties_of_two_tensors_match_torch_scalar_kernels(name, dtype):
+    f = TENSOR_PAIRS[name]
+    for n, strided in ((None, False), (1, False), (7, False), (1000, True)):
+        a, b = zero_pairs(n, dtype, strided)
+        for x, y in ((a, b), (b, a)):
+            same_bits(f(dev(x), dev(y)), f(x, y))
+    # Contiguous and long: where PyTorch's vectorized blocks give the second operand, the
+    # device keeps the rule above, the same result as for the strided layout.
+    a, b = zero_pairs(1000, dtype)
+    sa, sb = zero_pairs(1000, dtype, strided=True)
+    same_bits(f(dev(a), dev(b)), f(sa, sb).contiguous())
+
+
+def test_torch_maximum_of_signed_zero_scalars_is_the_first_operand():
+    # the case issue 16 reported: +0.0 on the device, -0.0 on the CPU
+    neg, pos = torch.tensor(-0.0), torch.tensor(0.0)
+    assert torch.signbit(torch.maximum(neg, pos)) and not torch.signbit(torch.maximum(pos, neg))
+    assert torch.signbit(torch.maximum(dev(neg), dev(pos)).cpu())
+    assert not torch.signbit(torch.maximum(dev(pos), dev(neg)).cpu())
+    assert torch.signbit(torch.relu(dev(neg)).cpu())
+
+
+def test_reductions_over_an_empty_dim_list_match_torch():
+    # torch 2.13: sum/amax/amin/mean over dim=() reduce every dimension, any/all reduce
+    # none (issue 16, part 6: the graph's reduce over () now means "all", as sum's)
+    x = sample((3, 4), torch.float32)
+    x[0, 1] = 0.0
+    for f in (lambda t: torch.sum(t, dim=()), lambda t: torch.amax(t, dim=()),
+              lambda t: torch.amin(t, dim=(), keepdim=True), lambda t: torch.mean(t, dim=[]),
+              lambda t: torch.any(t, dim=()), lambda t: torch.all(t, dim=(), keepdim=True),
+              lambda t: torch.all(t), lambda t: torch.argmax(t[1, 2]),
+              lambda t: torch.argmin(t[1, 2], 0, keepdim=True)):
+        same(f(dev(x)), f(x))
+
+
+def test_layer_norm_backward_over_every_dimension():
+    # no leading dimensions: weight and bias gradients are not reduced at all
+    x = sample((6,), torch.float32, edge=False).requires_grad_()
+    w = sample((6,), torch.float32, edge=False, seed=1).requires_grad_()
+    b = sample((6,), torch.float32, edge=False, seed=2).requires_grad_()
+    g = sample((6,), torch.float32, edge=False, seed=3)
+    d = [dev(t.detach()).requires_grad_() for t in (x, w, b)]
+    torch.nn.functional.layer_norm(x, (6,), w, b).backward(g)
+    torch.nn.functional.layer_norm(d[0], (6,), d[1], d[2]).backward(dev(g))
+    for got, want in zip(d, (x, w, b)):
+        same(got.grad, want.grad, (1e-5, 1e-6))

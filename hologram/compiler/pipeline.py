@@ -1,7 +1,9 @@
 """The pass pipeline: one ordered list of named, pure ``Program -> Program`` stages.
 
 With ``HOLOGRAM_DUMP_DIR`` set, every stage writes its output program there as
-``<program>.<NN>.<stage>.atlas`` (the text form, which parses back).
+``<program>.<NN>.<stage>.atlas`` (the text form, which parses back). The directory is
+created (parents too) when missing; a path that names a file or cannot be written stops
+the compile with one :class:`~hologram.errors.HologramError` naming the variable.
 
 The cache key is taken after the ``canonicalize`` stage (:data:`KEY_STAGE`): two
 spellings of one computation meet there, so everything after it is done once per
@@ -10,7 +12,9 @@ canonical program and backend.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+from pathlib import Path
 
 from hologram import config
 from hologram.compiler.canonicalize import canonicalize
@@ -49,7 +53,7 @@ def run(program: Program, options: CompileOptions | None = None,
     names = [name for name, _ in PIPELINE]
     first = names.index(start) if start else 0
     last = names.index(stop) if stop else len(names) - 1
-    dump_dir = config.get().dump_dir
+    dump_dir = _dump_dir()
     for index in range(first, last + 1):
         name, stage = PIPELINE[index]
         try:
@@ -60,9 +64,43 @@ def run(program: Program, options: CompileOptions | None = None,
             raise CompileError(f"pass {name!r} failed on program {program.name}: {err!r}",
                                source=str(program)) from err
         if dump_dir is not None:
-            dump_dir.mkdir(parents=True, exist_ok=True)
-            (dump_dir / f"{program.name}.{index:02d}.{name}.atlas").write_text(str(program))
+            _dump(dump_dir, f"{_file_name(program.name)}.{index:02d}.{name}.atlas", program)
     return program
+
+
+def _dump_dir() -> Path | None:
+    """``HOLOGRAM_DUMP_DIR``, created if missing; checked before any stage runs, so a bad
+    setting fails a compile once, with one error, not midway through the stages."""
+    path = config.get().dump_dir
+    if path is not None:
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise _dump_error(path, err) from None
+    return path
+
+
+def _dump(path: Path, name: str, program: Program) -> None:
+    try:
+        (path / name).write_text(str(program))
+    except OSError as err:
+        raise _dump_error(path, err) from None
+
+
+def _dump_error(path: Path, err: OSError) -> HologramError:
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        why = "it is a file" if existing == path else f"{str(existing)!r} is a file"
+    else:
+        why = err.strerror or str(err)
+    return HologramError(f"HOLOGRAM_DUMP_DIR={str(path)!r} cannot hold the compiler's stage "
+                         f"dumps: {why}; set it to a directory (a missing one is created, "
+                         "parents too) or unset it")
+
+
+def _file_name(name: str) -> str:
+    """A program name as a file name (a jit function's name may hold any character)."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name) or "program"
 
 
 def canonical_form(program: Program, options: CompileOptions | None = None) -> Program:

@@ -6,10 +6,10 @@ from collections.abc import Callable
 
 from hologram import functional as F
 from hologram.buffer import Buffer
-from hologram.errors import DTypeError, HologramError, ShapeError
+from hologram.errors import DTypeError, ShapeError
 from hologram.executor import Executor
 from hologram.graph import Graph, Tensor
-from hologram.jit import Traced
+from hologram.jit import Traced, in_place_error
 from hologram.ops.dispatch import (
     Op,
     Scalar,
@@ -216,8 +216,7 @@ def fill(*args, n: int | None = None):
     buf, value = args[0], args[1]
     n = args[2] if len(args) == 3 else n
     if type(buf) is Traced:
-        raise HologramError("fill: writes its buffer in place, which hg.jit cannot trace; "
-                            "compute the values (e.g. x * 0 + value) and return them")
+        raise in_place_error("fill", buf)
     if type(buf) is not Buffer:
         raise DTypeError(f"fill: expected a hologram Buffer, got {type(buf).__name__}; wrap "
                          "arrays with ex.from_numpy(x) or hg.from_dlpack(x), or use "

@@ -39,7 +39,7 @@ def softmax(*args, out: Buffer | None = None, dim: int = -1):
 def _reduction(kind: str):
     def build(x: Tensor, axes, keepdim):
         g = x.graph
-        reduced = range(x.ndim) if axes is None else axes
+        reduced = axes or range(x.ndim)  # None and () reduce every dimension
         if kind in ("min", "max") and any(x.shape[d] == 0 for d in reduced):
             raise ShapeError(f"{kind} of an empty extent has no identity; reduce over "
                              "non-empty dimensions")
@@ -65,8 +65,9 @@ def _reducer(kind: str, name: str) -> Callable:
         return run(op, ex, (x,), out, n, (("axes", axes), ("keepdim", bool(keepdim))))
 
     call.__name__ = call.__qualname__ = name
-    call.__doc__ = (f"{kind} over ``dim`` (an int or a tuple; default: every element), "
-                    "keeping reduced dimensions as 1 when ``keepdim``.")
+    call.__doc__ = (f"{kind} over ``dim`` (an int or a tuple; None, the default, or ``()``: "
+                    "every element, as in torch.sum), keeping reduced dimensions as 1 when "
+                    "``keepdim``.")
     return call
 
 

@@ -244,10 +244,31 @@ _arithmetic("mul", _mul)
 _arithmetic("div", lambda g, a, b: a / b, floating=True)
 
 
+def torch_max(g, a, b):
+    """PyTorch's CPU maximum of two values: NaN if either is NaN, else the larger and, on a
+    tie, the first operand, so ``max(-0.0, +0.0)`` is -0.0 (``std::max`` in its scalar
+    kernels; clamp, relu6 and hardtanh with number bounds follow it at every size). The
+    ISA's ``max`` orders -0.0 below +0.0 in either order instead (docs/isa.md)."""
+    return _first_on_tie(g, a, b, g.maximum(a, b))
+
+
+def torch_min(g, a, b):
+    """PyTorch's CPU minimum of two values (see :func:`torch_max`)."""
+    return _first_on_tie(g, a, b, g.minimum(a, b))
+
+
+def _first_on_tie(g, a, b, extreme):
+    if not extreme.dtype.is_float:
+        return extreme  # equal integers are the same value
+    return g.where(g.binary("eq", a, b), a, extreme)
+
+
 def _minmax(name: str):
     # One function per op, made once: the builder is part of the compiled-kernel key.
+    pick = torch_max if name == "maximum" else torch_min
+
     def fn(g, a, b):
-        return g.binary(name[:3], a, b)
+        return pick(g, a, b)
 
     def functional(self, other):
         return _binary(name, fn, self, other)
@@ -465,9 +486,9 @@ def _clamp(g, x, *bounds_and_which):
     *bounds, which = bounds_and_which
     bounds = iter(bounds)
     if "min" in which:
-        x = g.maximum(x, next(bounds))
+        x = torch_max(g, x, next(bounds))
     if "max" in which:
-        x = g.minimum(x, next(bounds))
+        x = torch_min(g, x, next(bounds))
     return x
 
 
@@ -672,7 +693,7 @@ def _leaky_relu_backward(g, grad, x, slope):
 
 
 def _hardtanh(g, x, lo, hi):
-    return g.minimum(g.maximum(x, lo), hi)
+    return torch_min(g, torch_max(g, x, lo), hi)
 
 
 _activation("hardtanh", _hardtanh, ints=True, defaults=(-1, 1))

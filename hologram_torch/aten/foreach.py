@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from hologram_torch.aten.elementwise import _check_inplace, _float, _pointwise
+from hologram_torch.aten.elementwise import _check_inplace, _float, _pointwise, torch_max
 from hologram_torch.aten.program import cast
 from hologram_torch.aten.registry import native_or_cpu
 
@@ -102,7 +102,7 @@ def _div(g, x, y):
 
 
 def _maximum(g, x, y):
-    return g.maximum(x, cast(y, x.dtype))
+    return torch_max(g, x, cast(y, x.dtype))
 
 
 def _sqrt(g, x):

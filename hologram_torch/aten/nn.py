@@ -448,10 +448,14 @@ def _layer_norm_grad_build(g, grad, x, mean, rstd, weight, k, mask, dtypes):
         b = g.fma(db, mean, -ds) * rstd * rstd * rstd * (1.0 / count)
         c = -b * mean - db * rstd * (1.0 / count)
         results.append(cast(rstd * dy * cast(weight, acc) + b * xo + c, dtypes[0]))
+    # Over the leading dimensions; none when x is all normalized (() would reduce all).
+    def lead_sum(v):
+        return g.reduce("sum", v, lead) if lead else v
+
     if mask[1]:
-        results.append(cast(g.reduce("sum", dy * xhat, lead), dtypes[1]))
+        results.append(cast(lead_sum(dy * xhat), dtypes[1]))
     if mask[2]:
-        results.append(cast(g.reduce("sum", dy, lead), dtypes[2]))
+        results.append(cast(lead_sum(dy), dtypes[2]))
     return tuple(results)
 
 

@@ -175,9 +175,7 @@ def _arg_operand(g, x):
 
 
 def _arg_reduce(g, x, kind, axes, keepdim):
-    """argmax/argmin; a 0-d tensor is one element, at index 0 (the ISA needs an axis)."""
-    if x.ndim == 0:
-        return g.reduce(kind, _arg_operand(g, x).reshape(1), (0,))
+    """argmax/argmin (of a 0-d tensor: 0)."""
     return g.reduce(kind, _arg_operand(g, x), axes, keepdim)
 
 
@@ -306,9 +304,10 @@ __all__ = ["OPINFO", "linalg_vector_norm", "mean_all", "mean_dim", "mean_out", "
 # --- all / any ----------------------------------------------------------------------------
 
 def _truth_build(g, x, axes, keepdim, kind):
-    """all: min of the truth values; any: their max (NaN counts as true, as in torch)."""
+    """all: min of the truth values; any: their max (NaN counts as true, as in torch).
+    No axes: no reduction (torch's all/any over ``dim=()``)."""
     truth = x if x.dtype is dt.bool_ else g.binary("ne", x, 0)
-    return g.reduce(kind, truth, axes, keepdim)
+    return g.reduce(kind, truth, axes, keepdim) if axes else truth
 
 
 def _all_any(name: str, kind: str):
@@ -316,7 +315,8 @@ def _all_any(name: str, kind: str):
     The result is bool (torch returns uint8 for uint8 inputs: the fallback handles that)."""
 
     def reduce(x, dim=None, keepdim=False, *, out=None):
-        axes = _dims(x, dim)
+        # dim=() reduces nothing here, unlike sum's and amax's dim=() (torch 2.13)
+        axes = () if isinstance(dim, (list, tuple)) and not dim else _dims(x, dim)
         if axes is None or not program.supported(x) or x.dtype is torch.uint8 or (
                 out is not None and (out.dtype is not torch.bool
                                      or not _into(out, x, _reduced_shape(x, axes, keepdim)))):

@@ -59,6 +59,8 @@ def execute(program: Program, params: Sequence[np.ndarray]) -> None:
 
 def _indices(imap: IndexMap, shape: tuple[int, ...]) -> np.ndarray:
     """Flat element index of every point of ``shape``: offset + sum(i[d] * strides[d])."""
+    if 0 in shape:  # no points (an aranged other extent could be too large to allocate)
+        return np.empty(shape, dtype=np.int64)
     index = np.full((1,) * len(shape), imap.offset, dtype=np.int64)
     for d, (n, stride) in enumerate(zip(shape, imap.strides)):
         step = np.arange(n, dtype=np.int64) * stride
