@@ -24,6 +24,7 @@ from functools import cache
 import numpy as np
 import pytest
 from llvmlite import ir
+from util import map_kernel
 
 from hologram.backends.cpu import llvm, mathlib
 from hologram.backends.cpu.mathlib import FUNCTIONS
@@ -45,29 +46,8 @@ SINCOS_RANGE = {32: 2e5, 64: 1e14}  # |x| up to which the sin/cos bound holds
 
 # ------------------------------------------------------------------ building and calling
 def _loop(module: ir.Module, name: str, bits: int) -> str:
-    ty = TYPES[bits]
-    fn_math = mathlib.get(module, name, ty)
-    nin = 2 if name == "pow" else 1
-    ptr = ty.as_pointer()
-    i64 = ir.IntType(64)
     fname = f"loop_{name}_{bits}"
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [ptr] * (nin + 1) + [i64]), fname)
-    for arg in fn.args[:-1]:
-        arg.add_attribute("noalias")
-    entry, body, done = (fn.append_basic_block(n) for n in ("entry", "body", "done"))
-    b = ir.IRBuilder(entry)
-    n = fn.args[-1]
-    b.cbranch(b.icmp_signed(">", n, ir.Constant(i64, 0)), body, done)
-    b.position_at_end(body)
-    i = b.phi(i64)
-    i.add_incoming(ir.Constant(i64, 0), entry)
-    args = [b.load(b.gep(p, [i], inbounds=True)) for p in fn.args[:nin]]
-    b.store(b.call(fn_math, args), b.gep(fn.args[nin], [i], inbounds=True))
-    nxt = b.add(i, ir.Constant(i64, 1))
-    i.add_incoming(nxt, body)
-    b.cbranch(b.icmp_signed("<", nxt, n), body, done)
-    b.position_at_end(done)
-    b.ret_void()
+    map_kernel(module, fname, mathlib.get(module, name, TYPES[bits]))
     return fname
 
 

@@ -26,6 +26,7 @@ import llvmlite.binding as llb
 import numpy as np
 import pytest
 from llvmlite import ir
+from util import map_kernel
 
 from hologram.backends.cpu import llvm, softfloat
 
@@ -43,35 +44,11 @@ KERNELS.update(f16_to_f32=("f16_to_f32", I16), f16_to_f64=("f16_to_f64", I16),
 
 
 # ------------------------------------------------------------------ building and calling
-def _loop(module: ir.Module, kernel: str, callee: ir.Function) -> None:
-    """``void kernel(A* in..., R* out, i64 n)``: out[i] = callee(in...[i])."""
-    arg_tys, ret_ty = callee.function_type.args, callee.function_type.return_type
-    i64 = ir.IntType(64)
-    ptrs = [t.as_pointer() for t in arg_tys] + [ret_ty.as_pointer()]
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), ptrs + [i64]), kernel)
-    for arg in fn.args[:-1]:
-        arg.add_attribute("noalias")
-    entry, body, done = (fn.append_basic_block(n) for n in ("entry", "body", "done"))
-    b = ir.IRBuilder(entry)
-    n = fn.args[-1]
-    b.cbranch(b.icmp_signed(">", n, ir.Constant(i64, 0)), body, done)
-    b.position_at_end(body)
-    i = b.phi(i64)
-    i.add_incoming(ir.Constant(i64, 0), entry)
-    args = [b.load(b.gep(p, [i], inbounds=True)) for p in fn.args[:len(arg_tys)]]
-    b.store(b.call(callee, args), b.gep(fn.args[len(arg_tys)], [i], inbounds=True))
-    nxt = b.add(i, ir.Constant(i64, 1))
-    i.add_incoming(nxt, body)
-    b.cbranch(b.icmp_signed("<", nxt, n), body, done)
-    b.position_at_end(done)
-    b.ret_void()
-
-
 def _module(kernels: dict[str, tuple[str, ir.Type]]) -> str:
     module = ir.Module(name="softfloat_test")
     module.triple = llvm.host_cpu()[0]
     for kernel, (name, ty) in kernels.items():
-        _loop(module, kernel, softfloat.get(module, name, ty))
+        map_kernel(module, kernel, softfloat.get(module, name, ty))
     return str(module)
 
 
@@ -435,7 +412,7 @@ def _hardware_fma(a, b, c) -> np.ndarray:
     ty = F32 if a.dtype == np.float32 else F64
     suffix = "f32" if ty == F32 else "f64"
     intrinsic = ir.Function(module, ir.FunctionType(ty, [ty] * 3), f"llvm.fma.{suffix}")
-    _loop(module, f"hw_fma_{suffix}", intrinsic)
+    map_kernel(module, f"hw_fma_{suffix}", intrinsic)
     fn = llvm.load_object(llvm.compile_ir(str(module)), [f"hw_fma_{suffix}"])
     out = np.empty_like(a)
     proto = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * 4, ctypes.c_int64)

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+from llvmlite import ir
 
 from hologram.backends.interp import run
 from hologram.isa import dtypes as dt
@@ -93,3 +94,28 @@ def in_forked_child(check: Callable[[], bool], seconds: float, what: str) -> int
             os.waitpid(pid, 0)
             pytest.fail(f"fork child hung in {what}")
         time.sleep(0.01)
+
+
+def map_kernel(module: ir.Module, kernel: str, callee: ir.Function) -> None:
+    """Add ``void kernel(A* in..., R* out, i64 n)``: ``out[i] = callee(in...[i])``, to
+    ``module`` (for testing IR functions through ctypes)."""
+    arg_tys, ret_ty = callee.function_type.args, callee.function_type.return_type
+    i64 = ir.IntType(64)
+    ptrs = [t.as_pointer() for t in arg_tys] + [ret_ty.as_pointer()]
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), ptrs + [i64]), kernel)
+    for arg in fn.args[:-1]:
+        arg.add_attribute("noalias")
+    entry, body, done = (fn.append_basic_block(n) for n in ("entry", "body", "done"))
+    b = ir.IRBuilder(entry)
+    n = fn.args[-1]
+    b.cbranch(b.icmp_signed(">", n, ir.Constant(i64, 0)), body, done)
+    b.position_at_end(body)
+    i = b.phi(i64)
+    i.add_incoming(ir.Constant(i64, 0), entry)
+    args = [b.load(b.gep(p, [i], inbounds=True)) for p in fn.args[:len(arg_tys)]]
+    b.store(b.call(callee, args), b.gep(fn.args[len(arg_tys)], [i], inbounds=True))
+    nxt = b.add(i, ir.Constant(i64, 1))
+    i.add_incoming(nxt, body)
+    b.cbranch(b.icmp_signed("<", nxt, n), body, done)
+    b.position_at_end(done)
+    b.ret_void()
