@@ -1401,6 +1401,40 @@ def _loop_hints(g: Graph) -> list[str]:
     return hinted
 
 
+POW_OF_POW = """
+import sys
+import numpy as np
+import hologram as hg
+
+dtype, shape = np.dtype(sys.argv[1]), tuple(map(int, sys.argv[2].split(",")))
+ex = hg.Executor()
+x = np.full(shape, 2.0, dtype)
+got = hg.jit(lambda a: (a ** 2.5) ** 1.5)(ex.from_numpy(x)).to_numpy()
+# broadcast into a larger grid: the same chain, uniform inside the grid loops
+z = np.arange(12 * 7, dtype=dtype).reshape(12, 7)
+pow_plus = hg.jit(lambda a, b: (a ** 2.5) ** 1.5 + b)
+big = pow_plus(ex.from_numpy(x.reshape(1, 1)), ex.from_numpy(z)).to_numpy()
+want = np.power(np.power(x.astype(np.float64), 2.5), 1.5)
+np.testing.assert_allclose(got, want, rtol=1e-6)
+np.testing.assert_allclose(big, want.reshape(-1)[0] + z, rtol=1e-6)
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("shape", ["1", "1,1"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_uniform_chain_of_math_compiles(dtype, shape, tmp_path):
+    """``(a ** 2.5) ** 1.5`` on one element never finished compiling: every value sat in the
+    grid loop, uniform, and LLVM's loop vectorizer's uniformity analysis walked the chain's
+    shared operands once per path. Values that vary along no inner dimension are now
+    computed before the grid loop (render._hoist). In a child process with a time limit,
+    so that a regression fails instead of hanging the run."""
+    env = {**os.environ, "HOLOGRAM_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", POW_OF_POW, dtype, shape], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
 def test_only_innermost_loops_with_math_ask_for_interleaving():
     g = Graph("flat")
     a, b = g.input("a", "f32", (4096,)), g.input("b", "f32", (4096,))

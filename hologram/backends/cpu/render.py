@@ -156,6 +156,7 @@ class _KernelRenderer:
         self.alloca_block = entry
         self.bases: dict[int, ir.Value] = {}
         self.index: dict[int, ir.Value] = {}  # domain dimension -> current index (i64)
+        self.hoisted: dict[int, ir.Value] = {}  # values computed before a grid loop
         self.point: dict[int, ir.Value] = {}  # values computed once per grid point
         self.local: dict[int, ir.Value] = {}  # values computed inside the current nest
         self.loops = range(kernel.grid_rank, len(kernel.domain))
@@ -183,16 +184,37 @@ class _KernelRenderer:
             self._grid_point()
         else:
             start, stop = self.fn.args[1], self.fn.args[2]
+            self._hoist(0)
             self._loop(stop, lambda i: self._grid(1), start=start, dim=0)
         b.ret_void()
 
     def _grid(self, d: int) -> None:
         """The grid loops from dimension ``d`` on (dimension 0 is the caller's range)."""
         if d < self.kernel.grid_rank:
+            saved = dict(self.hoisted)
+            self._hoist(d)
             self._loop(ir.Constant(I64, self.kernel.domain[d]), lambda i: self._grid(d + 1),
                        dim=d)
+            self.hoisted = saved
         else:
             self._grid_point()
+
+    def _hoist(self, level: int) -> None:
+        """Emit here, before the grid loop over dimension ``level``, the values that vary
+        along no dimension from ``level`` on and come from no reduction: each is computed
+        once per iteration of the loops it varies along, not once per grid point. Left in
+        the loop, a long chain of such uniform values (pow of pow of a broadcast operand)
+        sent LLVM's loop vectorizer into its uniformity analysis, which walks shared
+        operands again for every path to them: the compile never ended."""
+        body, rank = self.kernel.body, len(self.kernel.domain)
+        from_reduction: set[int] = set()
+        self.point = self.local = self.hoisted
+        for i, instr in enumerate(body):
+            if instr.op in ("reduce", "contract") or from_reduction.intersection(instr.args):
+                from_reduction.add(i)
+            elif instr.op != "store" and i not in self.hoisted and \
+                    all(instr.shape[d] == 1 for d in range(level, rank)):
+                self.hoisted[i] = self._emit(instr)
 
     def _loop(self, stop: ir.Value, body: Callable[[ir.Value], None], dim: int,
               start: ir.Value | None = None) -> None:
@@ -274,7 +296,7 @@ class _KernelRenderer:
         return [d for d in self.loops if instr.shape[d] > 1]
 
     def _grid_point(self) -> None:
-        self.point = {}
+        self.point = dict(self.hoisted)
         body = self.kernel.body
         groups: dict[tuple[int, ...], list[int]] = {}
         for pos, instr in enumerate(body):
