@@ -50,10 +50,6 @@ def host_cpu() -> tuple[str, str, str]:
     return host.triple, host.cpu, host.features
 
 
-def host_identity() -> str:
-    return targets.host().identity
-
-
 def has_feature(name: str) -> bool:
     """Does this machine's CPU have the feature (``"avx2"``, ``"avx512f"``, ...)?"""
     return name in targets.host_features()
