@@ -123,20 +123,20 @@ def _relu_mad(g, n):
 
 
 def _gelu(g, n):
-    from hologram import functional
+    from hologram.frontend import functional
 
     x, w, b = (g.input(name, "f32", (n,)) for name in "xwb")
     g.output("y", functional.gelu(x * w + b))  # the erf form, torch's default
 
 
 def _softmax(g, n):
-    from hologram import functional
+    from hologram.frontend import functional
 
     g.output("y", functional.softmax(g.input("x", "f32", (n // ROW, ROW)), 1))
 
 
 def _mse(g, n):
-    from hologram import functional
+    from hologram.frontend import functional
 
     x, t = g.input("x", "f32", (n,)), g.input("t", "f32", (n,))
     g.output("loss", functional.mse_loss(x, t))
@@ -146,7 +146,7 @@ def _cross_entropy(g, n):
     """Class indices, mean over rows: ``hologram.functional.cross_entropy`` builds it from
     graph ops (log-softmax from max/exp/sum/log; the target's log-probability gathered by
     an arange-compare-select-sum along the row; the mean)."""
-    from hologram import functional
+    from hologram.frontend import functional
 
     rows = n // ROW
     x = g.input("x", "f32", (rows, ROW))
@@ -167,7 +167,7 @@ PROGRAMS: dict[str, Callable] = {
 def build_program(name: str, n: int, variant: int = 0):
     """A Hologram program by name; ``variant`` > 0 adds ``+ variant`` at the output's end
     of ``relu_mad``, which makes a new kernel (another cache key) of the same cost."""
-    from hologram.graph import Graph
+    from hologram.frontend.graph import Graph
 
     g = Graph(name)
     if name == "relu_mad" and variant:
@@ -472,7 +472,7 @@ def _compile_torch(torch, fn: Callable, args: tuple) -> tuple[Callable | None, s
 
 def _compile_hologram(case: Case):
     import hologram
-    from hologram.graph import Graph
+    from hologram.frontend.graph import Graph
 
     g = Graph(case.op)
     case.build(g, case.size)

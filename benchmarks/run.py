@@ -36,7 +36,7 @@ import hologram
 from benchmarks import cpu, sdk, torch_device, training
 from hologram import backends, config
 from hologram.compiler import pipeline
-from hologram.graph import Graph
+from hologram.frontend.graph import Graph
 
 
 def _relu_mad(g, n):
@@ -140,7 +140,7 @@ def bench_new_process_disk_hit(backend: str) -> float:
     importing hologram and the backend), measured inside that process."""
     code = (
         "import sys, time, hologram; from benchmarks.run import PROGRAMS; "
-        "from hologram.graph import Graph; hologram.backends.get(sys.argv[1])\n"
+        "from hologram.frontend.graph import Graph; hologram.backends.get(sys.argv[1])\n"
         "g = Graph('softmax'); PROGRAMS['softmax'](g, 100000); p = g.program()\n"
         "t = time.perf_counter(); hologram.compile(p, sys.argv[1]); "
         "print((time.perf_counter() - t) * 1e3)"

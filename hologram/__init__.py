@@ -1,20 +1,20 @@
 """Hologram: a tensor compiler and runtime.
 
 The SDK: :class:`Executor` (a backend and a memory pool), :class:`Buffer`,
-:mod:`hologram.ops`, :func:`jit` (trace and fuse), :mod:`hologram.backend` (selection).
+:mod:`hologram.ops`, :func:`jit` (trace and fuse), :mod:`hologram.backend` (selection);
+they live in :mod:`hologram.sdk` and :mod:`hologram.runtime`, and are exported here.
 
-Programs in the Atlas ISA (:mod:`hologram.isa`) are canonicalized, fused and scheduled by
-:mod:`hologram.compiler`, then compiled by a backend (:mod:`hologram.backends`) and cached
-in memory and on disk (:mod:`hologram.cache`).
+Programs in the Atlas ISA (:mod:`hologram.isa`), usually built with the tensor front end
+(:mod:`hologram.frontend`), are canonicalized, fused and scheduled by
+:mod:`hologram.compiler`, compiled by a backend (:mod:`hologram.backends`), cached in
+memory and on disk (:mod:`hologram.compiler.cache`) and run by :mod:`hologram.runtime`.
+
+Modules inside the package never import this one: it only gathers the public names.
 """
 
-__version__ = "0.1.0"
-
-from hologram import backend, config, errors, isa, ops  # config first: hologram.cache imports it
-from hologram.buffer import Buffer
-from hologram.cache import default_cache
-from hologram.compiler import CompiledProgram, CompileOptions, compile
-from hologram.compiler.driver import clear_memo
+from hologram import config, errors, isa
+from hologram.compiler.cache import default_cache
+from hologram.compiler.options import CompileOptions
 from hologram.errors import (
     CacheError,
     CompileError,
@@ -26,8 +26,12 @@ from hologram.errors import (
     OutOfMemoryError,
     ShapeError,
 )
-from hologram.executor import Executor, default_executor, from_dlpack
-from hologram.jit import jit
+from hologram.runtime.buffer import Buffer
+from hologram.runtime.executor import Executor, default_executor, from_dlpack
+from hologram.runtime.launch import CompiledProgram, clear_memo, compile
+from hologram.sdk import backend, ops
+from hologram.sdk.jit import jit
+from hologram.version import __version__
 
 
 def set_num_threads(n: int | None) -> None:

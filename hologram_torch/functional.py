@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import torch
 
-from hologram import functional as hf
 from hologram.errors import DeviceError, ShapeError
-from hologram.executor import Executor
+from hologram.frontend import functional as hf
+from hologram.runtime.executor import Executor
 from hologram_torch.aten import elementwise as ew
 from hologram_torch.aten import program
 from hologram_torch.aten.program import ISA, cast

@@ -18,9 +18,9 @@ import pytest
 
 import hologram
 from hologram import backends
-from hologram import cache as cache_mod
-from hologram.cache import MAGIC, CacheKey, ProgramCache
-from hologram.graph import Graph
+from hologram.compiler import cache as cache_mod
+from hologram.compiler.cache import MAGIC, CacheKey, ProgramCache
+from hologram.frontend.graph import Graph
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 HEADER_SIZE = 48  # magic, body length, sha256 of the body
@@ -275,7 +275,7 @@ def test_non_bytes_build_is_rejected() -> None:
 _WORKER = """
 import sys, time
 from pathlib import Path
-from hologram.cache import CacheKey, ProgramCache
+from hologram.compiler.cache import CacheKey, ProgramCache
 
 directory, start = Path(sys.argv[1]), float(sys.argv[2])
 payload = bytes(range(256)) * 4096  # 1 MiB
@@ -484,7 +484,7 @@ import os, resource, sys
 from pathlib import Path
 sys.path.insert(0, {tests!r})
 from test_cache import identity, make_key
-from hologram.cache import ProgramCache
+from hologram.compiler.cache import ProgramCache
 
 if os.path.exists("/proc/self/statm"):
     with open("/proc/self/statm") as f:

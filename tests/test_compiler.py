@@ -12,7 +12,7 @@ from hologram import backends
 from hologram.compiler import CompileOptions, canonicalize, pipeline
 from hologram.compiler.schedule import grid_rank
 from hologram.errors import CompileError, ShapeError
-from hologram.graph import Graph
+from hologram.frontend.graph import Graph
 from hologram.isa import dtypes as dt
 from hologram.isa.builder import ProgramBuilder
 from hologram.isa.text import parse_program
@@ -481,8 +481,8 @@ def test_empty_tensors_go_through_the_pipeline():
 def test_fusion_does_not_nest_reductions():
     """Per-row cross-entropy terms feed a mean over the rows: merging the two would leave
     the row reductions inside a loop (no parallel grid, per-row scratch on every backend)."""
-    from hologram import functional as F
     from hologram.compiler.fuse import _nests_reductions
+    from hologram.frontend import functional as F
 
     def cross_entropy(g):
         x, t = g.input("x", "f32", (16, 10)), g.input("t", "i64", (16,))

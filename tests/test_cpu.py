@@ -65,7 +65,7 @@ from hologram.backends.cpu.render import (
 )
 from hologram.compiler import pipeline
 from hologram.errors import IRError
-from hologram.graph import Graph, Tensor
+from hologram.frontend.graph import Graph, Tensor
 from hologram.isa import dtypes as dt
 from hologram.isa.builder import ProgramBuilder
 from hologram.isa.dtypes import DType
@@ -1458,7 +1458,7 @@ CHILD = """
 import json, sys
 import numpy as np
 import hologram
-from hologram.graph import Graph
+from hologram.frontend.graph import Graph
 
 g = Graph("cached")
 x = g.input("x", "f32", (1000,))
@@ -1586,8 +1586,8 @@ def test_random_programs_agree_with_the_interpreter(program, seed):
 def test_zero_extent_domains_match_the_interpreter(case):
     """Kernels whose domain has a zero extent store nothing or reduce empty extents; the
     cpu backend once read empty buffers there (hoisted loads) and crashed the process."""
-    from hologram import functional
-    from hologram.graph import Graph
+    from hologram.frontend import functional
+    from hologram.frontend.graph import Graph
 
     g = Graph(case)
     if case == "softmax":

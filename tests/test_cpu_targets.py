@@ -47,7 +47,7 @@ from hologram.backends.cpu.backend import CpuBackend
 from hologram.compiler import pipeline
 from hologram.compiler.options import CompileOptions
 from hologram.errors import CompileError, DeviceError, HologramError
-from hologram.graph import Graph
+from hologram.frontend.graph import Graph
 from hologram.isa import dtypes as dt
 from hologram.isa.builder import ProgramBuilder
 from hologram.isa.dtypes import DType

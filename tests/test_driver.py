@@ -12,7 +12,7 @@ import pytest
 
 import hologram
 from hologram.errors import DeviceError, DTypeError, ShapeError
-from hologram.graph import Graph
+from hologram.frontend.graph import Graph
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -71,18 +71,18 @@ def test_the_code_generators_sources_are_part_of_the_key(tmp_path, monkeypatch):
 
     package = Path(hologram.__file__).parent
     shutil.copytree(package, tmp_path / "hologram", ignore=shutil.ignore_patterns("__pycache__"))
-    code = "from hologram.compiler import driver; print(driver.compiler_version())"
+    code = "from hologram.compiler.cache import compiler_version; print(compiler_version())"
 
     def version() -> str:
         return subprocess.run([sys.executable, "-c", code], cwd=tmp_path, check=True,
                               capture_output=True, text=True).stdout.strip()
 
-    from hologram.compiler import driver
+    from hologram.compiler.cache import compiler_version
 
-    assert version() == driver.compiler_version()
+    assert version() == compiler_version()
     with open(tmp_path / "hologram/backends/cpu/mathlib.py", "a") as f:
         f.write("\n# changed\n")
-    assert version() != driver.compiler_version()
+    assert version() != compiler_version()
 
 
 def test_bad_arrays_are_rejected_with_the_parameter_named():
@@ -152,7 +152,7 @@ def test_a_corrupted_entry_is_recompiled(cache_dir):
 
 
 def test_a_valid_entry_that_does_not_parse_is_recompiled(cache_dir):
-    from hologram.cache import _pack
+    from hologram.compiler.cache import _pack
 
     hologram.compile(axpy("a"))
     (entry,) = cache_dir.rglob("*.bin")

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 import hologram
-from hologram import functional as F
 from hologram.errors import ShapeError
-from hologram.graph import Graph
+from hologram.frontend import functional as F
+from hologram.frontend.graph import Graph
 
 torch = pytest.importorskip("torch")
 TF = torch.nn.functional

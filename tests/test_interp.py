@@ -18,12 +18,12 @@ import numpy as np
 import pytest
 
 from hologram.backends.interp import evaluate, run
-from hologram.backends.interp.semantics import from_storage, to_storage
 from hologram.errors import DTypeError, IRError, ShapeError
 from hologram.isa import dtypes as dt
 from hologram.isa.builder import ProgramBuilder, Value
 from hologram.isa.dtypes import dtype
 from hologram.isa.ir import Instr, encode_const
+from hologram.isa.semantics import from_storage, to_storage
 from hologram.isa.verify import verify
 
 # The semantics promises never to emit a NumPy warning: make any warning a failure.
@@ -1081,8 +1081,8 @@ def test_bf16_constants_round_once() -> None:
 
 
 def test_every_value_opcode_has_semantics() -> None:
-    from hologram.backends.interp.semantics import _EVAL
     from hologram.isa.ir import ALL_OPS, MEMORY_OPS
+    from hologram.isa.semantics import _EVAL
 
     assert set(_EVAL) == set(ALL_OPS) - set(MEMORY_OPS)
 
@@ -1102,7 +1102,7 @@ ZERO_PAIRS = [(-0.0, 0.0), (0.0, -0.0), (-0.0, -0.0), (0.0, 0.0), (NAN, -0.0), (
 def test_max_min_of_signed_zeros_agree_on_every_backend(name: str, n: int) -> None:
     import hologram
     from hologram import backends
-    from hologram.graph import Graph
+    from hologram.frontend.graph import Graph
 
     t = dtype(name)
     g = Graph("signed_zeros")

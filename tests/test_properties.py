@@ -14,7 +14,7 @@ from util import execute, inputs_for, same_bits
 
 from hologram.compiler import canonicalize, pipeline
 from hologram.errors import IRError
-from hologram.graph import Graph, Tensor
+from hologram.frontend.graph import Graph, Tensor
 from hologram.isa import dtypes as dt
 from hologram.isa.text import parse_program, print_program
 from hologram.isa.verify import broadcast

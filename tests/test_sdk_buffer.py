@@ -1,6 +1,6 @@
 """The SDK's Executor and Buffer: backend selection, allocation, data in and out, DLPack,
-memory accounting and buffer lifetime (hologram/executor.py, hologram/buffer.py,
-hologram/backend.py)."""
+memory accounting and buffer lifetime (hologram/runtime/executor.py,
+hologram/runtime/buffer.py, hologram/sdk/backend.py)."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ import hologram_torch  # noqa: E402
 from hologram.backends.cpu import gemm  # noqa: E402
 from hologram.compiler import pipeline  # noqa: E402
 from hologram.compiler.options import CompileOptions  # noqa: E402
-from hologram.graph import Graph  # noqa: E402
+from hologram.frontend.graph import Graph  # noqa: E402
 from hologram.isa import dtypes as dt  # noqa: E402
 from hologram_torch.aten import linalg  # noqa: E402
 

@@ -91,9 +91,9 @@ def prepare(config: BenchConfig) -> tuple[list[tuple[OpSpec, int]], str]:
     unavailable backend, unknown op names, or a case whose buffers would not fit in the
     memory available; :class:`~hologram.bench.output.OutputError` when ``out`` cannot be
     written (see :func:`~hologram.bench.output.check_output`)."""
-    from hologram.backend import validate_backend
     from hologram.bench.cases import select
     from hologram.bench.sysinfo import memory_available_bytes
+    from hologram.sdk.backend import validate_backend
 
     _counts("sizes", config.sizes)
     _counts("gemm_sizes", config.gemm_sizes)

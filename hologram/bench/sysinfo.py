@@ -105,7 +105,7 @@ def collect_system_info() -> dict:
     the core count means the timings shared the machine), timestamp (ISO 8601, local time
     with offset)."""
     import hologram
-    from hologram.backend import validate_backend
+    from hologram.sdk.backend import validate_backend
 
     try:
         import torch

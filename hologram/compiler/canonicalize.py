@@ -67,7 +67,7 @@ def fold_constants(body: Body, instr: Instr) -> int | None:
         return None
     if not all(_is_const(body, a) for a in instr.args):
         return None
-    from hologram.backends.interp.semantics import evaluate
+    from hologram.isa.semantics import evaluate
 
     args = [np.full(body.get(a).shape, body.get(a).value, body.get(a).dtype.compute)
             for a in instr.args]

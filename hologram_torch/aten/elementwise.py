@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from hologram import functional
+from hologram.frontend import functional
 from hologram.isa import dtypes as dt
 from hologram_torch.aten import program
 from hologram_torch.aten.program import ISA, Unsupported, cast

@@ -25,7 +25,7 @@ import math
 
 import torch
 
-from hologram import functional
+from hologram.frontend import functional
 from hologram.isa import dtypes as dt
 from hologram_torch import memory
 from hologram_torch.aten import program

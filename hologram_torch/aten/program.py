@@ -1,7 +1,7 @@
 """How an aten kernel runs as a Hologram program.
 
 An aten kernel describes its computation once, as a *builder* on
-:class:`hologram.graph.Graph` tensors, and calls :func:`run`. The first call with a given
+:class:`hologram.frontend.graph.Graph` tensors, and calls :func:`run`. The first call with a given
 signature (op, static arguments, every operand's dtype/shape/strides, the outputs'
 layouts, the backend) builds the program, compiles it and caches it; later calls cost a
 dictionary lookup and a launch by address.
@@ -25,7 +25,7 @@ import torch
 
 import hologram
 from hologram.errors import HologramError
-from hologram.graph import Graph, Tensor
+from hologram.frontend.graph import Graph, Tensor
 from hologram.isa import dtypes as dt
 from hologram_torch import memory
 

@@ -5,7 +5,7 @@ instruction (the constant folder uses it too). Every other backend is tested aga
 """
 
 from hologram.backends.interp.interpreter import run
-from hologram.backends.interp.semantics import evaluate
+from hologram.isa.semantics import evaluate
 
 # The lead adds the backend class (the Backend interface wrapper) here later.
 

@@ -2,7 +2,7 @@
 
 Kernels run in program order. Within a kernel each instruction runs once over the whole
 domain (vectorized): a load gathers its elements, a value instruction is
-:func:`~hologram.backends.interp.semantics.evaluate`, a store scatters. Since loads copy
+:func:`~hologram.isa.semantics.evaluate`, a store scatters. Since loads copy
 and run in body order, every load sees memory as the kernel found it, except that a load
 placed after the store of the same buffer (which the verifier allows only through the same
 map, so point to point) sees the stored values, as it would point by point. The allowed
@@ -24,8 +24,7 @@ import numpy as np
 from hologram.backends.base import check_arrays
 from hologram.errors import IRError
 from hologram.isa.ir import IndexMap, Instr, Kernel, Program
-
-from .semantics import evaluate, from_storage, to_storage
+from hologram.isa.semantics import evaluate, from_storage, to_storage
 
 POISON = 0xFF
 

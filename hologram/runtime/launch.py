@@ -1,4 +1,4 @@
-"""Compiling a program for a backend, through the program cache.
+"""Compiling a program for a backend, through the program cache, and running it on arrays.
 
     compiled = hologram.compile(program, backend="interp")
     y = compiled(x)                       # inputs only: outputs are allocated and returned
@@ -14,18 +14,15 @@ backend compiler run.
 
 from __future__ import annotations
 
-import hashlib
-import os
 import threading
 from collections import OrderedDict
-from functools import cache
 
 import numpy as np
 
 from hologram import backends, config
 from hologram.backends.base import check_arrays
-from hologram.cache import CacheKey, default_cache
 from hologram.compiler import pipeline
+from hologram.compiler.cache import CacheKey, compiler_version, default_cache
 from hologram.compiler.options import CompileOptions
 from hologram.isa.ir import Buffer, Program
 from hologram.runtime.pool import default_pool
@@ -113,27 +110,3 @@ def compile(program: Program, backend: str = "auto",
 def clear_memo() -> None:
     with _memo_lock:
         _memo.clear()
-
-
-
-@cache
-def compiler_version() -> str:
-    """``hologram.__version__`` plus a digest of the sources that turn programs into code
-    (the ISA, the passes, the backends): a changed code generator never reuses artifacts
-    compiled by the old one, even between releases. The digest is of each file's path,
-    size and modification time (a fresh process computes it before its first disk-cache
-    lookup: reading and hashing the contents took 1 ms, this 0.2); an edit, a checkout or
-    a reinstall changes it."""
-    from hologram import __version__
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    digest = hashlib.sha256()
-    for package in ("isa", "compiler", "backends"):
-        for folder, dirs, files in sorted(os.walk(os.path.join(root, package))):
-            dirs.sort()
-            for name in sorted(files):
-                if name.endswith(".py"):
-                    st = os.stat(os.path.join(folder, name))
-                    relative = os.path.relpath(os.path.join(folder, name), root)
-                    digest.update(f"{relative}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-    return f"{__version__}+{digest.hexdigest()[:16]}"

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from hologram.buffer import Buffer
 from hologram.errors import DTypeError, ShapeError
-from hologram.executor import Executor
-from hologram.graph import Tensor
-from hologram.jit import Traced
-from hologram.ops.dispatch import (
+from hologram.frontend.graph import Tensor
+from hologram.runtime.buffer import Buffer
+from hologram.runtime.executor import Executor
+from hologram.sdk.jit import Traced
+from hologram.sdk.ops.dispatch import (
     Op,
     run,
     split,

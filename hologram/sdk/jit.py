@@ -11,7 +11,7 @@ bound to its parameters, so ``fused(a, b, c=c)`` and ``fused(a, b, c)`` are one 
 The first call with a new signature (each buffer argument's shape and dtype, the executor's
 backend, and the values of every other argument) runs the function once on placeholders
 (:class:`Traced`): each ``hg.ops`` call, and each operator on a placeholder, adds its
-operation to a :class:`~hologram.graph.Graph` instead of running. The graph becomes one
+operation to a :class:`~hologram.frontend.graph.Graph` instead of running. The graph becomes one
 program, which the compiler canonicalizes and fuses, and the backend compiles; later calls
 with the same signature only allocate the outputs and launch it.
 
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hologram.errors import HologramError, InvalidBufferError
-from hologram.graph import Graph, Tensor
+from hologram.frontend.graph import Graph, Tensor
 from hologram.isa import dtypes as dt
 from hologram.isa.ir import Program
 
@@ -69,7 +69,7 @@ class Traced:
 
     def reshape(self, *shape: int) -> Traced:
         """As :meth:`hologram.Buffer.reshape` (one extent may be -1)."""
-        from hologram.buffer import as_shape
+        from hologram.runtime.buffer import as_shape
 
         shape = shape[0] if len(shape) == 1 and not isinstance(shape[0], int) else shape
         dims = list(shape) if hasattr(shape, "__len__") else [shape]
@@ -129,7 +129,7 @@ class _Trace:
 
 def record(op, operands: tuple, options: tuple, build: Callable) -> Traced:
     """Add ``op`` on ``operands`` (placeholders and Python numbers) to their trace."""
-    from hologram.buffer import Buffer
+    from hologram.runtime.buffer import Buffer
 
     traces = {x.trace for x in operands if type(x) is Traced}
     if len(traces) > 1:
@@ -170,7 +170,7 @@ class JitFunction:
         self._parameters: inspect.Signature | None = None
 
     def __call__(self, *args, **kwargs):
-        from hologram.buffer import Buffer
+        from hologram.runtime.buffer import Buffer
 
         if kwargs:
             if any(type(a) is Traced for a in (*args, *kwargs.values())):
@@ -221,7 +221,7 @@ class JitFunction:
         return (*bound.args, *bound.kwargs.values()), tuple(bound.kwargs)
 
     def _signature(self, args: tuple, names: tuple[str, ...]):
-        from hologram.buffer import Buffer
+        from hologram.runtime.buffer import Buffer
 
         ex = None
         key = [names]
@@ -248,7 +248,7 @@ class JitFunction:
         return ex, (ex.backend, *key)
 
     def _trace(self, args: tuple, names: tuple[str, ...], ex) -> tuple[Program, str]:
-        from hologram.buffer import Buffer
+        from hologram.runtime.buffer import Buffer
 
         g = Graph(getattr(self.fn, "__name__", "jit").replace("<", "").replace(">", ""))
         trace = _Trace(g, ex)
@@ -295,9 +295,9 @@ def _constant_key(value: object) -> tuple:
 
 
 def jit(fn: Callable) -> JitFunction:
-    """Trace ``fn`` (a function of buffers built from :mod:`hologram.ops` calls and buffer
+    """Trace ``fn`` (a function of buffers built from :mod:`hologram.sdk.ops` calls and buffer
     operators) into one fused program per signature; see the module docstring."""
     return JitFunction(fn)
 
 
-from hologram import ops  # noqa: E402  (ops imports this module's Traced)
+from hologram.sdk import ops  # noqa: E402  (ops imports this module's Traced)

@@ -110,7 +110,7 @@ class Buffer:
 
     Attributes: ``shape``, ``dtype`` (a NumPy dtype), ``size`` (elements), ``nbytes``,
     ``ndim``, ``device`` (where the memory is: ``"cpu"`` for host backends), ``executor``.
-    Arithmetic operators (``+ - * / ** @``, unary ``-`` and ``abs``) call :mod:`hologram.ops`,
+    Arithmetic operators (``+ - * / ** @``, unary ``-`` and ``abs``) call :mod:`hologram.sdk.ops`,
     eagerly or, inside :func:`hologram.jit`, traced.
     """
 
@@ -298,4 +298,4 @@ class Buffer:
                 "allocate a new buffer")
 
 
-from hologram import ops  # noqa: E402  (ops builds on Buffer)
+from hologram.sdk import ops  # noqa: E402  (ops builds on Buffer)

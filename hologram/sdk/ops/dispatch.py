@@ -1,5 +1,5 @@
 """How an SDK op runs: argument conventions, dtype promotion, the compiled-kernel cache
-and launches (see :mod:`hologram.ops` for the user-facing rules)."""
+and launches (see :mod:`hologram.sdk.ops` for the user-facing rules)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hologram.buffer import Buffer
 from hologram.errors import DTypeError, HologramError, InvalidBufferError, ShapeError
-from hologram.executor import Executor
-from hologram.graph import Graph, Tensor
+from hologram.frontend.graph import Graph, Tensor
 from hologram.isa import dtypes as dt
-from hologram.jit import Traced, record
+from hologram.runtime.buffer import Buffer
+from hologram.runtime.executor import Executor
+from hologram.sdk.jit import Traced, record
 
 Scalar = bool | int | float
 

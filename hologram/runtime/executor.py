@@ -20,16 +20,16 @@ import weakref
 
 import numpy as np
 
-from hologram.backend import validate_backend
-from hologram.buffer import Buffer, _asarray, as_dtype, as_shape, check_extent
 from hologram.errors import DTypeError, InvalidBufferError, OutOfMemoryError, ShapeError
+from hologram.runtime.buffer import Buffer, _asarray, as_dtype, as_shape, check_extent
 from hologram.runtime.pool import Pool
+from hologram.sdk.backend import validate_backend
 
 _tokens = itertools.count()
 
 
 class Executor:
-    """Runs :mod:`hologram.ops` on one backend and owns the memory of its buffers.
+    """Runs :mod:`hologram.sdk.ops` on one backend and owns the memory of its buffers.
 
     ``backend``: a name or :class:`~hologram.backend.BackendType` (``"auto"`` picks the
     best available); :class:`~hologram.errors.DeviceError` names the available backends

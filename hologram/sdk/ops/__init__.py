@@ -34,7 +34,7 @@ arguments, so a new value does not compile a new program. Inside :func:`hologram
 same functions add their operation to the traced program instead of running it.
 """
 
-from hologram.ops.elementwise import (
+from hologram.sdk.ops.elementwise import (
     clip,
     copy,
     exp,
@@ -59,8 +59,8 @@ from hologram.ops.elementwise import (
     vector_relu,
     vector_sub,
 )
-from hologram.ops.linalg import gemm, matmul, matvec
-from hologram.ops.reduce import (
+from hologram.sdk.ops.linalg import gemm, matmul, matvec
+from hologram.sdk.ops.reduce import (
     binary_cross_entropy_loss,
     cross_entropy_loss,
     max,

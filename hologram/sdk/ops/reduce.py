@@ -6,12 +6,12 @@ from collections.abc import Callable
 
 import numpy as np
 
-from hologram import functional as F
-from hologram.buffer import Buffer
 from hologram.errors import DTypeError, ShapeError
-from hologram.graph import Tensor
+from hologram.frontend import functional as F
+from hologram.frontend.graph import Tensor
 from hologram.isa import dtypes as dt
-from hologram.ops.dispatch import (
+from hologram.runtime.buffer import Buffer
+from hologram.sdk.ops.dispatch import (
     Op,
     axes_of,
     check_dim,

@@ -1,4 +1,4 @@
-"""Composite tensor functions on :mod:`hologram.graph` tensors: activations, softmax and
+"""Composite tensor functions on :mod:`hologram.frontend.graph` tensors: activations, softmax and
 losses, written with the graph's primitive ops (the fusion pass turns each into as few
 kernels as their data flow allows; softmax over the last dimension is one kernel).
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 
 from hologram.errors import ShapeError
-from hologram.graph import Tensor
+from hologram.frontend.graph import Tensor
 
 REDUCTIONS = ("mean", "sum", "none")
 

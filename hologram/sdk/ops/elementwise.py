@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from hologram import functional as F
-from hologram.buffer import Buffer
 from hologram.errors import DTypeError, ShapeError
-from hologram.executor import Executor
-from hologram.graph import Graph, Tensor
-from hologram.jit import Traced, in_place_error
-from hologram.ops.dispatch import (
+from hologram.frontend import functional as F
+from hologram.frontend.graph import Graph, Tensor
+from hologram.runtime.buffer import Buffer
+from hologram.runtime.executor import Executor
+from hologram.sdk.jit import Traced, in_place_error
+from hologram.sdk.ops.dispatch import (
     Op,
     Scalar,
     convert,
