@@ -1,39 +1,109 @@
 """The backend contract.
 
 A backend is one folder under ``hologram/backends/`` with a :class:`Backend` subclass,
-named in :data:`hologram.backends.BUILTIN`. It has three parts:
+named in :data:`hologram.backends.BUILTIN`. It has four parts:
 
-- **renderer + compiler** — :meth:`Backend.compile`: a scheduled Atlas program (the
-  pipeline's output) to an artifact (bytes: object code, PTX, WGSL, ...). Pure: it never
-  allocates device memory, and the same program and target give the same artifact, so
-  artifacts can be cached on disk.
-- **runtime** — :meth:`Backend.load`: an artifact to a callable that runs it on arrays
-  (one per program parameter, in order; outputs written in place).
-- **identity** — :meth:`Backend.target`: everything about the machine that changes the
-  artifact (CPU name and features, GPU architecture). It is part of every cache key, so
+- **build** — :meth:`Backend.compile`: a scheduled Atlas program (the pipeline's output)
+  to an artifact (bytes: object code, PTX, WGSL, ...) for a named target of the backend
+  (``None``: the one this process runs). Pure: it never touches a device, and the same
+  program and target give the same artifact, so artifacts can be cached on disk and built
+  for machines other than this one (:func:`hologram.build`). :meth:`Backend.describe`
+  reads an artifact's metadata (kernels, launch plan, resources) back.
+- **load** — :meth:`Backend.load`: an artifact to an :class:`Executable`, which launches on
+  device memory: one handle per program parameter.
+- **memory** — :meth:`Backend.allocator`: an :class:`Allocator` (allocate, free, copy in
+  and out, synchronize). The host backends (cpu, interp) share the host memory pool
+  (:mod:`hologram.backends.pool`); their handles are host addresses.
+- **identity** — :meth:`Backend.target`: everything about the target machine that changes
+  the artifact (CPU name and features, GPU architecture). It is part of every cache key, so
   an artifact never runs on a machine it was not built for.
-
-Device memory (allocate, copy in and out) joins this contract with the runtime's memory
-pool; today every backend runs on host NumPy arrays.
 """
 
 from __future__ import annotations
 
+import ctypes
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
-from typing import ClassVar
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 
-from hologram.errors import DTypeError, ShapeError
+from hologram.errors import DeviceError, DTypeError, ShapeError
 from hologram.isa.ir import Buffer, Program
 
-# Called with one array per parameter, already checked (check_arrays' rules: dtype, size,
-# C-contiguous, writable outputs), in any shape. An executable may also have an attribute
-# ``by_address``: None, or a callable taking one host address per parameter (a tuple of
-# ints) that runs the program without array objects, for callers that own their memory
-# (the SDK) and want the lowest per-call overhead.
-Executable = Callable[[Sequence[np.ndarray]], None]
+
+class Allocator(ABC):
+    """The memory of one device: allocations, copies between host and device, and
+    synchronization.
+
+    An *allocation* is whatever the device's memory object is (a NumPy array for host
+    memory, a device buffer elsewhere); :meth:`handle` is what an :class:`Executable`
+    launches on (a host address for host memory). Copies are synchronous unless a backend
+    documents otherwise; :meth:`synchronize` waits for everything queued on the device.
+    """
+
+    #: The DLPack/PyTorch device type of the memory ("cpu" for host memory).
+    device: ClassVar[str] = "cpu"
+    #: True when the host can read and write the memory in place (:meth:`view` works).
+    host_visible: ClassVar[bool] = True
+
+    @abstractmethod
+    def alloc(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
+        """An uninitialized allocation for ``shape`` elements of ``dtype`` (storage dtype).
+        Raises :class:`~hologram.errors.OutOfMemoryError` past the device's or the
+        allocator's limit."""
+
+    def free(self, allocation: Any) -> None:  # noqa: B027 (host memory frees itself)
+        """Give ``allocation`` back now. Host allocations also free themselves when the
+        last array viewing them goes; device backends must implement this."""
+
+    @abstractmethod
+    def handle(self, allocation: Any) -> int:
+        """What an :class:`Executable` takes for ``allocation``."""
+
+    def view(self, allocation: Any) -> np.ndarray:
+        """The allocation as a NumPy array, zero-copy (host-visible memory only)."""
+        raise DeviceError(f"{type(self).__name__}: {self.device} memory cannot be viewed "
+                          "from the host; copy it out with copy_out")
+
+    @abstractmethod
+    def copy_in(self, allocation: Any, source: np.ndarray) -> None:
+        """Copy the host array ``source`` (same number of bytes) into ``allocation``."""
+
+    @abstractmethod
+    def copy_out(self, allocation: Any, destination: np.ndarray) -> None:
+        """Copy ``allocation`` into the host array ``destination`` (same number of bytes)."""
+
+    def synchronize(self) -> None:  # noqa: B027 (host work is done when launch returns)
+        """Wait until every launch and copy queued on the device has finished."""
+
+
+class Executable(ABC):
+    """A loaded program: :meth:`launch` runs it on device memory.
+
+    ``handles`` holds one :meth:`Allocator.handle` per program parameter, in order; the
+    caller vouches for sizes and dtypes (:class:`hologram.runtime.launch.CompiledProgram`
+    checks them for users). Outputs are written in place; scratch memory is the
+    executable's business.
+    """
+
+    @abstractmethod
+    def launch(self, handles: tuple[int, ...]) -> None:
+        """Run the program on the parameters at ``handles``."""
+
+
+def host_arrays(params: Sequence[Buffer], addresses: Sequence[int]) -> list[np.ndarray]:
+    """Flat NumPy views of host memory at ``addresses``, one per parameter declaration
+    (for executables that compute on arrays, like the interpreter)."""
+    arrays = []
+    for param, address in zip(params, addresses):
+        dtype = param.dtype.storage
+        if param.size == 0 or not address:
+            arrays.append(np.empty(param.size, dtype))
+            continue
+        raw = (ctypes.c_char * param.nbytes).from_address(address)
+        arrays.append(np.frombuffer(raw, dtype, param.size))
+    return arrays
 
 
 def check_arrays(program: Program, arrays: Sequence[object], where: str) -> list[np.ndarray]:
@@ -76,13 +146,25 @@ class Backend(ABC):
         return True
 
     @abstractmethod
-    def target(self) -> str:
-        """Identity of the target machine, for cache keys."""
+    def target(self, name: str | None = None) -> str:
+        """Identity of the target called ``name`` (``None``: the one this process runs),
+        for cache keys; unknown names raise :class:`~hologram.errors.HologramError`
+        listing the known ones."""
 
     @abstractmethod
-    def compile(self, program: Program) -> bytes:
-        """Render and compile a scheduled, verified program into an artifact."""
+    def compile(self, program: Program, target: str | None = None) -> bytes:
+        """Render and compile a scheduled, verified program into an artifact for the
+        target called ``target`` (``None``: the current one). Needs no device."""
+
+    def describe(self, artifact: bytes) -> dict[str, Any]:
+        """What an artifact holds, for people and tools: kernels, launch plan, resources."""
+        return {"bytes": len(artifact)}
 
     @abstractmethod
     def load(self, artifact: bytes) -> Executable:
-        """Turn an artifact (fresh or read back from the disk cache) into a callable."""
+        """Turn an artifact (fresh or read back from the disk cache) into an executable
+        for this machine."""
+
+    @abstractmethod
+    def allocator(self, memory_limit: int | None = None) -> Allocator:
+        """A new allocator for this backend's memory (each SDK executor has its own)."""

@@ -276,7 +276,7 @@ class JitFunction:
         program, structure = self._trace(args, names, ex)
         compiled = hologram.compile(program, ex.backend)
         outputs = tuple((p.shape, p.dtype.storage) for p in program.params if p.kind == "out")
-        entry = _Entry(compiled, getattr(compiled._run, "by_address", None), outputs, structure)
+        entry = _Entry(compiled, compiled.launch, outputs, structure)
         self._entries[key] = entry
         return entry
 

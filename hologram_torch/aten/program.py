@@ -20,7 +20,6 @@ import ctypes
 import math
 from collections.abc import Callable, Sequence
 
-import numpy as np
 import torch
 
 import hologram
@@ -195,24 +194,7 @@ def _compile(name: str, build: Callable, args: Sequence, static: tuple,
         r = r if r.dtype is dtype else g.cast(r, dtype)
         g.output(f"out{j}", r, strides)
     compiled = hologram.compile(g.program(), backend())
-    launch = getattr(compiled._run, "by_address", None)
-    return _Entry(launch or _by_arrays(compiled), outs, single)
-
-
-def _by_arrays(compiled) -> Callable:
-    """Launch a program that takes arrays (it needs scratch memory, or its backend has no
-    launch by address): NumPy views of the memory at each address."""
-    params = [(p.dtype.storage, p.shape) for p in compiled.params]
-
-    def launch(addresses: tuple[int, ...]) -> None:
-        arrays = []
-        for (dtype, shape), address in zip(params, addresses):
-            nbytes = math.prod(shape) * dtype.itemsize
-            raw = (ctypes.c_char * max(nbytes, 1)).from_address(address)
-            arrays.append(np.frombuffer(raw, dtype, math.prod(shape)).reshape(shape))
-        compiled(*arrays)
-
-    return launch
+    return _Entry(compiled.launch, outs, single)
 
 
 # --- helpers for builders ---------------------------------------------------------------

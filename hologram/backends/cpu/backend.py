@@ -20,15 +20,16 @@ import ctypes
 import json
 import math
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import numpy as np
 
-from hologram.backends.base import Backend, Executable
+from hologram.backends.base import Allocator, Backend, Executable, host_arrays
 from hologram.backends.cpu import blas, gemm, llvm, threads
 from hologram.backends.cpu import target as targets
 from hologram.backends.cpu.render import render, split_parts, unsupported
 from hologram.isa.ir import Program
+from hologram.runtime.pool import Pool
 
 _RAW_KERNEL = ctypes.CFUNCTYPE(None)  # the same function, called with ctypes objects only
 _ZERO = ctypes.c_int64(0)
@@ -47,10 +48,13 @@ class CpuBackend(Backend):
             return False
         return True
 
-    def target(self) -> str:
-        return targets.current().identity
+    def target(self, name: str | None = None) -> str:
+        return _target(name).identity
 
-    def compile(self, program: Program) -> bytes:
+    def allocator(self, memory_limit: int | None = None) -> Allocator:
+        return Pool(memory_limit)
+
+    def compile(self, program: Program, target: str | None = None) -> bytes:
         prefix = f"hg_{program.fingerprint()[:16]}_"
         program, gemms = gemm.split(program)
         symbols, steps, fallback = {}, [], False
@@ -78,7 +82,7 @@ class CpuBackend(Backend):
             "steps": steps,
             "program": str(program) if fallback else None,
         }
-        target = targets.current()
+        target = _target(target)
         obj = llvm.compile_ir(render(program, symbols, target), target) if symbols else b""
         data = json.dumps(header).encode()
         return _HEADER.pack(len(data)) + data + obj
@@ -96,10 +100,24 @@ class CpuBackend(Backend):
         addresses = llvm.load_object(obj, names) if names else {}
         return _Executable(header, addresses)
 
+    def describe(self, artifact: bytes) -> dict:
+        (size,) = _HEADER.unpack_from(artifact)
+        header = json.loads(artifact[_HEADER.size : _HEADER.size + size])
+        obj = artifact[_HEADER.size + size :]
+        symbols = [s["symbol"] for s in header["steps"] if s.get("symbol")]
+        return {"format": "object code", "object_bytes": len(obj), "symbols": symbols,
+                "steps": header["steps"], "arena": header["arena"],
+                "interpreted": [s["kernel"] for s in header["steps"]
+                                if "kernel" in s and s["symbol"] is None]}
 
-class _Executable:
-    """A loaded program: call it with one checked C-contiguous array per parameter (any
-    shape; see ``backends.base.Executable``)."""
+
+def _target(name: str | None) -> targets.Target:
+    """The target called ``name``; ``None``: the one ``HOLOGRAM_CPU_TARGET`` selects."""
+    return targets.current() if name is None else targets.named(name)
+
+
+class _Executable(Executable):
+    """A loaded program (see :class:`hologram.backends.base.Executable`)."""
 
     def __init__(self, header: dict, addresses: dict[str, int]):
         self.nbuffers = header["buffers"]
@@ -109,11 +127,11 @@ class _Executable:
         self.program_text = header["program"]
         self._program: Program | None = None
         self.steps: list[Callable] = [self._step(s, addresses) for s in header["steps"]]
-        # Programs whose kernels are all native and need no arena can run from parameter
-        # addresses alone (the SDK's fast path; see ``by_address``).
+        # Programs whose kernels are all native and need no arena run on a pointer array
+        # built once per set of addresses (the hot path of small ops).
         self._pointer_arrays: dict[tuple[int, ...], ctypes.Array] = {}
         native = all(s.get("gemm") or s["symbol"] is not None for s in header["steps"])
-        self.by_address = self._by_address if native and not self.arena else None
+        self.launch = self._launch_cached if native and not self.arena else self._launch
 
     def _step(self, step: dict, addresses: dict[str, int]) -> Callable:
         if "gemm" in step:
@@ -150,31 +168,35 @@ class _Executable:
 
         return run
 
-    def __call__(self, arrays: Sequence[np.ndarray]) -> None:
+    def launch(self, handles: tuple[int, ...]) -> None:  # replaced per instance in __init__
+        self._launch(handles)
+
+    def _launch(self, handles: tuple[int, ...]) -> None:
         pointers = (ctypes.c_void_p * max(self.nbuffers, 1))()
-        for slot, array in zip(self.params, arrays):
-            pointers[slot] = _address(array)
+        for slot, address in zip(self.params, handles):
+            pointers[slot] = address
+        # Scratch memory per call: concurrent calls of one program must not share it.
         arena = np.empty(self.arena, dtype=np.uint8) if self.arena else None
         if arena is not None:
             base = arena.ctypes.data
             for slot, offset in self.temps:
                 pointers[slot] = base + offset
-        memory = (arrays, arena)
+        memory = (handles, arena)
         for step in self.steps:
             step(pointers, memory)
 
-    def _by_address(self, addresses: tuple[int, ...]) -> None:
-        """Run on the parameters at ``addresses`` (one per parameter, in order; the caller
-        vouches for sizes and dtypes). The pointer array for a given set of addresses is
-        built once: it holds nothing but those addresses, so reusing it is always right."""
-        pointers = self._pointer_arrays.get(addresses)
+    def _launch_cached(self, handles: tuple[int, ...]) -> None:
+        """:meth:`_launch` for programs without scratch memory or interpreted kernels: the
+        pointer array for a given set of addresses is built once (it holds nothing but
+        those addresses, so reusing it is always right)."""
+        pointers = self._pointer_arrays.get(handles)
         if pointers is None:
             if len(self._pointer_arrays) >= _POINTER_ARRAYS:
                 self._pointer_arrays.clear()
             pointers = (ctypes.c_void_p * max(self.nbuffers, 1))()
-            for slot, address in zip(self.params, addresses):
+            for slot, address in zip(self.params, handles):
                 pointers[slot] = address
-            self._pointer_arrays[addresses] = pointers
+            self._pointer_arrays[handles] = pointers
         for step in self.steps:
             step(pointers, None)
 
@@ -186,27 +208,18 @@ class _Executable:
         if self._program is None:
             self._program = parse_program(self.program_text)
         program = self._program
-        arrays, arena = memory
-        given = iter(arrays)
+        handles, arena = memory
+        given = iter(host_arrays(program.params, handles))
         views = []
         for buf in program.buffers:
             if buf.kind != "temp":
-                views.append(next(given).reshape(-1))
+                views.append(next(given))
             elif buf.nbytes == 0:  # no arena when every temporary is empty
                 views.append(np.empty(0, buf.dtype.storage))
             else:
                 raw = arena[buf.offset : buf.offset + buf.nbytes]
                 views.append(raw.view(buf.dtype.storage))
         run_kernel(program, program.kernels[index], views)
-
-
-def _address(array: np.ndarray) -> int:
-    """The data pointer of a C-contiguous array (the buffer protocol is 3x faster than
-    ``array.ctypes.data``, which remains for read-only and empty arrays)."""
-    try:
-        return ctypes.addressof(ctypes.c_char.from_buffer(array))
-    except (TypeError, ValueError):
-        return array.ctypes.data
 
 
 def _gemm_step(g: dict) -> Callable:

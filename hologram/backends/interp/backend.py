@@ -9,28 +9,45 @@ from __future__ import annotations
 
 import platform
 
-from hologram.backends.base import Backend, Executable
+import numpy as np
+
+from hologram.backends.base import Allocator, Backend, Executable, host_arrays
 from hologram.backends.interp.interpreter import execute
+from hologram.errors import HologramError
 from hologram.isa.ir import Program
 from hologram.isa.text import parse_program, print_program
+from hologram.runtime.pool import Pool
 
 
 class InterpBackend(Backend):
     name = "interp"
 
-    def target(self) -> str:
-        import numpy
-
+    def target(self, name: str | None = None) -> str:
+        if name not in (None, "host"):
+            raise HologramError(f"backend 'interp' has one target, 'host' (the artifact is "
+                                f"portable program text), not {name!r}")
         # The artifact is portable; NumPy's version is what could change results.
-        return f"numpy-{numpy.__version__} {platform.machine()}"
+        return f"numpy-{np.__version__} {platform.machine()}"
 
-    def compile(self, program: Program) -> bytes:
+    def compile(self, program: Program, target: str | None = None) -> bytes:
+        self.target(target)
         return print_program(program).encode()
 
-    def load(self, artifact: bytes) -> Executable:
+    def describe(self, artifact: bytes) -> dict:
         program = parse_program(artifact.decode())
+        return {"format": "atlas text", "bytes": len(artifact),
+                "kernels": [k.name for k in program.kernels], "arena": program.arena_bytes}
 
-        def run(arrays) -> None:
-            execute(program, [a.reshape(-1) for a in arrays])
+    def load(self, artifact: bytes) -> Executable:
+        return _Interpreted(parse_program(artifact.decode()))
 
-        return run
+    def allocator(self, memory_limit: int | None = None) -> Allocator:
+        return Pool(memory_limit)
+
+
+class _Interpreted(Executable):
+    def __init__(self, program: Program):
+        self.program = program
+
+    def launch(self, handles: tuple[int, ...]) -> None:
+        execute(self.program, host_arrays(self.program.params, handles))

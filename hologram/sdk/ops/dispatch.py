@@ -181,8 +181,7 @@ def compile_op(op: Op, backend: str, operands: tuple, out: Buffer | None,
         result = g.cast(result, isa(out.dtype))
     g.output("out", result)
     compiled = hologram.compile(g.program(), backend)
-    run = compiled._run
-    return Kernel(compiled, getattr(run, "by_address", None), result.shape,
+    return Kernel(compiled, compiled.launch, result.shape,
                    result.dtype.storage, tuple(scalars))
 
 
