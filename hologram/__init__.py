@@ -28,7 +28,7 @@ from hologram.errors import (
 )
 from hologram.runtime.buffer import Buffer
 from hologram.runtime.executor import Executor, default_executor, from_dlpack
-from hologram.runtime.launch import CompiledProgram, clear_memo, compile
+from hologram.runtime.launch import Artifact, CompiledProgram, build, clear_memo, compile
 from hologram.sdk import backend, ops
 from hologram.sdk.jit import jit
 from hologram.version import __version__
@@ -62,9 +62,9 @@ def clear_cache(disk: bool = True) -> None:
 
 
 __all__ = [
-    "Buffer", "CacheError", "CompileError", "CompileOptions", "CompiledProgram", "DTypeError",
-    "DeviceError", "Executor", "HologramError", "IRError", "InvalidBufferError",
-    "OutOfMemoryError", "ShapeError", "__version__", "backend", "cache_info", "clear_cache",
-    "compile", "config", "default_executor", "errors", "from_dlpack", "get_num_threads", "isa",
-    "jit", "ops", "set_num_threads",
+    "Artifact", "Buffer", "CacheError", "CompileError", "CompileOptions", "CompiledProgram",
+    "DTypeError", "DeviceError", "Executor", "HologramError", "IRError", "InvalidBufferError",
+    "OutOfMemoryError", "ShapeError", "__version__", "backend", "build", "cache_info",
+    "clear_cache", "compile", "config", "default_executor", "errors", "from_dlpack",
+    "get_num_threads", "isa", "jit", "ops", "set_num_threads",
 ]

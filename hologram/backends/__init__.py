@@ -1,5 +1,12 @@
-"""The registry of backends. A backend is imported only when first asked for, so
-``import hologram`` does not load LLVM, CUDA or WebGPU libraries."""
+"""The registry of backends: the one place backend names are declared. A backend is
+imported only when first asked for, so ``import hologram`` does not load LLVM, CUDA or
+WebGPU libraries.
+
+:data:`BUILTIN` maps each implemented backend to its class, in order of preference for
+``"auto"``; :data:`PLANNED` lists names reserved for backends not written yet (asking for
+one says "not implemented", not "unknown"). The SDK's :class:`~hologram.sdk.backend.BackendType`
+is derived from both.
+"""
 
 from __future__ import annotations
 
@@ -10,11 +17,15 @@ from hologram import config
 from hologram.backends.base import Backend, Executable
 from hologram.errors import DeviceError
 
-# name -> "module:Class", in order of preference for "auto".
+#: name -> "module:Class", in order of preference for "auto".
 BUILTIN: dict[str, str] = {
     "cpu": "hologram.backends.cpu.backend:CpuBackend",
     "interp": "hologram.backends.interp.backend:InterpBackend",
 }
+#: Names reserved for backends that are not implemented yet.
+PLANNED: tuple[str, ...] = ("cuda", "metal", "webgpu")
+#: Every name a user may ask for: "auto", the implemented backends, the planned ones.
+KNOWN: tuple[str, ...] = ("auto", *BUILTIN, *PLANNED)
 
 _instances: dict[str, Backend] = {}
 _lock = threading.Lock()
@@ -25,6 +36,15 @@ def backend_class(name: str) -> type[Backend]:
         raise DeviceError(f"unknown backend {name!r}; known backends: {', '.join(BUILTIN)}")
     module, _, cls = BUILTIN[name].partition(":")
     return getattr(importlib.import_module(module), cls)
+
+
+def builder(name: str) -> Backend:
+    """The shared instance of backend ``name`` for building only (:func:`hologram.build`):
+    building needs the backend's compiler, not its device."""
+    with _lock:
+        if name not in _instances:
+            _instances[name] = backend_class(name)()
+        return _instances[name]
 
 
 def available() -> list[str]:
@@ -57,4 +77,36 @@ def get(name: str) -> Backend:
         return _instances[name]
 
 
-__all__ = ["BUILTIN", "Backend", "Executable", "available", "backend_class", "get", "resolve"]
+def validate_backend(name: str) -> str:
+    """The canonical name of backend ``name`` (case-insensitive; ``"auto"`` resolved; an
+    enum member of :class:`~hologram.sdk.backend.BackendType` is its value).
+
+    Raises :class:`~hologram.errors.DeviceError` naming the available backends when
+    ``name`` is unknown or cannot run on this machine.
+    """
+    if not isinstance(name, str):
+        raise DeviceError(f"backend must be a string or BackendType, got {type(name).__name__}; "
+                          f"pass one of {', '.join(available())} or 'auto'")
+    canonical = str.strip(getattr(name, "value", name)).lower()
+    usable = available()
+    if canonical not in KNOWN:
+        raise DeviceError(f"unknown backend {name!r}; known backends: {', '.join(KNOWN)}; "
+                          f"available here: {', '.join(usable)} (pass one of those, or "
+                          "'auto' to pick the best)")
+    if canonical == "auto":
+        canonical = resolve("auto")
+        if canonical not in KNOWN:
+            raise DeviceError(f"HOLOGRAM_BACKEND={canonical!r} is not a known backend; known "
+                              f"backends: {', '.join(KNOWN)}; available here: "
+                              f"{', '.join(usable)} (set it to one of those, or unset it)")
+    if canonical not in usable:
+        why = "is not implemented yet" if canonical in PLANNED else "cannot run on this machine"
+        raise DeviceError(f"backend {canonical!r} {why}; available backends: "
+                          f"{', '.join(usable)} (use backend='auto' to pick the best)")
+    return canonical
+
+
+__all__ = [
+    "BUILTIN", "KNOWN", "PLANNED", "Backend", "Executable", "available", "backend_class",
+    "builder", "get", "resolve", "validate_backend",
+]

@@ -146,6 +146,27 @@ class ProgramCache:
             self._write(digest, payload)
         return self._remember(digest, obj, disk_hit=False)
 
+    def artifact(self, key: CacheKey, build: Callable[[], bytes]) -> bytes:
+        """The artifact bytes for ``key``: the disk copy if a valid one exists, else
+        ``build()``'s, written to disk. Nothing is loaded (nor kept in memory): the
+        artifact may be for a machine other than this one (:func:`hologram.build`)."""
+        digest = key.digest()
+        if self.directory is not None:
+            payload = self._read(digest)
+            if payload is not None:
+                with self._lock:
+                    self._disk_hits += 1
+                return payload
+        payload = build()
+        if not isinstance(payload, bytes | bytearray):
+            raise CacheError(f"build() must return bytes, got {type(payload).__name__}")
+        payload = bytes(payload)
+        with self._lock:
+            self._misses += 1
+        if self.directory is not None:
+            self._write(digest, payload)
+        return payload
+
     def _remember(self, digest: str, obj: Any, *, disk_hit: bool) -> Any:
         with self._lock:
             if disk_hit:

@@ -1,6 +1,7 @@
-"""Compiling a program for a backend, through the program cache, and running it on arrays.
+"""Building a program for a backend, loading it through the program cache, and running it.
 
-    compiled = hologram.compile(program, backend="interp")
+    artifact = hologram.build(program, backend="cpu", target="x86-64-v3")  # no device needed
+    compiled = hologram.compile(program, backend="interp")               # build + load
     y = compiled(x)                       # inputs only: outputs are allocated and returned
     compiled(x, y)                        # every parameter: outputs are written in place
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -91,10 +93,49 @@ _memo: OrderedDict[tuple, CompiledProgram] = OrderedDict()
 _memo_lock = threading.Lock()
 
 
+@dataclass(frozen=True)
+class Artifact:
+    """A program built for one backend and target (:func:`build`): the bytes a backend
+    loads (object code, shader or kernel source/binary), and what it holds."""
+
+    name: str  # the program's
+    backend: str
+    target: str  # the target's identity (CPU name and features, GPU architecture)
+    key: CacheKey
+    data: bytes = field(repr=False)
+
+    @property
+    def metadata(self) -> dict:
+        """Kernels, launch plan and resources, as the backend describes them."""
+        return backends.builder(self.backend).describe(self.data)
+
+
+def build(program: Program, backend: str = "auto", target: str | None = None,
+          options: CompileOptions | None = None) -> Artifact:
+    """Build ``program`` for ``backend`` and its target called ``target`` (``None``: the
+    one this process runs, e.g. ``HOLOGRAM_CPU_TARGET``'s) without loading it, through the
+    disk cache. Needs no device: code for other machines (``backend="cpu",
+    target="neoverse-v1"``) is built here and can be inspected or shipped."""
+    options = options or CompileOptions.from_env()
+    backend = backends.resolve(backend)
+    impl = backends.builder(backend)
+    key, make = _build_plan(program, backend, impl, target, options)
+    return Artifact(program.name, backend, key.target, key, default_cache().artifact(key, make))
+
+
+def _build_plan(program: Program, backend: str, impl: backends.Backend, target: str | None,
+                options: CompileOptions):
+    """The cache key of ``program`` built for ``target``, and the function that builds it."""
+    canonical = pipeline.canonical_form(program, options)
+    key = CacheKey(canonical.fingerprint(), backend, impl.target(target), options.key(),
+                   compiler_version())
+    return key, lambda: impl.compile(pipeline.lower(canonical, options), target)
+
+
 def compile(program: Program, backend: str = "auto",
             options: CompileOptions | None = None) -> CompiledProgram:
-    """Compile ``program`` for ``backend`` (``"auto"``: the best available; cached, see the
-    module docstring)."""
+    """Build ``program`` for ``backend`` (``"auto"``: the best available) and the target
+    this process runs, and load it (cached, see the module docstring)."""
     options = options or CompileOptions.from_env()
     backend = backends.resolve(backend)
     impl = backends.get(backend)
@@ -103,14 +144,8 @@ def compile(program: Program, backend: str = "auto",
         if memo_key in _memo:
             _memo.move_to_end(memo_key)
             return _memo[memo_key]
-    canonical = pipeline.canonical_form(program, options)
-    key = CacheKey(canonical.fingerprint(), backend, impl.target(), options.key(),
-                   compiler_version())
-    run = default_cache().get(
-        key,
-        build=lambda: impl.compile(pipeline.lower(canonical, options)),
-        load=impl.load,
-    )
+    key, make = _build_plan(program, backend, impl, None, options)
+    run = default_cache().get(key, build=make, load=impl.load)
     compiled = CompiledProgram(program, backend, key, run)
     with _memo_lock:
         _memo[memo_key] = compiled
