@@ -11,7 +11,7 @@ STAMP_BENCH := $(VENV)/.stamp-bench
 # torch is always pinned through constraints.txt; an unpinned resolve downloads gigabytes.
 PIP_INSTALL := $(VENV_PY) -m pip install -c constraints.txt
 # ruff errors on paths that do not exist, and some of these arrive later.
-LINT_PATHS := $(wildcard hologram hologram_torch tests benchmarks examples)
+LINT_PATHS := $(wildcard hologram hologram_torch tests examples)
 PYTEST_ARGS ?= -n 2
 BENCH_DIR := bench-results
 
@@ -45,7 +45,7 @@ bench: $(STAMP_BENCH)
 
 # The developer suite: compiler, cache, interpreter vs NumPy, cpu backend vs PyTorch.
 bench-dev: $(STAMP_BENCH)
-	$(VENV_PY) -m benchmarks.run
+	$(VENV_PY) -m hologram.bench.dev.run
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .hypothesis

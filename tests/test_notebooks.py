@@ -23,8 +23,7 @@ NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 
 def _execute(name: str, tmp_path: Path, monkeypatch) -> str:
     """Run notebook ``name`` in ``tmp_path``; returns the text of all its outputs."""
-    for file in (name, "benchmark_utils.py"):
-        shutil.copy(NOTEBOOKS / file, tmp_path / file)
+    shutil.copy(NOTEBOOKS / name, tmp_path / name)
     monkeypatch.setenv("HOLOGRAM_BENCH_QUICK", "1")
     monkeypatch.setenv("MPLBACKEND", "Agg")
     # The kernel imports hologram from this checkout even when it is not installed.

@@ -1,5 +1,5 @@
-"""benchmarks.training on tiny models: well-formed rows whose checks pass, and the report
-section benchmarks.run builds from them."""
+"""hologram.bench.dev.training on tiny models: well-formed rows whose checks pass, and the report
+section hologram.bench.dev.run builds from them."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from benchmarks import run as bench_run
-from benchmarks import training
+from hologram.bench.dev import run as bench_run
+from hologram.bench.dev import training
 
 
 def test_training_bench_rows_are_well_formed():

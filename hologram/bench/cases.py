@@ -5,7 +5,7 @@ output is verified with.
 Families: ``elementwise``, ``activations``, ``transcendentals``, ``reductions``, ``gemm``,
 ``losses`` and ``fused`` (a chain of ops: ``hg.jit`` against PyTorch eager and
 ``torch.compile``). ``size`` is a number of elements, except for GEMM where it is N of an
-N×N×N product. Tolerances: the seeds' rtol=1e-5, atol=1e-8 where both sides compute the
+N×N×N product. Tolerances: the notebooks' rtol=1e-5, atol=1e-8 where both sides compute the
 same rounded IEEE result (add, mul, div, neg, abs, relu, max, min); elsewhere rtol=1e-5
 with an atol of a few float32 ulps of the output's scale; for sums, an atol that grows with
 the number of terms summed (both libraries sum in float32 in different orders); matrix

@@ -2,7 +2,7 @@
 :func:`compare_frameworks`, :func:`save_results`, :func:`load_results`.
 
 A record is a flat dict (see :func:`hologram.bench.runners.compare`). Columns named
-``atlas_*`` (the first seed notebook's name for Hologram) are read as ``hologram_*``.
+``atlas_*`` (Hologram's name in older result files) are read as ``hologram_*``.
 """
 
 from __future__ import annotations

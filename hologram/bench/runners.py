@@ -181,7 +181,7 @@ def _nan_summary(prefix: str) -> Record:
 
 
 def report_line(record: Record) -> str:
-    """The seeds' three-line printout of a record, with a loud line for a failed check."""
+    """The notebooks' three-line printout of a record, with a loud line for a failed check."""
     lines = []
     if not record["verified"]:
         lines.append(f"  ❌ VERIFICATION FAILED: {record['error']}")

@@ -1,12 +1,16 @@
-"""Timing and statistics: :class:`BenchmarkResult`, :func:`benchmark_operation`, :func:`time_pair`.
+"""Timing and statistics, shared by every benchmark here: :class:`BenchmarkResult`,
+:func:`benchmark_operation` and :func:`time_pair` (``hologram bench`` and the notebooks),
+:func:`interleaved` (the developer suite, :mod:`hologram.bench.dev`).
 
-Methodology (the seeds'): warm kernels (``warmup_runs`` untimed calls first, so compilation
-and caches are excluded), then ``timing_runs`` timed calls, one call per sample, timed with
+Methodology: warm kernels (``warmup_runs`` untimed calls first, so compilation and caches
+are excluded), then ``timing_runs`` timed calls, one call per sample, timed with
 ``time.perf_counter``. Calls are synchronous: Hologram's host backends return after the
 kernel ran, and :func:`benchmark_operation` calls ``synchronize()`` on an executor it is
 given (a no-op on host backends, required on queued ones). :func:`time_pair` times two
 callables interleaved (A, B, B, A, A, B, ...) in one process, so drift on a shared machine
-hits both alike.
+hits both alike. :func:`interleaved` does the same with samples that each loop enough calls
+to last about ``sample_s``, so timer resolution does not matter for calls of a microsecond,
+and returns medians.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 #: Two-sided 95% Student-t quantiles by degrees of freedom (1..30); 1.96 beyond.
 _T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
@@ -126,12 +130,12 @@ def benchmark_operation(fn: Callable[[], Any], warmup_runs: int = 5, timing_runs
     return BenchmarkResult(name, samples, out)
 
 
-def _warm(fn: Callable[[], Any], seconds: float) -> None:
-    """Call ``fn`` untimed for about ``seconds`` (at least once)."""
+def warm(fn: Callable[..., Any], args: tuple = (), seconds: float = 0.0) -> None:
+    """Call ``fn(*args)`` untimed at least once and for at least ``seconds``."""
     end = time.perf_counter() + seconds
-    fn()
+    fn(*args)
     while time.perf_counter() < end:
-        fn()
+        fn(*args)
 
 
 def time_pair(fns: Sequence[Callable[[], Any]], warmup_runs: int = 5, timing_runs: int = 10,
@@ -163,10 +167,71 @@ def time_pair(fns: Sequence[Callable[[], Any]], warmup_runs: int = 5, timing_run
         for _ in range(timing_runs):
             for i in order:
                 if warm_s > 0:
-                    _warm(fns[i], warm_s)
+                    warm(fns[i], (), warm_s)
                 ms, outs[i] = _timed(fns[i], syncs[i])
                 samples[i].append(ms)
             order.reverse()
     finally:
         gc.enable()
     return [BenchmarkResult(n, s, o) for n, s, o in zip(names, samples, outs)]
+
+
+# --- interleaved medians (the developer suite) ------------------------------------------
+
+class Sampling(Protocol):
+    """How :func:`interleaved` samples: rounds between ``min_rounds`` and ``max_rounds``,
+    about ``budget_s`` seconds in all, each sample about ``sample_s`` seconds of calls."""
+
+    min_rounds: int
+    max_rounds: int
+    budget_s: float
+    sample_s: float
+
+
+def per_call_us(fn: Callable[..., Any], args: tuple = (), calls: int = 1) -> float:
+    """Mean µs per call of ``fn(*args)`` over ``calls`` back-to-back calls."""
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn(*args)
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def _calibrate(fn: Callable[..., Any], args: tuple, sample_s: float) -> tuple[int, float]:
+    """(calls per sample, estimated µs per call), after two warm-up calls."""
+    fn(*args)
+    fn(*args)
+    estimate = min(per_call_us(fn, args) for _ in range(3))
+    calls = max(1, min(10_000, round(sample_s * 1e6 / max(estimate, 0.05))))
+    return calls, estimate
+
+
+def interleaved(contestants: Sequence[tuple[Callable[..., Any], tuple]], sampling: Sampling,
+                warm_s: float = 0.0) -> list[float]:
+    """Median µs per call of each ``(fn, args)``, sampled round by round in alternating
+    order, with the garbage collector paused so it never lands inside one side's sample.
+
+    ``warm_s``: untimed calls of the same function before every sample. Thread pools keep
+    spinning after a parallel call before they sleep (PyTorch's OpenMP workers for tens of
+    ms, OpenBLAS's for ~0.1 s); with as many threads as cores, a pool still spinning from
+    one library's call slows the other library's next parallel calls severalfold. Warming
+    up past that window measures each side as it runs on its own. (Sleeping instead does
+    not work: calls right after an idle pause are slow for other reasons.)
+    """
+    plan = [_calibrate(fn, args, sampling.sample_s) for fn, args in contestants]
+    round_us = sum(max(warm_s * 1e6, estimate) + calls * estimate for calls, estimate in plan)
+    rounds = int(sampling.budget_s * 1e6 / max(round_us, 1.0))
+    rounds = max(sampling.min_rounds, min(sampling.max_rounds, rounds))
+    samples: list[list[float]] = [[] for _ in contestants]
+    order = list(range(len(contestants)))
+    gc.collect()
+    gc.disable()
+    try:
+        for r in range(rounds):
+            for i in order if r % 2 == 0 else reversed(order):
+                fn, args = contestants[i]
+                if warm_s:
+                    warm(fn, args, warm_s)
+                samples[i].append(per_call_us(fn, args, plan[i][0]))
+    finally:
+        gc.enable()
+    return [statistics.median(s) for s in samples]

@@ -23,7 +23,7 @@ DEFAULT_SIZES = (1_000, 10_000, 100_000, 1_000_000, 10_000_000)
 QUICK_SIZES = (10_000, 1_000_000)
 DEFAULT_GEMM = (64, 128, 256, 512, 1024)
 QUICK_GEMM = (64, 256)
-# Reductions and losses stop an order of magnitude earlier, as in the seeds.
+# Reductions and losses stop an order of magnitude earlier, as in the notebooks.
 REDUCTION_FAMILIES = ("reductions", "losses")
 #: A case holds up to about this many float32 copies of its largest operand at once: the
 #: inputs for both libraries, the outputs, and the float64 copies verification makes.

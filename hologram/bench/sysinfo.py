@@ -10,7 +10,8 @@ import sys
 import numpy as np
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what the platform module reports."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -97,6 +98,13 @@ def memory_available_bytes() -> int | None:
     return available
 
 
+def available_cores() -> int:
+    """The cores this process may run on (its affinity where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def collect_system_info() -> dict:
     """Keys: platform, python_version, cpu_model, cpu_cores_physical, cpu_cores_logical,
     cpu_cores_available (this process's affinity), cpu_freq_mhz, memory_total_gb,
@@ -113,17 +121,13 @@ def collect_system_info() -> dict:
         torch_version, torch_threads = torch.__version__, torch.get_num_threads()
     except ImportError:
         torch_version, torch_threads = "not installed", 0
-    try:
-        available = len(os.sched_getaffinity(0))
-    except AttributeError:
-        available = os.cpu_count()
     return {
         "platform": platform.platform(),
         "python_version": sys.version.split()[0],
-        "cpu_model": _cpu_model(),
+        "cpu_model": cpu_model(),
         "cpu_cores_physical": _physical_cores(),
         "cpu_cores_logical": os.cpu_count(),
-        "cpu_cores_available": available,
+        "cpu_cores_available": available_cores(),
         "cpu_freq_mhz": _cpu_freq_mhz(),
         "memory_total_gb": _memory_total_gb(),
         "numpy_version": np.__version__,

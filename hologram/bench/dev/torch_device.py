@@ -1,10 +1,10 @@
 """``torch.device('hologram')`` against PyTorch's CPU eager, in one process.
 
-    python -m benchmarks.torch_device [--quick] [--json FILE]
+    python -m hologram.bench.dev.torch_device [--quick] [--json FILE]
 
-Same method as :mod:`benchmarks.cpu`: Hologram and PyTorch interleaved round by round,
-medians, every result checked against the CPU before timing. Rows and targets (the device
-issue's):
+Same method as :mod:`hologram.bench.dev.cpu`: Hologram and PyTorch interleaved round by
+round, medians, every result checked against the CPU before timing. Rows and targets (the
+device issue's):
 
 - ``overhead``: ``a + b`` on 100 float32 elements on the device, against the same on the
   CPU; target <= 6 µs. The call is split into its parts: the dispatcher reaching a Python
@@ -19,8 +19,9 @@ issue's):
 
 from __future__ import annotations
 
-from benchmarks import cpu
-from benchmarks.sdk import _row, table
+from hologram.bench import stats
+from hologram.bench.dev import cpu
+from hologram.bench.dev.sdk import _row, table
 
 CASES = {
     "add": lambda a, b: a + b,
@@ -35,9 +36,8 @@ CASES = {
 
 def _check(torch, got, want, name: str) -> str:
     # atol 1e-5: float32 gelu near its zero crossing differs from PyTorch's by ~1e-6
-    if not torch.allclose(got.cpu(), want, rtol=1e-5, atol=1e-5):
-        return f"MISMATCH in {name}: max |diff| {(got.cpu() - want).abs().max().item():.3g}"
-    return "ok"
+    status = cpu.check(got.cpu().numpy(), want.numpy(), (1e-5, 1e-5))
+    return status if status == "ok" else f"{name}: {status}"
 
 
 def _noop_kernel(torch):
@@ -61,7 +61,7 @@ def bench_overhead(torch, settings) -> list[dict]:
     addresses = (da.data_ptr(), db.data_ptr(), out.data_ptr())
     layout = ([100], [1], 400, torch.float32)
     lib, noop = _noop_kernel(torch)
-    op_us, cpu_us, dispatch_us, alloc_us, empty_us, launch_us = cpu.interleaved([
+    op_us, cpu_us, dispatch_us, alloc_us, empty_us, launch_us = stats.interleaved([
         (lambda: da + db, ()),
         (lambda: a + b, ()),
         (noop, (da, db)),
@@ -87,7 +87,7 @@ def bench_elementwise(torch, settings, sizes) -> list[dict]:
         da, db = a.to("hologram"), b.to("hologram")
         for name, f in CASES.items():
             check = _check(torch, f(da, db), f(a, b), name)
-            dev_us, cpu_us = cpu.interleaved([(f, (da, db)), (f, (a, b))], settings,
+            dev_us, cpu_us = stats.interleaved([(f, (da, db)), (f, (a, b))], settings,
                                              warm_s=0.05 if n >= 10**6 else 0.0)
             rows.append(_row(name, n, dev_us, "CPU eager", cpu_us,
                              1.0 if n >= 10**6 else None, check))

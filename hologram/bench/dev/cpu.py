@@ -1,6 +1,6 @@
 """The ``cpu`` backend against PyTorch eager (and torch.compile for fused chains).
 
-    python -m benchmarks.cpu [--quick] [--no-torch-compile] [--json PATH]
+    python -m hologram.bench.dev.cpu [--quick] [--no-torch-compile] [--json PATH]
 
 Every case is compiled once, checked against PyTorch on the same data (at each thread
 count, before any timing), then timed in one process with Hologram and PyTorch calls
@@ -14,8 +14,8 @@ Thread counts: 1, and every core this process may use. Hologram's pool
 (``threads.set_num_threads``), its BLAS (``blas.set_blas_threads``) and PyTorch
 (``torch.set_num_threads``) are set together. With more than one thread, each sample is
 preceded by untimed calls, so that neither library's still-spinning pool slows the other's
-calls (see :func:`interleaved`), and the case waits briefly for other processes to go
-idle; the cores other processes kept busy while it was timed are reported
+calls (see :func:`hologram.bench.stats.interleaved`), and the case waits briefly for other
+processes to go idle; the cores other processes kept busy while it was timed are reported
 (``other_load``).
 
 ``ratio`` is ``torch_us / hologram_us``: above 1 means Hologram was faster. Targets are the
@@ -45,8 +45,11 @@ from pathlib import Path
 
 import numpy as np
 
+from hologram.bench import stats, sysinfo
+
 ROW = 1000  # softmax / cross_entropy row length (the issue's "rows of 1000")
-REPO = Path(__file__).resolve().parents[1]
+# The directory holding the hologram package: child processes import it from there.
+ROOT = Path(__file__).resolve().parents[3]
 
 # --- settings --------------------------------------------------------------------------
 
@@ -92,8 +95,7 @@ class Settings:
 
 def thread_counts() -> list[int]:
     """1 and all cores this process may run on (one entry on a single-core machine)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return sorted({1, cores or 1})
+    return sorted({1, sysinfo.available_cores()})
 
 
 # --- programs: hologram builders and the same computation in PyTorch --------------------
@@ -294,65 +296,6 @@ def cases(sizes: dict[str, tuple[int, ...]]) -> Iterator[Case]:
                    label=f"matmul {n}x{n}")
 
 
-# --- timing ----------------------------------------------------------------------------
-
-def _per_call_us(fn: Callable, args: tuple, calls: int) -> float:
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn(*args)
-    return (time.perf_counter() - start) / calls * 1e6
-
-
-def _calibrate(fn: Callable, args: tuple, sample_s: float) -> tuple[int, float]:
-    """(calls per sample, estimated µs per call), after two warm-up calls."""
-    fn(*args)
-    fn(*args)
-    estimate = min(_per_call_us(fn, args, 1) for _ in range(3))
-    calls = max(1, min(10_000, round(sample_s * 1e6 / max(estimate, 0.05))))
-    return calls, estimate
-
-
-def _warm(fn: Callable, args: tuple, seconds: float) -> None:
-    """Call ``fn`` untimed at least once and for at least ``seconds``."""
-    start = time.perf_counter()
-    fn(*args)
-    while time.perf_counter() - start < seconds:
-        fn(*args)
-
-
-def interleaved(contestants: list[tuple[Callable, tuple]], settings: Settings,
-                warm_s: float = 0.0) -> list[float]:
-    """Median µs per call of each ``(fn, args)``, sampled round by round in alternating
-    order, with the garbage collector paused so it never lands inside one side's sample.
-
-    ``warm_s``: untimed calls of the same function before every sample. Thread pools keep
-    spinning after a parallel call before they sleep (PyTorch's OpenMP workers for ~30-40
-    ms here, OpenBLAS's for ~0.1 s); with as many threads as cores, a pool still spinning
-    from one library's call halves the other library's next parallel calls (Hologram's x + x
-    at 1e6 on 2 threads measured ~310 µs right after PyTorch calls, ~165 µs 40 ms later).
-    Warming up past that window measures each side as it runs on its own. (Sleeping
-    instead does not work: calls right after an idle pause are slow for other reasons.)
-    """
-    plan = [_calibrate(fn, args, settings.sample_s) for fn, args in contestants]
-    round_us = sum(max(warm_s * 1e6, estimate) + calls * estimate for calls, estimate in plan)
-    rounds = int(settings.budget_s * 1e6 / max(round_us, 1.0))
-    rounds = max(settings.min_rounds, min(settings.max_rounds, rounds))
-    samples: list[list[float]] = [[] for _ in contestants]
-    order = list(range(len(contestants)))
-    gc.collect()
-    gc.disable()
-    try:
-        for r in range(rounds):
-            for i in order if r % 2 == 0 else reversed(order):
-                fn, args = contestants[i]
-                if warm_s:
-                    _warm(fn, args, warm_s)
-                samples[i].append(_per_call_us(fn, args, plan[i][0]))
-    finally:
-        gc.enable()
-    return [statistics.median(s) for s in samples]
-
-
 # --- other load on the machine ---------------------------------------------------------
 
 def _busy_ticks() -> tuple[int, int] | None:
@@ -522,7 +465,7 @@ def _measure(case: Case, n: int, settings: Settings, torch, compiled, arrays: tu
         if n > 1:
             wait_for_quiet(settings.quiet_wait_s)
         load = OtherLoad()
-        times = interleaved(contestants, settings, _warm_s(case, n))
+        times = stats.interleaved(contestants, settings, _warm_s(case, n))
         others = load.cores()
     note = _matmul_note(case, times) if case.family == "matmul" else ""
     rows = [_row(case, n, "eager", (times[0], times[1]), case.target, status, note, others)]
@@ -534,8 +477,9 @@ def _measure(case: Case, n: int, settings: Settings, torch, compiled, arrays: tu
 
 
 def _warm_s(case: Case, threads: int) -> float:
-    """Untimed warm-up before each sample (see :func:`interleaved`): none on one thread,
-    where no pool spins; longer where OpenBLAS (matmul) may still be spinning."""
+    """Untimed warm-up before each sample (see :func:`hologram.bench.stats.interleaved`):
+    none on one thread, where no pool spins; longer where OpenBLAS (matmul) may still be
+    spinning."""
     if threads == 1:
         return 0.0
     return 0.15 if case.family == "matmul" else 0.05
@@ -553,7 +497,7 @@ _CHILD = """
 import sys, time
 import hologram
 from hologram import backends
-from benchmarks.cpu import build_program
+from hologram.bench.dev.cpu import build_program
 start = time.perf_counter()
 backends.get("cpu")  # imports llvmlite and the backend: excluded from the measurement
 imported = time.perf_counter()
@@ -567,9 +511,9 @@ print((imported - start) * 1e3, (time.perf_counter() - start_compile) * 1e3)
 def _child_ms(name: str, n: int, variant: int, cache_dir: str) -> tuple[float, float]:
     """(ms importing the cpu backend, ms in ``hologram.compile``) in a fresh process."""
     env = dict(os.environ, HOLOGRAM_CACHE_DIR=cache_dir)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     out = subprocess.run([sys.executable, "-c", _CHILD, name, str(n), str(variant)],
-                         check=True, capture_output=True, text=True, cwd=REPO, env=env)
+                         check=True, capture_output=True, text=True, cwd=ROOT, env=env)
     imported, compiled = out.stdout.split()[-2:]
     return float(imported), float(compiled)
 
@@ -749,12 +693,8 @@ def environment(torch) -> dict:
 
     from hologram.backends.cpu import blas, llvm
 
-    model = ""
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as info:
-        model = next((line.split(":", 1)[1].strip() for line in info
-                      if line.startswith("model name")), "")
     return {
-        "cpu": model or platform.processor(), "cores": thread_counts()[-1],
+        "cpu": sysinfo.cpu_model(), "cores": thread_counts()[-1],
         "python": platform.python_version(), "numpy": np.__version__,
         "torch": torch.__version__, "llvmlite": importlib.metadata.version("llvmlite"),
         "llvm": ".".join(map(str, binding.llvm_version_info)),

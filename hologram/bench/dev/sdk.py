@@ -1,16 +1,17 @@
 """The SDK's costs against PyTorch eager: per-op overhead, allocating ops, hg.jit fusion.
 
-    python -m benchmarks.sdk [--quick]
+    python -m hologram.bench.dev.sdk [--quick] [--json FILE]
 
-Same method as :mod:`benchmarks.cpu`: one process, Hologram and PyTorch interleaved round
-by round, medians, every result checked before timing. Rows and targets (the SDK issue's):
+Same method as :mod:`hologram.bench.dev.cpu`: one process, Hologram and PyTorch interleaved
+round by round, medians, every result checked before timing. Rows and targets (the SDK
+issue's):
 
 - ``overhead``: ``hg.ops.vector_add(ex, a, b, c)`` on 100 float32 elements with a
   preallocated output, against ``torch.add(a, b, out=c)``; target <= 1.5 µs. The same call
   is split into its parts: the launch alone (the compiled kernel called by address), the
   dispatch (what remains), and allocation (``ex.empty`` vs ``torch.empty``) for ops that
   return new buffers.
-- ``allocating``: the seed-001 form ``hg.ops.vector_add(a, b)`` (a new output buffer per
+- ``allocating``: the allocating form ``hg.ops.vector_add(a, b)`` (a new output buffer per
   call) against ``torch.add(a, b)``; target >= 1.5x PyTorch at 1e7.
 - ``fused``: ``hg.jit(lambda a, b, c: relu(a * b + c))`` against the same three ops called
   one by one through the SDK; target >= 2x at 1e6. PyTorch eager is listed for reference.
@@ -23,14 +24,15 @@ from __future__ import annotations
 import numpy as np
 
 import hologram as hg
-from benchmarks import cpu
+from hologram.bench import stats
+from hologram.bench.dev import cpu
+
+TOLERANCE = (1e-5, 1e-6)  # (rtol, atol)
 
 
 def _check(got: np.ndarray, want, name: str) -> str:
-    want = np.asarray(want)
-    if got.shape != want.shape or not np.allclose(got, want, rtol=1e-5, atol=1e-6):
-        return f"MISMATCH in {name}: max |diff| {np.max(np.abs(got - want)):.3g}"
-    return "ok"
+    status = cpu.check(got, np.asarray(want), TOLERANCE)
+    return status if status == "ok" else f"{name}: {status}"
 
 
 def _row(name, size, hologram_us, baseline, baseline_us, target, check, note=""):
@@ -51,9 +53,9 @@ def bench_overhead(ex, torch, settings) -> list[dict]:
     hg.ops.vector_add(ex, a, b, c)
     check = _check(c.to_numpy(), x + y, "vector_add")
     kernel = next(iter(hg.ops.vector_add.op.kernels.values()))
-    addresses = (a._address, b._address, c._address)
+    addresses = (a.handle, b.handle, c.handle)
     f32 = np.dtype(np.float32)
-    op_us, torch_us, launch_us, empty_us, torch_empty_us = cpu.interleaved([
+    op_us, torch_us, launch_us, empty_us, torch_empty_us = stats.interleaved([
         (hg.ops.vector_add, (ex, a, b, c)),
         (lambda: torch.add(ta, tb, out=tc), ()),
         (kernel.by_address, (addresses,)),
@@ -76,7 +78,7 @@ def bench_allocating(ex, torch, settings, sizes) -> list[dict]:
         a, b = ex.from_numpy(x), ex.from_numpy(y)
         ta, tb = torch.from_numpy(x), torch.from_numpy(y)
         check = _check(hg.ops.vector_add(a, b).to_numpy(), x + y, "vector_add")
-        hg_us, torch_us = cpu.interleaved(
+        hg_us, torch_us = stats.interleaved(
             [(hg.ops.vector_add, (a, b)), (torch.add, (ta, tb))], settings,
             warm_s=0.05 if n >= 10**6 else 0.0)
         rows.append(_row("vector_add(a, b)", n, hg_us, "torch.add", torch_us,
@@ -102,7 +104,7 @@ def bench_fused(ex, torch, settings, sizes) -> list[dict]:
             check = _check(one_by_one(*bufs).to_numpy(), want, "eager relu(a*b+c)")
         kernels = len(hg.compiler.pipeline.lower(
             hg.compiler.pipeline.canonical_form(fused.trace(*bufs))).kernels)
-        fused_us, eager_us, torch_us = cpu.interleaved(
+        fused_us, eager_us, torch_us = stats.interleaved(
             [(fused, bufs), (one_by_one, bufs),
              (lambda a, b, c: torch.relu(a * b + c), tensors)], settings, warm_s=0.05)
         rows.append(_row("jit relu(a*b+c)", n, fused_us, "hg.ops one by one", eager_us,

@@ -1,10 +1,10 @@
 """Training steps on ``torch.device('hologram')`` and with ``hologram_torch.nn`` against
 PyTorch's CPU eager, in one process.
 
-    python -m benchmarks.training [--quick] [--json FILE] [--profile [CASE]]
+    python -m hologram.bench.dev.training [--quick] [--json FILE] [--profile [CASE]]
 
-Same method as :mod:`benchmarks.cpu`: Hologram and PyTorch interleaved round by round,
-medians. One timed call is one whole training step, ``zero_grad`` + forward + loss +
+Same method as :mod:`hologram.bench.dev.cpu`: Hologram and PyTorch interleaved round by
+round, medians. One timed call is one whole training step, ``zero_grad`` + forward + loss +
 backward + ``optimizer.step`` (Adam), on a fixed batch. Cases:
 
 - ``mlp``: Linear 256->512, GELU, Linear 512->512, ReLU, Linear 512->1 on a batch of 64,
@@ -32,7 +32,8 @@ import copy
 import os
 import time
 
-from benchmarks import cpu
+from hologram.bench import stats
+from hologram.bench.dev import cpu
 
 RTOL = 1e-4
 # Untimed steps before every sample: three thread pools share the cores here (PyTorch's
@@ -145,7 +146,7 @@ def _row(case, hologram, hologram_ms, baseline, cpu_ms, check, note, fallbacks, 
 
 
 def _interleaved(steps, settings) -> tuple[list[float], list[float]]:
-    """(median µs, fastest µs) per step function, by :func:`benchmarks.cpu.interleaved`.
+    """(median µs, fastest µs) per step function, by :func:`hologram.bench.stats.interleaved`.
 
     The fastest single call is kept too: on a loaded machine a median step can include
     waits for a time slice (multiples of ~12 ms here), the fastest rarely does."""
@@ -158,7 +159,7 @@ def _interleaved(steps, settings) -> tuple[list[float], list[float]]:
             best[i] = min(best[i], (time.perf_counter() - start) * 1e6)
         return call
 
-    medians = cpu.interleaved([(timed(i, s), ()) for i, s in enumerate(steps)], settings,
+    medians = stats.interleaved([(timed(i, s), ()) for i, s in enumerate(steps)], settings,
                               warm_s=WARM_S)
     return medians, best
 

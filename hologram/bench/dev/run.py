@@ -1,11 +1,12 @@
-"""The developer benchmark suite: the CPU backend against PyTorch (:mod:`benchmarks.cpu`),
-the SDK's per-op costs and fusion (:mod:`benchmarks.sdk`), the PyTorch device's per-op
-overhead and elementwise ratios (:mod:`benchmarks.torch_device`), training steps on the
-device and with ``hologram_torch.nn`` (:mod:`benchmarks.training`), compiler and
-program-cache costs, and a small check of the reference interpreter against NumPy eager on
-the same fused programs.
+"""The developer benchmark suite: the CPU backend against PyTorch
+(:mod:`hologram.bench.dev.cpu`), the SDK's per-op costs and fusion
+(:mod:`hologram.bench.dev.sdk`), the PyTorch device's per-op overhead and elementwise
+ratios (:mod:`hologram.bench.dev.torch_device`), training steps on the device and with
+``hologram_torch.nn`` (:mod:`hologram.bench.dev.training`), compiler and program-cache
+costs, and a small check of the reference interpreter against NumPy eager on the same
+fused programs.
 
-    python -m benchmarks.run [--out DIR] [--quick] [--no-torch-compile]
+    python -m hologram.bench.dev.run [--out DIR] [--quick] [--no-torch-compile]
 
 Measured in one process, interleaved, medians over repeated runs, with a temporary
 program cache. Writes ``results.json`` and ``report.md`` to DIR (default
@@ -33,8 +34,9 @@ from pathlib import Path
 import numpy as np
 
 import hologram
-from benchmarks import cpu, sdk, torch_device, training
 from hologram import backends, config
+from hologram.bench import stats
+from hologram.bench.dev import cpu, sdk, torch_device, training
 from hologram.compiler import pipeline
 from hologram.frontend.graph import Graph
 
@@ -93,14 +95,8 @@ PROGRAMS = {
 }
 
 
-def _once_us(fn, args=()) -> float:
-    start = time.perf_counter()
-    fn(*args)
-    return (time.perf_counter() - start) * 1e6
-
-
 def _median_us(fn, repeat: int) -> float:
-    return statistics.median(_once_us(fn) for _ in range(repeat))
+    return statistics.median(stats.per_call_us(fn) for _ in range(repeat))
 
 
 def bench_compiler(n: int, repeat: int, backend: str) -> list[dict]:
@@ -139,7 +135,7 @@ def bench_new_process_disk_hit(backend: str) -> float:
     """Milliseconds for a fresh process to compile a program already on disk (after
     importing hologram and the backend), measured inside that process."""
     code = (
-        "import sys, time, hologram; from benchmarks.run import PROGRAMS; "
+        "import sys, time, hologram; from hologram.bench.dev.run import PROGRAMS; "
         "from hologram.frontend.graph import Graph; hologram.backends.get(sys.argv[1])\n"
         "g = Graph('softmax'); PROGRAMS['softmax'](g, 100000); p = g.program()\n"
         "t = time.perf_counter(); hologram.compile(p, sys.argv[1]); "
@@ -171,8 +167,8 @@ def bench_execution(sizes: list[int], repeat: int) -> list[dict]:
                                        rtol=1e-4, atol=1e-5)
             interp, numpy_eager = [], []
             for _ in range(repeat):  # interleaved, so drift hits both alike
-                interp.append(_once_us(compiled, inputs))
-                numpy_eager.append(_once_us(reference, inputs))
+                interp.append(stats.per_call_us(compiled, inputs))
+                numpy_eager.append(stats.per_call_us(reference, inputs))
             rows.append({
                 "program": name, "elements": n,
                 "interp_us": statistics.median(interp),
