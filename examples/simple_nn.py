@@ -1,5 +1,5 @@
-"""Seed 002's SimpleNN: a model built from hologram_torch.nn layers, used like any
-PyTorch model (CPU tensors here; add .to("hologram") to run it on the device)."""
+"""SimpleNN: a model built from hologram_torch.nn layers, used like any PyTorch model
+(CPU tensors here; add .to("hologram") to run it on the device)."""
 
 import torch
 

@@ -1,5 +1,5 @@
-"""Seed 002's training loop: hologram_torch.nn layers, MSELoss and Adam, on the hologram
-device, with the same run on the CPU alongside to show the losses agree."""
+"""A training loop: hologram_torch.nn layers, MSELoss and Adam, on the hologram device,
+with the same run on the CPU alongside to show the losses agree."""
 
 import torch
 

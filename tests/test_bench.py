@@ -79,7 +79,7 @@ def test_system_info_has_every_key_the_notebooks_print():
                 "torch_version", "torch_num_threads", "hologram_version", "timestamp"):
         assert key in info, key
     assert info["hologram_version"] == hg.__version__
-    f"{info['cpu_freq_mhz']:.0f} {info['memory_total_gb']:.1f}"  # the seeds' formats
+    f"{info['cpu_freq_mhz']:.0f} {info['memory_total_gb']:.1f}"  # the notebooks' formats
 
 
 def test_notebook_helpers_record_and_flag_failures(capsys):

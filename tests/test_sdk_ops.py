@@ -899,7 +899,7 @@ def test_reduction_conventions(ex):
     x = rand(20, np.float32, 1)
     X = ex.from_numpy(x)
     out = ex.from_numpy(np.full(3, -1, np.float32))
-    assert ops.reduce_sum(ex, X, out) is out  # seeds' C style: a 1-element-or-more out
+    assert ops.reduce_sum(ex, X, out) is out  # the C-style out: 1 element or more
     check(out, np.array([x.sum(), -1, -1], np.float32), rtol=1e-5)
     out0 = ex.allocate((), np.float32)
     ops.reduce_max(X, out=out0)

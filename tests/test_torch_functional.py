@@ -1,5 +1,5 @@
-"""hologram_torch.functional and hologram_torch.nn (seed 002): values against torch on CPU
-and hologram tensors, gradients with gradcheck in float64, drop-in modules."""
+"""hologram_torch.functional and hologram_torch.nn: values against torch on CPU and
+hologram tensors, gradients with gradcheck in float64, drop-in modules."""
 
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ def test_gradcheck_float64(name, device):
                                     eps=1e-6, atol=1e-5)
 
 
-def test_seed_forms_take_an_executor_first():
+def test_functional_ops_accept_an_executor_first():
     ex = hg.Executor(backend="cpu")
     assert hg.Executor is hologram.Executor
     a, b = torch.randn(1000), torch.randn(1000)
@@ -138,7 +138,7 @@ def test_modules_are_drop_in(index, device):
     torch.testing.assert_close(ours(x.to(device)).cpu(), theirs(x), rtol=1e-5, atol=1e-6)
 
 
-def test_seed_simple_nn_trains_like_torch():
+def test_simple_nn_example_trains_like_torch():
     class SimpleNN(torch.nn.Module):
         def __init__(self, lib):
             super().__init__()
