@@ -63,7 +63,7 @@ def _check_device(device: Any) -> None:
 
 def _device_sync(device: Any) -> Callable[[], None] | None:
     """The device module's ``synchronize`` (``torch.hologram.synchronize``), called with no
-    argument: the call with a device argument parses it, ~1 µs that would be timed."""
+    argument: the call with a device argument parses it, a cost that would be timed."""
     import torch
 
     module = getattr(torch, torch.device(device).type, None)
@@ -166,8 +166,8 @@ def compare(name: str, size: int, torch_fn: Callable, hologram_fn: Callable,
 
 def default_warm_s(family: str) -> float:
     """Untimed warm-up before each sample: none when both libraries run on one thread (no
-    pool to spin), else past PyTorch's OpenMP spin (~40 ms) or, for matrix products,
-    OpenBLAS's (~0.1 s)."""
+    pool to spin), else past PyTorch's OpenMP spin or, for matrix products, OpenBLAS's
+    longer one (see :mod:`hologram.bench.stats`)."""
     import torch
 
     if hg.get_num_threads() == 1 and torch.get_num_threads() == 1:

@@ -11,6 +11,15 @@ callables interleaved (A, B, B, A, A, B, ...) in one process, so drift on a shar
 hits both alike. :func:`interleaved` does the same with samples that each loop enough calls
 to last about ``sample_s``, so timer resolution does not matter for calls of a microsecond,
 and returns medians.
+
+Warm-up before each sample (``warm_s``, both timers): thread pools keep spinning for a
+while after a parallel call before they sleep (PyTorch's OpenMP workers, and OpenBLAS's for
+longer; docs/performance.md, "Measurement notes", has the windows measured). When the
+threads of both libraries cover the cores, a pool still spinning from one library's call
+slows the other's next calls several times over. Calling the same callable untimed for
+``warm_s`` before each sample measures each side as it runs on its own; sleeping instead
+does not work, since calls right after an idle pause are slow for other reasons. Both
+timers pause the garbage collector while sampling, so it never lands inside a sample.
 """
 
 from __future__ import annotations
@@ -145,12 +154,8 @@ def time_pair(fns: Sequence[Callable[[], Any]], warmup_runs: int = 5, timing_run
     """Time several callables interleaved in one process: every round calls each once,
     the order alternating between rounds (ABC, CBA, ...). Returns one result per callable.
 
-    ``warm_s``: untimed calls of the same callable for that long before each sample. Thread
-    pools keep spinning after a parallel call before they sleep (PyTorch's OpenMP workers
-    for tens of ms, OpenBLAS's for ~0.1 s); when the threads of both libraries cover the
-    cores, a pool still spinning from one library's call slows the other's next call several
-    times over. Warming past that window measures each side as it runs on its own. The
-    garbage collector is paused while sampling, so it never lands inside one sample.
+    ``warm_s``: untimed calls of the same callable for that long before each sample (see
+    the module docstring).
     """
     _check_runs(warmup_runs, timing_runs)
     names = list(names) if names is not None else [f"fn{i}" for i in range(len(fns))]
@@ -210,12 +215,8 @@ def interleaved(contestants: Sequence[tuple[Callable[..., Any], tuple]], samplin
     """Median µs per call of each ``(fn, args)``, sampled round by round in alternating
     order, with the garbage collector paused so it never lands inside one side's sample.
 
-    ``warm_s``: untimed calls of the same function before every sample. Thread pools keep
-    spinning after a parallel call before they sleep (PyTorch's OpenMP workers for tens of
-    ms, OpenBLAS's for ~0.1 s); with as many threads as cores, a pool still spinning from
-    one library's call slows the other library's next parallel calls severalfold. Warming
-    up past that window measures each side as it runs on its own. (Sleeping instead does
-    not work: calls right after an idle pause are slow for other reasons.)
+    ``warm_s``: untimed calls of the same function for that long before every sample (see
+    the module docstring).
     """
     plan = [_calibrate(fn, args, sampling.sample_s) for fn, args in contestants]
     round_us = sum(max(warm_s * 1e6, estimate) + calls * estimate for calls, estimate in plan)

@@ -38,7 +38,7 @@ from hologram.bench.dev import cpu
 RTOL = 1e-4
 # Untimed steps before every sample: three thread pools share the cores here (PyTorch's
 # OpenMP, OpenBLAS's for Hologram's matmuls, Hologram's own), and a pool still spinning
-# from the other side's steps (OpenBLAS's for ~0.1 s) slows the next steps by multiples.
+# from the other side's steps (OpenBLAS's longest) slows the next steps by multiples.
 WARM_S = 0.1
 SIZES = {
     "mlp": {"features": 256, "hidden": 512, "batch": 64},
@@ -149,7 +149,7 @@ def _interleaved(steps, settings) -> tuple[list[float], list[float]]:
     """(median µs, fastest µs) per step function, by :func:`hologram.bench.stats.interleaved`.
 
     The fastest single call is kept too: on a loaded machine a median step can include
-    waits for a time slice (multiples of ~12 ms here), the fastest rarely does."""
+    waits for whole time slices of the scheduler, the fastest rarely does."""
     best = [float("inf")] * len(steps)
 
     def timed(i, step):
