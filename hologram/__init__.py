@@ -37,14 +37,14 @@ from hologram.version import __version__
 def set_num_threads(n: int | None) -> None:
     """Threads the CPU backend runs kernels on (the calling thread included); ``None``
     returns to ``HOLOGRAM_NUM_THREADS``, else every core available to this process."""
-    from hologram.backends.cpu import threads
+    from hologram.backends.cpu import threads  # lazy: loads LLVM, which `import hologram` avoids
 
     threads.set_num_threads(n)
 
 
 def get_num_threads() -> int:
     """The number of threads the CPU backend currently uses."""
-    from hologram.backends.cpu import threads
+    from hologram.backends.cpu import threads  # lazy: loads LLVM, which `import hologram` avoids
 
     return threads.num_threads()
 

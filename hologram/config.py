@@ -18,6 +18,7 @@ Values are read at call time, so tests and users can change the environment at r
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,6 +107,15 @@ def num_threads() -> int:
     if raw is not _threads_seen[0]:
         _threads_seen[:] = [raw, _int(_THREADS, 0, 0)]
     return _threads_seen[1]
+
+
+@functools.cache
+def available_cores() -> int:
+    """Cores this process may run on (its affinity mask at first use, as OpenMP reads it
+    once), not the machine's total: the default of ``HOLOGRAM_NUM_THREADS``."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
 
 
 def _read() -> Settings:

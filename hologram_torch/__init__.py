@@ -22,7 +22,8 @@ is installed (``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` disables that).
 from __future__ import annotations
 
 import hologram
-from hologram_torch.device import NAME, register
+from hologram_torch.constants import NAME
+from hologram_torch.device import register
 
 register()
 

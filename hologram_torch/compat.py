@@ -40,9 +40,9 @@ import torch
 
 from hologram.errors import DeviceError
 from hologram_torch import memory
-from hologram_torch.device import NAME, _index
+from hologram_torch.constants import CPU_KEYS, NAME
+from hologram_torch.device import _index
 
-_CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 _installed = False
 _install_lock = threading.Lock()
 _libraries: list[torch.library.Library] = []  # registrations live as long as these do
@@ -187,7 +187,7 @@ def _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None,
                                                    torch.device(device).type == "cpu"):
         non_blocking = False
     return torch.ops.aten._to_copy.default._handle.redispatch_boxed(
-        _CPU_KEYS, self, dtype=dtype, layout=layout, device=device, pin_memory=pin_memory,
+        CPU_KEYS, self, dtype=dtype, layout=layout, device=device, pin_memory=pin_memory,
         non_blocking=non_blocking, memory_format=memory_format)
 
 

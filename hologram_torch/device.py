@@ -18,8 +18,7 @@ import torch
 
 import hologram
 from hologram.errors import DeviceError
-
-NAME = "hologram"
+from hologram_torch.constants import NAME
 
 
 def _check_torch() -> None:
@@ -139,14 +138,14 @@ def get_amp_supported_dtype() -> list[torch.dtype]:
 def memory_allocated(device: object = None) -> int:
     """Bytes held by live tensors (pool blocks, rounded to their size class)."""
     _index(device)
-    from hologram_torch import memory
+    from hologram_torch import memory  # lazy: it needs the registered device
 
     return memory.stats()["allocated_bytes"]
 
 
 def max_memory_allocated(device: object = None) -> int:
     _index(device)
-    from hologram_torch import memory
+    from hologram_torch import memory  # lazy: it needs the registered device
 
     return memory.stats()["peak_allocated_bytes"]
 
@@ -154,7 +153,7 @@ def max_memory_allocated(device: object = None) -> int:
 def memory_reserved(device: object = None) -> int:
     """Bytes the pool has mapped from the OS (live blocks plus its cache)."""
     _index(device)
-    from hologram_torch import memory
+    from hologram_torch import memory  # lazy: it needs the registered device
 
     return memory.stats()["reserved_bytes"]
 
@@ -164,7 +163,7 @@ def memory_stats(device: object = None) -> dict:
     ``torch.cuda``-style names ``allocated_bytes.all.current``, ``.peak`` and
     ``reserved_bytes.all.current``."""
     _index(device)
-    from hologram_torch import memory
+    from hologram_torch import memory  # lazy: it needs the registered device
 
     stats = memory.stats()
     stats["allocated_bytes.all.current"] = stats["allocated_bytes"]
@@ -175,14 +174,14 @@ def memory_stats(device: object = None) -> dict:
 
 def reset_peak_memory_stats(device: object = None) -> None:
     _index(device)
-    from hologram_torch import memory
+    from hologram_torch import memory  # lazy: it needs the registered device
 
     memory.pool().reset_peak_stats()
 
 
 def empty_cache() -> None:
     """Return the pool's cached (free) blocks to the OS."""
-    from hologram_torch import memory
+    from hologram_torch import memory  # lazy: it needs the registered device
 
     memory.empty_cache()
 

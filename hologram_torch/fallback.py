@@ -19,9 +19,8 @@ import torch
 from torch.utils._pytree import tree_map
 
 from hologram_torch import memory
-from hologram_torch.device import NAME
+from hologram_torch.constants import CPU_KEYS, NAME
 
-_CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 _CPU = torch.device("cpu")
 _counts: Counter[str] = Counter()
 _lock = threading.Lock()
@@ -77,7 +76,7 @@ def _rewrap_numbers(op, args: tuple) -> tuple:
 def run_on_cpu(op, *args, **kwargs):
     """The boxed fallback kernel registered for the hologram dispatch key."""
     if _returns_view(op):
-        return op._handle.redispatch_boxed(_CPU_KEYS, *args, **kwargs)
+        return op._handle.redispatch_boxed(CPU_KEYS, *args, **kwargs)
     name = str(op)
     with _lock:
         first = name not in _counts

@@ -17,11 +17,10 @@ import torch
 
 from hologram.errors import OutOfMemoryError
 from hologram.runtime.pool import Pool
-from hologram_torch.device import NAME
+from hologram_torch.constants import CPU_KEYS, NAME
 
-DEVICE = torch.device(NAME, 0)
+DEVICE = torch.device(NAME, 0)  # memory is imported after the device is registered
 _CPU_DEVICE = torch.device("cpu")
-_CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 _construct = torch._C._construct_storage_from_data_pointer
 _create = torch._C._acc.create_empty_tensor
 _set = torch.ops.aten.set_.source_Storage_storage_offset._handle.redispatch_boxed
@@ -128,7 +127,7 @@ def span(size, stride) -> int:
 def point_at(t: torch.Tensor, st: torch.UntypedStorage, offset: int, size, stride
              ) -> torch.Tensor:
     """Make device tensor ``t`` view ``st`` (metadata only, like ``t.set_``)."""
-    _set(_CPU_KEYS, t, st, offset, size, stride)
+    _set(CPU_KEYS, t, st, offset, size, stride)
     return t
 
 
@@ -136,7 +135,7 @@ def on_storage(st: torch.UntypedStorage, dtype: torch.dtype, size, stride,
                offset: int = 0) -> torch.Tensor:
     """A device tensor viewing ``st``."""
     t = _create([0], dtype)
-    _set(_CPU_KEYS, t, st, offset, size, stride)
+    _set(CPU_KEYS, t, st, offset, size, stride)
     return t
 
 
@@ -167,7 +166,7 @@ def empty(size, dtype: torch.dtype | None = None, stride=None) -> torch.Tensor:
     else:
         nbytes = span(size, stride) * dtype.itemsize
     t = _create([0], dtype)
-    _set(_CPU_KEYS, t, storage(nbytes), 0, size, stride)
+    _set(CPU_KEYS, t, storage(nbytes), 0, size, stride)
     return t
 
 
@@ -200,7 +199,7 @@ def resize(t: torch.Tensor, size) -> torch.Tensor:
         if st.nbytes():
             cpu_alias_bytes(new).narrow(0, 0, st.nbytes()).copy_(cpu_alias_bytes(st))
         st = new
-    _set(_CPU_KEYS, t, st, t.storage_offset(), size, stride)
+    _set(CPU_KEYS, t, st, t.storage_offset(), size, stride)
     return t
 
 

@@ -30,6 +30,7 @@ from hologram.compiler.body import Body
 from hologram.compiler.options import CompileOptions
 from hologram.isa import dtypes as dt
 from hologram.isa.ir import COMMUTATIVE_OPS, Instr, Kernel, Program, encode_const
+from hologram.isa.semantics import evaluate
 
 _SWAPPED_COMPARE = {"gt": "lt", "ge": "le"}
 _UNFOLDABLE = ("load", "store", "index")
@@ -61,14 +62,13 @@ def _const_side(body: Body, instr: Instr, value: object) -> int | None:
 
 
 def fold_constants(body: Body, instr: Instr) -> int | None:
-    """Evaluate instructions whose operands are all constants with the reference
-    interpreter's semantics, so folding can never disagree with execution."""
+    """Evaluate instructions whose operands are all constants with the ISA's executable
+    semantics (which the reference interpreter runs), so folding can never disagree with
+    execution."""
     if instr.op in _UNFOLDABLE or not instr.args:
         return None
     if not all(_is_const(body, a) for a in instr.args):
         return None
-    from hologram.isa.semantics import evaluate
-
     args = [np.full(body.get(a).shape, body.get(a).value, body.get(a).dtype.compute)
             for a in instr.args]
     value = evaluate(instr, args, body.domain).reshape(-1)

@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass
 
 from hologram.errors import IRError, ShapeError
+from hologram.frontend.mixin import OperatorMixin, reshaped
 from hologram.isa.builder import KernelBuilder, ProgramBuilder, Value
 from hologram.isa.dtypes import DType
 from hologram.isa.ir import IndexMap, Program
@@ -29,7 +30,7 @@ Scalar = bool | int | float
 
 
 @dataclass(frozen=True, eq=False)
-class Tensor:
+class Tensor(OperatorMixin):
     graph: Graph
     buffer: int
     dtype: DType
@@ -82,9 +83,9 @@ class Tensor:
         return self._view(shape, strides, self.offset)
 
     def reshape(self, *shape: int) -> Tensor:
-        shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], tuple) else shape
-        if math.prod(shape) != math.prod(self.shape):
-            raise ShapeError(f"cannot reshape {list(self.shape)} to {list(shape)}")
+        """A view of another shape (one extent may be -1); a copy first when this view
+        is not contiguous."""
+        shape = reshaped(shape, math.prod(self.shape), self.shape)
         source = self if self._contiguous() else self.graph.copy(self)
         return source._view(shape, IndexMap.contiguous(shape).strides, source.offset)
 
@@ -100,18 +101,15 @@ class Tensor:
         extra = rank - self.ndim
         return self._view((1,) * extra + self.shape, (0,) * extra + self.strides, self.offset)
 
-    # --- operators --------------------------------------------------------------------
-    def __add__(self, o): return self.graph.binary("add", self, o)
-    def __radd__(self, o): return self.graph.binary("add", o, self)
-    def __sub__(self, o): return self.graph.binary("sub", self, o)
-    def __rsub__(self, o): return self.graph.binary("sub", o, self)
-    def __mul__(self, o): return self.graph.binary("mul", self, o)
-    def __rmul__(self, o): return self.graph.binary("mul", o, self)
-    def __truediv__(self, o): return self.graph.binary("div", self, o)
-    def __rtruediv__(self, o): return self.graph.binary("div", o, self)
-    def __neg__(self): return self.graph.unary("neg", self)
-    def __abs__(self): return self.graph.unary("abs", self)
-    def __matmul__(self, o): return self.graph.matmul(self, o)
+    # --- operators (see hologram.frontend.mixin) ---------------------------------------
+    def _apply(self, op: str, *operands: object) -> object:
+        if op in ("neg", "abs"):
+            return self.graph.unary(op, *operands)
+        if op == "matmul":
+            return self.graph.matmul(*operands)
+        if op == "pow":  # no power in the graph's vocabulary
+            return NotImplemented
+        return self.graph.binary(op, *operands)
 
 
 def _broadcast(shapes: list[tuple[int, ...]]) -> tuple[int, ...]:

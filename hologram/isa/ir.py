@@ -29,7 +29,9 @@ import math
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from hologram.isa.dtypes import DType
+import numpy as np
+
+from hologram.isa.dtypes import DType, round_bf16
 
 # --- opcodes ---------------------------------------------------------------------------
 MEMORY_OPS = ("load", "store")
@@ -264,7 +266,7 @@ class Program:
         return hashlib.sha256(repr(self.key()).encode()).hexdigest()
 
     def __str__(self) -> str:
-        from hologram.isa.text import print_program
+        from hologram.isa.text import print_program  # lazy: the text form builds on this module
 
         return print_program(self)
 
@@ -276,8 +278,6 @@ def encode_const(dtype: DType, value: object) -> bool | int | str:
     Floats are rounded to the dtype and stored as ``float.hex`` strings; all NaNs become
     one quiet NaN. Integers wrap to the dtype's width (two's complement).
     """
-    import numpy as np
-
     if dtype.is_bool:
         return bool(value)
     if dtype.is_int:
@@ -290,8 +290,6 @@ def encode_const(dtype: DType, value: object) -> bool | int | str:
     if math.isnan(v):
         return "nan"
     if dtype.name == "bf16":
-        from hologram.isa.dtypes import round_bf16
-
         v = float(round_bf16(np.float64(v)))
     elif dtype.bits < 64:
         with np.errstate(over="ignore"):

@@ -261,7 +261,7 @@ def _is_canonical_float(t: DType, text: str) -> bool:
 
 def _render(program: Program, kernel: Kernel, pos: int) -> str:
     try:
-        from hologram.isa.text import print_instr
+        from hologram.isa.text import print_instr  # lazy: the text form imports this module
 
         return print_instr(program, kernel, pos)
     except Exception:  # the instruction may be too broken to print; show its fields

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import ctypes
 import math
-import operator
 
 import numpy as np
 
 from hologram.errors import DTypeError, InvalidBufferError, ShapeError
+from hologram.frontend.mixin import SdkOperators, reshaped, sdk_operator
 
 #: NumPy dtypes a buffer may have (bf16 is not one: NumPy has no bfloat16 type).
 DTYPES = tuple(np.dtype(t) for t in (
@@ -45,30 +45,6 @@ def as_dtype(dtype: object, where: str) -> np.dtype:
         raise DTypeError(f"{where}: unsupported dtype {dtype!r}; supported: {names}. Convert "
                          "the data first (e.g. x.astype(np.float32)) or pass one of these")
     return dt
-
-
-#: The most dimensions a buffer may have (NumPy's limit).
-MAX_NDIM = 64
-
-
-def as_shape(shape: object, where: str, *, infer: bool = False) -> tuple[int, ...]:
-    """An int or a sequence of ints as a shape of non-negative extents (``infer``: one
-    extent may be -1, as in ``reshape``)."""
-    try:
-        dims = (operator.index(shape),) if not hasattr(shape, "__len__") else tuple(
-            operator.index(n) for n in shape)
-    except TypeError:
-        raise ShapeError(f"{where}: a shape is an int or a sequence of ints, got {shape!r}"
-                         ) from None
-    if len(dims) > MAX_NDIM:
-        raise ShapeError(f"{where}: shape has {len(dims)} dimensions; at most {MAX_NDIM} are "
-                         "supported")
-    if infer and dims.count(-1) > 1:
-        raise ShapeError(f"{where}: only one extent of shape {list(dims)} may be -1")
-    if any(n < (-1 if infer else 0) for n in dims):
-        raise ShapeError(f"{where}: negative extent in shape {list(dims)}; extents are >= 0"
-                         + (" (or one -1 to infer it)" if infer else ""))
-    return dims
 
 
 #: The most elements a shape's non-zero extents may multiply to: what an array of 8-byte
@@ -105,83 +81,100 @@ def _address(array: np.ndarray) -> int:
         return array.ctypes.data
 
 
-class Buffer:
+class Buffer(SdkOperators):
     """A typed, shaped, C-contiguous block of memory of one executor.
 
-    Attributes: ``shape``, ``dtype`` (a NumPy dtype), ``size`` (elements), ``nbytes``,
-    ``ndim``, ``device`` (where the memory is: ``"cpu"`` for host backends), ``executor``.
-    Arithmetic operators (``+ - * / ** @``, unary ``-`` and ``abs``) call :mod:`hologram.sdk.ops`,
-    eagerly or, inside :func:`hologram.jit`, traced.
+    Attributes (read-only): ``shape``, ``dtype`` (a NumPy dtype), ``size`` (elements),
+    ``nbytes``, ``ndim``, ``device`` (where the memory is: ``"cpu"`` for host backends),
+    ``executor``.
+    Arithmetic operators (``+ - * / ** @``, unary ``-`` and ``abs``) call :mod:`hologram.ops`,
+    eagerly or, inside :func:`hologram.jit`, traced (see :mod:`hologram.frontend.mixin`).
+
+    Internal API, for the SDK's ops, ``hg.jit`` and the runtime (read-only; users have the
+    properties above). These are plain attributes, not properties: the ops' fast path reads
+    them on every call.
+
+    - ``handle``: what a compiled program launches on for this buffer (the host address of
+      its first element, on host backends);
+    - ``signature``: ``(shape, dtype)``, what a compiled kernel depends on;
+    - ``launch_key``: the key under which an op remembers a validated launch for this
+      buffer (see ``__init__``); ``None`` once the buffer is freed, so a freed buffer never
+      matches;
+    - ``allocation``: the pool array whose memory this buffer views; buffers of one
+      allocation may overlap, buffers of different allocations never do (unless foreign);
+    - :meth:`check_live`, :meth:`check_writable`, :meth:`prefix`, :attr:`writable`.
     """
 
-    __slots__ = ("__weakref__", "_address", "_array", "_executor", "_key", "_root", "_sig")
+    __slots__ = ("__weakref__", "_array", "allocation", "executor", "handle", "launch_key",
+                 "signature")
 
     def __init__(self, array: np.ndarray, executor, *, foreign: bool = False,
-                 root: np.ndarray | None = None):
-        # Internal: executors and ops make buffers. ``root``: the pool array whose memory a
-        # view (reshape, the first n elements) shares; buffers of one root may overlap.
+                 allocation: np.ndarray | None = None):
+        # Internal: executors make buffers (Executor.new_buffer and friends). ``allocation``:
+        # the pool array whose memory a view (reshape, the first n elements) shares.
         # ``foreign``: the memory came from DLPack and may alias any other buffer.
         self._array = array
-        self._executor = executor
-        self._address = _address(array)
-        self._sig = (array.shape, array.dtype)
-        self._root = array if root is None else root
-        # The ops' fast-path key: what a compiled launch depends on; None once freed. Pool
-        # buffers of one root never partially overlap, so shape, dtype and executor decide.
-        # Foreign memory may alias anything and may be read-only: its key adds the address
-        # (with the shape, the exact byte range) and writability, so a launch validated for
-        # one foreign buffer is reused only for memory with the same extent and access.
-        self._key = (array.shape, array.dtype, executor._token) if not foreign else (
-            array.shape, array.dtype, executor._token, self._address, array.flags.writeable)
-
-    def _view(self, array: np.ndarray) -> Buffer:
-        """A buffer over ``array``, a NumPy view of this buffer's memory."""
-        # A view of foreign memory is foreign (its key carries an address); the buffer is live.
-        return Buffer(array, self._executor, foreign=len(self._key) > 3, root=self._root)
+        self.executor = executor
+        self.handle = _address(array)
+        self.signature = (array.shape, array.dtype)
+        self.allocation = array if allocation is None else allocation
+        # Pool buffers of one allocation never partially overlap, so shape, dtype and
+        # executor decide a launch. Foreign memory may alias anything and may be
+        # read-only: its key adds the address (with the shape, the exact byte range) and
+        # writability, so a launch validated for one foreign buffer is reused only for
+        # memory with the same extent and access.
+        self.launch_key = (array.shape, array.dtype, executor.token) if not foreign else (
+            array.shape, array.dtype, executor.token, self.handle, array.flags.writeable)
 
     # --- metadata -----------------------------------------------------------------------
     @property
     def shape(self) -> tuple[int, ...]:
-        return self._sig[0]
+        return self.signature[0]
 
     @property
     def dtype(self) -> np.dtype:
-        return self._sig[1]
+        return self.signature[1]
 
     @property
     def ndim(self) -> int:
-        return len(self._sig[0])
+        return len(self.signature[0])
 
     @property
     def size(self) -> int:
-        return math.prod(self._sig[0])
+        return math.prod(self.signature[0])
 
     @property
     def nbytes(self) -> int:
-        return self.size * self._sig[1].itemsize
+        return self.size * self.signature[1].itemsize
 
     @property
     def device(self) -> str:
-        return self._executor.device
-
-    @property
-    def executor(self):
-        return self._executor
+        return self.executor.device
 
     @property
     def freed(self) -> bool:
         """True once ``free()`` or the executor's ``close()`` ended this buffer."""
         return self._array is None
 
+    @property
+    def foreign(self) -> bool:
+        """True for memory imported with DLPack (it may alias any other buffer)."""
+        return len(self.launch_key) > 3 if self.launch_key is not None else False
+
+    @property
+    def writable(self) -> bool:
+        """False for a read-only foreign buffer (ops may read it, not write it)."""
+        return self._array is not None and self._array.flags.writeable
+
     def __len__(self) -> int:
-        if not self._sig[0]:
+        if not self.signature[0]:
             raise TypeError("len() of a 0-d buffer")
-        return self._sig[0][0]
+        return self.signature[0][0]
 
     def __repr__(self) -> str:
         state = " freed" if self._array is None else ""
         return (f"<hologram.Buffer shape={list(self.shape)} dtype={self.dtype} "
-                f"device={self._executor.device!r} backend={self._executor.backend!r}{state}>")
+                f"device={self.executor.device!r} backend={self.executor.backend!r}{state}>")
 
     # --- data in and out ----------------------------------------------------------------
     def array(self, where: str = "buffer") -> np.ndarray:
@@ -213,43 +206,31 @@ class Buffer:
         if not np.can_cast(source.dtype, dest.dtype, "same_kind"):
             raise DTypeError(f"from_numpy: cannot write {source.dtype} data into a {dest.dtype} "
                              f"buffer {list(self.shape)}; convert with data.astype(...) first")
-        self._writable("from_numpy")
+        self.check_writable("from_numpy")
         np.copyto(dest.reshape(-1), source.reshape(-1), casting="same_kind")
         return self
 
     def fill(self, value: bool | int | float) -> Buffer:
         """Set every element to ``value``; returns the buffer."""
-        return ops.fill(self, value)
+        return sdk_operator("fill")(self, value)
 
     def copy_from(self, other: Buffer) -> Buffer:
         """Copy ``other`` (same number of elements; converted to this dtype) into this
         buffer; returns the buffer."""
-        return ops.copy(other, self)
+        return sdk_operator("copy")(other, self)
 
     def reshape(self, *shape: int) -> Buffer:
         """A buffer of another shape viewing the same memory (no copy)."""
-        shape = shape[0] if len(shape) == 1 and not isinstance(shape[0], int) else shape
         array = self.array("reshape")
-        dims = list(as_shape(shape, "reshape", infer=True))
-        asked = list(dims)
-        if -1 in dims:
-            known = math.prod(n for n in dims if n != -1)
-            if known and self.size % known == 0:
-                dims[dims.index(-1)] = self.size // known
-        if math.prod(dims) != self.size or -1 in dims:
-            raise ShapeError(f"reshape: cannot view buffer {list(self.shape)} ({self.size} "
-                             f"elements) as {asked}; the new shape must hold {self.size} "
-                             "elements")
-        check_extent(tuple(dims), "reshape")
-        view = self._view(array.reshape(dims))
-        self._executor._register(view)  # close() ends views too
-        return view
+        dims = reshaped(shape, self.size, self.shape)
+        check_extent(dims, "reshape")
+        return self.executor.register(self._view(array.reshape(dims)))  # close() ends views
 
     def free(self) -> None:
         """End this buffer now (idempotent). Its block returns to the pool once no NumPy
         view or DLPack consumer still holds it."""
-        # _root too: it is the pool array, and holding it would keep the block from the pool.
-        self._array = self._key = self._root = None
+        # The allocation too: holding the pool array would keep the block from the pool.
+        self._array = self.launch_key = self.allocation = None
 
     # --- interchange --------------------------------------------------------------------
     def __array__(self, dtype=None, copy=None):
@@ -269,33 +250,33 @@ class Buffer:
     def __dlpack_device__(self) -> tuple[int, int]:
         return self.array("__dlpack_device__").__dlpack_device__()
 
-    # --- operators ----------------------------------------------------------------------
-    def __add__(self, o): return ops.vector_add(self, o)
-    def __radd__(self, o): return ops.vector_add(o, self)
-    def __sub__(self, o): return ops.vector_sub(self, o)
-    def __rsub__(self, o): return ops.vector_sub(o, self)
-    def __mul__(self, o): return ops.vector_mul(self, o)
-    def __rmul__(self, o): return ops.vector_mul(o, self)
-    def __truediv__(self, o): return ops.vector_div(self, o)
-    def __rtruediv__(self, o): return ops.vector_div(o, self)
-    def __pow__(self, o): return ops.pow(self, o)
-    def __rpow__(self, o): return ops.pow(o, self)
-    def __matmul__(self, o): return ops.matmul(self, o)
-    def __neg__(self): return ops.vector_neg(self)
-    def __abs__(self): return ops.vector_abs(self)
+    # --- internal API (see the class docstring) -------------------------------------------
+    def check_live(self, where: str) -> None:
+        """Raise :class:`InvalidBufferError` (naming ``where``) if the buffer has ended."""
+        if self._array is None:
+            raise InvalidBufferError(self._dead(where))
 
-    # --- helpers ------------------------------------------------------------------------
-    def _writable(self, where: str) -> None:
+    def check_writable(self, where: str) -> None:
+        """Raise :class:`InvalidBufferError` (naming ``where``) if the buffer is read-only."""
         if not self._array.flags.writeable:
             raise InvalidBufferError(f"{where}: buffer {list(self.shape)} {self.dtype} is "
                                      "read-only (it shares a read-only array's memory); copy it "
                                      "with ex.from_numpy(...) to write")
 
+    def prefix(self, n: int, shape: tuple[int, ...] | None = None) -> Buffer:
+        """A buffer over the first ``n`` elements (read flat), as ``shape`` (default
+        ``(n,)``), sharing this buffer's memory. Not tracked by the executor: for an op's
+        duration only."""
+        flat = self._array.reshape(-1)[:n]
+        return self._view(flat if shape is None else flat.reshape(shape))
+
+    def _view(self, array: np.ndarray) -> Buffer:
+        """A buffer over ``array``, a NumPy view of this buffer's memory."""
+        # A view of foreign memory is foreign (its key carries an address); the buffer is live.
+        return Buffer(array, self.executor, foreign=self.foreign, allocation=self.allocation)
+
     def _dead(self, where: str) -> str:
-        why = ("its executor was closed" if self._executor.closed
+        why = ("its executor was closed" if self.executor.closed
                else "it was freed with free()")
         return (f"{where}: buffer {list(self.shape)} {self.dtype} can no longer be used: {why}; "
                 "allocate a new buffer")
-
-
-from hologram.sdk import ops  # noqa: E402  (ops builds on Buffer)

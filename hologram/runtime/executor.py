@@ -20,10 +20,11 @@ import weakref
 
 import numpy as np
 
+from hologram.backends import validate_backend
 from hologram.errors import DTypeError, InvalidBufferError, OutOfMemoryError, ShapeError
-from hologram.runtime.buffer import Buffer, _asarray, as_dtype, as_shape, check_extent
+from hologram.frontend.mixin import as_shape
+from hologram.runtime.buffer import Buffer, _asarray, as_dtype, check_extent
 from hologram.runtime.pool import Pool
-from hologram.sdk.backend import validate_backend
 
 _tokens = itertools.count()
 
@@ -31,7 +32,7 @@ _tokens = itertools.count()
 class Executor:
     """Runs :mod:`hologram.sdk.ops` on one backend and owns the memory of its buffers.
 
-    ``backend``: a name or :class:`~hologram.backend.BackendType` (``"auto"`` picks the
+    ``backend``: a name or :class:`~hologram.sdk.backend.BackendType` (``"auto"`` picks the
     best available); :class:`~hologram.errors.DeviceError` names the available backends
     when it cannot run here. ``memory_limit``: bytes of live buffers beyond which
     allocation raises :class:`~hologram.errors.OutOfMemoryError` (None: no limit).
@@ -45,18 +46,19 @@ class Executor:
         self._buffers: weakref.WeakSet[Buffer] = weakref.WeakSet()
         self._lock = threading.Lock()
         self.closed = False
-        # Identifies this executor in kernel fast-path keys without keeping it alive.
-        self._token = next(_tokens)
+        # Internal: identifies this executor in the ops' launch keys without keeping it
+        # alive (see Buffer.launch_key).
+        self.token = next(_tokens)
 
     # --- buffers ------------------------------------------------------------------------
     def empty(self, shape: int | tuple[int, ...], dtype: object = np.float32) -> Buffer:
         """An uninitialized buffer (contents are whatever the pool block held)."""
-        return self._wrap(self._new(as_shape(shape, "allocate"), as_dtype(dtype, "allocate")))
+        return self.new_buffer(as_shape(shape, "allocate"), as_dtype(dtype, "allocate"))
 
     def allocate(self, shape: int | tuple[int, ...], dtype: object = np.float32) -> Buffer:
         """A zero-filled buffer of ``shape`` (an int for 1-D) and ``dtype``."""
         buf = self.empty(shape, dtype)
-        buf._array.fill(0)
+        buf.array().fill(0)
         return buf
 
     def from_numpy(self, array: object, dtype: object = None) -> Buffer:
@@ -68,8 +70,8 @@ class Executor:
         if dtype is None and not source.dtype.isnative:  # big-endian data: copy it native
             dtype = source.dtype.newbyteorder("=")
         dt = as_dtype(source.dtype if dtype is None else dtype, "from_numpy")
-        buf = self._wrap(self._new(source.shape, dt))
-        np.copyto(buf._array, source, casting="unsafe")
+        buf = self.new_buffer(source.shape, dt)
+        np.copyto(buf.array(), source, casting="unsafe")
         return buf
 
     def from_dlpack(self, obj: object) -> Buffer:
@@ -79,7 +81,7 @@ class Executor:
         self._check_open("from_dlpack")
         if isinstance(obj, Buffer):
             array = obj.array("from_dlpack")  # a freed or closed buffer raises
-            return obj if obj._executor is self else self._wrap_foreign(array)
+            return obj if obj.executor is self else self._wrap_foreign(array)
         try:
             array = np.from_dlpack(obj)
         except Exception as exc:  # whatever the producer raises
@@ -138,7 +140,25 @@ class Executor:
         state = "closed" if self.closed else f"{len(self._buffers)} buffers"
         return f"<hologram.Executor backend={self.backend!r} {state}>"
 
-    # --- internal -----------------------------------------------------------------------
+    # --- internal API: for the SDK's ops, hg.jit and buffers ------------------------------
+    def new_buffer(self, shape: tuple[int, ...], dtype: np.dtype) -> Buffer:
+        """An uninitialized buffer of a valid ``shape`` and one of the buffer ``dtype`` s
+        (NumPy dtype; not checked again: callers got them from a compiled kernel or from
+        :func:`~hologram.frontend.mixin.as_shape` and ``as_dtype``)."""
+        return self._wrap(self._new(shape, dtype))
+
+    def register(self, buf: Buffer) -> Buffer:
+        """Track ``buf`` (a view made by one of this executor's buffers) so that
+        ``close()`` ends it; returns it."""
+        with self._lock:
+            if self.closed:
+                buf.free()
+                raise InvalidBufferError(f"executor ({self.backend}) is closed; create a new "
+                                         "hg.Executor()")
+            self._buffers.add(buf)
+        return buf
+
+    # --- private --------------------------------------------------------------------------
     def _new(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         """Uninitialized pool memory for an op output or a new buffer."""
         self._check_open("allocate")
@@ -159,17 +179,7 @@ class Executor:
                                    f"{hint}") from None
 
     def _wrap(self, array: np.ndarray, foreign: bool = False) -> Buffer:
-        return self._register(Buffer(array, self, foreign=foreign))
-
-    def _register(self, buf: Buffer) -> Buffer:
-        """Track ``buf`` so that ``close()`` ends it."""
-        with self._lock:
-            if self.closed:
-                buf.free()
-                raise InvalidBufferError(f"executor ({self.backend}) is closed; create a new "
-                                         "hg.Executor()")
-            self._buffers.add(buf)
-        return buf
+        return self.register(Buffer(array, self, foreign=foreign))
 
     def _check_open(self, where: str) -> None:
         if self.closed:

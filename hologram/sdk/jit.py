@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,14 +35,19 @@ import numpy as np
 
 from hologram.errors import HologramError, InvalidBufferError
 from hologram.frontend.graph import Graph, Tensor
+from hologram.frontend.mixin import SdkOperators, reshaped
 from hologram.isa import dtypes as dt
 from hologram.isa.ir import Program
+from hologram.runtime.buffer import Buffer
+from hologram.runtime.launch import compile as compile_program
 
 _tracing = threading.local()
 
 
-class Traced:
-    """A placeholder for a buffer inside a function being traced by :func:`jit`."""
+class Traced(SdkOperators):
+    """A placeholder for a buffer inside a function being traced by :func:`jit`. Its
+    operators are the buffer's (:mod:`hologram.frontend.mixin`): the SDK's ops, which
+    record themselves into the trace when an operand is traced."""
 
     __slots__ = ("tensor", "trace")
 
@@ -69,14 +73,7 @@ class Traced:
 
     def reshape(self, *shape: int) -> Traced:
         """As :meth:`hologram.Buffer.reshape` (one extent may be -1)."""
-        from hologram.runtime.buffer import as_shape
-
-        shape = shape[0] if len(shape) == 1 and not isinstance(shape[0], int) else shape
-        dims = list(shape) if hasattr(shape, "__len__") else [shape]
-        if dims.count(-1) == 1:
-            known = math.prod(d for d in dims if d != -1)
-            dims[dims.index(-1)] = self.size // known if known else 0
-        return Traced(self.tensor.reshape(*as_shape(dims, "reshape")), self.trace)
+        return Traced(self.tensor.reshape(reshaped(shape, self.size, self.shape)), self.trace)
 
     def to_numpy(self, *args, **kwargs):
         raise HologramError("hg.jit: values are not known while tracing; return the buffer "
@@ -95,20 +92,6 @@ class Traced:
 
     def __repr__(self) -> str:
         return f"<hologram traced value shape={list(self.shape)} dtype={self.dtype}>"
-
-    def __add__(self, o): return ops.vector_add(self, o)
-    def __radd__(self, o): return ops.vector_add(o, self)
-    def __sub__(self, o): return ops.vector_sub(self, o)
-    def __rsub__(self, o): return ops.vector_sub(o, self)
-    def __mul__(self, o): return ops.vector_mul(self, o)
-    def __rmul__(self, o): return ops.vector_mul(o, self)
-    def __truediv__(self, o): return ops.vector_div(self, o)
-    def __rtruediv__(self, o): return ops.vector_div(o, self)
-    def __pow__(self, o): return ops.pow(self, o)
-    def __rpow__(self, o): return ops.pow(o, self)
-    def __matmul__(self, o): return ops.matmul(self, o)
-    def __neg__(self): return ops.vector_neg(self)
-    def __abs__(self): return ops.vector_abs(self)
 
 
 def in_place_error(op: str, x: Traced) -> HologramError:
@@ -129,8 +112,6 @@ class _Trace:
 
 def record(op, operands: tuple, options: tuple, build: Callable) -> Traced:
     """Add ``op`` on ``operands`` (placeholders and Python numbers) to their trace."""
-    from hologram.runtime.buffer import Buffer
-
     traces = {x.trace for x in operands if type(x) is Traced}
     if len(traces) > 1:
         raise HologramError(f"{op.name}: operands come from different hg.jit traces")
@@ -170,8 +151,6 @@ class JitFunction:
         self._parameters: inspect.Signature | None = None
 
     def __call__(self, *args, **kwargs):
-        from hologram.runtime.buffer import Buffer
-
         if kwargs:
             if any(type(a) is Traced for a in (*args, *kwargs.values())):
                 return self.fn(*args, **kwargs)  # inlined into the trace of another function
@@ -186,13 +165,13 @@ class JitFunction:
             with self._lock:
                 entry = self._entries.get(key) or self._compile(args, names, ex, key)
         buffers = [a for a in args if type(a) is Buffer]
-        outs = [ex._wrap(ex._new(shape, dtype)) for shape, dtype in entry.outputs]
+        outs = [ex.new_buffer(shape, dtype) for shape, dtype in entry.outputs]
         if all(o.size == 0 for o in outs):
             pass  # nothing to compute (the cpu backend crashes on some empty programs)
         elif entry.by_address is not None:
-            entry.by_address(tuple(b._address for b in buffers + outs))
+            entry.by_address(tuple(b.handle for b in buffers + outs))
         else:
-            entry.compiled(*(b._array for b in buffers), *(o._array for o in outs))
+            entry.compiled(*(b.array() for b in buffers), *(o.array() for o in outs))
         if entry.structure == "one":
             return outs[0]
         return tuple(outs) if entry.structure == "tuple" else outs
@@ -221,20 +200,17 @@ class JitFunction:
         return (*bound.args, *bound.kwargs.values()), tuple(bound.kwargs)
 
     def _signature(self, args: tuple, names: tuple[str, ...]):
-        from hologram.runtime.buffer import Buffer
-
         ex = None
         key = [names]
         for a in args:
             if type(a) is Buffer:
-                if a._array is None:
-                    raise InvalidBufferError(a._dead(self.__name__))
+                a.check_live(self.__name__)
                 if ex is None:
-                    ex = a._executor
-                elif a._executor is not ex:
+                    ex = a.executor
+                elif a.executor is not ex:
                     raise InvalidBufferError(f"{self.__name__}: buffer arguments belong to "
                                              "different executors")
-                key.append(a._sig)
+                key.append(a.signature)
             else:
                 try:
                     hash(a)
@@ -248,8 +224,6 @@ class JitFunction:
         return ex, (ex.backend, *key)
 
     def _trace(self, args: tuple, names: tuple[str, ...], ex) -> tuple[Program, str]:
-        from hologram.runtime.buffer import Buffer
-
         g = Graph(getattr(self.fn, "__name__", "jit").replace("<", "").replace(">", ""))
         trace = _Trace(g, ex)
         placeholders = [
@@ -271,10 +245,8 @@ class JitFunction:
         return g.program(), structure
 
     def _compile(self, args: tuple, names: tuple[str, ...], ex, key: tuple) -> _Entry:
-        import hologram
-
         program, structure = self._trace(args, names, ex)
-        compiled = hologram.compile(program, ex.backend)
+        compiled = compile_program(program, ex.backend)
         outputs = tuple((p.shape, p.dtype.storage) for p in program.params if p.kind == "out")
         entry = _Entry(compiled, compiled.launch, outputs, structure)
         self._entries[key] = entry
@@ -298,6 +270,3 @@ def jit(fn: Callable) -> JitFunction:
     """Trace ``fn`` (a function of buffers built from :mod:`hologram.sdk.ops` calls and buffer
     operators) into one fused program per signature; see the module docstring."""
     return JitFunction(fn)
-
-
-from hologram.sdk import ops  # noqa: E402  (ops imports this module's Traced)

@@ -43,7 +43,7 @@ from hologram_torch.aten import program
 from hologram_torch.aten.program import ISA, cast, opmath
 from hologram_torch.aten.registry import impl, overload
 from hologram_torch.aten.tensor import copy_into
-from hologram_torch.device import NAME
+from hologram_torch.constants import NAME
 from hologram_torch.fallback import run_on_cpu
 
 OPINFO = ("mm", "bmm", "addmm", "addmm.decomposed", "addmv", "addbmm", "baddbmm", "dot",

@@ -15,8 +15,7 @@ from hologram_torch import memory
 from hologram_torch.aten import program
 from hologram_torch.aten.program import ISA, Unsupported, cast
 from hologram_torch.aten.registry import aten, impl, overload
-
-_CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+from hologram_torch.constants import CPU_KEYS
 
 
 def _strides_for(size, dtype, memory_format) -> list[int] | None:
@@ -43,7 +42,7 @@ def _metadata(name: str) -> None:
     handle = op._handle
 
     def kernel(*args, **kwargs):
-        return handle.redispatch_boxed(_CPU_KEYS, *args, **kwargs)
+        return handle.redispatch_boxed(CPU_KEYS, *args, **kwargs)
 
     impl(name)(kernel)
 

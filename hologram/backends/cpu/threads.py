@@ -38,25 +38,16 @@ import ctypes
 import os
 import threading
 from collections.abc import Callable
-from functools import cache
 
 from hologram import config
 from hologram.backends.cpu import workers
+from hologram.config import available_cores as _available_cores
 from hologram.errors import HologramError
 
 __all__ = ["chunk_count", "chunks", "min_chunk_work", "num_threads", "parallel_for", "run_kernel",
            "set_num_threads"]
 
 _override: int | None = None  # set_num_threads value; None follows the environment
-
-
-@cache
-def _available_cores() -> int:
-    """Cores this process may run on (its affinity mask at first use, as OpenMP reads it
-    once), not the machine's total."""
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return os.cpu_count() or 1
 
 
 def num_threads() -> int:

@@ -68,6 +68,7 @@ from llvmlite import ir
 from hologram.backends.cpu import llvm
 from hologram.backends.cpu import target as targets
 from hologram.backends.cpu.llvm import PROCESS_SYMBOLS
+from hologram.config import available_cores as _available_cores
 from hologram.errors import DeviceError
 
 __all__ = ["available", "run", "started"]
@@ -481,8 +482,6 @@ def run(kernel: int, pointers: ctypes.Array, total: int, count: int, helpers: in
 
 
 def _resize(native: _Native, helpers: int) -> None:
-    from hologram.backends.cpu.threads import _available_cores  # threads imports this module
-
     if helpers > native.started:
         _grow(native, helpers)
     # With more threads than cores a spinning worker takes the core another one needs:

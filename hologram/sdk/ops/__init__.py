@@ -1,6 +1,6 @@
 """SDK operations on :class:`~hologram.Buffer` s.
 
-Two calling conventions, both from the seeds:
+Two calling conventions:
 
     hg.ops.vector_add(ex, a, b, c)      # executor first, result written into c; returns c
     c = hg.ops.vector_add(a, b)         # the result is a new buffer of a's executor
@@ -8,7 +8,7 @@ Two calling conventions, both from the seeds:
 Generally: ``op([executor,] *inputs, [out,] [n,] **options)``; ``out=`` may also be given by
 keyword. ``n`` (elementwise ops, reductions, copy and fill) works on the first ``n``
 elements of each buffer, read flat in row-major order. An ``out`` buffer has the result's
-shape, or is 1-D with at least the result's number of elements (the seeds' C-style
+shape, or is 1-D with at least the result's number of elements (the C-style
 convention: ``reduce_sum(ex, x, out)`` with a one-element ``out``); it may be an input
 (``vector_add(ex, a, b, a)``). Its dtype may differ from the result's when NumPy's
 ``same_kind`` casting allows it (float64 results into float32, not floats into ints).
@@ -34,6 +34,7 @@ arguments, so a new value does not compile a new program. Inside :func:`hologram
 same functions add their operation to the traced program instead of running it.
 """
 
+from hologram.frontend.mixin import register_sdk_operators
 from hologram.sdk.ops.elementwise import (
     clip,
     copy,
@@ -73,6 +74,12 @@ from hologram.sdk.ops.reduce import (
     softmax,
     sum,
 )
+
+# The operators of buffers and traced values (hologram.frontend.mixin) are these ops.
+register_sdk_operators({
+    "add": vector_add, "sub": vector_sub, "mul": vector_mul, "div": vector_div, "pow": pow,
+    "matmul": matmul, "neg": vector_neg, "abs": vector_abs, "fill": fill, "copy": copy,
+})
 
 __all__ = [
     "binary_cross_entropy_loss", "clip", "copy", "cross_entropy_loss", "exp", "fill", "gelu",

@@ -16,6 +16,7 @@ from hologram.frontend.graph import Graph, Tensor
 from hologram.isa import dtypes as dt
 from hologram.runtime.buffer import Buffer
 from hologram.runtime.executor import Executor
+from hologram.runtime.launch import compile as compile_program
 from hologram.sdk.jit import Traced, record
 
 Scalar = bool | int | float
@@ -48,8 +49,8 @@ class Op:
     takes_n: bool = False
     casting: str = "same_kind"  # how the result may be converted to an out buffer's dtype
     kernels: dict = field(default_factory=dict)
-    # Elementwise calls with an out buffer and no scalars, once validated: buffers' _key
-    # values and the executor -> launch (see _fast_path).
+    # Elementwise calls with an out buffer and no scalars, once validated: the buffers'
+    # launch_key values and the executor's token -> launch (see elementwise._elementwise).
     fast: dict = field(default_factory=dict)
 
 
@@ -106,28 +107,30 @@ def run(op: Op, ex: Executor | None, operands: tuple, out: Buffer | None, n: int
     given = out  # what the call returns when it has an out buffer (not its n-view)
     if n is not None:
         operands, out = first_n(op, operands, out, n)
-    key = (ex.backend, tuple(x._sig if type(x) is Buffer else type(x) for x in operands),
-           out._sig[1] if out is not None else None, options)
+    key = (ex.backend, tuple(x.signature if type(x) is Buffer else type(x) for x in operands),
+           out.signature[1] if out is not None else None, options)
     kernel = op.kernels.get(key)
     if kernel is None:
         kernel = op.kernels[key] = compile_op(op, ex.backend, operands, out, options)
     if out is None:
-        out = result = ex._wrap(ex._new(kernel.shape, kernel.dtype))
+        out = result = ex.new_buffer(kernel.shape, kernel.dtype)
     else:
         result = given
         fitted = fit_out(op, kernel, out)
         if math.prod(kernel.shape) == 0:  # nothing to compute (and nothing to launch)
             return result
         if overlaps(op, operands, fitted):
-            staged = ex._new(kernel.shape, fitted._sig[1])
-            launch(kernel, operands, Buffer(staged, ex))
-            np.copyto(fitted._array, staged)
+            staged = ex.new_buffer(kernel.shape, fitted.dtype)
+            launch(kernel, operands, staged)
+            np.copyto(fitted.array(op.name), staged.array(op.name))
+            staged.free()
             return result
         # Foreign (DLPack) memory may alias pool buffers: such calls always take this path.
         if (op.elementwise and n is None and fitted is out and kernel.by_address is not None
                 and not kernel.has_scalars and len(op.fast) < FAST_ENTRIES
-                and all(len(x._key) == 3 for x in (*operands, out) if type(x) is Buffer)):
-            op.fast[(*(x._key for x in operands), out._key, ex._token)] = kernel.by_address
+                and not any(x.foreign for x in (*operands, out) if type(x) is Buffer)):
+            op.fast[(*(x.launch_key for x in operands), out.launch_key, ex.token)] = (
+                kernel.by_address)
         out = fitted
     if math.prod(kernel.shape) == 0:
         return result
@@ -140,11 +143,11 @@ def launch(kernel: Kernel, operands: tuple, out: Buffer) -> None:
         operands = tuple(x if s is None else scalar_array(x, s, kernel.compiled.program.name)
                          for x, s in zip(operands, kernel.scalars))
     if kernel.by_address is not None:
-        kernel.by_address(tuple(x._address if type(x) is Buffer else x.ctypes.data
-                                for x in operands) + (out._address,))
+        kernel.by_address(tuple(x.handle if type(x) is Buffer else x.ctypes.data
+                                for x in operands) + (out.handle,))
     else:
-        kernel.compiled(*(x._array if type(x) is Buffer else x for x in operands),
-                        out._array.reshape(-1))
+        kernel.compiled(*(x.array() if type(x) is Buffer else x for x in operands),
+                        out.array().reshape(-1))
 
 
 def scalar_array(value: Scalar, dtype: np.dtype, name: str) -> np.ndarray:
@@ -157,8 +160,6 @@ def scalar_array(value: Scalar, dtype: np.dtype, name: str) -> np.ndarray:
 
 def compile_op(op: Op, backend: str, operands: tuple, out: Buffer | None,
              options: tuple) -> Kernel:
-    import hologram
-
     g = Graph(op.name)
     tensors, scalars = [], []
     common = result_dtype(op, tuple(x.dtype if isinstance(x, Buffer) else x
@@ -180,7 +181,7 @@ def compile_op(op: Op, backend: str, operands: tuple, out: Buffer | None,
                              "(same_kind casting); pass an out buffer of the result's dtype")
         result = g.cast(result, isa(out.dtype))
     g.output("out", result)
-    compiled = hologram.compile(g.program(), backend)
+    compiled = compile_program(g.program(), backend)
     return Kernel(compiled, compiled.launch, result.shape,
                    result.dtype.storage, tuple(scalars))
 
@@ -226,19 +227,19 @@ def executor_of(op: Op, ex: Executor | None, operands: tuple, out: Buffer | None
         buffers.append(out)
     if not buffers:
         raise DTypeError(f"{op.name}: needs at least one hologram Buffer operand")
-    ex = ex if ex is not None else buffers[0]._executor
+    ex = ex if ex is not None else buffers[0].executor
     for b in buffers:
-        if b._array is None:
-            raise InvalidBufferError(b._dead(op.name))
-        if b._executor is not ex:
+        b.check_live(op.name)
+        if b.executor is not ex:
+            owner = b.executor
             raise InvalidBufferError(
                 f"{op.name}: buffer {list(b.shape)} {b.dtype} belongs to another executor "
-                f"({b._executor.backend}, {'closed' if b._executor.closed else 'open'}); "
+                f"({owner.backend}, {'closed' if owner.closed else 'open'}); "
                 "copy it with ex.from_numpy(buf.to_numpy()) to use it here")
     if ex.closed:
         raise InvalidBufferError(f"{op.name}: executor ({ex.backend}) is closed")
-    if out is not None and not out._array.flags.writeable:
-        out._writable(op.name)
+    if out is not None:
+        out.check_writable(op.name)
     return ex
 
 
@@ -255,7 +256,7 @@ def checked_n(op: Op, n: object) -> int:
 def first_n(op: Op, operands: tuple, out: Buffer | None, n: object):
     n = checked_n(op, n)
     # Elementwise ops write the first n elements of out; a reduction's out holds its
-    # result (the seeds' reduce_sum(ex, x, out, n) with a one-element out).
+    # result (reduce_sum(ex, x, out, n) with a one-element out).
     if not op.elementwise:
         out_n, out = out, None
     for b in (*operands, out):
@@ -264,7 +265,7 @@ def first_n(op: Op, operands: tuple, out: Buffer | None, n: object):
                              f"({b.size} elements); pass n <= {b.size}")
 
     def first(b):
-        return b._view(b._array.reshape(-1)[:n]) if type(b) is Buffer else b
+        return b.prefix(n) if type(b) is Buffer else b
 
     if not op.elementwise:
         return tuple(first(b) for b in operands), out_n
@@ -284,11 +285,11 @@ def traced_first_n(op: Op, operands: tuple, n: object) -> tuple:
 
 def fit_out(op: Op, kernel: Kernel, out: Buffer) -> Buffer:
     """``out`` viewed as the result's shape (see the module docstring), or ShapeError."""
-    if out._sig[0] == kernel.shape:
+    if out.signature[0] == kernel.shape:
         return out
     size = math.prod(kernel.shape)
     if out.ndim == 1 and out.size >= size:
-        return out._view(out._array[:size].reshape(kernel.shape))
+        return out.prefix(size, kernel.shape)
     raise ShapeError(f"{op.name}: out buffer {list(out.shape)} does not fit the result "
                      f"{list(kernel.shape)} {kernel.dtype}; pass an out of shape "
                      f"{list(kernel.shape)} (or a 1-D one with >= {size} elements)")
@@ -296,13 +297,12 @@ def fit_out(op: Op, kernel: Kernel, out: Buffer) -> Buffer:
 
 def overlaps(op: Op, operands: tuple, out: Buffer) -> bool:
     """Does ``out`` share memory with an input in a way the kernel cannot handle in place?"""
-    end = out._address + out._array.nbytes
+    end = out.handle + out.nbytes
     for x in operands:
-        if type(x) is not Buffer or not (x._address < end
-                                         and out._address < x._address + x.nbytes):
+        if type(x) is not Buffer or not (x.handle < end and out.handle < x.handle + x.nbytes):
             continue
-        in_place = (op.elementwise and x._address == out._address
-                    and x._sig[0] == out._sig[0] and x.dtype.itemsize == out.dtype.itemsize)
+        in_place = (op.elementwise and x.handle == out.handle
+                    and x.shape == out.shape and x.dtype.itemsize == out.dtype.itemsize)
         if not in_place:
             return True
     return False

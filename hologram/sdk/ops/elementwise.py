@@ -27,21 +27,21 @@ def _elementwise(name: str, arity: int, build: Callable, floating: bool = False,
     op = Op(name, build, floating=floating, elementwise=True, takes_n=True)
     fast = op.fast
 
-    # The seeds' hot form, op(ex, *inputs, out), skips the general path once a call with
-    # the same buffers' shapes, dtypes and executor has been validated by it: freed buffers
-    # have no _key and miss, so do mixed executors (never recorded), and an out sharing
+    # The hot form, op(ex, *inputs, out), skips the general path once a call with the same
+    # buffers' shapes, dtypes and executor has been validated by it: freed buffers have no
+    # launch_key and miss, so do mixed executors (never recorded), and an out sharing
     # memory with an input other than by identity takes the general path, which stages it.
     if arity == 1:
         def call(*args, out: Buffer | None = None, n: int | None = None):
             if len(args) == 3 and out is None is n:
                 ex, x, y = args
                 try:
-                    launch = fast[x._key, y._key, ex._token]
+                    launch = fast[x.launch_key, y.launch_key, ex.token]
                 except (AttributeError, KeyError, TypeError):
                     pass
                 else:
-                    if y._root is not x._root or y is x:
-                        launch((x._address, y._address))
+                    if y.allocation is not x.allocation or y is x:
+                        launch((x.handle, y.handle))
                         return y
             ex, inputs, out, n = split(name, args, arity, out, n)
             return run(op, ex, inputs, out, n)
@@ -50,13 +50,13 @@ def _elementwise(name: str, arity: int, build: Callable, floating: bool = False,
             if len(args) == 4 and out is None is n:
                 ex, a, b, c = args
                 try:
-                    launch = fast[a._key, b._key, c._key, ex._token]
+                    launch = fast[a.launch_key, b.launch_key, c.launch_key, ex.token]
                 except (AttributeError, KeyError, TypeError):
                     pass
                 else:
-                    if ((c._root is not a._root or c is a)
-                            and (c._root is not b._root or c is b)):
-                        launch((a._address, b._address, c._address))
+                    if ((c.allocation is not a.allocation or c is a)
+                            and (c.allocation is not b.allocation or c is b)):
+                        launch((a.handle, b.handle, c.handle))
                         return c
             ex, inputs, out, n = split(name, args, arity, out, n)
             return run(op, ex, inputs, out, n)
