@@ -8,8 +8,8 @@
     loss = model(x).relu().sum()
     loss.backward()                             # gradients on the device
 
-``hologram_torch.functional`` and ``hologram_torch.nn`` (the seed-002 API) run Hologram
-kernels on CPU or hologram tensors, with autograd.
+``hologram_torch.functional`` and ``hologram_torch.nn`` (autograd functions and modules) run
+Hologram kernels on CPU or hologram tensors, with autograd.
 
 Importing this package renames PyTorch's PrivateUse1 dispatch key to ``hologram``, installs
 ``torch.hologram`` (a device module mirroring ``torch.cuda``), aten kernels that run as
@@ -28,7 +28,7 @@ from hologram_torch.device import register
 register()
 
 # Kernels, fallback and compatibility patches register on import; functional and nn are
-# the seed-002 API.
+# the autograd API (examples/ and notebooks/pytorch_vs_hologram_torch.ipynb use them).
 from hologram_torch import aten, compat, fallback, functional, nn  # noqa: E402,F401
 from hologram_torch.aten import program  # noqa: E402
 from hologram_torch.fallback import (  # noqa: E402
@@ -37,7 +37,7 @@ from hologram_torch.fallback import (  # noqa: E402
     reset_fallback_stats,
 )
 
-#: The seed-002 form ``hg.functional.add(exec, a, b)`` takes a Hologram executor first.
+#: The executor-first form ``hg.functional.add(exec, a, b)`` takes a Hologram executor.
 Executor = hologram.Executor
 
 __all__ = [

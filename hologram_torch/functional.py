@@ -1,5 +1,5 @@
-"""``hologram_torch.functional``: the seed-002 functional API, as autograd functions whose
-forward and backward both run Hologram kernels.
+"""``hologram_torch.functional``: autograd functions whose forward and backward both run
+Hologram kernels.
 
     import torch
     import hologram_torch as hg
@@ -8,8 +8,8 @@ forward and backward both run Hologram kernels.
     y = hg.functional.relu(hg.functional.linear(x, w, b))
     hg.functional.mse_loss(y, target).backward()
 
-Each op accepts the seed's executor-first form too (``add(exec, a, b)``); the executor
-names no memory of its own here (the tensors' memory is used in place), so it is only
+Each op accepts the executor-first form of :mod:`hologram.ops` too (``add(exec, a, b)``);
+the executor names no memory of its own here (the tensors' memory is used in place), so it is only
 checked to be a :class:`hologram.Executor`. Operands are CPU tensors, computed on
 zero-copy, or hologram tensors; they must all be on one device. Every op is a
 :class:`torch.autograd.Function` (checked with ``torch.autograd.gradcheck`` in float64).
@@ -48,7 +48,7 @@ def _run(name: str, build, tensors: tuple, static: tuple = (), out=None):
 
 
 def _strip_executor(args: tuple, name: str) -> tuple:
-    """The seed form passes an executor first: accept and drop it."""
+    """The executor-first form passes an executor first: accept and drop it."""
     if args and isinstance(args[0], Executor):
         if args[0].closed:
             raise DeviceError(f"hologram_torch.functional.{name}: the executor is closed")

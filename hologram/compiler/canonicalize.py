@@ -26,9 +26,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from hologram.compiler.body import Body
 from hologram.compiler.options import CompileOptions
 from hologram.isa import dtypes as dt
+from hologram.isa.body import Body
 from hologram.isa.ir import COMMUTATIVE_OPS, Instr, Kernel, Program, encode_const
 from hologram.isa.semantics import evaluate
 

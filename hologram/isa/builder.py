@@ -7,11 +7,13 @@
     k.store(y, k.add(k.mul(k.load(x), 2.0), 1.0))
     program = b.build()            # verified
 
-Instructions are hash-consed: building the same instruction twice returns the same value,
-so a front end gets common subexpressions merged for free. Operands may be Python
-numbers; they become constants of the other operand's dtype. Types are inferred with the
-verifier's rules (:func:`hologram.isa.verify.infer`), so mistakes fail at the call that
-makes them.
+A kernel's instructions go into a :class:`~hologram.isa.body.Body` (the one body builder,
+shared with the compiler's passes); :class:`KernelBuilder` adds an API on :class:`Value`
+handles. Instructions are hash-consed (building the same instruction twice returns the
+same value, so a front end gets common subexpressions merged for free) and typed with the
+verifier's rules, so mistakes fail at the call that makes them. Operands may be Python
+numbers; they become constants of the other operand's dtype. Operand order is kept as
+written (the passes canonicalize it).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import NamedTuple
 
 from hologram.errors import IRError
 from hologram.isa import dtypes as dt
+from hologram.isa.body import Body
 from hologram.isa.dtypes import DType
 from hologram.isa.ir import (
     BINARY_OPS,
@@ -27,12 +30,11 @@ from hologram.isa.ir import (
     UNARY_OPS,
     Buffer,
     IndexMap,
-    Instr,
     Kernel,
     Program,
     encode_const,
 )
-from hologram.isa.verify import infer, verify
+from hologram.isa.verify import verify
 
 
 class Value(NamedTuple):
@@ -47,31 +49,30 @@ Operand = Value | bool | int | float
 
 
 class KernelBuilder:
+    """One kernel of a :class:`ProgramBuilder`: methods that take and return :class:`Value`
+    handles, over a :class:`~hologram.isa.body.Body` (operands in the order written)."""
+
     def __init__(self, program: ProgramBuilder, name: str, domain: tuple[int, ...],
                  grid_rank: int):
         self.program = program
         self.name = name
-        self.domain = tuple(domain)
-        self.grid_rank = grid_rank
-        self.body: list[Instr] = []
-        self._interned: dict[Instr, int] = {}
+        self.body = Body(domain, grid_rank, canonical=False, name=name)
+
+    @property
+    def domain(self) -> tuple[int, ...]:
+        return self.body.domain
+
+    @property
+    def grid_rank(self) -> int:
+        return self.body.grid_rank
 
     # --- core -------------------------------------------------------------------------
     def emit(self, op: str, args: tuple[Value, ...] = (), attrs: tuple = (),
              dtype: DType | None = None, shape: tuple[int, ...] | None = None) -> Value:
         """Append (or reuse) one instruction, typed by the verifier's rules."""
-        try:
-            rtype, rshape = infer(op, [(a.dtype, a.shape) for a in args], attrs, dtype,
-                                  self.domain, self.grid_rank)
-        except IRError as err:
-            raise IRError(f"kernel {self.name}: {err}") from None
-        instr = Instr(op, rtype, shape if shape is not None else rshape,
-                      tuple(a.index for a in args), attrs)
-        if op != "store" and instr in self._interned:
-            return Value(self._interned[instr], instr.dtype, instr.shape)
-        self.body.append(instr)
-        self._interned[instr] = len(self.body) - 1
-        return Value(len(self.body) - 1, instr.dtype, instr.shape)
+        i = self.body.make(op, tuple(a.index for a in args), attrs, dtype, shape)
+        instr = self.body.get(i)
+        return Value(i, instr.dtype, instr.shape)
 
     def _operands(self, *xs: Operand) -> tuple[Value, ...]:
         like = next((x for x in xs if isinstance(x, Value)), None)
@@ -200,6 +201,7 @@ class ProgramBuilder:
         program = Program(
             self.name,
             tuple(self.buffers),
-            tuple(Kernel(k.name, k.domain, tuple(k.body), k.grid_rank) for k in self.kernels),
+            tuple(Kernel(k.name, k.domain, tuple(k.body.instrs), k.grid_rank)
+                  for k in self.kernels),
         )
         return verify(program) if check else program

@@ -82,12 +82,20 @@ ALL: tuple[DType, ...] = (
 FLOATS = tuple(t for t in ALL if t.is_float)
 INTS = tuple(t for t in ALL if t.is_int)
 
-_BY_NAME = {t.name: t for t in ALL}
-_ALIASES = {
-    "bool": bool_, "int8": int8, "int16": int16, "int32": int32, "int64": int64,
-    "uint8": uint8, "float16": float16, "half": float16, "bfloat16": bfloat16,
-    "float32": float32, "float": float32, "float64": float64, "double": float64,
+#: Each dtype's full name, as NumPy and PyTorch spell it (``np.float32``, ``torch.float32``;
+#: NumPy has no bfloat16). The one dtype table: the SDK's buffer dtypes and the torch
+#: device's dtype map derive from this and :attr:`DType.storage`.
+FULL_NAMES: dict[DType, str] = {
+    bool_: "bool", int8: "int8", int16: "int16", int32: "int32", int64: "int64",
+    uint8: "uint8", float16: "float16", bfloat16: "bfloat16", float32: "float32",
+    float64: "float64",
 }
+#: NumPy dtypes with an Atlas dtype of the same storage (every dtype but bfloat16).
+NUMPY_DTYPES: tuple[np.dtype, ...] = tuple(t.storage for t in ALL if t is not bfloat16)
+
+_BY_NAME = {t.name: t for t in ALL}
+_ALIASES = {**{name: t for t, name in FULL_NAMES.items()},
+            "half": float16, "float": float32, "double": float64}
 _BY_NUMPY = {t.storage: t for t in ALL if t is not bfloat16}
 
 

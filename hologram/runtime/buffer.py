@@ -25,12 +25,10 @@ import numpy as np
 
 from hologram.errors import DTypeError, InvalidBufferError, ShapeError
 from hologram.frontend.mixin import SdkOperators, reshaped, sdk_operator
+from hologram.isa.dtypes import NUMPY_DTYPES
 
-#: NumPy dtypes a buffer may have (bf16 is not one: NumPy has no bfloat16 type).
-DTYPES = tuple(np.dtype(t) for t in (
-    np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8,
-    np.float16, np.float32, np.float64,
-))
+#: NumPy dtypes a buffer may have: the Atlas dtypes NumPy has (bf16 is not one).
+DTYPES = NUMPY_DTYPES
 
 
 def as_dtype(dtype: object, where: str) -> np.dtype:

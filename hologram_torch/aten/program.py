@@ -28,12 +28,7 @@ from hologram.frontend.graph import Graph, Tensor
 from hologram.isa import dtypes as dt
 from hologram_torch import memory
 
-ISA = {
-    torch.float32: dt.float32, torch.float64: dt.float64, torch.float16: dt.float16,
-    torch.bfloat16: dt.bfloat16, torch.int8: dt.int8, torch.int16: dt.int16,
-    torch.int32: dt.int32, torch.int64: dt.int64, torch.uint8: dt.uint8,
-    torch.bool: dt.bool_,
-}
+ISA = {getattr(torch, name): t for t, name in dt.FULL_NAMES.items()}  # torch -> Atlas
 TORCH = {v: k for k, v in ISA.items()}
 _NUMBER = {bool: (dt.bool_, ctypes.c_bool), int: (dt.int64, ctypes.c_int64),
            float: (dt.float64, ctypes.c_double)}

@@ -55,8 +55,8 @@ class Op:
 
 
 @dataclass(eq=False)
-class Kernel:
-    """One compiled signature of an op."""
+class CompiledOp:
+    """One compiled signature of an op (what ``Op.kernels`` maps a signature to)."""
 
     compiled: object  # hologram.CompiledProgram
     by_address: Callable | None
@@ -138,7 +138,7 @@ def run(op: Op, ex: Executor | None, operands: tuple, out: Buffer | None, n: int
     return result
 
 
-def launch(kernel: Kernel, operands: tuple, out: Buffer) -> None:
+def launch(kernel: CompiledOp, operands: tuple, out: Buffer) -> None:
     if kernel.has_scalars:  # Python numbers travel as 0-d arrays of their promoted dtype
         operands = tuple(x if s is None else scalar_array(x, s, kernel.compiled.program.name)
                          for x, s in zip(operands, kernel.scalars))
@@ -159,7 +159,7 @@ def scalar_array(value: Scalar, dtype: np.dtype, name: str) -> np.ndarray:
 
 
 def compile_op(op: Op, backend: str, operands: tuple, out: Buffer | None,
-             options: tuple) -> Kernel:
+             options: tuple) -> CompiledOp:
     g = Graph(op.name)
     tensors, scalars = [], []
     common = result_dtype(op, tuple(x.dtype if isinstance(x, Buffer) else x
@@ -182,8 +182,8 @@ def compile_op(op: Op, backend: str, operands: tuple, out: Buffer | None,
         result = g.cast(result, isa(out.dtype))
     g.output("out", result)
     compiled = compile_program(g.program(), backend)
-    return Kernel(compiled, compiled.launch, result.shape,
-                   result.dtype.storage, tuple(scalars))
+    return CompiledOp(compiled, compiled.launch, result.shape,
+                      result.dtype.storage, tuple(scalars))
 
 
 def build(op: Op, tensors: list, options: tuple) -> Tensor:
@@ -283,7 +283,7 @@ def traced_first_n(op: Op, operands: tuple, n: object) -> tuple:
                  for x in operands)
 
 
-def fit_out(op: Op, kernel: Kernel, out: Buffer) -> Buffer:
+def fit_out(op: Op, kernel: CompiledOp, out: Buffer) -> Buffer:
     """``out`` viewed as the result's shape (see the module docstring), or ShapeError."""
     if out.signature[0] == kernel.shape:
         return out
