@@ -1,4 +1,4 @@
-"""hologram.functional against torch.nn.functional, on every backend."""
+"""hologram.frontend.functional against torch.nn.functional, on every backend."""
 
 from __future__ import annotations
 

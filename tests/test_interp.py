@@ -17,13 +17,13 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from hologram.backends.interp import evaluate, run
+from hologram.backends.interp import run
 from hologram.errors import DTypeError, IRError, ShapeError
 from hologram.isa import dtypes as dt
 from hologram.isa.builder import ProgramBuilder, Value
 from hologram.isa.dtypes import dtype
 from hologram.isa.ir import Instr, encode_const
-from hologram.isa.semantics import from_storage, to_storage
+from hologram.isa.semantics import evaluate, from_storage, to_storage
 from hologram.isa.verify import verify
 
 # The semantics promises never to emit a NumPy warning: make any warning a failure.

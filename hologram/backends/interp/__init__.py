@@ -1,12 +1,10 @@
-"""The reference interpreter backend: the executable definition of the Atlas ISA.
+"""The reference interpreter backend: it runs the ISA's executable definition
+(:mod:`hologram.isa.semantics`) on NumPy arrays.
 
-:func:`run` executes a program on NumPy arrays; :func:`evaluate` gives the value of one
-instruction (the constant folder uses it too). Every other backend is tested against them.
+:func:`run` executes a program; every other backend is tested against it. The backend
+class (the :class:`~hologram.backends.base.Backend` wrapper) is in :mod:`.backend`.
 """
 
 from hologram.backends.interp.interpreter import run
-from hologram.isa.semantics import evaluate
 
-# The lead adds the backend class (the Backend interface wrapper) here later.
-
-__all__ = ["evaluate", "run"]
+__all__ = ["run"]
