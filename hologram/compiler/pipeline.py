@@ -1,7 +1,10 @@
 """The pass pipeline: one ordered list of named, pure ``Program -> Program`` stages.
 
 With ``HOLOGRAM_DUMP_DIR`` set, every stage writes its output program there as
-``<program>.<NN>.<stage>.atlas`` (the text form, which parses back). The directory is
+``<program>.<NN>.<stage>.atlas`` (the text form, which parses back); the backends add their
+own stages after these through :func:`dump` (the cpu backend: ``<program>.<NN>.cpu.ll``, the
+LLVM IR it renders; ``.cpu.opt.ll``, after LLVM's optimizer; ``.cpu.s``, the assembly). The
+directory is
 created (parents too) when missing; a path that names a file or cannot be written stops
 the compile with one :class:`~hologram.errors.HologramError` naming the variable.
 
@@ -66,6 +69,26 @@ def run(program: Program, options: CompileOptions | None = None,
         if dump_dir is not None:
             _dump(dump_dir, f"{_file_name(program.name)}.{index:02d}.{name}.atlas", program)
     return program
+
+
+def dump(program_name: str, stage: str, text: str | Callable[[], str]) -> None:
+    """Write a backend stage's artifact as ``<program>.<NN>.<stage>`` under
+    ``HOLOGRAM_DUMP_DIR``, numbered after the passes in the order of ``stage`` names a
+    backend dumps; nothing when the variable is unset. ``text`` may be a function, called
+    only then (assembly is not free)."""
+    path = _dump_dir()
+    if path is None:
+        return
+    index = len(PIPELINE) + _BACKEND_STAGES.setdefault(stage, len(_BACKEND_STAGES))
+    content = text() if callable(text) else text
+    try:
+        (path / f"{_file_name(program_name)}.{index:02d}.{stage}").write_text(content)
+    except OSError as err:
+        raise _dump_error(path, err) from None
+
+
+# Backend stage name -> its number after the passes (first dumped, first numbered).
+_BACKEND_STAGES: dict[str, int] = {}
 
 
 def _dump_dir() -> Path | None:

@@ -20,6 +20,9 @@ import ctypes
 import json
 import math
 import struct
+import threading
+import warnings
+from collections import Counter
 from collections.abc import Callable
 
 import numpy as np
@@ -28,6 +31,8 @@ from hologram.backends.base import Allocator, Backend, Executable, host_arrays
 from hologram.backends.cpu import blas, gemm, llvm, threads
 from hologram.backends.cpu import target as targets
 from hologram.backends.cpu.render import render, split_parts, unsupported
+from hologram.codegen import loops
+from hologram.compiler import pipeline
 from hologram.isa.ir import Program
 from hologram.runtime.pool import Pool
 
@@ -83,7 +88,15 @@ class CpuBackend(Backend):
             "program": str(program) if fallback else None,
         }
         target = _target(target)
-        obj = llvm.compile_ir(render(program, symbols, target), target) if symbols else b""
+        obj = b""
+        if symbols:
+            def dump(stage: str, text) -> None:
+                pipeline.dump(program.name, stage, text)
+
+            dump("loops", lambda: loops.dump(program, target.capabilities))
+            ir = render(program, symbols, target)
+            dump("cpu.ll", ir)
+            obj = llvm.compile_ir(ir, target, dump=dump)
         data = json.dumps(header).encode()
         return _HEADER.pack(len(data)) + data + obj
 
@@ -125,6 +138,7 @@ class _Executable(Executable):
         self.temps = header["temps"]
         self.arena = header["arena"]
         self.program_text = header["program"]
+        self.reasons = {s["kernel"]: s["reason"] for s in header["steps"] if "kernel" in s}
         self._program: Program | None = None
         self.steps: list[Callable] = [self._step(s, addresses) for s in header["steps"]]
         # Programs whose kernels are all native and need no arena run on a pointer array
@@ -201,13 +215,15 @@ class _Executable(Executable):
             step(pointers, None)
 
     def _interpret(self, index: int, memory: tuple) -> None:
-        """Run kernel ``index`` on the reference interpreter, on the same memory."""
+        """Run kernel ``index`` on the reference interpreter, on the same memory (counted
+        in :func:`interpreted_stats`; warns once per reason)."""
         from hologram.backends.interp.interpreter import run_kernel
         from hologram.isa.text import parse_program
 
         if self._program is None:
             self._program = parse_program(self.program_text)
         program = self._program
+        _count_interpreted(self.reasons[index])
         handles, arena = memory
         given = iter(host_arrays(program.params, handles))
         views = []
@@ -220,6 +236,40 @@ class _Executable(Executable):
                 raw = arena[buf.offset : buf.offset + buf.nbytes]
                 views.append(raw.view(buf.dtype.storage))
         run_kernel(program, program.kernels[index], views)
+
+
+class InterpretedKernelWarning(UserWarning):
+    """A cpu program ran a kernel on the reference interpreter (see
+    :func:`interpreted_stats`)."""
+
+
+_interpreted: Counter[str] = Counter()
+_interpreted_lock = threading.Lock()
+
+
+def interpreted_stats() -> dict[str, int]:
+    """How many kernel launches of cpu programs ran on the reference interpreter, by
+    reason (``render.unsupported``'s words, domain extents left out)."""
+    with _interpreted_lock:
+        return dict(_interpreted.most_common())
+
+
+def reset_interpreted_stats() -> None:
+    """Forget the counts (and warn again for the next interpreted kernel of each reason)."""
+    with _interpreted_lock:
+        _interpreted.clear()
+
+
+def _count_interpreted(reason: str) -> None:
+    # Kernels with a zero extent do no arithmetic worth a native function: counted, quiet.
+    kind = "a zero extent" if "zero extent" in reason else reason.split(" (", 1)[0]
+    with _interpreted_lock:
+        first = kind not in _interpreted
+        _interpreted[kind] += 1
+    if first and "zero extent" not in kind:
+        warnings.warn(f"the cpu backend runs a kernel on the reference interpreter: {reason}; "
+                      "hologram.backends.cpu.backend.interpreted_stats() counts these "
+                      "launches", InterpretedKernelWarning, stacklevel=2)
 
 
 def _gemm_step(g: dict) -> Callable:

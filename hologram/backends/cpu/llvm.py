@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from functools import cache
 
 import lief
@@ -98,13 +98,20 @@ def optimize_ir(ir: str, target: Target | None = None) -> llvm.ModuleRef:
 
 
 def compile_ir(ir: str, target: Target | None = None,
-               allowed: Iterable[str] = PROCESS_SYMBOLS) -> bytes:
+               allowed: Iterable[str] = PROCESS_SYMBOLS,
+               dump: Callable[[str, str | Callable[[], str]], None] | None = None) -> bytes:
     """LLVM IR text -> optimized, checked object file for ``target`` (default: the current
-    one). ``allowed``: the symbols the object may take from the process."""
+    one). ``allowed``: the symbols the object may take from the process. ``dump(stage,
+    text)``, when given, receives the optimized IR (``cpu.opt.ll``) and the assembly
+    (``cpu.s``)."""
     target = target or targets.current()
     module = optimize_ir(ir, target)
     with _lock:
+        optimized = str(module) if dump is not None else ""
         obj = _emitter(target).emit_object(module)
+        if dump is not None:  # code generation may rewrite the module: the assembly of a copy
+            dump("cpu.opt.ll", optimized)
+            dump("cpu.s", lambda: _emitter(target).emit_assembly(llvm.parse_assembly(optimized)))
     check_object(obj, target, allowed)
     return obj
 

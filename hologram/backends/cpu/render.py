@@ -16,8 +16,9 @@ Inside one grid point the kernel's loop dimensions are structured loops:
 Dependencies are emitted before the nest that uses them, so everything dominates its uses.
 A large reduction of a whole domain becomes two functions instead, partials and their
 fold, so that the partials run on all threads (:func:`split_parts`).
-Float sums (and products, and contractions) accumulate in float64 for f16/bf16/f32 — more
-accurate than pairwise float32 summation — with ``reassoc`` so the loops vectorize.
+Float sums and contractions accumulate in the operand precision (float32 for f16/bf16) in
+vector lanes, blocked, with block sums added in float64 (:data:`LANES`; the error bound is
+docs/isa.md's); products accumulate in float64 with ``reassoc`` so their loops vectorize.
 Transcendentals come from :mod:`.mathlib` (vectorizable IR, no libm calls); operations
 that some CPUs lack (fma, rounding to integers, fmod, half conversions) from
 :mod:`.intrinsics`, so that the code calls no runtime library on any target.
@@ -43,6 +44,16 @@ from llvmlite import ir
 from hologram.backends.cpu import intrinsics, mathlib
 from hologram.backends.cpu import target as targets
 from hologram.backends.cpu.target import Target
+from hologram.codegen.loops import (
+    BLOCK,
+    LANES,
+    PART_WORK,
+    SHORT_ROW,
+    Accumulator,
+    accumulator,
+    split_parts,
+    unsupported,
+)
 from hologram.isa import dtypes as dt
 from hologram.isa.dtypes import DType
 from hologram.isa.ir import FLOAT_UNARY_OPS, Instr, Kernel, Program
@@ -64,54 +75,12 @@ MATH_INTERLEAVE = 4
 _CMP = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 
 
+__all__ = ["MATH_INTERLEAVE", "PART_WORK", "render", "split_parts", "unsupported"]
+_FLOAT = {"f32": F32, "f64": F64}
+
+
 def register_type(t: DType) -> ir.Type:
     return _REGISTER[t.name]
-
-
-def unsupported(kernel: Kernel) -> str | None:
-    """Why ``kernel`` cannot be rendered, or None."""
-    if 0 in kernel.domain:
-        # Values invariant along a loop are computed before it, also when it runs zero
-        # times: a load would then read an empty (possibly unallocated) buffer. Such kernels
-        # store nothing or reduce empty extents, so the interpreter runs them at no cost.
-        return f"the domain {list(kernel.domain)} has a zero extent"
-    loops = range(kernel.grid_rank, len(kernel.domain))
-    for instr in kernel.body:
-        if instr.op in ("reduce", "contract") and any(instr.shape[d] > 1 for d in loops):
-            return ("a reduction result varies along a loop dimension "
-                    f"(shape {list(instr.shape)}, grid {list(kernel.grid)})")
-    return None
-
-
-#: Elements per partial result of a split reduction, and the most partials (see
-#: :func:`split_parts`). Fixed numbers, not the thread count: a split reduction's result
-#: is the same bits however many threads compute its partials.
-PART_WORK = 1 << 16
-MAX_PARTS = 64
-
-
-def split_parts(kernel: Kernel) -> int:
-    """Into how many partial results a reduction of a whole domain is split (0: none).
-
-    A kernel without a grid whose one reduction runs over dimension 0 among others, and
-    whose stores all store values computed once (the reduction's result and what follows
-    from it), is rendered as two functions: ``symbol`` computes partial ``p`` (the
-    reduction over dimension-0 indices ``[bound(p), bound(p + 1))``, bounds as
-    ``threads.chunks`` draws them) for the ``p`` in its ``[start, stop)``, into a scratch
-    buffer passed as pointer ``len(program.buffers)``; ``symbol_final`` folds the partials
-    in order and runs the rest of the kernel. The partials can then run on all threads,
-    where a whole reduction would run on one."""
-    if kernel.grid_rank or not kernel.domain or 0 in kernel.domain:
-        return 0
-    reductions = [x for x in kernel.body if x.op in ("reduce", "contract")]
-    if len(reductions) != 1 or reductions[0].axes[:1] != (0,):
-        return 0
-    loops = range(len(kernel.domain))
-    for x in kernel.body:
-        if x.op == "store" and any(x.shape[d] > 1 for d in loops):
-            return 0
-    parts = min(MAX_PARTS, kernel.domain[0], math.prod(kernel.domain) // PART_WORK)
-    return parts if parts >= 2 else 0
 
 
 def render(program: Program, symbols: dict[str, str], target: Target | None = None) -> str:
@@ -217,8 +186,11 @@ class _KernelRenderer:
                 self.hoisted[i] = self._emit(instr)
 
     def _loop(self, stop: ir.Value, body: Callable[[ir.Value], None], dim: int,
-              start: ir.Value | None = None) -> None:
-        """``for i in [start, stop): body(i)``, with ``i`` bound to domain dimension ``dim``."""
+              start: ir.Value | None = None, step: int = 1, lanes: bool = False) -> None:
+        """``for i in [start, stop) by step: body(i)``, with ``i`` bound to domain dimension
+        ``dim`` (negative: to none). ``lanes``: an elementwise loop over accumulator lanes,
+        vectorized but never unrolled first (unrolled, the lanes become scalars that LLVM
+        does not put back into vectors)."""
         b = self.b
         start = start if start is not None else ir.Constant(I64, 0)
         before = b.block
@@ -234,24 +206,33 @@ class _KernelRenderer:
         self.index[dim] = i
         calls, loops = self.math_calls, self.loops_done
         body(i)
-        following = b.add(i, ir.Constant(I64, 1))
+        following = b.add(i, ir.Constant(I64, step))
         i.add_incoming(following, b.block)
         back = b.branch(head)
-        if self.math_calls > calls and self.loops_done == loops:
-            back.set_metadata("llvm.loop", self._interleaved())
+        if lanes:
+            m = self.module
+            unrolled = m.add_metadata([ir.MetaDataString(m, "llvm.loop.unroll.full")])
+            back.set_metadata("llvm.loop", self._loop_id(
+                [("llvm.loop.vectorize.enable", ir.Constant(I1, 1)),
+                 ("llvm.loop.unroll.disable", None),
+                 ("llvm.loop.vectorize.followup_vectorized", unrolled)]))
+        elif self.math_calls > calls and self.loops_done == loops:
+            back.set_metadata("llvm.loop", self._loop_id(
+                [("llvm.loop.interleave.count", ir.Constant(I32, MATH_INTERLEAVE))]))
         self.loops_done += 1
         b.position_at_end(done)
         del self.index[dim]
 
-    def _interleaved(self) -> ir.MDValue:
-        """Loop metadata asking the vectorizer for :data:`MATH_INTERLEAVE` vectors per
-        iteration (a fresh, self-referential loop ID, as LLVM requires)."""
+    def _loop_id(self, hints: list[tuple[str, ir.Value | None]]) -> ir.MDValue:
+        """Loop metadata with ``hints`` (name, value or None) for the vectorizer and the
+        unroller: a fresh, self-referential loop ID, as LLVM requires. Math loops ask for
+        :data:`MATH_INTERLEAVE` vectors per iteration."""
         m = self.module
-        hint = m.add_metadata([ir.MetaDataString(m, "llvm.loop.interleave.count"),
-                               ir.Constant(I32, MATH_INTERLEAVE)])
+        nodes = [m.add_metadata([ir.MetaDataString(m, name)] + ([] if value is None else [value]))
+                 for name, value in hints]
         # Not add_metadata, which would give every loop the same (cached) node.
-        loop_id = ir.MDValue(m, [hint], name=str(len(m.metadata)))
-        loop_id.operands = (loop_id, hint)
+        loop_id = ir.MDValue(m, nodes, name=str(len(m.metadata)))
+        loop_id.operands = (loop_id, *nodes)
         return loop_id
 
     def _nest(self, dims: list[int], body: Callable[[], None]) -> None:
@@ -419,7 +400,10 @@ class _KernelRenderer:
         extents = [kernel.domain[a] for a in axes]
         t = kernel.body[instr.args[0]].dtype
         kind = "sum" if instr.op == "contract" else instr.kind
-        acc_type = self._accumulator_type(t, kind)
+        plan = accumulator(kernel, kernel.body.index(instr), self.target.capabilities)
+        if plan.blocked:
+            return self._float_sum(instr, plan)
+        acc_type = register_type(dt.dtype(plan.dtype))
         acc = self._alloca(acc_type)
         b.store(self._identity(kind, t, acc_type), acc)
         best = None
@@ -467,15 +451,100 @@ class _KernelRenderer:
             self.local = saved_local
         return b.load(acc), (b.load(best) if best is not None else None), acc_type
 
+    def _float_sum(self, instr: Instr, plan: Accumulator) -> tuple[ir.Value, None, ir.Type]:
+        """A float sum or contraction as :data:`LANES` accumulators per block of
+        :data:`BLOCK` (see :mod:`hologram.codegen.loops`): ``(sum, None, its type)``."""
+        b, kernel = self.b, self.kernel
+        t = kernel.body[instr.args[0]].dtype
+        lane_type, wide = _FLOAT[plan.dtype], _FLOAT[plan.outer]
+        outer = _BlockSums(self, wide, compensated=plan.compensated)
+        if self.split == "final":
+            values = b.bitcast(self.scratch, wide.as_pointer())
+            self._loop(ir.Constant(I64, self.parts),
+                       lambda p: outer.add(b.load(b.gep(values, [p]))), dim=-1)
+            return outer.result(), None, wide
+        axes = list(instr.axes)
+        inner = axes[-1]
+        saved_local = self.local
+
+        def term() -> ir.Value:  # emitted afresh in each loop body that adds terms
+            self.local = {}
+            values = [self._value(a) for a in instr.args]
+            if instr.op == "contract":  # exact for f16/bf16 (22 or 16 significant bits)
+                return self._arith("mul", values[0], values[1], t, lane_type)
+            return values[0]
+
+        def row() -> None:
+            if inner == 0 and self.outer is not None:  # a partial of a split reduction
+                self._blocks(inner, *self.outer, term, lane_type, outer)
+            elif kernel.domain[inner] <= SHORT_ROW:
+                acc = self._alloca(lane_type)
+                b.store(_float_const(lane_type, -0.0), acc)
+                self._loop(ir.Constant(I64, kernel.domain[inner]),
+                           lambda i: b.store(b.fadd(b.load(acc), term()), acc), dim=inner)
+                outer.add(b.load(acc))
+            else:
+                self._blocks(inner, ir.Constant(I64, 0), ir.Constant(I64, kernel.domain[inner]),
+                             term, lane_type, outer)
+
+        self._nest(axes[:-1], row)
+        self.local = saved_local
+        return outer.result(), None, wide
+
+    def _blocks(self, dim: int, lo: ir.Value, hi: ir.Value, term: Callable[[], ir.Value],
+                lane_type: ir.Type, outer: _BlockSums) -> None:
+        """Add the terms at indices ``[lo, hi)`` of dimension ``dim`` into ``outer``, one
+        block of :data:`BLOCK` at a time: term ``i`` of a block goes to lane ``i %
+        LANES`` (in order, no reassociation), and the lanes are added as a balanced tree.
+        The lane loops are elementwise, so LLVM vectorizes them without fast-math."""
+        b = self.b
+        lanes = self._alloca(ir.ArrayType(lane_type, LANES))
+        zero = ir.Constant(I64, 0)
+
+        def lane(j: ir.Value) -> ir.Value:
+            return b.gep(lanes, [zero, j])
+
+        tail = self._alloca(lane_type)
+
+        def add(j: ir.Value, i: ir.Value) -> None:  # lanes[j] += term at index i
+            self.index[dim] = i
+            b.store(b.fadd(b.load(lane(j)), term()), lane(j))
+
+        def tail_add(i: ir.Value) -> None:
+            self.index[dim] = i
+            b.store(b.fadd(b.load(tail), term()), tail)
+
+        def block(start: ir.Value) -> None:
+            end = b.add(start, ir.Constant(I64, BLOCK))
+            stop = b.select(b.icmp_signed("<", end, hi), end, hi)
+            for j in range(LANES):
+                b.store(_float_const(lane_type, -0.0), lane(ir.Constant(I64, j)))
+            whole = b.and_(b.sub(stop, start), ir.Constant(I64, -LANES))
+            full = b.add(start, whole)
+
+            def group(g: ir.Value) -> None:
+                self._loop(ir.Constant(I64, LANES), lambda j: add(j, b.add(g, j)), dim=-2,
+                           lanes=True)
+
+            self._loop(full, group, dim=-3, start=start, step=LANES)
+            sums = [b.load(lane(ir.Constant(I64, j))) for j in range(LANES)]
+            while len(sums) > 1:
+                half = len(sums) // 2
+                sums = [b.fadd(sums[k], sums[k + half]) for k in range(half)]
+            outer.add(sums[0])
+            # The last (< LANES) terms in order, apart: a variable lane index would keep
+            # the lanes in memory instead of vector registers.
+            b.store(_float_const(lane_type, -0.0), tail)
+            self._loop(b.sub(stop, full), lambda j: tail_add(b.add(full, j)), dim=-2)
+            outer.add(b.load(tail))
+
+        self._loop(hi, block, dim=-4, start=lo, step=BLOCK)
+        self.index.pop(dim, None)
+
     def _alloca(self, ty: ir.Type) -> ir.Value:
         with self.b.goto_block(self.alloca_block):
             self.b.position_at_start(self.alloca_block)
             return self.b.alloca(ty)
-
-    def _accumulator_type(self, t: DType, kind: str) -> ir.Type:
-        if t.is_float and kind in ("sum", "prod") and t is not dt.float64:
-            return F64
-        return register_type(t)
 
     def _identity(self, kind: str, t: DType, ty: ir.Type) -> ir.Constant:
         if kind == "sum":
@@ -530,7 +599,7 @@ class _KernelRenderer:
         if ty == target:
             return value
         if t in _NARROW:
-            return self._f64_to_narrow(value, t)
+            return self._round(value, t) if ty == F32 else self._f64_to_narrow(value, t)
         return self.b.fptrunc(value, target)
 
     def _f64_to_narrow(self, x: ir.Value, t: DType) -> ir.Value:
@@ -589,6 +658,44 @@ class _KernelRenderer:
         if src.width > dst.width:
             return self.b.trunc(x, dst)
         return self.b.sext(x, dst) if signed else self.b.zext(x, dst)
+
+
+class _BlockSums:
+    """Block sums added in order in ``ty``: plainly when it is wider than the blocks
+    (float64 keeps 29 more bits than a float32 block sum has, so up to 2**29 additions
+    cost less than one float32 rounding), else compensated (Neumaier's variant)."""
+
+    def __init__(self, r: _KernelRenderer, ty: ir.Type, compensated: bool):
+        self.r, self.b, self.ty = r, r.b, ty
+        self.sum = r._alloca(ty)
+        self.b.store(_float_const(ty, -0.0), self.sum)
+        self.error = r._alloca(ty) if compensated else None
+        if self.error is not None:
+            self.b.store(_float_const(ty, 0.0), self.error)
+
+    def add(self, value: ir.Value) -> None:
+        b, ty = self.b, self.ty
+        value = b.fpext(value, ty) if value.type != ty else value
+        s = b.load(self.sum)
+        total = b.fadd(s, value)
+        if self.error is not None:
+            fabs = [self.r._intrinsic("fabs", ty, [x]) for x in (s, value)]
+            bigger = b.fcmp_ordered(">=", *fabs)
+            lost = b.select(bigger, b.fadd(b.fsub(s, total), value),
+                            b.fadd(b.fsub(value, total), s))
+            b.store(b.fadd(b.load(self.error), lost), self.error)
+        b.store(total, self.sum)
+
+    def result(self) -> ir.Value:
+        b = self.b
+        s = b.load(self.sum)
+        if self.error is None:
+            return s
+        c = b.load(self.error)
+        # The plain sum where nothing was lost (keeps -0.0) or it is not finite (inf - inf).
+        keep = b.or_(b.fcmp_ordered("==", c, _float_const(self.ty, 0.0)),
+                     b.fcmp_unordered("uno", b.fsub(s, s), b.fsub(s, s)))
+        return b.select(keep, s, b.fadd(s, c))
 
 
 def _float_bits(ty: ir.Type) -> int:

@@ -25,6 +25,7 @@ from functools import cache
 import llvmlite.binding as llvm
 
 from hologram import config
+from hologram.compiler.capabilities import CPU, Capabilities
 from hologram.errors import DeviceError, HologramError
 
 _V2 = frozenset({"cx16", "sahf", "popcnt", "sse3", "sse4.1", "sse4.2", "ssse3"})
@@ -73,6 +74,13 @@ class Target:
         digest = hashlib.sha256(self.features.encode()).hexdigest()[:16]
         return (f"{self.triple} cpu={self.cpu} features={digest} "
                 f"llvm={llvm.llvm_version_info}")
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What code for this CPU can use. Every CPU target has f64, i64 and narrow
+        storage; f16/bf16 are computed in float32 even where the CPU has half arithmetic
+        (AVX512-FP16), so results do not depend on the CPU."""
+        return CPU
 
     def has(self, feature: str) -> bool:
         """Does code for this target assume ``feature`` (LLVM's name, e.g. ``avx512f``)?"""

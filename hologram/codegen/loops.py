@@ -1,0 +1,189 @@
+"""The device-neutral lowering of a scheduled Atlas kernel: its loop plan.
+
+A renderer turns each kernel into code for one device; what it has to decide before it
+emits anything is the same on every device, and is decided here:
+
+- which kernels it can run at all (:func:`unsupported`);
+- which whole-domain reductions run as partials and their fold (:func:`split_parts`);
+- where each value is computed: before the grid loop over dimension ``d`` (``hoist d``:
+  it varies along no grid dimension from ``d`` on and comes from no reduction), once per
+  grid point (``point``), or inside a loop nest over the loop dimensions it varies along
+  (``nest [...]``), recomputed there rather than stored;
+- which stores share a loop nest (those varying along the same loop dimensions);
+- how each reduction accumulates (:class:`Accumulator`): float sums in lanes of the operand
+  precision, blocked, block sums in the target's ``block_sum_dtype``; products, extremes
+  and integer sums in one accumulator; argmax indices in the target's ``index_dtype``.
+
+:func:`plan` returns all of it as a :class:`KernelPlan`, and :meth:`KernelPlan.dump` as
+text; compilers write it under ``HOLOGRAM_DUMP_DIR`` (stage ``loops``). The cpu renderer
+emits LLVM IR following it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from hologram.compiler.capabilities import CPU, Capabilities
+from hologram.isa import dtypes as dt
+from hologram.isa.ir import Kernel, Program
+
+#: Elements per partial result of a split reduction, and the most partials (see
+#: :func:`split_parts`). Fixed numbers, not the thread count: a split reduction's result
+#: is the same bits however many threads compute its partials.
+PART_WORK = 1 << 16
+MAX_PARTS = 64
+
+#: Float sums (docs/isa.md, "Float sums"): the terms of a block of ``BLOCK`` go to
+#: ``LANES`` accumulators of the operand precision (float32 for f16/bf16), term ``i`` to
+#: lane ``i % LANES``, added as a balanced tree; the last ``< LANES`` terms of a row form
+#: one sequential sum; block sums are added in order in the target's ``block_sum_dtype``.
+#: A row of at most ``SHORT_ROW`` terms is one sequential sum. The error bound's constant
+#: follows from these: at most ``BLOCK / LANES - 1`` rounded additions per lane and
+#: ``log2(LANES)`` tree levels.
+LANES = 16
+BLOCK = 256
+SHORT_ROW = 16
+
+
+def unsupported(kernel: Kernel) -> str | None:
+    """Why ``kernel`` cannot be lowered to loops yet, or None."""
+    if 0 in kernel.domain:
+        # Values invariant along a loop are computed before it, also when it runs zero
+        # times: a load would then read an empty (possibly unallocated) buffer. Such kernels
+        # store nothing or reduce empty extents, so the interpreter runs them at no cost.
+        return f"the domain {list(kernel.domain)} has a zero extent"
+    loops = range(kernel.grid_rank, len(kernel.domain))
+    for instr in kernel.body:
+        if instr.op in ("reduce", "contract") and any(instr.shape[d] > 1 for d in loops):
+            return ("a reduction result varies along a loop dimension "
+                    f"(shape {list(instr.shape)}, grid {list(kernel.grid)})")
+    return None
+
+
+def split_parts(kernel: Kernel) -> int:
+    """Into how many partial results a reduction of a whole domain is split (0: none).
+
+    A kernel without a grid whose one reduction runs over dimension 0 among others, and
+    whose stores all store values computed once (the reduction's result and what follows
+    from it), is rendered as two functions: ``symbol`` computes partial ``p`` (the
+    reduction over dimension-0 indices ``[bound(p), bound(p + 1))``, bounds as
+    ``threads.chunks`` draws them) for the ``p`` in its ``[start, stop)``, into a scratch
+    buffer passed as pointer ``len(program.buffers)``; ``symbol_final`` folds the partials
+    in order and runs the rest of the kernel. The partials can then run on all threads,
+    where a whole reduction would run on one."""
+    if kernel.grid_rank or not kernel.domain or 0 in kernel.domain:
+        return 0
+    reductions = [x for x in kernel.body if x.op in ("reduce", "contract")]
+    if len(reductions) != 1 or reductions[0].axes[:1] != (0,):
+        return 0
+    loops = range(len(kernel.domain))
+    for x in kernel.body:
+        if x.op == "store" and any(x.shape[d] > 1 for d in loops):
+            return 0
+    parts = min(MAX_PARTS, kernel.domain[0], math.prod(kernel.domain) // PART_WORK)
+    return parts if parts >= 2 else 0
+
+
+@dataclass(frozen=True)
+class Accumulator:
+    """How one reduction accumulates."""
+
+    position: int  # the reduce/contract instruction
+    kind: str  # sum, prod, max, min, argmax, argmin (a contract is a sum)
+    axes: tuple[int, ...]
+    operand: str  # the operand dtype
+    dtype: str  # the accumulator (the lanes, for a blocked float sum)
+    blocked: bool = False  # LANES lanes per BLOCK, block sums in ``outer``
+    outer: str = ""  # block sums' dtype
+    compensated: bool = False  # block sums added with Neumaier's compensation
+    index: str = ""  # argmax/argmin: the index's dtype
+
+    def describe(self) -> str:
+        text = f"%{self.position} {self.kind} axes {list(self.axes)} of {self.operand}: " \
+               f"{self.dtype}"
+        if self.blocked:
+            text += (f" x{LANES} lanes per block of {BLOCK}, blocks in {self.outer}"
+                     + (" compensated" if self.compensated else ""))
+        if self.index:
+            text += f", index {self.index}"
+        return text
+
+
+def accumulator(kernel: Kernel, position: int, caps: Capabilities = CPU) -> Accumulator:
+    """The accumulator of reduction ``kernel.body[position]`` on a target with ``caps``."""
+    instr = kernel.body[position]
+    t = kernel.body[instr.args[0]].dtype
+    kind = "sum" if instr.op == "contract" else instr.kind
+    if kind == "sum" and t.is_float:
+        lanes = "f64" if t is dt.float64 else "f32"
+        outer = caps.block_sum_dtype if t is not dt.float64 else "f64"
+        return Accumulator(position, kind, instr.axes, t.name, lanes, True, outer,
+                           compensated=outer == lanes)
+    if kind == "prod" and t.is_float:  # any order: relative error γ(n-1) of the precision
+        wide = "f64" if caps.f64 else "f32"
+        return Accumulator(position, kind, instr.axes, t.name, wide)
+    index = caps.index_dtype if kind in ("argmax", "argmin") else ""
+    return Accumulator(position, kind, instr.axes, t.name, t.name, index=index)
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    """The loop structure of one kernel (see the module docstring)."""
+
+    name: str
+    grid: tuple[int, ...]  # parallel dimensions, outermost first
+    loops: tuple[int, ...]  # the loop dimensions' extents
+    parts: int  # split_parts
+    placement: tuple[str, ...]  # per instruction: "hoist d", "point" or "nest [dims]"
+    store_nests: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]  # (dims, stores)
+    accumulators: tuple[Accumulator, ...]
+    unsupported: str | None
+
+    def dump(self) -> str:
+        lines = [f"kernel {self.name} grid {list(self.grid)} loops {list(self.loops)}"
+                 + (f" split {self.parts} partials" if self.parts else "")]
+        if self.unsupported:
+            lines.append(f"  unsupported: {self.unsupported}")
+        for position, where in enumerate(self.placement):
+            lines.append(f"  %{position}: {where}")
+        for dims, stores in self.store_nests:
+            lines.append(f"  stores {['%' + str(s) for s in stores]} in nest {list(dims)}")
+        lines += [f"  accumulate {a.describe()}" for a in self.accumulators]
+        return "\n".join(lines)
+
+
+def plan(kernel: Kernel, caps: Capabilities = CPU) -> KernelPlan:
+    """The loop plan of ``kernel`` for a target with ``caps``."""
+    rank = len(kernel.domain)
+    loops = range(kernel.grid_rank, rank)
+    from_reduction: set[int] = set()
+    placement = []
+    for i, instr in enumerate(kernel.body):
+        reduced = instr.op in ("reduce", "contract") or bool(from_reduction & set(instr.args))
+        if reduced:
+            from_reduction.add(i)
+        varying = [d for d in loops if instr.shape[d] > 1]
+        if instr.op == "store" or varying:
+            placement.append(f"nest {varying}")
+            continue
+        level = next((d for d in range(kernel.grid_rank)
+                      if all(instr.shape[e] == 1 for e in range(d, rank))), None)
+        placement.append("point" if reduced or level is None else f"hoist {level}")
+    nests: dict[tuple[int, ...], list[int]] = {}
+    for i, instr in enumerate(kernel.body):
+        if instr.op == "store":
+            nests.setdefault(tuple(d for d in loops if instr.shape[d] > 1), []).append(i)
+    reason = unsupported(kernel)
+    return KernelPlan(
+        kernel.name, kernel.grid, kernel.domain[kernel.grid_rank:],
+        split_parts(kernel) if reason is None else 0, tuple(placement),
+        tuple((dims, tuple(stores)) for dims, stores in nests.items()),
+        tuple(accumulator(kernel, i, caps) for i, x in enumerate(kernel.body)
+              if x.op in ("reduce", "contract")),
+        reason)
+
+
+def dump(program: Program, caps: Capabilities = CPU) -> str:
+    """Every kernel's plan, as text (the ``loops`` dump stage)."""
+    return "\n\n".join(plan(k, caps).dump() for k in program.kernels) + "\n"

@@ -1,0 +1,43 @@
+"""What a target's generated code can use: the record that numeric decompositions are
+chosen by (docs/isa.md states what every choice must still guarantee).
+
+A backend's target carries one :class:`Capabilities`. The passes and the lowering read it,
+never a backend name: a target without ``f64`` adds its block sums with compensation in
+float32 instead of plainly in float64; one without ``i64`` computes argmax indices in i32
+and widens them; one without 8/16-bit storage packs narrow values into 32-bit words; f16
+and bf16 arithmetic runs in float32, rounded after each inexact operation, unless the
+target computes in them natively.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """Arithmetic and storage a target offers (defaults: a 64-bit CPU)."""
+
+    f64: bool = True  # float64 arithmetic
+    i64: bool = True  # 64-bit integer arithmetic
+    narrow_storage: bool = True  # 8- and 16-bit loads and stores
+    f16_arithmetic: bool = False  # native half-precision arithmetic
+    bf16_arithmetic: bool = False  # native bfloat16 arithmetic
+
+    @property
+    def index_dtype(self) -> str:
+        """The integer type argmax/argmin indices are computed in (widened to i64 when
+        stored, where the target has it)."""
+        return "i64" if self.i64 else "i32"
+
+    @property
+    def block_sum_dtype(self) -> str:
+        """The type float-sum blocks are added in: float64 where there is one, else
+        float32 with compensation."""
+        return "f64" if self.f64 else "f32"
+
+
+#: 64-bit CPUs (the cpu backend, the interpreter).
+CPU = Capabilities()
+#: WebGPU (WGSL): no f64, no i64, 32-bit storage only; f16 with the shader-f16 feature.
+WEBGPU = Capabilities(f64=False, i64=False, narrow_storage=False)
