@@ -32,7 +32,7 @@ from hologram.backends.cpu import blas, gemm, llvm, threads
 from hologram.backends.cpu import target as targets
 from hologram.backends.cpu.render import render, split_parts, unsupported
 from hologram.codegen import loops
-from hologram.compiler import pipeline
+from hologram.compiler import library_calls, pipeline
 from hologram.isa.ir import Program
 from hologram.runtime.pool import Pool
 
@@ -62,6 +62,7 @@ class CpuBackend(Backend):
     def compile(self, program: Program, target: str | None = None) -> bytes:
         prefix = f"hg_{program.fingerprint()[:16]}_"
         program, gemms = gemm.split(program)
+        pipeline.dump(program.name, "library_calls", lambda: library_calls.dump(program, gemms))
         symbols, steps, fallback = {}, [], False
         for index, kernel in enumerate(program.kernels):
             steps += [{"gemm": g.to_json()} for g in gemms.get(index, ())]
