@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import ctypes
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 
 from hologram.errors import DeviceError, DTypeError, ShapeError
+from hologram.isa import dtypes
+from hologram.isa.dtypes import DType
 from hologram.isa.ir import Buffer, Program
 
 
@@ -168,3 +170,67 @@ class Backend(ABC):
     @abstractmethod
     def allocator(self, memory_limit: int | None = None) -> Allocator:
         """A new allocator for this backend's memory (each SDK executor has its own)."""
+
+    # --- what the backend supports (checked by check_supported; conformance suite) ----
+    def supports(self, op: str, dtype: DType) -> bool:
+        """Can this backend run ISA opcode ``op`` (``"add"``, ``"reduce"``, ``"cast"``, ...)
+        on values of ``dtype``? An instruction needs its opcode supported on its result's
+        dtype and on each operand's (a ``cast`` from f64 to f32 needs ``("cast", f64)`` and
+        ``("cast", f32)``). Default: everything the ISA defines. The conformance suite
+        (tests/conformance) runs every supported pair against the interpreter and expects
+        :class:`~hologram.errors.DTypeError` for every other."""
+        return True
+
+    def delegated(self, artifact: bytes) -> list[int]:
+        """Indices of the kernels that ``artifact`` runs somewhere other than this
+        backend's device (e.g. on the reference interpreter): the ``"interpreted"`` entry
+        of :meth:`describe`, empty by default."""
+        return list(self.describe(artifact).get("interpreted", ()))
+
+
+# --- support checks ---------------------------------------------------------------------
+def unsupported_pairs(backend: Backend, program: Program) -> list[tuple[str, str, DType]]:
+    """``(kernel, op, dtype)`` for every pair ``program`` uses that ``backend`` does not
+    support (see :meth:`Backend.supports`), each once, in program order."""
+    found: dict[tuple[str, str, DType], None] = {}
+    for kernel in program.kernels:
+        body = kernel.body
+        for instr in body:
+            needed = [instr.dtype, *(body[a].dtype for a in instr.args)]
+            for t in needed:
+                if not backend.supports(instr.op, t):
+                    found.setdefault((kernel.name, instr.op, t))
+    return list(found)
+
+
+def check_supported(backend: Backend, program: Program,
+                    alternatives: Iterable[Backend] = ()) -> None:
+    """Raise :class:`~hologram.errors.DTypeError` if ``program`` uses an (op, dtype) pair
+    that ``backend`` does not support, naming the backend, the op, the dtype, the kernel
+    and a fix: a backend among ``alternatives`` (iterated only on error) that supports the
+    pair, or a dtype to cast to. Never runs anything elsewhere."""
+    missing = unsupported_pairs(backend, program)
+    if not missing:
+        return
+    others = list(alternatives)
+    lines = []
+    for kernel, op, t in missing:
+        fixes = [f"run it on backend {o.name!r}" for o in others if o.supports(op, t)][:1]
+        cast = next((c for c in _CAST_PREFERENCE.get(t.kind, ())
+                     if c is not t and backend.supports(op, c)), None)
+        if cast is not None:
+            fixes.append(f"cast to {cast.name}")
+        fix = " or ".join(fixes) or "no backend here supports it"
+        lines.append(f"  {op} on {t.name} in kernel {kernel}: {fix}")
+    raise DTypeError(f"backend {backend.name!r} does not support {len(missing)} (op, dtype) "
+                     f"pair(s) of program {program.name!r}:\n" + "\n".join(lines))
+
+
+# The dtypes to suggest a cast to, most preferred first, by kind.
+_CAST_PREFERENCE: dict[str, tuple[DType, ...]] = {
+    "f": tuple(dtypes.dtype(n) for n in ("f32", "f16", "bf16", "f64")),
+    "i": tuple(dtypes.dtype(n) for n in ("i32", "i64", "i16", "i8")),
+    "u": tuple(dtypes.dtype(n) for n in ("u8", "i32")),
+    "b": (),
+}
+# --- end of support checks ----------------------------------------------------------------

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hologram import backends, config
-from hologram.backends.base import check_arrays
+from hologram.backends.base import check_arrays, check_supported
 from hologram.compiler import pipeline
 from hologram.compiler.cache import CacheKey, compiler_version, default_cache
 from hologram.compiler.options import CompileOptions
@@ -126,6 +126,8 @@ def build(program: Program, backend: str = "auto", target: str | None = None,
 def _build_plan(program: Program, backend: str, impl: backends.Backend, target: str | None,
                 options: CompileOptions):
     """The cache key of ``program`` built for ``target``, and the function that builds it."""
+    check_supported(impl, program, (backends.builder(name) for name in backends.available()
+                                    if name != backend))
     canonical = pipeline.canonical_form(program, options)
     key = CacheKey(canonical.fingerprint(), backend, impl.target(target), options.key(),
                    compiler_version())

@@ -14,6 +14,7 @@ import numpy as np
 from hologram.backends.base import Allocator, Backend, Executable, host_arrays
 from hologram.backends.interp.interpreter import execute
 from hologram.errors import HologramError
+from hologram.isa.dtypes import DType
 from hologram.isa.ir import Program
 from hologram.isa.text import parse_program, print_program
 from hologram.runtime.pool import Pool
@@ -28,6 +29,11 @@ class InterpBackend(Backend):
                                 f"portable program text), not {name!r}")
         # The artifact is portable; NumPy's version is what could change results.
         return f"numpy-{np.__version__} {platform.machine()}"
+
+    def supports(self, op: str, dtype: DType) -> bool:
+        """Everything: the interpreter is the ISA's definition (and the oracle the
+        conformance suite compares every backend with)."""
+        return True
 
     def compile(self, program: Program, target: str | None = None) -> bytes:
         self.target(target)
