@@ -1,0 +1,80 @@
+"""The device-neutral loop plan (hologram/codegen/loops.py): placement of values, store
+nests, split reductions and accumulators chosen from a target's capabilities."""
+
+from __future__ import annotations
+
+from hologram.codegen import loops
+from hologram.compiler import pipeline
+from hologram.compiler.capabilities import CPU, WEBGPU
+from hologram.frontend.graph import Graph
+
+
+def _kernels(build) -> list:
+    g = Graph("plan")
+    build(g)
+    return list(pipeline.run(g.program()).kernels)
+
+
+def test_softmax_rows_plan_a_grid_point_with_reductions_and_one_store_nest():
+    def softmax(g):
+        x = g.input("x", "f32", (8, 1000))
+        e = g.unary("exp", x - g.max(x, 1, keepdim=True))
+        g.output("y", e / g.sum(e, 1, keepdim=True))
+
+    (kernel,) = _kernels(softmax)
+    plan = loops.plan(kernel)
+    assert plan.grid == (8,) and plan.loops == (1000,) and plan.parts == 0
+    reductions = [a.kind for a in plan.accumulators]
+    assert reductions == ["max", "sum"]
+    assert all(plan.placement[a.position] == "point" for a in plan.accumulators)
+    assert [dims for dims, _ in plan.store_nests] == [(1,)]
+    total = plan.accumulators[1]
+    assert (total.blocked, total.dtype, total.outer, total.compensated) == \
+        (True, "f32", "f64", False)
+
+
+def test_accumulators_follow_the_target_capabilities():
+    def reductions(g):
+        x = g.input("x", "f32", (4, 300))
+        h = g.input("h", "f16", (4, 300))
+        d = g.input("d", "f64", (4, 300))
+        g.output("s", g.sum(x, 1))
+        g.output("sh", g.sum(h, 1))
+        g.output("sd", g.sum(d, 1))
+        g.output("p", g.reduce("prod", x, 1))
+        g.output("a", g.reduce("argmax", x, 1))
+
+    def by_kind(caps):
+        found = {}
+        for kernel in _kernels(reductions):
+            for a in loops.plan(kernel, caps).accumulators:
+                found[(a.kind, a.operand)] = a
+        return found
+
+    cpu, gpu = by_kind(CPU), by_kind(WEBGPU)
+    assert cpu[("sum", "f16")].dtype == "f32" and cpu[("sum", "f16")].outer == "f64"
+    assert cpu[("sum", "f64")].compensated and not cpu[("sum", "f32")].compensated
+    assert gpu[("sum", "f32")].outer == "f32" and gpu[("sum", "f32")].compensated
+    assert cpu[("argmax", "f32")].index == "i64" and gpu[("argmax", "f32")].index == "i32"
+    assert cpu[("prod", "f32")].dtype == "f64" and gpu[("prod", "f32")].dtype == "f32"
+
+
+def test_whole_array_sums_are_split_and_the_dump_says_so():
+    def big(g):
+        g.output("s", g.sum(g.input("x", "f32", (4 * loops.PART_WORK,))))
+
+    (kernel,) = _kernels(big)
+    assert loops.split_parts(kernel) == 4
+    text = loops.plan(kernel).dump()
+    assert "split 4 partials" in text
+    assert f"x{loops.LANES} lanes per block of {loops.BLOCK}" in text
+
+
+def test_values_invariant_along_inner_grid_dimensions_are_hoisted():
+    def broadcast(g):
+        x = g.input("x", "f32", (64, 1))
+        y = g.input("y", "f32", (64, 32))
+        g.output("z", y * g.unary("exp", x))
+
+    plans = [loops.plan(k) for k in _kernels(broadcast)]
+    assert any("hoist 1" in plan.placement for plan in plans), [p.dump() for p in plans]
