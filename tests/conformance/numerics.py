@@ -1,0 +1,338 @@
+"""Running programs on a backend and on the interpreter, input values, and the tolerances
+of the ISA (docs/isa.md, docs/mathlib.md).
+
+Tolerances (the backend's result against the interpreter's):
+
+- bit for bit (-0.0 differs from +0.0, any NaN equals any NaN) for integer and bool results
+  and for exactly rounded float operations: ``add sub mul div mod sqrt fma min max abs neg
+  sign floor ceil round trunc``, compares, ``select``, casts, loads and stores;
+- ``rsqrt``: 1 ulp; transcendentals in f32 and f64: :data:`ULPS` (docs/mathlib.md), plus
+  an absolute 1e-6 where the reference is below 1e-30 and for sin/cos near their zeros;
+  f16 and bf16 results of inexact operations: 1 ulp of their own format;
+- float reductions and contractions: :func:`reduction_tolerance` (the ISA's bound);
+- NaN positions always match, infinities match (except where the bound allows an
+  intermediate overflow), and where both results are zero their signs match.
+
+Outputs start as poison (0xFF bytes), so an element a backend forgets to write fails.
+Every run also checks that the backend ran every kernel itself
+(:meth:`~hologram.backends.base.Backend.delegated`).
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import numpy as np
+import pytest
+
+import hologram
+from hologram import backends
+from hologram.errors import IRError
+from hologram.isa import dtypes as dt
+from hologram.isa.builder import ProgramBuilder
+from hologram.isa.dtypes import DType
+from hologram.isa.ir import Program
+from hologram.isa.verify import infer
+
+NAN, INF = math.nan, math.inf
+
+
+def seed_of(*parts: object) -> int:
+    """A per-case random seed that is the same in every process."""
+    return zlib.crc32(" ".join(map(str, parts)).encode())
+
+
+# --- known bugs ---------------------------------------------------------------------------
+#: (backend, case) -> why the backend disagrees with the ISA today. Each is run as an
+#: ``xfail(strict=True)``: fixing the bug makes the case pass and the suite fail until the
+#: entry is removed.
+KNOWN_BUGS: dict[tuple[str, str], str] = {
+    ("cpu", "fma bf16"): "cpu renders bf16 fma as an f32 fma rounded to bf16: two roundings "
+                         "(the ISA: one), 1 bf16 ulp off, e.g. fma(89, 2.5, 2**-126) = 222, "
+                         "exact 222.5+tiny rounds to 223",
+}
+
+
+def expect_known_bug(request, backend: str, case: str) -> None:
+    """Mark the running test ``xfail(strict=True)`` if ``case`` is a known bug of
+    ``backend`` (:data:`KNOWN_BUGS`)."""
+    reason = KNOWN_BUGS.get((backend, case))
+    if reason is not None:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
+
+
+# --- running ------------------------------------------------------------------------------
+def delegated(program: Program, backend: str) -> list[int]:
+    """Kernels of ``program`` that ``backend`` runs somewhere else (see
+    :meth:`Backend.delegated`)."""
+    artifact = hologram.build(program, backend=backend)
+    return backends.get(backend).delegated(artifact.data)
+
+
+def run(program: Program, backend: str, inputs: list[np.ndarray],
+        delegation_ok: bool = False) -> list[np.ndarray]:
+    """The program's out/inout arrays (flat) after a run on ``backend``, outputs starting
+    as poison. Fails if the backend hands a kernel to another backend, unless
+    ``delegation_ok`` (then it must at least say so in its artifact)."""
+    compiled = hologram.compile(program, backend=backend)
+    if not delegation_ok:
+        moved = delegated(program, backend)
+        assert not moved, (f"backend {backend!r} runs kernels {moved} of {program.name} "
+                           f"elsewhere:\n{program}")
+    given = iter(inputs)
+    arrays = [np.array(next(given), copy=True) if p.kind != "out" else
+              np.full(p.nbytes, 0xFF, dtype=np.uint8).view(p.dtype.storage).reshape(p.shape)
+              for p in program.params]
+    out = compiled(*arrays)
+    out = out if isinstance(out, tuple) else (out,)
+    return [np.asarray(a).reshape(-1) for a in out]
+
+
+def both(program: Program, backend: str, inputs: list[np.ndarray],
+         delegation_ok: bool = False) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """(``backend``'s outputs, the interpreter's)."""
+    return (run(program, backend, inputs, delegation_ok),
+            run(program, "interp", inputs, delegation_ok=True))
+
+
+def supported(backend: str, op: str, *types: DType) -> bool:
+    impl = backends.get(backend)
+    return all(impl.supports(op, t) for t in types)
+
+
+def accepts(op: str, types: list[DType], result: DType | None = None) -> bool:
+    """Does the ISA's typing rule accept ``op`` on operands of ``types``?"""
+    try:
+        infer(op, [(t, (1,)) for t in types], (), result, (1,))
+    except IRError:
+        return False
+    return True
+
+
+def elementwise(op: str, types: list[DType], n: int, result: DType | None = None) -> Program:
+    """``out = op(a0, a1, ...)`` over ``n`` elements (``cast`` to ``result``)."""
+    b = ProgramBuilder(f"{op}_{'_'.join(t.name for t in types)}")
+    buffers = [b.input(f"a{i}", t, (n,)) for i, t in enumerate(types)]
+    k = b.kernel((n,))
+    loaded = tuple(k.load(x) for x in buffers)
+    value = k.cast(loaded[0], result) if op == "cast" else k.emit(op, loaded)
+    out = b.output("out", value.dtype, (n,))
+    k.store(out, value)
+    return b.build()
+
+
+# --- float bits ---------------------------------------------------------------------------
+_BITS = {"f16": np.int16, "bf16": np.int16, "f32": np.int32, "f64": np.int64}
+#: Unit roundoff of each float dtype.
+UNIT_ROUNDOFF = {"f16": 2.0 ** -11, "bf16": 2.0 ** -8, "f32": 2.0 ** -24, "f64": 2.0 ** -53}
+
+
+def as_float(raw: np.ndarray, t: DType) -> np.ndarray:
+    """Storage values of a float dtype as float64 (exact)."""
+    if t is dt.bfloat16:
+        return dt.from_bf16_bits(raw).astype(np.float64)
+    return np.asarray(raw).astype(np.float64)
+
+
+def storage(values, t: DType) -> np.ndarray:
+    """Float64 values rounded once to float dtype ``t``, as storage."""
+    values = np.asarray(values, dtype=np.float64)
+    if t is dt.bfloat16:
+        return dt.to_bf16_bits(values)
+    with np.errstate(over="ignore"):
+        if t is dt.float16:  # through round-to-odd f32: one rounding
+            return dt.round_to_odd_f32(values).astype(np.float16)
+        return values.astype(t.storage)
+
+
+def _ordered(raw: np.ndarray, t: DType) -> np.ndarray:
+    kind = _BITS[t.name]
+    bits = np.ascontiguousarray(raw).reshape(-1).view(kind).astype(np.int64)
+    out = bits.copy()
+    negative = bits < 0
+    out[negative] = np.iinfo(kind).min - bits[negative]
+    return out
+
+
+def ulp_distance(a: np.ndarray, b: np.ndarray, t: DType) -> np.ndarray:
+    """Representable values of ``t`` between ``a`` and ``b`` (storage arrays), as uint64."""
+    x, y = _ordered(a, t), _ordered(b, t)
+    return np.maximum(x, y).astype(np.uint64) - np.minimum(x, y).astype(np.uint64)
+
+
+def _show(value, array, t: DType | None = None) -> str:
+    if array.dtype == np.uint16 and (t is None or t is dt.bfloat16):
+        return f"bf16 {float(dt.from_bf16_bits(np.uint16(value))):.9g} (0x{int(value):04x})"
+    if array.dtype.kind == "f":
+        return f"{float(value)!r}"
+    return repr(value.item() if hasattr(value, "item") else value)
+
+
+def _describe(bad, got, want, t: DType, inputs, backend: str, extra=None) -> str:
+    lines = []
+    for i in np.flatnonzero(bad)[:8]:
+        args = ", ".join(_show(x[i] if x.size > 1 else x[0], x) for x in inputs)
+        more = f" ({extra[i]} ulp)" if extra is not None else ""
+        lines.append(f"  [{i}] inputs ({args}): {backend} {_show(got[i], got, t)}, "
+                     f"interp {_show(want[i], want, t)}{more}")
+    return f"{int(bad.sum())} of {bad.size} differ:\n" + "\n".join(lines)
+
+
+def assert_close(got, want, t: DType, ulps: int = 0, atol=0.0, inputs=(), what: str = "",
+                 backend: str = "backend") -> None:
+    """``got`` agrees with the interpreter's ``want``: exact for non-floats; for floats
+    equal NaN and infinity positions (an infinite ``atol`` waives the latter), equal signs
+    of zeros, and otherwise within ``ulps`` or ``atol`` (a scalar or an array)."""
+    got, want = np.asarray(got).reshape(-1), np.asarray(want).reshape(-1)
+    assert got.dtype == want.dtype and got.shape == want.shape, (what, got.dtype, want.dtype,
+                                                                 got.shape, want.shape)
+    inputs = [np.asarray(x).reshape(-1) for x in inputs]
+    if not t.is_float:
+        bad = got != want
+        assert not bad.any(), f"{what}: " + _describe(bad, got, want, t, inputs, backend)
+        return
+    g, w = as_float(got, t), as_float(want, t)
+    nan_g, nan_w = np.isnan(g), np.isnan(w)
+    distance = ulp_distance(got, want, t)
+    atol = np.broadcast_to(np.asarray(atol, dtype=np.float64), g.shape)
+    with np.errstate(invalid="ignore"):
+        ok = (distance <= ulps) | (np.abs(g - w) <= atol)
+    ok &= (np.isinf(g) == np.isinf(w)) | np.isinf(atol)
+    zeros = (g == 0) & (w == 0)
+    ok &= ~zeros | (np.signbit(g) == np.signbit(w))
+    bad = (nan_g != nan_w) | (~nan_g & ~nan_w & ~ok)
+    assert not bad.any(), f"{what}: " + _describe(bad, got, want, t, inputs, backend,
+                                                   np.where(nan_g | nan_w, 0, distance))
+
+
+# --- input values -------------------------------------------------------------------------
+def _float_limits(t: DType) -> tuple[float, float, float]:
+    """(smallest denormal, smallest normal, largest finite) of float dtype ``t``."""
+    if t is dt.bfloat16:
+        return 2.0 ** -133, 2.0 ** -126, float(dt.from_bf16_bits(np.uint16(0x7F7F)))
+    info = np.finfo(t.storage)
+    return float(info.smallest_subnormal), float(info.tiny), float(info.max)
+
+
+def float_edges(t: DType, limit: float = INF) -> list[float]:
+    """Zeros of both signs, infinities, NaN, denormals, the largest finite values, values
+    around rounding ties and function thresholds."""
+    sub, tiny, big = _float_limits(t)
+    values = [0.0, -0.0, INF, -INF, NAN, 1.0, -1.0, 0.5, -0.5, 1.5, 2.5, -2.5, 2.0, 3.0,
+              -3.0, 10.0, -100.0, 1e-3, 0.1, math.pi, -math.pi / 2, 1e-40, -1e-40, sub, -sub,
+              tiny, -tiny, big, -big, 88.75, -87.5, -104.0, 710.0, 1e30, -1e30, 65519.0,
+              65520.0, -0.999]
+    return [v for v in values if not abs(v) > limit or math.isinf(v)]
+
+
+def float_random(n: int, rng: np.random.Generator, limit: float = INF) -> np.ndarray:
+    """Half normal(0, 3), a quarter normal(0, 30), a quarter with magnitudes 1e-10..1e10."""
+    normal = rng.standard_normal(n) * 3
+    wide = rng.standard_normal(n) * 30
+    top = min(10.0, math.log10(limit))
+    magnitude = 10.0 ** rng.uniform(-10, top, n) * rng.choice([-1.0, 1.0], n)
+    pick = rng.random(n)
+    return np.where(pick < 0.5, normal, np.where(pick < 0.75, wide, magnitude))
+
+
+def int_edges(t: DType) -> list[int]:
+    """The dtype's min and max and their neighbours, 0, ±1, small values, 8-bit limits."""
+    if t.is_bool:
+        return [False, True]
+    lo, hi = t.min, t.max
+    values = [lo, lo + 1, -100, -7, -2, -1, 0, 1, 2, 3, 7, 100, 127, 128, 254, 255, hi - 1, hi]
+    return sorted({v for v in values if lo <= v <= hi})
+
+
+def values(t: DType, n: int, rng: np.random.Generator, limit: float = INF) -> np.ndarray:
+    """Edge values of ``t`` followed by ``n`` random ones, as storage."""
+    if t.is_float:
+        return storage(np.concatenate([float_edges(t, limit), float_random(n, rng, limit)]), t)
+    if t.is_bool:
+        return np.concatenate([[False, True], rng.random(n) < 0.5])
+    small = rng.integers(max(t.min, -50), min(t.max, 50), n, endpoint=True)
+    full = rng.integers(t.min, t.max, n, endpoint=True,
+                        dtype=np.int64 if t.kind == "i" else np.uint64)
+    mixed = np.where(rng.random(n) < 0.5, small, full.astype(np.int64))
+    return np.concatenate([np.array(int_edges(t), dtype=np.int64), mixed]).astype(t.storage)
+
+
+def pairs(t: DType, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Every pair of edge values (division by zero, min / -1, ...), then ``n`` random
+    pairs."""
+    edges = storage(float_edges(t), t) if t.is_float else np.array(int_edges(t)).astype(t.storage)
+    a = np.concatenate([np.repeat(edges, edges.size), values(t, n, rng)[-n:]])
+    b = np.concatenate([np.tile(edges, edges.size), values(t, n, rng)[-n:]])
+    return a, b
+
+
+# --- tolerances ---------------------------------------------------------------------------
+#: Transcendentals: max ulps in f32 and f64 (docs/mathlib.md); f16/bf16: 1 ulp.
+ULPS = dict(exp=2, exp2=2, expm1=2, log=2, log2=2, log1p=2, tanh=4, sigmoid=4, erf=4, sin=4,
+            cos=4, pow=4)
+INEXACT = {**ULPS, "rsqrt": 1}
+#: |x| of sin/cos inputs: the range docs/mathlib.md documents as accurate in f32.
+SINCOS_LIMIT = 1e4
+
+
+def float_tolerance(op: str, t: DType, want: np.ndarray):
+    """(ulps, atol) for elementwise ``op`` with result dtype ``t`` and reference ``want``."""
+    if op not in INEXACT or not t.is_float:
+        return 0, 0.0
+    if t.bits == 16:
+        return 1, 0.0
+    w = np.abs(as_float(want, t))
+    atol = np.where(w < 1e-30, 1e-6, 0.0) if op in ULPS else 0.0
+    if op in ("sin", "cos"):
+        near_zero = 1e-6 if t is dt.float32 else 1e-15
+        atol = np.maximum(atol, np.where(w < 1e-2, near_zero, 0.0))
+    return INEXACT[op], atol
+
+
+def _accumulation(t: DType) -> float:
+    """Unit roundoff of the narrowest accumulation the ISA allows for float dtype ``t``."""
+    return UNIT_ROUNDOFF["f64" if t is dt.float64 else "f32"]
+
+
+def reduction_tolerance(kind: str, t: DType, want: np.ndarray, terms: np.ndarray):
+    """(ulps, atol) for a reduction of kind ``kind`` (``sum``, ``prod``, ..., ``contract``)
+    with result dtype ``t``: ``want`` is the interpreter's result (flat, one per output
+    element) and ``terms`` the float64 terms, shaped ``(len(want), n)`` (for ``contract``:
+    the products).
+
+    The bound is docs/isa.md's ("Float sums", the ``prod`` row): for ``n`` terms ``x_i``
+    with exact result ``s``,
+
+    - sum, contract: ``(ceil(log2 n) + 28) u sum|x_i| + u_r |s|``,
+    - prod: ``gamma(n - 1) |s| + u_r |s|`` with ``gamma(k) = k u / (1 - k u)``,
+
+    ``u`` the unit roundoff of the narrowest accumulation allowed (f32 for f16, bf16, f32;
+    f64 for f64), ``u_r`` the result dtype's. The interpreter's exact-then-rounded result
+    stands in for ``s`` (its error is inside ``u_r |s|``; 1 ulp covers the second rounding
+    of f16/bf16 results, which the ISA allows). Where ``sum|x_i|`` (or the product's
+    magnitude) passes the accumulation's largest finite value, an intermediate overflow
+    is allowed: any result passes there. max, min, argmax, argmin and integer
+    reductions are exact."""
+    if kind not in ("sum", "prod", "contract") or not t.is_float:
+        return 0, 0.0
+    u, u_r = _accumulation(t), UNIT_ROUNDOFF[t.name]
+    n = terms.shape[1] if terms.ndim == 2 else 1
+    s = np.abs(as_float(want, t))
+    magnitudes = np.abs(terms).reshape(len(s), -1)
+    finite = np.isfinite(magnitudes).all(axis=1)  # else inf/NaN: the NaN and inf rules
+    magnitudes = np.where(np.isfinite(magnitudes), magnitudes, 0.0)
+    biggest = 3.4028234663852886e38 if u == UNIT_ROUNDOFF["f32"] else 1.7976931348623157e308
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        if kind == "prod":
+            k = max(n - 1, 0)
+            atol = (k * u / (1 - k * u) + u_r) * s * (1 + u_r)
+            # a partial product can pass the largest value only if the big factors can
+            overflow = np.log(np.maximum(magnitudes, 1.0)).sum(axis=1) >= math.log(biggest)
+        else:
+            depth = math.ceil(math.log2(n)) if n > 1 else 0
+            scale = magnitudes.sum(axis=1)
+            atol = (depth + 28) * u * scale + u_r * s * (1 + u_r)
+            overflow = scale >= biggest
+    atol = np.where(finite, np.where(overflow, INF, atol), 0.0)
+    return (1 if t.bits == 16 else 0), atol

@@ -1,0 +1,154 @@
+"""Every reduction kind of the ISA on every dtype, over every axis combination of rank-1
+to rank-3 inputs (and a rank-4 sample): one program per dtype, one output per (kind,
+rank, axes), named after them. Edge values, ties, NaN and signed zeros; empty axes."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from util import random_array, same_bits
+
+from hologram.frontend.graph import Graph
+from hologram.isa import dtypes as dt
+from hologram.isa.ir import REDUCE_KINDS
+
+from .numerics import (
+    INF,
+    NAN,
+    as_float,
+    assert_close,
+    both,
+    reduction_tolerance,
+    seed_of,
+    storage,
+    supported,
+)
+
+NAMES = [t.name for t in dt.ALL]
+SHAPES = [(7,), (4, 5), (2, 3, 4), (2, 3, 2, 3)]
+
+
+def axis_sets(rank: int) -> list[tuple[int, ...]]:
+    sets = [c for r in range(1, rank + 1) for c in itertools.combinations(range(rank), r)]
+    if rank == 4:  # a sample: one, two inner, two outer, three, all
+        sets = [(1,), (2, 3), (0, 1), (0, 2, 3), (0, 1, 2, 3)]
+    return sets
+
+
+def kinds_for(backend: str, t: dt.DType) -> list[str]:
+    return [kind for kind in REDUCE_KINDS
+            if not (t.is_bool and kind in ("sum", "prod"))
+            and supported(backend, "reduce", t)
+            and (not kind.startswith("arg") or supported(backend, "reduce", dt.int64))]
+
+
+def reduce_program(t: dt.DType, kinds: list[str]):
+    g = Graph(f"reduce_{t.name}")
+    outputs = []
+    for shape in SHAPES:
+        x = g.input(f"x{len(shape)}", t, shape)
+        for kind in kinds:
+            for axes in axis_sets(len(shape)):
+                name = f"{kind}{len(shape)}_{''.join(map(str, axes))}"
+                g.output(name, g.reduce(kind, x, axes, keepdim=False))
+                outputs.append((name, kind, shape, axes))
+    return g.program(), outputs
+
+
+def tie_values(t: dt.DType, n: int, rng: np.random.Generator) -> np.ndarray:
+    """Few distinct values, so that extremes repeat (first-occurrence and NaN rules)."""
+    if t.is_float:
+        return storage(rng.choice([-0.0, 0.0, 1.0, -1.0, INF, -INF, NAN, 2.0], n,
+                                  p=[.2, .2, .15, .15, .1, .1, .05, .05]), t)
+    if t.is_bool:
+        return rng.random(n) < 0.5
+    return rng.choice(np.array([t.min, t.max, 0, 1], dtype=np.int64), n).astype(t.storage)
+
+
+def terms_of(x: np.ndarray, t: dt.DType, shape, axes) -> np.ndarray:
+    """The reduced terms as float64, one row per output element."""
+    kept = [d for d in range(len(shape)) if d not in axes]
+    n = math.prod(shape[a] for a in axes)
+    values = as_float(x, t) if t.is_float else x.astype(np.float64)
+    return np.transpose(values.reshape(shape), kept + list(axes)).reshape(-1, n)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_reduce_every_kind_and_axis_set(backend, name):
+    t = dt.dtype(name)
+    kinds = kinds_for(backend, t)
+    if not kinds:
+        pytest.skip(f"{backend} declares no reduction on {name}")
+    program, outputs = reduce_program(t, kinds)
+    rng = np.random.default_rng(seed_of("reduce", name))
+    params = [p for p in program.params if p.kind == "in"]
+    datasets = {
+        "random": [random_array(p, rng, edges=False) for p in params],
+        "edges": [random_array(p, rng, edges=True) for p in params],
+        "ties": [tie_values(t, p.size, rng) for p in params],
+    }
+    for label, inputs in datasets.items():
+        got, want = both(program, backend, inputs)
+        for (out, kind, shape, axes), g, w in zip(outputs, got, want):
+            x = inputs[SHAPES.index(shape)]
+            rt = dt.int64 if kind.startswith("arg") else t
+            ulps, atol = reduction_tolerance(kind, t, w, terms_of(x, t, shape, axes))
+            assert_close(g, w, rt, ulps, atol, what=f"{out} ({name}) on {label} inputs",
+                         backend=backend)
+
+
+@pytest.mark.parametrize("name", [t.name for t in dt.FLOATS])
+def test_max_min_propagate_nan_and_order_signed_zeros(backend, name):
+    t = dt.dtype(name)
+    if not supported(backend, "reduce", t, dt.int64):
+        pytest.skip(f"{backend} does not declare reductions on {name}")
+    g = Graph("extremes")
+    x = g.input("x", t, (6, 3))
+    for kind in ("max", "min", "argmax", "argmin"):
+        g.output(kind, g.reduce(kind, x, 1))
+    rows = [[-0.0, 0.0, -0.0], [0.0, -0.0, 0.0], [1.0, NAN, 2.0], [NAN, 1.0, NAN],
+            [-INF, -INF, -INF], [INF, 3.0, INF]]
+    data = storage(rows, t).reshape(-1)
+    got, want = both(g.program(), backend, [data])
+    mx, mn, amx, amn = want
+    assert np.signbit(as_float(mx, t)[:2]).tolist() == [False, False]
+    assert np.signbit(as_float(mn, t)[:2]).tolist() == [True, True]
+    assert amx.tolist() == [1, 0, 1, 0, 0, 0] and amn.tolist() == [0, 1, 1, 0, 0, 1]
+    for a, b in zip(got, want):
+        assert same_bits(a, b)
+
+
+EMPTY = [((0,), (0,)), ((3, 0), (1,)), ((0, 4), (0,)), ((2, 0, 3), (1, 2)), ((2, 0, 3), (0, 2))]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_reductions_over_empty_axes_give_identities(backend, name):
+    t = dt.dtype(name)
+    if not supported(backend, "reduce", t):
+        pytest.skip(f"{backend} does not declare reductions on {name}")
+    kinds = ["max", "min"] + ([] if t.is_bool else ["sum", "prod"])
+    identity = {"sum": 0, "prod": 1, "max": t.min, "min": t.max}
+    g = Graph("empty")
+    cases = []
+    for shape, axes in EMPTY:
+        x = g.input(f"x{len(cases)}", t, shape)
+        for kind in kinds:
+            g.output(f"{kind}{len(cases)}", g.reduce(kind, x, axes, keepdim=False))
+        cases.append((shape, axes))
+    inputs = [np.zeros(0, dtype=t.storage) for _ in cases]
+    # zero-extent kernels may run elsewhere (the backend's policy, reported by it)
+    got, want = both(g.program(), backend, inputs, delegation_ok=True)
+    results = iter(zip(got, want))
+    for shape, axes in cases:
+        size = math.prod(n for d, n in enumerate(shape) if d not in axes)
+        for kind in kinds:
+            a, b = next(results)
+            assert same_bits(a, b), (kind, shape, axes, a, b)
+            assert a.size == size
+            value = as_float(a, t) if t.is_float else a.astype(np.int64)
+            assert (value == identity[kind]).all(), (kind, shape, axes)
+            if t.is_float and kind == "sum":
+                assert not np.signbit(value).any()  # +0.0
