@@ -20,6 +20,7 @@ Every run also checks that the backend ran every kernel itself
 
 from __future__ import annotations
 
+import contextlib
 import math
 import zlib
 
@@ -28,6 +29,7 @@ import pytest
 
 import hologram
 from hologram import backends
+from hologram.backends.interp import interpreter
 from hologram.errors import IRError
 from hologram.isa import dtypes as dt
 from hologram.isa.builder import ProgramBuilder
@@ -73,20 +75,46 @@ def delegated(program: Program, backend: str) -> list[int]:
 def run(program: Program, backend: str, inputs: list[np.ndarray],
         delegation_ok: bool = False) -> list[np.ndarray]:
     """The program's out/inout arrays (flat) after a run on ``backend``, outputs starting
-    as poison. Fails if the backend hands a kernel to another backend, unless
-    ``delegation_ok`` (then it must at least say so in its artifact)."""
+    as poison.
+
+    Fails if the backend hands a kernel to another backend, unless ``delegation_ok`` (a
+    backend's declared policy, e.g. for zero extents); even then, delegation must never
+    be silent: the backend's artifact must list the kernels it moves
+    (:meth:`Backend.delegated`). Work handed to the reference interpreter is also caught
+    in the act: its entry points are counted while the backend runs."""
     compiled = hologram.compile(program, backend=backend)
-    if not delegation_ok:
-        moved = delegated(program, backend)
-        assert not moved, (f"backend {backend!r} runs kernels {moved} of {program.name} "
-                           f"elsewhere:\n{program}")
+    declared = [] if backend == "interp" else delegated(program, backend)
     given = iter(inputs)
     arrays = [np.array(next(given), copy=True) if p.kind != "out" else
               np.full(p.nbytes, 0xFF, dtype=np.uint8).view(p.dtype.storage).reshape(p.shape)
               for p in program.params]
-    out = compiled(*arrays)
+    with _interpreter_calls(backend) as calls:
+        out = compiled(*arrays)
+    where = f"backend {backend!r} on program {program.name}"
+    assert not calls or declared, (f"{where}: ran {len(calls)} kernel(s) on the reference "
+                                   "interpreter without declaring it (Backend.delegated)")
+    assert delegation_ok or not declared, f"{where}: runs kernels {declared} elsewhere"
     out = out if isinstance(out, tuple) else (out,)
     return [np.asarray(a).reshape(-1) for a in out]
+
+
+@contextlib.contextmanager
+def _interpreter_calls(backend: str):
+    """Count calls of the interpreter's entry points (none for the interpreter itself)."""
+    calls: list[str] = []
+    if backend == "interp":
+        yield calls
+        return
+    with pytest.MonkeyPatch.context() as mp:
+        for name in ("run", "execute", "run_kernel"):
+            original = getattr(interpreter, name)
+
+            def counted(*args, _original=original, _name=name, **kwargs):
+                calls.append(_name)
+                return _original(*args, **kwargs)
+
+            mp.setattr(interpreter, name, counted)
+        yield calls
 
 
 def both(program: Program, backend: str, inputs: list[np.ndarray],
