@@ -6,13 +6,14 @@ import numpy as np
 import pytest
 
 import hologram
+from hologram import backends
 from hologram.errors import ShapeError
 from hologram.frontend import functional as F
 from hologram.frontend.graph import Graph
 
 torch = pytest.importorskip("torch")
 TF = torch.nn.functional
-BACKENDS = ["interp", "cpu"]
+BACKENDS = backends.available()  # every registered backend that runs here
 
 
 def _run(backend, build, *arrays):
