@@ -35,6 +35,8 @@ NAMES = [t.name for t in dt.ALL]
 
 
 def _ops(backend: str, candidates, t, arity: int) -> list[str]:
+    if not supported(backend, "load", t) or not supported(backend, "store", t, dt.bool_):
+        return []
     return [op for op in candidates
             if accepts(op, [t] * arity) and supported(backend, op, t)]
 

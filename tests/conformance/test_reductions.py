@@ -18,6 +18,7 @@ from hologram.isa.ir import REDUCE_KINDS
 from .numerics import (
     INF,
     NAN,
+    UNIT_ROUNDOFF,
     as_float,
     assert_close,
     both,
@@ -152,3 +153,45 @@ def test_reductions_over_empty_axes_give_identities(backend, name):
             assert (value == identity[kind]).all(), (kind, shape, axes)
             if t.is_float and kind == "sum":
                 assert not np.signbit(value).any()  # +0.0
+
+
+def _large(label: str, n: int, rng: np.random.Generator) -> np.ndarray:
+    if label == "uniform":
+        return rng.uniform(0, 1, n)
+    if label == "normal":
+        return rng.standard_normal(n)
+    if label == "cancelling":  # pairs that cancel, plus a small remainder
+        x = rng.standard_normal(n // 2) * 1e4
+        return np.concatenate([x, -x, rng.uniform(0, 1e-3, n - 2 * (n // 2))])
+    return rng.standard_normal(n) * 10.0 ** rng.integers(-8, 9, n)  # mixed magnitudes
+
+
+@pytest.mark.parametrize("name", ["f32", "f16", "bf16", "f64"])
+def test_large_sums_within_the_bound(backend, name):
+    """Sums of ~1e6 terms against the exact sum (math.fsum), within the ISA's bound (the
+    dedicated check of :func:`reduction_tolerance` on long rows, where accumulation order
+    and precision matter)."""
+    t = dt.dtype(name)
+    if not supported(backend, "reduce", t):
+        pytest.skip(f"{backend} does not declare reductions on {name}")
+    labels = ["uniform", "normal", "cancelling", "mixed"]
+    n = 1_000_003
+    g = Graph(f"large_sums_{name}")
+    for label in labels:
+        g.output(label, g.sum(g.input(f"x_{label}", t, (n,))))
+    rng = np.random.default_rng(seed_of("large", name))
+    limit = 6e4 if t is dt.float16 else 1e30
+    inputs = [storage(np.clip(_large(label, n, rng), -limit, limit), t) for label in labels]
+    got, want = both(g.program(), backend, inputs)
+    for label, x, a, w in zip(labels, inputs, got, want):
+        terms = as_float(x, t)[None, :]
+        exact = np.array([math.fsum(terms[0])])
+        ulps, atol = reduction_tolerance("sum", t, w, terms)
+        result, reference = as_float(a, t)[0], as_float(w, t)[0]
+        # the bound against the exact sum: the interpreter's rounding of it is part of
+        # u_r |s| already, so measure from the exact value; plus ``ulps`` of the result
+        allowed = float(np.asarray(atol).reshape(-1)[0]) + ulps * 2 * \
+            UNIT_ROUNDOFF[name] * abs(reference)
+        assert abs(result - exact[0]) <= allowed, (
+            f"{label} sum of {n} {name}: {backend} {result!r}, exact {exact[0]!r}, "
+            f"interp {reference!r}, allowed error {allowed:.3g}")
