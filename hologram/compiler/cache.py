@@ -361,11 +361,11 @@ def clear_cache(disk: bool = True) -> None:
 @functools.cache
 def compiler_version() -> str:
     """The package version plus a digest of the sources that turn programs into code
-    (the ISA, the passes, the lowering, the backends): a changed code generator never reuses artifacts
-    compiled by the old one, even between releases. The digest is of each file's path,
-    size and modification time (a fresh process computes it before its first disk-cache
-    lookup: reading and hashing the contents took 1 ms, this 0.2); an edit, a checkout or
-    a reinstall changes it."""
+    (the ISA, the passes, the lowering, the backends): a changed code generator never
+    reuses artifacts compiled by the old one, even between releases. The digest is of each
+    file's path, size and modification time (a fresh process computes it before its first
+    disk-cache lookup: reading and hashing the contents took 1 ms, this 0.2); an edit, a
+    checkout or a reinstall changes it."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     digest = hashlib.sha256()
     for package in ("isa", "compiler", "codegen", "backends"):
