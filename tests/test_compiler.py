@@ -10,7 +10,7 @@ from util import execute, inputs_for, same_bits
 
 from hologram import backends
 from hologram.compiler import CompileOptions, canonicalize, pipeline
-from hologram.compiler.schedule import grid_rank
+from hologram.compiler.passes.schedule import grid_rank
 from hologram.errors import CompileError, ShapeError
 from hologram.frontend.graph import Graph
 from hologram.isa import dtypes as dt
@@ -481,7 +481,7 @@ def test_empty_tensors_go_through_the_pipeline():
 def test_fusion_does_not_nest_reductions():
     """Per-row cross-entropy terms feed a mean over the rows: merging the two would leave
     the row reductions inside a loop (no parallel grid, per-row scratch on every backend)."""
-    from hologram.compiler.fuse import _nests_reductions
+    from hologram.compiler.passes.fuse import _nests_reductions
     from hologram.frontend import functional as F
 
     def cross_entropy(g):

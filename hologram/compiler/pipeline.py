@@ -20,11 +20,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hologram import config
-from hologram.compiler.canonicalize import canonicalize
-from hologram.compiler.coalesce import coalesce
-from hologram.compiler.fuse import fuse
 from hologram.compiler.options import CompileOptions
-from hologram.compiler.schedule import schedule
+from hologram.compiler.passes.canonicalize import canonicalize
+from hologram.compiler.passes.coalesce import coalesce
+from hologram.compiler.passes.fuse import fuse
+from hologram.compiler.passes.schedule import schedule
 from hologram.errors import CompileError, HologramError
 from hologram.isa.ir import Program
 from hologram.isa.verify import verify

@@ -32,7 +32,8 @@ from hologram.backends.cpu import blas, gemm, llvm, threads
 from hologram.backends.cpu import target as targets
 from hologram.backends.cpu.render import render, split_parts, unsupported
 from hologram.codegen import loops
-from hologram.compiler import library_calls, pipeline
+from hologram.compiler import pipeline
+from hologram.compiler.passes import library_calls
 from hologram.isa.ir import Program
 from hologram.runtime.pool import Pool
 

@@ -30,9 +30,9 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import replace
 
-from hologram.compiler.canonicalize import drop_stores
 from hologram.compiler.options import CompileOptions
-from hologram.compiler.schedule import grid_rank
+from hologram.compiler.passes.canonicalize import drop_stores
+from hologram.compiler.passes.schedule import grid_rank
 from hologram.errors import IRError
 from hologram.isa.body import Body
 from hologram.isa.ir import IndexMap, Instr, Kernel, Program
