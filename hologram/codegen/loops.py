@@ -139,6 +139,24 @@ class KernelPlan:
     store_nests: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]  # (dims, stores)
     accumulators: tuple[Accumulator, ...]
     unsupported: str | None
+    # The placement as data, per instruction: the grid dimension it is hoisted before
+    # (None: not hoisted), and the loop dimensions it varies along.
+    hoist: tuple[int | None, ...] = ()
+    varying: tuple[tuple[int, ...], ...] = ()
+
+    def hoisted_at(self, level: int) -> list[int]:
+        """The instructions computed before the grid loop over dimension ``level``, in
+        body order."""
+        return [i for i, d in enumerate(self.hoist) if d == level]
+
+    def in_nest(self, position: int) -> bool:
+        """Whether instruction ``position`` is recomputed inside a loop nest (it varies
+        along a loop dimension), rather than computed once per grid point or hoisted."""
+        return bool(self.varying[position])
+
+    def accumulator(self, position: int) -> Accumulator:
+        """The accumulator of the reduction at ``position``."""
+        return next(a for a in self.accumulators if a.position == position)
 
     def dump(self) -> str:
         lines = [f"kernel {self.name} grid {list(self.grid)} loops {list(self.loops)}"
@@ -158,22 +176,26 @@ def plan(kernel: Kernel, caps: Capabilities = CPU) -> KernelPlan:
     rank = len(kernel.domain)
     loops = range(kernel.grid_rank, rank)
     from_reduction: set[int] = set()
-    placement = []
+    placement, hoist, varies = [], [], []
     for i, instr in enumerate(kernel.body):
         reduced = instr.op in ("reduce", "contract") or bool(from_reduction & set(instr.args))
         if reduced:
             from_reduction.add(i)
-        varying = [d for d in loops if instr.shape[d] > 1]
+        varying = tuple(d for d in loops if instr.shape[d] > 1)
+        varies.append(varying)
         if instr.op == "store" or varying:
-            placement.append(f"nest {varying}")
+            placement.append(f"nest {list(varying)}")
+            hoist.append(None)
             continue
         level = next((d for d in range(kernel.grid_rank)
                       if all(instr.shape[e] == 1 for e in range(d, rank))), None)
-        placement.append("point" if reduced or level is None else f"hoist {level}")
+        level = None if reduced else level
+        hoist.append(level)
+        placement.append("point" if level is None else f"hoist {level}")
     nests: dict[tuple[int, ...], list[int]] = {}
     for i, instr in enumerate(kernel.body):
         if instr.op == "store":
-            nests.setdefault(tuple(d for d in loops if instr.shape[d] > 1), []).append(i)
+            nests.setdefault(varies[i], []).append(i)
     reason = unsupported(kernel)
     return KernelPlan(
         kernel.name, kernel.grid, kernel.domain[kernel.grid_rank:],
@@ -181,7 +203,7 @@ def plan(kernel: Kernel, caps: Capabilities = CPU) -> KernelPlan:
         tuple((dims, tuple(stores)) for dims, stores in nests.items()),
         tuple(accumulator(kernel, i, caps) for i, x in enumerate(kernel.body)
               if x.op in ("reduce", "contract")),
-        reason)
+        reason, tuple(hoist), tuple(varies))
 
 
 def dump(program: Program, caps: Capabilities = CPU) -> str:

@@ -50,7 +50,8 @@ from hologram.codegen.loops import (
     PART_WORK,
     SHORT_ROW,
     Accumulator,
-    accumulator,
+    KernelPlan,
+    plan,
     split_parts,
     unsupported,
 )
@@ -93,14 +94,14 @@ def render(program: Program, symbols: dict[str, str], target: Target | None = No
     for kernel in program.kernels:
         if kernel.name in symbols:
             symbol = symbols[kernel.name]
-            parts = split_parts(kernel)
-            if parts:
-                _KernelRenderer(module, target, program, kernel, symbol, parts,
+            layout = plan(kernel, target.capabilities)
+            if layout.parts:
+                _KernelRenderer(module, target, program, kernel, layout, symbol,
                                 "part").render()
-                _KernelRenderer(module, target, program, kernel, symbol + "_final", parts,
+                _KernelRenderer(module, target, program, kernel, layout, symbol + "_final",
                                 "final").render()
             else:
-                _KernelRenderer(module, target, program, kernel, symbol).render()
+                _KernelRenderer(module, target, program, kernel, layout, symbol).render()
     return str(module)
 
 
@@ -112,10 +113,13 @@ def _float_const(t: ir.Type, value: float) -> ir.Constant:
 
 class _KernelRenderer:
     def __init__(self, module: ir.Module, target: Target, program: Program, kernel: Kernel,
-                 symbol: str, parts: int = 0, split: str = ""):
+                 layout: KernelPlan, symbol: str, split: str = ""):
         self.module, self.target, self.program, self.kernel = module, target, program, kernel
+        # Where each value is computed, which stores share a nest, how each reduction
+        # accumulates: decided by the device-neutral lowering (codegen.loops.plan).
+        self.plan = layout
         # A split reduction (see split_parts): "part" or "final", with its partial count.
-        self.parts, self.split = parts, split
+        self.parts, self.split = layout.parts, split
         self.scratch: ir.Value | None = None  # the partials' memory (i8*)
         self.outer: tuple[ir.Value, ir.Value] | None = None  # dimension 0's [start, stop)
         self.fn = ir.Function(module, KERNEL_TYPE, name=symbol)
@@ -128,7 +132,6 @@ class _KernelRenderer:
         self.hoisted: dict[int, ir.Value] = {}  # values computed before a grid loop
         self.point: dict[int, ir.Value] = {}  # values computed once per grid point
         self.local: dict[int, ir.Value] = {}  # values computed inside the current nest
-        self.loops = range(kernel.grid_rank, len(kernel.domain))
         self.math_calls = 0  # mathlib calls emitted so far
         self.loops_done = 0  # loops emitted so far
 
@@ -169,21 +172,16 @@ class _KernelRenderer:
             self._grid_point()
 
     def _hoist(self, level: int) -> None:
-        """Emit here, before the grid loop over dimension ``level``, the values that vary
-        along no dimension from ``level`` on and come from no reduction: each is computed
-        once per iteration of the loops it varies along, not once per grid point. Left in
-        the loop, a long chain of such uniform values (pow of pow of a broadcast operand)
-        sent LLVM's loop vectorizer into its uniformity analysis, which walks shared
-        operands again for every path to them: the compile never ended."""
-        body, rank = self.kernel.body, len(self.kernel.domain)
-        from_reduction: set[int] = set()
+        """Emit here, before the grid loop over dimension ``level``, the values the plan
+        hoists there (they vary along no dimension from ``level`` on and come from no
+        reduction): each is computed once per iteration of the loops it varies along, not
+        once per grid point. Left in the loop, a long chain of such uniform values (pow of
+        pow of a broadcast operand) sent LLVM's loop vectorizer into its uniformity
+        analysis, which walks shared operands again for every path to them: the compile
+        never ended."""
         self.point = self.local = self.hoisted
-        for i, instr in enumerate(body):
-            if instr.op in ("reduce", "contract") or from_reduction.intersection(instr.args):
-                from_reduction.add(i)
-            elif instr.op != "store" and i not in self.hoisted and \
-                    all(instr.shape[d] == 1 for d in range(level, rank)):
-                self.hoisted[i] = self._emit(instr)
+        for i in self.plan.hoisted_at(level):
+            self.hoisted[i] = self._emit(self.kernel.body[i])
 
     def _loop(self, stop: ir.Value, body: Callable[[ir.Value], None], dim: int,
               start: ir.Value | None = None, step: int = 1, lanes: bool = False) -> None:
@@ -273,17 +271,10 @@ class _KernelRenderer:
             b.store(best, b.gep(indices, [b.add(p, ir.Constant(I64, self.parts))]))
         self.outer = None
 
-    def _varying(self, instr: Instr) -> list[int]:
-        return [d for d in self.loops if instr.shape[d] > 1]
-
     def _grid_point(self) -> None:
         self.point = dict(self.hoisted)
         body = self.kernel.body
-        groups: dict[tuple[int, ...], list[int]] = {}
-        for pos, instr in enumerate(body):
-            if instr.op == "store":
-                groups.setdefault(tuple(self._varying(instr)), []).append(pos)
-        for dims, stores in groups.items():
+        for dims, stores in self.plan.store_nests:
             for pos in stores:
                 self._prepare(body[pos].args[0])
 
@@ -309,7 +300,7 @@ class _KernelRenderer:
             stack.extend(self.kernel.body[i].args)
         for i in sorted(order):  # body order is a topological order
             instr = self.kernel.body[i]
-            if not self._varying(instr) and i not in self.point:
+            if not self.plan.in_nest(i) and i not in self.point:
                 self.local = self.point
                 self.point[i] = self._reduce(instr) if instr.op in ("reduce", "contract") \
                     else self._emit(instr)
@@ -400,7 +391,7 @@ class _KernelRenderer:
         extents = [kernel.domain[a] for a in axes]
         t = kernel.body[instr.args[0]].dtype
         kind = "sum" if instr.op == "contract" else instr.kind
-        plan = accumulator(kernel, kernel.body.index(instr), self.target.capabilities)
+        plan = self.plan.accumulator(kernel.body.index(instr))
         if plan.blocked:
             return self._float_sum(instr, plan)
         acc_type = register_type(dt.dtype(plan.dtype))
