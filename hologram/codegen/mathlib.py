@@ -3,8 +3,8 @@
 The algorithms below are written against :class:`MathEmitter`, a small set of primitive
 operations on values of one float format (IEEE arithmetic, fma, comparisons, selects,
 integer operations on the format's bits). A backend implements the primitives for its
-device and gets every function from :func:`emit`: the cpu backend's
-:class:`hologram.backends.cpu.mathlib` emits LLVM IR; another device's renderer implements
+device and gets every function from :func:`emit`: the cpu backend's emitter
+(:mod:`hologram.backends.cpu.mathlib`) writes LLVM IR; another device's renderer implements
 the same interface in its own language. Nothing here knows which.
 
 The code is straight-line: no branches and no calls, in f32 and in f64 alike; special
@@ -350,7 +350,7 @@ class MathEmitter(ABC):
 
     def scale(self, p: Value, n: Value) -> Value:
         """p * 2^n rounded once (a subnormal result too; inf and 0 on overflow and
-        underflow), for p in [0.5, 2) or NaN and an integer n with ``|n| <= 2 * bias + 2``
+        underflow), for p in [0.5, 2) or NaN and an integer n in [2 - 2*bias, 2*bias]
         (exp's and exp2's clamps keep it there; n is unspecified when p is NaN).
 
         By default in two steps, each a multiplication by a power of two built from bits
