@@ -1,7 +1,7 @@
 """Device memory: torch storages over Hologram pool blocks, and tensors made on them.
 
 No allocator can be registered with torch from Python, so every device storage is built
-here: a pool lease (:meth:`hologram.runtime.pool.Pool.lease`) wrapped by a non-owning
+here: a pool lease (:meth:`hologram.backends.hostmem.Pool.lease`) wrapped by a non-owning
 ``c10::Storage``; the lease hangs on the storage's Python object, which torch preserves
 for as long as the ``StorageImpl`` lives, so the block returns to the pool exactly when
 the last tensor or view using it is gone. A tensor is an empty ``TensorImpl`` of the
@@ -16,7 +16,7 @@ import math
 import torch
 
 from hologram.errors import OutOfMemoryError
-from hologram.runtime.pool import Pool
+from hologram.runtime import Pool
 from hologram_torch.constants import CPU_KEYS, NAME
 
 DEVICE = torch.device(NAME, 0)  # memory is imported after the device is registered

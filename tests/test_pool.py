@@ -1,4 +1,4 @@
-"""The host memory pool (hologram/runtime/pool.py): class table, reuse, lifetime, stats,
+"""The host memory pool (hologram/backends/hostmem.py): class table, reuse, lifetime, stats,
 limits, threads."""
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import hologram.runtime
-from hologram.errors import DTypeError, HologramError, OutOfMemoryError, ShapeError
-from hologram.runtime.pool import (
+from hologram.backends.hostmem import (
     CLASS_SIZES,
     MAX_CLASS_BYTES,
     MIN_CLASS_BYTES,
@@ -28,6 +27,7 @@ from hologram.runtime.pool import (
     default_pool,
     size_class,
 )
+from hologram.errors import DTypeError, HologramError, OutOfMemoryError, ShapeError
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 OWN = 1 * MiB  # a size whose class has blocks of its own (not carved from a slab)

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import hologram as hg
+from hologram.backends.hostmem import SLAB_BYTES
 from hologram.errors import (
     DeviceError,
     DTypeError,
@@ -20,7 +21,6 @@ from hologram.errors import (
     OutOfMemoryError,
     ShapeError,
 )
-from hologram.runtime.pool import SLAB_BYTES
 
 SUPPORTED = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.float16,
              np.float32, np.float64]

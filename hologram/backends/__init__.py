@@ -6,6 +6,11 @@ WebGPU libraries.
 ``"auto"``; :data:`PLANNED` lists names reserved for backends not written yet (asking for
 one says "not implemented", not "unknown"). The SDK's :class:`~hologram.sdk.backend.BackendType`
 is derived from both.
+
+Backends outside this package (a plug-in, or a test's backend) join with
+:func:`register` (and leave with :func:`unregister`): they then work everywhere a name is
+taken (``hg.Executor("name")``, ``hologram.compile(p, "name")``), after the built-in
+ones in the order ``"auto"`` tries.
 """
 
 from __future__ import annotations
@@ -29,11 +34,48 @@ KNOWN: tuple[str, ...] = ("auto", *BUILTIN, *PLANNED)
 
 _instances: dict[str, Backend] = {}
 _lock = threading.Lock()
+#: Backends added with register(): name -> class, in registration order.
+_registered: dict[str, type[Backend]] = {}
+
+
+def register(name: str, cls: type[Backend]) -> None:
+    """Add backend ``cls`` (a :class:`Backend` subclass) under ``name`` (lower case, not
+    a built-in or planned name, nor one registered already). Its programs are cached on
+    disk under its name and target, like a built-in backend's."""
+    if not (isinstance(name, str) and name.isidentifier() and name == name.lower()):
+        raise DeviceError(f"register: backend name must be a lower-case identifier, got "
+                          f"{name!r}")
+    if name in KNOWN or name in _registered:
+        raise DeviceError(f"register: backend name {name!r} is taken; choose another (or "
+                          "unregister the one registered)")
+    if not (isinstance(cls, type) and issubclass(cls, Backend)):
+        raise DeviceError(f"register: {cls!r} is not a hologram.backends.base.Backend "
+                          "subclass")
+    with _lock:
+        _registered[name] = cls
+
+
+def unregister(name: str) -> None:
+    """Remove a backend added with :func:`register` (built-in backends stay)."""
+    if name not in _registered:
+        raise DeviceError(f"unregister: no backend {name!r} was registered; registered: "
+                          f"{', '.join(_registered) or 'none'}")
+    with _lock:
+        del _registered[name]
+        _instances.pop(name, None)
+
+
+def names() -> list[str]:
+    """Every implemented backend's name: the built-in ones, then the registered ones."""
+    return [*BUILTIN, *_registered]
 
 
 def backend_class(name: str) -> type[Backend]:
+    cls = _registered.get(name)
+    if cls is not None:
+        return cls
     if name not in BUILTIN:
-        raise DeviceError(f"unknown backend {name!r}; known backends: {', '.join(BUILTIN)}")
+        raise DeviceError(f"unknown backend {name!r}; known backends: {', '.join(names())}")
     module, _, cls = BUILTIN[name].partition(":")
     return getattr(importlib.import_module(module), cls)
 
@@ -49,7 +91,7 @@ def builder(name: str) -> Backend:
 
 def available() -> list[str]:
     """Names of the backends that can run here."""
-    return [name for name in BUILTIN if backend_class(name).is_available()]
+    return [name for name in names() if backend_class(name).is_available()]
 
 
 def resolve(name: str) -> str:
@@ -89,15 +131,16 @@ def validate_backend(name: str) -> str:
                           f"pass one of {', '.join(available())} or 'auto'")
     canonical = str.strip(getattr(name, "value", name)).lower()
     usable = available()
-    if canonical not in KNOWN:
-        raise DeviceError(f"unknown backend {name!r}; known backends: {', '.join(KNOWN)}; "
+    known = (*KNOWN, *_registered)
+    if canonical not in known:
+        raise DeviceError(f"unknown backend {name!r}; known backends: {', '.join(known)}; "
                           f"available here: {', '.join(usable)} (pass one of those, or "
                           "'auto' to pick the best)")
     if canonical == "auto":
         canonical = resolve("auto")
-        if canonical not in KNOWN:
+        if canonical not in known:
             raise DeviceError(f"HOLOGRAM_BACKEND={canonical!r} is not a known backend; known "
-                              f"backends: {', '.join(KNOWN)}; available here: "
+                              f"backends: {', '.join(known)}; available here: "
                               f"{', '.join(usable)} (set it to one of those, or unset it)")
     if canonical not in usable:
         why = "is not implemented yet" if canonical in PLANNED else "cannot run on this machine"
@@ -108,5 +151,5 @@ def validate_backend(name: str) -> str:
 
 __all__ = [
     "BUILTIN", "KNOWN", "PLANNED", "Backend", "Executable", "available", "backend_class",
-    "builder", "get", "resolve", "validate_backend",
+    "builder", "get", "names", "register", "resolve", "unregister", "validate_backend",
 ]

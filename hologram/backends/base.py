@@ -12,8 +12,11 @@ named in :data:`hologram.backends.BUILTIN`. It has four parts:
 - **load** — :meth:`Backend.load`: an artifact to an :class:`Executable`, which launches on
   device memory: one handle per program parameter.
 - **memory** — :meth:`Backend.allocator`: an :class:`Allocator` (allocate, free, copy in
-  and out, synchronize). The host backends (cpu, interp) share the host memory pool
-  (:mod:`hologram.backends.pool`); their handles are host addresses.
+  and out, synchronize). The host backends (cpu, interp) use the host memory pool
+  (:class:`hologram.backends.hostmem.Pool`); their handles are host addresses. The SDK's
+  executors get their memory only through this (``hologram.runtime.executor``), so a
+  backend whose memory the host cannot see (``host_visible = False``) works unchanged:
+  buffers are copied in and out through :meth:`Allocator.copy_in` / ``copy_out``.
 - **identity** — :meth:`Backend.target`: everything about the target machine that changes
   the artifact (CPU name and features, GPU architecture). It is part of every cache key, so
   an artifact never runs on a machine it was not built for.
@@ -46,6 +49,9 @@ class Allocator(ABC):
 
     #: The DLPack/PyTorch device type of the memory ("cpu" for host memory).
     device: ClassVar[str] = "cpu"
+    #: The DLPack device type code of the memory (``kDLCPU`` = 1, ``kDLCUDA`` = 2,
+    #: ``kDLMetal`` = 8, ``kDLWebGPU`` = 15, ``kDLExtDev`` = 12 for others).
+    dlpack_device_type: ClassVar[int] = 1
     #: True when the host can read and write the memory in place (:meth:`view` works).
     host_visible: ClassVar[bool] = True
 
@@ -70,14 +76,36 @@ class Allocator(ABC):
 
     @abstractmethod
     def copy_in(self, allocation: Any, source: np.ndarray) -> None:
-        """Copy the host array ``source`` (same number of bytes) into ``allocation``."""
+        """Copy the C-contiguous host array ``source`` into the first ``source.nbytes``
+        bytes of ``allocation`` (at most its size: buffers over the first elements of an
+        allocation copy only those)."""
 
     @abstractmethod
     def copy_out(self, allocation: Any, destination: np.ndarray) -> None:
-        """Copy ``allocation`` into the host array ``destination`` (same number of bytes)."""
+        """Copy the first ``destination.nbytes`` bytes of ``allocation`` into the
+        C-contiguous host array ``destination``."""
 
     def synchronize(self) -> None:  # noqa: B027 (host work is done when launch returns)
         """Wait until every launch and copy queued on the device has finished."""
+
+    # --- accounting (optional: defaults for allocators that keep none) -----------------
+    def stats(self) -> dict[str, Any]:
+        """Counters (``allocated_bytes``, ``reserved_bytes``, ...); empty if none kept."""
+        return {}
+
+    def empty_cache(self) -> int:
+        """Give cached, unused memory back to the device; returns the bytes released."""
+        return 0
+
+    @property
+    def memory_limit(self) -> int | None:
+        """Bytes of live allocations beyond which :meth:`alloc` raises (None: no limit)."""
+        return None
+
+    def set_memory_limit(self, limit: int | None) -> None:
+        """Change :attr:`memory_limit`."""
+        raise DeviceError(f"{type(self).__name__}: {self.device} memory has no settable "
+                          "memory limit")
 
 
 class Executable(ABC):

@@ -1,4 +1,4 @@
-"""The SDK's executor: a backend, a memory pool, and the buffers made from it.
+"""The SDK's executor: a backend, its memory (an allocator), and the buffers made from it.
 
     with hg.Executor(backend="auto") as ex:           # "auto" | "cpu" | "interp" | ...
         a = ex.allocate((64, 128), dtype=np.float32)   # zero-filled
@@ -6,9 +6,13 @@
         hg.ops.vector_add(ex, a, b, a)
     # leaving the block closes the executor: its buffers end, its cached memory is released
 
-Each executor has its own 96-class pool (:mod:`hologram.runtime.pool`), so
-``memory_stats()``, ``empty_cache()`` and ``memory_limit`` concern its buffers only.
-Compiled kernels are shared by every executor of a backend (the program cache is global).
+Each executor gets its own allocator from its backend
+(``hologram.backends.get(backend).allocator(memory_limit)``, see
+:class:`hologram.backends.base.Allocator`): on the host backends a 96-class host memory
+pool (:class:`hologram.backends.hostmem.Pool`). So ``memory_stats()``, ``empty_cache()``
+and ``memory_limit`` concern its buffers only, and ``device`` and ``synchronize()`` are
+the allocator's. Compiled kernels are shared by every executor of a backend (the program
+cache is global).
 """
 
 from __future__ import annotations
@@ -20,11 +24,17 @@ import weakref
 
 import numpy as np
 
+from hologram import backends
 from hologram.backends import validate_backend
-from hologram.errors import DTypeError, InvalidBufferError, OutOfMemoryError, ShapeError
+from hologram.errors import (
+    DeviceError,
+    DTypeError,
+    InvalidBufferError,
+    OutOfMemoryError,
+    ShapeError,
+)
 from hologram.frontend.mixin import as_shape
 from hologram.runtime.buffer import Buffer, _asarray, as_dtype, check_extent
-from hologram.runtime.pool import Pool
 
 _tokens = itertools.count()
 
@@ -40,9 +50,10 @@ class Executor:
 
     def __init__(self, backend: str = "auto", *, memory_limit: int | None = None):
         self.backend = validate_backend(backend)
-        # Host backends keep buffers in host memory.
-        self.device = "cpu"
-        self._pool = Pool(memory_limit)
+        #: The backend's memory for this executor (internal API: buffers and ops use it).
+        self.allocator = backends.get(self.backend).allocator(memory_limit)
+        #: Where buffers live: the allocator's device type ("cpu" for host memory).
+        self.device = self.allocator.device
         self._buffers: weakref.WeakSet[Buffer] = weakref.WeakSet()
         self._lock = threading.Lock()
         self.closed = False
@@ -58,7 +69,10 @@ class Executor:
     def allocate(self, shape: int | tuple[int, ...], dtype: object = np.float32) -> Buffer:
         """A zero-filled buffer of ``shape`` (an int for 1-D) and ``dtype``."""
         buf = self.empty(shape, dtype)
-        buf.array().fill(0)
+        if self.allocator.host_visible:
+            buf.array().fill(0)
+        elif buf.size:
+            buf.write(np.zeros(buf.size, buf.dtype))
         return buf
 
     def from_numpy(self, array: object, dtype: object = None) -> Buffer:
@@ -71,7 +85,7 @@ class Executor:
             dtype = source.dtype.newbyteorder("=")
         dt = as_dtype(source.dtype if dtype is None else dtype, "from_numpy")
         buf = self.new_buffer(source.shape, dt)
-        np.copyto(buf.array(), source, casting="unsafe")
+        buf.write(source)
         return buf
 
     def from_dlpack(self, obj: object) -> Buffer:
@@ -80,14 +94,18 @@ class Executor:
         does. Non-contiguous producers are refused (make them contiguous first)."""
         self._check_open("from_dlpack")
         if isinstance(obj, Buffer):
-            array = obj.array("from_dlpack")  # a freed or closed buffer raises
-            return obj if obj.executor is self else self._wrap_foreign(array)
-        try:
-            array = np.from_dlpack(obj)
-        except Exception as exc:  # whatever the producer raises
-            raise DTypeError(f"from_dlpack: cannot import {type(obj).__name__} zero-copy: {exc}. "
-                             "Host memory (NumPy arrays, torch CPU tensors without grad) is "
-                             "supported; use ex.from_numpy(...) to copy") from exc
+            obj.check_live("from_dlpack")
+            if obj.executor is self:
+                return obj
+            array = obj.array("from_dlpack")  # memory the host cannot see raises
+        elif not self.allocator.host_visible:
+            array = None
+        else:
+            array = _import_dlpack(obj)
+        if not self.allocator.host_visible:
+            raise DeviceError(f"from_dlpack: executor ({self.backend}) keeps buffers in "
+                              f"{self.device} memory, which cannot share host memory; use "
+                              "ex.from_numpy(...) to copy")
         return self._wrap_foreign(array)
 
     def _wrap_foreign(self, array: np.ndarray) -> Buffer:
@@ -101,21 +119,23 @@ class Executor:
 
     # --- memory -------------------------------------------------------------------------
     def memory_stats(self) -> dict:
-        """The pool's counters: ``allocated_bytes``, ``reserved_bytes``,
-        ``peak_allocated_bytes``, ``num_classes`` (96), ``pool_hits``, ``pool_misses`` and
-        more (see :meth:`hologram.runtime.pool.Pool.stats`)."""
-        return self._pool.stats()
+        """The allocator's counters. On host backends, the pool's: ``allocated_bytes``,
+        ``reserved_bytes``, ``peak_allocated_bytes``, ``num_classes`` (96), ``pool_hits``,
+        ``pool_misses`` and more (see :meth:`hologram.backends.hostmem.Pool.stats`)."""
+        return self.allocator.stats()
 
     def empty_cache(self) -> int:
-        """Return cached (free) blocks to the OS; returns the bytes released."""
-        return self._pool.empty_cache()
+        """Return cached (free) memory to the OS or device; returns the bytes released."""
+        return self.allocator.empty_cache()
 
     def set_memory_limit(self, limit: int | None) -> None:
-        self._pool.set_memory_limit(limit)
+        self.allocator.set_memory_limit(limit)
 
     def synchronize(self) -> None:
-        """Wait for queued work. Host backends run ops synchronously: nothing to wait for."""
+        """Wait for queued work (the allocator's ``synchronize``). Host backends run ops
+        synchronously: nothing to wait for."""
         self._check_open("synchronize")
+        self.allocator.synchronize()
 
     # --- lifetime -----------------------------------------------------------------------
     def close(self) -> None:
@@ -128,7 +148,7 @@ class Executor:
             buffers = list(self._buffers)
         for buf in buffers:
             buf.free()
-        self._pool.empty_cache()
+        self.allocator.empty_cache()
 
     def __enter__(self) -> Executor:
         return self
@@ -145,7 +165,15 @@ class Executor:
         """An uninitialized buffer of a valid ``shape`` and one of the buffer ``dtype`` s
         (NumPy dtype; not checked again: callers got them from a compiled kernel or from
         :func:`~hologram.frontend.mixin.as_shape` and ``as_dtype``)."""
-        return self._wrap(self._new(shape, dtype))
+        allocator = self.allocator
+        allocation = self._new(shape, dtype)
+        if allocator.host_visible:
+            return self.register(Buffer(allocator.view(allocation), self,
+                                        allocation=allocation,
+                                        handle=allocator.handle(allocation)))
+        return self.register(Buffer(None, self, allocation=allocation,
+                                    signature=(shape, dtype),
+                                    handle=allocator.handle(allocation)))
 
     def register(self, buf: Buffer) -> Buffer:
         """Track ``buf`` (a view made by one of this executor's buffers) so that
@@ -159,8 +187,8 @@ class Executor:
         return buf
 
     # --- private --------------------------------------------------------------------------
-    def _new(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        """Uninitialized pool memory for an op output or a new buffer."""
+    def _new(self, shape: tuple[int, ...], dtype: np.dtype) -> object:
+        """An uninitialized allocation for an op output or a new buffer."""
         self._check_open("allocate")
         nbytes = math.prod(shape) * dtype.itemsize
         if not nbytes:  # an empty shape may still have extents no array can address
@@ -169,9 +197,9 @@ class Executor:
             raise OutOfMemoryError(f"allocate: {list(shape)} {dtype} needs {nbytes} bytes, "
                                    "beyond any machine's memory; allocate a smaller buffer")
         try:
-            return self._pool.empty(shape, dtype)
+            return self.allocator.alloc(shape, dtype)
         except OutOfMemoryError as exc:
-            limit = self._pool.memory_limit
+            limit = self.allocator.memory_limit
             hint = (f" (this executor's memory_limit is {limit} bytes; raise it with "
                     "ex.set_memory_limit(nbytes) or free buffers with buf.free())"
                     if limit is not None else "")
@@ -189,6 +217,15 @@ class Executor:
 
 _default: Executor | None = None
 _default_lock = threading.Lock()
+
+
+def _import_dlpack(obj: object) -> np.ndarray:
+    try:
+        return np.from_dlpack(obj)
+    except Exception as exc:  # whatever the producer raises
+        raise DTypeError(f"from_dlpack: cannot import {type(obj).__name__} zero-copy: {exc}. "
+                         "Host memory (NumPy arrays, torch CPU tensors without grad) is "
+                         "supported; use ex.from_numpy(...) to copy") from exc
 
 
 def default_executor() -> Executor:

@@ -11,30 +11,37 @@ skips the passes. Otherwise the program is canonicalized and the cache key is ta
 the canonical form; different spellings of one computation therefore share one cache
 entry, in memory and on disk. Only on a cache miss do the remaining passes and the
 backend compiler run.
+
+Launching again: :class:`LaunchCache` is the one cache from a call's signature to a ready
+launch (compiled program and whatever the caller precomputed to launch it: output
+layouts, the handle order). The SDK's ops, ``hg.jit`` and the torch device's kernels all
+keep their launches in the process's instance, :func:`launch_cache`; it is bounded and
+evicts the least recently used entry (see the class).
 """
 
 from __future__ import annotations
 
-import ctypes
 import threading
 from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from hologram import backends, config
 from hologram.backends.base import check_arrays, check_supported
+from hologram.backends.hostmem import address, default_pool
 from hologram.compiler import pipeline
 from hologram.compiler.cache import CacheKey, compiler_version, default_cache
 from hologram.compiler.options import CompileOptions
 from hologram.isa.ir import Buffer, Program
-from hologram.runtime.pool import default_pool
 
 POOL_THRESHOLD = 1 << 20  # bytes
 
 
 class CompiledProgram:
-    """A program compiled for one backend; call it with NumPy arrays."""
+    """A program compiled for one backend; call it with NumPy arrays (host backends)."""
 
     def __init__(self, program: Program, backend: str, key: CacheKey, run):
         self.program = program  # as given (parameters define the calling convention)
@@ -46,47 +53,177 @@ class CompiledProgram:
         #: ops, hg.jit and the torch device.
         self.launch = run.launch
         params = program.params
+        self._count = len(params)
         # What each argument must be, precomputed: calls are a hot path.
-        self._specs = tuple((p.dtype.storage, p.size, p.kind != "in") for p in params)
-        self._inputs = tuple(i for i, p in enumerate(params) if p.kind != "out")
+        self._specs = tuple((i, p.dtype.storage, p.size, p.kind != "in")
+                            for i, p in enumerate(params))
+        self._given = tuple(spec for spec, p in zip(self._specs, params) if p.kind != "out")
         self._outputs = tuple(i for i, p in enumerate(params) if p.kind != "in")
-        self._shapes = tuple((p.shape, p.dtype.storage) for p in params)
         # Large outputs come from the pool: reused blocks skip the page faults a fresh
         # allocation pays (~2.5x on big elementwise ops); small ones are cheaper from NumPy.
-        self._large = tuple(p.nbytes >= POOL_THRESHOLD for p in params)
+        self._fresh = tuple((i, p.shape, p.dtype.storage, p.nbytes >= POOL_THRESHOLD)
+                            for i, p in enumerate(params) if p.kind == "out")
 
     @property
     def params(self) -> tuple[Buffer, ...]:
         return self.program.params
 
     def __call__(self, *arrays: np.ndarray) -> np.ndarray | tuple[np.ndarray, ...] | None:
-        if len(arrays) == len(self._inputs) != len(self._specs):
-            full: list = [None] * len(self._specs)
-            for i, array in zip(self._inputs, arrays):
-                full[i] = array
-            for i in self._outputs:
-                if full[i] is None:
-                    shape, dtype = self._shapes[i]
-                    full[i] = (default_pool().empty(shape, dtype) if self._large[i]
-                               else np.empty(shape, dtype))
+        # Every argument is checked (type, dtype, size, C order, writable outputs) on every
+        # call: the checks are a few attribute reads, cheaper than any key that could
+        # remember them. Fresh outputs are made here to specification and need none.
+        fresh = len(arrays) == len(self._given) != self._count
+        handles = [0] * self._count
+        for a, (i, dtype, size, out) in zip(arrays, self._given if fresh else self._specs):
+            if type(a) is not np.ndarray or a.dtype != dtype or a.size != size:
+                break
+            flags = a.flags
+            if not flags.c_contiguous or (out and not flags.writeable):
+                break
+            handles[i] = address(a)
+        else:
+            if fresh or len(arrays) == self._count:
+                return self._run(arrays, handles, fresh)
+        # The slow path says exactly what is wrong (or accepts ndarray subclasses).
+        if fresh:
+            full: list = [None] * self._count
+            for (i, *_), a in zip(self._given, arrays):
+                full[i] = a
+            for i, shape, dtype, _ in self._fresh:
+                full[i] = np.empty(shape, dtype)
             arrays = tuple(full)
-        if len(arrays) != len(self._specs) or not all(
-            type(a) is np.ndarray and a.dtype == dtype and a.size == size
-            and a.flags.c_contiguous and (a.flags.writeable or not out)
-            for a, (dtype, size, out) in zip(arrays, self._specs)
-        ):
-            # The slow path says exactly what is wrong (or accepts ndarray subclasses).
-            check_arrays(self.program, arrays, f"{self.program.name} on {self.backend}")
-        self.launch(tuple(_address(a) for a in arrays))
-        outputs = tuple(arrays[i] for i in self._outputs)
-        return outputs[0] if len(outputs) == 1 else outputs
+        check_arrays(self.program, arrays, f"{self.program.name} on {self.backend}")
+        return self._run(arrays, [address(a) for a in arrays], False)
+
+    def _run(self, arrays: tuple, handles: list[int], fresh: bool):
+        if fresh:
+            full = [None] * self._count
+            for (i, *_), a in zip(self._given, arrays):
+                full[i] = a
+            for i, shape, dtype, large in self._fresh:
+                array = default_pool().empty(shape, dtype) if large else np.empty(shape, dtype)
+                full[i] = array
+                handles[i] = address(array)
+            arrays = full
+        self.launch(tuple(handles))
+        if len(self._outputs) == 1:
+            return arrays[self._outputs[0]]
+        return tuple(arrays[i] for i in self._outputs)
 
 
-def _address(array: np.ndarray) -> int:
-    try:  # the buffer protocol is ~3x faster than array.ctypes.data
-        return ctypes.addressof(ctypes.c_char.from_buffer(array))
-    except (TypeError, ValueError):  # read-only or empty
-        return array.ctypes.data
+#: How many launches :func:`launch_cache` keeps (see :class:`LaunchCache`).
+LAUNCH_CACHE_ENTRIES = 16384
+
+
+class LaunchCache:
+    """The one cache from a call's signature to a ready launch.
+
+    A *key* is any hashable tuple a caller forms from what decides its launch: whose call
+    it is (an SDK op, an ``hg.jit`` function, a torch kernel's name), the backend, the
+    executor's token when the launch was validated for one executor's buffers, the
+    operands' signature (shapes, dtypes, strides where they matter) and static arguments.
+    The entry is whatever the caller needs to launch at once: the compiled program's
+    ``launch`` and the precomputed output layouts and handle order. Keys of different
+    callers never compare equal (each starts with its own kind of owner), so they share
+    one instance, one bound and one eviction policy.
+
+    Bounded: at most ``max_entries`` entries; inserting one more evicts the least recently
+    used (a hit moves an entry to the most recent end), so a long-running process that
+    sees many shapes keeps the launches it still uses. Eviction only costs a recompile
+    lookup later (the compiled program stays in the program cache).
+
+    Thread-safe: lookups are lock-free dictionary reads; insertion and eviction take a
+    lock. An entry evicted by another thread between a lookup and its use is still valid.
+    """
+
+    def __init__(self, max_entries: int = LAUNCH_CACHE_ENTRIES):
+        self._entries: OrderedDict[Hashable, Any] = OrderedDict()
+        self._lock = threading.Lock()
+        self.max_entries = max_entries
+        self.misses = 0  # entries inserted
+        self.evictions = 0
+
+    def get(self, key: Hashable) -> Any:
+        """The entry under ``key`` (now the most recently used), or None."""
+        entry = self._entries.get(key)
+        if entry is not None:
+            try:  # noqa: SIM105 (contextlib.suppress costs more on this hot path)
+                self._entries.move_to_end(key)
+            except KeyError:  # evicted by another thread since the read: still valid
+                pass
+        return entry
+
+    def put(self, key: Hashable, entry: Any) -> Any:
+        """File ``entry`` (not None) under ``key``, evicting the least recently used
+        entries beyond the bound; returns ``entry``."""
+        with self._lock:
+            entries = self._entries
+            entries[key] = entry
+            entries.move_to_end(key)
+            self.misses += 1
+            while len(entries) > self.max_entries:
+                entries.popitem(last=False)
+                self.evictions += 1
+        return entry
+
+    def get_or_make(self, key: Hashable, make: Callable[[], Any]) -> Any:
+        """The entry under ``key``, made by ``make()`` and filed on a miss."""
+        entry = self.get(key)
+        return entry if entry is not None else self.put(key, make())
+
+    def set_max_entries(self, max_entries: int) -> None:
+        """Change the bound (evicting the least recently used entries beyond it)."""
+        if max_entries < 1:
+            raise ValueError(f"LaunchCache: max_entries must be >= 1, got {max_entries}")
+        with self._lock:
+            self.max_entries = max_entries
+            while len(self._entries) > max_entries:
+                self._entries.popitem(last=False)
+                self.evictions += 1
+
+    def discard(self, where: Callable[[Hashable], bool]) -> int:
+        """Remove every entry whose key satisfies ``where``; returns how many."""
+        with self._lock:
+            doomed = [k for k in self._entries if where(k)]
+            for k in doomed:
+                del self._entries[k]
+        return len(doomed)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+    def keys(self) -> list[Hashable]:
+        """A snapshot of the keys, least recently used first."""
+        with self._lock:
+            return list(self._entries)
+
+    def items(self) -> list[tuple[Hashable, Any]]:
+        """A snapshot of ``(key, entry)`` pairs, least recently used first."""
+        with self._lock:
+            return list(self._entries.items())
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def info(self) -> dict[str, int]:
+        """``entries``, ``max_entries``, ``misses`` (entries made), ``evictions``."""
+        return {"entries": len(self._entries), "max_entries": self.max_entries,
+                "misses": self.misses, "evictions": self.evictions}
+
+    def __repr__(self) -> str:
+        return f"<hologram LaunchCache {len(self._entries)}/{self.max_entries} entries>"
+
+
+_LAUNCHES = LaunchCache()
+
+
+def launch_cache() -> LaunchCache:
+    """The process's launch cache (the SDK's ops, ``hg.jit`` and the torch device)."""
+    return _LAUNCHES
 
 
 _memo: OrderedDict[tuple, CompiledProgram] = OrderedDict()

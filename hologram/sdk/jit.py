@@ -13,7 +13,9 @@ backend, and the values of every other argument) runs the function once on place
 (:class:`Traced`): each ``hg.ops`` call, and each operator on a placeholder, adds its
 operation to a :class:`~hologram.frontend.graph.Graph` instead of running. The graph becomes one
 program, which the compiler canonicalizes and fuses, and the backend compiles; later calls
-with the same signature only allocate the outputs and launch it.
+with the same signature only allocate the outputs and launch it (the launch is kept in
+the process's launch cache, :func:`hologram.runtime.launch.launch_cache`, under the
+function's token, the backend and the signature).
 
 Rules, as in other tracing JITs: the function must be pure in its buffer arguments (an
 ``out=`` buffer cannot be written while tracing, nor can ``fill``, ``copy_from`` or
@@ -40,8 +42,10 @@ from hologram.isa import dtypes as dt
 from hologram.isa.ir import Program
 from hologram.runtime.buffer import Buffer
 from hologram.runtime.launch import compile as compile_program
+from hologram.runtime.launch import launch_cache
 
 _tracing = threading.local()
+_LAUNCHES = launch_cache()
 
 
 class Traced(SdkOperators):
@@ -133,7 +137,7 @@ def record(op, operands: tuple, options: tuple, build: Callable) -> Traced:
 @dataclass(eq=False)
 class _Entry:
     compiled: object
-    by_address: Callable | None
+    by_address: Callable  # the compiled program's launch: inputs' handles, then outputs'
     outputs: tuple[tuple[tuple[int, ...], np.dtype], ...]
     structure: str  # "one", "tuple" or "list"
 
@@ -146,7 +150,9 @@ class JitFunction:
         # below when fn has ones of the same names (another JitFunction, a callable object).
         functools.update_wrapper(self, fn, updated=())
         self.fn = fn
-        self._entries: dict[tuple, _Entry] = {}
+        # This function's identity in launch keys: equal to no other caller's key start,
+        # and it does not keep the function alive.
+        self._token = object()
         self._lock = threading.Lock()
         self._parameters: inspect.Signature | None = None
 
@@ -160,18 +166,14 @@ class JitFunction:
         else:
             names = ()
         ex, key = self._signature(args, names)
-        entry = self._entries.get(key)
+        entry = _LAUNCHES.get(key)
         if entry is None:
             with self._lock:
-                entry = self._entries.get(key) or self._compile(args, names, ex, key)
+                entry = _LAUNCHES.get(key) or self._compile(args, names, ex, key)
         buffers = [a for a in args if type(a) is Buffer]
         outs = [ex.new_buffer(shape, dtype) for shape, dtype in entry.outputs]
-        if all(o.size == 0 for o in outs):
-            pass  # nothing to compute (the cpu backend crashes on some empty programs)
-        elif entry.by_address is not None:
-            entry.by_address(tuple(b.handle for b in buffers + outs))
-        else:
-            entry.compiled(*(b.array() for b in buffers), *(o.array() for o in outs))
+        if not all(o.size == 0 for o in outs):  # else nothing to compute (the cpu backend
+            entry.by_address(tuple(b.handle for b in buffers + outs))  # fails on some)
         if entry.structure == "one":
             return outs[0]
         return tuple(outs) if entry.structure == "tuple" else outs
@@ -221,7 +223,7 @@ class JitFunction:
                 key.append(_constant_key(a))
         if ex is None:
             raise HologramError(f"{self.__name__}: hg.jit functions take at least one buffer")
-        return ex, (ex.backend, *key)
+        return ex, (self._token, ex.backend, *key)
 
     def _trace(self, args: tuple, names: tuple[str, ...], ex) -> tuple[Program, str]:
         g = Graph(getattr(self.fn, "__name__", "jit").replace("<", "").replace(">", ""))
@@ -248,12 +250,16 @@ class JitFunction:
         program, structure = self._trace(args, names, ex)
         compiled = compile_program(program, ex.backend)
         outputs = tuple((p.shape, p.dtype.storage) for p in program.params if p.kind == "out")
-        entry = _Entry(compiled, compiled.launch, outputs, structure)
-        self._entries[key] = entry
-        return entry
+        return _LAUNCHES.put(key, _Entry(compiled, compiled.launch, outputs, structure))
+
+    @property
+    def compiled_signatures(self) -> int:
+        """How many signatures of this function have a launch in the launch cache."""
+        token = self._token
+        return sum(1 for k, _ in _LAUNCHES.items() if k[0] is token)
 
     def __repr__(self) -> str:
-        return f"<hologram.jit {self.__name__}: {len(self._entries)} compiled signatures>"
+        return f"<hologram.jit {self.__name__}: {self.compiled_signatures} compiled signatures>"
 
 
 def _constant_key(value: object) -> tuple:

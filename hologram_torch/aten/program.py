@@ -3,8 +3,9 @@
 An aten kernel describes its computation once, as a *builder* on
 :class:`hologram.frontend.graph.Graph` tensors, and calls :func:`run`. The first call with a given
 signature (op, static arguments, every operand's dtype/shape/strides, the outputs'
-layouts, the backend) builds the program, compiles it and caches it; later calls cost a
-dictionary lookup and a launch by address.
+layouts, the backend) builds the program, compiles it and files its launch in the
+process's launch cache (:func:`hologram.runtime.launch.launch_cache`, keys starting with
+the op's name); later calls cost a cache lookup and a launch by address.
 
 * Device tensors enter the program through their real strides (views, transposes and
   expanded tensors are read in place; the address is ``data_ptr()``, offset included).
@@ -26,12 +27,14 @@ import hologram
 from hologram.errors import HologramError
 from hologram.frontend.graph import Graph, Tensor
 from hologram.isa import dtypes as dt
+from hologram.runtime.launch import launch_cache
 from hologram_torch import memory
 
 ISA = {getattr(torch, name): t for t, name in dt.FULL_NAMES.items()}  # torch -> Atlas
 TORCH = {v: k for k, v in ISA.items()}
 _NUMBER = {bool: (dt.bool_, ctypes.c_bool), int: (dt.int64, ctypes.c_int64),
            float: (dt.float64, ctypes.c_double)}
+#: A bound for the kernels' own small caches (launches are bounded by the launch cache).
 CACHE_ENTRIES = 16384
 
 
@@ -52,7 +55,9 @@ class _Entry:
         self.single = single  # the builder returned one tensor, not a tuple
 
 
-_cache: dict[tuple, _Entry] = {}
+#: The process's launch cache. run()'s keys are ``(name, static, backend, host,
+#: *operands[, outs])``; shortcuts' are ``(SHORTCUT, key)``.
+_cache = _LAUNCHES = launch_cache()
 _state = {"backend": hologram.backend.get_default_backend()}
 
 
@@ -65,9 +70,43 @@ def set_backend(name: str) -> None:
     shortcuts.clear()  # they hold kernels of the previous backend
 
 
-#: Kernels' own signature -> entry, for hot ops whose signature is cheaper to form than
-#: run()'s key (see :func:`remember` and :func:`launch_fresh`). Cleared with the backend.
-shortcuts: dict[tuple, _Entry] = {}
+class _Shortcut:
+    """The first element of shortcut keys in the launch cache (a marker)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "SHORTCUT"
+
+
+SHORTCUT = _Shortcut()
+
+
+class Shortcuts:
+    """Kernels' own signature -> entry, for hot ops whose signature is cheaper to form than
+    run()'s key (see :func:`remember` and :func:`launch_fresh`): a view of the launch
+    cache's ``(SHORTCUT, key)`` entries, so they share its bound and LRU eviction.
+    Cleared with the backend."""
+
+    __slots__ = ()
+
+    def get(self, key: tuple) -> _Entry | None:
+        return _LAUNCHES.get((SHORTCUT, key))
+
+    def __contains__(self, key: tuple) -> bool:
+        return (SHORTCUT, key) in _LAUNCHES
+
+    def __len__(self) -> int:
+        return sum(1 for k, _ in _LAUNCHES.items() if k[0] is SHORTCUT)
+
+    def put(self, key: tuple, entry: _Entry) -> None:
+        _LAUNCHES.put((SHORTCUT, key), entry)
+
+    def clear(self) -> None:
+        _LAUNCHES.discard(lambda k: k[0] is SHORTCUT)
+
+
+shortcuts = Shortcuts()
 
 
 def remember(shortcut: tuple, name: str, static: tuple, args: Sequence) -> None:
@@ -78,9 +117,9 @@ def remember(shortcut: tuple, name: str, static: tuple, args: Sequence) -> None:
         if not isinstance(x, torch.Tensor) or x.is_cpu:
             return
         key.append((x.dtype, x.shape, x.stride()))
-    entry = _cache.get(tuple(key))
-    if entry is not None and entry.single and len(shortcuts) < CACHE_ENTRIES:
-        shortcuts[shortcut] = entry
+    entry = _LAUNCHES.get(tuple(key))
+    if entry is not None and entry.single:
+        shortcuts.put(shortcut, entry)
 
 
 def launch_fresh(entry: _Entry, args: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -128,12 +167,9 @@ def run(name: str, build: Callable, args: Sequence, static: tuple = (),
     if out is not None:
         key.append(tuple((o.dtype, o.shape, o.stride()) for o in out))
     key = tuple(key)
-    entry = _cache.get(key)
+    entry = _LAUNCHES.get(key)
     if entry is None:
-        entry = _compile(name, build, args, static, out, host)
-        if len(_cache) >= CACHE_ENTRIES:
-            _cache.clear()
-        _cache[key] = entry
+        entry = _LAUNCHES.put(key, _compile(name, build, args, static, out, host))
     if out is None:
         out = [memory.new(*layout) if not host else torch.empty(layout[0], dtype=layout[3])
                for layout in entry.layouts]

@@ -31,11 +31,11 @@ from hologram.backends.base import Allocator, Backend, Executable, host_arrays
 from hologram.backends.cpu import blas, gemm, llvm, threads
 from hologram.backends.cpu import target as targets
 from hologram.backends.cpu.render import render, split_parts, unsupported
+from hologram.backends.hostmem import Pool
 from hologram.codegen import loops
 from hologram.compiler import pipeline
 from hologram.compiler.passes import library_calls
 from hologram.isa.ir import Program
-from hologram.runtime.pool import Pool
 
 _RAW_KERNEL = ctypes.CFUNCTYPE(None)  # the same function, called with ctypes objects only
 _ZERO = ctypes.c_int64(0)
@@ -62,6 +62,8 @@ class CpuBackend(Backend):
 
     def compile(self, program: Program, target: str | None = None) -> bytes:
         prefix = f"hg_{program.fingerprint()[:16]}_"
+        target = _target(target)
+        program = pipeline.for_target(program, target.capabilities)
         program, gemms = gemm.split(program)
         pipeline.dump(program.name, "library_calls", lambda: library_calls.dump(program, gemms))
         symbols, steps, fallback = {}, [], False
@@ -89,7 +91,6 @@ class CpuBackend(Backend):
             "steps": steps,
             "program": str(program) if fallback else None,
         }
-        target = _target(target)
         obj = b""
         if symbols:
             def dump(stage: str, text) -> None:
@@ -146,6 +147,8 @@ class _Executable(Executable):
         # Programs whose kernels are all native and need no arena run on a pointer array
         # built once per set of addresses (the hot path of small ops).
         self._pointer_arrays: dict[tuple[int, ...], ctypes.Array] = {}
+        # The pointer array's type, made once: ``c_void_p * n`` costs more than an array.
+        self._pointers = ctypes.c_void_p * max(self.nbuffers, 1)
         native = all(s.get("gemm") or s["symbol"] is not None for s in header["steps"])
         self.launch = self._launch_cached if native and not self.arena else self._launch
 
@@ -188,7 +191,7 @@ class _Executable(Executable):
         self._launch(handles)
 
     def _launch(self, handles: tuple[int, ...]) -> None:
-        pointers = (ctypes.c_void_p * max(self.nbuffers, 1))()
+        pointers = self._pointers()
         for slot, address in zip(self.params, handles):
             pointers[slot] = address
         # Scratch memory per call: concurrent calls of one program must not share it.
@@ -209,7 +212,7 @@ class _Executable(Executable):
         if pointers is None:
             if len(self._pointer_arrays) >= _POINTER_ARRAYS:
                 self._pointer_arrays.clear()
-            pointers = (ctypes.c_void_p * max(self.nbuffers, 1))()
+            pointers = self._pointers()
             for slot, address in zip(self.params, handles):
                 pointers[slot] = address
             self._pointer_arrays[handles] = pointers

@@ -12,12 +12,12 @@ import platform
 import numpy as np
 
 from hologram.backends.base import Allocator, Backend, Executable, host_arrays
+from hologram.backends.hostmem import Pool
 from hologram.backends.interp.interpreter import execute
 from hologram.errors import HologramError
 from hologram.isa.dtypes import DType
 from hologram.isa.ir import Program
 from hologram.isa.text import parse_program, print_program
-from hologram.runtime.pool import Pool
 
 
 class InterpBackend(Backend):

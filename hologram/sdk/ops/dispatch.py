@@ -1,5 +1,16 @@
-"""How an SDK op runs: argument conventions, dtype promotion, the compiled-kernel cache
-and launches (see :mod:`hologram.sdk.ops` for the user-facing rules)."""
+"""How an SDK op runs: argument conventions, dtype promotion, compiled kernels and launches
+(see :mod:`hologram.sdk.ops` for the user-facing rules).
+
+Launches are kept in the process's launch cache (:func:`hologram.runtime.launch.launch_cache`)
+under two kinds of key, both starting with the :class:`Op`:
+
+- ``(op, backend, operand signatures, out dtype, options)`` -> :class:`CompiledOp`: the
+  compiled kernel of a signature, shared by every executor of the backend;
+- ``(op, *launch keys of the operands and out, executor token)`` -> the kernel's launch:
+  an elementwise call with an out buffer already validated for these buffers' shapes,
+  dtypes and executor (see ``elementwise._elementwise``), launched without the general
+  path. The token keeps buffers of two executors from ever sharing a validated launch.
+"""
 
 from __future__ import annotations
 
@@ -7,16 +18,18 @@ import builtins
 import math
 import numbers
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
+from hologram.backends.hostmem import address
 from hologram.errors import DTypeError, HologramError, InvalidBufferError, ShapeError
 from hologram.frontend.graph import Graph, Tensor
 from hologram.isa import dtypes as dt
 from hologram.runtime.buffer import Buffer
 from hologram.runtime.executor import Executor
 from hologram.runtime.launch import compile as compile_program
+from hologram.runtime.launch import launch_cache
 from hologram.sdk.jit import Traced, record
 
 Scalar = bool | int | float
@@ -25,7 +38,7 @@ F32 = np.dtype(np.float32)
 I64 = np.dtype(np.int64)
 BOOL = np.dtype(np.bool_)
 _CATEGORY = {"b": 0, "u": 1, "i": 1, "f": 2}
-FAST_ENTRIES = 4096  # fast-path signatures remembered per op
+_LAUNCHES = launch_cache()
 
 
 # --- the op table -----------------------------------------------------------------------
@@ -48,10 +61,12 @@ class Op:
     elementwise: bool = False
     takes_n: bool = False
     casting: str = "same_kind"  # how the result may be converted to an out buffer's dtype
-    kernels: dict = field(default_factory=dict)
-    # Elementwise calls with an out buffer and no scalars, once validated: the buffers'
-    # launch_key values and the executor's token -> launch (see elementwise._elementwise).
-    fast: dict = field(default_factory=dict)
+
+    @property
+    def kernels(self) -> dict:
+        """This op's compiled signatures in the launch cache (a snapshot, for tools)."""
+        return {k: v for k, v in _LAUNCHES.items()
+                if k[0] is self and type(v) is CompiledOp}
 
 
 @dataclass(eq=False)
@@ -59,7 +74,7 @@ class CompiledOp:
     """One compiled signature of an op (what ``Op.kernels`` maps a signature to)."""
 
     compiled: object  # hologram.CompiledProgram
-    by_address: Callable | None
+    by_address: Callable  # its launch: one handle per operand, then the out buffer's
     shape: tuple[int, ...]  # of the result
     dtype: np.dtype
     scalars: tuple[np.dtype | None, ...]  # per operand: the 0-d array dtype of a scalar
@@ -107,11 +122,12 @@ def run(op: Op, ex: Executor | None, operands: tuple, out: Buffer | None, n: int
     given = out  # what the call returns when it has an out buffer (not its n-view)
     if n is not None:
         operands, out = first_n(op, operands, out, n)
-    key = (ex.backend, tuple(x.signature if type(x) is Buffer else type(x) for x in operands),
+    key = (op, ex.backend, tuple(x.signature if type(x) is Buffer else type(x)
+                                 for x in operands),
            out.signature[1] if out is not None else None, options)
-    kernel = op.kernels.get(key)
+    kernel = _LAUNCHES.get(key)
     if kernel is None:
-        kernel = op.kernels[key] = compile_op(op, ex.backend, operands, out, options)
+        kernel = _LAUNCHES.put(key, compile_op(op, ex.backend, operands, out, options))
     if out is None:
         out = result = ex.new_buffer(kernel.shape, kernel.dtype)
     else:
@@ -122,15 +138,14 @@ def run(op: Op, ex: Executor | None, operands: tuple, out: Buffer | None, n: int
         if overlaps(op, operands, fitted):
             staged = ex.new_buffer(kernel.shape, fitted.dtype)
             launch(kernel, operands, staged)
-            np.copyto(fitted.array(op.name), staged.array(op.name))
+            fitted.write(staged.to_numpy())
             staged.free()
             return result
         # Foreign (DLPack) memory may alias pool buffers: such calls always take this path.
-        if (op.elementwise and n is None and fitted is out and kernel.by_address is not None
-                and not kernel.has_scalars and len(op.fast) < FAST_ENTRIES
+        if (op.elementwise and n is None and fitted is out and not kernel.has_scalars
                 and not any(x.foreign for x in (*operands, out) if type(x) is Buffer)):
-            op.fast[(*(x.launch_key for x in operands), out.launch_key, ex.token)] = (
-                kernel.by_address)
+            _LAUNCHES.put((op, *(x.launch_key for x in operands), out.launch_key, ex.token),
+                          kernel.by_address)
         out = fitted
     if math.prod(kernel.shape) == 0:
         return result
@@ -139,15 +154,25 @@ def run(op: Op, ex: Executor | None, operands: tuple, out: Buffer | None, n: int
 
 
 def launch(kernel: CompiledOp, operands: tuple, out: Buffer) -> None:
-    if kernel.has_scalars:  # Python numbers travel as 0-d arrays of their promoted dtype
-        operands = tuple(x if s is None else scalar_array(x, s, kernel.compiled.program.name)
+    if kernel.has_scalars:  # Python numbers travel as 0-d values of their promoted dtype
+        name = kernel.compiled.program.name
+        ex = out.executor
+        # Host memory: a 0-d NumPy array; elsewhere a 0-d buffer the number is copied into.
+        # Either stays referenced here until the launch returns.
+        operands = tuple(x if s is None else scalar_array(x, s, name)
+                         if ex.allocator.host_visible else scalar_buffer(ex, x, s, name)
                          for x, s in zip(operands, kernel.scalars))
-    if kernel.by_address is not None:
-        kernel.by_address(tuple(x.handle if type(x) is Buffer else x.ctypes.data
+        kernel.by_address(tuple(x.handle if type(x) is Buffer else address(x)
                                 for x in operands) + (out.handle,))
-    else:
-        kernel.compiled(*(x.array() if type(x) is Buffer else x for x in operands),
-                        out.array().reshape(-1))
+        return
+    kernel.by_address(tuple(x.handle for x in operands) + (out.handle,))
+
+
+def scalar_buffer(ex: Executor, value: Scalar, dtype: np.dtype, name: str) -> Buffer:
+    """``value`` as a 0-d buffer of ``dtype`` in ``ex``'s memory, for one launch."""
+    buf = ex.new_buffer((), dtype)
+    buf.write(scalar_array(value, dtype, name))
+    return buf
 
 
 def scalar_array(value: Scalar, dtype: np.dtype, name: str) -> np.ndarray:

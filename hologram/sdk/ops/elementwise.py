@@ -9,6 +9,7 @@ from hologram.frontend import functional as F
 from hologram.frontend.graph import Graph, Tensor
 from hologram.runtime.buffer import Buffer
 from hologram.runtime.executor import Executor
+from hologram.runtime.launch import launch_cache
 from hologram.sdk.jit import Traced, in_place_error
 from hologram.sdk.ops.dispatch import (
     Op,
@@ -25,24 +26,24 @@ from hologram.sdk.ops.dispatch import (
 def _elementwise(name: str, arity: int, build: Callable, floating: bool = False,
                  doc: str = "") -> Callable:
     op = Op(name, build, floating=floating, elementwise=True, takes_n=True)
-    fast = op.fast
+    validated = launch_cache().get
 
     # The hot form, op(ex, *inputs, out), skips the general path once a call with the same
-    # buffers' shapes, dtypes and executor has been validated by it: freed buffers have no
-    # launch_key and miss, so do mixed executors (never recorded), and an out sharing
-    # memory with an input other than by identity takes the general path, which stages it.
+    # buffers' shapes, dtypes and executor has been validated by it (the launch cache's
+    # second kind of key, see dispatch): freed buffers have no launch_key and miss, so do
+    # mixed executors (never recorded), and an out sharing memory with an input other than
+    # by identity takes the general path, which stages it.
     if arity == 1:
         def call(*args, out: Buffer | None = None, n: int | None = None):
             if len(args) == 3 and out is None is n:
                 ex, x, y = args
                 try:
-                    launch = fast[x.launch_key, y.launch_key, ex.token]
-                except (AttributeError, KeyError, TypeError):
-                    pass
-                else:
-                    if y.allocation is not x.allocation or y is x:
-                        launch((x.handle, y.handle))
-                        return y
+                    launch = validated((op, x.launch_key, y.launch_key, ex.token))
+                except (AttributeError, TypeError):
+                    launch = None
+                if launch is not None and (y.allocation is not x.allocation or y is x):
+                    launch((x.handle, y.handle))
+                    return y
             ex, inputs, out, n = split(name, args, arity, out, n)
             return run(op, ex, inputs, out, n)
     else:
@@ -50,14 +51,15 @@ def _elementwise(name: str, arity: int, build: Callable, floating: bool = False,
             if len(args) == 4 and out is None is n:
                 ex, a, b, c = args
                 try:
-                    launch = fast[a.launch_key, b.launch_key, c.launch_key, ex.token]
-                except (AttributeError, KeyError, TypeError):
-                    pass
-                else:
-                    if ((c.allocation is not a.allocation or c is a)
-                            and (c.allocation is not b.allocation or c is b)):
-                        launch((a.handle, b.handle, c.handle))
-                        return c
+                    launch = validated((op, a.launch_key, b.launch_key, c.launch_key,
+                                        ex.token))
+                except (AttributeError, TypeError):
+                    launch = None
+                if launch is not None and (
+                        (c.allocation is not a.allocation or c is a)
+                        and (c.allocation is not b.allocation or c is b)):
+                    launch((a.handle, b.handle, c.handle))
+                    return c
             ex, inputs, out, n = split(name, args, arity, out, n)
             return run(op, ex, inputs, out, n)
 

@@ -1,4 +1,10 @@
-"""Host memory pool: 96 size classes, blocks from anonymous mmap, reused when freed.
+"""Host memory: the pool of the host backends (cpu, interp), 96 size classes, blocks from
+anonymous mmap, reused when freed.
+
+It lives with the backends because it is their :class:`~hologram.backends.base.Allocator`
+(:meth:`Backend.allocator <hologram.backends.base.Backend.allocator>` returns a
+:class:`Pool`); the runtime re-exports :class:`Pool` and :func:`default_pool`
+(``hologram.runtime.Pool``).
 
 Every request is rounded up to one of :data:`NUM_CLASSES` (96) size classes, four per power
 of two: ``2**k * (1, 1.25, 1.5, 1.75)`` for ``k = 8 .. 31``, that is 256 B, 320 B, 384 B,
@@ -60,6 +66,7 @@ __all__ = [
     "NUM_CLASSES",
     "SLAB_BYTES",
     "Pool",
+    "address",
     "default_pool",
     "size_class",
 ]
@@ -112,6 +119,15 @@ def size_class(nbytes: int) -> tuple[int, int]:
     if index >= NUM_CLASSES:
         return -1, -(-nbytes // _PAGE) * _PAGE
     return index, (step + 1) << shift
+
+
+def address(array: np.ndarray) -> int:
+    """The host address of ``array``'s first element (what host executables launch on):
+    the one helper for it (:meth:`Pool.handle` is this function)."""
+    try:  # the buffer protocol is ~3x faster than array.ctypes.data
+        return ctypes.addressof(ctypes.c_char.from_buffer(array))
+    except (TypeError, ValueError):  # read-only or empty
+        return array.ctypes.data
 
 
 def _map(nbytes: int) -> tuple[mmap.mmap, int]:
@@ -277,20 +293,19 @@ class Pool(Allocator):
     def alloc(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         return self.empty(shape, dtype)
 
-    def handle(self, allocation: np.ndarray) -> int:
-        try:  # the buffer protocol is ~3x faster than array.ctypes.data
-            return ctypes.addressof(ctypes.c_char.from_buffer(allocation))
-        except (TypeError, ValueError):  # read-only or empty
-            return allocation.ctypes.data
+    #: The allocation's host address (:func:`address`).
+    handle = staticmethod(address)
 
     def view(self, allocation: np.ndarray) -> np.ndarray:
         return allocation
 
     def copy_in(self, allocation: np.ndarray, source: np.ndarray) -> None:
-        np.copyto(allocation.reshape(-1).view(np.uint8), source.reshape(-1).view(np.uint8))
+        raw = source.reshape(-1).view(np.uint8)
+        np.copyto(allocation.reshape(-1).view(np.uint8)[: raw.size], raw)
 
     def copy_out(self, allocation: np.ndarray, destination: np.ndarray) -> None:
-        np.copyto(destination.reshape(-1).view(np.uint8), allocation.reshape(-1).view(np.uint8))
+        raw = destination.reshape(-1).view(np.uint8)
+        np.copyto(raw, allocation.reshape(-1).view(np.uint8)[: raw.size])
 
     def lease(self, nbytes: int) -> _Lease:
         """A block of at least ``nbytes`` (> 0) bytes, owned by the returned lease: its
