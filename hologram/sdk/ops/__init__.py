@@ -29,7 +29,8 @@ NaN-producing inputs are not errors: results follow IEEE 754 (``log(-1)`` is NaN
 
 Each distinct signature (op, backend, shapes, dtypes, options) compiles one Atlas program
 once per process (and reuses the on-disk program cache across processes); a call then
-costs a dictionary lookup and a native call. Python numbers passed to ops are runtime
+costs a lookup in the launch cache (:func:`hologram.runtime.launch.launch_cache`, bounded,
+least recently used evicted) and a native call. Python numbers passed to ops are runtime
 arguments, so a new value does not compile a new program. Inside :func:`hologram.jit`, the
 same functions add their operation to the traced program instead of running it.
 """
