@@ -1604,7 +1604,8 @@ def test_dump_dir_gets_the_loop_plan_llvm_ir_and_assembly(tmp_path, monkeypatch)
     g.output("s", g.sum(g.input("x", "f32", (3000,))))
     hologram.compile(g.program(), backend="cpu")
     stages = [f.name.split(".", 2)[2] for f in sorted((tmp_path / "dump").iterdir())]
-    assert stages == [f"{name}.atlas" for name, _ in pipeline.PIPELINE] + \
+    passes = (*pipeline.PIPELINE, *pipeline.TARGET_PASSES)
+    assert stages == [f"{name}.atlas" for name, _ in passes] + \
         ["library_calls", "loops", "cpu.ll", "cpu.opt.ll", "cpu.s"]
     plan = next((tmp_path / "dump").glob("*.loops")).read_text()
     assert "x16 lanes per block of 256, blocks in f64" in plan, plan

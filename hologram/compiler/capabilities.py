@@ -6,7 +6,9 @@ never a backend name: a target without ``f64`` adds its block sums with compensa
 float32 instead of plainly in float64; one without ``i64`` computes argmax indices in i32
 and widens them; one without 8/16-bit storage packs narrow values into 32-bit words; f16
 and bf16 arithmetic runs in float32, rounded after each inexact operation, unless the
-target computes in them natively.
+target computes in them natively; integer division and float min/max get the ISA's edge
+results from compares and selects where the target's own instructions do not give them
+(:mod:`hologram.compiler.passes.decompose`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,12 @@ class Capabilities:
     narrow_storage: bool = True  # 8- and 16-bit loads and stores
     f16_arithmetic: bool = False  # native half-precision arithmetic
     bf16_arithmetic: bool = False  # native bfloat16 arithmetic
+    # Integer div/mod lowered with the ISA's results for every divisor (x / 0, x % 0,
+    # INT_MIN / -1) by the renderer; without it the decompose pass guards the divisor.
+    total_division: bool = True
+    # Float min/max with IEEE 754-2019 minimum/maximum semantics (NaN-propagating,
+    # -0.0 < +0.0) lowered by the renderer; without it decompose builds them from compares.
+    ieee_minmax: bool = True
 
     @property
     def index_dtype(self) -> str:
@@ -40,4 +48,5 @@ class Capabilities:
 #: 64-bit CPUs (the cpu backend, the interpreter).
 CPU = Capabilities()
 #: WebGPU (WGSL): no f64, no i64, 32-bit storage only; f16 with the shader-f16 feature.
-WEBGPU = Capabilities(f64=False, i64=False, narrow_storage=False)
+WEBGPU = Capabilities(f64=False, i64=False, narrow_storage=False, total_division=False,
+                      ieee_minmax=False)

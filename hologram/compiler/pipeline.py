@@ -11,6 +11,12 @@ the compile with one :class:`~hologram.errors.HologramError` naming the variable
 The cache key is taken after the ``canonicalize`` stage (:data:`KEY_STAGE`): two
 spellings of one computation meet there, so everything after it is done once per
 canonical program and backend.
+
+:data:`TARGET_PASSES` follow for one target: ``Program -> Program`` passes that read the
+target's :class:`~hologram.compiler.capabilities.Capabilities` (the numeric lowering its
+instructions lack). A backend runs them on the lowered program (:func:`for_target`) before
+it plans loops and renders; they are dumped like the others, numbered after
+:data:`PIPELINE`.
 """
 
 from __future__ import annotations
@@ -20,9 +26,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hologram import config
+from hologram.compiler.capabilities import Capabilities
 from hologram.compiler.options import CompileOptions
 from hologram.compiler.passes.canonicalize import canonicalize
 from hologram.compiler.passes.coalesce import coalesce
+from hologram.compiler.passes.decompose import decompose
 from hologram.compiler.passes.fuse import fuse
 from hologram.compiler.passes.schedule import schedule
 from hologram.errors import CompileError, HologramError
@@ -47,6 +55,18 @@ PIPELINE: tuple[tuple[str, Pass], ...] = (
 )
 KEY_STAGE = "canonicalize"
 
+TargetPass = Callable[[Program, Capabilities], Program]
+
+
+def _verify_target(program: Program, caps: Capabilities) -> Program:
+    return verify(program)
+
+
+TARGET_PASSES: tuple[tuple[str, TargetPass], ...] = (
+    ("decompose", decompose),             # f16/bf16 via f32, integer division, min/max
+    ("verify.target", _verify_target),    # what the renderer gets is valid IR
+)
+
 
 def run(program: Program, options: CompileOptions | None = None,
         start: str | None = None, stop: str | None = None) -> Program:
@@ -59,27 +79,42 @@ def run(program: Program, options: CompileOptions | None = None,
     dump_dir = _dump_dir()
     for index in range(first, last + 1):
         name, stage = PIPELINE[index]
-        try:
-            program = stage(program, options)
-        except HologramError:
-            raise
-        except Exception as err:  # a bug in a pass: report it with the program it got
-            raise CompileError(f"pass {name!r} failed on program {program.name}: {err!r}",
-                               source=str(program)) from err
-        if dump_dir is not None:
-            _dump(dump_dir, f"{_file_name(program.name)}.{index:02d}.{name}.atlas", program)
+        program = _run_pass(name, stage, program, options, index, dump_dir)
+    return program
+
+
+def for_target(program: Program, caps: Capabilities) -> Program:
+    """Run :data:`TARGET_PASSES` for a target with ``caps`` on a lowered program."""
+    dump_dir = _dump_dir()
+    for offset, (name, stage) in enumerate(TARGET_PASSES):
+        program = _run_pass(name, stage, program, caps, len(PIPELINE) + offset, dump_dir)
+    return program
+
+
+def _run_pass(name: str, stage: Callable, program: Program, argument: object, index: int,
+              dump_dir: Path | None) -> Program:
+    try:
+        program = stage(program, argument)
+    except HologramError:
+        raise
+    except Exception as err:  # a bug in a pass: report it with the program it got
+        raise CompileError(f"pass {name!r} failed on program {program.name}: {err!r}",
+                           source=str(program)) from err
+    if dump_dir is not None:
+        _dump(dump_dir, f"{_file_name(program.name)}.{index:02d}.{name}.atlas", program)
     return program
 
 
 def dump(program_name: str, stage: str, text: str | Callable[[], str]) -> None:
     """Write a backend stage's artifact as ``<program>.<NN>.<stage>`` under
-    ``HOLOGRAM_DUMP_DIR``, numbered after the passes in the order of ``stage`` names a
-    backend dumps; nothing when the variable is unset. ``text`` may be a function, called
-    only then (assembly is not free)."""
+    ``HOLOGRAM_DUMP_DIR``, numbered after the passes and the target passes in the order
+    of ``stage`` names a backend dumps; nothing when the variable is unset. ``text`` may
+    be a function, called only then (assembly is not free)."""
     path = _dump_dir()
     if path is None:
         return
-    index = len(PIPELINE) + _BACKEND_STAGES.setdefault(stage, len(_BACKEND_STAGES))
+    index = len(PIPELINE) + len(TARGET_PASSES) + \
+        _BACKEND_STAGES.setdefault(stage, len(_BACKEND_STAGES))
     content = text() if callable(text) else text
     try:
         (path / f"{_file_name(program_name)}.{index:02d}.{stage}").write_text(content)

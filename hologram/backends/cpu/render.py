@@ -23,8 +23,11 @@ Transcendentals come from :mod:`.mathlib` (vectorizable IR, no libm calls); oper
 that some CPUs lack (fma, rounding to integers, fmod, half conversions) from
 :mod:`.intrinsics`, so that the code calls no runtime library on any target.
 
-Registers: bool is ``i1`` (``i8`` in memory); f16 and bf16 are ``float`` rounded to their
-format after every operation that is not exact (``i16`` in memory). For f16 that is what
+Registers: bool is ``i1`` (``i8`` in memory); f16 and bf16 are ``float`` (``i16`` in
+memory), rounded to their format by every cast to it: the decompose pass
+(:mod:`hologram.compiler.passes.decompose`, run by the backend) has already turned their
+inexact arithmetic into f32 (fma: f64) operations and a cast back, and the operations
+left on them (neg, abs, sign, min, max, select, compares) are exact. For f16 that is what
 LLVM itself does with ``half`` arithmetic on CPUs without AVX512-FP16, but with the
 conversions under our control: ``half`` registers would make LLVM call ``__truncdfhf2``
 and friends wherever the CPU lacks a conversion, and give results that depend on the host.
@@ -55,6 +58,7 @@ from hologram.codegen.loops import (
     split_parts,
     unsupported,
 )
+from hologram.errors import CompileError
 from hologram.isa import dtypes as dt
 from hologram.isa.dtypes import DType
 from hologram.isa.ir import FLOAT_UNARY_OPS, Instr, Kernel, Program
@@ -360,7 +364,14 @@ class _KernelRenderer:
         args = [self._value(a) for a in instr.args]
         arg_type = self.kernel.body[instr.args[0]].dtype
         result = _OPS[op](self, args, arg_type, t)
-        return self._round(result, t) if t in _NARROW and op not in _EXACT_NARROW else result
+        if t in _NARROW and op not in _EXACT_NARROW:
+            if op != "cast":  # the decompose pass computes them in wider types
+                raise CompileError(
+                    f"kernel {self.kernel.name}: {op} on {t.name} reached the cpu renderer; "
+                    "compile through the backend, which runs compiler.pipeline.for_target "
+                    "(the decompose pass computes f16/bf16 arithmetic in f32 or f64)")
+            result = self._round(result, t)  # f16/bf16 <- f32: rounded here
+        return result
 
     def _const(self, value: bool | int | float, t: DType) -> ir.Constant:
         ty = register_type(t)
@@ -810,9 +821,6 @@ def _pow(r: _KernelRenderer, args, a: DType, t: DType) -> ir.Value:
 
 
 def _fma(r: _KernelRenderer, args, a: DType, t: DType) -> ir.Value:
-    if a in _NARROW:  # in f64, then rounded once to the narrow type
-        wide = r._intrinsic("fma", F64, [r.b.fpext(v, F64) for v in args])
-        return r._f64_to_narrow(wide, a)
     return r._intrinsic("fma", args[0].type, args)
 
 
@@ -850,7 +858,9 @@ def _cast(r: _KernelRenderer, args, a: DType, t: DType) -> ir.Value:
     return r._int_cast(x, src, dst, signed=a.kind == "i")
 
 
-# f16/bf16 results these ops produce are already exact in the format (no rounding needed).
+# f16/bf16 results these ops produce are already exact in the format (no rounding needed);
+# the inexact ones reach the renderer as f32 (or f64) operations and a cast back
+# (compiler/passes/decompose.py), which is rounded.
 _EXACT_NARROW = frozenset({"neg", "abs", "select", "min", "max", "sign"})
 
 _OPS: dict[str, Callable] = {
