@@ -78,3 +78,26 @@ def test_values_invariant_along_inner_grid_dimensions_are_hoisted():
 
     plans = [loops.plan(k) for k in _kernels(broadcast)]
     assert any("hoist 1" in plan.placement for plan in plans), [p.dump() for p in plans]
+
+
+def test_the_placement_as_data_agrees_with_its_text():
+    def mixed(g):
+        x = g.input("x", "f32", (4, 1, 1))
+        y = g.input("y", "f32", (4, 8, 1))
+        z = g.input("z", "f32", (4, 8, 16))
+        g.output("o", z * g.unary("exp", y) + g.unary("log", x))
+        g.output("r", g.sum(z * g.unary("exp", y), 2))
+
+    for kernel in _kernels(mixed):
+        plan = loops.plan(kernel)
+        for i, where in enumerate(plan.placement):
+            if plan.hoist[i] is not None:
+                assert where == f"hoist {plan.hoist[i]}" and i in plan.hoisted_at(plan.hoist[i])
+            elif plan.in_nest(i) or kernel.body[i].op == "store":
+                assert where == f"nest {list(plan.varying[i])}"
+            else:
+                assert where == "point"
+        for a in plan.accumulators:
+            assert plan.accumulator(a.position) is a
+    hoisted = {d for k in _kernels(mixed) for d in loops.plan(k).hoist if d is not None}
+    assert hoisted == {1, 2}

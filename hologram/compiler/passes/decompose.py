@@ -135,5 +135,5 @@ class _Rewriter:
                              self.const(0.0, ct))
         value = self.make("select", self.make("and", self.make("eq", x, y), negative),
                           x, value)
-        value = self.make("select", self.make("ne", y, y), y, value)
+        # A NaN y fails the compares, so y is already chosen; a NaN x must be picked.
         return self.make("select", self.make("ne", x, x), x, value)

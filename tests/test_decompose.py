@@ -1,0 +1,208 @@
+"""The decompose pass (hologram/compiler/passes/decompose.py): every rewrite it makes for a
+target's capabilities computes what the undecomposed program computes, with the reference
+interpreter as the oracle, on random values and on every pair of edge values (NaN, ±inf,
+±0.0, denormals, the largest finite values, INT_MIN / -1, division by zero)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from util import execute, same_bits
+
+import hologram
+from hologram.backends.cpu.render import render
+from hologram.compiler import pipeline
+from hologram.compiler.capabilities import CPU, WEBGPU, Capabilities
+from hologram.compiler.passes.decompose import WIDENED, decompose
+from hologram.errors import CompileError
+from hologram.frontend.graph import Graph
+from hologram.isa import dtypes as dt
+from hologram.isa.ir import FLOAT_UNARY_OPS, Program
+from hologram.isa.verify import verify
+
+FLOAT_EDGES = [0.0, -0.0, np.inf, -np.inf, np.nan, 1.0, -1.0, 0.5, -2.5, 3.0, 7.0, 1e-40,
+               -1e-40, 6e-8, -6e-8, 1e-5, 9.2e-41, 65504.0, -65504.0, 3.38e38, -3.38e38,
+               1.5, 2.0 ** -14, 0.1]
+# No native narrow arithmetic, no total division, no IEEE min/max: every rewrite applies.
+BARE = Capabilities(f64=True, total_division=False, ieee_minmax=False)
+
+
+def _storage(values: np.ndarray, t: dt.DType) -> np.ndarray:
+    values = np.asarray(values, dtype=np.float64)
+    if t is dt.bfloat16:
+        return dt.to_bf16_bits(values.astype(np.float32))
+    with np.errstate(over="ignore"):
+        return values.astype(t.storage)
+
+
+def _pairs(t: dt.DType, n_random: int = 500, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Every pair of edge values of ``t``, then random pairs."""
+    rng = np.random.default_rng(seed)
+    if t.is_float:
+        edges = FLOAT_EDGES
+        randoms = rng.standard_normal((2, n_random)) * rng.choice([1e-3, 1.0, 1e3], n_random)
+        store = _storage
+    else:
+        info = np.iinfo(t.storage)
+        edges = sorted({int(info.min), int(info.min) + 1, int(info.max), 0, 1, 2, 3, 7, 100,
+                        *([-1, -2, -3, -7, -100] if info.min else [])})
+        randoms = rng.integers(info.min, info.max, (2, n_random), dtype=t.storage,
+                               endpoint=True)
+        randoms[1, ::7] = 0  # divisions by zero among the random ones too
+
+        def store(values, t):
+            return np.asarray(values).astype(t.storage)
+    a, b = (np.array(c, dtype=object) for c in zip(*itertools.product(edges, edges)))
+    return (store(np.concatenate([a, randoms[0].astype(object)]), t),
+            store(np.concatenate([b, randoms[1].astype(object)]), t))
+
+
+def _lowered(name: str, t: dt.DType, build) -> tuple[Program, list[np.ndarray]]:
+    a, b = _pairs(t)
+    c = _pairs(t, seed=1)[0][: a.size] if t.is_float else None
+    g = Graph(name)
+    x, y = g.input("a", t, (a.size,)), g.input("b", t, (a.size,))
+    z = g.input("c", t, (a.size,)) if c is not None else None
+    g.output("out", build(g, x, y, z))
+    inputs = [a, b] + ([c] if c is not None else [])
+    return pipeline.run(g.program()), inputs
+
+
+def _ulps(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Distance in units in the last place between two float arrays in storage form (f16,
+    f32, f64 values; bf16 bit patterns)."""
+    size = a.dtype.itemsize
+    bits = {2: np.int16, 4: np.int32, 8: np.int64}[size]
+    magnitude = (1 << (8 * size - 1)) - 1
+
+    def order(x: np.ndarray) -> np.ndarray:  # a monotone integer order of the floats
+        x = np.ascontiguousarray(x).view(bits).astype(np.int64)
+        return np.where(x < 0, -(x & magnitude), x)
+
+    return np.abs(order(a) - order(b))
+
+
+def _check(program, inputs, caps: Capabilities, t: dt.DType, exact: bool = True) -> None:
+    decomposed = verify(decompose(program, caps))
+    assert decomposed is not program, "nothing was decomposed"
+    (want,) = execute(program, inputs)
+    (got,) = execute(decomposed, inputs)
+    if exact:
+        if not same_bits(want, got):
+            bad = [i for i in range(want.size) if not same_bits(want[i:i + 1], got[i:i + 1])]
+            assert not bad, [(inputs[0][i], inputs[1][i], want[i], got[i]) for i in bad[:5]]
+    else:  # two roundings (f32, then the narrow format): within one unit in the last place
+        nan_w = np.isnan(dt.from_bf16_bits(want) if t is dt.bfloat16 else want)
+        nan_g = np.isnan(dt.from_bf16_bits(got) if t is dt.bfloat16 else got)
+        assert np.array_equal(nan_w, nan_g)
+        assert _ulps(want[~nan_w], got[~nan_w]).max(initial=0) <= 1
+
+
+NARROW = [dt.float16, dt.bfloat16]
+
+
+@pytest.mark.parametrize("t", NARROW, ids=str)
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "div", "mod"])
+def test_narrow_arithmetic_through_f32_is_correctly_rounded(op, t):
+    program, inputs = _lowered(f"narrow_{op}", t, lambda g, x, y, z: g.binary(op, x, y))
+    _check(program, inputs, CPU, t)
+
+
+@pytest.mark.parametrize("t", NARROW, ids=str)
+@pytest.mark.parametrize("op", ["sqrt", "floor", "ceil", "round", "trunc", "abs", "neg"])
+def test_exact_narrow_unary_ops(op, t):
+    program, inputs = _lowered(f"narrow_{op}", t, lambda g, x, y, z: g.unary(op, x))
+    if op in ("abs", "neg"):  # exact in the format: left alone
+        assert decompose(program, CPU) is program
+        return
+    _check(program, inputs, CPU, t)
+
+
+@pytest.mark.parametrize("t", NARROW, ids=str)
+@pytest.mark.parametrize("op", ["pow", "exp", "log", "tanh", "sigmoid", "rsqrt", "erf", "sin"])
+def test_narrow_functions_through_f32_within_one_ulp(op, t):
+    def build(g, x, y, z):
+        return g.binary(op, x, y) if op == "pow" else g.unary(op, x)
+
+    program, inputs = _lowered(f"narrow_{op}", t, build)
+    _check(program, inputs, CPU, t, exact=False)
+
+
+@pytest.mark.parametrize("t", NARROW, ids=str)
+def test_narrow_fma_through_f64(t):
+    program, inputs = _lowered("narrow_fma", t, lambda g, x, y, z: g.fma(x, y, z))
+    text = str(decompose(program, CPU))
+    assert "fma" in text and ": f64[" in text
+    # f64's fma rounds to 53 bits, then the cast to the narrow format: two roundings.
+    _check(program, inputs, CPU, t, exact=False)
+    assert decompose(program, Capabilities(f64=False)) is program  # left to the renderer
+
+
+@pytest.mark.parametrize("t", ["i8", "i16", "i32", "i64", "u8"])
+@pytest.mark.parametrize("op", ["div", "mod"])
+def test_integer_division_guards_give_the_isa_results(op, t):
+    t = dt.dtype(t)
+    program, inputs = _lowered(f"int_{op}", t, lambda g, x, y, z: g.binary(op, x, y))
+    assert decompose(program, CPU) is program  # the cpu renderer lowers them itself
+    _check(program, inputs, WEBGPU, t)
+    decomposed = decompose(program, WEBGPU)
+    # and the cpu backend runs the decomposed program to the same bits
+    (want,) = execute(program, inputs)
+    got = hologram.compile(decomposed, backend="cpu")(*inputs)
+    assert same_bits(np.asarray(got).reshape(-1), want)
+
+
+@pytest.mark.parametrize("t", ["f16", "bf16", "f32", "f64"])
+@pytest.mark.parametrize("op", ["min", "max"])
+def test_min_max_from_compares_keep_nan_and_signed_zeros(op, t):
+    t = dt.dtype(t)
+    program, inputs = _lowered(f"float_{op}", t, lambda g, x, y, z: g.binary(op, x, y))
+    assert decompose(program, CPU) is program  # llvm.minimum/maximum on the cpu
+    _check(program, inputs, BARE, t)
+    decomposed = decompose(program, WEBGPU)
+    (want,) = execute(program, inputs)
+    got = hologram.compile(decomposed, backend="cpu")(*inputs)
+    assert same_bits(np.asarray(got).reshape(-1), want)
+
+
+def test_webgpu_decomposition_of_a_mixed_program_runs_everywhere_to_the_same_bits():
+    def build(g, x, y, z):
+        wide = g.cast(x, "f32")
+        q = g.cast(g.binary("div", g.cast(wide, "i32"), g.cast(y, "i32")), "f16")
+        return g.binary("max", x * y + q, g.unary("exp", z))
+
+    program, inputs = _lowered("mixed", dt.float16, build)
+    decomposed = verify(decompose(program, WEBGPU))
+    ops = {x.op for k in decomposed.kernels for x in k.body if x.dtype is dt.float16}
+    assert not ops & (WIDENED | {"fma"}), ops
+    (want,) = execute(program, inputs)
+    (interp,) = execute(decomposed, inputs)
+    cpu = np.asarray(hologram.compile(decomposed, backend="cpu")(*inputs)).reshape(-1)
+    assert same_bits(cpu, interp)
+    nan = np.isnan(want)
+    assert np.array_equal(nan, np.isnan(interp))
+    assert _ulps(want[~nan], interp[~nan]).max() <= 1  # exp: two roundings
+
+
+def test_programs_with_nothing_to_rewrite_are_returned_unchanged():
+    program, _ = _lowered("plain", dt.float32, lambda g, x, y, z: g.fma(x, y, z) + x * y)
+    assert decompose(program, CPU) is program
+    assert decompose(program, WEBGPU) is program
+    native = Capabilities(f16_arithmetic=True, bf16_arithmetic=True)
+    for t in NARROW:
+        narrow, _ = _lowered("native", t, lambda g, x, y, z: g.unary("exp", x * y))
+        assert decompose(narrow, native) is narrow
+
+
+def test_the_cpu_renderer_refuses_undecomposed_narrow_arithmetic():
+    program, _ = _lowered("undecomposed", dt.float16, lambda g, x, y, z: x * y)
+    symbols = {k.name: f"k_{k.name}" for k in program.kernels}
+    with pytest.raises(CompileError, match="decompose"):
+        render(program, symbols)
+    render(decompose(program, CPU), symbols)  # what the backend renders
+
+
+def test_every_float_unary_op_is_widened():
+    assert set(FLOAT_UNARY_OPS) <= WIDENED
