@@ -142,6 +142,7 @@ ALLOWED = {
     "hologram.frontend": ("hologram.errors", "hologram.isa"),
     "hologram.compiler": ("hologram.errors", "hologram.config", "hologram.version",
                           "hologram.isa"),
+    "hologram.codegen": ("hologram.errors", "hologram.config", "hologram.isa", "hologram.compiler"),
 }
 # layer -> the packages above it, which it must not import.
 FORBIDDEN = {
