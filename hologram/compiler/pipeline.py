@@ -58,13 +58,8 @@ KEY_STAGE = "canonicalize"
 TargetPass = Callable[[Program, Capabilities], Program]
 
 
-def _verify_target(program: Program, caps: Capabilities) -> Program:
-    return verify(program)
-
-
 TARGET_PASSES: tuple[tuple[str, TargetPass], ...] = (
-    ("decompose", decompose),             # f16/bf16 via f32, integer division, min/max
-    ("verify.target", _verify_target),    # what the renderer gets is valid IR
+    ("decompose", decompose),   # f16/bf16 via f32, integer division, min/max (verified)
 )
 
 

@@ -24,7 +24,8 @@ plainly and every backend computes the same bits:
   giving IEEE 754-2019 minimum/maximum: NaN if either operand is NaN, ``-0.0 < +0.0``
   (the sign of a zero read as the sign of ``1 / x``).
 
-A kernel with nothing to rewrite is returned as it is. Reductions (their accumulators,
+A kernel with nothing to rewrite is returned as it is (a program with nothing to rewrite,
+too); a rewritten kernel is verified. Reductions (their accumulators,
 argmax's first-occurrence and NaN rules) are not Atlas-level operations and stay with the
 loop plan and the renderer.
 """
@@ -37,6 +38,7 @@ from hologram.compiler.capabilities import CPU, Capabilities
 from hologram.isa import dtypes as dt
 from hologram.isa.body import Body
 from hologram.isa.ir import FLOAT_UNARY_OPS, Instr, Kernel, Program
+from hologram.isa.verify import verify_kernel
 
 #: Inexact f16/bf16 operations computed in f32 and rounded back.
 WIDENED = frozenset({"add", "sub", "mul", "div", "mod", "pow", *FLOAT_UNARY_OPS})
@@ -49,6 +51,9 @@ def decompose(program: Program, caps: Capabilities = CPU) -> Program:
     kernels = tuple(_kernel(k, caps) for k in program.kernels)
     if all(a is b for a, b in zip(kernels, program.kernels)):
         return program
+    for old, new in zip(program.kernels, kernels):
+        if new is not old:  # what the renderer gets must be valid IR
+            verify_kernel(program, new)
     return replace(program, kernels=kernels)
 
 
