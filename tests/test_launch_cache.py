@@ -15,7 +15,7 @@ from hologram.runtime.launch import LaunchCache, launch_cache
 
 
 def test_hit_and_miss():
-    cache = LaunchCache(4)
+    cache = LaunchCache(8)
     made = []
 
     def make():
@@ -27,24 +27,32 @@ def test_hit_and_miss():
     assert cache.get(("k", 2)) is None and ("k", 1) in cache and ("k", 2) not in cache
     cache.get_or_make(("k", 2), make)
     assert len(made) == 2 and len(cache) == 2
-    assert cache.info() == {"entries": 2, "max_entries": 4, "misses": 2, "evictions": 0}
+    assert cache.info() == {"entries": 2, "max_entries": 8, "misses": 2, "evictions": 0}
 
 
 def test_least_recently_used_is_evicted():
-    cache = LaunchCache(3)
-    for k in "abc":
-        cache.put(k, k.upper())
-    assert cache.get("a") == "A"  # a is now the most recent: b is the oldest
-    cache.put("d", "D")
-    assert [k for k, _ in cache.items()] == ["c", "a", "d"]
+    cache = LaunchCache(4)  # generations of 2
+    cache.put("a", "A")
+    cache.put("b", "B")  # a full generation: a and b become the old one
+    assert cache.recent("a") is None  # the hot lookup sees only the young generation
+    assert cache.get("a") == "A"  # used: back in the young generation
+    assert cache.recent("a") == "A"
+    cache.put("c", "C")  # b, unused since, is evicted; a and c survive
     assert cache.get("b") is None and cache.info()["evictions"] == 1
-    cache.set_max_entries(1)
-    assert [k for k, _ in cache.items()] == ["d"] and cache.info()["evictions"] == 3
+    assert cache.get("a") == "A" and cache.get("c") == "C" and len(cache) <= 4
+    for i in range(100):  # never more than the bound; the most recent always kept
+        cache.put(i, i)
+        assert len(cache) <= 4 and cache.get(i) == i
+    assert cache.get("a") is None  # unused for many insertions: evicted
+    cache.set_max_entries(2)
+    assert len(cache) <= 2
     with pytest.raises(ValueError):
-        cache.set_max_entries(0)
+        cache.set_max_entries(1)
     cache.put("e", 1)
-    assert len(cache) == 1
-    assert cache.discard(lambda k: k == "e") == 1 and len(cache) == 0
+    assert len(cache) <= 2 and "e" in cache
+    assert cache.discard(lambda k: k == "e") == 1 and "e" not in cache
+    cache.clear()
+    assert len(cache) == 0 and cache.recent("e") is None
 
 
 def test_concurrent_use_stays_bounded():

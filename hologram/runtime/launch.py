@@ -16,7 +16,7 @@ Launching again: :class:`LaunchCache` is the one cache from a call's signature t
 launch (compiled program and whatever the caller precomputed to launch it: output
 layouts, the handle order). The SDK's ops, ``hg.jit`` and the torch device's kernels all
 keep their launches in the process's instance, :func:`launch_cache`; it is bounded and
-evicts the least recently used entry (see the class).
+evicts the least recently used entries (two generations, see the class).
 """
 
 from __future__ import annotations
@@ -127,43 +127,54 @@ class LaunchCache:
     callers never compare equal (each starts with its own kind of owner), so they share
     one instance, one bound and one eviction policy.
 
-    Bounded: at most ``max_entries`` entries; inserting one more evicts the least recently
-    used (a hit moves an entry to the most recent end), so a long-running process that
-    sees many shapes keeps the launches it still uses. Eviction only costs a recompile
-    lookup later (the compiled program stays in the program cache).
+    Bounded, evicting the least recently used entries, approximated by two generations
+    so that a hit costs one dictionary read (hot launches cost well under a microsecond
+    in all): new and used entries go to the *young* generation; when it holds half of
+    ``max_entries``, it becomes the *old* generation and the previous old one is evicted,
+    except the entries used in between (a :meth:`get` of an old entry moves it back to
+    the young one). So an entry used within the last ``max_entries / 2`` insertions is
+    never evicted, one unused for ``max_entries`` insertions always is, and the cache
+    never holds more than ``max_entries``: a long-running process that sees many shapes
+    keeps the launches it still uses. Eviction only costs a lookup in the program cache
+    later (compiled programs stay there).
 
-    Thread-safe: lookups are lock-free dictionary reads; insertion and eviction take a
-    lock. An entry evicted by another thread between a lookup and its use is still valid.
+    :attr:`recent` is the young generation's ``dict.get``: the hot paths' lookup. It may
+    miss an entry of the old generation, so a miss there must fall back to :meth:`get`
+    (the SDK's validated launches fall back to the general path, which files them again).
+
+    Thread-safe: lookups are lock-free dictionary reads; insertion, promotion and
+    eviction take a lock. An entry evicted by another thread after a lookup stays valid.
     """
 
     def __init__(self, max_entries: int = LAUNCH_CACHE_ENTRIES):
-        self._entries: OrderedDict[Hashable, Any] = OrderedDict()
+        if max_entries < 2:
+            raise ValueError(f"LaunchCache: max_entries must be >= 2, got {max_entries}")
+        self._young: dict[Hashable, Any] = {}  # never replaced: ``recent`` is bound to it
+        self._old: dict[Hashable, Any] = {}
         self._lock = threading.Lock()
         self.max_entries = max_entries
-        self.misses = 0  # entries inserted
+        self.misses = 0  # entries filed by put()
         self.evictions = 0
+        #: The entry under a key used recently, or None (see the class docstring).
+        self.recent: Callable[[Hashable], Any] = self._young.get
 
     def get(self, key: Hashable) -> Any:
-        """The entry under ``key`` (now the most recently used), or None."""
-        entry = self._entries.get(key)
-        if entry is not None:
-            try:  # noqa: SIM105 (contextlib.suppress costs more on this hot path)
-                self._entries.move_to_end(key)
-            except KeyError:  # evicted by another thread since the read: still valid
-                pass
+        """The entry under ``key`` (now recently used), or None."""
+        entry = self._young.get(key)
+        if entry is None and self._old:
+            with self._lock:
+                entry = self._old.pop(key, None)
+                if entry is not None:
+                    self._file_locked(key, entry)
         return entry
 
     def put(self, key: Hashable, entry: Any) -> Any:
-        """File ``entry`` (not None) under ``key``, evicting the least recently used
-        entries beyond the bound; returns ``entry``."""
+        """File ``entry`` (not None) under ``key`` as recently used, evicting what the
+        bound requires; returns ``entry``."""
         with self._lock:
-            entries = self._entries
-            entries[key] = entry
-            entries.move_to_end(key)
+            self._old.pop(key, None)
+            self._file_locked(key, entry)
             self.misses += 1
-            while len(entries) > self.max_entries:
-                entries.popitem(last=False)
-                self.evictions += 1
         return entry
 
     def get_or_make(self, key: Hashable, make: Callable[[], Any]) -> Any:
@@ -171,51 +182,68 @@ class LaunchCache:
         entry = self.get(key)
         return entry if entry is not None else self.put(key, make())
 
+    def _file_locked(self, key: Hashable, entry: Any) -> None:
+        young = self._young
+        young[key] = entry
+        if len(young) >= self.max_entries // 2:  # a new generation
+            self.evictions += len(self._old)
+            self._old = dict(young)
+            young.clear()
+        while len(self._old) + len(young) > self.max_entries:  # after a smaller bound
+            del self._old[next(iter(self._old))]
+            self.evictions += 1
+
     def set_max_entries(self, max_entries: int) -> None:
-        """Change the bound (evicting the least recently used entries beyond it)."""
-        if max_entries < 1:
-            raise ValueError(f"LaunchCache: max_entries must be >= 1, got {max_entries}")
+        """Change the bound (evicting, oldest first, what no longer fits)."""
+        if max_entries < 2:
+            raise ValueError(f"LaunchCache: max_entries must be >= 2, got {max_entries}")
         with self._lock:
             self.max_entries = max_entries
-            while len(self._entries) > max_entries:
-                self._entries.popitem(last=False)
+            old = self._old
+            while old and len(old) + len(self._young) > max_entries:
+                del old[next(iter(old))]
                 self.evictions += 1
+            if len(self._young) >= max_entries // 2:
+                self.evictions += len(old)
+                self._old = dict(self._young)
+                self._young.clear()
+                while len(self._old) > max_entries:
+                    del self._old[next(iter(self._old))]
+                    self.evictions += 1
 
     def discard(self, where: Callable[[Hashable], bool]) -> int:
         """Remove every entry whose key satisfies ``where``; returns how many."""
         with self._lock:
-            doomed = [k for k in self._entries if where(k)]
-            for k in doomed:
-                del self._entries[k]
-        return len(doomed)
+            doomed = 0
+            for generation in (self._old, self._young):
+                for k in [k for k in generation if where(k)]:
+                    del generation[k]
+                    doomed += 1
+        return doomed
 
     def clear(self) -> None:
         with self._lock:
-            self._entries.clear()
-
-    def keys(self) -> list[Hashable]:
-        """A snapshot of the keys, least recently used first."""
-        with self._lock:
-            return list(self._entries)
+            self._old = {}
+            self._young.clear()
 
     def items(self) -> list[tuple[Hashable, Any]]:
-        """A snapshot of ``(key, entry)`` pairs, least recently used first."""
+        """A snapshot of ``(key, entry)`` pairs, the old generation first."""
         with self._lock:
-            return list(self._entries.items())
+            return [*self._old.items(), *self._young.items()]
 
     def __contains__(self, key: Hashable) -> bool:
-        return key in self._entries
+        return key in self._young or key in self._old
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._young) + len(self._old)
 
     def info(self) -> dict[str, int]:
-        """``entries``, ``max_entries``, ``misses`` (entries made), ``evictions``."""
-        return {"entries": len(self._entries), "max_entries": self.max_entries,
+        """``entries``, ``max_entries``, ``misses`` (entries filed), ``evictions``."""
+        return {"entries": len(self), "max_entries": self.max_entries,
                 "misses": self.misses, "evictions": self.evictions}
 
     def __repr__(self) -> str:
-        return f"<hologram LaunchCache {len(self._entries)}/{self.max_entries} entries>"
+        return f"<hologram LaunchCache {len(self)}/{self.max_entries} entries>"
 
 
 _LAUNCHES = LaunchCache()

@@ -58,6 +58,7 @@ class _Entry:
 #: The process's launch cache. run()'s keys are ``(name, static, backend, host,
 #: *operands[, outs])``; shortcuts' are ``(SHORTCUT, key)``.
 _cache = _LAUNCHES = launch_cache()
+_recent = _LAUNCHES.recent  # the hot lookup; a miss falls back to _LAUNCHES.get
 _state = {"backend": hologram.backend.get_default_backend()}
 
 
@@ -91,7 +92,8 @@ class Shortcuts:
     __slots__ = ()
 
     def get(self, key: tuple) -> _Entry | None:
-        return _LAUNCHES.get((SHORTCUT, key))
+        key = (SHORTCUT, key)
+        return _recent(key) or _LAUNCHES.get(key)
 
     def __contains__(self, key: tuple) -> bool:
         return (SHORTCUT, key) in _LAUNCHES
@@ -167,7 +169,7 @@ def run(name: str, build: Callable, args: Sequence, static: tuple = (),
     if out is not None:
         key.append(tuple((o.dtype, o.shape, o.stride()) for o in out))
     key = tuple(key)
-    entry = _LAUNCHES.get(key)
+    entry = _recent(key) or _LAUNCHES.get(key)
     if entry is None:
         entry = _LAUNCHES.put(key, _compile(name, build, args, static, out, host))
     if out is None:
