@@ -2,25 +2,23 @@
 promotion), unary math, ``where``/``masked_fill``/``clamp``, activations and the backward
 ops of their autograd formulas.
 
-Every op is a function of values in a *compute dtype* (PyTorch's "opmath": half types
-compute in float32) producing a result cast to the op's result dtype. One builder,
-:func:`_build`, serves them all: the per-op part is a small function of graph values.
-Cases PyTorch defines but that have no exact Atlas form (integer division, whose
-division by zero raises; integer ``pow``; complex dtypes) run on the CPU fallback.
+The math of every op is its entry in :mod:`hologram_torch.lowering.elementwise` (the
+table torch.compile lowers through too), launched by :func:`lowered.run`; this module adds
+the eager parts: ``out=`` and in-place variants (PyTorch's checks), remembered kernels for
+the hot calls, and the CPU fallback for what the lowering does not take (integer ``pow``,
+complex dtypes, what torch rejects).
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from hologram.frontend import functional
 from hologram.isa import dtypes as dt
-from hologram_torch.aten import program
+from hologram_torch.aten import lowered, program
 from hologram_torch.aten.program import ISA, Unsupported, cast
-from hologram_torch.aten.registry import impl, native_or_cpu, overload
+from hologram_torch.aten.registry import aten, impl, native_or_cpu, overload
 from hologram_torch.fallback import run_on_cpu
+from hologram_torch.lowering import elementwise as lowering_ew
 
 OPINFO = (
     "add", "sub", "mul", "div.no_rounding_mode", "true_divide", "maximum", "minimum",
@@ -36,8 +34,9 @@ OPINFO = (
 
 def _build(g, *args):
     """``fn`` on the inputs cast to ``compute`` (except positions in ``keep``), cast to
-    ``result``. ``fn`` is part of the compiled-kernel key: pass functions made once, never
-    a lambda made per call (each would compile anew)."""
+    ``result``: the builder of :func:`_pointwise`, for kernels outside the lowering table
+    (:mod:`.foreach`). ``fn`` is part of the compiled-kernel key: pass functions made once,
+    never a lambda made per call (each would compile anew)."""
     *inputs, (fn, compute, result, keep, extra) = args
     values = [x if i in keep else cast(x, compute) for i, x in enumerate(inputs)]
     return cast(fn(g, *values, *extra), result)
@@ -53,32 +52,33 @@ def _pointwise(name: str, fn, args: tuple, result: torch.dtype,
     takes (e.g. a complex dtype), which then run through the CPU fallback."""
     if result not in ISA:
         return NotImplemented
-    spec = _spec(fn, result, compute, keep, extra)
+    spec = (fn, compute or _compute(result), ISA[result], keep, extra)
     try:
         return program.run(name, _build, args, (spec,), out)
     except Unsupported:
         return NotImplemented
 
 
-def _spec(fn, result: torch.dtype, compute: dt.DType | None, keep=(), extra=()) -> tuple:
-    """The static part of a pointwise kernel's key (what :func:`_build` unpacks)."""
-    return (fn, compute or _compute(result), ISA[result], keep, extra)
+def _lowered(name: str, op, args: tuple, out=None, static=(), kwargs=()):
+    """``op``'s lowering (:mod:`hologram_torch.lowering.elementwise`) on ``args``;
+    NotImplemented where it has none (the CPU fallback runs the op)."""
+    return lowered.run(op, args, static, kwargs, out, name)
 
 
-def _unary_fresh(name: str, fn, self: torch.Tensor, result: torch.dtype, extra=()):
-    """``fn(self)`` into a fresh tensor, the kernel remembered under ``self``'s signature so
-    that the next call finds it straight from there (see :func:`_remembered`)."""
-    r = _pointwise(name, fn, (self,), result, extra=extra)
+def _unary_fresh(name: str, op, self: torch.Tensor, static=()):
+    """``op(self)`` into a fresh tensor, the kernel remembered under ``self``'s signature
+    so that the next call finds it straight from there (see :func:`_remembered`)."""
+    r = _lowered(name, op, (self,), static=static)
     if r is not NotImplemented:
-        program.remember((name, extra, self.dtype, self.shape, self.stride()), name,
-                         (_spec(fn, result, None, (), extra),), (self,))
+        program.remember((name, static, self.dtype, self.shape, self.stride()), name,
+                         lowered.spec(op, (self,), static), (self,))
     return r
 
 
-def _remembered(name: str, self: torch.Tensor, extra=()) -> torch.Tensor | None:
+def _remembered(name: str, self: torch.Tensor, static=()) -> torch.Tensor | None:
     """A unary op's fresh result from the kernel :func:`_unary_fresh` remembered, if any:
     the hot path of unary math and activations (no promotion, no general key)."""
-    entry = program.shortcuts.get((name, extra, self.dtype, self.shape, self.stride()))
+    entry = program.shortcuts.get((name, static, self.dtype, self.shape, self.stride()))
     return None if entry is None else program.launch_fresh(entry, (self,))
 
 
@@ -140,16 +140,16 @@ def _shape(*xs) -> tuple[int, ...]:
 
 # --- binary ops -------------------------------------------------------------------------
 
-def _binary(name: str, fn, self, other, alpha=1, out=None, inplace=False,
+def _binary(name: str, op, self, other, alpha=1, out=None, inplace=False,
             floating=False, compare=False):
-    """``fn(a, b)`` (or ``fn(a, b, alpha)``) with broadcasting and promotion, into a new
-    tensor, ``out``, or ``self`` (in place)."""
+    """``op(self, other)`` (or ``op(self, other, alpha)``) with broadcasting and promotion,
+    into a new tensor, ``out``, or ``self`` (in place)."""
     shortcut = None
     if (out is None and not inplace and alpha == 1 and isinstance(other, torch.Tensor)
             and isinstance(self, torch.Tensor) and not other.is_cpu and not self.is_cpu):
         # Two device tensors into a fresh result, the hot case: a signature of the operands
         # finds the kernel without promotion or the general key (see program.shortcuts).
-        shortcut = (name, fn, floating, compare, self.dtype, self.shape, self.stride(),
+        shortcut = (name, op, self.dtype, self.shape, self.stride(),
                     other.dtype, other.shape, other.stride())
         entry = program.shortcuts.get(shortcut)
         if entry is not None:
@@ -160,53 +160,53 @@ def _binary(name: str, fn, self, other, alpha=1, out=None, inplace=False,
         result = torch.get_default_dtype()
     if result not in ISA or (isinstance(alpha, float) and not result.is_floating_point):
         return NotImplemented
-    compute = ISA[common] if compare else _compute(result)
     args = (self, other) if alpha == 1 else (self, other, alpha)
     if inplace:
         _check_inplace(name, self, result, other)
         out = self
     elif out is not None:
         out = _fit_out(out, _shape(self, other))
-    r = _pointwise(name, fn, args, result, compute, None if out is None else (out,))
+    r = _lowered(name, op, args, None if out is None else (out,))
     if shortcut is not None and r is not NotImplemented:
-        program.remember(shortcut, name, (_spec(fn, result, compute),), args)
+        program.remember(shortcut, name, lowered.spec(op, args), args)
     return r if out is None or r is NotImplemented else out
 
 
-def _arithmetic(name: str, fn, fn_alpha=None, floating=False, bool_ok=True):
+def _arithmetic(name: str, floating=False, bool_ok=True, alpha=True):
+    ops = getattr(aten, name)
+
     def ok(self, other):
         return bool_ok or torch.result_type(self, other) is not torch.bool
 
-    if fn_alpha is not None:
+    if alpha:
         def functional(self, other, alpha=1):
             if not ok(self, other):
                 return NotImplemented
-            return _binary(name, fn if alpha == 1 else fn_alpha, self, other, alpha)
+            return _binary(name, ops.Tensor, self, other, alpha)
 
         def inplace(self, other, alpha=1):
             if not ok(self, other):
                 return NotImplemented
-            return _binary(name, fn if alpha == 1 else fn_alpha, self, other, alpha,
-                           inplace=True)
+            return _binary(name, ops.Tensor, self, other, alpha, inplace=True)
 
         def out_variant(self, other, alpha=1, *, out):
             if not ok(self, other):
                 return NotImplemented
-            return _binary(name, fn if alpha == 1 else fn_alpha, self, other, alpha, out)
+            return _binary(name, ops.Tensor, self, other, alpha, out)
     else:
         def functional(self, other):
-            return _binary(name, fn, self, other, floating=floating) if ok(self, other) \
-                else NotImplemented
+            return _binary(name, ops.Tensor, self, other, floating=floating) \
+                if ok(self, other) else NotImplemented
 
         def inplace(self, other):
-            return _binary(name, fn, self, other, inplace=True, floating=floating) \
+            return _binary(name, ops.Tensor, self, other, inplace=True, floating=floating) \
                 if ok(self, other) else NotImplemented
 
         def out_variant(self, other, *, out):
-            return _binary(name, fn, self, other, out=out, floating=floating) \
+            return _binary(name, ops.Tensor, self, other, out=out, floating=floating) \
                 if ok(self, other) else NotImplemented
 
-    op = overload(f"{name}.Tensor")
+    op = ops.Tensor
 
     def hot(self, other, alpha=1):
         # The registered name.Tensor kernel. Two device tensors into a fresh result (the
@@ -215,66 +215,36 @@ def _arithmetic(name: str, fn, fn_alpha=None, floating=False, bool_ok=True):
         # one saves ~6 µs there); the rest goes the general way, then to the CPU fallback.
         if (alpha == 1 and isinstance(other, torch.Tensor) and isinstance(self, torch.Tensor)
                 and not other.is_cpu and not self.is_cpu):
-            entry = program.shortcuts.get((name, fn, floating, False, self.dtype, self.shape,
-                                           self.stride(), other.dtype, other.shape,
-                                           other.stride()))
+            entry = program.shortcuts.get((name, op, self.dtype, self.shape, self.stride(),
+                                           other.dtype, other.shape, other.stride()))
             if entry is not None:
                 return program.launch_fresh(entry, (self, other))
-        r = functional(self, other, alpha) if fn_alpha is not None else functional(self, other)
+        r = functional(self, other, alpha) if alpha_arg else functional(self, other)
         return run_on_cpu(op, self, other, alpha=alpha) if r is NotImplemented else r
 
+    alpha_arg = alpha
     impl(f"{name}.Tensor")(hot)
     native_or_cpu(f"{name}.Scalar")(functional)
     native_or_cpu(f"{name}_.Tensor", f"{name}_.Scalar")(inplace)
     native_or_cpu(f"{name}.out")(out_variant)
 
 
-def _add(g, a, b):
-    return g.binary("or", a, b) if a.dtype is dt.bool_ else a + b
-
-
-def _mul(g, a, b):
-    return g.binary("and", a, b) if a.dtype is dt.bool_ else a * b
-
-
-_arithmetic("add", _add, lambda g, a, b, alpha: _add(g, a, _mul(g, b, cast(alpha, a.dtype))))
-_arithmetic("sub", lambda g, a, b: a - b, lambda g, a, b, alpha: a - b * cast(alpha, a.dtype),
-            bool_ok=False)
-_arithmetic("mul", _mul)
-_arithmetic("div", lambda g, a, b: a / b, floating=True)
-
-
-def torch_max(g, a, b):
-    """PyTorch's CPU maximum of two values: NaN if either is NaN, else the larger and, on a
-    tie, the first operand, so ``max(-0.0, +0.0)`` is -0.0 (``std::max`` in its scalar
-    kernels; clamp, relu6 and hardtanh with number bounds follow it at every size). The
-    ISA's ``max`` orders -0.0 below +0.0 in either order instead (docs/isa.md)."""
-    return _first_on_tie(g, a, b, g.maximum(a, b))
-
-
-def torch_min(g, a, b):
-    """PyTorch's CPU minimum of two values (see :func:`torch_max`)."""
-    return _first_on_tie(g, a, b, g.minimum(a, b))
-
-
-def _first_on_tie(g, a, b, extreme):
-    if not extreme.dtype.is_float:
-        return extreme  # equal integers are the same value
-    return g.where(g.binary("eq", a, b), a, extreme)
+_arithmetic("add")
+_arithmetic("sub", bool_ok=False)
+_arithmetic("mul", alpha=False)
+_arithmetic("div", floating=True, alpha=False)
+torch_max = lowering_ew.torch_max
+torch_min = lowering_ew.torch_min
 
 
 def _minmax(name: str):
-    # One function per op, made once: the builder is part of the compiled-kernel key.
-    pick = torch_max if name == "maximum" else torch_min
-
-    def fn(g, a, b):
-        return pick(g, a, b)
+    op = getattr(aten, name).default
 
     def functional(self, other):
-        return _binary(name, fn, self, other)
+        return _binary(name, op, self, other)
 
     def out_variant(self, other, *, out):
-        return _binary(name, fn, self, other, out=out)
+        return _binary(name, op, self, other, out=out)
 
     native_or_cpu(name)(functional)
     native_or_cpu(f"{name}.out")(out_variant)
@@ -284,59 +254,39 @@ _minmax("maximum")
 _minmax("minimum")
 
 
-def _predicate(name: str, fn, overloads: tuple[str, str, str]) -> None:
+def _predicate(name: str, op, overloads: tuple[str, str, str]) -> None:
     """A boolean-valued binary op (comparisons, logical ops): its functional, out= and
     in-place kernels, registered for the overload suffixes ``overloads`` (each may name
     several, comma-separated)."""
 
     def functional(self, other):
-        return _binary(name, fn, self, other, compare=True)
+        return _binary(name, op, self, other, compare=True)
 
     def out_variant(self, other, *, out):
-        return _binary(name, fn, self, other, out=out, compare=True)
+        return _binary(name, op, self, other, out=out, compare=True)
 
     def inplace(self, other):
-        return _binary(name, fn, self, other, inplace=True, compare=True)
+        return _binary(name, op, self, other, inplace=True, compare=True)
 
     for kernel, suffixes in zip((functional, out_variant, inplace), overloads):
         native_or_cpu(*(name + suffix for suffix in suffixes.split(",")))(kernel)
 
 
-def _comparison(name: str):
-    def fn(g, a, b):
-        return g.binary(name, a, b)
-
-    _predicate(name, fn, (".Tensor,.Scalar", ".Tensor_out,.Scalar_out", "_.Tensor,_.Scalar"))
-
-
 for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
-    _comparison(_name)
+    _predicate(_name, getattr(aten, _name).Tensor,
+               (".Tensor,.Scalar", ".Tensor_out,.Scalar_out", "_.Tensor,_.Scalar"))
 
 
 # --- pow: exponents PyTorch computes specially are specialized at compile time ----------
-
-_POW = {2.0: lambda g, x: x * x, 3.0: lambda g, x: x * x * x,
-        0.5: lambda g, x: g.unary("sqrt", x), -0.5: lambda g, x: g.unary("rsqrt", x),
-        -1.0: lambda g, x: 1.0 / x, -2.0: lambda g, x: 1.0 / (x * x),
-        1.0: lambda g, x: x}
-
-
-def _pow(g, x, exponent):
-    return g.binary("pow", x, exponent)
-
-
-def _pow_scalar(g, x, exponent):
-    return _POW[exponent](g, x)
-
 
 @native_or_cpu("pow.Tensor_Scalar")
 def pow_tensor_scalar(self, exponent):
     result = torch.result_type(self, exponent)
     if not result.is_floating_point or not _native(self) or isinstance(exponent, complex):
         return NotImplemented  # integer pow stays integral in torch: exact on the CPU
-    if float(exponent) in _POW:
-        return _pointwise("pow", _pow_scalar, (self,), result, extra=(float(exponent),))
-    return _pointwise("pow", _pow, (self, float(exponent)), result)
+    if float(exponent) in lowering_ew.POW:
+        return _lowered("pow", aten.pow.Tensor_Scalar, (self,), static=(float(exponent),))
+    return _lowered("pow", aten.pow.Tensor_Scalar, (self, exponent))
 
 
 @native_or_cpu("pow.Tensor_Tensor")
@@ -344,41 +294,36 @@ def pow_tensor_tensor(self, exponent):
     result = torch.result_type(self, exponent)
     if not result.is_floating_point or not _native(self, exponent):
         return NotImplemented
-    return _pointwise("pow", _pow, (self, exponent), result)
+    return _lowered("pow", aten.pow.Tensor_Tensor, (self, exponent))
 
 
 # --- unary math -------------------------------------------------------------------------
 
-def _unary(name: str, fn, floating: bool, int_fn=None, bools: bool = False):
-    """``name``, ``name_`` and ``name.out``. ``floating``: integer inputs give the default
-    float dtype (``exp(int)``); otherwise the dtype is kept, and ``int_fn`` (if any) is
-    the function for integers (``floor`` of an integer is itself)."""
+def _unary(name: str, floating: bool, bools: bool = False):
+    """``name``, ``name_`` and ``name.out`` (the math: the lowering of ``name``).
+    ``floating``: integer inputs give the default float dtype (``exp(int)``); otherwise
+    the dtype is kept."""
+    op = overload(name)
 
     def plan(self):
         if not _native(self) or (self.dtype is torch.bool and not (floating or bools)):
             return None
         if self.dtype.is_floating_point or not floating:
-            result = self.dtype
-        else:
-            result = torch.get_default_dtype()
-        f = int_fn if int_fn is not None and not self.dtype.is_floating_point else fn
-        return f, result
+            return self.dtype
+        return torch.get_default_dtype()
 
     def inplace(self):
-        p = plan(self)
-        if p is None or p[1] is not self.dtype:
+        result = plan(self)
+        if result is None or result is not self.dtype:
             return NotImplemented
-        _check_inplace(name, self, p[1])
-        return _pointwise(name, p[0], (self,), p[1], out=(self,))
+        _check_inplace(name, self, result)
+        return _lowered(name, op, (self,), out=(self,))
 
     def out_variant(self, *, out):
-        p = plan(self)
-        if p is None:
+        if plan(self) is None:
             return NotImplemented
-        r = _pointwise(name, p[0], (self,), p[1], out=(_fit_out(out, self.shape),))
+        r = _lowered(name, op, (self,), out=(_fit_out(out, self.shape),))
         return r if r is NotImplemented else out
-
-    op = overload(name)
 
     def functional(self):
         # The registered kernel: a remembered kernel with no other Python frame (see the
@@ -386,8 +331,7 @@ def _unary(name: str, fn, floating: bool, int_fn=None, bools: bool = False):
         entry = program.shortcuts.get((name, (), self.dtype, self.shape, self.stride()))
         if entry is not None:
             return program.launch_fresh(entry, (self,))
-        p = plan(self)
-        r = NotImplemented if p is None else _unary_fresh(name, p[0], self, p[1])
+        r = NotImplemented if plan(self) is None else _unary_fresh(name, op, self)
         return run_on_cpu(op, self) if r is NotImplemented else r
 
     impl(name)(functional)
@@ -395,57 +339,29 @@ def _unary(name: str, fn, floating: bool, int_fn=None, bools: bool = False):
     native_or_cpu(f"{name}.out")(out_variant)
 
 
-def _identity(g, x):
-    return x
-
-
 for _name in ("exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt", "sin",
-              "cos", "tanh", "sigmoid", "erf"):
-    _unary(_name, (lambda op: lambda g, x: g.unary(op, x))(_name), floating=True)
-for _name in ("floor", "ceil", "round", "trunc"):
-    _unary(_name, (lambda op: lambda g, x: g.unary(op, x))(_name), floating=False,
-           int_fn=_identity)
-for _name in ("neg", "abs"):
-    _unary(_name, (lambda op: lambda g, x: g.unary(op, x))(_name), floating=False)
-
-
-def _sign(g, x):
-    # torch: sign(NaN) = 0 and sign(-0.0) = +0.0 (the ISA's sign keeps both)
-    if not x.dtype.is_float:
-        return g.unary("sign", x)
-    return g.cast(g.binary("gt", x, 0.0), x.dtype) - g.cast(g.binary("lt", x, 0.0), x.dtype)
-
-
-_unary("sign", _sign, floating=False)
-_unary("reciprocal", lambda g, x: 1.0 / x, floating=True)
+              "cos", "tanh", "sigmoid", "erf", "reciprocal"):
+    _unary(_name, floating=True)
+for _name in ("floor", "ceil", "round", "trunc", "neg", "abs", "sign"):
+    _unary(_name, floating=False)
 
 
 # --- selection: where, masked_fill, clamp -----------------------------------------------
 
-def _where(g, cond, a, b):
-    return g.where(cond, a, b)
-
-
 @native_or_cpu("where.self")
 def where(condition, self, other):
-    result = torch.result_type(self, other)
     if condition.dtype is not torch.bool or not _native(self, other):
         return NotImplemented
-    return _pointwise("where", _where, (condition, self, other), result, keep=(0,))
+    return _lowered("where", aten.where.self, (condition, self, other))
 
 
 @native_or_cpu("where.self_out")
 def where_out(condition, self, other, *, out):
-    result = torch.result_type(self, other)
     if condition.dtype is not torch.bool or not _native(self, other):
         return NotImplemented
-    r = _pointwise("where", _where, (condition, self, other), result, keep=(0,),
-                   out=(_fit_out(out, _shape(condition, self, other)),))
+    r = _lowered("where", aten.where.self, (condition, self, other),
+                 out=(_fit_out(out, _shape(condition, self, other)),))
     return r if r is NotImplemented else out
-
-
-def _masked_fill(g, self, mask, value):
-    return g.where(mask, value, self)
 
 
 def _fill_plan(self, mask, value):
@@ -469,7 +385,7 @@ def masked_fill(self, mask, value):
     value = _fill_plan(self, mask, value)
     if value is None:
         return NotImplemented
-    return _pointwise("masked_fill", _masked_fill, (self, mask, value), self.dtype, keep=(1,))
+    return _lowered("masked_fill", aten.masked_fill.Scalar, (self, mask, value))
 
 
 @native_or_cpu("masked_fill_.Scalar", "masked_fill_.Tensor")
@@ -478,23 +394,11 @@ def masked_fill_(self, mask, value):
     if value is None:
         return NotImplemented
     _check_inplace("masked_fill_", self, self.dtype, mask)
-    return _pointwise("masked_fill", _masked_fill, (self, mask, value), self.dtype,
-                      keep=(1,), out=(self,))
-
-
-def _clamp(g, x, *bounds_and_which):
-    *bounds, which = bounds_and_which
-    bounds = iter(bounds)
-    if "min" in which:
-        x = torch_max(g, x, next(bounds))
-    if "max" in which:
-        x = torch_min(g, x, next(bounds))
-    return x
+    return _lowered("masked_fill", aten.masked_fill.Scalar, (self, mask, value), out=(self,))
 
 
 def _clamp_call(name, self, lo, hi, out=None, inplace=False):
-    which = ("min" if lo is not None else "") + ("max" if hi is not None else "")
-    if not which:
+    if lo is None and hi is None:
         return NotImplemented  # torch raises: at least one bound is required
     bounds = tuple(b for b in (lo, hi) if b is not None)
     result = self.dtype
@@ -507,8 +411,11 @@ def _clamp_call(name, self, lo, hi, out=None, inplace=False):
         out = self
     elif out is not None:
         out = _fit_out(out, _shape(self, *bounds))
-    r = _pointwise(name, _clamp, (self, *bounds), result, extra=(which,),
-                   out=None if out is None else (out,))
+    # the bounds given, by name (None bounds are compile-time: part of the kernel's key)
+    op, args = ((aten.clamp_min.default, (self, lo)) if hi is None else
+                (aten.clamp_max.default, (self, hi)) if lo is None else
+                (aten.clamp.default, (self, lo, hi)))
+    r = _lowered(name, op, args, out=None if out is None else (out,))
     return r if out is None or r is NotImplemented else out
 
 
@@ -564,9 +471,10 @@ def _float(*xs) -> bool:
                for x in xs)
 
 
-def _activation(name: str, fn, *, inplace: bool = True, ints: bool = False, defaults=()):
+def _activation(name: str, *, inplace: bool = True, ints: bool = False, defaults=()):
     """``name(self, *scalars)`` (and ``name_``): float inputs (ints too if ``ints``).
     ``defaults``: the schema's default scalars (a boxed call may leave them out)."""
+    op = overload(name)
 
     def functional(self, *scalars):
         if not scalars and not defaults:
@@ -577,64 +485,46 @@ def _activation(name: str, fn, *, inplace: bool = True, ints: bool = False, defa
         if not (_float(self) or (ints and _native(self) and self.dtype is not torch.bool)):
             return NotImplemented
         if not scalars:
-            return _unary_fresh(name, fn, self, self.dtype)
-        return _pointwise(name, fn, (self, *scalars), self.dtype)
+            return _unary_fresh(name, op, self)
+        return _lowered(name, op, (self, *scalars))
 
     def in_place(self, *scalars):
         scalars = scalars + defaults[len(scalars):]
         if not (_float(self) or (ints and _native(self) and self.dtype is not torch.bool)):
             return NotImplemented
         _check_inplace(f"{name}_", self, self.dtype)
-        return _pointwise(name, fn, (self, *scalars), self.dtype, out=(self,))
+        return _lowered(name, op, (self, *scalars), out=(self,))
 
     native_or_cpu(name)(functional)
     if inplace:
         native_or_cpu(f"{name}_")(in_place)
 
 
-def _backward(name: str, fn):
-    """``name(grad_output, saved, *scalars)``: the gradient, in grad_output's dtype."""
+def _backward(name: str):
+    """``name(grad_output, saved, *scalars)``: the gradient (float operands)."""
+    op = overload(name)
 
     def kernel(grad_output, saved, *scalars):
         if not _float(grad_output, saved):
             return NotImplemented
-        return _pointwise(name, fn, (grad_output, saved, *scalars),
-                          torch.promote_types(grad_output.dtype, saved.dtype))
+        return _lowered(name, op, (grad_output, saved, *scalars))
 
     native_or_cpu(name)(kernel)
 
 
-def _relu(g, x):
-    # where(x < 0, 0, x), not max(x, 0): torch keeps NaN and -0.0
-    return g.where(g.binary("lt", x, 0), 0, x)
+_activation("relu", ints=True)
+_activation("silu")
+_activation("leaky_relu", defaults=(0.01,))
+_activation("hardtanh", ints=True, defaults=(-1, 1))
+for _name in ("threshold_backward", "silu_backward", "sigmoid_backward", "tanh_backward",
+              "hardtanh_backward"):
+    _backward(_name)
 
-
-def _sigmoid_backward(g, grad, y):
-    return grad * (1.0 - y) * y
-
-
-def _tanh_backward(g, grad, y):
-    return grad * (1.0 - y * y)
-
-
-_activation("relu", _relu, ints=True)
-_backward("threshold_backward",
-          lambda g, grad, x, threshold: g.where(g.binary("le", x, threshold), 0.0, grad))
-_activation("silu", lambda g, x: x * g.unary("sigmoid", x))
-
-
-def _silu_backward(g, grad, x):
-    s = g.unary("sigmoid", x)
-    return grad * s * (x * (1.0 - s) + 1.0)
-
-
-_backward("silu_backward", _silu_backward)
-_backward("sigmoid_backward", _sigmoid_backward)
-_backward("tanh_backward", _tanh_backward)
-
-
-def _gelu(g, x, approximate):
-    return functional.gelu(x, approximate)
+# the math of activations, for hologram_torch.functional's autograd functions
+_relu = lowering_ew.relu_math
+_sigmoid_backward = lowering_ew.sigmoid_backward_math
+_tanh_backward = lowering_ew.tanh_backward_math
+_gelu_backward = lowering_ew.gelu_backward_math
 
 
 @native_or_cpu("gelu")
@@ -644,87 +534,49 @@ def gelu(self, approximate="none"):
         return r
     if not _float(self):
         return NotImplemented
-    return _unary_fresh("gelu", _gelu, self, self.dtype, (approximate,))
+    return _unary_fresh("gelu", aten.gelu.default, self, (approximate,))
 
 
 @native_or_cpu("gelu_")
 def gelu_(self, approximate="none"):
     if not _float(self):
         return NotImplemented
-    return _pointwise("gelu", _gelu, (self,), self.dtype, extra=(approximate,), out=(self,))
-
-
-def _gelu_backward(g, grad, x, approximate):
-    if approximate == "tanh":
-        k = math.sqrt(2.0 / math.pi)
-        t = g.unary("tanh", (x + x * x * x * 0.044715) * k)
-        inner = (x * x * (3 * 0.044715) + 1.0) * k
-        return grad * ((t + 1.0) * 0.5 + x * 0.5 * (1.0 - t * t) * inner)
-    cdf = (g.unary("erf", x * (1.0 / math.sqrt(2.0))) + 1.0) * 0.5
-    pdf = g.unary("exp", x * x * -0.5) * (1.0 / math.sqrt(2.0 * math.pi))
-    return grad * (cdf + x * pdf)
+    return _lowered("gelu", aten.gelu.default, (self,), static=(approximate,), out=(self,))
 
 
 @native_or_cpu("gelu_backward")
 def gelu_backward(grad_output, self, approximate="none"):
     if not _float(grad_output, self):
         return NotImplemented
-    return _pointwise("gelu_backward", _gelu_backward, (grad_output, self),
-                      grad_output.dtype, extra=(approximate,))
-
-
-def _leaky_relu(g, x, slope):
-    return g.where(g.binary("gt", x, 0.0), x, x * slope)
-
-
-_activation("leaky_relu", _leaky_relu, defaults=(0.01,))
+    return _lowered("gelu_backward", aten.gelu_backward.default, (grad_output, self),
+                    static=(approximate,))
 
 
 @native_or_cpu("leaky_relu_backward")
 def leaky_relu_backward(grad_output, self, negative_slope, self_is_result):
     if not _float(grad_output, self):
         return NotImplemented
-    return _pointwise("leaky_relu_backward", _leaky_relu_backward,
-                      (grad_output, self, negative_slope), grad_output.dtype)
-
-
-def _leaky_relu_backward(g, grad, x, slope):
-    return g.where(g.binary("gt", x, 0.0), grad, grad * slope)
-
-
-def _hardtanh(g, x, lo, hi):
-    return torch_min(g, torch_max(g, x, lo), hi)
-
-
-_activation("hardtanh", _hardtanh, ints=True, defaults=(-1, 1))
-
-
-def _hardtanh_backward(g, grad, x, lo, hi):
-    outside = g.binary("or", g.binary("le", x, lo), g.binary("ge", x, hi))
-    return g.where(outside, 0.0, grad)
-
-
-_backward("hardtanh_backward", _hardtanh_backward)
+    return _lowered("leaky_relu_backward", aten.leaky_relu_backward.default,
+                    (grad_output, self, negative_slope), static=(bool(self_is_result),))
 
 
 # --- bitwise and logical ops, isnan -------------------------------------------------------
 
-def _bitwise(name: str, op: str):
-    def fn(g, a, b):
-        return g.binary(op, a, b)
+def _bitwise(name: str):
+    op = getattr(aten, name).Tensor
 
     def ok(self, other):
         return not torch.result_type(self, other).is_floating_point
 
     def functional(self, other):
-        return _binary(name, fn, self, other) if ok(self, other) else NotImplemented
+        return _binary(name, op, self, other) if ok(self, other) else NotImplemented
 
     def inplace(self, other):
-        return _binary(name, fn, self, other, inplace=True) if ok(self, other) \
+        return _binary(name, op, self, other, inplace=True) if ok(self, other) \
             else NotImplemented
 
     def out_variant(self, other, *, out):
-        return _binary(name, fn, self, other, out=out) if ok(self, other) else NotImplemented
+        return _binary(name, op, self, other, out=out) if ok(self, other) else NotImplemented
 
     native_or_cpu(f"{name}.Tensor", f"{name}.Scalar")(functional)
     native_or_cpu(f"{name}_.Tensor", f"{name}_.Scalar")(inplace)
@@ -732,64 +584,35 @@ def _bitwise(name: str, op: str):
 
 
 for _name in ("and", "or", "xor"):
-    _bitwise(f"bitwise_{_name}", _name)
-
-
-def _truth(g, x):
-    return x if x.dtype is dt.bool_ else g.binary("ne", x, 0)
-
-
-def _logical(name: str, op: str):
-    def fn(g, a, b):
-        return g.binary(op, _truth(g, a), _truth(g, b))
-
-    _predicate(name, fn, ("", ".out", "_"))
-
-
-for _name in ("and", "or", "xor"):
-    _logical(f"logical_{_name}", _name)
-
-
-def _logical_not(g, x):
-    return g.unary("not", _truth(g, x))
+    _bitwise(f"bitwise_{_name}")
+    _predicate(f"logical_{_name}", getattr(aten, f"logical_{_name}").default, ("", ".out", "_"))
 
 
 @native_or_cpu("logical_not")
 def logical_not(self):
-    return _pointwise("logical_not", _logical_not, (self,), torch.bool, ISA.get(self.dtype))
+    return _lowered("logical_not", aten.logical_not.default, (self,))
 
 
 @native_or_cpu("logical_not.out")
 def logical_not_out(self, *, out):
-    r = _pointwise("logical_not", _logical_not, (self,), torch.bool, ISA.get(self.dtype),
-                   out=(_fit_out(out, self.shape),))
+    r = _lowered("logical_not", aten.logical_not.default, (self,),
+                 out=(_fit_out(out, self.shape),))
     return r if r is NotImplemented else out
 
 
-def _bitwise_not(g, x):
-    return g.unary("not", x)
-
-
-_unary("bitwise_not", _bitwise_not, floating=False, bools=True)
+_unary("bitwise_not", floating=False, bools=True)
 
 
 @native_or_cpu("isnan")
 def isnan(self):
-    return _pointwise("isnan", _isnan, (self,), torch.bool, ISA.get(self.dtype))
+    return _lowered("isnan", aten.isnan.default, (self,))
 
 
-def _isnan(g, x):
-    return g.binary("ne", x, x)
-
-
-def _infinity_test(name: str, value: float):
-    def fn(g, x):
-        return g.binary("eq", x, value)
+def _infinity_test(name: str):
+    op = overload(name)
 
     def functional(self):
-        if not self.dtype.is_floating_point:  # integers are never infinite
-            return _pointwise(name, _isnan, (self,), torch.bool, ISA.get(self.dtype))
-        return _pointwise(name, fn, (self,), torch.bool, ISA.get(self.dtype))
+        return _lowered(name, op, (self,))
 
     def out_variant(self, *, out):
         r = functional(self)
@@ -802,5 +625,5 @@ def _infinity_test(name: str, value: float):
     native_or_cpu(f"{name}.out")(out_variant)
 
 
-_infinity_test("isposinf", math.inf)
-_infinity_test("isneginf", -math.inf)
+_infinity_test("isposinf")
+_infinity_test("isneginf")

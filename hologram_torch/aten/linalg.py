@@ -1,7 +1,9 @@
 """Matrix products: ``mm``, ``bmm``, ``addmm``, ``baddbmm``, ``addbmm``, ``mv``, ``addmv``,
 ``dot`` and ``vdot``, with their ``.out`` and in-place overloads.
 
-Every product is one ``Graph.matmul``: a ``contract`` op that the CPU backend hands to
+The math of every product is its entry in :mod:`hologram_torch.lowering.linalg` (the table
+torch.compile lowers through too). Every product is one ``Graph.matmul``: a ``contract`` op
+that the CPU backend hands to
 BLAS (``hologram.backends.cpu.gemm``) when the dtype is float32/float64 and both operands
 have a unit stride in one of their two matrix dimensions (transposed views qualify).
 Float operands that do not (e.g. a slice with a step) are made contiguous by a separate
@@ -37,14 +39,15 @@ from collections.abc import Callable, Sequence
 import torch
 from torch.utils._pytree import tree_map
 
-from hologram.isa import dtypes as dt
 from hologram_torch import memory
 from hologram_torch.aten import program
-from hologram_torch.aten.program import ISA, cast, opmath
-from hologram_torch.aten.registry import impl, overload
+from hologram_torch.aten.program import ISA
+from hologram_torch.aten.registry import aten, impl, overload
 from hologram_torch.aten.tensor import copy_into
 from hologram_torch.constants import NAME
 from hologram_torch.fallback import run_on_cpu
+from hologram_torch.lowering import Number, lower
+from hologram_torch.lowering import linalg as lowering_linalg
 
 OPINFO = ("mm", "bmm", "addmm", "addmm.decomposed", "addmv", "addbmm", "baddbmm", "dot",
           "vdot", "mv", "matmul", "__rmatmul__", "nn.functional.linear", "einsum",
@@ -154,63 +157,34 @@ def kernels(name: str, fn: Callable) -> None:
     impl(inplace_name)(inplace)
 
 
-# --- builders ---------------------------------------------------------------------------
-
-def _product(g, a, b, dtype: dt.DType):
-    """``a @ b`` in the op-math dtype of ``dtype``."""
-    math_dtype = opmath(dtype)
-    return g.matmul(cast(a, math_dtype), cast(b, math_dtype))
-
+# --- builders: the lowering table's entries (hologram_torch.lowering.linalg) -------------
 
 def _product_build(g, a, b, dtype):
-    return _product(g, a, b, dtype)
+    """``a @ b`` in opmath (the product of every product entry; ``dtype``, the operands',
+    is part of the kernel's key)."""
+    return lowering_linalg.product(g, a, b)
+
+
+def _scalar(x, mode: str):
+    """beta/alpha for a lowering: the Python number its mode names (0 or 1: specialised),
+    else the runtime value."""
+    return 0 if mode == "zero" else 1 if mode == "one" else Number.of(x)
 
 
 def _affine_build(g, bias, a, b, beta, alpha, dtype, beta_mode, alpha_one, fold_batch):
     """``beta * bias + alpha * (a @ b)`` in one program (the generated-loop dtypes);
     ``fold_batch``: ``addbmm`` in a half type (other dtypes fold the batch into the GEMM
     before the program)."""
+    beta, alpha = _scalar(beta, beta_mode), _scalar(alpha, "one" if alpha_one else "scale")
     if fold_batch:
-        return _addbmm_rounded(g, bias, a, b, beta, alpha, dtype, beta_mode, alpha_one)
-    return _epilogue_build(g, bias, _product(g, a, b, dtype), beta, alpha, beta_mode,
-                           alpha_one)
+        return lower(aten.addbmm.default, g, bias, a, b, beta=beta, alpha=alpha)
+    return lowering_linalg.epilogue(g, bias, lowering_linalg.product(g, a, b), beta, alpha)
 
 
 def _epilogue_build(g, bias, product, beta, alpha, beta_mode, alpha_one):
-    """``beta * bias + alpha * product``; ``beta_mode`` is "zero" (bias ignored, as torch
-    documents), "one" or "scale"."""
-    math_dtype = opmath(product.dtype)
-    product = cast(product, math_dtype)
-    if not alpha_one:
-        product = product * cast(alpha, math_dtype)
-    if beta_mode == "zero":
-        return product
-    bias = cast(bias, math_dtype)
-    if beta_mode == "scale":
-        bias = bias * cast(beta, math_dtype)
-    return bias + product
-
-
-def _addbmm_rounded(g, bias, a, b, beta, alpha, dtype, beta_mode, alpha_one):
-    """``addbmm`` in float16/bfloat16 as torch's CPU computes it: one ``addmm_`` per batch
-    entry, so the sum is rounded to ``dtype`` after every step (a single float32 sum
-    differs by several ulps). The products are one batched GEMM; the steps are
-    elementwise kernels, as many as there are batch entries."""
-    math_dtype = opmath(dtype)
-    products = _product(g, a, b, dtype)
-    if not alpha_one:
-        products = products * cast(alpha, math_dtype)
-    acc = None
-    if beta_mode != "zero":
-        acc = cast(bias, math_dtype)
-        acc = acc * cast(beta, math_dtype) if beta_mode == "scale" else acc
-        acc = acc.broadcast_to(products.shape[1:])
-    for i in range(products.shape[0]):
-        acc = products[i] if acc is None else acc + products[i]
-        acc = cast(cast(acc, dtype), math_dtype)
-    if acc is None:  # no batch entries and beta == 0: zeros
-        acc = cast(g.arange(1), math_dtype)[0].broadcast_to(products.shape[1:])
-    return acc
+    """``beta * bias + alpha * product`` (the add* products' epilogue after BLAS)."""
+    return lowering_linalg.epilogue(g, bias, product, _scalar(beta, beta_mode),
+                                    _scalar(alpha, "one" if alpha_one else "scale"))
 
 
 # --- kernels ----------------------------------------------------------------------------

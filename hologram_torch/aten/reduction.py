@@ -2,8 +2,9 @@
 ``dim``), ``argmax``/``argmin``, ``var``/``std`` (and ``var_mean``/``std_mean``) and
 ``linalg_vector_norm``.
 
-Each kernel normalizes its ``dim``/``keepdim``/``dtype`` arguments with :func:`_dims`
-and builds one reduction program. Semantics follow torch's CPU kernels:
+Each kernel normalizes its ``dim`` argument with :func:`_dims` and runs the op's entry in
+:mod:`hologram_torch.lowering.reduction` (the table torch.compile lowers through too).
+Semantics follow torch's CPU kernels:
 
 * integer and bool sums accumulate (and return) int64; half types accumulate in float32
   (:func:`program.opmath`) and round once at the end;
@@ -21,13 +22,10 @@ family).
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from hologram.isa import dtypes as dt
-from hologram_torch.aten import program
-from hologram_torch.aten.program import ISA, cast, opmath
+from hologram_torch.aten import lowered, program
+from hologram_torch.aten.program import ISA
 from hologram_torch.aten.registry import aten, impl, native_or_cpu
 from hologram_torch.fallback import run_on_cpu
 
@@ -75,28 +73,19 @@ def _float_result(x: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype | N
 
 # --- sum / mean ---------------------------------------------------------------------------
 
-def _sum_build(g, x, axes, keepdim, out, scale):
-    """sum(x) over axes in ``out``'s accumulation dtype, times ``scale`` (mean: 1/n as a
-    division so that 0/0 is NaN, as in torch)."""
-    acc = opmath(out) if out.is_float else dt.int64
-    total = g.reduce("sum", cast(cast(x, out), acc), axes, keepdim)
-    if scale is not None:
-        total = total / scale
-    return cast(total, out)
-
-
-def _sum_dtype(x: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
-    if dtype is not None:
-        return dtype
-    return x.dtype if x.dtype.is_floating_point or x.dtype.is_complex else torch.int64
+def _run(op, x, static, kwargs=(), out=None, name=None):
+    """``op``'s lowering (:mod:`hologram_torch.lowering.reduction`) on ``x``."""
+    return lowered.run(op, (x,), static, kwargs, out, name)
 
 
 @impl("sum.dim_IntList")
 def sum_dim(x, dim, keepdim=False, dtype=None):
-    axes, out = _dims(x, dim), _sum_dtype(x, dtype)
-    if axes is None or not program.supported(x) or out not in ISA or out is torch.bool:
+    axes = _dims(x, dim)
+    r = NotImplemented if axes is None else _run(aten.sum.dim_IntList, x, (axes, keepdim),
+                                                 (("dtype", dtype),))
+    if r is NotImplemented:
         return run_on_cpu(aten.sum.dim_IntList, x, dim, keepdim, dtype=dtype)
-    return program.run("sum", _sum_build, (x,), (axes, keepdim, ISA[out], None))
+    return r
 
 
 @impl("sum")
@@ -106,11 +95,12 @@ def sum_all(x, dtype=None):
 
 @impl("mean.dim")
 def mean_dim(x, dim, keepdim=False, dtype=None):
-    axes, out = _dims(x, dim), _float_result(x, dtype)
-    if axes is None or out is None:
+    axes = _dims(x, dim)
+    r = NotImplemented if axes is None else _run(aten.mean.dim, x, (axes, keepdim),
+                                                 (("dtype", dtype),))
+    if r is NotImplemented:
         return run_on_cpu(aten.mean.dim, x, dim, keepdim, dtype=dtype)
-    count = math.prod(x.shape[d] for d in axes)
-    return program.run("mean", _sum_build, (x,), (axes, keepdim, ISA[out], count))
+    return r
 
 
 @impl("mean")
@@ -139,16 +129,16 @@ def _into(out: torch.Tensor, x: torch.Tensor, shape: tuple[int, ...]) -> bool:
 
 def _sum_out(name: str, fallback, mean: bool):
     """sum/mean with ``out=``: torch accumulates in ``dtype``, else in out's dtype."""
+    op = aten.mean.dim if mean else aten.sum.dim_IntList
 
     @impl(name)
     def kernel(x, dim, keepdim=False, *, dtype=None, out):
         axes, want = _dims(x, dim), dtype or out.dtype
-        if (axes is None or not program.supported(x) or want not in ISA or want is torch.bool
-                or want != out.dtype or (mean and _float_result(x, dtype) is None)
-                or not _into(out, x, _reduced_shape(x, axes, keepdim))):
+        if (axes is None or want != out.dtype or (mean and _float_result(x, dtype) is None)
+                or not _into(out, x, _reduced_shape(x, axes, keepdim))
+                or _run(op, x, (axes, keepdim), (("dtype", want),), (out,), name)
+                is NotImplemented):
             return run_on_cpu(fallback, x, dim, keepdim, dtype=dtype, out=out)
-        count = math.prod(x.shape[d] for d in axes) if mean else None
-        program.run(name, _sum_build, (x,), (axes, keepdim, ISA[want], count), out=(out,))
         return out
 
     return kernel
@@ -160,59 +150,30 @@ mean_out = _sum_out("mean.out", aten.mean.out, mean=True)
 
 # --- extremes -----------------------------------------------------------------------------
 
-def _extreme_build(g, x, kind, axes, keepdim):
-    return g.reduce(kind, x, axes, keepdim)
-
-
-def _arg_operand(g, x):
-    """x prepared for argmax/argmin: bools as integers; -0.0 as +0.0, because torch treats
-    the zeros as equal (the first wins) while the ISA orders -0.0 below +0.0."""
-    if x.dtype.is_bool:
-        return cast(x, dt.uint8)
-    if x.dtype.is_float:
-        return g.where(g.binary("eq", x, 0.0), 0.0, x)
-    return x
-
-
-def _arg_reduce(g, x, kind, axes, keepdim):
-    """argmax/argmin (of a 0-d tensor: 0)."""
-    return g.reduce(kind, _arg_operand(g, x), axes, keepdim)
-
-
-def _value_index_build(g, x, kind, axes, keepdim):
-    return g.reduce(kind, x, axes, keepdim), _arg_reduce(g, x, f"arg{kind}", axes, keepdim)
-
-
-def _extreme(name: str, kind: str, build, x, dim, keepdim, fallback, *fallback_args):
-    """Run ``build`` for a max/min-like reduction, or the CPU fallback for what torch
+def _extreme(name: str, op, x, dim, keepdim, fallback, *fallback_args):
+    """``op``'s lowering for a max/min-like reduction, or the CPU fallback for what torch
     rejects (bad dims, empty rows) or cannot do natively."""
     axes = _dims(x, dim)
-    if axes is None or not _nonempty(x, axes) or not program.supported(x):
-        return run_on_cpu(fallback, x, *fallback_args)
-    return program.run(name, build, (x,), (kind, axes, keepdim))
+    r = NotImplemented if axes is None else _run(op, x, (axes, keepdim), name=name)
+    return run_on_cpu(fallback, x, *fallback_args) if r is NotImplemented else r
 
 
 def _register_extremes(kind: str) -> None:
     ops = getattr(aten, kind), getattr(aten, f"a{kind}"), getattr(aten, f"arg{kind}")
 
     def amax(x, dim=(), keepdim=False):
-        return _extreme(f"a{kind}", kind, _extreme_build, x, dim, keepdim, ops[1].default,
+        return _extreme(f"a{kind}", ops[1].default, x, dim, keepdim, ops[1].default,
                         dim, keepdim)
 
     def full(x):
-        return _extreme(kind, kind, _extreme_build, x, None, False, ops[0].default)
+        return _extreme(kind, ops[1].default, x, None, False, ops[0].default)
 
     def with_dim(x, dim, keepdim=False):
-        return _extreme(f"{kind}.dim", kind, _value_index_build, x, dim, keepdim,
-                        ops[0].dim, dim, keepdim)
+        return _extreme(f"{kind}.dim", ops[0].dim, x, dim, keepdim, ops[0].dim, dim, keepdim)
 
     def argmax(x, dim=None, keepdim=False):
-        if x.dtype is torch.bool:  # torch has no bool argmax/argmin: it raises
-            return run_on_cpu(ops[2].default, x, dim, keepdim)
-        # dim=None: an index into the row-major flattening, as the ISA's argmax over
-        # several axes gives it (with keepdim, every dimension kept as size 1, as torch)
-        return _extreme(f"arg{kind}", f"arg{kind}", _arg_reduce, x, dim, keepdim,
-                        ops[2].default, dim, keepdim)
+        return _extreme(f"arg{kind}", ops[2].default, x, dim, keepdim, ops[2].default,
+                        dim, keepdim)
 
     impl(f"a{kind}")(amax)
     impl(kind)(full)
@@ -226,36 +187,16 @@ _register_extremes("min")
 
 # --- variance -----------------------------------------------------------------------------
 
-def _moments(g, x, axes, keepdim, divisor):
-    """(variance, mean) over axes by two passes in opmath: mean first, then the mean of
-    squared deviations over ``divisor`` (n - correction, at least 0: 0 gives inf/NaN)."""
-    x = cast(x, opmath(x.dtype))
-    count = math.prod(x.shape[d] for d in axes)
-    mean = g.reduce("sum", x, axes, True) / count
-    d = x - mean
-    var = g.reduce("sum", d * d, axes, keepdim) / divisor
-    if not keepdim:
-        mean = mean.reshape(*var.shape)
-    return var, mean
-
-
-def _var_build(g, x, axes, keepdim, divisor, root, with_mean):
-    var, mean = _moments(g, x, axes, keepdim, divisor)
-    result = g.unary("sqrt", var) if root else var
-    result = cast(result, x.dtype)
-    return (result, cast(mean, x.dtype)) if with_mean else result
-
-
-def _variance(name: str, fallback, root: bool, with_mean: bool):
+def _variance(name: str, op, root: bool, with_mean: bool):
     def kernel(x, dim=None, *, correction=None, keepdim=False):
         axes = _dims(x, dim)
-        if axes is None or _float_result(x, None) is None:
-            return run_on_cpu(fallback, x, dim, correction=correction, keepdim=keepdim)
-        count = math.prod(x.shape[d] for d in axes)
-        divisor = float(max(count - (1 if correction is None else correction), 0))
-        return program.run(name, _var_build, (x,), (axes, keepdim, divisor, root, with_mean))
+        r = NotImplemented if axes is None else _run(
+            op, x, (axes,), (("correction", correction), ("keepdim", keepdim)), name=name)
+        if r is NotImplemented:
+            return run_on_cpu(op, x, dim, correction=correction, keepdim=keepdim)
+        return r
 
-    impl(str(fallback).removeprefix("aten."))(kernel)
+    impl(str(op).removeprefix("aten."))(kernel)
     return kernel
 
 
@@ -267,34 +208,16 @@ std_mean = _variance("std_mean", aten.std_mean.correction, True, True)
 
 # --- norms --------------------------------------------------------------------------------
 
-def _norm_build(g, x, ord, axes, keepdim, out):
-    x = cast(cast(x, out), opmath(out))
-    a = abs(x)
-    if ord == math.inf:
-        r = g.reduce("max", a, axes, keepdim)
-    elif ord == -math.inf:
-        r = g.reduce("min", a, axes, keepdim)
-    elif ord == 0:
-        r = g.reduce("sum", cast(g.binary("ne", x, 0.0), a.dtype), axes, keepdim)
-    elif ord == 1:
-        r = g.reduce("sum", a, axes, keepdim)
-    elif ord == 2:
-        r = g.unary("sqrt", g.reduce("sum", x * x, axes, keepdim))
-    else:
-        r = g.binary("pow", g.reduce("sum", g.binary("pow", a, ord), axes, keepdim),
-                     1.0 / ord)
-    return cast(r, out)
-
-
 @impl("linalg_vector_norm")
 def linalg_vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
-    axes, out = _dims(x, dim), _float_result(x, dtype)
-    # Norms without an identity (negative and infinite orders) reject empty rows.
-    if (axes is None or out is None or not isinstance(ord, (int, float))
-            or ((ord < 0 or math.isinf(ord)) and not _nonempty(x, axes))):
+    axes = _dims(x, dim)
+    r = NotImplemented
+    if axes is not None and isinstance(ord, (int, float)):
+        r = _run(aten.linalg_vector_norm.default, x, (float(ord), axes, keepdim),
+                 (("dtype", dtype),), name="vector_norm")
+    if r is NotImplemented:
         return run_on_cpu(aten.linalg_vector_norm.default, x, ord, dim, keepdim, dtype=dtype)
-    return program.run("vector_norm", _norm_build, (x,),
-                       (float(ord), axes, keepdim, ISA[out]))
+    return r
 
 
 __all__ = ["OPINFO", "linalg_vector_norm", "mean_all", "mean_dim", "mean_out", "std",
@@ -303,16 +226,11 @@ __all__ = ["OPINFO", "linalg_vector_norm", "mean_all", "mean_dim", "mean_out", "
 
 # --- all / any ----------------------------------------------------------------------------
 
-def _truth_build(g, x, axes, keepdim, kind):
-    """all: min of the truth values; any: their max (NaN counts as true, as in torch).
-    No axes: no reduction (torch's all/any over ``dim=()``)."""
-    truth = x if x.dtype is dt.bool_ else g.binary("ne", x, 0)
-    return g.reduce(kind, truth, axes, keepdim) if axes else truth
-
-
 def _all_any(name: str, kind: str):
     """``all``/``any`` over every dimension or ``dim`` (an int or a list), and ``out=``.
     The result is bool (torch returns uint8 for uint8 inputs: the fallback handles that)."""
+
+    op = getattr(aten, name).dims
 
     def reduce(x, dim=None, keepdim=False, *, out=None):
         # dim=() reduces nothing here, unlike sum's and amax's dim=() (torch 2.13)
@@ -321,9 +239,9 @@ def _all_any(name: str, kind: str):
                 out is not None and (out.dtype is not torch.bool
                                      or not _into(out, x, _reduced_shape(x, axes, keepdim)))):
             return NotImplemented
-        result = program.run(name, _truth_build, (x,), (axes, keepdim, kind),
-                             out=None if out is None else (out,))
-        return result if out is None else out
+        dims = None if dim is None else tuple(dim) if isinstance(dim, (list, tuple)) else dim
+        result = _run(op, x, (dims, keepdim), (), None if out is None else (out,), name)
+        return result if out is None or result is NotImplemented else out
 
     native_or_cpu(name)(lambda x: reduce(x))
     native_or_cpu(f"{name}.dim", f"{name}.dims")(

@@ -1,0 +1,79 @@
+"""Eager kernels from the lowering table: an aten op's program is its
+:mod:`hologram_torch.lowering` entry, built and launched through :func:`program.run`.
+
+``run(op, args, static, kwargs)`` computes ``entry(g, *args, *static, **kwargs)``: ``args``
+are the launch's operands (device tensors, CPU 0-d tensors and Python numbers, which reach
+the entry as :class:`~hologram_torch.lowering.Number` values, so new values never
+recompile); ``static`` and ``kwargs`` are compile-time arguments (part of the kernel's key).
+``call(op, *aten_args)`` takes the ATen argument list as it is: its tensors are the
+operands, the rest compile-time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from hologram_torch.aten import program
+from hologram_torch.lowering import Number, Unsupported, lower
+
+
+class _Slot:
+    """Where a launch operand goes among an entry's positional arguments."""
+
+    def __repr__(self) -> str:
+        return "<operand>"
+
+
+SLOT = _Slot()
+
+
+def _build(g, *inputs):
+    *inputs, (op, numbers, template, kwargs) = inputs
+    if numbers:
+        inputs = [Number.of(x) if i in numbers else x for i, x in enumerate(inputs)]
+    operands = iter(inputs)
+    args = [next(operands) if a is SLOT else a for a in template]
+    result = lower(op, g, *args, **dict(kwargs))
+    if isinstance(result, tuple):  # absent results (None: a masked-off gradient) are not
+        result = tuple(r for r in result if r is not None)  # launched
+    return result
+
+
+def _frozen(a):
+    return tuple(_frozen(x) for x in a) if isinstance(a, (list, tuple)) else a
+
+
+def spec(op: torch._ops.OpOverload, args: Sequence, static: tuple = (),
+         kwargs: tuple = ()) -> tuple:
+    """The static part of the kernel's key for :func:`run` (what :func:`program.run` is
+    given)."""
+    numbers = tuple(i for i, a in enumerate(args) if not isinstance(a, torch.Tensor))
+    return ((op, numbers, (SLOT,) * len(args) + _frozen(static), _frozen(kwargs)),)
+
+
+def run(op: torch._ops.OpOverload, args: Sequence, static: tuple = (), kwargs: tuple = (),
+        out: Sequence[torch.Tensor] | None = None, name: str | None = None):
+    """``op``'s lowering on ``args`` (see the module docstring) into fresh tensors or ``out``;
+    NotImplemented when the lowering (or the operands' dtypes) is unsupported, for the
+    caller to run the CPU fallback."""
+    return _launch(op, args, spec(op, args, static, kwargs), out, name)
+
+
+def call(op: torch._ops.OpOverload, *args, kwargs: tuple = (),
+         out: Sequence[torch.Tensor] | None = None, name: str | None = None):
+    """``op``'s lowering on its ATen positional arguments ``args``: the tensors among them
+    are launch operands, everything else (numbers, lists, None) is compile-time. Absent
+    results (a masked-off gradient) come back as None. NotImplemented as :func:`run`."""
+    operands = tuple(a for a in args if isinstance(a, torch.Tensor))
+    template = tuple(SLOT if isinstance(a, torch.Tensor) else _frozen(a) for a in args)
+    r = _launch(op, operands, ((op, (), template, _frozen(kwargs)),), out, name)
+    return r
+
+
+def _launch(op, args, spec, out, name):
+    try:
+        return program.run(name or op.__name__.partition(".")[0], _build, args, spec, out)
+    except (Unsupported, program.Unsupported):
+        return NotImplemented
