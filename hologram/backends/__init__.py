@@ -7,16 +7,20 @@ WebGPU libraries.
 one says "not implemented", not "unknown"). The SDK's :class:`~hologram.sdk.backend.BackendType`
 is derived from both.
 
-Backends outside this package (a plug-in, or a test's backend) join with
-:func:`register` (and leave with :func:`unregister`): they then work everywhere a name is
-taken (``hg.Executor("name")``, ``hologram.compile(p, "name")``), after the built-in
-ones in the order ``"auto"`` tries.
+Backends outside this package join with :func:`register` (and leave with
+:func:`unregister`), or, for an installed package, by declaring an entry point in the
+group :data:`ENTRY_POINT_GROUP` (``name = "module:Class"``), loaded the first time the
+registry is asked for its names. They then work everywhere a name is taken
+(``hg.Executor("name")``, ``hologram.compile(p, "name")``), after the built-in ones in
+the order ``"auto"`` tries.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import threading
+import warnings
 
 from hologram import config
 from hologram.backends.base import Backend, Executable
@@ -34,14 +38,36 @@ KNOWN: tuple[str, ...] = ("auto", *BUILTIN, *PLANNED)
 
 _instances: dict[str, Backend] = {}
 _lock = threading.Lock()
-#: Backends added with register(): name -> class, in registration order.
-_registered: dict[str, type[Backend]] = {}
+#: Installed packages declare backends as entry points of this group.
+ENTRY_POINT_GROUP = "hologram.backends"
+
+#: Backends added with register() or by entry points: name -> class (an entry point until
+#: first used), in registration order.
+_registered: dict[str, type[Backend] | importlib.metadata.EntryPoint] = {}
+_plugins_loaded = False
+
+
+def _load_plugins() -> None:
+    """Register the installed packages' backends, once. An entry point whose name is
+    taken is skipped with a warning (a plug-in cannot replace a built-in backend)."""
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    with _lock:
+        _plugins_loaded = True
+        for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+            if entry.name in KNOWN or entry.name in _registered:
+                warnings.warn(f"backend entry point {entry.name!r} ({entry.value}) ignored: "
+                              "the name is taken", stacklevel=3)
+                continue
+            _registered[entry.name] = entry
 
 
 def register(name: str, cls: type[Backend]) -> None:
     """Add backend ``cls`` (a :class:`Backend` subclass) under ``name`` (lower case, not
     a built-in or planned name, nor one registered already). Its programs are cached on
     disk under its name and target, like a built-in backend's."""
+    _load_plugins()
     if not (isinstance(name, str) and name.isidentifier() and name == name.lower()):
         raise DeviceError(f"register: backend name must be a lower-case identifier, got "
                           f"{name!r}")
@@ -67,11 +93,20 @@ def unregister(name: str) -> None:
 
 def names() -> list[str]:
     """Every implemented backend's name: the built-in ones, then the registered ones."""
+    _load_plugins()
     return [*BUILTIN, *_registered]
 
 
 def backend_class(name: str) -> type[Backend]:
+    _load_plugins()
     cls = _registered.get(name)
+    if isinstance(cls, importlib.metadata.EntryPoint):
+        loaded = cls.load()
+        if not (isinstance(loaded, type) and issubclass(loaded, Backend)):
+            raise DeviceError(f"backend entry point {name!r} ({cls.value}) is not a "
+                              "hologram.backends.base.Backend subclass")
+        with _lock:
+            _registered[name] = cls = loaded
     if cls is not None:
         return cls
     if name not in BUILTIN:
@@ -131,7 +166,7 @@ def validate_backend(name: str) -> str:
                           f"pass one of {', '.join(available())} or 'auto'")
     canonical = str.strip(getattr(name, "value", name)).lower()
     usable = available()
-    known = (*KNOWN, *_registered)
+    known = (*KNOWN, *names()[len(BUILTIN):])
     if canonical not in known:
         raise DeviceError(f"unknown backend {name!r}; known backends: {', '.join(known)}; "
                           f"available here: {', '.join(usable)} (pass one of those, or "
@@ -150,6 +185,7 @@ def validate_backend(name: str) -> str:
 
 
 __all__ = [
-    "BUILTIN", "KNOWN", "PLANNED", "Backend", "Executable", "available", "backend_class",
-    "builder", "get", "names", "register", "resolve", "unregister", "validate_backend",
+    "BUILTIN", "ENTRY_POINT_GROUP", "KNOWN", "PLANNED", "Backend", "Executable", "available",
+    "backend_class", "builder", "get", "names", "register", "resolve", "unregister",
+    "validate_backend",
 ]
