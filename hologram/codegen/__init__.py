@@ -1,3 +1,8 @@
-"""The device-neutral lowering between the scheduled Atlas program and the renderers
-(:mod:`hologram.codegen.loops`): what every backend decides the same way before it emits
-code for its device."""
+"""The device-neutral lowering between the scheduled Atlas program and the renderers:
+what every backend decides the same way before it emits code for its device.
+
+- :mod:`.loops`: each kernel's loop plan (where every value is computed, store nests,
+  accumulators, split reductions), dumped as the ``loops`` stage;
+- :mod:`.mathlib`: the transcendental functions, written once against the
+  :class:`~hologram.codegen.mathlib.MathEmitter` interface each renderer implements.
+"""
