@@ -25,9 +25,10 @@ class Capabilities:
     narrow_storage: bool = True  # 8- and 16-bit loads and stores
     f16_arithmetic: bool = False  # native half-precision arithmetic
     bf16_arithmetic: bool = False  # native bfloat16 arithmetic
-    # Integer div/mod lowered with the ISA's results for every divisor (x / 0, x % 0,
-    # INT_MIN / -1) by the renderer; without it the decompose pass guards the divisor.
-    total_division: bool = True
+    # The target's own integer div/mod give the ISA's results for every divisor (x / 0,
+    # x % 0, INT_MIN / -1); without it (every target so far) the decompose pass guards
+    # the divisor and the renderer emits a plain division.
+    total_division: bool = False
     # Float min/max with IEEE 754-2019 minimum/maximum semantics (NaN-propagating,
     # -0.0 < +0.0) lowered by the renderer; without it decompose builds them from compares.
     ieee_minmax: bool = True
@@ -48,5 +49,4 @@ class Capabilities:
 #: 64-bit CPUs (the cpu backend, the interpreter).
 CPU = Capabilities()
 #: WebGPU (WGSL): no f64, no i64, 32-bit storage only; f16 with the shader-f16 feature.
-WEBGPU = Capabilities(f64=False, i64=False, narrow_storage=False, total_division=False,
-                      ieee_minmax=False)
+WEBGPU = Capabilities(f64=False, i64=False, narrow_storage=False, ieee_minmax=False)

@@ -361,8 +361,13 @@ class _KernelRenderer:
             return self._int_cast(index, I64, register_type(t), signed=True)
         if op in ("reduce", "contract"):
             return self._reduce(instr)
-        args = [self._value(a) for a in instr.args]
         arg_type = self.kernel.body[instr.args[0]].dtype
+        if op in ("div", "mod") and arg_type.is_int and not self._guarded(instr.args[1]):
+            raise CompileError(
+                f"kernel {self.kernel.name}: integer {op} with an unguarded divisor reached "
+                "the cpu renderer; compile through the backend, which runs "
+                "compiler.pipeline.for_target (the decompose pass guards 0 and -1)")
+        args = [self._value(a) for a in instr.args]
         result = _OPS[op](self, args, arg_type, t)
         if t in _NARROW and op not in _EXACT_NARROW:
             if op != "cast":  # the decompose pass computes them in wider types
@@ -372,6 +377,15 @@ class _KernelRenderer:
                     "(the decompose pass computes f16/bf16 arithmetic in f32 or f64)")
             result = self._round(result, t)  # f16/bf16 <- f32: rounded here
         return result
+
+    def _guarded(self, divisor: int) -> bool:
+        """Whether an integer divisor is the decompose pass's ``select(bad, 1, y)``, or a
+        constant other than 0 and -1: a division by it cannot trap."""
+        x = self.kernel.body[divisor]
+        if x.op == "const":
+            return x.value not in (0, -1)
+        one = self.kernel.body[x.args[1]] if x.op == "select" else None
+        return one is not None and one.op == "const" and one.value == 1
 
     def _const(self, value: bool | int | float, t: DType) -> ir.Constant:
         ty = register_type(t)
@@ -712,34 +726,18 @@ def _add_sub_mul(op: str):
     return emit
 
 
-def _integer_division(r: _KernelRenderer, x: ir.Value, y: ir.Value, a: DType,
-                      remainder: bool) -> ir.Value:
-    """x / y or x % y with the ISA's total semantics: x / 0 = 0 and x % 0 = x;
-    INT_MIN / -1 = INT_MIN and x % -1 = 0 (dividing by 1 instead of trapping)."""
-    b = r.b
-    ty = register_type(a)
-    one = ir.Constant(ty, 1)
-    by_zero = b.icmp_unsigned("==", y, ir.Constant(ty, 0))
-    if a.kind == "u":
-        value = (b.urem if remainder else b.udiv)(x, b.select(by_zero, one, y))
-    else:
-        minus_one = b.icmp_signed("==", y, ir.Constant(ty, -1))
-        safe = b.select(b.or_(by_zero, minus_one), one, y)
-        value = b.srem(x, safe) if remainder else \
-            b.select(minus_one, b.neg(x), b.sdiv(x, safe))
-    return b.select(by_zero, x if remainder else ir.Constant(ty, 0), value)
-
-
+# Integer div/mod: the decompose pass has replaced a divisor of 0 (signed: or -1) by 1 and
+# selects the ISA's results there, so the instruction never traps (_emit checks the form).
 def _div(r: _KernelRenderer, args, a: DType, t: DType) -> ir.Value:
     if a.is_float:
         return r.b.fdiv(*args)
-    return _integer_division(r, *args, a, remainder=False)
+    return (r.b.udiv if a.kind == "u" else r.b.sdiv)(*args)
 
 
 def _mod(r: _KernelRenderer, args, a: DType, t: DType) -> ir.Value:
     if a.is_float:
         return intrinsics.fmod(r.b, *args)
-    return _integer_division(r, *args, a, remainder=True)
+    return (r.b.urem if a.kind == "u" else r.b.srem)(*args)
 
 
 def _minmax(r: _KernelRenderer, args, a: DType, t: DType, kind: str | None = None,

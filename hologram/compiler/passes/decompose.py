@@ -15,7 +15,8 @@ plainly and every backend computes the same bits:
   an f64 ``fma`` and one cast back, where the target has f64 (without f64 it is left to the
   renderer). Operations exact in the format (``neg abs sign min max select``, compares)
   stay as they are.
-- **integer ``div`` / ``mod``** on a target without ``total_division``: the divisor is
+- **integer ``div`` / ``mod``** on a target without ``total_division`` (every target so
+  far, the cpu included: the guards are what its renderer emitted itself): the divisor is
   replaced by 1 where it is 0 (and, signed, where it is -1), and the ISA's results are
   selected there: ``x / 0 = 0``, ``x % 0 = x``, ``x / -1 = -x`` (wrapping, so
   ``INT_MIN / -1 = INT_MIN``), ``x % -1 = 0``. The ``div``/``mod`` left then never sees a
@@ -121,9 +122,10 @@ class _Rewriter:
         safe = self.make("select", bad, one, y)
         if op == "mod":  # x % 1 = 0 is the ISA's x % -1
             return self.make("select", by_zero, x, self.make("mod", x, safe))
+        negated = self.make("neg", x) if t.kind == "i" else None
         quotient = self.make("div", x, safe)
-        if t.kind == "i":
-            quotient = self.make("select", by_minus_one, self.make("neg", x), quotient)
+        if negated is not None:
+            quotient = self.make("select", by_minus_one, negated, quotient)
         return self.make("select", by_zero, zero, quotient)
 
     def minmax(self, op: str, x: int, y: int, t: dt.DType) -> int:
