@@ -333,6 +333,78 @@ case(aten.addmm.default, torch.full((3,), math.nan), X, randn(5, 3), beta=0, tol
 case(aten.addmm.default, randn(3), X, randn(5, 3), beta=0.5, alpha=1.5, tol=_M)
 
 
+# --- addcmul/addcdiv/lerp and the optimizers' foreach ops --------------------------------------
+
+_F = {"rtol": 1e-5, "atol": 1e-6}
+_P2 = positive(4, 5, seed=30)
+case(aten.addcmul.default, X, Y, T, value=0.5, tol=_F)
+case(aten.addcmul.default, H, Y.half(), T.half(), tol=_HTOL)
+case(aten.addcdiv.default, X, Y, _P2, value=2, tol=_F)
+case(aten.lerp.Scalar, X, T, 0.3, tol=_F)
+case(aten.lerp.Scalar, X, T, 0.8, tol=_F)
+case(aten.lerp.Tensor, X, T, _P2 * 0.8, tol=_F)
+_L1, _L2, _L3 = [X, Y], [T, Y * 2], [_P2, positive(5, seed=31)]
+for _name in ("add", "sub", "mul", "div", "maximum"):
+    _ops = getattr(aten, f"_foreach_{_name}")
+    case(_ops.List, _L1, _L3, tol=_F)
+    case(_ops.Scalar, _L1, 1.5, tol=_F)
+    case(_ops.ScalarList, _L1, [0.5, -2.0], tol=_F)
+    if _name in ("add", "mul", "div"):
+        case(_ops.Tensor, _L1, torch.tensor(2.5), tol=_F)
+case(aten._foreach_add.List, _L1, _L2, alpha=2, tol=_F)
+case(aten._foreach_sub.List, _L1, _L2, alpha=0.5, tol=_F)
+case(aten._foreach_add.Tensor, [H], torch.tensor(2.5), alpha=2, tol=_HTOL)
+case(aten._foreach_mul.Scalar, [H, X], 3.0, tol=_HTOL)
+case(aten._foreach_sqrt.default, _L3, tol=_F)
+case(aten._foreach_neg.default, _L1, tol=_F)
+case(aten._foreach_lerp.Scalar, _L1, _L2, 0.3, tol=_F)
+case(aten._foreach_lerp.List, _L1, _L2, [_P2 * 0.9, Y.sigmoid()], tol=_F)
+case(aten._foreach_lerp.ScalarList, _L1, _L2, [0.2, 0.7], tol=_F)
+for _name in ("addcmul", "addcdiv"):
+    _ops = getattr(aten, f"_foreach_{_name}")
+    case(_ops.Scalar, _L1, _L2, _L3, 0.5, tol=_F)
+    case(_ops.ScalarList, _L1, _L2, _L3, [0.5, -1.0], tol=_F)
+    case(_ops.Tensor, _L1, _L2, _L3, torch.tensor([2.0, 0.25]), tol=_F)
+
+
+# --- cat and the index ops ----------------------------------------------------------------------
+
+case(aten.cat.default, [X, T, randn(2, 5, seed=40)])
+case(aten.cat.default, [X, H, torch.empty(0)], 1)
+case(aten.cat.default, [I, B.long(), J.expand(4, 5)], -1)
+case(aten.cat.default, [B, mask(1, 5, seed=41)])
+_GI = torch.tensor([[0, 4, 4, 1, 2], [3, 3, 0, 0, 1], [2, 2, 2, 2, 2]])
+case(aten.gather.default, X, 0, torch.tensor([[0, 3, 1, 1, 2], [3, 3, 0, 0, 1]]))
+case(aten.gather.default, X, 1, _GI)
+case(aten.gather.default, B, 1, _GI)
+case(aten.gather.default, torch.tensor(2.5), 0, torch.tensor(0))
+case(aten.index_select.default, X, 0, torch.tensor([3, 0, 0, 2]))
+case(aten.index_select.default, I, 1, torch.tensor([4, 1], dtype=torch.int32))
+case(aten.index_select.default, B, -1, torch.tensor(2))
+_SRC = randn(3, 5, seed=42)
+for _f in (aten.scatter.src, aten.scatter_add.default):
+    case(_f, X, 1, _GI, _SRC)
+    case(_f, I, 0, _GI[:2] % 4, ints(2, 5, seed=43))
+case(aten.scatter.src, B, 1, _GI, mask(3, 5, seed=44))
+case(aten.scatter.value, X, 1, _GI, -2.5)
+case(aten.scatter.value, I, 0, _GI[:2] % 4, 7)
+case(aten.scatter.reduce, X, 1, _GI, _SRC, reduce="multiply", tol=_TOL)
+case(aten.scatter.reduce, I, 1, _GI, ints(3, 5, seed=45), reduce="add")
+case(aten.scatter.value_reduce, X, 1, _GI, 1.5, reduce="add")
+case(aten.scatter.src, X, 1, torch.empty(0, dtype=torch.int64), _SRC)
+case(aten.index_add.default, X, 0, torch.tensor([3, 0, 3]), _SRC, tol=_TOL)
+case(aten.index_add.default, I, 1, torch.tensor([4, 4], dtype=torch.int32), ints(4, 2),
+     alpha=3)
+case(aten.index_add.default, H, 1, torch.tensor([1]), randn(4, 1, dtype=torch.float16),
+     alpha=0.5, tol=_HTOL)
+
+case(aten.arange.default, 7)
+case(aten.arange.start, 2, 9, dtype=torch.float16)
+case(aten.arange.start_step, 0.5, 3.0, 0.25)
+case(aten.arange.start_step, 10, -2, -3)
+case(aten.arange.start_step, 0, 1, 0.1, dtype=torch.float64)
+
+
 @pytest.mark.parametrize("op, args, kwargs, tol", CASES,
                          ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
 def test_lowering_matches_aten(op, args, kwargs, tol):
@@ -389,33 +461,6 @@ EAGER_ONLY = {
     "random_.from", "random_.to", "uniform_.default", "native_dropout.default",
 }
 
-#: Native ops with a graph form that is not in the table yet (their eager kernels still
-#: build their own programs): the optimizers' ``_foreach_*`` ops and addcmul/addcdiv/lerp
-#: (hologram_torch/aten/foreach.py), ``arange``, and the index ops and ``cat``
-#: (hologram_torch/aten/shape.py).
-NOT_YET = {
-    *(f"_foreach_{op}{inplace}.{variant}"
-      for op, variants in (("add", "List Scalar ScalarList Tensor"),
-                           ("sub", "List Scalar ScalarList"),
-                           ("mul", "List Scalar ScalarList Tensor"),
-                           ("div", "List Scalar ScalarList Tensor"),
-                           ("maximum", "List Scalar ScalarList"),
-                           ("lerp", "List Scalar ScalarList"),
-                           ("addcmul", "Scalar ScalarList Tensor"),
-                           ("addcdiv", "Scalar ScalarList Tensor"),
-                           ("neg", "default"), ("sqrt", "default"))
-      for variant in variants.split() for inplace in ("", "_")),
-    "addcmul.default", "addcmul_.default", "addcdiv.default", "addcdiv_.default",
-    "lerp.Scalar", "lerp.Tensor", "lerp_.Scalar", "lerp_.Tensor", "arange.start_out",
-    "cat.default", "cat.out", "gather.default", "gather.out", "index_select.default",
-    "index_select.out", "index_add.default", "index_add.out", "index_add_.default",
-    "scatter_add.default", "scatter_add.out", "scatter_add_.default",
-    *(f"scatter{inplace}.{variant}{out}" for variant in ("src", "value", "reduce",
-                                                         "value_reduce")
-      for inplace, out in (("", ""), ("", "_out"), ("_", ""))),
-}
-
-
 def _functional(name: str) -> set[str]:
     """The functional overloads an in-place (``add_.Tensor``) or out= (``add.out``,
     ``eq.Scalar_out``, ``sum.IntList_out``) overload may compute."""
@@ -439,5 +484,5 @@ def test_native_ops_without_lowering_are_the_documented_eager_ones():
     lowered = _lowered_names()
     missing = {name for name in NATIVE
                if name not in lowered and not _functional(name) & lowered}
-    assert sorted(missing - EAGER_ONLY - NOT_YET) == []  # a new native op needs an entry
-    assert sorted((EAGER_ONLY | NOT_YET) - missing) == []  # or the lists are stale
+    assert sorted(missing - EAGER_ONLY) == []  # a new native op needs an entry
+    assert sorted(EAGER_ONLY - missing) == []  # or the list is stale

@@ -3,7 +3,8 @@
 The Python device interface cannot give the device its own generator, so random ops draw
 from torch's CPU generator, *directly into device memory* (a CPU view aliasing it): the
 same seed gives the same numbers as on the CPU, ``torch.manual_seed`` reproduces runs, and
-no copy is made. ``arange`` is a Hologram program.
+no copy is made. ``arange`` is a Hologram program (the math of
+:func:`hologram_torch.lowering.shape.arange`).
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ import torch
 
 from hologram_torch import memory
 from hologram_torch.aten import program
-from hologram_torch.aten.program import ISA, cast
+from hologram_torch.aten.program import ISA
 from hologram_torch.aten.registry import impl, native_or_cpu, overload
+from hologram_torch.lowering.shape import arange_math
 
 OPINFO = ("arange",)
 
@@ -40,7 +42,8 @@ for _name in _IN_PLACE:
 
 
 def _arange(g, start, step, n, compute):
-    return cast(start, compute) + cast(g.arange(n), compute) * cast(step, compute)
+    # start and step are runtime values: new bounds of the same length never recompile
+    return arange_math(g, start, step, n, compute)
 
 
 @native_or_cpu("arange.start_out")

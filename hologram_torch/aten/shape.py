@@ -3,6 +3,10 @@ torch decomposes into views and ``cat``), ``index_select``, ``gather``, ``index_
 ``scatter`` (``src``, ``value`` and ``reduce=`` forms) and ``scatter_add``, each with its
 ``.out`` (and in-place) overloads.
 
+The programs are the ops' entries in :mod:`hologram_torch.lowering.shape` (the table
+torch.compile lowers through too); this module validates arguments (torch's meta kernels,
+index bounds), handles ``out=``/in-place forms and falls back to the CPU.
+
 ``cat`` is one program: a kernel per non-empty input stores it (cast to the promoted
 dtype) into its slice of a temporary; the output kernel writes that to the result.
 
@@ -23,16 +27,17 @@ so out-of-range indices raise torch's exception type and message.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from hologram.isa import dtypes as dt
 from hologram_torch.aten import program
 from hologram_torch.aten.linalg import infer, kernels, launch
 from hologram_torch.aten.program import ISA, cast
+from hologram_torch.aten.registry import aten
 from hologram_torch.aten.tensor import clone, copy_into
 from hologram_torch.fallback import run_on_cpu
+from hologram_torch.lowering import Number, lower
+from hologram_torch.lowering import shape as lowering_shape
 
 OPINFO = ("cat", "stack", "hstack", "vstack", "index_select", "gather", "index_add",
           "scatter", "scatter_add")
@@ -41,21 +46,8 @@ OPINFO = ("cat", "stack", "hstack", "vstack", "index_select", "gather", "index_a
 # --- cat --------------------------------------------------------------------------------
 
 def _cat_build(g, *args):
-    *xs, dim, shape, dtype = args
-    joined = g._temp(dtype, shape)
-    start = 0
-    for x in xs:
-        if x.shape == (0,) and len(shape) != 1:  # torch's legacy: 1-D empties are skipped
-            continue
-        n = x.shape[dim]
-        if math.prod(x.shape):
-            part = joined[(slice(None),) * dim + (slice(start, start + n),)]
-            k = g.builder.kernel(x.shape)
-            value = g._load(k, x)
-            value = value if x.dtype is dtype else k.cast(value, dtype)
-            k.store(part.buffer, value, part.offset, part.strides, part.shape)
-        start += n
-    return g.copy(joined)
+    *xs, dim, _shape, _dtype = args  # shape and dtype: part of the kernel's key
+    return lower(aten.cat.default, g, xs, dim)
 
 
 def _cat(op, tensors, dim=0, out=None):
@@ -91,48 +83,14 @@ def _check(index: torch.Tensor, size: int, dim: int, what: str) -> None:
         raise RuntimeError(f"index {bad} is out of bounds for dimension {dim} with size {size}")
 
 
-# --- one-hot selection ------------------------------------------------------------------
-
-def _along(t, dim: int, shape: tuple[int, ...], extra: int | None = None):
-    """View ``t`` over ``shape + (n,)``: the same element for every position along ``dim``
-    (stride 0), and the last axis walking ``t`` along ``dim`` (``extra`` elements)."""
-    strides = tuple(0 if d == dim else s for d, s in enumerate(t.strides))
-    n = t.shape[dim] if extra is None else extra
-    return t._view(shape + (n,), strides + (t.strides[dim],), t.offset)
-
-
-def _pick(g, src, index, dtype):
-    """Kernel over ``src.shape`` (last axis: candidates): where ``index == position along
-    the last axis`` keep ``src``, reduce over the candidates. ``index`` is broadcast over
-    the last axis. Returns the reduced tensor, shape ``src.shape[:-1]``."""
-    shape = src.shape
-    index = cast(index, dt.int64)  # a kernel of its own: before the one that reads it
-    k = g.builder.kernel(shape)
-    value = g._load(k, src)
-    hit = k.eq(g._load(k, index), k.index(len(shape) - 1, dt.int64))
-    if dtype is dt.bool_:
-        value = k.reduce("max", k.select(hit, value, k.const(False, dt.bool_)), len(shape) - 1)
-    else:
-        value = k.reduce("sum", k.select(hit, value, k.const(0, dtype)), len(shape) - 1)
-    out = g._temp(dtype, shape[:-1])
-    k.store(out.buffer, value)
-    return out
-
+# --- one-hot selection: the lowerings of hologram_torch.lowering.shape -------------------
 
 def _gather_build(g, src, index, dim):
-    shape = index.shape
-    view = _along(src, dim, shape)
-    return _pick(g, view, index._view(shape + (1,), index.strides + (0,), index.offset),
-                 src.dtype)
+    return lower(aten.gather.default, g, src, dim, index)
 
 
 def _index_select_build(g, src, index, dim):
-    k = math.prod(index.shape)
-    shape = src.shape[:dim] + (k,) + src.shape[dim + 1:]
-    flat = index.reshape(k) if index.ndim else index.reshape(1)
-    idx = flat._view(shape + (1,), tuple(flat.strides[0] if d == dim else 0
-                                         for d in range(len(shape))) + (0,), flat.offset)
-    return _pick(g, _along(src, dim, shape), idx, src.dtype)
+    return lower(aten.index_select.default, g, src, dim, index)
 
 
 # torch's index dtypes per op; anything else goes to torch's kernel, which raises.
@@ -185,73 +143,11 @@ kernels("index_select", _scalars_as_vectors(_index_select))
 # --- scatters ---------------------------------------------------------------------------
 
 def _scatter_build(g, self, index, src, alpha, dim, mode, dtype, index_add):
-    """``self`` with a region rewritten from ``src`` (a tensor, or a 0-d value).
-
-    Scatter: the region is ``index.shape`` with ``dim`` widened to ``self``'s; candidate
-    ``k`` of position ``q`` hits when ``index[q with q[dim] := k] == q[dim]`` and brings
-    ``src`` at the same place. ``index_add``: the region is all of ``self``, candidate
-    ``k`` hits when ``index[k] == q[dim]`` and brings ``src[q with q[dim] := k]``.
-    ``mode``: "add"/"multiply" reduce the hits into ``self``; "replace" keeps the last hit
-    along ``dim`` (torch's CPU order)."""
-    math_dtype = program.opmath(dtype)
-    if index_add:
-        region, count = self.shape, math.prod(index.shape)
-        flat = index.reshape(count) if index.ndim else index.reshape(1)
-        idx = flat._view(region + (count,), (0,) * len(region) + flat.strides, flat.offset)
-    else:
-        region = tuple(self.shape[d] if d == dim else n for d, n in enumerate(index.shape))
-        count = index.shape[dim]
-        idx = _along(index, dim, region, count)
-    rank = len(region)
-    base = cast(self[tuple(slice(0, n) for n in region)], math_dtype)
-    candidates = _along(src, dim, region, count) if src.ndim else src._aligned(rank + 1)
-
-    # Casts are kernels of their own: made before the kernels that read them.
-    idx, candidates = cast(idx, dt.int64), cast(candidates, math_dtype)
-
-    def kernel():
-        k = g.builder.kernel(region + (count,))
-        hit = k.eq(g._load(k, idx), k.index(dim, dt.int64))
-        return k, hit, g._load(k, candidates)
-
-    def reduced(k, kind, value, neutral, result_dtype):
-        out = g._temp(result_dtype, region)
-        k.store(out.buffer, k.reduce(kind, k.select(
-            value[0], value[1], k.const(neutral, result_dtype)), rank))
-        return out
-
-    boolean = math_dtype is dt.bool_
-    if mode == "replace":
-        k, hit, _ = kernel()
-        last = reduced(k, "max", (hit, k.index(rank, dt.int64)), -1, dt.int64)
-        k, _, value = kernel()
-        pick = k.eq(g._load(k, last._view(region + (1,), last.strides + (0,), 0)),
-                    k.index(rank, dt.int64))
-        values = reduced(k, "max" if boolean else "sum", (pick, value), False if boolean
-                         else 0, math_dtype)
-        updated = g.where(g.binary("ge", last, 0), values, base)
-    else:
-        kind, neutral, combine = {
-            ("add", False): ("sum", 0, "add"), ("multiply", False): ("prod", 1, "mul"),
-            ("add", True): ("max", False, "or"), ("multiply", True): ("min", True, "and"),
-        }[mode, boolean]
-        k, hit, value = kernel()
-        total = reduced(k, kind, (hit, value), neutral, math_dtype)
-        if index_add:
-            total = g.binary("and" if boolean else "mul", total, cast(alpha, math_dtype))
-        updated = g.binary(combine, base, total)
-    if region == self.shape:
-        return updated
-    # Only part of self changes: copy self, then overwrite the region (two writers keep
-    # the temporary materialized).
-    result = g._temp(dtype, self.shape)
-    for source, target in ((self, result), (cast(updated, dtype),
-                                            result[tuple(slice(0, n) for n in region)])):
-        if math.prod(source.shape):
-            k = g.builder.kernel(source.shape)
-            k.store(target.buffer, g._load(k, source), target.offset, target.strides,
-                    target.shape)
-    return g.copy(result)
+    """The scatter family (:func:`hologram_torch.lowering.shape.scatter_into`): ``src``
+    0-d is a number (a wrapped or Python one); ``alpha`` is index_add's."""
+    src = Number.of(src) if src.ndim == 0 else src
+    return lowering_shape.scatter_into(g, self, dim, index, src, mode, index_add,
+                                       Number.of(alpha) if index_add else 1)
 
 
 def _scatter(mode: str, index_add: bool = False):

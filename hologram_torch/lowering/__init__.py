@@ -21,12 +21,22 @@ An entry raises :class:`Unsupported` (or returns ``NotImplemented``, which :func
 turns into it) for argument combinations it does not lower, e.g. integer division or a
 complex dtype; the eager device runs those through its CPU fallback.
 
-The families: :mod:`.elementwise`, :mod:`.reduction`, :mod:`.nn`, :mod:`.linalg`.
+The families: :mod:`.elementwise`, :mod:`.reduction`, :mod:`.nn`, :mod:`.linalg`,
+:mod:`.foreach` (addcmul/addcdiv/lerp and the optimizers' ``_foreach_*`` ops, on lists of
+graph tensors), :mod:`.shape` (``cat``, the index ops, ``arange``). Not in the table: the
+inherently eager ops (allocation, copies, views, ``item``, random draws).
 """
 
 from __future__ import annotations
 
-from hologram_torch.lowering import elementwise, linalg, nn, reduction  # noqa: F401 (register)
+from hologram_torch.lowering import (  # noqa: F401 (importing registers the entries)
+    elementwise,
+    foreach,
+    linalg,
+    nn,
+    reduction,
+    shape,
+)
 from hologram_torch.lowering.common import (
     LOWERINGS,
     Lowering,
