@@ -405,6 +405,37 @@ case(aten.arange.start_step, 10, -2, -3)
 case(aten.arange.start_step, 0, 1, 0.1, dtype=torch.float64)
 
 
+# --- views and copies ---------------------------------------------------------------------------
+
+case(aten.view.default, X, [5, 4])
+case(aten.view.default, X3, [-1, 5])
+case(aten._unsafe_view.default, X3, [12, 5])
+case(aten._reshape_alias.default, X, [20], [1])
+case(aten.alias.default, I)
+case(aten.permute.default, X3, [2, 0, 1])
+case(aten.permute.default, X3, [-1, 1, 0])
+case(aten.transpose.int, X3, 0, -1)
+case(aten.t.default, X)
+case(aten.t.default, Y)
+case(aten.expand.default, Y, [3, 4, 5])
+case(aten.expand.default, randn(4, 1, seed=50), [-1, 6])
+case(aten.unsqueeze.default, X, 1)
+case(aten.unsqueeze.default, X, -1)
+case(aten.squeeze.default, randn(1, 4, 1, 5, seed=51))
+case(aten.squeeze.dim, randn(1, 4, 1, 5, seed=51), 2)
+case(aten.squeeze.dims, randn(1, 4, 1, 5, seed=51), [0, 1])
+case(aten.slice.Tensor, X, 1, 1, 4)
+case(aten.slice.Tensor, X, 0, -3, None, 2)
+case(aten.slice.Tensor, X, 1, 2, 100)
+case(aten.slice.Tensor, X3, 2, None, -1, 3)
+case(aten.select.int, X3, 1, -1)
+case(aten.select.int, X, 0, 2)
+case(aten.clone.default, X)
+case(aten._to_copy.default, X, dtype=torch.float16)
+case(aten._to_copy.default, H, dtype=torch.int32)
+case(aten._to_copy.default, I)
+
+
 @pytest.mark.parametrize("op, args, kwargs, tol", CASES,
                          ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
 def test_lowering_matches_aten(op, args, kwargs, tol):
@@ -445,16 +476,16 @@ def test_runtime_numbers_promote_as_wrapped_numbers():
 
 # --- coverage of the eager device's native ops -------------------------------------------------
 
-#: Native ops that are inherently eager: memory, metadata, host transfers, copies and views
-#: (a compiled graph has its own buffers and views), and random draws (the CPU generator's
-#: stream; dropout's mask).
+#: Native ops that are inherently eager: memory, metadata, host transfers, in-place copies
+#: and fills, views onto storage (``as_strided``, ``unfold``: a compiled graph has its own
+#: buffers; the other views are in the table), complex views, and random draws (the CPU
+#: generator's stream; dropout's mask).
 EAGER_ONLY = {
     "empty.memory_format", "empty_strided.default", "resize_.default", "set_.default",
     "set_.source_Storage", "set_.source_Storage_storage_offset", "set_.source_Tensor",
     "_copy_from.default", "_copy_from_and_resize.default", "_local_scalar_dense.default",
-    "clone.default", "fill_.Scalar", "fill_.Tensor", "zero_.default", "_foreach_zero_.default",
-    "_foreach_copy_.default", "alias.default", "as_strided.default", "view.default",
-    "_reshape_alias.default", "_unsafe_view.default", "unfold.default",
+    "fill_.Scalar", "fill_.Tensor", "zero_.default", "_foreach_zero_.default",
+    "_foreach_copy_.default", "as_strided.default", "unfold.default",
     "view_as_complex.default", "view_as_real.default",
     "bernoulli_.Tensor", "bernoulli_.float", "cauchy_.default", "exponential_.default",
     "geometric_.default", "log_normal_.default", "normal_.default", "random_.default",

@@ -23,8 +23,9 @@ complex dtype; the eager device runs those through its CPU fallback.
 
 The families: :mod:`.elementwise`, :mod:`.reduction`, :mod:`.nn`, :mod:`.linalg`,
 :mod:`.foreach` (addcmul/addcdiv/lerp and the optimizers' ``_foreach_*`` ops, on lists of
-graph tensors), :mod:`.shape` (``cat``, the index ops, ``arange``). Not in the table: the
-inherently eager ops (allocation, copies, views, ``item``, random draws).
+graph tensors), :mod:`.shape` (``cat``, the index ops, ``arange``), :mod:`.views` (views,
+``clone``, ``_to_copy``). Not in the table: the inherently eager ops (allocation, in-place
+copies and fills, ``item``, ``as_strided``/``unfold``, random draws).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from hologram_torch.lowering import (  # noqa: F401 (importing registers the ent
     nn,
     reduction,
     shape,
+    views,
 )
 from hologram_torch.lowering.common import (
     LOWERINGS,
