@@ -45,12 +45,20 @@ def _frozen(a):
     return tuple(_frozen(x) for x in a) if isinstance(a, (list, tuple)) else a
 
 
+_SLOTS = tuple((SLOT,) * n for n in range(16))
+
+
 def spec(op: torch._ops.OpOverload, args: Sequence, static: tuple = (),
          kwargs: tuple = ()) -> tuple:
     """The static part of the kernel's key for :func:`run` (what :func:`program.run` is
-    given)."""
-    numbers = tuple(i for i, a in enumerate(args) if not isinstance(a, torch.Tensor))
-    return ((op, numbers, (SLOT,) * len(args) + _frozen(static), _frozen(kwargs)),)
+    given). ``static`` and ``kwargs`` must be hashable (tuples, not lists). This runs on
+    every launch: kept to a few tuple operations."""
+    numbers = ()
+    for i, a in enumerate(args):
+        if not isinstance(a, torch.Tensor):
+            numbers += (i,)
+    return ((op, numbers, _SLOTS[len(args)] + static if static else _SLOTS[len(args)],
+             kwargs),)
 
 
 def run(op: torch._ops.OpOverload, args: Sequence, static: tuple = (), kwargs: tuple = (),
@@ -64,12 +72,18 @@ def run(op: torch._ops.OpOverload, args: Sequence, static: tuple = (), kwargs: t
 def call(op: torch._ops.OpOverload, *args, kwargs: tuple = (),
          out: Sequence[torch.Tensor] | None = None, name: str | None = None):
     """``op``'s lowering on its ATen positional arguments ``args``: the tensors among them
-    are launch operands, everything else (numbers, lists, None) is compile-time. Absent
-    results (a masked-off gradient) come back as None. NotImplemented as :func:`run`."""
-    operands = tuple(a for a in args if isinstance(a, torch.Tensor))
-    template = tuple(SLOT if isinstance(a, torch.Tensor) else _frozen(a) for a in args)
-    r = _launch(op, operands, ((op, (), template, _frozen(kwargs)),), out, name)
-    return r
+    are launch operands, everything else (numbers, lists, None) is compile-time (and must
+    be hashable, lists aside). Absent results (None from the entry: a masked-off gradient)
+    are left out of the results. NotImplemented as :func:`run`."""
+    operands = []
+    template = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            operands.append(a)
+            template.append(SLOT)
+        else:
+            template.append(_frozen(a) if isinstance(a, list) else a)
+    return _launch(op, operands, ((op, (), tuple(template), kwargs),), out, name)
 
 
 def _launch(op, args, spec, out, name):
