@@ -206,3 +206,12 @@ def test_the_cpu_renderer_refuses_undecomposed_narrow_arithmetic():
 
 def test_every_float_unary_op_is_widened():
     assert set(FLOAT_UNARY_OPS) <= WIDENED
+
+
+def test_the_cpu_renderer_refuses_an_unguarded_integer_divisor():
+    program, _ = _lowered("unguarded", dt.int32, lambda g, x, y, z: g.binary("div", x, y))
+    symbols = {k.name: f"k_{k.name}" for k in program.kernels}
+    with pytest.raises(CompileError, match="unguarded divisor"):
+        render(program, symbols)
+    text = render(decompose(program, CPU), symbols)
+    assert "sdiv" in text
