@@ -37,7 +37,8 @@ PLANNED: tuple[str, ...] = ("cuda", "metal", "webgpu")
 KNOWN: tuple[str, ...] = ("auto", *BUILTIN, *PLANNED)
 
 _instances: dict[str, Backend] = {}
-_lock = threading.Lock()
+# Reentrant: get() holds it while backend_class() loads the plug-ins, which takes it too.
+_lock = threading.RLock()
 #: Installed packages declare backends as entry points of this group.
 ENTRY_POINT_GROUP = "hologram.backends"
 
