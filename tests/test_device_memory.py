@@ -239,6 +239,17 @@ def test_ops_run_on_device_memory(ex):
     np.testing.assert_array_equal(d.to_numpy()[1:], x[1:])
 
 
+def test_compiled_programs_refuse_host_arrays():
+    from hologram.frontend.graph import Graph
+    from hologram.isa import dtypes as dt
+
+    g = Graph("twice")
+    g.output("y", g.input("x", dt.float32, (3,)) * 2)
+    compiled = hg.compile(g.program(), NAME)
+    with pytest.raises(DeviceError, match="host cannot see"):
+        compiled(np.ones(3, np.float32))
+
+
 def test_jit_on_device_memory(ex):
     fused = hg.jit(lambda a, b: hg.ops.relu(a * b + a))
     x, y = rand(8, seed=3), rand(8, seed=4)

@@ -62,8 +62,10 @@ class Allocator(ABC):
         allocator's limit."""
 
     def free(self, allocation: Any) -> None:  # noqa: B027 (host memory frees itself)
-        """Give ``allocation`` back now. Host allocations also free themselves when the
-        last array viewing them goes; device backends must implement this."""
+        """Give ``allocation`` back now, for owners that end one explicitly. The SDK never
+        calls it: buffers share allocations (views), and an allocation must release its
+        memory itself when the last reference to it goes (host allocations do when the
+        last array viewing them goes; a device allocation object when it is collected)."""
 
     @abstractmethod
     def handle(self, allocation: Any) -> int:

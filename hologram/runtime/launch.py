@@ -35,13 +35,16 @@ from hologram.backends.hostmem import address, default_pool
 from hologram.compiler import pipeline
 from hologram.compiler.cache import CacheKey, compiler_version, default_cache
 from hologram.compiler.options import CompileOptions
+from hologram.errors import DeviceError
 from hologram.isa.ir import Buffer, Program
 
 POOL_THRESHOLD = 1 << 20  # bytes
 
 
 class CompiledProgram:
-    """A program compiled for one backend; call it with NumPy arrays (host backends)."""
+    """A program compiled for one backend; call it with NumPy arrays. Calls run on host
+    memory, so they work for backends whose memory is host memory (cpu, interp); on
+    others, run programs on executors' buffers (:meth:`launch` takes their handles)."""
 
     def __init__(self, program: Program, backend: str, key: CacheKey, run):
         self.program = program  # as given (parameters define the calling convention)
@@ -52,17 +55,18 @@ class CompiledProgram:
         #: parameter; the caller vouches for sizes and dtypes. The launch path of the SDK
         #: ops, hg.jit and the torch device.
         self.launch = run.launch
+        self._host = backends.get(backend).allocator().host_visible
         params = program.params
         self._count = len(params)
         # What each argument must be, precomputed: calls are a hot path.
         self._specs = tuple((i, p.dtype.storage, p.size, p.kind != "in")
                             for i, p in enumerate(params))
         self._given = tuple(spec for spec, p in zip(self._specs, params) if p.kind != "out")
+        self._given_index = tuple(spec[0] for spec in self._given)
         self._outputs = tuple(i for i, p in enumerate(params) if p.kind != "in")
-        # Large outputs come from the pool: reused blocks skip the page faults a fresh
-        # allocation pays (~2.5x on big elementwise ops); small ones are cheaper from NumPy.
         self._fresh = tuple((i, p.shape, p.dtype.storage, p.nbytes >= POOL_THRESHOLD)
                             for i, p in enumerate(params) if p.kind == "out")
+        self._fresh_only = len(self._fresh) == len(self._outputs)
 
     @property
     def params(self) -> tuple[Buffer, ...]:
@@ -82,33 +86,53 @@ class CompiledProgram:
                 break
             handles[i] = address(a)
         else:
-            if fresh or len(arrays) == self._count:
-                return self._run(arrays, handles, fresh)
+            if fresh:
+                return self._run_fresh(arrays, handles)
+            if len(arrays) == self._count:
+                return self._run(arrays, handles)
         # The slow path says exactly what is wrong (or accepts ndarray subclasses).
         if fresh:
             full: list = [None] * self._count
-            for (i, *_), a in zip(self._given, arrays):
+            for i, a in zip(self._given_index, arrays):
                 full[i] = a
             for i, shape, dtype, _ in self._fresh:
                 full[i] = np.empty(shape, dtype)
             arrays = tuple(full)
         check_arrays(self.program, arrays, f"{self.program.name} on {self.backend}")
-        return self._run(arrays, [address(a) for a in arrays], False)
+        return self._run(arrays, [address(a) for a in arrays])
 
-    def _run(self, arrays: tuple, handles: list[int], fresh: bool):
-        if fresh:
-            full = [None] * self._count
-            for (i, *_), a in zip(self._given, arrays):
-                full[i] = a
-            for i, shape, dtype, large in self._fresh:
-                array = default_pool().empty(shape, dtype) if large else np.empty(shape, dtype)
-                full[i] = array
-                handles[i] = address(array)
-            arrays = full
-        self.launch(tuple(handles))
+    def _run_fresh(self, given: tuple, handles: list[int]):
+        """Launch on the given inputs and fresh outputs; return the outputs."""
+        outs = []
+        for i, shape, dtype, large in self._fresh:
+            # Large outputs come from the pool: reused blocks skip the page faults a fresh
+            # allocation pays (~2.5x on big elementwise ops); small ones are cheaper from
+            # NumPy.
+            array = default_pool().empty(shape, dtype) if large else np.empty(shape, dtype)
+            handles[i] = address(array)
+            outs.append(array)
+        if self._fresh_only:  # outputs are fresh ones only (no in-out parameters)
+            self._launch(handles)
+            return outs[0] if len(outs) == 1 else tuple(outs)
+        full: list = [None] * self._count
+        for i, a in zip(self._given_index, given):
+            full[i] = a
+        for (i, *_), a in zip(self._fresh, outs):
+            full[i] = a
+        return self._run(full, handles)
+
+    def _run(self, arrays, handles: list[int]):
+        self._launch(handles)
         if len(self._outputs) == 1:
             return arrays[self._outputs[0]]
         return tuple(arrays[i] for i in self._outputs)
+
+    def _launch(self, handles: list[int]) -> None:
+        if not self._host:
+            raise DeviceError(f"{self.program.name}: the {self.backend} backend computes on "
+                              "memory the host cannot see, so it cannot be called on NumPy "
+                              "arrays; use an hg.Executor's buffers (ex.from_numpy(x))")
+        self.launch(tuple(handles))
 
 
 #: How many launches :func:`launch_cache` keeps (see :class:`LaunchCache`).
