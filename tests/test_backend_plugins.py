@@ -4,6 +4,7 @@ the registry like built-in ones: named, selectable, and loaded only when first u
 from __future__ import annotations
 
 import importlib.metadata
+import subprocess
 import sys
 import types
 
@@ -73,3 +74,11 @@ def test_entry_point_that_is_not_a_backend_is_refused(plugins):
     plugins("notbackend", "plugin_pkg:NotABackend")
     with pytest.raises(DeviceError, match=r"notbackend.*not a hologram\.backends\.base\.Backend"):
         backends.backend_class("notbackend")
+
+
+def test_first_registry_call_of_a_process_can_be_get():
+    """get() and builder() hold the registry lock while the plug-ins load on first use: a
+    fresh process whose first call is one of them must not deadlock."""
+    code = ("import hologram.backends as b; b.get('interp'); "
+            "import hologram.backends as c; c._plugins_loaded = False; c.builder('cpu')")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
