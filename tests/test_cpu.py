@@ -65,6 +65,7 @@ from hologram.backends.cpu.render import (
     split_parts,
     unsupported,
 )
+from hologram.codegen import loops
 from hologram.compiler import pipeline
 from hologram.errors import IRError
 from hologram.frontend.graph import Graph, Tensor
@@ -737,6 +738,42 @@ def test_large_f32_sums_within_the_bound(data, n):
     exact = math.fsum(x.astype(np.float64).tolist())
     bound = sum_bound(dt.float32, math.fsum(np.abs(x.astype(np.float64)).tolist()), exact)
     assert abs(float(got[0]) - exact) <= bound, (float(got[0]), exact, bound)
+
+
+def blocked_sum(x: np.ndarray) -> np.float32:
+    """The cpu backend's float32 sum of one row (docs/isa.md, "Float sums"), in NumPy:
+    blocks of ``BLOCK`` terms, term ``i`` of a block in lane ``i % LANES`` (``VECTOR`` lanes
+    at a time), the lanes added as a balanced tree, the last ``< VECTOR`` terms of the
+    block in order, the block sums in order in float64."""
+    outer = np.float64(-0.0)
+    for start in range(0, len(x), loops.BLOCK):
+        block = x[start:start + loops.BLOCK]
+        lanes = np.full(loops.LANES, -0.0, np.float32)
+        vectors = len(block) // loops.VECTOR
+        for v in range(vectors):
+            lane = v * loops.VECTOR % loops.LANES
+            lanes[lane:lane + loops.VECTOR] += block[v * loops.VECTOR:(v + 1) * loops.VECTOR]
+        while len(lanes) > 1:
+            lanes = lanes[:len(lanes) // 2] + lanes[len(lanes) // 2:]
+        outer += np.float64(lanes[0])
+        tail = np.float32(-0.0)
+        for term in block[vectors * loops.VECTOR:]:
+            tail = np.float32(tail + term)
+        outer += np.float64(tail)
+    return np.float32(outer)
+
+
+@pytest.mark.parametrize("n", [17, 63, 64, 65, 79, 80, 1023, 1024, 1025, 1087, 1104, 3000,
+                               65_000])
+def test_f32_sum_follows_the_documented_order(n):
+    """Bit for bit the order docs/isa.md states, at lengths around the lane, vector and
+    block boundaries (a whole row in one kernel: below the split of large reductions)."""
+    rng = np.random.default_rng(n)
+    x = (rng.standard_normal(n) * 10.0 ** rng.uniform(-4, 4, n)).astype(np.float32)
+    g = Graph("ordered_sum")
+    g.output("s", g.sum(g.input("x", "f32", (n,))))
+    (got,) = run_cpu(g.program(), [x])
+    assert same_bits(got, np.array([blocked_sum(x)])), (got, blocked_sum(x))
 
 
 @pytest.mark.parametrize("name", ["f32", "f16", "bf16"])
@@ -1608,7 +1645,7 @@ def test_dump_dir_gets_the_loop_plan_llvm_ir_and_assembly(tmp_path, monkeypatch)
     assert stages == [f"{name}.atlas" for name, _ in passes] + \
         ["library_calls", "loops", "cpu.ll", "cpu.opt.ll", "cpu.s"]
     plan = next((tmp_path / "dump").glob("*.loops")).read_text()
-    assert "x16 lanes per block of 256, blocks in f64" in plan, plan
+    assert f"x{loops.LANES} lanes per block of {loops.BLOCK}, blocks in f64" in plan, plan
 
 
 def test_unsupported_kernels_run_on_the_interpreter():

@@ -36,13 +36,16 @@ MAX_PARTS = 64
 
 #: Float sums (docs/isa.md, "Float sums"): the terms of a block of ``BLOCK`` go to
 #: ``LANES`` accumulators of the operand precision (float32 for f16/bf16), term ``i`` to
-#: lane ``i % LANES``, added as a balanced tree; the last ``< LANES`` terms of a row form
-#: one sequential sum; block sums are added in order in the target's ``block_sum_dtype``.
-#: A row of at most ``SHORT_ROW`` terms is one sequential sum. The error bound's constant
-#: follows from these: at most ``BLOCK / LANES - 1`` rounded additions per lane and
-#: ``log2(LANES)`` tree levels.
-LANES = 16
-BLOCK = 256
+#: lane ``i % LANES``, ``VECTOR`` lanes at a time, added as a balanced tree; the last
+#: ``< VECTOR`` terms of a row form one sequential sum; block sums are added in order in
+#: the target's ``block_sum_dtype``. A row of at most ``SHORT_ROW`` terms is one sequential
+#: sum. The error bound's constant follows from these: at most ``BLOCK / LANES - 1``
+#: rounded additions per lane (``VECTOR - 1`` in the sequential sum) and ``log2(LANES)``
+#: tree levels. Several vectors of lanes make independent chains of additions, so a sum
+#: runs at the memory's speed rather than one vector addition's latency.
+LANES = 64
+BLOCK = 1024
+VECTOR = 16
 SHORT_ROW = 16
 
 

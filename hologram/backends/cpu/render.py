@@ -52,6 +52,7 @@ from hologram.codegen.loops import (
     LANES,
     PART_WORK,
     SHORT_ROW,
+    VECTOR,
     Accumulator,
     KernelPlan,
     plan,
@@ -512,19 +513,29 @@ class _KernelRenderer:
         """Add the terms at indices ``[lo, hi)`` of dimension ``dim`` into ``outer``, one
         block of :data:`BLOCK` at a time: term ``i`` of a block goes to lane ``i %
         LANES`` (in order, no reassociation), and the lanes are added as a balanced tree.
-        The lane loops are elementwise, so LLVM vectorizes them without fast-math."""
+        The lane loops are elementwise, so LLVM vectorizes them without fast-math.
+
+        The lanes are ``LANES / VECTOR`` arrays of one vector register each: LLVM
+        keeps a small array in a register (a larger one stays in memory), and the arrays
+        are independent chains of additions, so the loop is not bound by the latency of one
+        vector addition. A short block's last ``< LANES`` terms go to the arrays a whole
+        vector at a time while they last (no lane takes more than ``BLOCK / LANES`` terms),
+        the final ``< VECTOR_LANES`` ones to one sequential sum."""
         b = self.b
-        lanes = self._alloca(ir.ArrayType(lane_type, LANES))
+        width = VECTOR
+        arrays = [self._alloca(ir.ArrayType(lane_type, width)) for _ in range(LANES // width)]
         zero = ir.Constant(I64, 0)
 
-        def lane(j: ir.Value) -> ir.Value:
-            return b.gep(lanes, [zero, j])
+        def lane(j: int, k: ir.Value) -> ir.Value:
+            return b.gep(arrays[j], [zero, k])
+
+        def add_vector(j: int, first: ir.Value) -> None:  # array j += terms [first, +width)
+            def add(k: ir.Value) -> None:
+                self.index[dim] = b.add(first, k)
+                b.store(b.fadd(b.load(lane(j, k)), term()), lane(j, k))
+            self._loop(ir.Constant(I64, width), add, dim=-2, lanes=True)
 
         tail = self._alloca(lane_type)
-
-        def add(j: ir.Value, i: ir.Value) -> None:  # lanes[j] += term at index i
-            self.index[dim] = i
-            b.store(b.fadd(b.load(lane(j)), term()), lane(j))
 
         def tail_add(i: ir.Value) -> None:
             self.index[dim] = i
@@ -533,25 +544,32 @@ class _KernelRenderer:
         def block(start: ir.Value) -> None:
             end = b.add(start, ir.Constant(I64, BLOCK))
             stop = b.select(b.icmp_signed("<", end, hi), end, hi)
-            for j in range(LANES):
-                b.store(_float_const(lane_type, -0.0), lane(ir.Constant(I64, j)))
-            whole = b.and_(b.sub(stop, start), ir.Constant(I64, -LANES))
-            full = b.add(start, whole)
+            for j in range(LANES // width):
+                for k in range(width):
+                    b.store(_float_const(lane_type, -0.0), lane(j, ir.Constant(I64, k)))
+            full = b.add(start, b.and_(b.sub(stop, start), ir.Constant(I64, -LANES)))
 
             def group(g: ir.Value) -> None:
-                self._loop(ir.Constant(I64, LANES), lambda j: add(j, b.add(g, j)), dim=-2,
-                           lanes=True)
+                for j in range(LANES // width):
+                    add_vector(j, b.add(g, ir.Constant(I64, j * width)))
 
             self._loop(full, group, dim=-3, start=start, step=LANES)
-            sums = [b.load(lane(ir.Constant(I64, j))) for j in range(LANES)]
+            for j in range(LANES // width - 1):
+                first = b.add(full, ir.Constant(I64, j * width))
+                with b.if_then(b.icmp_signed("<=", b.add(first, ir.Constant(I64, width)),
+                                             stop)):
+                    add_vector(j, first)
+            sums = [b.load(lane(j, ir.Constant(I64, k)))
+                    for j in range(LANES // width) for k in range(width)]
             while len(sums) > 1:
                 half = len(sums) // 2
                 sums = [b.fadd(sums[k], sums[k + half]) for k in range(half)]
             outer.add(sums[0])
-            # The last (< LANES) terms in order, apart: a variable lane index would keep
+            # The last (< width) terms in order, apart: a variable lane index would keep
             # the lanes in memory instead of vector registers.
+            rest = b.add(start, b.and_(b.sub(stop, start), ir.Constant(I64, -width)))
             b.store(_float_const(lane_type, -0.0), tail)
-            self._loop(b.sub(stop, full), lambda j: tail_add(b.add(full, j)), dim=-2)
+            self._loop(b.sub(stop, rest), lambda j: tail_add(b.add(rest, j)), dim=-2)
             outer.add(b.load(tail))
 
         self._loop(hi, block, dim=-4, start=lo, step=BLOCK)
