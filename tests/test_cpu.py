@@ -742,22 +742,31 @@ def test_large_f32_sums_within_the_bound(data, n):
 
 def blocked_sum(x: np.ndarray) -> np.float32:
     """The cpu backend's float32 sum of one row (docs/isa.md, "Float sums"), in NumPy:
-    blocks of ``BLOCK`` terms, term ``i`` of a block in lane ``i % LANES`` (``VECTOR`` lanes
-    at a time), the lanes added as a balanced tree, the last ``< VECTOR`` terms of the
-    block in order, the block sums in order in float64."""
+    blocks of ``BLOCK`` terms; term ``i`` of a block's whole groups of ``LANES`` in lane
+    ``i % LANES``, the lanes added as a balanced tree; the block's further whole vectors
+    (``VECTOR`` terms) in ``VECTOR`` more lanes, added as a tree; its last ``< VECTOR``
+    terms in order; the three sums of each block added in order in float64."""
+
+    def tree(lanes):
+        while len(lanes) > 1:
+            lanes = lanes[:len(lanes) // 2] + lanes[len(lanes) // 2:]
+        return np.float64(lanes[0])
+
     outer = np.float64(-0.0)
     for start in range(0, len(x), loops.BLOCK):
         block = x[start:start + loops.BLOCK]
+        full = len(block) // loops.LANES * loops.LANES
+        vectors = len(block) // loops.VECTOR * loops.VECTOR
         lanes = np.full(loops.LANES, -0.0, np.float32)
-        vectors = len(block) // loops.VECTOR
-        for v in range(vectors):
-            lane = v * loops.VECTOR % loops.LANES
-            lanes[lane:lane + loops.VECTOR] += block[v * loops.VECTOR:(v + 1) * loops.VECTOR]
-        while len(lanes) > 1:
-            lanes = lanes[:len(lanes) // 2] + lanes[len(lanes) // 2:]
-        outer += np.float64(lanes[0])
+        for g in range(0, full, loops.LANES):
+            lanes += block[g:g + loops.LANES]
+        outer += tree(lanes)
+        lanes = np.full(loops.VECTOR, -0.0, np.float32)
+        for v in range(full, vectors, loops.VECTOR):
+            lanes += block[v:v + loops.VECTOR]
+        outer += tree(lanes)
         tail = np.float32(-0.0)
-        for term in block[vectors * loops.VECTOR:]:
+        for term in block[vectors:]:
             tail = np.float32(tail + term)
         outer += np.float64(tail)
     return np.float32(outer)

@@ -34,11 +34,12 @@ from hologram.isa.ir import Kernel, Program
 PART_WORK = 1 << 16
 MAX_PARTS = 64
 
-#: Float sums (docs/isa.md, "Float sums"): the terms of a block of ``BLOCK`` go to
-#: ``LANES`` accumulators of the operand precision (float32 for f16/bf16), term ``i`` to
-#: lane ``i % LANES``, ``VECTOR`` lanes at a time, added as a balanced tree; the last
-#: ``< VECTOR`` terms of a row form one sequential sum; block sums are added in order in
-#: the target's ``block_sum_dtype``. A row of at most ``SHORT_ROW`` terms is one sequential
+#: Float sums (docs/isa.md, "Float sums"): the whole groups of ``LANES`` terms of a block
+#: of ``BLOCK`` go to ``LANES`` accumulators of the operand precision (float32 for
+#: f16/bf16), term ``i`` to lane ``i % LANES``, ``VECTOR`` lanes at a time, added as a
+#: balanced tree; a short block's further whole vectors go to ``VECTOR`` more lanes, its
+#: last ``< VECTOR`` terms to one sequential sum; these sums are added in order in the
+#: target's ``block_sum_dtype``. A row of at most ``SHORT_ROW`` terms is one sequential
 #: sum. The error bound's constant follows from these: at most ``BLOCK / LANES - 1``
 #: rounded additions per lane (``VECTOR - 1`` in the sequential sum) and ``log2(LANES)``
 #: tree levels. Several vectors of lanes make independent chains of additions, so a sum
