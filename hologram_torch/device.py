@@ -159,7 +159,7 @@ def memory_reserved(device: object = None) -> int:
 
 
 def memory_stats(device: object = None) -> dict:
-    """The pool's counters (see :meth:`hologram.runtime.pool.Pool.stats`), plus the
+    """The pool's counters (see :meth:`hologram.backends.hostmem.Pool.stats`), plus the
     ``torch.cuda``-style names ``allocated_bytes.all.current``, ``.peak`` and
     ``reserved_bytes.all.current``."""
     _index(device)
