@@ -3,6 +3,11 @@ nests, split reductions and accumulators chosen from a target's capabilities."""
 
 from __future__ import annotations
 
+import itertools
+import math
+
+import pytest
+
 from hologram.codegen import loops
 from hologram.compiler import pipeline
 from hologram.compiler.capabilities import CPU, WEBGPU
@@ -101,3 +106,22 @@ def test_the_placement_as_data_agrees_with_its_text():
             assert plan.accumulator(a.position) is a
     hoisted = {d for k in _kernels(mixed) for d in loops.plan(k).hoist if d is not None}
     assert hoisted == {1, 2}
+
+
+@pytest.mark.parametrize("domain", [(2 * loops.PART_WORK,), (1_000_000,), (10_000_019,),
+                                    (loops.MAX_PARTS * loops.PART_WORK * 3 + 7,),
+                                    (1000, 1000), (200, 3, 5000)])
+def test_split_reduction_partials_cover_the_row_and_keep_its_blocks(domain):
+    """Partials of a 1-D split sum start on block boundaries (aligned loads, the lanes of
+    the unsplit row); other domains divide dimension 0 evenly. None is empty."""
+    n = domain[0]
+    parts = min(loops.MAX_PARTS, n, math.prod(domain) // loops.PART_WORK)
+    base, extra = loops.part_bounds(domain, parts)
+    bounds = [min(q * base + min(q, extra), n) for q in range(parts + 1)]
+    assert bounds[0] == 0 and bounds[-1] == n
+    assert all(lo < hi for lo, hi in itertools.pairwise(bounds))
+    if len(domain) == 1:
+        assert all(b % loops.BLOCK == 0 for b in bounds[:-1])
+    else:
+        sizes = [hi - lo for lo, hi in itertools.pairwise(bounds)]
+        assert max(sizes) - min(sizes) <= 1

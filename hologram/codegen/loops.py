@@ -71,8 +71,8 @@ def split_parts(kernel: Kernel) -> int:
     A kernel without a grid whose one reduction runs over dimension 0 among others, and
     whose stores all store values computed once (the reduction's result and what follows
     from it), is rendered as two functions: ``symbol`` computes partial ``p`` (the
-    reduction over dimension-0 indices ``[bound(p), bound(p + 1))``, bounds as
-    ``threads.chunks`` draws them) for the ``p`` in its ``[start, stop)``, into a scratch
+    reduction over dimension-0 indices ``[bound(p), bound(p + 1))``, see
+    :func:`part_bounds`) for the ``p`` in its ``[start, stop)``, into a scratch
     buffer passed as pointer ``len(program.buffers)``; ``symbol_final`` folds the partials
     in order and runs the rest of the kernel. The partials can then run on all threads,
     where a whole reduction would run on one."""
@@ -87,6 +87,23 @@ def split_parts(kernel: Kernel) -> int:
             return 0
     parts = min(MAX_PARTS, kernel.domain[0], math.prod(kernel.domain) // PART_WORK)
     return parts if parts >= 2 else 0
+
+
+def part_bounds(domain: tuple[int, ...], parts: int) -> tuple[int, int]:
+    """``(base, extra)``: partial ``q`` of a split reduction over ``domain`` reduces the
+    dimension-0 indices ``[bound(q), bound(q + 1))`` with ``bound(q) = min(q * base +
+    min(q, extra), domain[0])``.
+
+    A one-dimensional reduction's partials are whole blocks of :data:`BLOCK` terms but the
+    last (``extra = 0``): each starts where a block of the unsplit row would, so its loads
+    keep the row's alignment (unaligned partials measured the 1e6-term float32 sum 15%
+    slower on one thread) and the terms meet the same lanes. Otherwise dimension 0 is
+    divided evenly (``n // parts``, the first ``n % parts`` one more)."""
+    n = domain[0]
+    if math.prod(domain[1:]) == 1:
+        # Never empty: n / parts >= PART_WORK > (MAX_PARTS - 1) * BLOCK.
+        return -(-n // (parts * BLOCK)) * BLOCK, 0
+    return divmod(n, parts)
 
 
 @dataclass(frozen=True)

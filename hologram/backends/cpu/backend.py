@@ -177,12 +177,18 @@ class _Executable(Executable):
         for the partials (8 bytes each for the accumulators, 8 for argmax/argmin indices)
         is the pointer after the program's buffers."""
         nbuffers, final_fn, one = self.nbuffers, _RAW_KERNEL(final), ctypes.c_int64(1)
+        part_fn, all_parts = _RAW_KERNEL(part), ctypes.c_int64(parts)
+        # The array types, made once (each ``c_int64 * n`` is a lookup and a call).
+        scratch_type = ctypes.c_int64 * (2 * parts)
+        extended_type = ctypes.c_void_p * (nbuffers + 1)
 
         def run(pointers, memory) -> None:
-            scratch = (ctypes.c_int64 * (2 * parts))()
-            extended = (ctypes.c_void_p * (nbuffers + 1))(*pointers[:nbuffers],
-                                                           ctypes.addressof(scratch))
-            threads.run_kernel(part, extended, parts, 1)
+            scratch = scratch_type()
+            extended = extended_type(*pointers[:nbuffers], ctypes.addressof(scratch))
+            if threads.num_threads() == 1:  # no hand-off to the workers (~2 us)
+                part_fn(extended, _ZERO, all_parts)
+            else:
+                threads.run_kernel(part, extended, parts, 1)
             final_fn(extended, _ZERO, one)
 
         return run

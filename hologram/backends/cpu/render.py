@@ -55,6 +55,7 @@ from hologram.codegen.loops import (
     VECTOR,
     Accumulator,
     KernelPlan,
+    part_bounds,
     plan,
     split_parts,
     unsupported,
@@ -256,13 +257,14 @@ class _KernelRenderer:
         """Partial ``p`` of a split reduction into the scratch memory: the accumulator at
         ``[p]``, and for argmax/argmin the best flat index at ``[parts + p]`` (i64)."""
         b, body = self.b, self.kernel.body
-        n = self.kernel.domain[0]
-        base, extra = divmod(n, self.parts)
+        n = ir.Constant(I64, self.kernel.domain[0])
+        base, extra = part_bounds(self.kernel.domain, self.parts)
 
-        def bound(q: ir.Value) -> ir.Value:  # threads.chunks' boundaries
+        def bound(q: ir.Value) -> ir.Value:
             smaller = b.select(b.icmp_signed("<", q, ir.Constant(I64, extra)), q,
                                ir.Constant(I64, extra))
-            return b.add(b.mul(q, ir.Constant(I64, base)), smaller)
+            start = b.add(b.mul(q, ir.Constant(I64, base)), smaller)
+            return b.select(b.icmp_signed("<", start, n), start, n)
 
         self.outer = (bound(p), bound(b.add(p, ir.Constant(I64, 1))))
         self.point, self.local = {}, {}
