@@ -22,7 +22,7 @@ from hologram.isa.ir import (
     COMPARE_OPS,
     REDUCE_KINDS,
     UNARY_OPS,
-    Buffer,
+    BufferDecl,
     IndexMap,
     Instr,
     Kernel,
@@ -141,7 +141,7 @@ def arena() -> Program:
         k.store(dst, k.exp(k.load(src)))
     p = b.build()
     offsets = {"t0": 0, "t1": 32, "t2": 0}  # t0 and t2 are never live together
-    buffers = tuple(Buffer(bf.name, bf.dtype, bf.shape, bf.kind, offsets.get(bf.name))
+    buffers = tuple(BufferDecl(bf.name, bf.dtype, bf.shape, bf.kind, offsets.get(bf.name))
                     for bf in p.buffers)
     return verify(Program(p.name, buffers, p.kernels))
 

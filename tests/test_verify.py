@@ -8,14 +8,14 @@ import pytest
 from hologram.errors import IRError
 from hologram.isa import dtypes as dt
 from hologram.isa.builder import ProgramBuilder
-from hologram.isa.ir import Buffer, IndexMap, Instr, Kernel, Program, encode_const
+from hologram.isa.ir import BufferDecl, IndexMap, Instr, Kernel, Program, encode_const
 from hologram.isa.verify import verify
 
 F32 = dt.float32
 
 
 def _program(*body: Instr, domain=(4,), buffers=None) -> Program:
-    buffers = buffers or (Buffer("x", F32, (4,), "in"), Buffer("y", F32, (4,), "out"))
+    buffers = buffers or (BufferDecl("x", F32, (4,), "in"), BufferDecl("y", F32, (4,), "out"))
     return Program("p", tuple(buffers), (Kernel("k0", domain, tuple(body)),))
 
 
@@ -56,7 +56,7 @@ def test_declared_result_type_wrong():
 
 def test_float_only_and_int_only_ops():
     ld = Instr("load", dt.int32, (4,), (), (0, IndexMap(0, (1,))))
-    bufs = (Buffer("x", dt.int32, (4,)), Buffer("y", dt.int32, (4,), "out"))
+    bufs = (BufferDecl("x", dt.int32, (4,)), BufferDecl("y", dt.int32, (4,), "out"))
     _rejects(_program(ld, Instr("exp", dt.int32, (4,), (0,)), buffers=bufs),
              "needs a floating-point operand")
     _rejects(_program(LOAD, Instr("and", F32, (4,), (0, 0)), _store(1)),
@@ -81,7 +81,7 @@ def test_shape_errors():
 
 def test_axis_errors():
     x = Instr("load", F32, (4, 8), (), (0, IndexMap(0, (8, 1))))
-    bufs = (Buffer("x", F32, (4, 8)), Buffer("y", F32, (4,), "out"))
+    bufs = (BufferDecl("x", F32, (4, 8)), BufferDecl("y", F32, (4,), "out"))
 
     def reduce(axes, grid_rank=0, kind="sum"):
         body = (x, Instr("reduce", F32, (4, 1), (0,), (kind, axes)))
@@ -116,7 +116,7 @@ def test_bad_index_maps():
 
 
 def test_read_write_aliasing():
-    bufs = (Buffer("x", F32, (8,), "inout"),)
+    bufs = (BufferDecl("x", F32, (8,), "inout"),)
     shifted = Instr("load", F32, (4,), (), (0, IndexMap(1, (1,))))
     p = _program(shifted, _store(0, buffer=0), buffers=bufs)
     _rejects(p, "reads and writes x")
@@ -132,13 +132,13 @@ def test_constants_must_be_encoded():
 
 
 def test_program_level_errors():
-    _rejects(Program("p", (Buffer("x", F32, (4,), "weird"),)), "kind 'weird'")
-    _rejects(Program("p", (Buffer("x", F32, (4,)), Buffer("x", F32, (4,)))),
+    _rejects(Program("p", (BufferDecl("x", F32, (4,), "weird"),)), "kind 'weird'")
+    _rejects(Program("p", (BufferDecl("x", F32, (4,)), BufferDecl("x", F32, (4,)))),
              "declared twice")
-    _rejects(Program("p", (Buffer("x", F32, (4,), "in", offset=0),)),
+    _rejects(Program("p", (BufferDecl("x", F32, (4,), "in", offset=0),)),
              "only temporaries have an arena offset")
     k = Kernel("k0", (4,), (LOAD, _store(0)))
-    two = Program("p", (Buffer("x", F32, (4,)), Buffer("y", F32, (4,), "out")), (k, k))
+    two = Program("p", (BufferDecl("x", F32, (4,)), BufferDecl("y", F32, (4,), "out")), (k, k))
     _rejects(two, "kernel name k0 is declared twice")
     _rejects(Program("p", (), (Kernel("k0", (-1,), ()),)), "non-negative")
     _rejects(Program("p", (), (Kernel("k0", (4,), (), grid_rank=2),)), "grid_rank 2")

@@ -14,12 +14,12 @@ from llvmlite import ir
 
 from hologram.backends.interp import run
 from hologram.isa import dtypes as dt
-from hologram.isa.ir import Buffer, Program
+from hologram.isa.ir import BufferDecl, Program
 
 FLOAT_EDGES = [0.0, -0.0, np.inf, -np.inf, np.nan, 1.0, -1.0, 1e-40, -1e-40, 3.4e38, 0.5]
 
 
-def random_array(buf: Buffer, rng: np.random.Generator, edges: bool = True) -> np.ndarray:
+def random_array(buf: BufferDecl, rng: np.random.Generator, edges: bool = True) -> np.ndarray:
     """Random values for ``buf`` (storage dtype), sprinkled with edge values."""
     t, n = buf.dtype, buf.size
     if t.is_bool:

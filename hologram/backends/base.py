@@ -34,7 +34,7 @@ import numpy as np
 from hologram.errors import DeviceError, DTypeError, ShapeError
 from hologram.isa import dtypes
 from hologram.isa.dtypes import DType
-from hologram.isa.ir import Buffer, Program
+from hologram.isa.ir import BufferDecl, Program
 
 
 class Allocator(ABC):
@@ -124,7 +124,7 @@ class Executable(ABC):
         """Run the program on the parameters at ``handles``."""
 
 
-def host_arrays(params: Sequence[Buffer], addresses: Sequence[int]) -> list[np.ndarray]:
+def host_arrays(params: Sequence[BufferDecl], addresses: Sequence[int]) -> list[np.ndarray]:
     """Flat NumPy views of host memory at ``addresses``, one per parameter declaration
     (for executables that compute on arrays, like the interpreter)."""
     arrays = []
@@ -150,7 +150,7 @@ def check_arrays(program: Program, arrays: Sequence[object], where: str) -> list
     return [_check(param, array, where) for param, array in zip(params, arrays)]
 
 
-def _check(param: Buffer, array: object, where: str) -> np.ndarray:
+def _check(param: BufferDecl, array: object, where: str) -> np.ndarray:
     where = f"{where}, parameter {param.name} ({param.kind} {param.dtype.name}{list(param.shape)})"
     if not isinstance(array, np.ndarray):
         raise DTypeError(f"{where}: expected a NumPy array, got {type(array).__name__}")

@@ -9,10 +9,10 @@ every opcode (the interpreter runs it; the compiler folds constants with it).
 
 from hologram.isa.builder import KernelBuilder, ProgramBuilder, Value
 from hologram.isa.dtypes import DType, dtype
-from hologram.isa.ir import Buffer, IndexMap, Instr, Kernel, Program
+from hologram.isa.ir import BufferDecl, IndexMap, Instr, Kernel, Program
 from hologram.isa.verify import verify
 
 __all__ = [
-    "Buffer", "DType", "IndexMap", "Instr", "Kernel", "KernelBuilder", "Program",
+    "BufferDecl", "DType", "IndexMap", "Instr", "Kernel", "KernelBuilder", "Program",
     "ProgramBuilder", "Value", "dtype", "verify",
 ]

@@ -28,7 +28,7 @@ from hologram.isa.ir import (
     BINARY_OPS,
     COMPARE_OPS,
     UNARY_OPS,
-    Buffer,
+    BufferDecl,
     IndexMap,
     Kernel,
     Program,
@@ -81,7 +81,7 @@ class KernelBuilder:
         return tuple(x if isinstance(x, Value) else self.const(x, like.dtype) for x in xs)
 
     def _map(self, buffer: int, shape: tuple[int, ...] | None, offset: int,
-             strides: tuple[int, ...] | None) -> tuple[Buffer, tuple[int, ...], IndexMap]:
+             strides: tuple[int, ...] | None) -> tuple[BufferDecl, tuple[int, ...], IndexMap]:
         buf = self.program.buffers[buffer]
         if shape is None:
             shape = buf.shape
@@ -173,13 +173,13 @@ for _op in BINARY_OPS + COMPARE_OPS:
 class ProgramBuilder:
     def __init__(self, name: str = "main"):
         self.name = name
-        self.buffers: list[Buffer] = []
+        self.buffers: list[BufferDecl] = []
         self.kernels: list[KernelBuilder] = []
 
     def buffer(self, name: str, dtype: DType | str, shape: tuple[int, ...],
                kind: str = "in") -> int:
         """Declare a buffer; returns its index (what load and store take)."""
-        self.buffers.append(Buffer(name, dt.dtype(dtype), tuple(shape), kind))
+        self.buffers.append(BufferDecl(name, dt.dtype(dtype), tuple(shape), kind))
         return len(self.buffers) - 1
 
     def input(self, name: str, dtype: DType | str, shape: tuple[int, ...]) -> int:

@@ -141,8 +141,10 @@ class Instr:
 
 
 @dataclass(frozen=True, slots=True)
-class Buffer:
-    """Flat memory of ``prod(shape)`` elements. ``kind`` is in/out/inout/temp.
+class BufferDecl:
+    """A program's declaration of a buffer: flat memory of ``prod(shape)`` elements.
+    ``kind`` is in/out/inout/temp. (Not the memory itself: that is the runtime's
+    :class:`hologram.Buffer`, which holds a device allocation.)
 
     ``offset`` is set by the scheduler on temporaries: their byte offset in the program's
     temporary arena (temporaries whose lifetimes do not overlap share bytes).
@@ -205,7 +207,7 @@ class Program:
     """Buffers and kernels, run in order. Parameters are the non-temp buffers, in order."""
 
     name: str
-    buffers: tuple[Buffer, ...]
+    buffers: tuple[BufferDecl, ...]
     kernels: tuple[Kernel, ...] = field(default=())
 
     # Programs are immutable and used as dictionary keys on hot paths: hash them once.
@@ -226,11 +228,11 @@ class Program:
         return hash(self._fields)
 
     @property
-    def params(self) -> tuple[Buffer, ...]:
+    def params(self) -> tuple[BufferDecl, ...]:
         return tuple(b for b in self.buffers if b.kind != "temp")
 
     @property
-    def temps(self) -> tuple[Buffer, ...]:
+    def temps(self) -> tuple[BufferDecl, ...]:
         return tuple(b for b in self.buffers if b.kind == "temp")
 
     @property

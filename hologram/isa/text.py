@@ -29,7 +29,7 @@ from hologram.isa import dtypes as dt
 from hologram.isa.ir import (
     ALL_OPS,
     BUFFER_KINDS,
-    Buffer,
+    BufferDecl,
     IndexMap,
     Instr,
     Kernel,
@@ -197,7 +197,7 @@ class _Parser:
     def __init__(self, text: str):
         self.lines = iter(line for n, t in enumerate(text.splitlines(), 1)
                           if (line := _Line(n, t)).tokens)
-        self.buffers: list[Buffer] = []
+        self.buffers: list[BufferDecl] = []
         self.buffer_index: dict[str, int] = {}
         # Source line of each buffer, and of each kernel's header then its instructions.
         self.buffer_lines: list[_Line] = []
@@ -235,7 +235,7 @@ class _Parser:
         offset = line.integer() if line.accept("@") else None
         line.end()
         self.buffer_index.setdefault(name, len(self.buffers))
-        self.buffers.append(Buffer(name, dtype, shape, kind, offset))
+        self.buffers.append(BufferDecl(name, dtype, shape, kind, offset))
         self.buffer_lines.append(line)
 
     def kernel(self, head: _Line) -> Kernel:

@@ -36,7 +36,7 @@ from hologram.compiler import pipeline
 from hologram.compiler.cache import CacheKey, compiler_version, default_cache
 from hologram.compiler.options import CompileOptions
 from hologram.errors import DeviceError
-from hologram.isa.ir import Buffer, Program
+from hologram.isa.ir import BufferDecl, Program
 
 POOL_THRESHOLD = 1 << 20  # bytes
 
@@ -69,7 +69,7 @@ class CompiledProgram:
         self._fresh_only = len(self._fresh) == len(self._outputs)
 
     @property
-    def params(self) -> tuple[Buffer, ...]:
+    def params(self) -> tuple[BufferDecl, ...]:
         return self.program.params
 
     def __call__(self, *arrays: np.ndarray) -> np.ndarray | tuple[np.ndarray, ...] | None:

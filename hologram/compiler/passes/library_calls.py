@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from hologram.isa import dtypes as dt
-from hologram.isa.ir import Buffer, IndexMap, Instr, Kernel, Program
+from hologram.isa.ir import BufferDecl, IndexMap, Instr, Kernel, Program
 
 _ALIGN = 64
 
@@ -135,7 +135,7 @@ def split(program: Program, dtypes: tuple[str, ...] = ("f32", "f64")
         # BLAS writes a scratch block; the kernel keeps the epilogue.
         shape = kernel.body[pos].shape
         offset = -(-arena // _ALIGN) * _ALIGN
-        scratch = Buffer(f"gemm.{kernel.name}", kernel.body[pos].dtype,
+        scratch = BufferDecl(f"gemm.{kernel.name}", kernel.body[pos].dtype,
                          gemm.batch + (gemm.m, gemm.n), "temp", offset)
         arena = offset + scratch.nbytes
         buffers.append(scratch)
