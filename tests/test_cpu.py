@@ -1567,9 +1567,10 @@ def test_only_innermost_loops_with_math_ask_for_interleaving():
     g = Graph("rows")  # softmax's denominator: the grid over rows, exp summed along a row
     x = g.input("x", "f32", (64, 1000))
     g.output("s", g.sum(g.unary("exp", x), axes=1))
-    # the sum's lane loops (hinted to vectorize: one per vector of loops.LANES, one for a
-    # short block's further vectors, see render._blocks) and its tail loop
-    lane_loops = loops.LANES // loops.VECTOR + 1
+    # the sum's lane loops (hinted to vectorize: one per vector of loops.LANES in whole
+    # blocks and again in the short block, plus one for its further vectors, see
+    # render._blocks) and its tail loop
+    lane_loops = 2 * (loops.LANES // loops.VECTOR) + 1
     assert _loop_hints(g) == ["d-2.body", *(f"d-2.body.{i}" for i in range(1, lane_loops + 1))]
 
 

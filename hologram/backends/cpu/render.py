@@ -557,17 +557,22 @@ class _KernelRenderer:
             self.index[dim] = i
             b.store(b.fadd(b.load(tail), term()), tail)
 
-        def block(start: ir.Value) -> None:
-            end = b.add(start, ir.Constant(I64, BLOCK))
-            stop = b.select(b.icmp_signed("<", end, hi), end, hi)
+        def group(g: ir.Value) -> None:
+            for j in range(groups):
+                add_vector(j, b.add(g, ir.Constant(I64, j * VECTOR)))
+
+        def whole_block(start: ir.Value) -> None:
+            # BLOCK is a multiple of LANES: no further vectors, no tail (adding their -0.0
+            # sums would change no bit), and a constant trip count for the group loop.
+            clear(range(groups))
+            self._loop(b.add(start, ir.Constant(I64, BLOCK)), group, dim=-3, start=start,
+                       step=LANES)
+            outer.add(tree(range(groups)))
+
+        def short_block(start: ir.Value) -> None:
             clear(range(groups + 1))
-            full = b.add(start, b.and_(b.sub(stop, start), ir.Constant(I64, -LANES)))
-            vectors = b.add(start, b.and_(b.sub(stop, start), ir.Constant(I64, -VECTOR)))
-
-            def group(g: ir.Value) -> None:
-                for j in range(groups):
-                    add_vector(j, b.add(g, ir.Constant(I64, j * VECTOR)))
-
+            full = b.add(start, b.and_(b.sub(hi, start), ir.Constant(I64, -LANES)))
+            vectors = b.add(start, b.and_(b.sub(hi, start), ir.Constant(I64, -VECTOR)))
             self._loop(full, group, dim=-3, start=start, step=LANES)
             outer.add(tree(range(groups)))
             self._loop(vectors, lambda v: add_vector(groups, v), dim=-3, start=full,
@@ -576,10 +581,14 @@ class _KernelRenderer:
             # The last (< VECTOR) terms in order, apart: a variable lane index would keep
             # the lanes in memory instead of vector registers.
             b.store(_float_const(lane_type, -0.0), tail)
-            self._loop(b.sub(stop, vectors), lambda j: tail_add(b.add(vectors, j)), dim=-2)
+            self._loop(b.sub(hi, vectors), lambda j: tail_add(b.add(vectors, j)), dim=-2)
             outer.add(b.load(tail))
 
-        self._loop(hi, block, dim=-4, start=lo, step=BLOCK)
+        # The whole blocks, then the short one (if any) at the end of the range.
+        whole = b.add(lo, b.and_(b.sub(hi, lo), ir.Constant(I64, -BLOCK)))
+        self._loop(whole, whole_block, dim=-4, start=lo, step=BLOCK)
+        with b.if_then(b.icmp_signed("<", whole, hi)):
+            short_block(whole)
         self.index.pop(dim, None)
 
     def _alloca(self, ty: ir.Type) -> ir.Value:
