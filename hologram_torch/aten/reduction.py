@@ -28,6 +28,7 @@ from hologram_torch.aten import lowered, program
 from hologram_torch.aten.program import ISA
 from hologram_torch.aten.registry import aten, impl, native_or_cpu
 from hologram_torch.fallback import run_on_cpu
+from hologram_torch.lowering import Unsupported, reduction
 
 OPINFO = ("sum", "mean", "amax", "amin", "max.reduction_with_dim", "max.reduction_no_dim",
           "min.reduction_with_dim", "min.reduction_no_dim", "argmax", "argmin", "var",
@@ -39,22 +40,12 @@ OPINFO = ("sum", "mean", "amax", "amin", "max.reduction_with_dim", "max.reductio
 # --- argument parsing -------------------------------------------------------------------
 
 def _dims(x: torch.Tensor, dim) -> tuple[int, ...] | None:
-    """``dim`` (None, an int, or a list; an empty list means every dimension) as sorted
-    non-negative axes; ``None`` when torch would reject it (so the caller falls back and
-    torch raises its own error). A 0-d tensor accepts dim 0 / -1 and reduces nothing."""
-    rank = x.dim()
-    if dim is None:
-        dims = list(range(rank))
-    else:
-        dims = [dim] if isinstance(dim, int) else list(dim)
-        dims = dims or list(range(rank))
-    wrap = max(rank, 1)
-    if not all(-wrap <= d < wrap for d in dims):
+    """:func:`hologram_torch.lowering.reduction.dims`, or ``None`` where torch would reject
+    ``dim`` (so the caller falls back and torch raises its own error)."""
+    try:
+        return reduction.dims(x, dim)
+    except Unsupported:
         return None
-    axes = {d % wrap for d in dims}
-    if len(axes) != len(dims):
-        return None
-    return tuple(sorted(axes)) if rank else ()
 
 
 def _nonempty(x: torch.Tensor, axes: tuple[int, ...]) -> bool:
