@@ -1472,6 +1472,39 @@ def test_concurrent_callers_from_python_threads():
     assert all(same_bits(r, want) for r in results)
 
 
+@pytest.mark.parametrize("nthreads", [1, 2])
+def test_split_sums_from_concurrent_python_threads(nthreads):
+    """Each calling thread has its own partials' scratch: two threads summing different
+    data through one compiled split reduction each get their own sums, on one worker
+    thread (partials run on the caller) and on two."""
+    n = 1 << 18
+    g = Graph("split_sum")
+    g.output("s", g.sum(g.input("x", "f32", (n,))))
+    compiled = hologram.compile(g.program(), backend="cpu")
+    assert sum(split_parts(k) for k in pipeline.run(g.program()).kernels) > 1
+    rng = np.random.default_rng(3)
+    data = [rng.random(n, dtype=np.float32) + k for k in range(2)]
+    with num_threads(nthreads):
+        want = [compiled(x) for x in data]
+    errors: list[BaseException] = []
+
+    def work(k: int) -> None:
+        try:
+            for _ in range(200):
+                got = compiled(data[k])
+                assert same_bits(got, want[k]), (k, got, want[k])
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    with num_threads(nthreads):
+        workers = [threading.Thread(target=work, args=(k,)) for k in range(2)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(timeout=60)
+    assert not errors and not any(w.is_alive() for w in workers)
+
+
 def test_read_only_and_reshaped_arrays():
     g = Graph("arrays")
     x = g.input("x", "f32", (6, 4))
