@@ -11,8 +11,10 @@ There is one device, ``hologram:0``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import types
+import warnings
 
 import torch
 
@@ -202,12 +204,79 @@ def _module() -> types.ModuleType:
     return module
 
 
+# --- module conversions keep each Parameter ----------------------------------------------
+#
+# ``Module._apply`` (behind ``.to``, ``.cpu()``, ``.hologram()``, ``.to_empty``) keeps a
+# Parameter object when ``torch._has_compatible_shallow_copy_type(param, converted)`` holds
+# and assigns ``param.data``; the C++ check lists CPU, CUDA and a few other backends, not
+# PrivateUse1. For a move between the CPU and this device it therefore makes a new
+# Parameter per module attribute, so weights tied by sharing one Parameter (embedding and
+# output layer) come apart, and an optimizer built before the move holds stale objects.
+# ``param.data = x`` cannot be allowed from Python (the same check runs in C++), so after
+# torch's conversion the converted tensor is moved into the original Python object with
+# ``torch._C._swap_tensor_impl`` (the primitive under ``torch.utils.swap_tensors``): the
+# object keeps its class, attributes and identity, and now holds the device tensor (with
+# its gradient), as ``param.data = x`` gives on CUDA.
+
+def _crosses_device(old: torch.Tensor, new: torch.Tensor) -> bool:
+    """Did the conversion move ``old`` between the CPU and this device (where torch made a
+    new Parameter only because the device is not on its list)?"""
+    kinds = {old.device.type, new.device.type}
+    return (NAME in kinds and kinds <= {NAME, "cpu"} and old.layout == torch.strided
+            and new.layout == torch.strided
+            and not torch._has_compatible_shallow_copy_type(old, new))
+
+
+def _adopt(old: torch.nn.Parameter, new: torch.nn.Parameter) -> bool:
+    """Give ``old`` the converted tensor ``new`` holds; False where that is unsafe."""
+    # Another C++ owner of old's tensor (a live autograd graph's AccumulateGrad node, a
+    # view's base) would keep using the tensor the Python object no longer holds.
+    if old._use_count() != 1 or new._use_count() != 1:
+        warnings.warn(
+            f"a Parameter moved between the CPU and {NAME} is still referenced by a view "
+            "or a live autograd graph, so the module now holds a new Parameter object "
+            "(weights tied by sharing that Parameter are no longer shared): move the "
+            "module before running it, or after backward()", UserWarning, stacklevel=4)
+        return False
+    torch._C._swap_tensor_impl(old, new)
+    return True
+
+
+def _module_apply(original):
+    @functools.wraps(original)
+    def _apply(self, fn, recurse=True):
+        before = dict(self._parameters)
+        result = original(self, fn, recurse)
+        if (torch.__future__.get_overwrite_module_params_on_conversion()
+                or torch.__future__.get_swap_module_params_on_conversion()):
+            return result  # the user chose torch's other behaviours: leave them alone
+        adopted: set[int] = set()  # one Parameter under several names of this module
+        for key, old in before.items():
+            new = self._parameters.get(key)
+            if old is None or new is None or new is old:
+                continue
+            if id(old) in adopted or (_crosses_device(old, new) and _adopt(old, new)):
+                adopted.add(id(old))
+                self._parameters[key] = old
+        return result
+
+    _apply._hologram_original = original
+    return _apply
+
+
+def _keep_parameters_on_conversion() -> None:
+    module = torch.nn.Module
+    if not hasattr(module._apply, "_hologram_original"):
+        module._apply = _module_apply(module._apply)
+
+
 # --- registration -----------------------------------------------------------------------
 
 def register() -> None:
     """Rename PrivateUse1 to ``hologram`` and install the device module, the hooks and the
-    device guard (idempotent)."""
+    device guard (idempotent); module conversions keep their Parameter objects."""
     _check_torch()
+    _keep_parameters_on_conversion()
     if torch._C._get_privateuse1_backend_name() == NAME:
         return
     from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
