@@ -1,0 +1,225 @@
+"""One partition of an ATen graph run as one Hologram program.
+
+:class:`FusedKernel` replaces a partition's submodule. On the first call with a
+*signature* (every tensor's dtype, shape, strides and device type, and the value of every
+integer or float argument, which is how dynamic dimensions arrive) it interprets the
+submodule's FX graph on :class:`hologram.frontend.graph.Graph` tensors, node by node
+through the lowering table, and compiles the resulting program through
+:func:`hologram.compile` (the program cache, memory and disk, keyed by canonical form). The
+launch is filed under the signature in a small per-partition cache; later calls cost the
+key, the outputs' allocation and one native call.
+
+Inputs are read where they are (CPU tensors or ``hologram`` tensors, both host memory):
+their addresses and real strides go into the program, so views and expanded tensors cost
+no copy. Outputs are fresh tensors on the inputs' device, written in the layout the graph
+expects (its meta strides when dense, else contiguous).
+
+A signature whose program cannot be built runs the submodule as PyTorch would, and is
+counted (``eager_fallbacks``): a graph never fails for a lowering's sake.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import operator
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+import torch.fx
+
+import hologram
+from hologram.errors import HologramError
+from hologram.frontend.graph import Graph, Tensor
+from hologram_torch import memory
+from hologram_torch.compile import lowerings, stats
+from hologram_torch.compile.options import Options
+from hologram_torch.lowering.common import ISA, TORCH, Unsupported
+
+log = logging.getLogger(__name__)
+
+#: Signatures kept per partition (each a compiled launch); the least recently used goes.
+MAX_SIGNATURES = 64
+
+
+@dataclass(frozen=True)
+class _Entry:
+    launch: object  # CompiledProgram.launch, or None when every output is empty
+    outputs: tuple  # (shape, strides, dtype, contiguous) of each output
+
+
+_EAGER = object()  # a signature that runs the submodule eagerly
+
+
+class FusedKernel(torch.nn.Module):
+    """A partition's FX submodule, run as one Hologram program per signature."""
+
+    def __init__(self, gm: torch.fx.GraphModule, name: str, options: Options):
+        super().__init__()
+        self.gm = gm
+        self.name = name
+        self.options = options
+        self._entries: OrderedDict[tuple, _Entry | object] = OrderedDict()
+        self._builds = 0
+
+    def forward(self, *args):
+        key = _signature(args)
+        entry = self._entries.get(key)
+        if entry is None:
+            entry = self._build(key, args)
+        if entry is _EAGER:
+            return self.gm(*args)
+        return self._launch(entry, args)
+
+    def _launch(self, entry: _Entry, args):
+        device = None
+        addresses = []
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                addresses.append(a.data_ptr())
+                device = a.device
+        outs = [_empty(shape, strides, dtype, contiguous, device)
+                for shape, strides, dtype, contiguous in entry.outputs]
+        if entry.launch is not None:
+            addresses.extend(o.data_ptr() for o in outs)
+            threads = self.options.threads
+            if threads is None:
+                entry.launch(tuple(addresses))
+            else:
+                previous = hologram.get_num_threads()
+                hologram.set_num_threads(threads)
+                try:
+                    entry.launch(tuple(addresses))
+                finally:
+                    hologram.set_num_threads(previous)
+        return outs[0] if len(outs) == 1 and self._single else tuple(outs)
+
+    @property
+    def _single(self) -> bool:
+        return not isinstance(_output_node(self.gm).args[0], (tuple, list))
+
+    def _build(self, key: tuple, args) -> _Entry | object:
+        start = time.perf_counter()
+        try:
+            entry = build(self.gm, self.name, args, self.options)
+        except (Unsupported, HologramError, ValueError, TypeError, IndexError) as e:
+            # ValueError/TypeError/IndexError: a builder meeting arguments it was never
+            # written for; running eagerly is correct, so it is logged, not raised.
+            log.info("hologram: %s runs eagerly for this signature: %s", self.name, e)
+            stats.add("eager_fallbacks")
+            entry = _EAGER
+        else:
+            stats.add("programs")
+            if self._builds:
+                stats.add("recompiles")
+            self._builds += 1
+        stats.add_time(time.perf_counter() - start)
+        self._entries[key] = entry
+        if len(self._entries) > MAX_SIGNATURES:
+            self._entries.popitem(last=False)
+        return entry
+
+
+def _signature(args) -> tuple:
+    key = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            key.append((a.dtype, a.shape, a.stride(), a.device.type))
+        else:
+            key.append((type(a), a))
+    return tuple(key)
+
+
+def _empty(shape, strides, dtype, contiguous, device):
+    if device is not None and device.type != "cpu":
+        if contiguous:
+            nbytes = math.prod(shape) * dtype.itemsize
+            return memory.new(list(shape), list(strides), nbytes, dtype)
+        return torch.empty_strided(shape, strides, dtype=dtype, device=device)
+    return torch.empty_strided(shape, strides, dtype=dtype)
+
+
+def _output_node(gm: torch.fx.GraphModule) -> torch.fx.Node:
+    return next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+
+
+def build(gm: torch.fx.GraphModule, name: str, args, options: Options) -> _Entry:
+    """Lower ``gm`` on the concrete arguments ``args`` into one program and compile it."""
+    g = Graph(name)
+    env: dict[torch.fx.Node, object] = {}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(args):
+        raise HologramError(f"{name}: {len(args)} arguments for {len(placeholders)} inputs")
+    for i, (node, a) in enumerate(zip(placeholders, args)):
+        if isinstance(a, torch.Tensor):
+            if a.dtype not in ISA:
+                raise Unsupported(f"input dtype {a.dtype}")
+            env[node] = g.strided_input(f"x{i}", ISA[a.dtype], tuple(a.shape),
+                                        tuple(a.stride()))
+        else:
+            env[node] = a
+    for node in gm.graph.nodes:
+        if node.op == "call_function":
+            env[node] = lower_node(g, node, env)
+        elif node.op not in ("placeholder", "output"):
+            raise Unsupported(f"{node.op} node {node.name}")
+    out = _output_node(gm).args[0]
+    results = out if isinstance(out, (tuple, list)) else (out,)
+    layouts = []
+    for node in results:
+        value = env[node]
+        if not isinstance(value, Tensor):
+            raise Unsupported(f"output {node} is not a tensor")
+        dtype, strides = _expected_layout(node, value)
+        target = ISA[dtype]
+        if value.dtype is not target:
+            value = g.cast(value, target)
+        contiguous = strides == tuple(memory.contiguous_strides(value.shape))
+        layouts.append((value.shape, strides, dtype, contiguous, value))
+    if all(math.prod(shape) == 0 for shape, *_ in layouts):
+        return _Entry(None, tuple(layout[:4] for layout in layouts))
+    for j, (_, strides, _, contiguous, value) in enumerate(layouts):
+        g.output(f"out{j}", value, None if contiguous else strides)
+    compiled = hologram.compile(g.program(), options.backend(), options.compile_options())
+    return _Entry(compiled.launch, tuple(layout[:4] for layout in layouts))
+
+
+def _expected_layout(node: torch.fx.Node, value: Tensor) -> tuple[torch.dtype, tuple]:
+    """The output's dtype and strides: the graph's (meta) when they are concrete and dense,
+    so downstream eager code sees eager's layout; else the lowering's dtype, contiguous."""
+    contiguous = tuple(memory.contiguous_strides(value.shape))
+    meta = node.meta.get("val")
+    if not isinstance(meta, torch.Tensor):
+        return TORCH[value.dtype], contiguous
+    dtype = meta.dtype
+    if dtype not in ISA:
+        raise Unsupported(f"output dtype {dtype}")
+    try:
+        shape = tuple(int(n) for n in meta.shape)
+        strides = tuple(int(s) for s in meta.stride())
+    except (TypeError, ValueError):  # symbolic
+        return dtype, contiguous
+    if shape != value.shape:
+        if all(isinstance(n, int) for n in meta.shape):
+            raise HologramError(f"{node.name}: lowered to shape {list(value.shape)}, the "
+                                f"graph says {list(shape)}")
+        return dtype, contiguous
+    if math.prod(shape) and torch._prims_common.is_non_overlapping_and_dense_or_false(meta):
+        return dtype, strides
+    return dtype, contiguous
+
+
+def lower_node(g: Graph, node: torch.fx.Node, env: dict):
+    """The graph value(s) of one ``call_function`` node, its inputs already in ``env``."""
+    args = torch.fx.node.map_arg(node.args, env.__getitem__)
+    kwargs = torch.fx.node.map_arg(node.kwargs, env.__getitem__)
+    if node.target is operator.getitem:
+        value, index = args
+        if value[index] is None:
+            raise Unsupported(f"{node.name}: an absent result")
+        return value[index]
+    if not isinstance(node.target, torch._ops.OpOverload):
+        raise Unsupported(f"{node.target} is not an ATen op")
+    return lowerings.lower(node.target, g, *args, **kwargs)
