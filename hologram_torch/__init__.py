@@ -31,6 +31,7 @@ register()
 # the autograd API (examples/ and notebooks/pytorch_vs_hologram_torch.ipynb use them).
 from hologram_torch import aten, compat, fallback, functional, nn  # noqa: E402,F401
 from hologram_torch.aten import program  # noqa: E402
+from hologram_torch.compile import compile_stats, reset_compile_stats  # noqa: E402,F401
 from hologram_torch.fallback import (  # noqa: E402
     FallbackWarning,
     fallback_stats,
