@@ -27,9 +27,10 @@ from hologram_torch.device import register
 
 register()
 
-# Kernels, fallback and compatibility patches register on import; functional and nn are
-# the autograd API (examples/ and notebooks/pytorch_vs_hologram_torch.ipynb use them).
-from hologram_torch import aten, compat, fallback, functional, nn  # noqa: E402,F401
+# Kernels, fallback, compatibility patches and the torch.distributed backend register on
+# import; functional and nn are the autograd API (examples/ and
+# notebooks/pytorch_vs_hologram_torch.ipynb use them).
+from hologram_torch import aten, compat, distributed, fallback, functional, nn  # noqa: E402,F401
 from hologram_torch.aten import program  # noqa: E402
 from hologram_torch.compile import compile_stats, reset_compile_stats  # noqa: E402,F401
 from hologram_torch.fallback import (  # noqa: E402

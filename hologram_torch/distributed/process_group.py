@@ -1,0 +1,354 @@
+"""``ProcessGroupHologram``: torch.distributed collectives on hologram (and CPU) tensors,
+run by gloo on zero-copy CPU views.
+
+A Python subclass of ``torch.distributed.ProcessGroup``: torch calls its methods both from
+Python (``dist.all_reduce`` and friends call ``group.allreduce(...)``) and from C++ (DDP's
+reducer and ``_broadcast_coalesced`` reach the overrides through torch's ``PyProcessGroup``
+trampoline). Each method hands the operands to an inner ``ProcessGroupGloo`` as CPU
+tensors (:class:`~hologram_torch.distributed.operands.Staging`) and returns gloo's
+``Work`` itself when gloo saw the caller's own tensors, or else a ``Work`` over gloo's
+future that, once gloo is done, runs the staging's finishing steps and reports the
+caller's tensors (DDP's reducer reads its gradient buckets from that future, and needs
+them on the device they came from).
+
+torch keeps only this object when a backend's factory returns a ``ProcessGroup``, so it
+serves CPU tensors too: ``backend="hologram"`` and ``"cpu:gloo,hologram:hologram"`` both
+give every collective, on either device, to this class. The inner gloo backend is
+registered for the CPU device, so ``group_name``, object collectives and ``barrier`` find a
+CPU backend as they would on a gloo group.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import (
+    AllgatherOptions,
+    AllreduceCoalescedOptions,
+    AllreduceOptions,
+    ReduceOptions,
+    ReduceScatterOptions,
+    _create_work_from_future,
+)
+from torch.distributed import ReduceOp
+
+from hologram_torch.compat import UnsupportedError
+from hologram_torch.constants import NAME
+from hologram_torch.distributed.operands import Staging
+
+_CPU = torch.device("cpu")
+
+
+def _sum_instead_of_avg(opts, cls):
+    """A copy of reduction options ``opts`` whose AVG is a SUM (gloo has no AVG: the
+    division by the group size happens after gloo's sum)."""
+    new = cls()
+    new.reduceOp = ReduceOp.SUM
+    new.timeout = opts.timeout
+    new.asyncOp = opts.asyncOp
+    for name in ("rootRank", "rootTensor"):
+        if hasattr(opts, name):
+            setattr(new, name, getattr(opts, name))
+    return new
+
+
+def _then_divide(tensors, size: int, staging: Staging) -> None:
+    """Schedule the division that turns gloo's sum into an average, on the CPU views
+    (integer averages are refused: torch defines AVG for floating types only)."""
+    for t in tensors:
+        if not (t.is_floating_point() or t.is_complex()):
+            raise UnsupportedError(f"torch.distributed on {NAME}: ReduceOp.AVG of a "
+                                   f"{t.dtype} tensor; use SUM and divide")
+    staging.needed = True
+    staging.after.append(lambda: [t.div_(size) for t in tensors])
+
+
+def _flatten(lists) -> list[torch.Tensor]:
+    return [t for inner in lists for t in inner]
+
+
+class ProcessGroupHologram(dist.ProcessGroup):
+    """Collectives for hologram and CPU tensors over an inner gloo backend.
+
+    ``gloo`` is the ``ProcessGroupGloo`` of the same store, rank and size (or torch's
+    debug wrapper around it). Every method takes the arguments torch's own
+    ``ProcessGroup`` methods take, and returns a ``Work``."""
+
+    def __init__(self, gloo, rank: int, size: int, timeout: timedelta):
+        super().__init__(rank, size)
+        self._gloo = gloo
+        self._timeout = timeout
+        self._coalesced: list | None = None  # works issued inside _start/_end_coalescing
+        self._register_backend(_CPU, dist.ProcessGroup.BackendType.GLOO, gloo)
+
+    def getBackendName(self) -> str:  # the C++ name the trampoline calls
+        return NAME
+
+    def __repr__(self) -> str:
+        return f"ProcessGroupHologram(rank={self.rank()}, size={self.size()})"
+
+    # --- the Work a call returns ------------------------------------------------------
+
+    def _work(self, work, staging: Staging, result: list[torch.Tensor]):
+        """``work`` (gloo's) as the caller's ``Work`` (see the module's docstring)."""
+        if not staging.needed:
+            return self._track(work)
+        try:
+            gloo_future = work.get_future()
+        except RuntimeError:  # gloo's reduce_scatter and send/recv have no future
+            return self._track(Joined([work], result, staging.finish))
+
+        def finish(fut):
+            fut.value()  # re-raises gloo's error
+            staging.finish()
+            return result
+
+        return self._track(_create_work_from_future(gloo_future.then(finish)))
+
+    def _track(self, work):
+        if self._coalesced is not None:
+            self._coalesced.append(work)
+        return work
+
+    # --- reductions --------------------------------------------------------------------
+
+    def allreduce(self, tensors, opts=None):
+        opts = opts or AllreduceOptions()
+        op = opts.reduceOp.op
+        staging = Staging()
+        gloo_op = ReduceOp.SUM if op == ReduceOp.AVG else op
+        wire = [staging.reduced(t, gloo_op) for t in tensors]
+        if op == ReduceOp.AVG:
+            _then_divide(wire, self.size(), staging)
+            opts = _sum_instead_of_avg(opts, AllreduceOptions)
+        return self._work(self._gloo.allreduce(wire, opts), staging, tensors)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        opts = opts or AllreduceCoalescedOptions()
+        op = opts.reduceOp.op
+        staging = Staging()
+        gloo_op = ReduceOp.SUM if op == ReduceOp.AVG else op
+        wire = [staging.reduced(t, gloo_op) for t in tensors]
+        if op == ReduceOp.AVG:
+            _then_divide(wire, self.size(), staging)
+            opts = _sum_instead_of_avg(opts, AllreduceCoalescedOptions)
+        return self._work(self._gloo.allreduce_coalesced(wire, opts), staging, tensors)
+
+    def reduce(self, tensors, opts=None):
+        opts = opts or ReduceOptions()
+        op = opts.reduceOp.op
+        staging = Staging()
+        gloo_op = ReduceOp.SUM if op == ReduceOp.AVG else op
+        wire = [staging.reduced(t, gloo_op) for t in tensors]
+        if op == ReduceOp.AVG:
+            if self.rank() == opts.rootRank:
+                _then_divide(wire, self.size(), staging)
+            opts = _sum_instead_of_avg(opts, ReduceOptions)
+        return self._work(self._gloo.reduce(wire, opts), staging, tensors)
+
+    def reduce_scatter(self, output_tensors, input_lists, opts=None):
+        opts = opts or ReduceScatterOptions()
+        op = opts.reduceOp.op
+        staging = Staging()
+        gloo_op = ReduceOp.SUM if op == ReduceOp.AVG else op
+        outputs = [staging.reduced(t, gloo_op) for t in output_tensors]
+        inputs = [[staging.reduced(t, gloo_op, output=False) for t in inner]
+                  for inner in input_lists]
+        if op == ReduceOp.AVG:
+            _then_divide(outputs, self.size(), staging)
+            opts = _sum_instead_of_avg(opts, ReduceScatterOptions)
+        work = self._gloo.reduce_scatter(outputs, inputs, opts)
+        return self._work(work, staging, output_tensors)
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        opts = opts or ReduceScatterOptions()
+        op = opts.reduceOp.op
+        staging = Staging()
+        gloo_op = ReduceOp.SUM if op == ReduceOp.AVG else op
+        wire_out = staging.reduced(output, gloo_op)
+        wire_in = staging.reduced(input, gloo_op, output=False)
+        if op == ReduceOp.AVG:
+            _then_divide([wire_out], self.size(), staging)
+            opts = _sum_instead_of_avg(opts, ReduceScatterOptions)
+        work = self._gloo._reduce_scatter_base(wire_out, wire_in, opts)
+        return self._work(work, staging, [output])
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)]
+        return self._all(works, outputs)
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    # --- data movement -----------------------------------------------------------------
+
+    def broadcast(self, tensors, opts=None):
+        staging = Staging()
+        wire = [staging.moved(t) for t in tensors]
+        work = self._gloo.broadcast(wire, opts) if opts else self._gloo.broadcast(wire)
+        return self._work(work, staging, tensors)
+
+    def allgather(self, output_lists, input_tensors, opts=None):
+        opts = opts or AllgatherOptions()
+        staging = Staging()
+        outputs = [[staging.moved(t) for t in inner] for inner in output_lists]
+        inputs = [staging.moved(t) for t in input_tensors]
+        work = self._gloo.allgather(outputs, inputs, opts)
+        return self._work(work, staging, _flatten(output_lists))
+
+    def allgather_coalesced(self, output_lists, input_tensors, opts=None):
+        opts = opts or AllgatherOptions()
+        staging = Staging()
+        outputs = [[staging.moved(t) for t in inner] for inner in output_lists]
+        inputs = [staging.moved(t) for t in input_tensors]
+        work = self._gloo.allgather_coalesced(outputs, inputs, opts)
+        return self._work(work, staging, _flatten(output_lists))
+
+    def all_gather_single(self, output, input, opts=None):
+        opts = opts or AllgatherOptions()
+        staging = Staging()
+        work = self._gloo._allgather_base(staging.moved(output), staging.moved(input), opts)
+        return self._work(work, staging, [output])
+
+    _allgather_base = all_gather_single
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)]
+        return self._all(works, outputs)
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def gather(self, output_lists, input_tensors, opts):
+        staging = Staging()
+        outputs = [[staging.moved(t) for t in inner] for inner in output_lists]
+        inputs = [staging.moved(t) for t in input_tensors]
+        work = self._gloo.gather(outputs, inputs, opts)
+        return self._work(work, staging, _flatten(output_lists))
+
+    def scatter(self, output_tensors, input_lists, opts):
+        staging = Staging()
+        outputs = [staging.moved(t) for t in output_tensors]
+        inputs = [[staging.moved(t) for t in inner] for inner in input_lists]
+        work = self._gloo.scatter(outputs, inputs, opts)
+        return self._work(work, staging, output_tensors)
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes,
+                          opts):
+        staging = Staging()
+        work = self._gloo.alltoall_base(staging.moved(output), staging.moved(input),
+                                        output_split_sizes, input_split_sizes, opts)
+        return self._work(work, staging, [output])
+
+    alltoall_base = all_to_all_single
+
+    def alltoall(self, output_tensors, input_tensors, opts):
+        staging = Staging()
+        outputs = [staging.moved(t) for t in output_tensors]
+        inputs = [staging.moved(t) for t in input_tensors]
+        work = self._gloo.alltoall(outputs, inputs, opts)
+        return self._work(work, staging, output_tensors)
+
+    def barrier(self, opts=None):
+        return self._track(self._gloo.barrier(opts) if opts else self._gloo.barrier())
+
+    # --- point to point ----------------------------------------------------------------
+    # gloo's own Work is returned even for device tensors: nobody reads a send's or
+    # recv's future, and recv_anysource's Work must report its source rank.
+
+    def send(self, tensors, dst_rank, tag):
+        staging = Staging()
+        return self._track(self._gloo.send([staging.moved(t) for t in tensors], dst_rank,
+                                           tag))
+
+    def recv(self, tensors, src_rank, tag):
+        staging = Staging()
+        return self._track(self._gloo.recv([staging.moved(t) for t in tensors], src_rank,
+                                           tag))
+
+    def recv_anysource(self, tensors, tag):
+        staging = Staging()
+        return self._track(self._gloo.recv_anysource([staging.moved(t) for t in tensors],
+                                                     tag))
+
+    # --- coalescing --------------------------------------------------------------------
+    # _coalescing_manager(group, device) brackets ordinary calls with these two; gloo
+    # runs each call as issued, so the end only has to wait for all of them.
+
+    def _start_coalescing(self, device):
+        if self._coalesced is not None:
+            raise RuntimeError("ProcessGroupHologram: _start_coalescing called twice "
+                               "without _end_coalescing")
+        self._coalesced = []
+
+    def _end_coalescing(self, device):
+        works, self._coalesced = self._coalesced, None
+        if works is None:
+            raise RuntimeError("ProcessGroupHologram: _end_coalescing without "
+                               "_start_coalescing")
+        return self._all(works, [])
+
+    # --- helpers -----------------------------------------------------------------------
+
+    def _all(self, works, result):
+        """One ``Work`` that completes when every one of ``works`` has."""
+        return Joined(works, result)
+
+    def _work_done(self, result):
+        fut = torch.futures.Future()
+        fut.set_result(result)
+        return _create_work_from_future(fut)
+
+
+
+
+class Joined(dist.Work):
+    """A ``Work`` that waits for several of gloo's (or one that has no future), then runs
+    ``finish`` once, and reports ``result``."""
+
+    def __init__(self, works, result: list[torch.Tensor], finish=None):
+        super().__init__()
+        self._works = works
+        self._result = result
+        self._finish = finish
+        self._lock = threading.Lock()
+        self._finished = False
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        for work in self._works:
+            # torch passes 0 for "the group's timeout" (gloo's own deadline bounds it)
+            if timeout:
+                work.wait(timeout)
+            else:
+                work.wait()
+        with self._lock:
+            if not self._finished:
+                if self._finish is not None:
+                    self._finish()
+                self._finished = True
+        return True
+
+    def is_completed(self) -> bool:
+        return all(work.is_completed() for work in self._works)
+
+    def result(self) -> list[torch.Tensor]:
+        return self._result
+
+    def get_future(self) -> torch.futures.Future:
+        """A future of the result. gloo's ``Work`` for reduce_scatter and send/recv has no
+        future, so a helper thread waits for those."""
+        future = torch.futures.Future()
+
+        def wait_then_set():
+            try:
+                self.wait()
+            except Exception as error:  # handed to the future's reader
+                future.set_exception(error)
+            else:
+                future.set_result(self._result)
+
+        threading.Thread(target=wait_then_set, daemon=True).start()
+        return future
