@@ -4,7 +4,8 @@ Dynamo hands the backend a Torch-level FX graph; AOTAutograd (``aot_autograd``) 
 to functional ATen graphs, a forward and a backward one when gradients are needed (one
 inference graph otherwise), decomposed by PyTorch's core ATen decompositions except for
 the ops the lowering table lowers whole (softmax, layer norm, GELU, the losses and their
-backward ops stay one node each: their lowerings are written to fuse). Each ATen graph is
+backward ops stay one node each: their lowerings are written to fuse); attention is traced
+in its math form (see :func:`hologram`). Each ATen graph is
 partitioned (:mod:`.partition`): supported regions become one Hologram program each, the
 rest runs as PyTorch runs it. Compiled functions use AOTAutograd's boxed calling
 convention.
@@ -24,6 +25,7 @@ import torch.fx
 from functorch.compile import make_boxed_func
 from torch._decomp import core_aten_decompositions
 from torch._dynamo.backends.common import aot_autograd
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from hologram_torch.compile import lowerings, stats
 from hologram_torch.compile.options import Options
@@ -64,4 +66,8 @@ def hologram(gm: torch.fx.GraphModule, example_inputs, options: dict | None = No
     backend = aot_autograd(fw_compiler=compilers["forward"], bw_compiler=compilers["backward"],
                            inference_compiler=compilers["inference"],
                            decompositions=decompositions())
-    return backend(gm, example_inputs)
+    # AOTAutograd traces forward and backward here. Attention traced with its math form is
+    # matmuls, softmax and their gradients, all lowered; CPU's fused flash attention would
+    # leave its forward decomposed but its backward one opaque, eager op.
+    with sdpa_kernel([SDPBackend.MATH]):
+        return backend(gm, example_inputs)

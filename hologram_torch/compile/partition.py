@@ -146,6 +146,8 @@ def partition(gm: torch.fx.GraphModule, name: str, options: Options) -> torch.fx
                 and isinstance(node.meta.get("val"), (torch.Tensor, tuple, list))):
             if node in lowered:
                 stats.add("ops_lowered")
+            elif node.target in VIEW_OPS:
+                stats.add("views_eager")
             else:
                 stats.add("ops_eager")
                 stats.add_eager_op(str(node.target))

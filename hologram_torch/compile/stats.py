@@ -10,7 +10,8 @@ _FIELDS = (
     "graphs",            # ATen graphs given to the backend (forward, backward, inference)
     "partitions",        # regions compiled as one Hologram program each
     "ops_lowered",       # ATen nodes inside those regions
-    "ops_eager",         # ATen nodes left to run as PyTorch runs them
+    "ops_eager",         # ATen nodes left to run as PyTorch runs them (views aside)
+    "views_eager",       # view nodes left outside regions (metadata only, no copy)
     "programs",          # Hologram programs built (one per region and signature)
     "recompiles",        # programs built for a region that already had one (new shapes)
     "eager_fallbacks",   # signatures whose program could not be built: ran eagerly
@@ -39,7 +40,7 @@ def add_eager_op(name: str) -> None:
 
 def compile_stats() -> dict:
     """Counters since the process started (or :func:`reset_compile_stats`): ``graphs``,
-    ``partitions``, ``ops_lowered``, ``ops_eager``, ``programs``, ``recompiles``,
+    ``partitions``, ``ops_lowered``, ``ops_eager``, ``views_eager``, ``programs``, ``recompiles``,
     ``eager_fallbacks``, ``graph_fallbacks``, ``compile_time_s`` (partitioning, lowering and
     compiling programs, wall seconds) and ``eager_ops`` (ATen op name -> nodes left eager)."""
     with _lock:

@@ -1,0 +1,252 @@
+"""torch.compile(backend="hologram") against eager PyTorch: values, gradients, what ran
+where (compile_stats) and how often dynamo compiled (CompileCounterWithBackend)."""
+
+from __future__ import annotations
+
+import copy
+import importlib.metadata
+import warnings
+
+import pytest
+import torch
+from torch._dynamo.testing import CompileCounterWithBackend
+
+import hologram_torch
+from hologram_torch.compile import kernel
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    torch._dynamo.reset()
+    hologram_torch.reset_compile_stats()
+    yield
+    torch._dynamo.reset()
+
+
+def stats():
+    return hologram_torch.compile_stats()
+
+
+def run_both(model, *inputs, grad=True):
+    """The model's outputs (and parameter gradients) eager and compiled, on copies."""
+    results = []
+    for compiled in (False, True):
+        m = copy.deepcopy(model)
+        xs = [x.detach().clone().requires_grad_(x.requires_grad) for x in inputs]
+        counter = CompileCounterWithBackend("hologram")
+        f = torch.compile(m, backend=counter) if compiled else m
+        y = f(*xs)
+        grads = None
+        if grad:
+            weights = torch.linspace(-1, 1, y.numel()).reshape(y.shape).to(y.device)
+            (y.float() * weights).sum().backward()
+            grads = [p.grad for p in m.parameters()] + [x.grad for x in xs if x.requires_grad]
+        results.append((y.detach(), grads, counter))
+    return results
+
+
+def assert_same(eager, compiled):
+    (y0, g0, _), (y1, g1, _) = eager, compiled
+    assert y1.device == y0.device and y1.dtype == y0.dtype
+    torch.testing.assert_close(y1.cpu(), y0.cpu())
+    if g0 is not None:
+        for a, b in zip(g0, g1):
+            torch.testing.assert_close(b.cpu(), a.cpu())
+
+
+def mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 16),
+                               torch.nn.ReLU(), torch.nn.Linear(16, 1))
+
+
+def test_backend_is_registered_by_entry_point():
+    names = importlib.metadata.entry_points(group="torch_dynamo_backends").names
+    assert "hologram" in names
+    assert "hologram" in torch._dynamo.list_backends()
+
+
+def test_mlp_training_values_grads_and_counts():
+    eager, compiled = run_both(mlp(), torch.randn(8, 32))
+    assert_same(eager, compiled)
+    s = stats()
+    # one dynamo frame, AOTAutograd's forward and backward graphs, each one program:
+    # every compute op lowered, only view ops (free) left outside.
+    assert compiled[2].frame_count == 1
+    assert s["graphs"] == 2 and s["partitions"] == 2 and s["programs"] == 2
+    assert s["ops_eager"] == 0 and s["ops_lowered"] > 10
+    assert s["eager_fallbacks"] == s["graph_fallbacks"] == s["recompiles"] == 0
+
+
+def test_second_call_compiles_nothing():
+    model = torch.compile(mlp(), backend="hologram")
+    x = torch.randn(8, 32)
+    with torch.no_grad():
+        first = model(x)
+        before = stats()
+        second = model(x)
+    assert stats()["programs"] == before["programs"] == 1
+    assert stats()["graphs"] == before["graphs"] == 1  # the inference graph
+    torch.testing.assert_close(second, first)
+
+
+def test_mlp_on_hologram_device():
+    x = torch.randn(8, 32, device="hologram")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        eager, compiled = run_both(mlp().to("hologram"), x)
+    assert eager[0].device.type == "hologram"
+    assert_same(eager, compiled)
+    assert stats()["ops_eager"] == 0 and stats()["programs"] == 2
+
+
+def transformer():
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+    return torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+
+
+def test_transformer_encoder_training():
+    x = torch.randn(2, 6, 32, requires_grad=True)
+    eager, compiled = run_both(transformer(), x)
+    assert_same(eager, compiled)
+    s = stats()
+    # attention is traced in its math form: nothing but views stays eager
+    assert s["ops_eager"] == 0, s["eager_ops"]
+    assert s["graphs"] == 2 and s["partitions"] == 2
+
+
+def test_transformer_encoder_inference():
+    model = transformer().eval()
+    x = torch.randn(2, 6, 32)
+    with torch.no_grad():
+        expected = model(x)
+        # PyTorch's inference fast path is one fused native op per layer: left eager
+        got = torch.compile(model, backend="hologram")(x)
+        torch.testing.assert_close(got, expected)
+        assert stats()["eager_ops"] == {"aten._transformer_encoder_layer_fwd.default": 2}
+        torch._dynamo.reset()
+        hologram_torch.reset_compile_stats()
+        # without it, the layers' ops are lowered into one program
+        torch.backends.mha.set_fastpath_enabled(False)
+        try:
+            got = torch.compile(model, backend="hologram")(x)
+        finally:
+            torch.backends.mha.set_fastpath_enabled(True)
+    torch.testing.assert_close(got, expected)
+    s = stats()
+    assert s["ops_eager"] == 0 and s["partitions"] == 1 and s["programs"] == 1
+
+
+def test_cnn_convolution_runs_eagerly_the_rest_compiles():
+    torch.manual_seed(0)
+    cnn = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Flatten(),
+        torch.nn.Linear(4 * 3 * 3, 10), torch.nn.LogSoftmax(-1))
+    eager, compiled = run_both(cnn, torch.randn(2, 3, 8, 8))
+    assert_same(eager, compiled)
+    s = stats()
+    assert s["eager_ops"].get("aten.convolution.default") == 1
+    assert s["eager_ops"].get("aten.convolution_backward.default") == 1
+    assert s["ops_lowered"] > 0 and s["partitions"] >= 2 and s["eager_fallbacks"] == 0
+
+
+def test_graph_break():
+    def f(x, w):
+        y = torch.tanh(x @ w)
+        torch._dynamo.graph_break()
+        return (y * y).sum(-1).softmax(0)
+
+    x, w = torch.randn(5, 4), torch.randn(4, 3)
+    counter = CompileCounterWithBackend("hologram")
+    got = torch.compile(f, backend=counter)(x, w)
+    torch.testing.assert_close(got, f(x, w))
+    assert counter.frame_count == 2
+    assert stats()["graphs"] == 2 and stats()["ops_eager"] == 0
+
+
+def test_inplace_ops_and_views():
+    def f(x, buf):
+        y = x.clone()
+        y[:, 1:] *= 2.0            # in place through a view
+        y.t()[0].add_(1.0)         # a view of a view
+        z = y.view(3, 8).transpose(0, 1).relu_()
+        buf.mul_(0.5)              # mutates a graph input
+        return z[::2] + buf.sum(), y
+
+    x = torch.randn(4, 6)
+    buf0, buf1 = torch.randn(3), None
+    buf1 = buf0.clone()
+    expected = f(x, buf0)
+    got = torch.compile(f, backend="hologram")(x, buf1)
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b)
+    torch.testing.assert_close(buf1, buf0)
+
+
+def test_mixed_dtypes():
+    def f(a, b, i, h, m):
+        s = a * b + i                      # float32 * float64 + int64 -> float64
+        t = (h.float() * 2).to(torch.bfloat16) + h  # bfloat16 arithmetic
+        return s.sum(0), t, torch.where(m, i, i * 3), (i > 2) & m
+
+    args = (torch.randn(3, 4), torch.randn(4, dtype=torch.float64),
+            torch.arange(12).reshape(3, 4), torch.randn(3, 4).to(torch.bfloat16),
+            torch.rand(3, 4) > 0.5)
+    expected = f(*args)
+    got = torch.compile(f, backend="hologram")(*args)
+    for a, b in zip(got, expected):
+        assert a.dtype == b.dtype
+        torch.testing.assert_close(a, b)
+    assert stats()["ops_eager"] == 0
+
+
+def test_dynamic_shapes_specialize_per_value():
+    def f(x, w):
+        return torch.nn.functional.gelu(x @ w).sum(-1) / x.shape[0]
+
+    w = torch.randn(8, 4)
+    counter = CompileCounterWithBackend("hologram")
+    compiled = torch.compile(f, backend=counter, dynamic=True)
+    for n in (3, 5, 9, 5):
+        x = torch.randn(n, 8)
+        torch.testing.assert_close(compiled(x, w), f(x, w))
+    assert counter.frame_count == 1                     # one symbolic graph for dynamo
+    assert stats()["programs"] == 3 and stats()["recompiles"] == 2  # one per new size
+    assert stats()["ops_lowered"] > 0
+
+
+def test_unsupported_op_runs_eagerly():
+    def f(x):
+        return torch.cumsum(x.exp(), 0).sort(-1).values * 2 + 1
+
+    x = torch.randn(6, 5)
+    torch.testing.assert_close(torch.compile(f, backend="hologram")(x), f(x))
+    s = stats()
+    assert "aten.cumsum.default" in s["eager_ops"] and "aten.sort.default" in s["eager_ops"]
+    assert s["partitions"] == 2  # exp before, mul/add after
+
+
+def test_failed_build_runs_eagerly(monkeypatch):
+    def broken(*args):
+        raise hologram_torch.compile.kernel.HologramError("no program for this test")
+
+    monkeypatch.setattr(kernel, "build", broken)
+    model = torch.compile(mlp(), backend="hologram")
+    x = torch.randn(8, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), mlp()(x))
+    assert stats()["eager_fallbacks"] == 1 and stats()["programs"] == 0
+
+
+def test_options():
+    x = torch.randn(8, 32)
+    model = mlp()
+    with torch.no_grad():
+        got = torch.compile(model, backend="hologram",
+                            options={"threads": 1, "fast_math": False})(x)
+        torch.testing.assert_close(got, model(x))
+    with pytest.raises(Exception, match="unknown options"):
+        torch.compile(mlp(), backend="hologram", options={"fusion": True})(x)
