@@ -77,6 +77,13 @@ def run_on_cpu(op, *args, **kwargs):
     """The boxed fallback kernel registered for the hologram dispatch key."""
     if _returns_view(op):
         return op._handle.redispatch_boxed(CPU_KEYS, *args, **kwargs)
+    return run_on_cpu_as(op, op, *args, **kwargs)
+
+
+def run_on_cpu_as(op, cpu_fn, *args, **kwargs):
+    """Run ``cpu_fn(*args, **kwargs)`` on CPU tensors aliasing the device operands, counted
+    and warned about as a fallback of ``op``. For ops whose CPU kernel is a different op
+    (``convolution_overrideable``: the CPU has ``convolution``)."""
     name = str(op)
     with _lock:
         first = name not in _counts
@@ -114,7 +121,7 @@ def run_on_cpu(op, *args, **kwargs):
     cargs = tree_map(to_cpu, args)
     ckwargs = {k: tree_map(out_to_cpu if k in out_args else to_cpu, v)
                for k, v in kwargs.items()}
-    result = op(*cargs, **ckwargs)
+    result = cpu_fn(*cargs, **ckwargs)
     for c, x in copies:  # write out= results back (resizing the device tensor if needed)
         if x.shape != c.shape:
             x.resize_(c.shape)

@@ -9,7 +9,7 @@ import copy
 import pytest
 
 torch = pytest.importorskip("torch")
-import hologram_torch  # noqa: E402,F401
+import hologram_torch  # noqa: E402
 
 STEPS = 20
 RTOL = 1e-4
@@ -149,3 +149,66 @@ def test_tied_weights_train_like_cpu():
 
     trained = assert_sgd_matches_cpu(TiedLM(vocab), batches, loss_fn)
     assert trained.head.weight is trained.embed.weight
+
+
+class Recurrent(torch.nn.Module):
+    """Embedding -> LSTM -> GRU -> per-step logits."""
+
+    def __init__(self, vocab=16, dim=12, hidden=16):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, dim)
+        self.lstm = torch.nn.LSTM(dim, hidden, batch_first=True)
+        self.gru = torch.nn.GRU(hidden, hidden, batch_first=True)
+        self.head = torch.nn.Linear(hidden, vocab)
+
+    def forward(self, tokens):
+        x, _ = self.lstm(self.embed(tokens))
+        x, _ = self.gru(x)
+        return self.head(x)
+
+
+def test_lstm_gru_model_trains_like_cpu():
+    torch.manual_seed(0)
+    vocab = 16
+    batches = []
+    for _ in range(SGD_STEPS):
+        x = torch.randint(0, vocab, (4, 7))
+        batches.append((x, x.roll(1, 1)))  # recall the previous token
+
+    def loss_fn(logits, y):
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), y.reshape(-1))
+
+    hologram_torch.reset_fallback_stats()
+    assert_sgd_matches_cpu(Recurrent(vocab), batches, loss_fn)
+    assert not any("thnn" in op for op in hologram_torch.fallback_stats())
+
+
+class SmallCNN(torch.nn.Module):
+    def __init__(self, classes=5):
+        super().__init__()
+        self.features = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+            torch.nn.MaxPool2d(2),
+            torch.nn.Conv2d(8, 16, 3, padding=1, groups=2), torch.nn.BatchNorm2d(16),
+            torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1))
+        self.head = torch.nn.Linear(16, classes)
+
+    def forward(self, x):
+        return self.head(self.features(x).flatten(1))
+
+
+def test_cnn_trains_like_cpu():
+    torch.manual_seed(0)
+    batches = [(torch.randn(8, 3, 12, 12), torch.randint(0, 5, (8,)))
+               for _ in range(SGD_STEPS)]
+    model = SmallCNN()
+    loss_fn = torch.nn.functional.cross_entropy
+    trained = assert_sgd_matches_cpu(model, batches, loss_fn)
+    _, reference = _sgd_losses(model, batches, loss_fn, "cpu")
+    for (name, b), c in zip(trained.named_buffers(), reference.buffers()):
+        torch.testing.assert_close(b.cpu(), c, rtol=1e-5, atol=1e-6, msg=name)
+    # Inference with the running statistics the training left.
+    x = batches[0][0]
+    with torch.no_grad():
+        torch.testing.assert_close(trained.eval()(x.to("hologram")).cpu(),
+                                   reference.eval()(x), rtol=1e-5, atol=1e-5)

@@ -11,18 +11,22 @@ every op with a graph form is its entry in :mod:`hologram_torch.lowering` (launc
 - :mod:`.linalg`: matrix products (BLAS through the CPU backend's GEMM)
 - :mod:`.shape`: cat and the index ops (gather, scatter, index_select, ...)
 - :mod:`.random`: random draws (the CPU generator, into device memory) and arange
+- :mod:`.conv`: convolutions (PyTorch's CPU kernels, counted as fallbacks)
+- :mod:`.rnn`: the fused LSTM/GRU cells PyTorch picks for the device, from device ops
 """
 
 from hologram_torch.aten import (  # noqa: F401  (importing registers the kernels)
+    conv,
     elementwise,
     foreach,
     linalg,
     nn,
     random,
     reduction,
+    rnn,
     shape,
     tensor,
 )
-from hologram_torch.aten.registry import NATIVE
+from hologram_torch.aten.registry import COMPOSED, NATIVE
 
-__all__ = ["NATIVE"]
+__all__ = ["COMPOSED", "NATIVE"]

@@ -10,6 +10,9 @@ aten = torch.ops.aten
 _lib = torch.library.Library("aten", "IMPL")
 #: Every aten overload with a native kernel here (the conformance suite reads this).
 NATIVE: set[str] = set()
+#: Overloads whose hologram kernel composes other ops (device ops, or the CPU fallback of
+#: an equivalent op): ops PyTorch's default kernel cannot serve for a PrivateUse1 device.
+COMPOSED: set[str] = set()
 
 
 def impl(*names: str) -> Callable:
@@ -20,6 +23,20 @@ def impl(*names: str) -> Callable:
         for name in names:
             _lib.impl(name, fn, "PrivateUse1")
             NATIVE.add(name if "." in name else f"{name}.default")
+        return fn
+
+    return register
+
+
+def composed(*names: str) -> Callable:
+    """Register the decorated function as the hologram kernel of each overload ``names``,
+    a kernel that runs other ops rather than a program of its own (listed in
+    :data:`COMPOSED`, not :data:`NATIVE`)."""
+
+    def register(fn: Callable) -> Callable:
+        for name in names:
+            _lib.impl(name, fn, "PrivateUse1")
+            COMPOSED.add(name if "." in name else f"{name}.default")
         return fn
 
     return register
