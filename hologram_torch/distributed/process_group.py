@@ -6,9 +6,9 @@ Python (``dist.all_reduce`` and friends call ``group.allreduce(...)``) and from 
 reducer and ``_broadcast_coalesced`` reach the overrides through torch's ``PyProcessGroup``
 trampoline). Each method hands the operands to an inner ``ProcessGroupGloo`` as CPU
 tensors (:class:`~hologram_torch.distributed.operands.Staging`) and returns gloo's
-``Work`` itself when gloo saw the caller's own tensors, or else a ``Work`` over gloo's
-future that, once gloo is done, runs the staging's finishing steps and reports the
-caller's tensors (DDP's reducer reads its gradient buckets from that future, and needs
+``Work`` itself when gloo saw the caller's own tensors, or else a :class:`HologramWork`
+that waits for gloo's, runs the staging's finishing steps, and reports the caller's
+tensors (DDP's reducer reads its gradient buckets from the ``Work``'s future, and needs
 them on the device they came from).
 
 torch keeps only this object when a backend's factory returns a ``ProcessGroup``, so it
@@ -31,7 +31,6 @@ from torch._C._distributed_c10d import (
     AllreduceOptions,
     ReduceOptions,
     ReduceScatterOptions,
-    _create_work_from_future,
 )
 from torch.distributed import ReduceOp
 
@@ -96,17 +95,7 @@ class ProcessGroupHologram(dist.ProcessGroup):
         """``work`` (gloo's) as the caller's ``Work`` (see the module's docstring)."""
         if not staging.needed:
             return self._track(work)
-        try:
-            gloo_future = work.get_future()
-        except RuntimeError:  # gloo's reduce_scatter and send/recv have no future
-            return self._track(Joined([work], result, staging.finish))
-
-        def finish(fut):
-            fut.value()  # re-raises gloo's error
-            staging.finish()
-            return result
-
-        return self._track(_create_work_from_future(gloo_future.then(finish)))
+        return self._track(HologramWork([work], result, staging.finish))
 
     def _track(self, work):
         if self._coalesced is not None:
@@ -295,40 +284,44 @@ class ProcessGroupHologram(dist.ProcessGroup):
 
     def _all(self, works, result):
         """One ``Work`` that completes when every one of ``works`` has."""
-        return Joined(works, result)
-
-    def _work_done(self, result):
-        fut = torch.futures.Future()
-        fut.set_result(result)
-        return _create_work_from_future(fut)
+        return HologramWork(works, result)
 
 
+class HologramWork(dist.Work):
+    """The ``Work`` of a call whose tensors gloo did not see as they are, or of several
+    gloo calls: waits for gloo's ``Work`` objects (raising their errors), then runs
+    ``finish`` once, and reports ``result``, the caller's tensors.
 
-
-class Joined(dist.Work):
-    """A ``Work`` that waits for several of gloo's (or one that has no future), then runs
-    ``finish`` once, and reports ``result``."""
+    (torch's ``_create_work_from_future`` would be shorter, but its ``wait()`` returns
+    normally when the future failed: a rank that died or a collective gloo rejected would
+    go unnoticed.)"""
 
     def __init__(self, works, result: list[torch.Tensor], finish=None):
         super().__init__()
         self._works = works
         self._result = result
         self._finish = finish
-        self._lock = threading.Lock()
+        # Reentrant: then() runs its callback at once on a finished future, and the
+        # callback finishes under the same lock.
+        self._lock = threading.RLock()
         self._finished = False
+        self._future: torch.futures.Future | None = None
+
+    def _finish_once(self) -> None:
+        with self._lock:
+            if not self._finished:
+                self._finished = True
+                if self._finish is not None:
+                    self._finish()
 
     def wait(self, timeout: timedelta | None = None) -> bool:
         for work in self._works:
-            # torch passes 0 for "the group's timeout" (gloo's own deadline bounds it)
+            # torch passes 0 for "the group's timeout", which bounds every gloo call
             if timeout:
                 work.wait(timeout)
             else:
                 work.wait()
-        with self._lock:
-            if not self._finished:
-                if self._finish is not None:
-                    self._finish()
-                self._finished = True
+        self._finish_once()
         return True
 
     def is_completed(self) -> bool:
@@ -338,8 +331,28 @@ class Joined(dist.Work):
         return self._result
 
     def get_future(self) -> torch.futures.Future:
-        """A future of the result. gloo's ``Work`` for reduce_scatter and send/recv has no
-        future, so a helper thread waits for those."""
+        """A future of the result (DDP's reducer reads gradient buckets from it)."""
+        with self._lock:
+            if self._future is None:
+                self._future = self._make_future()
+            return self._future
+
+    def _make_future(self) -> torch.futures.Future:
+        try:
+            futures = [work.get_future() for work in self._works]
+        except RuntimeError:  # gloo's reduce_scatter and send/recv have none
+            return self._future_from_thread()
+
+        def done(fut):
+            for f in (futures if len(futures) > 1 else [fut]):
+                f.value()  # re-raises gloo's error
+            self._finish_once()
+            return self._result
+
+        both = futures[0] if len(futures) == 1 else torch.futures.collect_all(futures)
+        return both.then(done)
+
+    def _future_from_thread(self) -> torch.futures.Future:
         future = torch.futures.Future()
 
         def wait_then_set():
