@@ -89,13 +89,33 @@ def run(program: Program, backend: str, inputs: list[np.ndarray],
               np.full(p.nbytes, 0xFF, dtype=np.uint8).view(p.dtype.storage).reshape(p.shape)
               for p in program.params]
     with _interpreter_calls(backend) as calls:
-        out = compiled(*arrays)
+        if backends.get(backend).allocator().host_visible:
+            out = compiled(*arrays)
+        else:
+            out = _run_on_device(compiled, backend, arrays)
     where = f"backend {backend!r} on program {program.name}"
     assert not calls or declared, (f"{where}: ran {len(calls)} kernel(s) on the reference "
                                    "interpreter without declaring it (Backend.delegated)")
     assert delegation_ok or not declared, f"{where}: runs kernels {declared} elsewhere"
     out = out if isinstance(out, tuple) else (out,)
     return [np.asarray(a).reshape(-1) for a in out]
+
+
+def _run_on_device(compiled, backend: str, arrays: list[np.ndarray]) -> tuple:
+    """Run on a backend whose memory the host cannot see: every parameter copied into an
+    executor's buffer (outputs too, so they start as poison), launched on the handles,
+    the out/inout buffers copied back."""
+    import hologram as hg
+
+    # bf16 storage (uint16) is not a buffer dtype: its bits travel as int16.
+    def bits(a: np.ndarray) -> np.ndarray:
+        return a.view(np.int16) if a.dtype == np.uint16 else a
+
+    with hg.Executor(backend) as ex:
+        buffers = [ex.from_numpy(bits(a)) for a in arrays]
+        compiled.launch(tuple(b.handle for b in buffers))
+        return tuple(b.to_numpy().view(a.dtype) for a, b, p in
+                     zip(arrays, buffers, compiled.params) if p.kind != "in")
 
 
 @contextlib.contextmanager

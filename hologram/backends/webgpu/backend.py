@@ -1,0 +1,193 @@
+"""The ``webgpu`` backend (and ``metal``, ``vulkan``): WGSL compute shaders through wgpu.
+
+**Compile** (:meth:`WebGpuBackend.compile`, no device needed): the target passes for
+:data:`~hologram.compiler.capabilities.WEBGPU` (no f64, no i64, 32-bit storage), then one
+WGSL shader per kernel (:mod:`.render`). The artifact is JSON: the shaders, each kernel's
+bindings, mode and workgroup counts, and the program's buffers.
+
+**Load** (:meth:`WebGpuBackend.load`): each shader becomes a compute pipeline on the
+process's device (a shader that fails validation raises :class:`CompileError` with the
+WGSL and wgpu's message). :meth:`_Executable.launch` binds one allocation per parameter
+(temporaries are the executable's own), records every kernel's dispatch in one compute
+pass and submits it; bind groups are cached per set of buffers.
+
+Names: ``webgpu`` runs on wgpu's high-performance adapter, whatever it is (on a machine
+without a GPU, Mesa's lavapipe); ``metal`` and ``vulkan`` only on an adapter with that
+backend. ``"auto"`` takes ``webgpu`` only when its adapter is a real GPU
+(:meth:`WebGpuBackend.preferred_by_auto`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, ClassVar
+
+from hologram.backends.base import Allocator, Backend, Executable
+from hologram.compiler import pipeline
+from hologram.compiler.capabilities import WEBGPU
+from hologram.errors import CompileError, DeviceError, ShapeError
+from hologram.isa import dtypes as dt
+from hologram.isa.dtypes import DType
+from hologram.isa.ir import Program
+
+from . import device as devices
+from . import memory
+from .render import WORKGROUP, dispatch, render
+
+#: The artifact format's version (part of the target identity, so old cache entries are
+#: never loaded by a newer runtime).
+FORMAT = "wgsl-1"
+_NO_DTYPES = frozenset({dt.int64, dt.float64})
+_BIND_GROUPS = 256  # bind groups remembered per kernel
+
+
+class WebGpuBackend(Backend):
+    name: ClassVar[str] = "webgpu"
+    _available: ClassVar[dict[str, bool]] = {}
+
+    @classmethod
+    def is_available(cls) -> bool:
+        if cls.name not in cls._available:
+            try:
+                devices.adapter(cls.name)
+                ok = True
+            except DeviceError:
+                ok = False
+            cls._available[cls.name] = ok
+        return cls._available[cls.name]
+
+    @classmethod
+    def preferred_by_auto(cls) -> bool:
+        """Whether ``"auto"`` should pick this backend over the cpu: only on a real GPU,
+        never on a CPU-emulated adapter (lavapipe, SwiftShader)."""
+        return cls.is_available() and devices.is_hardware(
+            dict(devices.adapter(cls.name).info))
+
+    def target(self, name: str | None = None) -> str:
+        if name not in (None, "wgsl"):
+            raise DeviceError(f"{self.name}: unknown target {name!r}; the one target is "
+                              "'wgsl' (shaders are compiled by the driver when loaded)")
+        return f"{FORMAT} workgroup {WORKGROUP}"
+
+    def supports(self, op: str, dtype: DType) -> bool:
+        if dtype in _NO_DTYPES:
+            return False  # WGSL has no 64-bit types
+        if op == "pow":
+            return False  # the shared f32 pow works in f64
+        # An f32 fma rounded again to f16/bf16 would round twice.
+        return not (op == "fma" and dtype in (dt.float16, dt.bfloat16))
+
+    def allocator(self, memory_limit: int | None = None) -> Allocator:
+        return memory.WebGpuAllocator(self.name, memory_limit)
+
+    def compile(self, program: Program, target: str | None = None) -> bytes:
+        self.target(target)
+        program = pipeline.for_target(program, WEBGPU)
+        kernels = []
+        for kernel in program.kernels:
+            shader = render(program, kernel, WEBGPU)
+            shader["dispatch"] = dispatch(shader["points"], shader["mode"])
+            pipeline.dump(program.name, f"{kernel.name}.wgsl", shader["wgsl"])
+            kernels.append(shader)
+        header = {
+            "format": FORMAT,
+            "program": program.name,
+            "buffers": [{"name": b.name, "kind": b.kind, "nbytes": b.nbytes}
+                        for b in program.buffers],
+            "params": [i for i, b in enumerate(program.buffers) if b.kind != "temp"],
+            "kernels": kernels,
+        }
+        return json.dumps(header).encode()
+
+    def describe(self, artifact: bytes) -> dict[str, Any]:
+        header = json.loads(artifact)
+        return {"format": header["format"], "bytes": len(artifact),
+                "kernels": [{k: v for k, v in kernel.items()} for kernel in header["kernels"]],
+                "buffers": header["buffers"], "interpreted": []}
+
+    def load(self, artifact: bytes) -> Executable:
+        return _Executable(json.loads(artifact), devices.get(self.name))
+
+
+class MetalBackend(WebGpuBackend):
+    """``webgpu`` on an adapter whose backend is Metal (Apple GPUs)."""
+
+    name = "metal"
+
+    @classmethod
+    def preferred_by_auto(cls) -> bool:
+        return False  # "auto" names the same adapter "webgpu"
+
+
+class VulkanBackend(WebGpuBackend):
+    """``webgpu`` on an adapter whose backend is Vulkan."""
+
+    name = "vulkan"
+
+    @classmethod
+    def preferred_by_auto(cls) -> bool:
+        return False
+
+
+class _Executable(Executable):
+    def __init__(self, header: dict, dev: devices.Device):
+        self.dev = dev
+        self.header = header
+        self.params = header["params"]
+        self.buffers = header["buffers"]
+        self.kernels = [k for k in header["kernels"] if k["points"] > 0]
+        self.pipelines = [self._pipeline(k) for k in self.kernels]
+        self.bind_groups: list[dict[tuple[int, ...], Any]] = [{} for _ in self.kernels]
+        self.temps: dict[int, memory.Allocation] = {}
+        temps = [i for i, b in enumerate(self.buffers) if b["kind"] == "temp"]
+        if temps:
+            allocator = memory.WebGpuAllocator(dev.kind)
+            for i in temps:
+                self.temps[i] = allocator.alloc((max(self.buffers[i]["nbytes"], 4),), "u1")
+
+    def _pipeline(self, kernel: dict) -> Any:
+        device = self.dev.device
+        limit = self.dev.limits.get("max-storage-buffers-per-shader-stage", 8)
+        if len(kernel["bindings"]) > limit:
+            raise CompileError(
+                f"webgpu: kernel {kernel['name']} binds {len(kernel['bindings'])} storage "
+                f"buffers, more than this adapter's max-storage-buffers-per-shader-stage "
+                f"({limit}, {self.dev.summary}); split the program", source=kernel["wgsl"])
+        try:
+            module = device.create_shader_module(code=kernel["wgsl"])
+            return device.create_compute_pipeline(
+                layout="auto", compute={"module": module, "entry_point": "main"})
+        except Exception as err:
+            raise CompileError(f"webgpu: the driver rejected the shader of kernel "
+                               f"{kernel['name']} ({self.dev.summary})", source=kernel["wgsl"],
+                               log=str(err)) from err
+
+    def launch(self, handles: tuple[int, ...]) -> None:
+        if len(handles) != len(self.params):
+            raise ShapeError(f"webgpu program {self.header['program']}: takes "
+                             f"{len(self.params)} buffers, got {len(handles)}")
+        allocations = dict(self.temps)
+        for slot, handle in zip(self.params, handles):
+            allocations[slot] = memory.lookup(handle)
+        encoder = self.dev.device.create_command_encoder()
+        compute = encoder.begin_compute_pass()
+        for kernel, pipeline_, groups in zip(self.kernels, self.pipelines, self.bind_groups):
+            buffers = tuple(allocations[i] for i in kernel["bindings"])
+            key = tuple(a.id for a in buffers)
+            group = groups.get(key)
+            if group is None:
+                if len(groups) >= _BIND_GROUPS:
+                    groups.clear()
+                entries = [{"binding": slot, "resource": {"buffer": a.buffer, "offset": 0,
+                                                          "size": a.buffer.size}}
+                           for slot, a in enumerate(buffers)]
+                group = self.dev.device.create_bind_group(
+                    layout=pipeline_.get_bind_group_layout(0), entries=entries)
+                # Keyed by allocation ids, never reused: an entry whose allocations have
+                # died is never hit again (it holds their wgpu buffers, not them).
+                groups[key] = group
+            compute.set_pipeline(pipeline_)
+            compute.set_bind_group(0, group)
+            compute.dispatch_workgroups(*kernel["dispatch"])
+        compute.end()
+        self.dev.queue.submit([encoder.finish()])

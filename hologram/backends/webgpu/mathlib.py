@@ -1,0 +1,179 @@
+"""The transcendental functions in WGSL: :class:`WGSLEmitter` implements the primitives of
+:class:`hologram.codegen.mathlib.MathEmitter`, so every algorithm there is written out as
+straight-line WGSL ``let`` statements (f32 only: WGSL has no f64, so ``pow``, whose f32
+algorithm works in f64, is not offered).
+
+Bit-level primitives (``fabs``, ``neg``, ``copysign``, ``isnan``) work on the bits, not on
+WGSL's float operators: WGSL lets an implementation assume finite values in float
+operations, but never in integer ones. Float constants that are not finite come from
+:data:`PRELUDE`'s ``hg_f32_bits`` (a function call is never a constant expression, and a
+constant expression that is inf or NaN is a shader-creation error).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from hologram.codegen.mathlib import F32, Format, MathEmitter
+
+#: Helpers every shader may call (emitted once, before the kernel).
+PRELUDE = """\
+fn hg_f32_bits(b: u32) -> f32 { return bitcast<f32>(b); }
+fn hg_isnan(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u; }
+"""
+
+
+def f32_literal(value: float) -> str:
+    """A WGSL expression for the f32 ``value`` (already a float32 value), exact."""
+    if math.isnan(value):
+        return "hg_f32_bits(0x7fc00000u)"
+    if math.isinf(value):
+        return f"hg_f32_bits({'0xff800000u' if value < 0 else '0x7f800000u'})"
+    if value == 0.0:
+        return "-0.0f" if math.copysign(1.0, value) < 0 else "0.0f"
+    return f"{float(value).hex()}f".replace("0x1.0000000000000p", "0x1p")
+
+
+def i32_literal(value: int) -> str:
+    value = int(value)
+    if value < 0:
+        return f"bitcast<i32>({value & 0xFFFFFFFF:#x}u)"
+    return f"{value}i"
+
+
+class WGSLEmitter(MathEmitter):
+    """Primitives as WGSL expressions; each result is bound to a fresh ``let`` through
+    ``bind(wgsl_type, expression) -> name``."""
+
+    def __init__(self, bind: Callable[[str, str], str], fmt: Format = F32):
+        if fmt is not F32:
+            raise ValueError("WGSL has f32 only")
+        super().__init__(fmt)
+        self.bind = bind
+
+    def _f(self, expr: str) -> str:
+        return self.bind("f32", expr)
+
+    def _i(self, expr: str) -> str:
+        return self.bind("i32", expr)
+
+    def _m(self, expr: str) -> str:
+        return self.bind("bool", expr)
+
+    def for_format(self, fmt: Format) -> WGSLEmitter:
+        return WGSLEmitter(self.bind, fmt)
+
+    def convert(self, a, fmt: Format):
+        if fmt is not F32:
+            raise ValueError("WGSL has f32 only")
+        return a
+
+    def c(self, value: float) -> str:
+        import numpy as np
+
+        return f32_literal(float(np.float32(value)))
+
+    def ci(self, value: int) -> str:
+        return i32_literal(value)
+
+    def add(self, a, b):
+        return self._f(f"{a} + {b}")
+
+    def sub(self, a, b):
+        return self._f(f"{a} - {b}")
+
+    def mul(self, a, b):
+        return self._f(f"{a} * {b}")
+
+    def div(self, a, b):
+        return self._f(f"{a} / {b}")
+
+    def fast_recip(self, a):
+        return self._f(f"1.0f / {a}")
+
+    def neg(self, a):
+        return self._f(f"bitcast<f32>(bitcast<u32>({a}) ^ 0x80000000u)")
+
+    def fma(self, a, b, c):
+        return self._f(f"fma({a}, {b}, {c})")
+
+    def fabs(self, a):
+        return self._f(f"bitcast<f32>(bitcast<u32>({a}) & 0x7fffffffu)")
+
+    def copysign(self, a, b):
+        return self._f(f"bitcast<f32>((bitcast<u32>({a}) & 0x7fffffffu) | "
+                       f"(bitcast<u32>({b}) & 0x80000000u))")
+
+    def floor(self, a):
+        return self._f(f"floor({a})")
+
+    def rint(self, a):
+        return self._f(f"round({a})")  # WGSL round(): ties to even
+
+    def lt(self, a, b):
+        return self._m(f"{a} < {b}")
+
+    def ge(self, a, b):
+        return self._m(f"{a} >= {b}")
+
+    def eq(self, a, b):
+        return self._m(f"{a} == {b}")
+
+    def ne(self, a, b):
+        return self._m(f"({a} != {b}) && !hg_isnan({a}) && !hg_isnan({b})")
+
+    def ult(self, a, b):
+        return self._m(f"!({a} >= {b})")
+
+    def ule(self, a, b):
+        return self._m(f"!({a} > {b})")
+
+    def isnan(self, a):
+        return self._m(f"hg_isnan({a})")
+
+    def and_(self, a, b):
+        return self._m(f"{a} && {b}")
+
+    def or_(self, a, b):
+        return self._m(f"{a} || {b}")
+
+    def not_(self, a):
+        return self._m(f"!{a}")
+
+    def sel(self, cond, a, b):
+        # WGSL infers the type of a ``let`` from its operands (float or integer).
+        return self.bind("auto", f"select({b}, {a}, {cond})")
+
+    def iadd(self, a, b):
+        return self._i(f"{a} + {b}")
+
+    def isub(self, a, b):
+        return self._i(f"{a} - {b}")
+
+    def iand(self, a, b):
+        return self._i(f"{a} & {b}")
+
+    def shl(self, a, b):
+        return self._i(f"{a} << u32({b})")
+
+    def ashr(self, a, b):
+        return self._i(f"{a} >> u32({b})")
+
+    def ilt(self, a, b):
+        return self._m(f"{a} < {b}")
+
+    def ine(self, a, b):
+        return self._m(f"{a} != {b}")
+
+    def to_int(self, a):
+        return self._i(f"i32({a})")
+
+    def to_float(self, n):
+        return self._f(f"f32({n})")
+
+    def bits(self, a):
+        return self._i(f"bitcast<i32>({a})")
+
+    def from_bits(self, n):
+        return self._f(f"bitcast<f32>({n})")

@@ -1,0 +1,668 @@
+"""The WGSL renderer: one scheduled Atlas kernel -> one compute shader.
+
+The loop plan (:func:`hologram.codegen.loops.plan`) says where each value is computed: once
+per grid point, or recomputed inside a loop nest over the loop dimensions it varies along.
+A kernel runs in one of two modes:
+
+- **thread**: one invocation per grid point (:data:`WORKGROUP` per workgroup); its loop
+  nests and any reductions run sequentially in the invocation. Kernels without a
+  reduction computed once per grid point use it (elementwise kernels, grid = shape).
+- **group**: one workgroup per grid point. Every reduction computed once per grid point
+  is shared: invocation ``t`` folds the terms ``t, t + WORKGROUP, ...`` of the reduction's
+  flat index, and the partials meet in a tree in workgroup memory (``log2(WORKGROUP)``
+  levels with a barrier each; nothing assumes a subgroup size). Store nests are split the
+  same way; stores of per-point values are made by invocation 0.
+
+Grid points are numbered in row-major order and the number of workgroups is folded into
+two dimensions of at most :data:`MAX_GROUPS` each (:func:`dispatch`).
+
+Storage is 32-bit words (WGSL has no 8- or 16-bit storage): every buffer is bound as
+``array<u32>``, 32-bit values are bit casts of a word, bool/i8/u8 take a byte and
+i16/f16/bf16 half a word. A kernel that stores a narrow type binds that buffer as
+``array<atomic<u32>>`` and stores with ``atomicAnd``/``atomicOr`` on its bits alone, so
+neighbours written by other invocations are kept. Registers: bool is ``bool``, i8/i16/i32
+are ``i32`` (wrapped to their width after every operation), u8 is ``u32``, f16/bf16/f32
+are ``f32`` (f16/bf16 arithmetic reaches here as f32 operations and a cast back,
+:mod:`hologram.compiler.passes.decompose`; every cast to them rounds).
+
+Float sums accumulate in f32 with Neumaier's compensation per invocation, partials added
+in the tree; max/min and argmax/argmin compare total-order keys of the bits
+(:mod:`.helpers`), so NaN wins, ``-0.0 < +0.0``, and ties go to the first index.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from hologram.codegen import loops
+from hologram.codegen import mathlib as shared_math
+from hologram.compiler.capabilities import Capabilities
+from hologram.errors import CompileError
+from hologram.isa import dtypes as dt
+from hologram.isa.dtypes import DType
+from hologram.isa.ir import Instr, Kernel, Program
+
+from . import helpers
+from .mathlib import PRELUDE, WGSLEmitter, f32_literal, i32_literal
+
+WORKGROUP = 64
+MAX_GROUPS = 65535
+
+_REG = {"bool": "bool", "i8": "i32", "i16": "i32", "i32": "i32", "u8": "u32",
+        "f16": "f32", "bf16": "f32", "f32": "f32"}
+_BYTES = {"bool": 1, "i8": 1, "u8": 1, "i16": 2, "f16": 2, "bf16": 2, "i32": 4, "f32": 4}
+_CMP = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+_INT_RANGE = {"i8": (-128, 127), "i16": (-32768, 32767), "i32": (-2**31, 2**31 - 1),
+              "u8": (0, 255)}
+
+
+def dispatch(points: int, mode: str) -> tuple[int, int, int]:
+    """Workgroups to dispatch for ``points`` grid points: ``(x, y, 1)`` with ``x, y <=``
+    :data:`MAX_GROUPS` (the shader numbers them ``x + y * nx`` and skips the extra ones)."""
+    groups = points if mode == "group" else -(-points // WORKGROUP)
+    x = min(groups, MAX_GROUPS)
+    y = -(-groups // x) if x else 0
+    if y > MAX_GROUPS:
+        raise CompileError(f"a grid of {points} points needs {groups} workgroups, more than "
+                           f"{MAX_GROUPS}**2; split the program")
+    return x, y, 1
+
+
+def render(program: Program, kernel: Kernel, caps: Capabilities) -> dict:
+    """The shader of ``kernel`` and what its launch needs: ``{"name", "wgsl", "mode",
+    "points", "bindings"}`` (``bindings``: program buffer indices, in binding order)."""
+    return _Kernel(program, kernel, caps).render()
+
+
+class _Kernel:
+    def __init__(self, program: Program, kernel: Kernel, caps: Capabilities):
+        self.program, self.kernel = program, kernel
+        self.plan = loops.plan(kernel, caps)
+        self.lines: list[str] = []
+        self.depth = 1
+        self.names = 0
+        self.used: set[str] = set()  # helper functions called
+        self.shared: set[str] = set()  # workgroup arrays, by WGSL type
+        self.index: dict[int, str] = {}  # domain dimension -> its current index (i32)
+        self.point: dict[int, str] = {}
+        self.local: dict[int, str] = {}
+        body = kernel.body
+        self.group = any(x.op in ("reduce", "contract") and not self.plan.in_nest(i)
+                         for i, x in enumerate(body))
+        self.points = math.prod(kernel.grid) if kernel.grid_rank else 1
+        self.narrow_out = {x.buffer for x in body
+                           if x.op == "store" and _BYTES[x.dtype.name] < 4}
+
+    # --- text ---------------------------------------------------------------------------
+    def line(self, text: str) -> None:
+        self.lines.append("  " * self.depth + text)
+
+    def bind(self, _type: str, expr: str) -> str:
+        self.names += 1
+        name = f"t{self.names}"
+        self.line(f"let {name} = {expr};")
+        return name
+
+    def var(self, init: str, wgsl_type: str) -> str:
+        self.names += 1
+        name = f"a{self.names}"
+        self.line(f"var {name}: {wgsl_type} = {init};")
+        return name
+
+    def block(self, head: str, body: Callable[[], None]) -> None:
+        self.line(head + " {")
+        self.depth += 1
+        body()
+        self.depth -= 1
+        self.line("}")
+
+    def call(self, helper: str, *args: str) -> str:
+        self.used.add(helper)
+        return f"{helper}({', '.join(args)})"
+
+    # --- structure ----------------------------------------------------------------------
+    def render(self) -> dict:
+        kernel, plan = self.kernel, self.plan
+        self.line("let lid = lid3.x;")
+        if self.group:
+            self.line("let g = wid.x + wid.y * nwg.x;")
+        else:
+            self.line(f"let g = (wid.x + wid.y * nwg.x) * {WORKGROUP}u + lid;")
+        self.line(f"if (g >= {self.points}u) {{ return; }}")
+        stride = 1
+        for d in reversed(range(kernel.grid_rank)):
+            n = kernel.domain[d]
+            if n > 1:
+                self.index[d] = self.bind("i32", f"i32((g / {stride}u) % {n}u)")
+            stride *= n
+        body = kernel.body
+        for dims, stores in plan.store_nests:
+            for pos in stores:
+                self.prepare(body[pos].args[0])
+            self.store_nest(list(dims), [body[p] for p in stores])
+        return {"name": kernel.name, "wgsl": self.source(), "mode": self.mode,
+                "points": self.points, "bindings": self.bindings()}
+
+    @property
+    def mode(self) -> str:
+        return "group" if self.group else "thread"
+
+    def bindings(self) -> list[int]:
+        k = self.kernel
+        return sorted(k.reads() | k.writes())
+
+    def source(self) -> str:
+        decls = []
+        writes = self.kernel.writes()
+        for slot, buf in enumerate(self.bindings()):
+            if buf in self.narrow_out:
+                decls.append(f"@group(0) @binding({slot}) var<storage, read_write> b{buf}: "
+                             "array<atomic<u32>>;")
+            else:
+                access = "read_write" if buf in writes else "read"
+                decls.append(f"@group(0) @binding({slot}) var<storage, {access}> b{buf}: "
+                             "array<u32>;")
+        for t in sorted(self.shared):
+            decls.append(f"var<workgroup> hg_sh_{t}: array<{t}, {WORKGROUP}>;")
+        head = [f"// kernel {self.kernel.name}: domain {list(self.kernel.domain)}, grid "
+                f"{list(self.kernel.grid)}, mode {self.mode}", PRELUDE.rstrip(),
+                helpers.source(self.used), *decls,
+                f"@compute @workgroup_size({WORKGROUP})",
+                "fn main(@builtin(workgroup_id) wid: vec3<u32>, "
+                "@builtin(local_invocation_id) lid3: vec3<u32>, "
+                "@builtin(num_workgroups) nwg: vec3<u32>) {"]
+        return "\n".join(h for h in head if h) + "\n" + "\n".join(self.lines) + "\n}\n"
+
+    def prepare(self, root: int) -> None:
+        """Emit, at grid-point level, every value ``root`` needs that varies along no loop
+        dimension (reductions included), so loop nests only recompute the rest."""
+        stack, seen, order = [root], set(), []
+        while stack:
+            i = stack.pop()
+            if i in seen or i in self.point:
+                continue
+            seen.add(i)
+            order.append(i)
+            stack.extend(self.kernel.body[i].args)
+        for i in sorted(order):
+            if not self.plan.in_nest(i) and i not in self.point:
+                self.local = self.point
+                instr = self.kernel.body[i]
+                if instr.op in ("reduce", "contract"):
+                    self.point[i] = self.reduce(instr, shared=self.group)
+                else:
+                    self.point[i] = self.emit(instr)
+
+    def store_nest(self, dims: list[int], stores: list[Instr]) -> None:
+        def emit() -> None:
+            self.local = {}
+            for s in stores:
+                self.store(s)
+
+        if not self.group:
+            self.serial(dims, emit)
+        elif not dims:
+            self.block("if (lid == 0u)", emit)
+        else:
+            self.strided(dims, emit)
+
+    def serial(self, dims: list[int], body: Callable[[], None]) -> None:
+        """Nested sequential loops over ``dims`` around ``body``."""
+        if not dims:
+            body()
+            return
+        d, n = dims[0], self.kernel.domain[dims[0]]
+        name = f"i{d}"
+        self.index[d] = name
+
+        def inner() -> None:
+            self.serial(dims[1:], body)
+
+        self.block(f"for (var {name}: i32 = 0; {name} < {n}; {name}++)", inner)
+        del self.index[d]
+
+    def strided(self, dims: list[int], body: Callable[[], None], flat: str = "f") -> None:
+        """One loop over the flat index of ``dims``, invocation ``lid`` taking every
+        :data:`WORKGROUP`-th, around ``body``."""
+        total = math.prod(self.kernel.domain[d] for d in dims)
+
+        def inner() -> None:
+            stride = 1
+            for d in reversed(dims):
+                n = self.kernel.domain[d]
+                self.index[d] = self.bind("i32", f"({flat} / {stride}) % {n}")
+                stride *= n
+            body()
+            for d in dims:
+                del self.index[d]
+
+        self.block(f"for (var {flat}: i32 = i32(lid); {flat} < {total}; {flat} += "
+                   f"{WORKGROUP})", inner)
+
+    # --- values ---------------------------------------------------------------------------
+    def value(self, i: int) -> str:
+        if i in self.point:
+            return self.point[i]
+        if i not in self.local:
+            instr = self.kernel.body[i]
+            if instr.op in ("reduce", "contract"):
+                self.local[i] = self.reduce(instr, shared=False)
+            else:
+                self.local[i] = self.emit(instr)
+        return self.local[i]
+
+    def address(self, instr: Instr) -> str:
+        terms = [str(instr.map.offset)]
+        for d, (n, stride) in enumerate(zip(instr.shape, instr.map.strides)):
+            if n > 1 and stride and d in self.index:
+                terms.append(f"{self.index[d]} * {stride}")
+        return self.bind("u32", f"u32({' + '.join(terms)})")
+
+    def word(self, buf: int, at: str) -> str:
+        if buf in self.narrow_out:
+            return f"atomicLoad(&b{buf}[{at}])"
+        return f"b{buf}[{at}]"
+
+    def load(self, instr: Instr) -> str:
+        t, buf = instr.dtype.name, instr.buffer
+        at = self.address(instr)
+        size = _BYTES[t]
+        if size == 4:
+            return self.bind(t, f"bitcast<{_REG[t]}>({self.word(buf, at)})")
+        per = 4 // size
+        shift = f"(({at} % {per}u) * {8 * size}u)"
+        raw = self.bind("u32", f"({self.word(buf, f'{at} / {per}u')} >> {shift}) & "
+                        f"{(1 << 8 * size) - 1:#x}u")
+        if t == "bool":
+            return self.bind(t, f"{raw} != 0u")
+        if t == "u8":
+            return raw
+        if t in ("i8", "i16"):
+            bits = 32 - 8 * size
+            return self.bind(t, f"(bitcast<i32>({raw}) << {bits}u) >> {bits}u")
+        if t == "f16":
+            return self.bind(t, self.call("hg_f16_to_f32", raw))
+        return self.bind(t, f"bitcast<f32>({raw} << 16u)")  # bf16
+
+    def store(self, instr: Instr) -> None:
+        t, buf = instr.dtype.name, instr.buffer
+        value = self.value(instr.args[0])
+        at = self.address(instr)
+        size = _BYTES[t]
+        if size == 4:
+            self.line(f"b{buf}[{at}] = bitcast<u32>({value});")
+            return
+        if t == "bool":
+            bits = f"select(0u, 1u, {value})"
+        elif t == "f16":
+            bits = self.call("hg_f32_to_f16", value)
+        elif t == "bf16":
+            bits = self.call("hg_f32_to_bf16", value)
+        else:
+            bits = f"bitcast<u32>({value})" if t != "u8" else value
+        per, width = 4 // size, 8 * size
+        mask = (1 << width) - 1
+        shift = self.bind("u32", f"({at} % {per}u) * {width}u")
+        word = self.bind("u32", f"{at} / {per}u")
+        self.line(f"atomicAnd(&b{buf}[{word}], ~({mask:#x}u << {shift}));")
+        self.line(f"atomicOr(&b{buf}[{word}], (({bits}) & {mask:#x}u) << {shift});")
+
+    def const(self, value, t: DType) -> str:
+        if t.is_bool:
+            return "true" if value else "false"
+        if t.kind == "u":
+            return f"{int(value)}u"
+        if t.is_int:
+            return i32_literal(value)
+        import numpy as np
+
+        return f32_literal(float(np.float32(value)))
+
+    def emit(self, instr: Instr) -> str:
+        op, t = instr.op, instr.dtype
+        if op == "load":
+            return self.load(instr)
+        if op == "const":
+            return self.bind(t.name, self.const(instr.value, t))
+        if op == "index":
+            index = self.index.get(instr.axis, "0i")
+            return self.bind(t.name, self.int_cast(index, dt.int32, t))
+        src = self.kernel.body[instr.args[0]].dtype
+        args = [self.value(a) for a in instr.args]
+        if op in _UNARY_FLOAT_FNS:
+            return self.bind(t.name, f"{_UNARY_FLOAT_FNS[op]}({args[0]})")
+        if op in shared_math.FUNCTIONS:
+            return shared_math.emit(WGSLEmitter(self.bind), op, args[0])
+        handler = getattr(self, f"op_{op}", None)
+        if handler is None:
+            raise CompileError(f"kernel {self.kernel.name}: the webgpu renderer has no "
+                               f"{op} on {src.name}")
+        return self.bind(t.name, handler(args, src, t))
+
+    def wrap(self, expr: str, t: DType) -> str:
+        """An i32/u32 expression wrapped to ``t``'s width."""
+        if t.name in ("i8", "i16"):
+            bits = 32 - t.bits
+            return f"((({expr}) << {bits}u) >> {bits}u)"
+        if t.name == "u8":
+            return f"(({expr}) & 0xffu)"
+        return expr
+
+    # --- the op table (operands' WGSL names, operand dtype, result dtype) -> expression --
+    def arith(self, sign: str, args, a: DType) -> str:
+        return self.wrap(f"{args[0]} {sign} {args[1]}", a)
+
+    def op_add(self, args, a, t):
+        return self.arith("+", args, a)
+
+    def op_sub(self, args, a, t):
+        return self.arith("-", args, a)
+
+    def op_mul(self, args, a, t):
+        return self.arith("*", args, a)
+
+    def op_div(self, args, a, t):
+        return self.arith("/", args, a)
+
+    def op_mod(self, args, a, t):
+        if a.is_float:
+            return self.call("hg_fmod", *args)
+        return self.arith("%", args, a)
+
+    def minmax(self, args, a, largest: bool) -> str:
+        x, y = args
+        if a.is_bool:
+            return f"{x} {'|' if largest else '&'} {y}"
+        if a.is_float:
+            kx = self.call("hg_key_f32", x, "true" if largest else "false")
+            ky = self.call("hg_key_f32", y, "true" if largest else "false")
+            return self.call("hg_unkey_f32", f"{'max' if largest else 'min'}({kx}, {ky})")
+        return f"{'max' if largest else 'min'}({x}, {y})"
+
+    def op_min(self, args, a, t):
+        return self.minmax(args, a, False)
+
+    def op_max(self, args, a, t):
+        return self.minmax(args, a, True)
+
+    def op_and(self, args, a, t):
+        return f"{args[0]} & {args[1]}"
+
+    def op_or(self, args, a, t):
+        return f"{args[0]} | {args[1]}"
+
+    def op_xor(self, args, a, t):
+        return f"{args[0]} != {args[1]}" if a.is_bool else f"{args[0]} ^ {args[1]}"
+
+    def compare(self, op: str, args, a: DType) -> str:
+        x, y = args
+        if a.is_bool and op not in ("eq", "ne"):
+            x, y = f"select(0u, 1u, {x})", f"select(0u, 1u, {y})"
+        return f"{x} {_CMP[op]} {y}"
+
+    def op_abs(self, args, a, t):
+        (x,) = args
+        if a.is_float:
+            return f"bitcast<f32>(bitcast<u32>({x}) & 0x7fffffffu)"
+        if a.kind == "u" or a.is_bool:
+            return x
+        return self.wrap(f"select({x}, 0 - {x}, {x} < 0)", a)
+
+    def op_neg(self, args, a, t):
+        (x,) = args
+        if a.is_float:
+            return f"bitcast<f32>(bitcast<u32>({x}) ^ 0x80000000u)"
+        return self.wrap(f"{'0u' if a.kind == 'u' else '0'} - {x}", a)
+
+    def op_not(self, args, a, t):
+        return f"!{args[0]}" if a.is_bool else self.wrap(f"~{args[0]}", a)
+
+    def op_sign(self, args, a, t):
+        (x,) = args
+        if a.is_float:
+            return f"select(select({x}, -1.0f, {x} < 0.0f), 1.0f, {x} > 0.0f)"
+        if a.kind == "u":
+            return f"select(0u, 1u, {x} > 0u)"
+        return f"select(select(0, -1, {x} < 0), 1, {x} > 0)"
+
+    def op_rsqrt(self, args, a, t):
+        return f"1.0f / sqrt({args[0]})"
+
+    def op_fma(self, args, a, t):
+        if a.is_float:
+            return f"fma({args[0]}, {args[1]}, {args[2]})"
+        return self.wrap(f"{args[0]} * {args[1]} + {args[2]}", a)
+
+    def op_select(self, args, a, t):
+        return f"select({args[2]}, {args[1]}, {args[0]})"
+
+    def op_cast(self, args, a, t):
+        (x,) = args
+        if a is t:
+            return x
+        if t.is_bool:
+            zero = {"f32": "0.0f", "i32": "0", "u32": "0u"}[_REG[a.name]]
+            return f"!({x} == {zero})" if a.is_float else f"{x} != {zero}"
+        if a.is_bool:
+            return {"f32": f"select(0.0f, 1.0f, {x})", "i32": f"select(0, 1, {x})",
+                    "u32": f"select(0u, 1u, {x})"}[_REG[t.name]]
+        if t.is_float:
+            if a.is_float:
+                value = x  # every float register is an exact f32
+            elif t.name in ("f16", "bf16") and a.name == "i32":
+                value = self.call("hg_i32_to_f32_odd", x)
+            else:
+                value = f"f32({x})"
+            if t.name == "f16":
+                return self.call("hg_round_f16", value)
+            if t.name == "bf16":
+                return self.call("hg_round_bf16", value)
+            return value
+        if a.is_float:  # saturating, NaN -> 0
+            lo, hi = _INT_RANGE[t.name]
+            if t.kind == "u":
+                return self.call("hg_f32_to_u32", x, f32_literal(float(hi)), f"{hi}u")
+            lo_f = f32_literal(float(lo))
+            hi_f = "0x1p+31f" if t.name == "i32" else f32_literal(float(hi))
+            return self.call("hg_f32_to_i32", x, lo_f, hi_f, i32_literal(lo), i32_literal(hi))
+        return self.int_cast(x, a, t)
+
+    def int_cast(self, x: str, a: DType, t: DType) -> str:
+        """An integer register of ``a`` as one of ``t`` (wrapping)."""
+        src, dst = _REG[a.name], _REG[t.name]
+        if dst == "bool":
+            return f"{x} != {'0u' if src == 'u32' else '0'}"
+        if src != dst:
+            x = f"bitcast<{dst}>({x})"
+        return self.wrap(x, t) if t.bits < a.bits or src != dst else x
+
+    # --- reductions -------------------------------------------------------------------------
+    def reduce(self, instr: Instr, shared: bool) -> str:
+        """A reduction's result: folded sequentially by this invocation, or (``shared``)
+        by the whole workgroup and a tree in workgroup memory."""
+        kernel = self.kernel
+        position = kernel.body.index(instr)
+        t = kernel.body[instr.args[0]].dtype
+        kind = "sum" if instr.op == "contract" else instr.kind
+        axes = list(instr.axes)
+        count = math.prod(kernel.domain[a] for a in axes)
+        reg = _REG[t.name]
+        acc = _Accumulator(self, kind, t, reg)
+        saved = self.local
+
+        def term(flat: str | None) -> None:
+            self.local = {}
+            values = [self.value(a) for a in instr.args]
+            if instr.op == "contract":
+                value = self.bind(reg, self.arith("*", values, t))
+            else:
+                value = values[0]
+            acc.fold(value, flat or self.flat_index(axes))
+
+        if count == 0:
+            pass
+        elif shared:
+            flat = f"r{position}"  # the strided loop's flat index over the axes
+            self.strided(axes, lambda: term(flat), flat=flat)
+        else:
+            self.serial(axes, lambda: term(None))
+        self.local = saved
+        result = acc.finish(shared, empty=count == 0)
+        return self.bind(instr.dtype.name, self.reduced(result, kind, t, instr.dtype))
+
+    def flat_index(self, axes: list[int]) -> str:
+        flat = "0"
+        for a in axes:
+            flat = f"({flat}) * {self.kernel.domain[a]} + {self.index.get(a, '0')}"
+        return flat
+
+    def reduced(self, value: str, kind: str, t: DType, result: DType) -> str:
+        if kind in ("argmax", "argmin"):
+            return self.int_cast(value, dt.int32, result)
+        if t.name == "f16":
+            return self.call("hg_round_f16", value)
+        if t.name == "bf16":
+            return self.call("hg_round_bf16", value)
+        if t.is_int:
+            return self.wrap(value, t)
+        return value
+
+
+class _Accumulator:
+    """One reduction's accumulator in a renderer: its variables, how a term is folded in,
+    and (shared) the tree over the workgroup."""
+
+    def __init__(self, r: _Kernel, kind: str, t: DType, reg: str):
+        self.r, self.kind, self.t, self.reg = r, kind, t, reg
+        self.keyed = kind in ("max", "min", "argmax", "argmin")
+        self.largest = kind in ("max", "argmax")
+        self.float_sum = kind == "sum" and t.is_float
+        self.best: str | None = None
+        if self.keyed:
+            init = "0u" if self.largest else "0xffffffffu"
+            self.acc = r.var(init, "u32")
+            self.best = r.var("0", "i32") if kind.startswith("arg") else None
+        elif self.float_sum:
+            self.acc = r.var("-0.0f", "f32")
+            self.comp = r.var("0.0f", "f32")
+        else:
+            one = kind == "prod"
+            init = {"f32": "1.0f" if one else "-0.0f", "i32": "1" if one else "0",
+                    "u32": "1u" if one else "0u", "bool": "true" if one else "false"}[reg]
+            self.acc = r.var(init, reg)
+
+    def key(self, value: str) -> str:
+        r, t = self.r, self.t
+        if t.is_float:
+            return r.call("hg_key_f32", value, "true" if self.largest else "false")
+        if t.is_bool:
+            return f"select(0u, 1u, {value})"
+        if self.reg == "u32":
+            return value
+        return f"(bitcast<u32>({value}) ^ 0x80000000u)"
+
+    def unkey(self, key: str) -> str:
+        t = self.t
+        if t.is_float:
+            return self.r.call("hg_unkey_f32", key)
+        if t.is_bool:
+            return f"{key} != 0u"
+        if self.reg == "u32":
+            return key
+        return f"bitcast<i32>({key} ^ 0x80000000u)"
+
+    def fold(self, value: str, flat: str) -> None:
+        r = self.r
+        if self.keyed:
+            k = r.bind("u32", self.key(value))
+            better = f"{k} {'>' if self.largest else '<'} {self.acc}"
+            if self.best is not None:  # in order: strictly better only (first wins)
+                r.line(f"if ({better}) {{ {self.acc} = {k}; {self.best} = {flat}; }}")
+            else:
+                r.line(f"{self.acc} = {'max' if self.largest else 'min'}({self.acc}, {k});")
+        elif self.float_sum:  # Neumaier: c collects what each addition loses
+            s, c = self.acc, self.comp
+            total = r.bind("f32", f"{s} + {value}")
+            r.line(f"if (abs({s}) >= abs({value})) {{ {c} += ({s} - {total}) + {value}; }} "
+                   f"else {{ {c} += ({value} - {total}) + {s}; }}")
+            r.line(f"{s} = {total};")
+        elif self.kind == "sum":
+            r.line(f"{self.acc} = {self.sum_expr(self.acc, value)};")
+        else:
+            r.line(f"{self.acc} = {self.prod_expr(self.acc, value)};")
+
+    def sum_expr(self, a: str, b: str) -> str:
+        if self.t.is_bool:
+            return f"{a} | {b}"
+        return f"{a} + {b}"
+
+    def prod_expr(self, a: str, b: str) -> str:
+        if self.t.is_bool:
+            return f"{a} & {b}"
+        return f"{a} * {b}"
+
+    def partial(self) -> str:
+        """This invocation's result (a float sum's compensation added in)."""
+        r = self.r
+        if self.float_sum:
+            s, c = self.acc, self.comp
+            # The plain sum where nothing was lost (keeps -0.0) or it is not finite.
+            return r.bind("f32", f"select({s} + {c}, {s}, {c} == 0.0f || "
+                                 f"(bitcast<u32>({s}) & 0x7f800000u) == 0x7f800000u)")
+        return self.acc
+
+    def finish(self, shared: bool, empty: bool) -> str:
+        r = self.r
+        if empty and self.kind == "sum":
+            return "0.0f" if self.t.is_float else self.acc
+        mine = self.partial()
+        if not shared:
+            return self.unkey(mine) if self.kind in ("max", "min") else (
+                self.best if self.best is not None else mine)
+        vtype = "u32" if self.keyed or self.reg == "bool" else self.reg
+        r.shared.add(vtype)
+        values = f"hg_sh_{vtype}"
+        stored = f"select(0u, 1u, {mine})" if self.reg == "bool" and not self.keyed else mine
+        r.line(f"{values}[lid] = {stored};")
+        if self.best is not None:
+            r.shared.add("i32")
+            r.line(f"hg_sh_i32[lid] = {self.best};")
+        r.line("workgroupBarrier();")
+
+        def level() -> None:
+            a, b = f"{values}[lid]", f"{values}[lid + s]"
+            if self.best is not None:
+                cmp = ">" if self.largest else "<"
+                r.line(f"if ({b} {cmp} {a} || ({b} == {a} && hg_sh_i32[lid + s] < "
+                       f"hg_sh_i32[lid])) {{ {a} = {b}; hg_sh_i32[lid] = hg_sh_i32[lid + s]; }}")
+            elif self.keyed:
+                r.line(f"{a} = {'max' if self.largest else 'min'}({a}, {b});")
+            elif self.reg == "bool":
+                r.line(f"{a} = {a} {'|' if self.kind == 'sum' else '&'} {b};")
+            elif self.kind == "sum":
+                r.line(f"{a} = {a} + {b};")
+            else:
+                r.line(f"{a} = {a} * {b};")
+
+        r.line(f"for (var s = {WORKGROUP // 2}u; s > 0u; s = s >> 1u) {{")
+        r.depth += 1
+        r.block("if (lid < s)", level)
+        r.line("workgroupBarrier();")
+        r.depth -= 1
+        r.line("}")
+        out = r.bind(vtype, f"{values}[0]")
+        best = r.bind("i32", "hg_sh_i32[0]") if self.best is not None else None
+        r.line("workgroupBarrier();")  # everyone has read before the arrays are reused
+        if best is not None:
+            return best
+        if self.keyed:
+            return self.unkey(out)
+        return f"({out} != 0u)" if self.reg == "bool" else out
+
+
+_UNARY_FLOAT_FNS = {"sqrt": "sqrt", "floor": "floor", "ceil": "ceil", "trunc": "trunc",
+                    "round": "round"}
+
+for _op in _CMP:
+    setattr(_Kernel, f"op_{_op}", lambda self, args, a, t, _op=_op: self.compare(_op, args, a))
