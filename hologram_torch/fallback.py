@@ -44,6 +44,18 @@ def reset_fallback_stats() -> None:
         _counts.clear()
 
 
+def cpu_view(x: torch.Tensor) -> torch.Tensor:
+    """A CPU tensor aliasing the device tensor ``x`` that means what ``x`` means: with
+    ``x``'s lazy conjugate and negative bits (``z.conj()``, ``z.conj().imag`` are views
+    that only set a bit), which CPU kernels and copies honour and the raw alias lacks."""
+    c = memory.cpu_alias(x)
+    if x.is_conj():
+        c = c.conj()
+    if x.is_neg():
+        c = c._neg_view()
+    return c
+
+
 def _is_device(x: object) -> bool:
     return isinstance(x, torch.Tensor) and x.device.type == NAME
 
@@ -100,7 +112,7 @@ def run_on_cpu_as(op, cpu_fn, *args, **kwargs):
 
     def to_cpu(x):
         if _is_device(x):
-            c = memory.cpu_alias(x)
+            c = cpu_view(x)
             aliases[id(c)] = x
             return c
         if isinstance(x, torch.device) and x.type == NAME:
@@ -111,7 +123,7 @@ def run_on_cpu_as(op, cpu_fn, *args, **kwargs):
         if _is_device(x):
             c = torch.empty(x.shape, dtype=x.dtype)
             if x.numel():
-                c.copy_(memory.cpu_alias(x))
+                c.copy_(cpu_view(x))
             copies.append((c, x))
             aliases[id(c)] = x
             return c
@@ -126,7 +138,7 @@ def run_on_cpu_as(op, cpu_fn, *args, **kwargs):
         if x.shape != c.shape:
             x.resize_(c.shape)
         if x.numel():
-            memory.cpu_alias(x).copy_(c)
+            cpu_view(x).copy_(c)
 
     def to_device(x):
         if isinstance(x, torch.Tensor):

@@ -219,7 +219,10 @@ def _arithmetic(name: str, floating=False, bool_ok=True, alpha=True):
                                            other.dtype, other.shape, other.stride()))
             if entry is not None:
                 return program.launch_fresh(entry, (self, other))
-        r = functional(self, other, alpha) if alpha_arg else functional(self, other)
+        if not alpha_arg:  # mul, div: their schema has no alpha
+            r = functional(self, other)
+            return run_on_cpu(op, self, other) if r is NotImplemented else r
+        r = functional(self, other, alpha)
         return run_on_cpu(op, self, other, alpha=alpha) if r is NotImplemented else r
 
     alpha_arg = alpha

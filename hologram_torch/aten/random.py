@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import torch
 
-from hologram_torch import memory
 from hologram_torch.aten import program
 from hologram_torch.aten.program import ISA
 from hologram_torch.aten.registry import impl, native_or_cpu, overload
+from hologram_torch.fallback import cpu_view
 from hologram_torch.lowering.shape import arange_math
 
 OPINFO = ("arange",)
@@ -28,10 +28,10 @@ def _drawn_on_host(name: str) -> None:
     op = overload(name)
 
     def kernel(self, *args, **kwargs):
-        args = [memory.cpu_alias(a) if isinstance(a, torch.Tensor) and not a.is_cpu else a
+        args = [cpu_view(a) if isinstance(a, torch.Tensor) and not a.is_cpu else a
                 for a in args]
         if self.numel():
-            op(memory.cpu_alias(self), *args, **kwargs)
+            op(cpu_view(self), *args, **kwargs)
         return self
 
     impl(name)(kernel)

@@ -14,8 +14,9 @@ import torch
 from hologram_torch import memory
 from hologram_torch.aten import program
 from hologram_torch.aten.program import ISA, Unsupported, cast
-from hologram_torch.aten.registry import aten, impl, overload
+from hologram_torch.aten.registry import aten, composed, impl, overload
 from hologram_torch.constants import CPU_KEYS
+from hologram_torch.fallback import cpu_view
 
 
 def _strides_for(size, dtype, memory_format) -> list[int] | None:
@@ -69,6 +70,11 @@ def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
+def _lazy(t: torch.Tensor) -> bool:
+    """Is ``t`` a conjugate or negative view (a bit its raw memory does not show)?"""
+    return t.is_conj() or t.is_neg()
+
+
 def copy_into(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
     """``dst.copy_(src)`` for device tensors (src broadcast, cast to dst's dtype)."""
     if dst.numel() == 0:
@@ -78,6 +84,12 @@ def copy_into(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
     if (isinstance(src, torch.Tensor) and not src.is_cpu and _overlap(dst, src)
             and (src.data_ptr() != dst.data_ptr() or src.stride() != dst.stride())):
         src = clone(src)  # a partial overlap: read everything before writing
+    if _lazy(dst) or (isinstance(src, torch.Tensor) and _lazy(src)):
+        # Conjugate or negative views (complex results, .imag of a conjugate): the CPU
+        # copy resolves the bits; the programs read raw memory.
+        cpu_view(dst).copy_(cpu_view(src) if isinstance(src, torch.Tensor)
+                            else torch.tensor(src))
+        return dst
     try:
         program.run("copy", _copy_build, (src,), (tuple(dst.shape), ISA[dst.dtype]),
                     out=(dst,))
@@ -90,13 +102,32 @@ def copy_into(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
 @impl("_copy_from")
 def _copy_from(src, dst, non_blocking=False):
     if dst.is_cpu:  # device -> host
-        dst.copy_(memory.cpu_alias(src))
+        dst.copy_(cpu_view(src))
     elif src.is_cpu and src.dim() != 0:  # host -> device
         if dst.numel():
-            memory.cpu_alias(dst).copy_(src)
+            cpu_view(dst).copy_(src)
     else:
         copy_into(dst, src)
     return dst
+
+
+@composed("copy_")
+def copy_(self, src, non_blocking=False):
+    # Writing into a conjugate or negative view (``z.conj().copy_(w)``, and how PyTorch
+    # writes any in-place result into one: compute on a resolved clone, copy back) must
+    # reach a kernel that sees the bit. copy_ is the op PyTorch lets through with it;
+    # _copy_from, below it, would get a resolved clone of the destination (its schema
+    # does not mark it written). Everything else is torch's own copy_.
+    if not self.is_cpu and (_lazy(self) or _lazy(src)) and self.numel():
+        if src.is_cpu:
+            cpu_view(self).copy_(src)
+        else:
+            copy_into(self, src)
+        return self
+    return _COPY_HANDLE.redispatch_boxed(CPU_KEYS, self, src, non_blocking)
+
+
+_COPY_HANDLE = aten.copy_.default._handle
 
 
 @impl("_copy_from_and_resize")
@@ -113,7 +144,7 @@ def resize_(self, size, memory_format=None):
 
 @impl("_local_scalar_dense")
 def _local_scalar_dense(self):
-    return memory.cpu_alias(self).item()
+    return cpu_view(self).item()
 
 
 @impl("clone")
@@ -139,7 +170,7 @@ def fill_(self, value):
     if self.numel() == 0:
         return self
     if self.dtype not in ISA:
-        memory.cpu_alias(self).fill_(value)
+        cpu_view(self).fill_(value)
         return self
     if isinstance(value, bool) or self.dtype is torch.bool:
         value = bool(value) if self.dtype is torch.bool else value
