@@ -47,7 +47,7 @@ MAX_SIGNATURES = 64
 @dataclass(frozen=True)
 class _Entry:
     launch: object  # CompiledProgram.launch, or None when every output is empty
-    outputs: tuple  # (shape, strides, dtype, contiguous) of each output
+    outputs: tuple  # (shape, strides, dtype, contiguous, device or None) of each output
 
 
 _EAGER = object()  # a signature that runs the submodule eagerly
@@ -63,6 +63,7 @@ class FusedKernel(torch.nn.Module):
         self.options = options
         self._entries: OrderedDict[tuple, _Entry | object] = OrderedDict()
         self._builds = 0
+        self._single = not isinstance(_output_node(gm).args[0], (tuple, list))
 
     def forward(self, *args):
         key = _signature(args)
@@ -74,14 +75,8 @@ class FusedKernel(torch.nn.Module):
         return self._launch(entry, args)
 
     def _launch(self, entry: _Entry, args):
-        device = None
-        addresses = []
-        for a in args:
-            if isinstance(a, torch.Tensor):
-                addresses.append(a.data_ptr())
-                device = a.device
-        outs = [_empty(shape, strides, dtype, contiguous, device)
-                for shape, strides, dtype, contiguous in entry.outputs]
+        addresses = [a.data_ptr() for a in args if isinstance(a, torch.Tensor)]
+        outs = [_empty(*layout) for layout in entry.outputs]
         if entry.launch is not None:
             addresses.extend(o.data_ptr() for o in outs)
             threads = self.options.threads
@@ -94,11 +89,7 @@ class FusedKernel(torch.nn.Module):
                     entry.launch(tuple(addresses))
                 finally:
                     hologram.set_num_threads(previous)
-        return outs[0] if len(outs) == 1 and self._single else tuple(outs)
-
-    @property
-    def _single(self) -> bool:
-        return not isinstance(_output_node(self.gm).args[0], (tuple, list))
+        return outs[0] if self._single else tuple(outs)
 
     def _build(self, key: tuple, args) -> _Entry | object:
         start = time.perf_counter()
@@ -133,7 +124,7 @@ def _signature(args) -> tuple:
 
 
 def _empty(shape, strides, dtype, contiguous, device):
-    if device is not None and device.type != "cpu":
+    if device is not None:  # a hologram tensor
         if contiguous:
             nbytes = math.prod(shape) * dtype.itemsize
             return memory.new(list(shape), list(strides), nbytes, dtype)
@@ -167,6 +158,9 @@ def build(gm: torch.fx.GraphModule, name: str, args, options: Options) -> _Entry
             raise Unsupported(f"{node.op} node {node.name}")
     out = _output_node(gm).args[0]
     results = out if isinstance(out, (tuple, list)) else (out,)
+    # Outputs go where the graph says they are (a CPU 0-d constant among hologram tensors
+    # does not make the results CPU tensors); without meta, where the first input is.
+    default = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
     layouts = []
     for node in results:
         value = env[node]
@@ -177,13 +171,17 @@ def build(gm: torch.fx.GraphModule, name: str, args, options: Options) -> _Entry
         if value.dtype is not target:
             value = g.cast(value, target)
         contiguous = strides == tuple(memory.contiguous_strides(value.shape))
-        layouts.append((value.shape, strides, dtype, contiguous, value))
+        meta = node.meta.get("val")
+        device = meta.device if isinstance(meta, torch.Tensor) else default
+        device = None if device is None or device.type == "cpu" else device
+        layouts.append((value.shape, strides, dtype, contiguous, device, value))
+    outputs = tuple(layout[:5] for layout in layouts)
     if all(math.prod(shape) == 0 for shape, *_ in layouts):
-        return _Entry(None, tuple(layout[:4] for layout in layouts))
-    for j, (_, strides, _, contiguous, value) in enumerate(layouts):
+        return _Entry(None, outputs)
+    for j, (_, strides, _, contiguous, _, value) in enumerate(layouts):
         g.output(f"out{j}", value, None if contiguous else strides)
     compiled = hologram.compile(g.program(), options.backend(), options.compile_options())
-    return _Entry(compiled.launch, tuple(layout[:4] for layout in layouts))
+    return _Entry(compiled.launch, outputs)
 
 
 def _expected_layout(node: torch.fx.Node, value: Tensor) -> tuple[torch.dtype, tuple]:

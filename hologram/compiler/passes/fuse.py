@@ -7,7 +7,8 @@ This pass removes temporaries with two rewrites, applied until neither applies:
 reduction or contraction) is cloned into every kernel that reads it, re-indexed into the
 reader's index space by composing the reader's load map with the producer's store map. It
 is recomputed rather than stored and reloaded: chains of elementwise ops become one
-kernel, and elementwise producers fuse into reductions and contractions.
+kernel, and elementwise producers fuse into reductions and into contractions' epilogues
+(not into their operands, where they would be recomputed for every product term).
 
 **Merge** — once nothing can be inlined: a kernel that reads a temporary in its producer's
 index space (the producer's store map; the domains equal up to dimensions of extent 1 and
@@ -119,6 +120,8 @@ class _Fusion:
         for c in readers:
             if self._conflicts(range(p + 1, c + 1), loaded, frozenset()):
                 return False
+            if _contracts(self.kernels[c], t):
+                return False
             kernel = _inline_into(producer, part, store, self.kernels[c], t)
             if kernel is None or not self._valid(kernel):
                 return False
@@ -172,6 +175,20 @@ def _conflicts(program: Program, between: range, reads: frozenset, writes: froze
 
 
 # --- inline ----------------------------------------------------------------------------
+def _contracts(consumer: Kernel, t: int) -> bool:
+    """Does a contraction of ``consumer`` take a value computed from its loads of ``t``?
+    Inlined there, ``t``'s producer would run once per product term (N times for an
+    M x K operand of an M x N product) instead of once, and the contraction could no
+    longer be a library call: such a temporary stays materialized."""
+    tainted: set[int] = set()
+    for i, instr in enumerate(consumer.body):
+        if (instr.op == "load" and instr.buffer == t) or tainted.intersection(instr.args):
+            if instr.op == "contract":
+                return True
+            tainted.add(i)
+    return False
+
+
 def _inline_into(producer: Kernel, part: list[int], store: Instr, consumer: Kernel,
                  t: int) -> Kernel | None:
     body = Body(consumer.domain)
