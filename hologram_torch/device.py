@@ -239,6 +239,12 @@ def _adopt(old: torch.nn.Parameter, new: torch.nn.Parameter) -> bool:
             "module before running it, or after backward()", UserWarning, stacklevel=4)
         return False
     torch._C._swap_tensor_impl(old, new)
+    # Tensor hooks are registered on the tensor (the one old held before): register the
+    # object's hook dictionaries again on the tensor it holds now.
+    for attr in ("_backward_hooks", "_post_accumulate_grad_hooks"):
+        hooks = getattr(old, attr)
+        if hooks:
+            setattr(old, attr, hooks)
     return True
 
 

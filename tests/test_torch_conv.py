@@ -94,11 +94,32 @@ def test_convolutions_are_counted_as_fallbacks():
     hologram_torch.reset_fallback_stats()
     x = torch.randn(1, 2, 5, 5, device="hologram", requires_grad=True)
     w = torch.randn(3, 2, 3, 3, device="hologram", requires_grad=True)
+    F.conv2d(x, w, stride=2, padding=1).sum().backward()
+    F.conv_transpose2d(x, w.transpose(0, 1)).sum().backward()
+    assert hologram_torch.fallback_stats() == {
+        "aten.convolution_overrideable.default": 2,
+        "aten.convolution_backward_overrideable.default": 2}
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_types_match_cpu_exactly(dtype):
+    torch.manual_seed(7)
+    x = torch.randn(2, 2, 6, 6).to(dtype)
+    w = torch.randn(3, 2, 3, 3).to(dtype)
+    hologram_torch.reset_fallback_stats()
     with pytest.warns(hologram_torch.FallbackWarning, match="convolution_overrideable"):
-        F.conv2d(x, w).sum().backward()
-    stats = hologram_torch.fallback_stats()
-    assert stats["aten.convolution_overrideable.default"] == 1
-    assert stats["aten.convolution_backward_overrideable.default"] == 1
+        got = F.conv2d(x.to("hologram"), w.to("hologram"), padding=1)
+    torch.testing.assert_close(got.cpu(), F.conv2d(x, w, padding=1), rtol=0, atol=0)
+    assert hologram_torch.fallback_stats() == {"aten.convolution_overrideable.default": 1}
+
+
+def test_complex_convolutions_match_cpu():
+    # PyTorch computes a complex convolution as three real ones.
+    torch.manual_seed(8)
+    x = torch.randn(1, 2, 5, 5, dtype=torch.complex64)
+    w = torch.randn(3, 2, 3, 3, dtype=torch.complex64)
+    torch.testing.assert_close(F.conv2d(x.to("hologram"), w.to("hologram")).cpu(),
+                               F.conv2d(x, w), **TOL)
 
 
 def test_double_backward_matches_cpu():

@@ -78,6 +78,17 @@ def test_gradient_and_attributes_move_with_the_parameter():
     torch.testing.assert_close(w.grad.cpu(), grad, rtol=0, atol=0)
 
 
+def test_tensor_hooks_move_with_the_parameter():
+    m = torch.nn.Linear(3, 2)
+    calls = []
+    m.weight.register_hook(lambda g: calls.append("hook") or g * 2)
+    m.weight.register_post_accumulate_grad_hook(lambda p: calls.append("accumulated"))
+    m.to("hologram")
+    m(torch.ones(1, 3, device="hologram")).sum().backward()
+    assert calls == ["hook", "accumulated"]
+    torch.testing.assert_close(m.weight.grad.cpu(), torch.full((2, 3), 2.0))
+
+
 def test_shared_gradient_is_the_sum_of_both_uses():
     torch.manual_seed(0)
     tokens = torch.tensor([[1, 2, 3], [4, 5, 6]])
