@@ -30,9 +30,13 @@ from hologram.errors import DeviceError
 BUILTIN: dict[str, str] = {
     "cpu": "hologram.backends.cpu.backend:CpuBackend",
     "interp": "hologram.backends.interp.backend:InterpBackend",
+    # After the cpu: "auto" takes webgpu first only on a real GPU (preferred_by_auto).
+    "webgpu": "hologram.backends.webgpu.backend:WebGpuBackend",
+    "metal": "hologram.backends.webgpu.backend:MetalBackend",
+    "vulkan": "hologram.backends.webgpu.backend:VulkanBackend",
 }
 #: Names reserved for backends that are not implemented yet.
-PLANNED: tuple[str, ...] = ("cuda", "metal", "webgpu")
+PLANNED: tuple[str, ...] = ("cuda",)
 #: Every name a user may ask for: "auto", the implemented backends, the planned ones.
 KNOWN: tuple[str, ...] = ("auto", *BUILTIN, *PLANNED)
 
@@ -137,7 +141,11 @@ def resolve(name: str) -> str:
         configured = config.get().backend
         if configured != "auto":
             return configured
-        return available()[0]
+        usable = available()
+        # A backend may ask to come first (webgpu on a real GPU, never on an emulated one).
+        preferred = [n for n in usable
+                     if getattr(backend_class(n), "preferred_by_auto", lambda: False)()]
+        return (preferred or usable)[0]
     return name
 
 

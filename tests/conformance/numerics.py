@@ -29,8 +29,9 @@ import pytest
 
 import hologram
 from hologram import backends
+from hologram.backends.base import unsupported_pairs
 from hologram.backends.interp import interpreter
-from hologram.errors import IRError
+from hologram.errors import DTypeError, IRError
 from hologram.isa import dtypes as dt
 from hologram.isa.builder import ProgramBuilder
 from hologram.isa.dtypes import DType
@@ -82,6 +83,12 @@ def run(program: Program, backend: str, inputs: list[np.ndarray],
     be silent: the backend's artifact must list the kernels it moves
     (:meth:`Backend.delegated`). Work handed to the reference interpreter is also caught
     in the act: its entry points are counted while the backend runs."""
+    missing = unsupported_pairs(backends.get(backend), program)
+    if missing:  # refused as declared (Backend.supports): with a DTypeError, checked here
+        with pytest.raises(DTypeError):
+            hologram.compile(program, backend=backend)
+        pairs = ", ".join(sorted({f"{op} on {t.name}" for _, op, t in missing}))
+        pytest.skip(f"{backend} declares no {pairs} (refused with DTypeError, as declared)")
     compiled = hologram.compile(program, backend=backend)
     declared = [] if backend == "interp" else delegated(program, backend)
     given = iter(inputs)

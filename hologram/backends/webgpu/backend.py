@@ -20,6 +20,7 @@ backend. ``"auto"`` takes ``webgpu`` only when its adapter is a real GPU
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from hologram.backends.base import Allocator, Backend, Executable
@@ -37,7 +38,13 @@ from .render import WORKGROUP, dispatch, render
 #: The artifact format's version (part of the target identity, so old cache entries are
 #: never loaded by a newer runtime).
 FORMAT = "wgsl-1"
+#: WebGPU's capabilities, float min/max left to the renderer (it orders the bits).
+CAPS = replace(WEBGPU, ieee_minmax=True)
 _NO_DTYPES = frozenset({dt.int64, dt.float64})
+#: Ops refused on every dtype: pow (the shared f32 pow works in f64), and those that need
+#: an exact fused multiply-add, which WGSL's fma() does not promise (on lavapipe it rounds
+#: twice: fma 1 ulp off, sin/cos up to 2^21 ulp through their range reduction).
+_NO_OPS = frozenset({"pow", "fma", "sin", "cos"})
 _BIND_GROUPS = 256  # bind groups remembered per kernel
 
 
@@ -72,8 +79,8 @@ class WebGpuBackend(Backend):
     def supports(self, op: str, dtype: DType) -> bool:
         if dtype in _NO_DTYPES:
             return False  # WGSL has no 64-bit types
-        if op == "pow":
-            return False  # the shared f32 pow works in f64
+        if op in _NO_OPS:
+            return False
         # An f32 fma rounded again to f16/bf16 would round twice.
         return not (op == "fma" and dtype in (dt.float16, dt.bfloat16))
 
@@ -82,10 +89,10 @@ class WebGpuBackend(Backend):
 
     def compile(self, program: Program, target: str | None = None) -> bytes:
         self.target(target)
-        program = pipeline.for_target(program, WEBGPU)
+        program = pipeline.for_target(program, CAPS)
         kernels = []
         for kernel in program.kernels:
-            shader = render(program, kernel, WEBGPU)
+            shader = render(program, kernel, CAPS)
             shader["dispatch"] = dispatch(shader["points"], shader["mode"])
             pipeline.dump(program.name, f"{kernel.name}.wgsl", shader["wgsl"])
             kernels.append(shader)
@@ -115,12 +122,19 @@ class MetalBackend(WebGpuBackend):
     name = "metal"
 
     @classmethod
+    def is_available(cls) -> bool:
+        # A name for a GPU: on an emulated adapter (lavapipe) only "webgpu" is offered,
+        # so the suites do not run the same adapter twice.
+        return WebGpuBackend.is_available.__func__(cls) and devices.is_hardware(
+            dict(devices.adapter(cls.name).info))
+
+    @classmethod
     def preferred_by_auto(cls) -> bool:
         return False  # "auto" names the same adapter "webgpu"
 
 
-class VulkanBackend(WebGpuBackend):
-    """``webgpu`` on an adapter whose backend is Vulkan."""
+class VulkanBackend(MetalBackend):
+    """``webgpu`` on an adapter whose backend is Vulkan (a GPU, not lavapipe)."""
 
     name = "vulkan"
 
@@ -153,10 +167,19 @@ class _Executable(Executable):
                 f"webgpu: kernel {kernel['name']} binds {len(kernel['bindings'])} storage "
                 f"buffers, more than this adapter's max-storage-buffers-per-shader-stage "
                 f"({limit}, {self.dev.summary}); split the program", source=kernel["wgsl"])
+        wgpu = devices.wgpu_module()
         try:
             module = device.create_shader_module(code=kernel["wgsl"])
-            return device.create_compute_pipeline(
-                layout="auto", compute={"module": module, "entry_point": "main"})
+            # An explicit layout: "auto" would drop a binding the shader declares but
+            # never reaches, and the bind group would no longer match it.
+            entries = [{"binding": slot, "visibility": wgpu.ShaderStage.COMPUTE,
+                        "buffer": {"type": wgpu.BufferBindingType.storage if writable else
+                                   wgpu.BufferBindingType.read_only_storage}}
+                       for slot, writable in enumerate(kernel["writable"])]
+            layout = device.create_bind_group_layout(entries=entries)
+            pipeline_layout = device.create_pipeline_layout(bind_group_layouts=[layout])
+            return layout, device.create_compute_pipeline(
+                layout=pipeline_layout, compute={"module": module, "entry_point": "main"})
         except Exception as err:
             raise CompileError(f"webgpu: the driver rejected the shader of kernel "
                                f"{kernel['name']} ({self.dev.summary})", source=kernel["wgsl"],
@@ -181,12 +204,12 @@ class _Executable(Executable):
                 entries = [{"binding": slot, "resource": {"buffer": a.buffer, "offset": 0,
                                                           "size": a.buffer.size}}
                            for slot, a in enumerate(buffers)]
-                group = self.dev.device.create_bind_group(
-                    layout=pipeline_.get_bind_group_layout(0), entries=entries)
+                group = self.dev.device.create_bind_group(layout=pipeline_[0],
+                                                          entries=entries)
                 # Keyed by allocation ids, never reused: an entry whose allocations have
                 # died is never hit again (it holds their wgpu buffers, not them).
                 groups[key] = group
-            compute.set_pipeline(pipeline_)
+            compute.set_pipeline(pipeline_[1])
             compute.set_bind_group(0, group)
             compute.dispatch_workgroups(*kernel["dispatch"])
         compute.end()

@@ -130,6 +130,40 @@ fn hg_f32_to_u32(x: f32, hi: f32, hi_u: u32) -> u32 {
   if (x >= hi) { return hi_u; }
   return u32(x);
 }""",
+    # Float products as a significand in [1, 2) and an exponent, so that no partial
+    # product over- or underflows: each multiplication rounds once, relative u, and the
+    # value is scaled once at the end (k: 0 at run time, a barrier to reassociation).
+    "hg_prod": """\
+struct HgProd { m: f32, e: i32 }
+fn hg_prod_norm(p: HgProd) -> HgProd {
+  let b = bitcast<u32>(p.m);
+  let x = (b >> 23u) & 0xffu;
+  if (x == 0u || x == 0xffu) { return p; }
+  return HgProd(bitcast<f32>((b & 0x807fffffu) | 0x3f800000u), p.e + i32(x) - 127);
+}
+fn hg_prod_mul(a: HgProd, b: HgProd) -> HgProd {
+  return hg_prod_norm(HgProd(a.m * b.m, a.e + b.e));
+}
+fn hg_prod_of(v: f32) -> HgProd {
+  let b = bitcast<u32>(v);
+  if ((b & 0x7f800000u) == 0u && (b & 0x7fffffffu) != 0u) {
+    return hg_prod_norm(HgProd(v * 0x1p+24f, -24));
+  }
+  return hg_prod_norm(HgProd(v, 0));
+}
+fn hg_pow2(n: i32) -> f32 { return bitcast<f32>(u32(n + 127) << 23u); }
+fn hg_prod_value(p: HgProd, k: u32) -> f32 {
+  let m = p.m;
+  let x = (bitcast<u32>(m) >> 23u) & 0xffu;
+  if (x == 0u || x == 0xffu) { return m; }
+  let e = clamp(p.e, -300, 300);
+  let a = select(max(e, -126), min(e, 127), e >= 0);
+  let first = bitcast<f32>(bitcast<u32>(m * hg_pow2(a)) ^ k);
+  let rest = e - a;
+  if (rest > 127) { return first * hg_pow2(127) * 2.0f; }
+  if (rest < -126) { return first * hg_pow2(-126) * 0x1p-30f; }
+  return first * hg_pow2(rest);
+}""",
 }
 
 #: What each helper calls.

@@ -5,15 +5,16 @@ algorithm works in f64, is not offered).
 
 Bit-level primitives (``fabs``, ``neg``, ``copysign``, ``isnan``) work on the bits, not on
 WGSL's float operators: WGSL lets an implementation assume finite values in float
-operations, but never in integer ones. Float constants that are not finite come from
-:data:`PRELUDE`'s ``hg_f32_bits`` (a function call is never a constant expression, and a
-constant expression that is inf or NaN is a shader-creation error).
+operations, but never in integer ones. Float constants are bit patterns
+the compiler cannot fold (:func:`f32_literal`): a constant expression that is inf or NaN
+is a shader-creation error, and drivers fold known constants with fast-math rules.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
+
+import numpy as np
 
 from hologram.codegen.mathlib import F32, Format, MathEmitter
 
@@ -25,14 +26,13 @@ fn hg_isnan(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f80000
 
 
 def f32_literal(value: float) -> str:
-    """A WGSL expression for the f32 ``value`` (already a float32 value), exact."""
-    if math.isnan(value):
-        return "hg_f32_bits(0x7fc00000u)"
-    if math.isinf(value):
-        return f"hg_f32_bits({'0xff800000u' if value < 0 else '0x7f800000u'})"
-    if value == 0.0:
-        return "-0.0f" if math.copysign(1.0, value) < 0 else "0.0f"
-    return f"{float(value).hex()}f".replace("0x1.0000000000000p", "0x1p")
+    """A WGSL expression for the f32 ``value`` (a float32 value), exact, that the shader
+    compiler cannot see through: its bits xor ``hg_k``, which the kernel sets to 0 from a
+    built-in value the compiler does not know. A literal it can see is folded with
+    fast-math rules (measured on lavapipe: ``x / 0.0`` gave 0, and ``x + 0.0`` may
+    become ``x``, wrong for -0.0)."""
+    bits = int(np.float32(value).view(np.uint32))
+    return f"bitcast<f32>({bits:#010x}u ^ hg_k)"
 
 
 def i32_literal(value: int) -> str:
@@ -70,9 +70,7 @@ class WGSLEmitter(MathEmitter):
         return a
 
     def c(self, value: float) -> str:
-        import numpy as np
-
-        return f32_literal(float(np.float32(value)))
+        return f32_literal(value)
 
     def ci(self, value: int) -> str:
         return i32_literal(value)

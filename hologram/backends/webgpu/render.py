@@ -75,6 +75,15 @@ def render(program: Program, kernel: Kernel, caps: Capabilities) -> dict:
     return _Kernel(program, kernel, caps).render()
 
 
+def opaque(expr: str, key: str = "hg_k") -> str:
+    """The f32 ``expr``, through an xor of its bits with a value that is 0 at run time but
+    unknown to the shader compiler. WGSL lets drivers optimize floats as if NaN, inf and
+    -0.0 did not exist and reassociate or contract freely; lavapipe does (``x - x`` became
+    0 for NaN, ``a * b + c`` may fuse): nothing matches a pattern through this barrier, so
+    every operation rounds once, as written."""
+    return f"bitcast<f32>(bitcast<u32>({expr}) ^ {key})"
+
+
 class _Kernel:
     def __init__(self, program: Program, kernel: Kernel, caps: Capabilities):
         self.program, self.kernel = program, kernel
@@ -98,9 +107,13 @@ class _Kernel:
     def line(self, text: str) -> None:
         self.lines.append("  " * self.depth + text)
 
-    def bind(self, _type: str, expr: str) -> str:
+    def bind(self, wgsl_type: str, expr: str) -> str:
+        """``let tN = expr;``; a float result (``wgsl_type`` f32, or the dtype name of a
+        float) passes through :func:`opaque`."""
         self.names += 1
         name = f"t{self.names}"
+        if wgsl_type in ("f32", "f16", "bf16"):
+            expr = opaque(expr)
         self.line(f"let {name} = {expr};")
         return name
 
@@ -125,6 +138,10 @@ class _Kernel:
     def render(self) -> dict:
         kernel, plan = self.kernel, self.plan
         self.line("let lid = lid3.x;")
+        # 0 at run time (dispatches have one z group), unknown to the compiler: float
+        # constants are xored with it so that they are never folded (mathlib.f32_literal).
+        self.line("let hg_k = nwg.z - 1u;")
+        self.line("let hg_k2 = hg_k << 1u;")
         if self.group:
             self.line("let g = wid.x + wid.y * nwg.x;")
         else:
@@ -141,8 +158,10 @@ class _Kernel:
             for pos in stores:
                 self.prepare(body[pos].args[0])
             self.store_nest(list(dims), [body[p] for p in stores])
+        writes = kernel.writes()
         return {"name": kernel.name, "wgsl": self.source(), "mode": self.mode,
-                "points": self.points, "bindings": self.bindings()}
+                "points": self.points, "bindings": self.bindings(),
+                "writable": [b in writes for b in self.bindings()]}
 
     @property
     def mode(self) -> str:
@@ -315,9 +334,7 @@ class _Kernel:
             return f"{int(value)}u"
         if t.is_int:
             return i32_literal(value)
-        import numpy as np
-
-        return f32_literal(float(np.float32(value)))
+        return f32_literal(value)
 
     def emit(self, instr: Instr) -> str:
         op, t = instr.op, instr.dtype
@@ -330,6 +347,11 @@ class _Kernel:
             return self.bind(t.name, self.int_cast(index, dt.int32, t))
         src = self.kernel.body[instr.args[0]].dtype
         args = [self.value(a) for a in instr.args]
+        if src.is_float and len(set(instr.args)) < len(instr.args):
+            # x - x, x / x: a second operand the compiler cannot tell is the first, or it
+            # folds them (to 0, 1) for NaN and inf too.
+            args = [opaque(x, "hg_k2") if instr.args.index(a) != i else x
+                    for i, (a, x) in enumerate(zip(instr.args, args))]
         if op in _UNARY_FLOAT_FNS:
             return self.bind(t.name, f"{_UNARY_FLOAT_FNS[op]}({args[0]})")
         if op in shared_math.FUNCTIONS:
@@ -399,6 +421,11 @@ class _Kernel:
         x, y = args
         if a.is_bool and op not in ("eq", "ne"):
             x, y = f"select(0u, 1u, {x})", f"select(0u, 1u, {y})"
+        if a.is_float:  # NaN tested on the bits: drivers may assume floats are not NaN
+            nan = f"(hg_isnan({x}) || hg_isnan({y}))"
+            if op == "ne":
+                return f"{nan} || ({x} != {y})"
+            return f"!{nan} && ({x} {_CMP[op]} {y})"
         return f"{x} {_CMP[op]} {y}"
 
     def op_abs(self, args, a, t):
@@ -500,9 +527,16 @@ class _Kernel:
                 value = values[0]
             acc.fold(value, flat or self.flat_index(axes))
 
-        if count == 0:
-            pass
-        elif shared:
+        if count == 0:  # the identity (a sum: +0.0); argmax/argmin: index 0
+            self.local = saved
+            if kind in ("argmax", "argmin"):
+                return self.bind(instr.dtype.name, self.const(0, instr.dtype))
+            if kind in ("sum", "prod"):
+                return self.bind(t.name, self.const(int(kind == "prod"), t))
+            if t.is_bool:
+                return self.bind(t.name, self.const(kind == "min", t))
+            return self.bind(t.name, self.const(t.max if kind == "min" else t.min, t))
+        if shared:
             flat = f"r{position}"  # the strided loop's flat index over the axes
             self.strided(axes, lambda: term(flat), flat=flat)
         else:
@@ -538,6 +572,7 @@ class _Accumulator:
         self.keyed = kind in ("max", "min", "argmax", "argmin")
         self.largest = kind in ("max", "argmax")
         self.float_sum = kind == "sum" and t.is_float
+        self.float_prod = kind == "prod" and t.is_float
         self.best: str | None = None
         if self.keyed:
             init = "0u" if self.largest else "0xffffffffu"
@@ -546,6 +581,9 @@ class _Accumulator:
         elif self.float_sum:
             self.acc = r.var("-0.0f", "f32")
             self.comp = r.var("0.0f", "f32")
+        elif self.float_prod:
+            r.used.add("hg_prod")
+            self.acc = r.var("HgProd(1.0f, 0)", "HgProd")
         else:
             one = kind == "prod"
             init = {"f32": "1.0f" if one else "-0.0f", "i32": "1" if one else "0",
@@ -587,10 +625,38 @@ class _Accumulator:
             r.line(f"if (abs({s}) >= abs({value})) {{ {c} += ({s} - {total}) + {value}; }} "
                    f"else {{ {c} += ({value} - {total}) + {s}; }}")
             r.line(f"{s} = {total};")
+        elif self.float_prod:
+            r.line(f"{self.acc} = hg_prod_mul({self.acc}, hg_prod_of({value}));")
         elif self.kind == "sum":
             r.line(f"{self.acc} = {self.sum_expr(self.acc, value)};")
         else:
             r.line(f"{self.acc} = {self.prod_expr(self.acc, value)};")
+
+    def product(self, shared: bool) -> str:
+        """A float product's (significand, exponent), over the workgroup if ``shared``."""
+        r, acc = self.r, self.acc
+        if not shared:
+            return acc
+        r.shared.update(("f32", "i32"))
+        r.line(f"hg_sh_f32[lid] = {acc}.m;")
+        r.line(f"hg_sh_i32[lid] = {acc}.e;")
+        r.line("workgroupBarrier();")
+
+        def level() -> None:
+            r.line("let p = hg_prod_mul(HgProd(hg_sh_f32[lid], hg_sh_i32[lid]), "
+                   "HgProd(hg_sh_f32[lid + s], hg_sh_i32[lid + s]));")
+            r.line("hg_sh_f32[lid] = p.m;")
+            r.line("hg_sh_i32[lid] = p.e;")
+
+        r.line(f"for (var s = {WORKGROUP // 2}u; s > 0u; s = s >> 1u) {{")
+        r.depth += 1
+        r.block("if (lid < s)", level)
+        r.line("workgroupBarrier();")
+        r.depth -= 1
+        r.line("}")
+        out = r.bind("HgProd", "HgProd(hg_sh_f32[0], hg_sh_i32[0])")
+        r.line("workgroupBarrier();")
+        return out
 
     def sum_expr(self, a: str, b: str) -> str:
         if self.t.is_bool:
@@ -617,6 +683,9 @@ class _Accumulator:
         if empty and self.kind == "sum":
             return "0.0f" if self.t.is_float else self.acc
         mine = self.partial()
+        if self.float_prod:
+            mine = self.product(shared)
+            return r.bind("f32", f"hg_prod_value({mine}, hg_k)")
         if not shared:
             return self.unkey(mine) if self.kind in ("max", "min") else (
                 self.best if self.best is not None else mine)
