@@ -14,6 +14,10 @@ from __future__ import annotations
 from hologram_torch.aten.registry import aten, composed
 from hologram_torch.fallback import run_on_cpu_as
 
+OPINFO = ("nn.functional.conv1d", "nn.functional.conv2d", "nn.functional.conv3d",
+          "nn.functional.conv_transpose1d", "nn.functional.conv_transpose2d",
+          "nn.functional.conv_transpose3d")
+
 
 def _convolution(input, weight, bias, stride, padding, dilation, transposed,
                  output_padding, groups):
