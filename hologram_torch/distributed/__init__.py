@@ -25,6 +25,7 @@ import torch.distributed as dist
 from hologram_torch.constants import NAME
 
 if dist.is_available():  # torch builds without distributed support have no ProcessGroup
+    from hologram_torch.distributed import ddp
     from hologram_torch.distributed.operands import GLOO_DTYPES
     from hologram_torch.distributed.process_group import ProcessGroupHologram
 
@@ -53,8 +54,12 @@ def create_process_group(options, backend_options=None) -> ProcessGroupHologram:
 
 
 def register() -> None:
-    """Register the ``hologram`` backend with torch.distributed (idempotent)."""
-    if not dist.is_available() or NAME.upper() in dist.Backend._plugins:
+    """Register the ``hologram`` backend with torch.distributed, and DDP's option checks
+    (:mod:`~hologram_torch.distributed.ddp`) (idempotent)."""
+    if not dist.is_available():
+        return
+    ddp.install()
+    if NAME.upper() in dist.Backend._plugins:
         return
     # devices: the hologram device, and the CPU, whose tensors the same group serves.
     dist.Backend.register_backend(NAME, create_process_group, extended_api=True,

@@ -82,6 +82,7 @@ class ProcessGroupHologram(dist.ProcessGroup):
         self._timeout = timeout
         self._coalesced: list | None = None  # works issued inside _start/_end_coalescing
         self._register_backend(_CPU, dist.ProcessGroup.BackendType.GLOO, gloo)
+        self._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
 
     def getBackendName(self) -> str:  # the C++ name the trampoline calls
         return NAME
@@ -116,6 +117,8 @@ class ProcessGroupHologram(dist.ProcessGroup):
         return self._work(self._gloo.allreduce(wire, opts), staging, tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
+        """All-reduce of several tensors in one call per dtype (gloo's coalesced
+        all-reduce takes one dtype; ``_coalescing_manager`` may mix them)."""
         opts = opts or AllreduceCoalescedOptions()
         op = opts.reduceOp.op
         staging = Staging()
@@ -124,7 +127,13 @@ class ProcessGroupHologram(dist.ProcessGroup):
         if op == ReduceOp.AVG:
             _then_divide(wire, self.size(), staging)
             opts = _sum_instead_of_avg(opts, AllreduceCoalescedOptions)
-        return self._work(self._gloo.allreduce_coalesced(wire, opts), staging, tensors)
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for t in wire:
+            by_dtype.setdefault(t.dtype, []).append(t)
+        works = [self._gloo.allreduce_coalesced(same, opts) for same in by_dtype.values()]
+        if len(works) == 1:
+            return self._work(works[0], staging, tensors)
+        return self._track(HologramWork(works, tensors, staging.finish))
 
     def reduce(self, tensors, opts=None):
         opts = opts or ReduceOptions()
