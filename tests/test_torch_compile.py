@@ -250,3 +250,17 @@ def test_options():
         torch.testing.assert_close(got, model(x))
     with pytest.raises(Exception, match="unknown options"):
         torch.compile(mlp(), backend="hologram", options={"fusion": True})(x)
+
+
+def test_benchmark_runs_and_checks_against_eager():
+    from hologram.bench.dev import compile as bench
+    from hologram.bench.dev import training
+
+    result = bench.run(quick=True, inductor=False, sizes=training.TINY_SIZES, threads=[1])
+    rows = result["rows"]
+    assert [(r["model"], r["mode"]) for r in rows] == [
+        ("mlp", "inference"), ("mlp", "training"),
+        ("transformer", "inference"), ("transformer", "training")]
+    assert all(r["check"] == "ok" and r["ms"]["hologram"] > 0 for r in rows)
+    assert "eager (fast path)" in rows[2]["ms"]
+    assert "| mlp | training | 1 |" in bench.table(result)

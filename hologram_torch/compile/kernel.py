@@ -40,7 +40,8 @@ from hologram_torch.lowering.common import ISA, TORCH, Unsupported
 
 log = logging.getLogger(__name__)
 
-#: Signatures kept per partition (each a compiled launch); the least recently used goes.
+#: Signatures kept per partition (each a compiled launch); past it the oldest goes (its
+#: program stays in the program cache, so coming back costs a lookup, not a compile).
 MAX_SIGNATURES = 64
 
 
@@ -82,7 +83,7 @@ class FusedKernel(torch.nn.Module):
             threads = self.options.threads
             if threads is None:
                 entry.launch(tuple(addresses))
-            else:
+            else:  # the process's setting is put back (as an explicit count)
                 previous = hologram.get_num_threads()
                 hologram.set_num_threads(threads)
                 try:

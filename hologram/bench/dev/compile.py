@@ -192,18 +192,20 @@ def run(quick: bool = False, inductor: bool = True, sizes: dict | None = None,
 
 def table(result: dict) -> str:
     lines = ["| model | mode | threads | eager ms | hologram ms | inductor ms | eager/hologram "
-             "| inductor/hologram | first call s (hologram / inductor) | hologram backend s "
-             "(programs, disk hits) | check |", "|" + "---|" * 11]
+             "| inductor/hologram | fastest ms (eager / hologram / inductor) | first call s "
+             "(hologram / inductor) | hologram backend s (programs, disk hits) | check |",
+             "|" + "---|" * 12]
     for r in result["rows"]:
-        ms, first, own = r["ms"], r["first_call_s"], r["hologram"]
+        ms, best, first, own = r["ms"], r["best_ms"], r["first_call_s"], r["hologram"]
         h = ms["hologram"]
         eager = f"{ms['eager']}"
         if "eager (fast path)" in ms:
             eager += f" (fast path {ms['eager (fast path)']})"
         ind = ms.get("inductor")
+        fastest = " / ".join(str(best.get(k, "-")) for k in ("eager", "hologram", "inductor"))
         lines.append(
             f"| {r['model']} | {r['mode']} | {r['threads']} | {eager} | {h} | {ind or '-'} "
-            f"| {ms['eager'] / h:.2f} | {f'{ind / h:.2f}' if ind else '-'} "
+            f"| {ms['eager'] / h:.2f} | {f'{ind / h:.2f}' if ind else '-'} | {fastest} "
             f"| {first['hologram']} / {first.get('inductor', '-')} "
             f"| {own['backend_s']} ({own['programs']}, {own['disk_hits']}) | {r['check']} |")
     return "\n".join(lines)
