@@ -531,6 +531,33 @@ def test_fast_path_after_free_and_close(ex):
         ops.vector_abs(other, x, y)
 
 
+def test_allocating_fast_path(ex):
+    """op(a, b) again with the same signature allocates a new result and launches without
+    the general path, which still refuses freed buffers, other executors and closed ones."""
+    x, y = rand((5, 3), np.float32, 3), rand((5, 3), np.float32, 4)
+    a, b = ex.from_numpy(x), ex.from_numpy(y)
+    results = [ops.vector_add(a, b) for _ in range(3)]
+    for r in results:
+        check(r, x + y)
+    assert len({r.handle for r in results}) == 3  # three live results, three blocks
+    check(ops.reduce_sum(a), x.sum(), rtol=1e-5)
+    check(ops.reduce_sum(a), x.sum(), rtol=1e-5)
+    check(ops.reduce_sum(a, dim=0), x.sum(axis=0), rtol=1e-5)
+    check(ops.reduce_sum(a, dim=0), x.sum(axis=0), rtol=1e-5)
+    other = hg.Executor(ex.backend)
+    with pytest.raises(InvalidBufferError, match="another executor"):
+        ops.vector_add(other, a, b)
+    b.free()
+    with pytest.raises(InvalidBufferError):
+        ops.vector_add(a, b)
+    c, d = other.from_numpy(x), other.from_numpy(y)
+    for _ in range(2):
+        check(ops.vector_mul(c, d), x * y)
+    other.close()
+    with pytest.raises(InvalidBufferError):
+        ops.vector_mul(c, d)
+
+
 def test_readonly_out(ex):
     arr = np.arange(4, dtype=np.float32)
     arr.flags.writeable = False

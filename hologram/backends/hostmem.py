@@ -172,12 +172,9 @@ class _Block:
 
 
 class _Lease:
-    """The ``base`` of an array from :meth:`Pool.empty`: it owns one block.
-
-    NumPy builds the array from ``__array_interface__`` and keeps this object as its base;
-    views keep the array (hence the lease) alive, so the block returns to the pool exactly
-    when the last array or view referring to it is gone.
-    """
+    """The owner of one block for owners that are not NumPy arrays (:meth:`Pool.lease`),
+    and the ``base`` of arrays of blocks beyond the largest class: NumPy builds those
+    from ``__array_interface__`` and keeps this object as their base."""
 
     __slots__ = ("__array_interface__", "block", "pool", "requested")
 
@@ -187,6 +184,33 @@ class _Lease:
 
     def __del__(self) -> None:
         self.pool._free(self.block, self.requested)
+
+
+def _class_lease(cbytes: int) -> type:
+    """The ``base`` type of arrays of one class's blocks: a ctypes array of the class
+    size over the block (``from_address``: it owns nothing), which NumPy views through the
+    buffer protocol (half the cost of ``__array_interface__``, on every op's output).
+    Views keep the lease alive, so the block returns to the pool exactly when the last
+    array or view referring to it is gone."""
+
+    class ClassLease(ctypes.c_char * cbytes):
+        __slots__ = ("block", "pool", "requested")
+
+        def __del__(self) -> None:
+            self.pool._free(self.block, self.requested)
+
+    return ClassLease
+
+
+_LEASE_TYPES: list[type | None] = [None] * NUM_CLASSES  # by class, made on first use
+_LEASE_TYPE_SET: set[type] = set()
+
+
+def _make_lease_type(index: int) -> type:
+    lease_type = _class_lease(CLASS_SIZES[index])
+    _LEASE_TYPE_SET.add(lease_type)
+    _LEASE_TYPES[index] = lease_type  # a race makes two equal types: both are registered
+    return lease_type
 
 
 def _fmt(nbytes: int) -> str:
@@ -269,32 +293,39 @@ class Pool(Allocator):
                 f"Pool.empty: dtype {dt} holds Python objects; pool memory is raw bytes, "
                 "use numpy.empty for object arrays"
             )
-        nbytes = math.prod(dims) * dt.itemsize
-        if nbytes == 0:
-            return np.empty(dims, dt)
-        block = self._allocate(nbytes)
-        lease = _Lease()
-        lease.pool = self
-        lease.block = block
-        lease.requested = nbytes
-        if dt.names is None:
-            lease.__array_interface__ = {
-                "data": (block.addr, False), "shape": dims, "typestr": dt.str, "version": 3,
-            }
-            return np.asarray(lease)
-        # Structured dtypes: bytes first, then reinterpret (exact for padded layouts too).
-        lease.__array_interface__ = {
-            "data": (block.addr, False), "shape": (nbytes,), "typestr": "|u1", "version": 3,
-        }
-        return np.asarray(lease).view(dt).reshape(dims)
+        return self.alloc(dims, dt)
 
     # -- the Allocator contract (host memory: copies are NumPy copies) ---------------------
 
     def alloc(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        return self.empty(shape, dtype)
+        """:meth:`empty` for a shape tuple and a NumPy dtype already checked (the SDK's
+        path for every op output)."""
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes == 0:
+            return np.empty(shape, dtype)
+        block = self._allocate(nbytes)
+        index = block.index
+        if index >= 0:
+            lease = (_LEASE_TYPES[index] or _make_lease_type(index)).from_address(block.addr)
+            memory = lease
+        else:  # beyond the largest class: a lease of its own, viewed as bytes
+            lease = _Lease()
+            lease.__array_interface__ = {"data": (block.addr, False), "shape": (nbytes,),
+                                         "typestr": "|u1", "version": 3}
+            memory = np.asarray(lease)
+        lease.pool = self
+        lease.block = block
+        lease.requested = nbytes
+        # The array over the memory's buffer: exact for structured (padded) dtypes too.
+        return np.ndarray(shape, dtype, memory)
 
-    #: The allocation's host address (:func:`address`).
-    handle = staticmethod(address)
+    def handle(self, allocation: np.ndarray) -> int:
+        """The allocation's host address: its block's, for this pool's arrays (cheaper
+        than reading the array's), else :func:`address`."""
+        memory = allocation.base
+        if type(memory) in _LEASE_TYPE_SET:
+            return memory.block.addr
+        return address(allocation)
 
     def view(self, allocation: np.ndarray) -> np.ndarray:
         return allocation
@@ -408,6 +439,28 @@ class Pool(Allocator):
 
     def _allocate(self, nbytes: int) -> _Block:
         index, cbytes = size_class(nbytes)
+        if index >= 0:
+            with self._lock:  # a hit with nothing pending and no limit in the way
+                free = self._free_lists[index]
+                used = self._allocated + cbytes
+                if free and not self._pending and (self._limit is None or used <= self._limit):
+                    block = free.pop()
+                    if block.slab is not None:
+                        block.slab.live += 1
+                    elif not free:
+                        self._cached_mask &= ~(1 << index)
+                    self._cached -= cbytes
+                    self._hits += 1
+                    self._allocated = used
+                    self._requested += nbytes
+                    self._allocs += 1
+                    if used > self._peak:
+                        self._peak = used
+                    return block
+        return self._allocate_locked(nbytes, index, cbytes)
+
+    def _allocate_locked(self, nbytes: int, index: int, cbytes: int) -> _Block:
+        """:meth:`_allocate` beyond its hit path: misses, pending frees, the limit."""
         closing: list[mmap.mmap] = []
         map_bytes = old_peak = 0
         with self._lock:
@@ -514,6 +567,12 @@ class Pool(Allocator):
         if not self._lock.acquire(blocking=False):
             self._pending.append((block, requested))  # list.append is atomic
             return
+        if block.index >= 0 and not self._pending:  # the common case: nothing to unmap
+            try:
+                self._release_locked(block, requested, None)
+            finally:
+                self._lock.release()
+            return
         closing: list[mmap.mmap] = []
         try:
             self._release_locked(block, requested, closing)
@@ -525,7 +584,9 @@ class Pool(Allocator):
         for mm in closing:
             mm.close()
 
-    def _release_locked(self, block: _Block, requested: int, closing: list[mmap.mmap]) -> None:
+    def _release_locked(self, block: _Block, requested: int,
+                        closing: list[mmap.mmap] | None) -> None:
+        # ``closing`` (where unmapped blocks go) may be None for a class block.
         nbytes = block.nbytes
         self._allocated -= nbytes
         self._requested -= requested

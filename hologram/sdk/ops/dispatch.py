@@ -2,14 +2,17 @@
 (see :mod:`hologram.sdk.ops` for the user-facing rules).
 
 Launches are kept in the process's launch cache (:func:`hologram.runtime.launch.launch_cache`)
-under two kinds of key, both starting with the :class:`Op`:
+under three kinds of key, each starting with the :class:`Op`:
 
 - ``(op, backend, operand signatures, out dtype, options)`` -> :class:`CompiledOp`: the
   compiled kernel of a signature, shared by every executor of the backend;
 - ``(op, *launch keys of the operands and out, executor token)`` -> the kernel's launch:
   an elementwise call with an out buffer already validated for these buffers' shapes,
   dtypes and executor (see ``elementwise._elementwise``), launched without the general
-  path. The token keeps buffers of two executors from ever sharing a validated launch.
+  path. The token keeps buffers of two executors from ever sharing a validated launch;
+- ``(op, "alloc", options, *launch keys of the operands)`` -> ``(launch, shape, dtype)``: the
+  allocating form (no out, no n, buffers only) validated for these operands, which
+  allocates its result and launches without the general path (see :func:`run`).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ I64 = np.dtype(np.int64)
 BOOL = np.dtype(np.bool_)
 _CATEGORY = {"b": 0, "u": 1, "i": 1, "f": 2}
 _LAUNCHES = launch_cache()
+_recent = _LAUNCHES.recent
 
 
 # --- the op table -----------------------------------------------------------------------
@@ -109,6 +113,22 @@ def isa(dtype: np.dtype) -> dt.DType:
 def run(op: Op, ex: Executor | None, operands: tuple, out: Buffer | None, n: int | None,
          options: tuple = ()) -> Buffer | Traced:
     """Run ``op`` eagerly (or record it when any operand is traced)."""
+    if out is None is n:
+        # The allocating form's hot path: operands whose launch keys (shape, dtype,
+        # executor; freed buffers have none) the general path below validated and filed
+        # with the kernel (the launch cache's third kind of key). Python numbers and traced
+        # values have no launch key and take the general path.
+        try:
+            hit = _recent((op, "alloc", options, *[x.launch_key for x in operands]))
+        except AttributeError:
+            hit = None
+        if hit is not None:
+            owner = operands[0].executor
+            if ex is None or ex is owner:
+                by_address, shape, dtype = hit
+                result = owner.new_buffer(shape, dtype)
+                by_address((*[x.handle for x in operands], result.handle))
+                return result
     for x in operands:
         if type(x) is Traced:
             if out is not None:
@@ -130,6 +150,10 @@ def run(op: Op, ex: Executor | None, operands: tuple, out: Buffer | None, n: int
         kernel = _LAUNCHES.put(key, compile_op(op, ex.backend, operands, out, options))
     if out is None:
         out = result = ex.new_buffer(kernel.shape, kernel.dtype)
+        if (n is None and not kernel.has_scalars and math.prod(kernel.shape)
+                and not any(x.foreign for x in operands)):
+            _LAUNCHES.put((op, "alloc", options, *(x.launch_key for x in operands)),
+                          (kernel.by_address, kernel.shape, kernel.dtype))
     else:
         result = given
         fitted = fit_out(op, kernel, out)
