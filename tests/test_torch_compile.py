@@ -140,6 +140,25 @@ def test_transformer_encoder_inference():
     assert s["ops_eager"] == 0 and s["partitions"] == 1 and s["programs"] == 1
 
 
+def test_dropout_runs_eagerly_between_compiled_regions():
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.5, batch_first=True)
+    model = torch.nn.TransformerEncoder(layer, 1, enable_nested_tensor=False)
+    x = torch.randn(2, 5, 16)
+    compiled = torch.compile(model, backend="hologram")
+    y = compiled(x)
+    y.sum().backward()
+    s = stats()
+    # the masks are PyTorch's random draws; everything between them is compiled
+    assert set(s["eager_ops"]) == {"aten.native_dropout.default"}
+    assert s["partitions"] > 2 and s["eager_fallbacks"] == 0
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+    assert not torch.equal(compiled(x), y)  # new masks on every call
+    model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+
+
 def test_cnn_convolution_runs_eagerly_the_rest_compiles():
     torch.manual_seed(0)
     cnn = torch.nn.Sequential(
