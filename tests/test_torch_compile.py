@@ -283,3 +283,20 @@ def test_benchmark_runs_and_checks_against_eager():
     assert all(r["check"] == "ok" and r["ms"]["hologram"] > 0 for r in rows)
     assert "eager (fast path)" in rows[2]["ms"]
     assert "| mlp | training | 1 |" in bench.table(result)
+
+
+def test_strided_expanded_scalar_empty_and_half_inputs():
+    def f(a, b, s, e, h):
+        return (a * b + s).sigmoid(), e.exp() + 1, (h * 3).relu() - h.mean(), a.sum(1) * s
+
+    args = (torch.randn(6, 4).t(),                  # transposed: read through its strides
+            torch.randn(1, 6).expand(4, 6),         # expanded: stride 0, no copy
+            torch.tensor(0.5),                      # 0-d
+            torch.randn(0, 3),                      # empty
+            torch.randn(5, 3).to(torch.float16))
+    expected = f(*args)
+    got = torch.compile(f, backend="hologram")(*args)
+    for a, b in zip(got, expected):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        torch.testing.assert_close(a, b)
+    assert stats()["eager_fallbacks"] == 0
