@@ -13,6 +13,7 @@ every op with a graph form is its entry in :mod:`hologram_torch.lowering` (launc
 - :mod:`.random`: random draws (the CPU generator, into device memory) and arange
 - :mod:`.conv`: convolutions (PyTorch's CPU kernels, counted as fallbacks)
 - :mod:`.rnn`: the fused LSTM/GRU cells PyTorch picks for the device, from device ops
+- :mod:`.sync_batch_norm`: the statistics ops of ``nn.SyncBatchNorm``, from device ops
 """
 
 from hologram_torch.aten import (  # noqa: F401  (importing registers the kernels)
@@ -25,6 +26,7 @@ from hologram_torch.aten import (  # noqa: F401  (importing registers the kernel
     reduction,
     rnn,
     shape,
+    sync_batch_norm,
     tensor,
 )
 from hologram_torch.aten.registry import COMPOSED, NATIVE
