@@ -310,13 +310,15 @@ def _gemm_step(g: dict) -> Callable:
         index.reverse()
         offsets.append(tuple(itemsize * (off + sum(i * s for i, s in zip(index, bs)))
                              for off, bs in ((a_off, a_bs), (b_off, b_bs), (c_off, c_bs))))
-    m, n, k, dtype = g["m"], g["n"], g["k"], g["dtype"]
+    # Sizes and strides are checked once, here; a launch passes addresses only.
+    product = blas.prepare(g["dtype"], a_t, b_t, g["m"], g["n"], g["k"], 1.0, lda, ldb, 0.0,
+                           ldc)
+    set_threads = blas.thread_setter()
 
     def run(pointers, memory) -> None:
-        blas.set_blas_threads(threads.num_threads())
+        set_threads(threads.num_threads())
         pa, pb, pc = pointers[a] or 0, pointers[b] or 0, pointers[c] or 0
         for da, db, dc in offsets:
-            blas.gemm(dtype, a_t, b_t, m, n, k, 1.0, pa + da, lda, pb + db, ldb, 0.0, pc + dc,
-                      ldc)
+            product(pa + da, pb + db, pc + dc)
 
     return run

@@ -34,7 +34,7 @@ import numpy as np
 
 from hologram.errors import DeviceError, DTypeError, HologramError, ShapeError
 
-__all__ = ["available", "blas_threads", "describe", "gemm", "set_blas_threads"]
+__all__ = ["available", "blas_threads", "describe", "gemm", "prepare", "set_blas_threads"]
 
 # CBLAS enum values (cblas.h).
 _ROW_MAJOR = 101
@@ -209,6 +209,19 @@ def set_blas_threads(n: int) -> None:
         lib.set_threads(n)
 
 
+def thread_setter() -> Callable[[int], None]:
+    """:func:`set_blas_threads` without its checks, for hot paths that pass a valid count
+    (a no-op without a BLAS or without the library's setter)."""
+    lib = _load()
+    if isinstance(lib, _Library) and lib.set_threads is not None:
+        return lib.set_threads
+    return _no_threads
+
+
+def _no_threads(n: int) -> None:
+    """Nothing to set: no BLAS, or one without a thread count."""
+
+
 def blas_threads() -> int:
     """The library's current thread count (1 without a BLAS or without the query)."""
     lib = _load()
@@ -241,6 +254,16 @@ def gemm(dtype: str, trans_a: bool, trans_b: bool, m: int, n: int, k: int,
     ``dtype`` is ``"f32"`` or ``"f64"``. Nothing happens when m or n is 0; when k is 0,
     C is scaled by beta without calling the library.
     """
+    prepare(dtype, trans_a, trans_b, m, n, k, alpha, lda, ldb, beta, ldc)(a, b, c)
+
+
+def prepare(dtype: str, trans_a: bool, trans_b: bool, m: int, n: int, k: int,
+            alpha: float, lda: int, ldb: int, beta: float, ldc: int
+            ) -> Callable[[int, int, int], None]:
+    """:func:`gemm` with everything but the addresses fixed and checked once: returns
+    ``call(a, b, c)``, which checks only that the addresses are not null. For launches
+    that repeat one product (a compiled program's GEMM step): the library call then
+    passes ready ctypes objects instead of converting 14 arguments each time."""
     if dtype not in ("f32", "f64"):
         raise DTypeError(f"gemm: dtype {dtype!r} is not supported by BLAS; use 'f32' or 'f64'")
     if m < 0 or n < 0 or k < 0:
@@ -249,15 +272,16 @@ def gemm(dtype: str, trans_a: bool, trans_b: bool, m: int, n: int, k: int,
     if not isinstance(lib, _Library):
         raise DeviceError(f"gemm: {lib}")
     if m == 0 or n == 0:
-        return
+        return _nothing
     if ldc < n:
         raise ShapeError(f"gemm: ldc={ldc} < {n}: C is {m} x {n}, row-major; pass its row stride "
                          f"in elements")
-    if not c:
-        raise HologramError("gemm: C is a null address")
     if k == 0:
-        _scale(dtype, m, n, beta, c, ldc)
-        return
+        def scale(a: int, b: int, c: int) -> None:
+            if not c:
+                raise HologramError("gemm: C is a null address")
+            _scale(dtype, m, n, beta, c, ldc)
+        return scale
     a_rows, a_cols = (k, m) if trans_a else (m, k)
     b_rows, b_cols = (n, k) if trans_b else (k, n)
     if lda < a_cols:
@@ -266,8 +290,28 @@ def gemm(dtype: str, trans_a: bool, trans_b: bool, m: int, n: int, k: int,
     if ldb < b_cols:
         raise ShapeError(f"gemm: ldb={ldb} < {b_cols}: B is stored {b_rows} x {b_cols}, "
                          f"row-major; pass its row stride in elements")
-    if not a or not b:
-        raise HologramError("gemm: A or B is a null address")
     fn = lib.sgemm if dtype == "f32" else lib.dgemm
-    fn(_ROW_MAJOR, _TRANS if trans_a else _NO_TRANS, _TRANS if trans_b else _NO_TRANS,
-       m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+    # The same function without a prototype, called with ctypes objects only (addresses as
+    # c_void_p: a bare int would travel as a C int).
+    raw = _RAW(ctypes.cast(fn, ctypes.c_void_p).value)
+    integer = ctypes.c_int64 if lib.int64 else ctypes.c_int32
+    real = ctypes.c_float if dtype == "f32" else ctypes.c_double
+    head = (ctypes.c_int(_ROW_MAJOR), ctypes.c_int(_TRANS if trans_a else _NO_TRANS),
+            ctypes.c_int(_TRANS if trans_b else _NO_TRANS), integer(m), integer(n), integer(k),
+            real(alpha))
+    lda_, ldb_, beta_, ldc_ = integer(lda), integer(ldb), real(beta), integer(ldc)
+    pointer = ctypes.c_void_p
+
+    def call(a: int, b: int, c: int) -> None:
+        if not (a and b and c):
+            raise HologramError("gemm: A, B or C is a null address")
+        raw(*head, pointer(a), lda_, pointer(b), ldb_, beta_, pointer(c), ldc_)
+
+    return call
+
+
+def _nothing(a: int, b: int, c: int) -> None:
+    """An empty product (m or n is 0): nothing to write."""
+
+
+_RAW = ctypes.CFUNCTYPE(None)
