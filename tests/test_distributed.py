@@ -257,7 +257,7 @@ def _collective_calls(torch, dist, rank: int, world: int):
         return [out]
 
     R = dist.ReduceOp
-    reductions = [R.SUM, R.AVG, R.PRODUCT, R.MIN, R.MAX]
+    reductions = [R.SUM, R.AVG, R.PRODUCT, R.MIN, R.MAX, R.BAND, R.BOR, R.BXOR]
     return {
         "all_reduce": (all_reduce, reductions),
         "reduce": (reduce, [R.SUM, R.MAX]),
@@ -307,6 +307,8 @@ def _case_collectives(torch, dist, rank: int, world: int) -> None:
         for dtype in dtypes:
             for op in ops:
                 what = f"{name} {dtype} {op}"
+                if op in (R.BAND, R.BOR, R.BXOR) and dtype.is_floating_point:
+                    continue  # bitwise ops are for integers
 
                 def make(shift, n, device, as_dtype=dtype, dtype=dtype):
                     return _values(torch, rank, dtype, n, shift).to(as_dtype).to(device)
@@ -346,6 +348,7 @@ def _case_collectives(torch, dist, rank: int, world: int) -> None:
     _check_async(torch, dist, rank, world)
     _check_coalesced(torch, dist, rank, world)
     _check_objects_and_barrier(torch, dist, rank, world)
+    _check_subgroup(torch, dist, rank, world)
     # Every collective ran on the device's own memory: none went through the CPU fallback
     # (which would mean an op of ours ran outside gloo on a copy).
     assert hologram_torch.fallback_stats() == {}, hologram_torch.fallback_stats()
@@ -431,6 +434,17 @@ def _check_objects_and_barrier(torch, dist, rank: int, world: int) -> None:
     gathered = [None] * world
     dist.all_gather_object(gathered, ("rank", rank))
     assert gathered == [("rank", r) for r in range(world)]
+    dist.barrier()
+
+
+def _check_subgroup(torch, dist, rank: int, world: int) -> None:
+    """A group of the even ranks (another hologram group, over their ranks only)."""
+    evens = list(range(0, world, 2))
+    group = dist.new_group(ranks=evens)
+    if rank in evens:
+        t = torch.full((3,), float(rank), device=DEVICE)
+        dist.all_reduce(t, group=group)
+        assert torch.equal(t.cpu(), torch.full((3,), float(sum(evens))))
     dist.barrier()
 
 
