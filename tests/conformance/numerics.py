@@ -50,11 +50,7 @@ def seed_of(*parts: object) -> int:
 #: (backend, case) -> why the backend disagrees with the ISA today. Each is run as an
 #: ``xfail(strict=True)``: fixing the bug makes the case pass and the suite fail until the
 #: entry is removed.
-KNOWN_BUGS: dict[tuple[str, str], str] = {
-    ("cpu", "fma bf16"): "cpu renders bf16 fma as an f32 fma rounded to bf16: two roundings "
-                         "(the ISA: one), 1 bf16 ulp off, e.g. fma(89, 2.5, 2**-126) = 222, "
-                         "exact 222.5+tiny rounds to 223",
-}
+KNOWN_BUGS: dict[tuple[str, str], str] = {}
 
 
 def expect_known_bug(request, backend: str, case: str) -> None:

@@ -11,8 +11,9 @@ plainly and every backend computes the same bits:
   ``cast`` to f32, the operation in f32, ``cast`` back: the result rounded to the narrow
   format after every inexact operation. For ``+ - * /``, ``sqrt`` and ``mod`` that is the
   correctly rounded result (float32 has more than twice their precision plus two bits);
-  the transcendental functions round twice, within their stated accuracy. ``fma`` becomes
-  an f64 ``fma`` and one cast back, where the target has f64 (without f64 it is left to the
+  the transcendental functions round twice, within their stated accuracy. ``fma`` is
+  computed in f64 operations and rounded once (TwoSum's error decides the ties that the
+  f64 sum's own rounding made), where the target has f64 (without f64 it is left to the
   renderer). Operations exact in the format (``neg abs sign min max select``, compares)
   stay as they are.
 - **integer ``div`` / ``mod``** on a target without ``total_division`` (every target so
@@ -44,6 +45,9 @@ from hologram.isa.verify import verify_kernel
 #: Inexact f16/bf16 operations computed in f32 and rounded back.
 WIDENED = frozenset({"add", "sub", "mul", "div", "mod", "pow", *FLOAT_UNARY_OPS})
 _NARROW = (dt.float16, dt.bfloat16)
+# The largest finite value, and the halfway point above it that rounds to infinity.
+_LARGEST = {dt.float16: 65504.0, dt.bfloat16: (2 - 2**-7) * 2.0**127}
+_OVERFLOW_TIE = {dt.float16: 65520.0, dt.bfloat16: (2 - 2**-8) * 2.0**127}
 
 
 def decompose(program: Program, caps: Capabilities = CPU) -> Program:
@@ -108,9 +112,50 @@ class _Rewriter:
             return self.integer_division(op, *args, t)
         if op in ("min", "max"):
             return self.minmax(op, *args, t)
-        wide = dt.float64 if op == "fma" else dt.float32
-        value = self.make(op, *(self.cast(a, wide) for a in args))
+        if op == "fma":
+            return self.narrow_fma(*args, t)
+        value = self.make(op, *(self.cast(a, dt.float32) for a in args))
         return self.cast(value, t)
+
+    def narrow_fma(self, a: int, b: int, c: int, t: dt.DType) -> int:
+        """``a * b + c`` for f16/bf16, rounded once, in f64 operations. The product is
+        exact in f64 (at most 22 significant bits); the sum ``s`` rounds, and TwoSum gives
+        its error ``e`` exactly (``s + e`` is the exact result). Rounding ``s`` to ``t``
+        is then right except where ``s`` is exactly halfway between two ``t`` values and
+        ``e`` is not 0: there the exact result lies on ``e``'s side of the midpoint, so it
+        rounds to the neighbour on that side (cast's ties-to-even picked one of the two)."""
+        w = dt.float64
+        x, y, z = (self.cast(v, w) for v in (a, b, c))
+        product = self.make("mul", x, y)
+        total = self.make("add", product, z)
+        back = self.make("sub", total, product)
+        error = self.make("add", self.make("sub", product, self.make("sub", total, back)),
+                          self.make("sub", z, back))
+        rounded = self.cast(total, t)
+        near = self.cast(rounded, w)
+        # total = near + d; at a midpoint the other neighbour is near + 2d, a t value.
+        d = self.make("sub", total, near)
+        other = self.make("add", near, self.make("add", d, d))
+        zero = self.const(0.0, w)
+        midpoint = self.make("and", self.make("ne", d, zero),
+                             self.make("eq", self.cast(self.cast(other, t), w), other))
+        beyond = self.make("or",
+                           self.make("and", self.make("gt", error, zero),
+                                     self.make("gt", d, zero)),
+                           self.make("and", self.make("lt", error, zero),
+                                     self.make("lt", d, zero)))
+        value = self.make("select", self.make("and", midpoint, beyond),
+                          self.cast(other, t), rounded)
+        # Halfway between the largest finite value and the next power of two, ties go to
+        # infinity; an error toward zero puts the exact result below: the largest finite.
+        largest = _LARGEST[t]
+        overflow_tie = self.make("and",
+                                 self.make("eq", self.make("abs", total),
+                                           self.const(_OVERFLOW_TIE[t], w)),
+                                 self.make("lt", self.make("mul", error, total), zero))
+        signed = self.make("select", self.make("gt", total, zero),
+                           self.const(largest, t), self.const(-largest, t))
+        return self.make("select", overflow_tie, signed, value)
 
     def integer_division(self, op: str, x: int, y: int, t: dt.DType) -> int:
         zero, one = self.const(0, t), self.const(1, t)
