@@ -27,28 +27,100 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass, field
+from enum import StrEnum
 from functools import cached_property
 
 import numpy as np
 
 from hologram.isa.dtypes import DType, round_bf16
 
+
 # --- opcodes ---------------------------------------------------------------------------
-MEMORY_OPS = ("load", "store")
-UNARY_OPS = (
+class Opcode(StrEnum):
+    """The ISA's operations, in groups (:attr:`group`). Members are strings
+    (``Opcode.ADD == "add"``, same hash), so code may compare an instruction's ``op``
+    with either; ``repr`` is the string's, so program keys and fingerprints do not depend
+    on which an instruction was built with. :class:`Instr` stores the member."""
+
+    LOAD = "load"
+    STORE = "store"
+    CONST = "const"
+    INDEX = "index"
+    ABS = "abs"
+    NEG = "neg"
+    NOT = "not"
+    SIGN = "sign"
+    SQRT = "sqrt"
+    RSQRT = "rsqrt"
+    EXP = "exp"
+    EXP2 = "exp2"
+    EXPM1 = "expm1"
+    LOG = "log"
+    LOG2 = "log2"
+    LOG1P = "log1p"
+    TANH = "tanh"
+    SIGMOID = "sigmoid"
+    ERF = "erf"
+    SIN = "sin"
+    COS = "cos"
+    FLOOR = "floor"
+    CEIL = "ceil"
+    ROUND = "round"
+    TRUNC = "trunc"
+    ADD = "add"
+    SUB = "sub"
+    MUL = "mul"
+    DIV = "div"
+    MOD = "mod"
+    MIN = "min"
+    MAX = "max"
+    POW = "pow"
+    AND = "and"
+    OR = "or"
+    XOR = "xor"
+    EQ = "eq"
+    NE = "ne"
+    LT = "lt"
+    LE = "le"
+    GT = "gt"
+    GE = "ge"
+    FMA = "fma"
+    SELECT = "select"
+    CAST = "cast"
+    REDUCE = "reduce"
+    CONTRACT = "contract"
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+    @property
+    def group(self) -> str:
+        """``memory``, ``const``, ``index``, ``unary``, ``binary``, ``compare``, ``fma``,
+        ``select``, ``cast``, ``reduce`` or ``contract``."""
+        return _GROUPS[self]
+
+
+MEMORY_OPS = (Opcode.LOAD, Opcode.STORE)
+UNARY_OPS = tuple(Opcode(op) for op in (
     "abs", "neg", "not", "sign", "sqrt", "rsqrt", "exp", "exp2", "expm1", "log", "log2",
     "log1p", "tanh", "sigmoid", "erf", "sin", "cos", "floor", "ceil", "round", "trunc",
-)
+))
 # Unary ops defined on floating-point types only.
 FLOAT_UNARY_OPS = UNARY_OPS[4:]
-BINARY_OPS = ("add", "sub", "mul", "div", "mod", "min", "max", "pow", "and", "or", "xor")
-COMPARE_OPS = ("eq", "ne", "lt", "le", "gt", "ge")
-COMMUTATIVE_OPS = frozenset({"add", "mul", "min", "max", "and", "or", "xor", "eq", "ne"})
+BINARY_OPS = tuple(Opcode(op) for op in (
+    "add", "sub", "mul", "div", "mod", "min", "max", "pow", "and", "or", "xor"))
+COMPARE_OPS = tuple(Opcode(op) for op in ("eq", "ne", "lt", "le", "gt", "ge"))
+COMMUTATIVE_OPS = frozenset(Opcode(op) for op in (
+    "add", "mul", "min", "max", "and", "or", "xor", "eq", "ne"))
+ALL_OPS = tuple(Opcode)
+_GROUPS = {
+    **{op: "memory" for op in MEMORY_OPS}, **{op: "unary" for op in UNARY_OPS},
+    **{op: "binary" for op in BINARY_OPS}, **{op: "compare" for op in COMPARE_OPS},
+    **{op: op.value for op in (Opcode.CONST, Opcode.INDEX, Opcode.FMA, Opcode.SELECT,
+                               Opcode.CAST, Opcode.REDUCE, Opcode.CONTRACT)},
+}
+_OPCODES = {op.value: op for op in Opcode}
 REDUCE_KINDS = ("sum", "prod", "max", "min", "argmax", "argmin")
-ALL_OPS = (
-    *MEMORY_OPS, "const", "index", *UNARY_OPS, *BINARY_OPS, *COMPARE_OPS,
-    "fma", "select", "cast", "reduce", "contract",
-)
 BUFFER_KINDS = ("in", "out", "inout", "temp")
 
 
@@ -108,11 +180,15 @@ class Instr:
     ``dtype``/``shape`` are the result type; for ``store`` they are the stored value's.
     """
 
-    op: str
+    op: Opcode
     dtype: DType
     shape: tuple[int, ...]
     args: tuple[int, ...] = ()
     attrs: tuple = ()
+
+    def __post_init__(self) -> None:
+        if type(self.op) is not Opcode and self.op in _OPCODES:  # given as a string
+            object.__setattr__(self, "op", _OPCODES[self.op])  # (verify rejects unknown ones)
 
     # Convenience accessors; each is valid only for the opcodes named.
     @property
