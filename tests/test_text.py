@@ -26,6 +26,7 @@ from hologram.isa.ir import (
     IndexMap,
     Instr,
     Kernel,
+    Opcode,
     Program,
     encode_const,
 )
@@ -170,6 +171,23 @@ ALL_PROGRAMS = {
 @pytest.mark.parametrize("name", ALL_PROGRAMS)
 def test_round_trip(name: str) -> None:
     assert_round_trip(ALL_PROGRAMS[name]())
+
+
+def test_opcodes_are_one_enum_in_groups() -> None:
+    """Every opcode has one group; the group tuples are the enum's members; instructions
+    given strings store members, and a program's fingerprint does not depend on which."""
+    groups = {op.group for op in Opcode}
+    assert groups == {"memory", "const", "index", "unary", "binary", "compare", "fma",
+                      "select", "cast", "reduce", "contract"}
+    assert tuple(Opcode) == ALL_OPS and len(set(ALL_OPS)) == len(ALL_OPS)
+    for group, ops in (("unary", UNARY_OPS), ("binary", BINARY_OPS),
+                       ("compare", COMPARE_OPS)):
+        assert {op for op in Opcode if op.group == group} == set(ops)
+    instr = Instr("add", dt.float32, (4,), (0, 1))
+    assert instr.op is Opcode.ADD and instr == Instr(Opcode.ADD, dt.float32, (4,), (0, 1))
+    assert repr(Opcode.ADD) == "'add'" and f"{Opcode.ADD}" == "add"
+    program = ALL_PROGRAMS[next(iter(ALL_PROGRAMS))]()
+    assert parse_program(print_program(program)).fingerprint() == program.fingerprint()
 
 
 def test_every_opcode_and_dtype_is_covered() -> None:
