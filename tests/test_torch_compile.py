@@ -267,6 +267,9 @@ def test_options():
         got = torch.compile(model, backend="hologram",
                             options={"threads": 1, "fast_math": False})(x)
         torch.testing.assert_close(got, model(x))
+        torch._dynamo.reset()
+        fast = torch.compile(model, backend="hologram", options={"fast_math": True})(x)
+        torch.testing.assert_close(fast, model(x), rtol=1e-4, atol=1e-5)
     with pytest.raises(Exception, match="unknown options"):
         torch.compile(mlp(), backend="hologram", options={"fusion": True})(x)
 
@@ -275,13 +278,13 @@ def test_benchmark_runs_and_checks_against_eager():
     from hologram.bench.dev import compile as bench
     from hologram.bench.dev import training
 
-    result = bench.run(quick=True, inductor=False, sizes=training.TINY_SIZES, threads=[1])
+    # the MLP only: the transformer's rows run the same code (and its compiles are slow)
+    result = bench.run(quick=True, inductor=False, sizes=training.TINY_SIZES, threads=[1],
+                       models=("mlp",))
     rows = result["rows"]
-    assert [(r["model"], r["mode"]) for r in rows] == [
-        ("mlp", "inference"), ("mlp", "training"),
-        ("transformer", "inference"), ("transformer", "training")]
+    assert [(r["model"], r["mode"]) for r in rows] == [("mlp", "inference"), ("mlp", "training")]
     assert all(r["check"] == "ok" and r["ms"]["hologram"] > 0 for r in rows)
-    assert "eager (fast path)" in rows[2]["ms"]
+    assert rows[1]["hologram"]["programs"] == 2
     assert "| mlp | training | 1 |" in bench.table(result)
 
 

@@ -160,8 +160,10 @@ def bench_case(torch, settings, name, model, inputs, loss_fn, mode, backends):
 
 
 def run(quick: bool = False, inductor: bool = True, sizes: dict | None = None,
-        threads: list[int] | None = None) -> dict:
-    """Every case: ``{"load_average", "rows"}``; ``sizes`` replaces training.SIZES."""
+        threads: list[int] | None = None, models: tuple[str, ...] = ("mlp", "transformer"),
+        ) -> dict:
+    """Every case: ``{"load_average", "rows"}``; ``sizes`` replaces training.SIZES,
+    ``threads`` the thread counts (1 and all cores), ``models`` the models timed."""
     import warnings
 
     torch = cpu.import_torch()
@@ -180,6 +182,8 @@ def run(quick: bool = False, inductor: bool = True, sizes: dict | None = None,
             hologram.set_num_threads(n)
             try:
                 for name, model, inputs, loss_fn in _models(torch, sizes or training.SIZES):
+                    if name not in models:
+                        continue
                     for mode in ("inference", "training"):
                         rows.append(bench_case(torch, settings, name, model, inputs, loss_fn,
                                                mode, backends))
