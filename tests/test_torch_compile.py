@@ -248,9 +248,11 @@ def test_unsupported_op_runs_eagerly():
     assert s["partitions"] == 2  # exp before, mul/add after
 
 
-def test_failed_build_runs_eagerly(monkeypatch):
+@pytest.mark.parametrize("error", [kernel.HologramError("no program for this test"),
+                                   KeyError("a bug in a lowering")])
+def test_failed_build_runs_eagerly(monkeypatch, error):
     def broken(*args):
-        raise hologram_torch.compile.kernel.HologramError("no program for this test")
+        raise error
 
     monkeypatch.setattr(kernel, "build", broken)
     model = torch.compile(mlp(), backend="hologram")

@@ -31,6 +31,7 @@ import torch
 import torch.fx
 
 import hologram
+from hologram import backends
 from hologram.errors import HologramError
 from hologram.frontend.graph import Graph, Tensor
 from hologram_torch import memory
@@ -96,10 +97,13 @@ class FusedKernel(torch.nn.Module):
         start = time.perf_counter()
         try:
             entry = build(self.gm, self.name, args, self.options)
-        except (Unsupported, HologramError, ValueError, TypeError, IndexError) as e:
-            # ValueError/TypeError/IndexError: a builder meeting arguments it was never
-            # written for; running eagerly is correct, so it is logged, not raised.
+        except (Unsupported, HologramError) as e:
             log.info("hologram: %s runs eagerly for this signature: %s", self.name, e)
+            stats.add("eager_fallbacks")
+            entry = _EAGER
+        except Exception:  # a bug of ours must not fail the user's model: logged, eager
+            log.warning("hologram: %s runs eagerly, building its program failed", self.name,
+                        exc_info=True)
             stats.add("eager_fallbacks")
             entry = _EAGER
         else:
@@ -139,6 +143,10 @@ def _output_node(gm: torch.fx.GraphModule) -> torch.fx.Node:
 
 def build(gm: torch.fx.GraphModule, name: str, args, options: Options) -> _Entry:
     """Lower ``gm`` on the concrete arguments ``args`` into one program and compile it."""
+    backend = options.backend()
+    if not backends.get(backend).allocator().host_visible:
+        # launches pass tensors' host addresses (CPU and hologram tensors are host memory)
+        raise Unsupported(f"backend {backend!r} computes on memory the host cannot see")
     g = Graph(name)
     env: dict[torch.fx.Node, object] = {}
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -181,7 +189,7 @@ def build(gm: torch.fx.GraphModule, name: str, args, options: Options) -> _Entry
         return _Entry(None, outputs)
     for j, (_, strides, _, contiguous, _, value) in enumerate(layouts):
         g.output(f"out{j}", value, None if contiguous else strides)
-    compiled = hologram.compile(g.program(), options.backend(), options.compile_options())
+    compiled = hologram.compile(g.program(), backend, options.compile_options())
     return _Entry(compiled.launch, outputs)
 
 
