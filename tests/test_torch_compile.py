@@ -237,6 +237,21 @@ def test_dynamic_shapes_specialize_per_value():
     assert stats()["ops_lowered"] > 0
 
 
+def test_new_shapes_recompile_without_failing():
+    def f(x, w):
+        return torch.relu(x @ w).sum(-1)
+
+    w = torch.randn(8, 4)
+    counter = CompileCounterWithBackend("hologram")
+    compiled = torch.compile(f, backend=counter)  # dynamic=None: static, then automatic
+    for n in (3, 5, 9, 5, 3):
+        x = torch.randn(n, 8)
+        torch.testing.assert_close(compiled(x, w), f(x, w))
+    # a static graph for 3, then one symbolic graph whose region builds a program per size
+    assert counter.frame_count == 2 and stats()["graphs"] == 2
+    assert stats()["programs"] == 4 and stats()["recompiles"] == 2
+
+
 def test_unsupported_op_runs_eagerly():
     def f(x):
         return torch.cumsum(x.exp(), 0).sort(-1).values * 2 + 1
