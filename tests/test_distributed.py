@@ -153,6 +153,17 @@ def test_torchrun_example():
     assert "parameters identical on every rank" in done.stdout, done.stdout
 
 
+def test_benchmark_runs_on_tiny_sizes():
+    """hologram.bench.dev.distributed end to end (its 2 workers, every row checked)."""
+    from hologram.bench.dev import distributed
+
+    result = distributed.run(quick=True, sizes=distributed.TINY_SIZES,
+                             timeout=RUN_TIMEOUT_S)
+    assert [r["check"] for r in result["rows"]] == ["ok"] * 4, result["rows"]
+    assert "no fallback" in result["rows"][2]["note"], result["rows"][2]
+    assert "| all_reduce 1 MiB f32 | device tensor, hologram |" in distributed.table(result)
+
+
 # --- the workers -----------------------------------------------------------------------
 # Everything below runs in the launched processes (imports of torch are local to them, so
 # that collecting this file stays cheap).

@@ -50,7 +50,7 @@ def create_process_group(options, backend_options=None) -> ProcessGroupHologram:
         gloo = _create_process_group_wrapper(
             wrapped_pg=gloo, store_prefix=f"{NAME}/{options.group_id}", store=store,
             rank=rank, world_size=size, timeout=timeout)
-    return ProcessGroupHologram(gloo, rank, size, timeout)
+    return ProcessGroupHologram(gloo, rank, size)
 
 
 def register() -> None:

@@ -54,6 +54,21 @@ def _sum_instead_of_avg(opts, cls):
     return new
 
 
+def _gloo_op(opts) -> ReduceOp.RedOpType:
+    """The op gloo runs for reduction options ``opts``: AVG is a SUM, then a division."""
+    op = opts.reduceOp.op
+    return ReduceOp.SUM if op == ReduceOp.AVG else op
+
+
+def _averaging(opts, cls, outputs, size: int, staging: Staging):
+    """``opts`` for gloo: for AVG, a copy with SUM, and the division of ``outputs`` (the
+    CPU tensors gloo writes) scheduled in ``staging``."""
+    if opts.reduceOp.op != ReduceOp.AVG:
+        return opts
+    _then_divide(outputs, size, staging)
+    return _sum_instead_of_avg(opts, cls)
+
+
 def _then_divide(tensors, size: int, staging: Staging) -> None:
     """Schedule the division that turns gloo's sum into an average, on the CPU views
     (integer averages are refused: torch defines AVG for floating types only)."""
@@ -76,10 +91,9 @@ class ProcessGroupHologram(dist.ProcessGroup):
     debug wrapper around it). Every method takes the arguments torch's own
     ``ProcessGroup`` methods take, and returns a ``Work``."""
 
-    def __init__(self, gloo, rank: int, size: int, timeout: timedelta):
+    def __init__(self, gloo, rank: int, size: int):
         super().__init__(rank, size)
         self._gloo = gloo
-        self._timeout = timeout
         self._coalesced: list | None = None  # works issued inside _start/_end_coalescing
         self._register_backend(_CPU, dist.ProcessGroup.BackendType.GLOO, gloo)
         self._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
@@ -107,26 +121,18 @@ class ProcessGroupHologram(dist.ProcessGroup):
 
     def allreduce(self, tensors, opts=None):
         opts = opts or AllreduceOptions()
-        op = opts.reduceOp.op
         staging = Staging()
-        gloo_op = ReduceOp.SUM if op == ReduceOp.AVG else op
-        wire = [staging.reduced(t, gloo_op) for t in tensors]
-        if op == ReduceOp.AVG:
-            _then_divide(wire, self.size(), staging)
-            opts = _sum_instead_of_avg(opts, AllreduceOptions)
+        wire = [staging.reduced(t, _gloo_op(opts)) for t in tensors]
+        opts = _averaging(opts, AllreduceOptions, wire, self.size(), staging)
         return self._work(self._gloo.allreduce(wire, opts), staging, tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
         """All-reduce of several tensors in one call per dtype (gloo's coalesced
         all-reduce takes one dtype; ``_coalescing_manager`` may mix them)."""
         opts = opts or AllreduceCoalescedOptions()
-        op = opts.reduceOp.op
         staging = Staging()
-        gloo_op = ReduceOp.SUM if op == ReduceOp.AVG else op
-        wire = [staging.reduced(t, gloo_op) for t in tensors]
-        if op == ReduceOp.AVG:
-            _then_divide(wire, self.size(), staging)
-            opts = _sum_instead_of_avg(opts, AllreduceCoalescedOptions)
+        wire = [staging.reduced(t, _gloo_op(opts)) for t in tensors]
+        opts = _averaging(opts, AllreduceCoalescedOptions, wire, self.size(), staging)
         by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
         for t in wire:
             by_dtype.setdefault(t.dtype, []).append(t)
@@ -137,40 +143,29 @@ class ProcessGroupHologram(dist.ProcessGroup):
 
     def reduce(self, tensors, opts=None):
         opts = opts or ReduceOptions()
-        op = opts.reduceOp.op
         staging = Staging()
-        gloo_op = ReduceOp.SUM if op == ReduceOp.AVG else op
-        wire = [staging.reduced(t, gloo_op) for t in tensors]
-        if op == ReduceOp.AVG:
-            if self.rank() == opts.rootRank:
-                _then_divide(wire, self.size(), staging)
-            opts = _sum_instead_of_avg(opts, ReduceOptions)
+        wire = [staging.reduced(t, _gloo_op(opts)) for t in tensors]
+        root = self.rank() == opts.rootRank  # only the root's result is defined
+        opts = _averaging(opts, ReduceOptions, wire if root else [], self.size(), staging)
         return self._work(self._gloo.reduce(wire, opts), staging, tensors)
 
     def reduce_scatter(self, output_tensors, input_lists, opts=None):
         opts = opts or ReduceScatterOptions()
-        op = opts.reduceOp.op
         staging = Staging()
-        gloo_op = ReduceOp.SUM if op == ReduceOp.AVG else op
-        outputs = [staging.reduced(t, gloo_op) for t in output_tensors]
-        inputs = [[staging.reduced(t, gloo_op, output=False) for t in inner]
+        op = _gloo_op(opts)
+        outputs = [staging.reduced(t, op) for t in output_tensors]
+        inputs = [[staging.reduced(t, op, output=False) for t in inner]
                   for inner in input_lists]
-        if op == ReduceOp.AVG:
-            _then_divide(outputs, self.size(), staging)
-            opts = _sum_instead_of_avg(opts, ReduceScatterOptions)
+        opts = _averaging(opts, ReduceScatterOptions, outputs, self.size(), staging)
         work = self._gloo.reduce_scatter(outputs, inputs, opts)
         return self._work(work, staging, output_tensors)
 
     def reduce_scatter_single(self, output, input, opts=None):
         opts = opts or ReduceScatterOptions()
-        op = opts.reduceOp.op
         staging = Staging()
-        gloo_op = ReduceOp.SUM if op == ReduceOp.AVG else op
-        wire_out = staging.reduced(output, gloo_op)
-        wire_in = staging.reduced(input, gloo_op, output=False)
-        if op == ReduceOp.AVG:
-            _then_divide([wire_out], self.size(), staging)
-            opts = _sum_instead_of_avg(opts, ReduceScatterOptions)
+        wire_out = staging.reduced(output, _gloo_op(opts))
+        wire_in = staging.reduced(input, _gloo_op(opts), output=False)
+        opts = _averaging(opts, ReduceScatterOptions, [wire_out], self.size(), staging)
         work = self._gloo._reduce_scatter_base(wire_out, wire_in, opts)
         return self._work(work, staging, [output])
 

@@ -183,9 +183,11 @@ def worker(rank: int, store: str, out: str, quick: bool, sizes: dict) -> None:
 
 # --- the command ------------------------------------------------------------------------
 
-def run(quick: bool = False, sizes: dict | None = None) -> dict:
+def run(quick: bool = False, sizes: dict | None = None, timeout: float = RUN_TIMEOUT_S
+        ) -> dict:
     """Start the two workers and collect rank 0's rows: ``{"world", "threads",
-    "load_average", "rows"}``."""
+    "load_average", "rows"}``; ``sizes`` replaces :data:`SIZES` (e.g. :data:`TINY_SIZES`
+    in the tests). Workers still running after ``timeout`` seconds are killed."""
     if cpu.import_torch() is None:
         return {"world": WORLD, "rows": [], "skipped": "PyTorch is not installed"}
     sizes = sizes or SIZES
@@ -199,7 +201,7 @@ def run(quick: bool = False, sizes: dict | None = None) -> dict:
                                    "--worker", str(rank),
                                    *args], env=env) for rank in range(WORLD)]
         try:
-            codes = [p.wait(timeout=RUN_TIMEOUT_S) for p in procs]
+            codes = [p.wait(timeout=timeout) for p in procs]
         finally:
             for p in procs:
                 if p.poll() is None:
