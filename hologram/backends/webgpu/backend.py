@@ -44,7 +44,7 @@ _NO_DTYPES = frozenset({dt.int64, dt.float64})
 #: Ops refused on every dtype: pow (the shared f32 pow works in f64), and those that need
 #: an exact fused multiply-add, which WGSL's fma() does not promise (on lavapipe it rounds
 #: twice: fma 1 ulp off, sin/cos up to 2^21 ulp through their range reduction).
-_NO_OPS = frozenset({"pow", "fma", "sin", "cos"})
+_NO_OPS = frozenset({"pow"})
 _BIND_GROUPS = 256  # bind groups remembered per kernel
 
 

@@ -164,12 +164,134 @@ fn hg_prod_value(p: HgProd, k: u32) -> f32 {
   if (rest < -126) { return first * hg_pow2(-126) * 0x1p-30f; }
   return first * hg_pow2(rest);
 }""",
+    # 64-bit unsigned integers as vec2<u32>(low, high), for hg_fma. Shifts take any
+    # amount (WGSL's own take it modulo 32).
+    "hg_u64": """\
+fn hg_shl64(x: vec2<u32>, s: u32) -> vec2<u32> {
+  if (s == 0u) { return x; }
+  if (s >= 64u) { return vec2<u32>(0u, 0u); }
+  if (s >= 32u) { return vec2<u32>(0u, x.x << (s - 32u)); }
+  return vec2<u32>(x.x << s, (x.y << s) | (x.x >> (32u - s)));
+}
+fn hg_shr64(x: vec2<u32>, s: u32) -> vec2<u32> {
+  if (s == 0u) { return x; }
+  if (s >= 64u) { return vec2<u32>(0u, 0u); }
+  if (s >= 32u) { return vec2<u32>(x.y >> (s - 32u), 0u); }
+  return vec2<u32>((x.x >> s) | (x.y << (32u - s)), x.y >> s);
+}
+fn hg_below64(x: vec2<u32>, s: u32) -> bool {
+  // Whether any of the bits of x below bit s is set.
+  if (s == 0u) { return false; }
+  if (s >= 64u) { return x.x != 0u || x.y != 0u; }
+  let back = hg_shl64(hg_shr64(x, s), s);
+  return back.x != x.x || back.y != x.y;
+}
+fn hg_jam64(x: vec2<u32>, s: u32) -> vec2<u32> {
+  // x >> s, the lowest bit set if any bit shifted out was (a sticky bit).
+  let r = hg_shr64(x, s);
+  return vec2<u32>(r.x | select(0u, 1u, hg_below64(x, s)), r.y);
+}
+fn hg_add64(a: vec2<u32>, b: vec2<u32>) -> vec2<u32> {
+  let lo = a.x + b.x;
+  return vec2<u32>(lo, a.y + b.y + select(0u, 1u, lo < a.x));
+}
+fn hg_sub64(a: vec2<u32>, b: vec2<u32>) -> vec2<u32> {
+  return vec2<u32>(a.x - b.x, a.y - b.y - select(0u, 1u, a.x < b.x));
+}
+fn hg_lt64(a: vec2<u32>, b: vec2<u32>) -> bool {
+  return a.y < b.y || (a.y == b.y && a.x < b.x);
+}
+fn hg_clz64(x: vec2<u32>) -> u32 {
+  return select(countLeadingZeros(x.x) + 32u, countLeadingZeros(x.y), x.y != 0u);
+}
+fn hg_mul64(a: u32, b: u32) -> vec2<u32> {
+  // The full product of two u32, from 16-bit halves.
+  let a0 = a & 0xffffu;
+  let a1 = a >> 16u;
+  let b0 = b & 0xffffu;
+  let b1 = b >> 16u;
+  let p00 = a0 * b0;
+  let p01 = a0 * b1;
+  let p10 = a1 * b0;
+  let mid = (p00 >> 16u) + (p01 & 0xffffu) + (p10 & 0xffffu);
+  return vec2<u32>((p00 & 0xffffu) | (mid << 16u),
+                   a1 * b1 + (p01 >> 16u) + (p10 >> 16u) + (mid >> 16u));
+}""",
+    # a * b + c rounded once (to nearest even), on the integers: WGSL's fma() may round
+    # twice (it does on lavapipe). Finite nonzero operands: the 48-bit product and c's
+    # significand are placed with their top bits at bit 61 of a 64-bit integer, the one
+    # with the smaller exponent shifted down with a sticky bit, added or subtracted, and
+    # the sum rounded to 24 bits (or to the subnormal grid) by its round and sticky bits.
+    "hg_fma": """\
+fn hg_fma(a: f32, b: f32, c: f32) -> f32 {
+  let ba = bitcast<u32>(a);
+  let bb = bitcast<u32>(b);
+  let bc = bitcast<u32>(c);
+  let xa = (ba >> 23u) & 0xffu;
+  let xb = (bb >> 23u) & 0xffu;
+  let xc = (bc >> 23u) & 0xffu;
+  if (xc == 0xffu && xa != 0xffu && xb != 0xffu) { return c; }  // a finite product
+  if (xa == 0xffu || xb == 0xffu || xc == 0xffu || (ba & 0x7fffffffu) == 0u
+      || (bb & 0x7fffffffu) == 0u) {
+    return a * b + c;  // inf, NaN, or an exact zero product: one rounding at most
+  }
+  if ((bc & 0x7fffffffu) == 0u) { return a * b; }  // a nonzero product keeps its sign
+  let ma = select((ba & 0x7fffffu) | 0x800000u, ba & 0x7fffffu, xa == 0u);
+  let mb = select((bb & 0x7fffffu) | 0x800000u, bb & 0x7fffffu, xb == 0u);
+  let mc = select((bc & 0x7fffffu) | 0x800000u, bc & 0x7fffffu, xc == 0u);
+  // value = significand * 2^exponent-of-its-last-bit
+  let ea = select(i32(xa) - 150, -149, xa == 0u);
+  let eb = select(i32(xb) - 150, -149, xb == 0u);
+  let ec = select(i32(xc) - 150, -149, xc == 0u);
+  var p = hg_mul64(ma, mb);
+  let shift_p = hg_clz64(p) - 2u;
+  p = hg_shl64(p, shift_p);
+  let ep = ea + eb - i32(shift_p);
+  var q = vec2<u32>(mc, 0u);
+  let shift_q = hg_clz64(q) - 2u;
+  q = hg_shl64(q, shift_q);
+  let eq = ec - i32(shift_q);
+  let e = max(ep, eq);
+  if (ep < eq) { p = hg_jam64(p, u32(eq - ep)); } else { q = hg_jam64(q, u32(ep - eq)); }
+  let sp = (ba ^ bb) & 0x80000000u;
+  let sc = bc & 0x80000000u;
+  var sign = sp;
+  var r: vec2<u32>;
+  if (sp == sc) {
+    r = hg_add64(p, q);
+  } else if (hg_lt64(p, q)) {
+    r = hg_sub64(q, p);
+    sign = sc;
+  } else {
+    r = hg_sub64(p, q);
+  }
+  if (r.x == 0u && r.y == 0u) { return 0.0f; }  // exact cancellation: +0
+  let t = 63 - i32(hg_clz64(r));
+  var top = t + e;  // the exponent of the result's leading bit
+  let s = select(-149 - e, t - 23, top >= -126);  // right shift to the last kept bit
+  var keep: u32;
+  if (s <= 0) {
+    keep = hg_shl64(r, u32(-s)).x;
+  } else {
+    keep = hg_shr64(r, u32(s)).x;
+    let half = (hg_shr64(r, u32(s - 1)).x & 1u) == 1u;
+    if (half && (hg_below64(r, u32(s - 1)) || (keep & 1u) == 1u)) { keep = keep + 1u; }
+  }
+  if (top < -126) { return bitcast<f32>(sign | keep); }  // subnormal (or rounded up to 2^-126)
+  if (keep >= 0x1000000u) {
+    keep = keep >> 1u;
+    top = top + 1;
+  }
+  if (top > 127) { return bitcast<f32>(sign | 0x7f800000u); }
+  return bitcast<f32>(sign | (u32(top + 127) << 23u) | (keep & 0x7fffffu));
+}""",
 }
 
 #: What each helper calls.
 NEEDS: dict[str, tuple[str, ...]] = {
     "hg_round_f16": ("hg_f16_to_f32", "hg_f32_to_f16"),
     "hg_round_bf16": ("hg_f32_to_bf16",),
+    "hg_fma": ("hg_u64",),
 }
 
 

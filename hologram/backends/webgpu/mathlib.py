@@ -35,6 +35,15 @@ def f32_literal(value: float) -> str:
     return f"bitcast<f32>({bits:#010x}u ^ hg_k)"
 
 
+def opaque(expr: str, key: str = "hg_k") -> str:
+    """The f32 ``expr``, through an xor of its bits with a value that is 0 at run time but
+    unknown to the shader compiler. WGSL lets drivers optimize floats as if NaN, inf and
+    -0.0 did not exist and reassociate or contract freely; lavapipe does (``x - x`` became
+    0 for NaN, ``a * b + c`` may fuse): nothing matches a pattern through this barrier, so
+    every operation rounds once, as written."""
+    return f"bitcast<f32>(bitcast<u32>({expr}) ^ {key})"
+
+
 def i32_literal(value: int) -> str:
     value = int(value)
     if value < 0:
@@ -46,11 +55,14 @@ class WGSLEmitter(MathEmitter):
     """Primitives as WGSL expressions; each result is bound to a fresh ``let`` through
     ``bind(wgsl_type, expression) -> name``."""
 
-    def __init__(self, bind: Callable[[str, str], str], fmt: Format = F32):
+    def __init__(self, bind: Callable[[str, str], str], used: set[str], exact_fma: bool,
+                 fmt: Format = F32):
         if fmt is not F32:
             raise ValueError("WGSL has f32 only")
         super().__init__(fmt)
         self.bind = bind
+        self.used = used  # the helper functions (.helpers) the shader calls
+        self.exact_fma = exact_fma
 
     def _f(self, expr: str) -> str:
         return self.bind("f32", expr)
@@ -62,7 +74,7 @@ class WGSLEmitter(MathEmitter):
         return self.bind("bool", expr)
 
     def for_format(self, fmt: Format) -> WGSLEmitter:
-        return WGSLEmitter(self.bind, fmt)
+        return WGSLEmitter(self.bind, self.used, self.exact_fma, fmt)
 
     def convert(self, a, fmt: Format):
         if fmt is not F32:
@@ -76,16 +88,21 @@ class WGSLEmitter(MathEmitter):
         return i32_literal(value)
 
     def add(self, a, b):
-        return self._f(f"{a} + {b}")
+        return self._f(f"{a} + {self._other(a, b)}")
 
     def sub(self, a, b):
-        return self._f(f"{a} - {b}")
+        return self._f(f"{a} - {self._other(a, b)}")
 
     def mul(self, a, b):
-        return self._f(f"{a} * {b}")
+        return self._f(f"{a} * {self._other(a, b)}")
 
     def div(self, a, b):
-        return self._f(f"{a} / {b}")
+        return self._f(f"{a} / {self._other(a, b)}")
+
+    def _other(self, a, b):
+        # x - x, x / x: the compiler folds an operation on one value twice (to 0, 1) also
+        # for NaN and inf; a second operand it cannot identify with the first keeps it.
+        return opaque(b, "hg_k2") if a == b else b
 
     def fast_recip(self, a):
         return self._f(f"1.0f / {a}")
@@ -94,7 +111,14 @@ class WGSLEmitter(MathEmitter):
         return self._f(f"bitcast<f32>(bitcast<u32>({a}) ^ 0x80000000u)")
 
     def fma(self, a, b, c):
-        return self._f(f"fma({a}, {b}, {c})")
+        # WGSL's fma() may round twice (lavapipe's does). The algorithms assume one
+        # rounding; the integer hg_fma gives it, but costs the driver's compiler seconds
+        # per inlined call, so it is used only where the error would otherwise show
+        # (exact_fma: sin and cos, whose range reduction needs it; docs/webgpu.md).
+        if not self.exact_fma:
+            return self._f(f"fma({a}, {b}, {c})")
+        self.used.add("hg_fma")
+        return self._f(f"hg_fma({a}, {b}, {c})")
 
     def fabs(self, a):
         return self._f(f"bitcast<f32>(bitcast<u32>({a}) & 0x7fffffffu)")

@@ -44,9 +44,11 @@ from hologram.isa.dtypes import DType
 from hologram.isa.ir import Instr, Kernel, Program
 
 from . import helpers
-from .mathlib import PRELUDE, WGSLEmitter, f32_literal, i32_literal
+from .mathlib import PRELUDE, WGSLEmitter, f32_literal, i32_literal, opaque
 
 WORKGROUP = 64
+#: The math functions computed with an exactly rounded fma (:mod:`.mathlib`).
+EXACT_FMA = frozenset({"sin", "cos"})
 MAX_GROUPS = 65535
 
 _REG = {"bool": "bool", "i8": "i32", "i16": "i32", "i32": "i32", "u8": "u32",
@@ -73,15 +75,6 @@ def render(program: Program, kernel: Kernel, caps: Capabilities) -> dict:
     """The shader of ``kernel`` and what its launch needs: ``{"name", "wgsl", "mode",
     "points", "bindings"}`` (``bindings``: program buffer indices, in binding order)."""
     return _Kernel(program, kernel, caps).render()
-
-
-def opaque(expr: str, key: str = "hg_k") -> str:
-    """The f32 ``expr``, through an xor of its bits with a value that is 0 at run time but
-    unknown to the shader compiler. WGSL lets drivers optimize floats as if NaN, inf and
-    -0.0 did not exist and reassociate or contract freely; lavapipe does (``x - x`` became
-    0 for NaN, ``a * b + c`` may fuse): nothing matches a pattern through this barrier, so
-    every operation rounds once, as written."""
-    return f"bitcast<f32>(bitcast<u32>({expr}) ^ {key})"
 
 
 class _Kernel:
@@ -355,7 +348,8 @@ class _Kernel:
         if op in _UNARY_FLOAT_FNS:
             return self.bind(t.name, f"{_UNARY_FLOAT_FNS[op]}({args[0]})")
         if op in shared_math.FUNCTIONS:
-            return shared_math.emit(WGSLEmitter(self.bind), op, args[0])
+            return shared_math.emit(WGSLEmitter(self.bind, self.used, op in EXACT_FMA), op,
+                                   args[0])
         handler = getattr(self, f"op_{op}", None)
         if handler is None:
             raise CompileError(f"kernel {self.kernel.name}: the webgpu renderer has no "
@@ -457,8 +451,8 @@ class _Kernel:
         return f"1.0f / sqrt({args[0]})"
 
     def op_fma(self, args, a, t):
-        if a.is_float:
-            return f"fma({args[0]}, {args[1]}, {args[2]})"
+        if a.is_float:  # WGSL's fma() may round twice
+            return self.call("hg_fma", *args)
         return self.wrap(f"{args[0]} * {args[1]} + {args[2]}", a)
 
     def op_select(self, args, a, t):
