@@ -27,12 +27,14 @@ fn hg_isnan(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f80000
 
 def f32_literal(value: float) -> str:
     """A WGSL expression for the f32 ``value`` (a float32 value), exact, that the shader
-    compiler cannot see through: its bits xor ``hg_k``, which the kernel sets to 0 from a
+    compiler cannot see through: its bits xor ``hg_kc``, which the kernel sets to 0 from a
     built-in value the compiler does not know. A literal it can see is folded with
     fast-math rules (measured on lavapipe: ``x / 0.0`` gave 0, and ``x + 0.0`` may
     become ``x``, wrong for -0.0)."""
     bits = int(np.float32(value).view(np.uint32))
-    return f"bitcast<f32>({bits:#010x}u ^ hg_k)"
+    # hg_kc, not hg_k: results pass through an xor with hg_k (opaque), and two xors with
+    # one key cancel, which the compiler sees.
+    return f"bitcast<f32>({bits:#010x}u ^ hg_kc)"
 
 
 def opaque(expr: str, key: str = "hg_k") -> str:

@@ -135,6 +135,7 @@ class _Kernel:
         # constants are xored with it so that they are never folded (mathlib.f32_literal).
         self.line("let hg_k = nwg.z - 1u;")
         self.line("let hg_k2 = hg_k << 1u;")
+        self.line("let hg_kc = hg_k << 2u;")
         if self.group:
             self.line("let g = wid.x + wid.y * nwg.x;")
         else:
