@@ -19,7 +19,7 @@ from hologram import backends
 from hologram.backends.webgpu import device as devices
 from hologram.backends.webgpu import memory
 from hologram.backends.webgpu.backend import WebGpuBackend
-from hologram.backends.webgpu.render import MAX_GROUPS, WORKGROUP
+from hologram.backends.webgpu.render import GROUP_POINTS, MAX_GROUPS, WORKGROUP
 from hologram.errors import CompileError, DeviceError, DTypeError, OutOfMemoryError
 from hologram.frontend.graph import Graph
 from hologram.isa.builder import ProgramBuilder
@@ -87,8 +87,10 @@ def test_sdk_ops_match_numpy(ex, n):
     np.testing.assert_array_equal(out.to_numpy(), x - y)
 
 
-def test_matmul_softmax_and_row_reductions(ex):
-    x, w = rand((33, 70), seed=3), rand((70, 9), seed=4)
+@pytest.mark.parametrize("m, n", [(33, 9), (80, 64)])  # a workgroup per output; a thread
+def test_matmul_softmax_and_row_reductions(ex, m, n):
+    assert (m * n < GROUP_POINTS) == (m == 33)
+    x, w = rand((m, 70), seed=3), rand((70, n), seed=4)
     a, b = ex.from_numpy(x), ex.from_numpy(w)
     np.testing.assert_allclose(hg.ops.matmul(a, b).to_numpy(), x @ w, rtol=1e-5, atol=1e-4)
     s = hg.ops.softmax(a).to_numpy()
@@ -157,7 +159,7 @@ def test_grids_beyond_65535_workgroups_are_folded(ex):
     x = np.arange(n, dtype=np.int32)
     got = hg.ops.vector_add(ex.from_numpy(x), ex.from_numpy(x)).to_numpy()
     np.testing.assert_array_equal(got, 2 * x)
-    rows = MAX_GROUPS + 10  # a row reduction: one workgroup per row
+    rows = MAX_GROUPS * 2 + 10  # row sums: one invocation per row (many rows)
     m = np.random.default_rng(9).integers(-9, 9, (rows, 3)).astype(np.float32)
     np.testing.assert_array_equal(hg.ops.sum(ex.from_numpy(m), dim=1).to_numpy(), m.sum(1))
 

@@ -5,13 +5,14 @@ per grid point, or recomputed inside a loop nest over the loop dimensions it var
 A kernel runs in one of two modes:
 
 - **thread**: one invocation per grid point (:data:`WORKGROUP` per workgroup); its loop
-  nests and any reductions run sequentially in the invocation. Kernels without a
-  reduction computed once per grid point use it (elementwise kernels, grid = shape).
-- **group**: one workgroup per grid point. Every reduction computed once per grid point
-  is shared: invocation ``t`` folds the terms ``t, t + WORKGROUP, ...`` of the reduction's
-  flat index, and the partials meet in a tree in workgroup memory (``log2(WORKGROUP)``
-  levels with a barrier each; nothing assumes a subgroup size). Store nests are split the
-  same way; stores of per-point values are made by invocation 0.
+  nests and any reductions run sequentially in the invocation. Elementwise kernels (grid
+  = shape) use it, and kernels with enough grid points (a matmul's outputs).
+- **group**: one workgroup per grid point, for kernels with a reduction computed once per
+  grid point and fewer than :data:`GROUP_POINTS` points. Every such reduction is shared:
+  invocation ``t`` folds the terms ``t, t + WORKGROUP, ...`` of the reduction's flat
+  index, and the partials meet in a tree in workgroup memory (``log2(WORKGROUP)`` levels
+  with a barrier each; nothing assumes a subgroup size). Store nests are split the same
+  way; stores of per-point values are made by invocation 0.
 
 Grid points are numbered in row-major order and the number of workgroups is folded into
 two dimensions of at most :data:`MAX_GROUPS` each (:func:`dispatch`).
@@ -47,6 +48,8 @@ from . import helpers
 from .mathlib import PRELUDE, WGSLEmitter, f32_literal, i32_literal, opaque
 
 WORKGROUP = 64
+#: Kernels with fewer grid points than this share each reduction in a workgroup.
+GROUP_POINTS = 4096
 #: The math functions computed with an exactly rounded fma (:mod:`.mathlib`).
 EXACT_FMA = frozenset({"sin", "cos"})
 MAX_GROUPS = 65535
@@ -90,9 +93,13 @@ class _Kernel:
         self.point: dict[int, str] = {}
         self.local: dict[int, str] = {}
         body = kernel.body
-        self.group = any(x.op in ("reduce", "contract") and not self.plan.in_nest(i)
-                         for i, x in enumerate(body))
         self.points = math.prod(kernel.grid) if kernel.grid_rank else 1
+        # A workgroup per grid point only while the points alone are too few to fill the
+        # device; with many (a matmul's outputs), one invocation each folds its terms
+        # alone: no tree, no barriers, WORKGROUP times fewer workgroups.
+        self.group = self.points < GROUP_POINTS and any(
+            x.op in ("reduce", "contract") and not self.plan.in_nest(i)
+            for i, x in enumerate(body))
         self.narrow_out = {x.buffer for x in body
                            if x.op == "store" and _BYTES[x.dtype.name] < 4}
 
