@@ -580,6 +580,23 @@ def _check_ddp_options(torch, dist, rank: int, world: int) -> None:
             gathered = [torch.empty_like(p.grad) for _ in range(world)]
             dist.all_gather(gathered, p.grad)
             assert all(torch.equal(gathered[0].cpu(), o.cpu()) for o in gathered)
+    # a communication hook (fp16 compression: casts on the device, futures chained on
+    # the backend's Work) gives the average of the ranks' gradients
+    import copy
+
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    local = torch.nn.Linear(4, 4).to(DEVICE)
+    hooked = DDP(copy.deepcopy(local))
+    hooked.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    x = torch.full((2, 4), float(rank + 1), device=DEVICE)
+    hooked(x).sum().backward()
+    local(x).sum().backward()
+    for p, q in zip(hooked.module.parameters(), local.parameters()):
+        want = q.grad.clone()
+        dist.all_reduce(want, op=dist.ReduceOp.AVG)
+        assert p.grad.device.type == DEVICE
+        assert torch.allclose(p.grad.cpu(), want.cpu(), rtol=1e-3), (p.grad.cpu(), want)
     # what torch's reducer cannot do for a Python device is refused up front ...
     for option in ("find_unused_parameters", "static_graph"):
         try:
