@@ -30,64 +30,50 @@ def _added(gates: torch.Tensor, *biases: torch.Tensor | None) -> torch.Tensor:
 @composed("_thnn_fused_lstm_cell")
 def fused_lstm_cell(input_gates, hidden_gates, cx, input_bias=None, hidden_bias=None):
     gates = _added(input_gates + hidden_gates, input_bias, hidden_bias)
-    h = gates.shape[1] // 4
-    # The workspace is written in place, chunk by chunk: fewer launches than activating
-    # each chunk and concatenating.
-    workspace = gates.sigmoid()
-    torch.tanh(gates[:, 2 * h:3 * h], out=workspace[:, 2 * h:3 * h])
-    i, f, g, o = workspace.chunk(4, 1)
+    i, f, g, o = gates.chunk(4, 1)
+    i, f, g, o = i.sigmoid(), f.sigmoid(), g.tanh(), o.sigmoid()
     cy = f * cx + i * g
     hy = o * cy.tanh()
-    return hy, cy, workspace
+    return hy, cy, torch.cat((i, f, g, o), 1)
 
 
 @composed("_thnn_fused_lstm_cell_backward_impl")
 def fused_lstm_cell_backward(grad_hy, grad_cy, cx, cy, workspace, has_bias):
     i, f, g, o = workspace.chunk(4, 1)
-    h = i.shape[1]
-    grad_gates = torch.empty_like(workspace)
     tanh_cy = cy.tanh()
     grad_c = torch.zeros_like(cy) if grad_cy is None else grad_cy
     if grad_hy is not None:
         grad_c = grad_c + grad_hy * o * (1 - tanh_cy * tanh_cy)
-        torch.mul(grad_hy * tanh_cy, o * (1 - o), out=grad_gates[:, 3 * h:])
+        grad_o = grad_hy * tanh_cy * o * (1 - o)
     else:
-        grad_gates[:, 3 * h:].zero_()
-    torch.mul(grad_c * g, i * (1 - i), out=grad_gates[:, :h])
-    torch.mul(grad_c * cx, f * (1 - f), out=grad_gates[:, h:2 * h])
-    torch.mul(grad_c * i, 1 - g * g, out=grad_gates[:, 2 * h:3 * h])
+        grad_o = torch.zeros_like(o)
+    grad_gates = torch.cat((grad_c * g * i * (1 - i),
+                            grad_c * cx * f * (1 - f),
+                            grad_c * i * (1 - g * g),
+                            grad_o), 1)
     grad_bias = grad_gates.sum(0) if has_bias else None
     return grad_gates, grad_c * f, grad_bias
 
 
 @composed("_thnn_fused_gru_cell")
 def fused_gru_cell(input_gates, hidden_gates, hx, input_bias=None, hidden_bias=None):
-    ig = _added(input_gates, input_bias)
-    hg = _added(hidden_gates, hidden_bias)
-    h = hx.shape[1]
-    workspace = torch.empty((hx.shape[0], 5 * h), dtype=ig.dtype, device=ig.device)
-    torch.sigmoid(ig[:, :2 * h] + hg[:, :2 * h], out=workspace[:, :2 * h])
-    r, z = workspace[:, :h], workspace[:, h:2 * h]
-    hn = hg[:, 2 * h:]
-    torch.tanh(ig[:, 2 * h:] + r * hn, out=workspace[:, 2 * h:3 * h])
-    n = workspace[:, 2 * h:3 * h]
-    workspace[:, 3 * h:4 * h].copy_(hx)
-    workspace[:, 4 * h:].copy_(hn)
+    ir, iz, in_ = _added(input_gates, input_bias).chunk(3, 1)
+    hr, hz, hn = _added(hidden_gates, hidden_bias).chunk(3, 1)
+    r = (ir + hr).sigmoid()
+    z = (iz + hz).sigmoid()
+    n = (in_ + r * hn).tanh()
     hy = n + z * (hx - n)
-    return hy, workspace
+    return hy, torch.cat((r, z, n, hx, hn), 1)
 
 
 @composed("_thnn_fused_gru_cell_backward")
 def fused_gru_cell_backward(grad_hy, workspace, has_bias):
     r, z, n, hx, hn = workspace.chunk(5, 1)
-    h = r.shape[1]
-    grad_input_gates = torch.empty_like(workspace[:, :3 * h])
-    grad_n = grad_input_gates[:, 2 * h:]
-    torch.mul(grad_hy * (1 - z), 1 - n * n, out=grad_n)
-    torch.mul(grad_hy * (hx - n), z * (1 - z), out=grad_input_gates[:, h:2 * h])
-    torch.mul(grad_n * hn, r * (1 - r), out=grad_input_gates[:, :h])
-    grad_hidden_gates = grad_input_gates.clone()
-    grad_hidden_gates[:, 2 * h:].mul_(r)
+    grad_n = grad_hy * (1 - z) * (1 - n * n)
+    grad_z = grad_hy * (hx - n) * z * (1 - z)
+    grad_r = grad_n * hn * r * (1 - r)
+    grad_input_gates = torch.cat((grad_r, grad_z, grad_n), 1)
+    grad_hidden_gates = torch.cat((grad_r, grad_z, grad_n * r), 1)
     grad_hx = grad_hy * z
     if not has_bias:
         return grad_input_gates, grad_hidden_gates, grad_hx, None, None
