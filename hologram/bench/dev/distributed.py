@@ -6,7 +6,7 @@ on 2 local processes.
 The command starts two worker processes (a FileStore rendezvous, one thread each), which
 join a ``hologram`` process group and a plain ``gloo`` group over the same store, then run
 every case on both, interleaved round by round (the order alternating), each sample
-between barriers; rank 0's medians are reported. Cases:
+after a barrier on a third group; rank 0's medians are reported. Cases:
 
 - ``all_reduce``: a 64 MiB float32 tensor (``--quick``: the same size, fewer rounds):
   a device tensor through the ``hologram`` backend (gloo on a zero-copy view) against a CPU
@@ -53,14 +53,15 @@ def _rounds(quick: bool) -> dict:
 
 # --- the workers --------------------------------------------------------------------------
 
-def _timed_rounds(dist, barrier_group, contestants, rounds: int) -> list[list[float]]:
-    """ms per call of each of ``contestants``, interleaved, each sample between barriers
-    (every rank runs the same schedule: the calls are collectives)."""
+def _timed_rounds(dist, barrier, contestants, rounds: int) -> list[list[float]]:
+    """ms per call of each of ``contestants``, interleaved, each sample after a barrier on
+    the group ``barrier`` (every rank runs the same schedule: the calls are collectives).
+    That group is neither side's, so that no side's gloo threads start out warmer."""
     samples: list[list[float]] = [[] for _ in contestants]
     order = list(range(len(contestants)))
     for _ in range(rounds):
         for i in order:
-            dist.barrier(group=barrier_group)
+            dist.barrier(group=barrier)
             start = time.perf_counter()
             contestants[i]()
             samples[i].append((time.perf_counter() - start) * 1e3)
@@ -68,7 +69,8 @@ def _timed_rounds(dist, barrier_group, contestants, rounds: int) -> list[list[fl
     return samples
 
 
-def _bench_all_reduce(torch, dist, gloo, rank: int, nbytes: int, rounds: dict) -> list[dict]:
+def _bench_all_reduce(torch, dist, gloo, barrier, rank: int, nbytes: int, rounds: dict
+                      ) -> list[dict]:
     n = nbytes // 4
     device = torch.full((n,), float(rank + 1), device="hologram")
     host = torch.full((n,), float(rank + 1))
@@ -82,8 +84,8 @@ def _bench_all_reduce(torch, dist, gloo, rank: int, nbytes: int, rounds: dict) -
     # the values double every call from now on: 2**60 stays finite in float32
     calls = [lambda: dist.all_reduce(device), lambda: dist.all_reduce(host, group=gloo),
              lambda: dist.all_reduce(host_ours)]
-    _timed_rounds(dist, gloo, calls, rounds["warm"])
-    samples = _timed_rounds(dist, gloo, calls, rounds["all_reduce"])
+    _timed_rounds(dist, barrier, calls, rounds["warm"])
+    samples = _timed_rounds(dist, barrier, calls, rounds["all_reduce"])
     device_ms, gloo_ms, ours_ms = (statistics.median(s) for s in samples)
     device_best, gloo_best, ours_best = (min(s) for s in samples)
     mib = nbytes / (1 << 20)
@@ -103,7 +105,7 @@ def _bench_all_reduce(torch, dist, gloo, rank: int, nbytes: int, rounds: dict) -
                 None)]
 
 
-def _bench_ddp(torch, dist, gloo, rank: int, s: dict, batch: int, rounds: dict
+def _bench_ddp(torch, dist, gloo, barrier, rank: int, s: dict, batch: int, rounds: dict
                ) -> list[dict]:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -136,8 +138,8 @@ def _bench_ddp(torch, dist, gloo, rank: int, s: dict, batch: int, rounds: dict
     fallbacks, kernels = training._one_step_costs(steps["device ddp"])
     training._one_step_costs(steps["cpu ddp"])  # the same collectives on every rank
     contestants = list(steps.values())
-    _timed_rounds(dist, gloo, contestants, rounds["warm"])
-    samples = _timed_rounds(dist, gloo, contestants, rounds["ddp"])
+    _timed_rounds(dist, barrier, contestants, rounds["warm"])
+    samples = _timed_rounds(dist, barrier, contestants, rounds["ddp"])
     ms = dict(zip(steps, (statistics.median(v) for v in samples)))
     best = dict(zip(steps, (min(v) for v in samples)))
 
@@ -171,11 +173,14 @@ def worker(rank: int, store: str, out: str, quick: bool, sizes: dict) -> None:
     dist.init_process_group("hologram", init_method=f"file://{store}", rank=rank,
                             world_size=WORLD, timeout=datetime.timedelta(seconds=120))
     gloo = dist.new_group(backend="gloo")
+    barrier = dist.new_group(backend="gloo")
     rounds = _rounds(quick)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", hologram_torch.FallbackWarning)
-        rows = _bench_all_reduce(torch, dist, gloo, rank, sizes["all_reduce_bytes"], rounds)
-        rows += _bench_ddp(torch, dist, gloo, rank, sizes["mlp"], sizes["ddp_batch"], rounds)
+        rows = _bench_all_reduce(torch, dist, gloo, barrier, rank, sizes["all_reduce_bytes"],
+                                 rounds)
+        rows += _bench_ddp(torch, dist, gloo, barrier, rank, sizes["mlp"], sizes["ddp_batch"],
+                           rounds)
     if rank == 0:
         Path(out).write_text(json.dumps(rows))
     dist.destroy_process_group()
