@@ -53,6 +53,7 @@ class Device:
 
 
 _devices: dict[str, Device] = {}
+_instance_set = False
 _adapters: dict[str, Any] = {}
 _lock = threading.Lock()
 
@@ -60,11 +61,23 @@ _lock = threading.Lock()
 def wgpu_module():
     """The ``wgpu`` module, or :class:`DeviceError` naming what to install."""
     os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")  # Mesa warns without one; harmless
+    global _instance_set
     try:
         import wgpu
     except Exception as err:  # ImportError, or a missing native library
         raise DeviceError(f"webgpu: the wgpu package cannot be imported ({err}); {_INSTALL}"
                           ) from err
+    if not _instance_set:
+        _instance_set = True
+        try:
+            from wgpu.backends.wgpu_native.extras import set_instance_extras
+
+            # No OpenGL backend (compute needs Vulkan, Metal or D3D12 anyway): probing it
+            # loads Mesa's libGL/EGL, whose LLVM then crashes any later import of a
+            # library with its own LLVM (measured: `import triton` segfaulted).
+            set_instance_extras(backends=["Vulkan", "Metal", "DX12"])
+        except Exception:  # an instance exists already (the user's): keep it
+            pass
     return wgpu
 
 

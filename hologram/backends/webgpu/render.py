@@ -94,6 +94,8 @@ class _Kernel:
         self.local: dict[int, str] = {}
         body = kernel.body
         self.points = math.prod(kernel.grid) if kernel.grid_rank else 1
+        if all(0 in x.shape for x in body if x.op == "store"):
+            self.points = 0  # it stores nothing (a zero extent): never dispatched
         # A workgroup per grid point only while the points alone are too few to fill the
         # device; with many (a matmul's outputs), one invocation each folds its terms
         # alone: no tree, no barriers, WORKGROUP times fewer workgroups.
