@@ -223,8 +223,14 @@ def _crosses_device(old: torch.Tensor, new: torch.Tensor) -> bool:
     new Parameter only because the device is not on its list)?"""
     kinds = {old.device.type, new.device.type}
     return (NAME in kinds and kinds <= {NAME, "cpu"} and old.layout == torch.strided
-            and new.layout == torch.strided
+            and new.layout == torch.strided and not _python_tensor(old)
+            and not _python_tensor(new)
             and not torch._has_compatible_shallow_copy_type(old, new))
+
+
+def _python_tensor(t: torch.Tensor) -> bool:
+    """A fake tensor or tensor subclass dispatching to Python: torch's own rules apply."""
+    return torch._C._dispatch_keys(t).has(torch._C.DispatchKey.Python)
 
 
 def _adopt(old: torch.nn.Parameter, new: torch.nn.Parameter) -> bool:

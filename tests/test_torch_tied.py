@@ -176,3 +176,14 @@ def test_torch_future_flags_are_respected():
         assert m.emb.weight is not w  # the user asked for new Parameters
     finally:
         torch.__future__.set_overwrite_module_params_on_conversion(False)
+
+
+def test_fake_tensor_conversions_are_left_to_torch():
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    m = Tied()
+    w = m.emb.weight
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        m.to("hologram")
+    assert isinstance(m.emb.weight, FakeTensor) and m.emb.weight.device.type == "hologram"
+    assert w.device.type == "cpu" and not isinstance(w, FakeTensor)
