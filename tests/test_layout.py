@@ -222,3 +222,22 @@ def test_every_module_imports_in_a_fresh_process():
     done = subprocess.run([sys.executable, "-c", code, *names], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
+def test_importing_torch_probes_no_gpu_backend():
+    """The device autoloads with ``import torch``: it must not look for GPU adapters then
+    (loading a Vulkan driver costs time, and Mesa's brings a second LLVM into every
+    process that imports torch)."""
+    code = ("import torch, hologram_torch\n"
+            "from hologram import backends\n"
+            "probed = [n for n in backends.names() if n not in ('cpu', 'interp')\n"
+            "          and getattr(backends.backend_class(n), '_available', None)]\n"
+            "drivers = [line for line in open('/proc/self/maps') if 'libvulkan' in line]\n"
+            "assert not probed and not drivers, (probed, drivers[:2])\n"
+            "assert torch.ones(2, device='hologram').sum().item() == 2.0\n")
+    if not Path("/proc/self/maps").exists():
+        code = code.replace("open('/proc/self/maps')", "[]")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]

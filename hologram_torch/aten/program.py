@@ -24,7 +24,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 import hologram
-from hologram.errors import HologramError
+from hologram import backends
+from hologram.errors import DeviceError, HologramError
 from hologram.frontend.graph import Graph, Tensor
 from hologram.isa import dtypes as dt
 from hologram.runtime.launch import launch_cache
@@ -59,7 +60,28 @@ class _Entry:
 #: *operands[, outs])``; shortcuts' are ``(SHORTCUT, key)``.
 _cache = _LAUNCHES = launch_cache()
 _recent = _LAUNCHES.recent  # the hot lookup; a miss falls back to _LAUNCHES.get
-_state = {"backend": hologram.backend.get_default_backend()}
+
+
+def _host_backend(name: str) -> str:
+    """``name`` (``"auto"``: ``HOLOGRAM_BACKEND`` if set, else cpu, else the interpreter)
+    if its memory is host memory, as the device's is (storages are host blocks, and the
+    CPU fallback aliases them). ``"auto"`` never probes GPU adapters: this runs on
+    ``import torch`` (the device autoloads), where loading a GPU driver costs time and,
+    for Mesa's lavapipe, brings a second LLVM into the process."""
+    if name == "auto":
+        name = hologram.config.get().backend
+    if name == "auto":
+        name = "cpu" if backends.backend_class("cpu").is_available() else "interp"
+    else:  # a name the user gave: checked (and its errors worded) as everywhere
+        name = hologram.backend.validate_backend(name)
+    if not backends.get(name).allocator().host_visible:
+        raise DeviceError(f"torch device: backend {name!r} computes on memory the host "
+                          "cannot see, and the device's tensors are host memory; use a "
+                          "host backend (cpu or interp)")
+    return name
+
+
+_state = {"backend": _host_backend("auto")}
 
 
 def backend() -> str:
@@ -67,7 +89,7 @@ def backend() -> str:
 
 
 def set_backend(name: str) -> None:
-    _state["backend"] = hologram.backend.validate_backend(name)
+    _state["backend"] = _host_backend(name)
     shortcuts.clear()  # they hold kernels of the previous backend
 
 
