@@ -87,9 +87,12 @@ def test_sdk_ops_match_numpy(ex, n):
     np.testing.assert_array_equal(out.to_numpy(), x - y)
 
 
-@pytest.mark.parametrize("m, n", [(33, 9), (80, 64)])  # a workgroup per output; a thread
+@pytest.mark.parametrize("m, n", [(33, 9), (80, 64)])
 def test_matmul_softmax_and_row_reductions(ex, m, n):
-    assert (m * n < GROUP_POINTS) == (m == 33)
+    g = Graph("mm")
+    g.output("y", g.input("a", "f32", (m, 70)) @ g.input("b", "f32", (70, n)))
+    (kernel,) = hologram.build(g.program(), backend="webgpu").metadata["kernels"]
+    assert kernel["mode"] == "tiled" and kernel["points"] == -(-m // 8) * -(-n // 8)
     x, w = rand((m, 70), seed=3), rand((70, n), seed=4)
     a, b = ex.from_numpy(x), ex.from_numpy(w)
     np.testing.assert_allclose(hg.ops.matmul(a, b).to_numpy(), x @ w, rtol=1e-5, atol=1e-4)
@@ -97,6 +100,9 @@ def test_matmul_softmax_and_row_reductions(ex, m, n):
     e = np.exp(x - x.max(1, keepdims=True))
     np.testing.assert_allclose(s, e / e.sum(1, keepdims=True), rtol=1e-6, atol=1e-8)
     np.testing.assert_allclose(hg.ops.sum(a, dim=0).to_numpy(), x.sum(0), rtol=1e-5, atol=1e-5)
+    rows = rand((GROUP_POINTS + 3, 5), seed=11)  # many rows: one invocation each, no tree
+    np.testing.assert_allclose(hg.ops.sum(ex.from_numpy(rows), dim=1).to_numpy(), rows.sum(1),
+                               rtol=1e-6, atol=1e-6)
 
 
 def test_jit_fuses_and_runs_on_webgpu(ex):

@@ -44,7 +44,7 @@ from hologram.isa import dtypes as dt
 from hologram.isa.dtypes import DType
 from hologram.isa.ir import Instr, Kernel, Program
 
-from . import helpers
+from . import helpers, tiling
 from .mathlib import PRELUDE, WGSLEmitter, f32_literal, i32_literal, opaque
 
 WORKGROUP = 64
@@ -65,7 +65,7 @@ _INT_RANGE = {"i8": (-128, 127), "i16": (-32768, 32767), "i32": (-2**31, 2**31 -
 def dispatch(points: int, mode: str) -> tuple[int, int, int]:
     """Workgroups to dispatch for ``points`` grid points: ``(x, y, 1)`` with ``x, y <=``
     :data:`MAX_GROUPS` (the shader numbers them ``x + y * nx`` and skips the extra ones)."""
-    groups = points if mode == "group" else -(-points // WORKGROUP)
+    groups = points if mode in ("group", "tiled") else -(-points // WORKGROUP)
     x = min(groups, MAX_GROUPS)
     y = -(-groups // x) if x else 0
     if y > MAX_GROUPS:
@@ -102,6 +102,12 @@ class _Kernel:
         self.group = self.points < GROUP_POINTS and any(
             x.op in ("reduce", "contract") and not self.plan.in_nest(i)
             for i, x in enumerate(body))
+        # A matrix product: blocks of outputs per workgroup, operands through workgroup
+        # memory (.tiling).
+        self.tiling = tiling.tiling(kernel, self.plan) if self.points else None
+        if self.tiling is not None:
+            self.group, self.points = False, self.tiling.tiles
+        self.tiles: set[str] = set()  # the tiled mode's operand arrays, by WGSL type
         self.narrow_out = {x.buffer for x in body
                            if x.op == "store" and _BYTES[x.dtype.name] < 4}
 
@@ -145,13 +151,15 @@ class _Kernel:
         self.line("let hg_k = nwg.z - 1u;")
         self.line("let hg_k2 = hg_k << 1u;")
         self.line("let hg_kc = hg_k << 2u;")
-        if self.group:
-            self.line("let g = wid.x + wid.y * nwg.x;")
-        else:
+        if self.mode == "thread":
             self.line(f"let g = (wid.x + wid.y * nwg.x) * {WORKGROUP}u + lid;")
+        else:  # uniform: a workgroup leaves as a whole
+            self.line("let g = wid.x + wid.y * nwg.x;")
         self.line(f"if (g >= {self.points}u) {{ return; }}")
+        if self.tiling is not None:
+            tiling.emit_indices(self, self.tiling)
         stride = 1
-        for d in reversed(range(kernel.grid_rank)):
+        for d in reversed(range(kernel.grid_rank) if self.tiling is None else ()):
             n = kernel.domain[d]
             if n > 1:
                 self.index[d] = self.bind("i32", f"i32((g / {stride}u) % {n}u)")
@@ -168,7 +176,13 @@ class _Kernel:
 
     @property
     def mode(self) -> str:
+        if self.tiling is not None:
+            return "tiled"
         return "group" if self.group else "thread"
+
+    def register(self, t: DType) -> str:
+        """The WGSL type of ``t``'s values."""
+        return _REG[t.name]
 
     def bindings(self) -> list[int]:
         k = self.kernel
@@ -187,6 +201,9 @@ class _Kernel:
                              "array<u32>;")
         for t in sorted(self.shared):
             decls.append(f"var<workgroup> hg_sh_{t}: array<{t}, {WORKGROUP}>;")
+        for t in sorted(self.tiles):
+            decls += [f"var<workgroup> hg_t{side}_{t}: array<{t}, "
+                      f"{tiling.TILE * tiling.DEPTH}>;" for side in "ab"]
         head = [f"// kernel {self.kernel.name}: domain {list(self.kernel.domain)}, grid "
                 f"{list(self.kernel.grid)}, mode {self.mode}", PRELUDE.rstrip(),
                 helpers.source(self.used), *decls,
@@ -211,7 +228,11 @@ class _Kernel:
             if not self.plan.in_nest(i) and i not in self.point:
                 self.local = self.point
                 instr = self.kernel.body[i]
-                if instr.op in ("reduce", "contract"):
+                if self.tiling is not None and i == self.tiling.position:
+                    self.point[i] = self.bind(instr.dtype.name, self.reduced(
+                        tiling.emit_contract(self, instr, self.tiling, _Accumulator),
+                        "sum", self.kernel.body[instr.args[0]].dtype, instr.dtype))
+                elif instr.op in ("reduce", "contract"):
                     self.point[i] = self.reduce(instr, shared=self.group)
                 else:
                     self.point[i] = self.emit(instr)
@@ -222,7 +243,9 @@ class _Kernel:
             for s in stores:
                 self.store(s)
 
-        if not self.group:
+        if self.tiling is not None:  # dims is empty (tiling.tiling checks)
+            self.block("if (valid)", emit)
+        elif not self.group:
             self.serial(dims, emit)
         elif not dims:
             self.block("if (lid == 0u)", emit)
