@@ -26,9 +26,9 @@ are ``i32`` (wrapped to their width after every operation), u8 is ``u32``, f16/b
 are ``f32`` (f16/bf16 arithmetic reaches here as f32 operations and a cast back,
 :mod:`hologram.compiler.passes.decompose`; every cast to them rounds).
 
-Float sums accumulate in f32 with Neumaier's compensation per invocation, partials added
-in the tree; max/min and argmax/argmin compare total-order keys of the bits
-(:mod:`.helpers`), so NaN wins, ``-0.0 < +0.0``, and ties go to the first index.
+Reductions accumulate as :mod:`.reduce` says (compensated float sums, float products
+with their own exponent, total-order keys for the extremes); matrix products run tiled
+(:mod:`.tiling`).
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from hologram.isa.ir import Instr, Kernel, Program
 
 from . import helpers, tiling
 from .mathlib import PRELUDE, WGSLEmitter, f32_literal, i32_literal, opaque
+from .reduce import Accumulator
 
 WORKGROUP = 64
 #: Kernels with fewer grid points than this share each reduction in a workgroup.
@@ -81,6 +82,8 @@ def render(program: Program, kernel: Kernel, caps: Capabilities) -> dict:
 
 
 class _Kernel:
+    workgroup = WORKGROUP  # invocations per workgroup (the reduction trees' width)
+
     def __init__(self, program: Program, kernel: Kernel, caps: Capabilities):
         self.program, self.kernel = program, kernel
         self.plan = loops.plan(kernel, caps)
@@ -230,7 +233,7 @@ class _Kernel:
                 instr = self.kernel.body[i]
                 if self.tiling is not None and i == self.tiling.position:
                     self.point[i] = self.bind(instr.dtype.name, self.reduced(
-                        tiling.emit_contract(self, instr, self.tiling, _Accumulator),
+                        tiling.emit_contract(self, instr, self.tiling, Accumulator),
                         "sum", self.kernel.body[instr.args[0]].dtype, instr.dtype))
                 elif instr.op in ("reduce", "contract"):
                     self.point[i] = self.reduce(instr, shared=self.group)
@@ -542,7 +545,7 @@ class _Kernel:
         axes = list(instr.axes)
         count = math.prod(kernel.domain[a] for a in axes)
         reg = _REG[t.name]
-        acc = _Accumulator(self, kind, t, reg)
+        acc = Accumulator(self, kind, t, reg)
         saved = self.local
 
         def term(flat: str | None) -> None:
@@ -588,173 +591,6 @@ class _Kernel:
         if t.is_int:
             return self.wrap(value, t)
         return value
-
-
-class _Accumulator:
-    """One reduction's accumulator in a renderer: its variables, how a term is folded in,
-    and (shared) the tree over the workgroup."""
-
-    def __init__(self, r: _Kernel, kind: str, t: DType, reg: str):
-        self.r, self.kind, self.t, self.reg = r, kind, t, reg
-        self.keyed = kind in ("max", "min", "argmax", "argmin")
-        self.largest = kind in ("max", "argmax")
-        self.float_sum = kind == "sum" and t.is_float
-        self.float_prod = kind == "prod" and t.is_float
-        self.best: str | None = None
-        if self.keyed:
-            init = "0u" if self.largest else "0xffffffffu"
-            self.acc = r.var(init, "u32")
-            self.best = r.var("0", "i32") if kind.startswith("arg") else None
-        elif self.float_sum:
-            self.acc = r.var("-0.0f", "f32")
-            self.comp = r.var("0.0f", "f32")
-        elif self.float_prod:
-            r.used.add("hg_prod")
-            self.acc = r.var("HgProd(1.0f, 0)", "HgProd")
-        else:
-            one = kind == "prod"
-            init = {"f32": "1.0f" if one else "-0.0f", "i32": "1" if one else "0",
-                    "u32": "1u" if one else "0u", "bool": "true" if one else "false"}[reg]
-            self.acc = r.var(init, reg)
-
-    def key(self, value: str) -> str:
-        r, t = self.r, self.t
-        if t.is_float:
-            return r.call("hg_key_f32", value, "true" if self.largest else "false")
-        if t.is_bool:
-            return f"select(0u, 1u, {value})"
-        if self.reg == "u32":
-            return value
-        return f"(bitcast<u32>({value}) ^ 0x80000000u)"
-
-    def unkey(self, key: str) -> str:
-        t = self.t
-        if t.is_float:
-            return self.r.call("hg_unkey_f32", key)
-        if t.is_bool:
-            return f"{key} != 0u"
-        if self.reg == "u32":
-            return key
-        return f"bitcast<i32>({key} ^ 0x80000000u)"
-
-    def fold(self, value: str, flat: str) -> None:
-        r = self.r
-        if self.keyed:
-            k = r.bind("u32", self.key(value))
-            better = f"{k} {'>' if self.largest else '<'} {self.acc}"
-            if self.best is not None:  # in order: strictly better only (first wins)
-                r.line(f"if ({better}) {{ {self.acc} = {k}; {self.best} = {flat}; }}")
-            else:
-                r.line(f"{self.acc} = {'max' if self.largest else 'min'}({self.acc}, {k});")
-        elif self.float_sum:  # Neumaier: c collects what each addition loses
-            s, c = self.acc, self.comp
-            total = r.bind("f32", f"{s} + {value}")
-            r.line(f"if (abs({s}) >= abs({value})) {{ {c} += ({s} - {total}) + {value}; }} "
-                   f"else {{ {c} += ({value} - {total}) + {s}; }}")
-            r.line(f"{s} = {total};")
-        elif self.float_prod:
-            r.line(f"{self.acc} = hg_prod_mul({self.acc}, hg_prod_of({value}));")
-        elif self.kind == "sum":
-            r.line(f"{self.acc} = {self.sum_expr(self.acc, value)};")
-        else:
-            r.line(f"{self.acc} = {self.prod_expr(self.acc, value)};")
-
-    def product(self, shared: bool) -> str:
-        """A float product's (significand, exponent), over the workgroup if ``shared``."""
-        r, acc = self.r, self.acc
-        if not shared:
-            return acc
-        r.shared.update(("f32", "i32"))
-        r.line(f"hg_sh_f32[lid] = {acc}.m;")
-        r.line(f"hg_sh_i32[lid] = {acc}.e;")
-        r.line("workgroupBarrier();")
-
-        def level() -> None:
-            r.line("let p = hg_prod_mul(HgProd(hg_sh_f32[lid], hg_sh_i32[lid]), "
-                   "HgProd(hg_sh_f32[lid + s], hg_sh_i32[lid + s]));")
-            r.line("hg_sh_f32[lid] = p.m;")
-            r.line("hg_sh_i32[lid] = p.e;")
-
-        r.line(f"for (var s = {WORKGROUP // 2}u; s > 0u; s = s >> 1u) {{")
-        r.depth += 1
-        r.block("if (lid < s)", level)
-        r.line("workgroupBarrier();")
-        r.depth -= 1
-        r.line("}")
-        out = r.bind("HgProd", "HgProd(hg_sh_f32[0], hg_sh_i32[0])")
-        r.line("workgroupBarrier();")
-        return out
-
-    def sum_expr(self, a: str, b: str) -> str:
-        if self.t.is_bool:
-            return f"{a} | {b}"
-        return f"{a} + {b}"
-
-    def prod_expr(self, a: str, b: str) -> str:
-        if self.t.is_bool:
-            return f"{a} & {b}"
-        return f"{a} * {b}"
-
-    def partial(self) -> str:
-        """This invocation's result (a float sum's compensation added in)."""
-        r = self.r
-        if self.float_sum:
-            s, c = self.acc, self.comp
-            # The plain sum where nothing was lost (keeps -0.0) or it is not finite.
-            return r.bind("f32", f"select({s} + {c}, {s}, {c} == 0.0f || "
-                                 f"(bitcast<u32>({s}) & 0x7f800000u) == 0x7f800000u)")
-        return self.acc
-
-    def finish(self, shared: bool, empty: bool) -> str:
-        r = self.r
-        if empty and self.kind == "sum":
-            return "0.0f" if self.t.is_float else self.acc
-        mine = self.partial()
-        if self.float_prod:
-            mine = self.product(shared)
-            return r.bind("f32", f"hg_prod_value({mine}, hg_k)")
-        if not shared:
-            return self.unkey(mine) if self.kind in ("max", "min") else (
-                self.best if self.best is not None else mine)
-        vtype = "u32" if self.keyed or self.reg == "bool" else self.reg
-        r.shared.add(vtype)
-        values = f"hg_sh_{vtype}"
-        stored = f"select(0u, 1u, {mine})" if self.reg == "bool" and not self.keyed else mine
-        r.line(f"{values}[lid] = {stored};")
-        if self.best is not None:
-            r.shared.add("i32")
-            r.line(f"hg_sh_i32[lid] = {self.best};")
-        r.line("workgroupBarrier();")
-
-        def level() -> None:
-            a, b = f"{values}[lid]", f"{values}[lid + s]"
-            if self.best is not None:
-                cmp = ">" if self.largest else "<"
-                r.line(f"if ({b} {cmp} {a} || ({b} == {a} && hg_sh_i32[lid + s] < "
-                       f"hg_sh_i32[lid])) {{ {a} = {b}; hg_sh_i32[lid] = hg_sh_i32[lid + s]; }}")
-            elif self.keyed:
-                r.line(f"{a} = {'max' if self.largest else 'min'}({a}, {b});")
-            elif self.reg == "bool":
-                r.line(f"{a} = {a} {'|' if self.kind == 'sum' else '&'} {b};")
-            elif self.kind == "sum":
-                r.line(f"{a} = {a} + {b};")
-            else:
-                r.line(f"{a} = {a} * {b};")
-
-        r.line(f"for (var s = {WORKGROUP // 2}u; s > 0u; s = s >> 1u) {{")
-        r.depth += 1
-        r.block("if (lid < s)", level)
-        r.line("workgroupBarrier();")
-        r.depth -= 1
-        r.line("}")
-        out = r.bind(vtype, f"{values}[0]")
-        best = r.bind("i32", "hg_sh_i32[0]") if self.best is not None else None
-        r.line("workgroupBarrier();")  # everyone has read before the arrays are reused
-        if best is not None:
-            return best
-        if self.keyed:
-            return self.unkey(out)
-        return f"({out} != 0u)" if self.reg == "bool" else out
 
 
 _UNARY_FLOAT_FNS = {"sqrt": "sqrt", "floor": "floor", "ceil": "ceil", "trunc": "trunc",
