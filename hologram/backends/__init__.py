@@ -30,7 +30,7 @@ from hologram.errors import DeviceError
 BUILTIN: dict[str, str] = {
     "cpu": "hologram.backends.cpu.backend:CpuBackend",
     "interp": "hologram.backends.interp.backend:InterpBackend",
-    # After the cpu: "auto" takes webgpu first only on a real GPU (preferred_by_auto).
+    # After the cpu: "auto" does not take webgpu (docs/webgpu.md, "Names").
     "webgpu": "hologram.backends.webgpu.backend:WebGpuBackend",
     "metal": "hologram.backends.webgpu.backend:MetalBackend",
     "vulkan": "hologram.backends.webgpu.backend:VulkanBackend",
@@ -141,11 +141,7 @@ def resolve(name: str) -> str:
         configured = config.get().backend
         if configured != "auto":
             return configured
-        usable = available()
-        # A backend may ask to come first (webgpu on a real GPU, never on an emulated one).
-        preferred = [n for n in usable
-                     if getattr(backend_class(n), "preferred_by_auto", lambda: False)()]
-        return (preferred or usable)[0]
+        return available()[0]
     return name
 
 

@@ -13,8 +13,9 @@ pass and submits it; bind groups are cached per set of buffers.
 
 Names: ``webgpu`` runs on wgpu's high-performance adapter, whatever it is (on a machine
 without a GPU, Mesa's lavapipe); ``metal`` and ``vulkan`` only on an adapter with that
-backend. ``"auto"`` takes ``webgpu`` only when its adapter is a real GPU
-(:meth:`WebGpuBackend.preferred_by_auto`).
+backend. ``"auto"`` never takes them: its programs are called on NumPy arrays (host
+memory) by ``hologram.compile(...)(x)`` and the torch device, which device memory cannot
+serve yet.
 """
 
 from __future__ import annotations
@@ -62,13 +63,6 @@ class WebGpuBackend(Backend):
                 ok = False
             cls._available[cls.name] = ok
         return cls._available[cls.name]
-
-    @classmethod
-    def preferred_by_auto(cls) -> bool:
-        """Whether ``"auto"`` should pick this backend over the cpu: only on a real GPU,
-        never on a CPU-emulated adapter (lavapipe, SwiftShader)."""
-        return cls.is_available() and devices.is_hardware(
-            dict(devices.adapter(cls.name).info))
 
     def target(self, name: str | None = None) -> str:
         if name not in (None, "wgsl"):
@@ -128,19 +122,11 @@ class MetalBackend(WebGpuBackend):
         return WebGpuBackend.is_available.__func__(cls) and devices.is_hardware(
             dict(devices.adapter(cls.name).info))
 
-    @classmethod
-    def preferred_by_auto(cls) -> bool:
-        return False  # "auto" names the same adapter "webgpu"
-
 
 class VulkanBackend(MetalBackend):
     """``webgpu`` on an adapter whose backend is Vulkan (a GPU, not lavapipe)."""
 
     name = "vulkan"
-
-    @classmethod
-    def preferred_by_auto(cls) -> bool:
-        return False
 
 
 class _Executable(Executable):
