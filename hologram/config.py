@@ -14,6 +14,7 @@ Values are read at call time, so tests and users can change the environment at r
 | ``HOLOGRAM_FAST_MATH`` | ``1`` allows rewrites that are not exact under IEEE 754 | ``0`` |
 | ``HOLOGRAM_BENCH_QUICK`` | ``1`` makes benchmarks use small sizes | ``0`` |
 | ``HOLOGRAM_CPU_TARGET`` | CPU the cpu backend compiles for (``x86-64-v3``, ...) | ``host`` |
+| ``HOLOGRAM_CUDA_EMULATE`` | ``1``: ``cuda`` runs in Triton's interpreter (docs/cuda.md) | ``0`` |
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class Settings:
     fast_math: bool
     bench_quick: bool
     cpu_target: str
+    cuda_emulate: bool = False
 
 
 def _flag(name: str) -> bool:
@@ -69,7 +71,8 @@ def _default_cache_dir() -> Path:
 _VARIABLES = (
     "HOLOGRAM_BACKEND", "HOLOGRAM_NUM_THREADS", "HOLOGRAM_CACHE_DIR",
     "HOLOGRAM_DISABLE_DISK_CACHE", "HOLOGRAM_CACHE_SIZE", "HOLOGRAM_DUMP_DIR",
-    "HOLOGRAM_FAST_MATH", "HOLOGRAM_BENCH_QUICK", "HOLOGRAM_CPU_TARGET", "XDG_CACHE_HOME",
+    "HOLOGRAM_FAST_MATH", "HOLOGRAM_BENCH_QUICK", "HOLOGRAM_CPU_TARGET", "HOLOGRAM_CUDA_EMULATE",
+    "XDG_CACHE_HOME",
     "HOME",
 )
 _last: tuple[tuple, Settings] | None = None
@@ -131,4 +134,5 @@ def _read() -> Settings:
         fast_math=_flag("HOLOGRAM_FAST_MATH"),
         bench_quick=_flag("HOLOGRAM_BENCH_QUICK"),
         cpu_target=os.environ.get("HOLOGRAM_CPU_TARGET", "").strip().lower() or "host",
+        cuda_emulate=_flag("HOLOGRAM_CUDA_EMULATE"),
     )

@@ -34,9 +34,11 @@ BUILTIN: dict[str, str] = {
     "webgpu": "hologram.backends.webgpu.backend:WebGpuBackend",
     "metal": "hologram.backends.webgpu.backend:MetalBackend",
     "vulkan": "hologram.backends.webgpu.backend:VulkanBackend",
+    # Available only emulated (HOLOGRAM_CUDA_EMULATE=1) so far; never picked by "auto".
+    "cuda": "hologram.backends.cuda.backend:CudaBackend",
 }
 #: Names reserved for backends that are not implemented yet.
-PLANNED: tuple[str, ...] = ("cuda",)
+PLANNED: tuple[str, ...] = ()
 #: Every name a user may ask for: "auto", the implemented backends, the planned ones.
 KNOWN: tuple[str, ...] = ("auto", *BUILTIN, *PLANNED)
 

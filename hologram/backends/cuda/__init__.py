@@ -1,0 +1,1 @@
+"""The cuda backend: Triton kernels from the loop plan (docs/cuda.md)."""

@@ -1,0 +1,251 @@
+"""The ``cuda`` backend: Triton kernels generated from the loop plan (:mod:`.render`).
+
+**Build** (no GPU needed): the target passes for :data:`CAPS`, then one ``@triton.jit``
+function per kernel, all in one Python module (the artifact's ``source``). For a named
+target (``sm_80``, ``sm_90``) every kernel is compiled ahead of time with Triton's
+compiler (:func:`hologram.build`); the artifact then also holds each kernel's PTX, cubin
+and the resources read from the compiled kernel (Triton's metadata; registers and spills
+from ``ptxas -v`` on that PTX). Triton runs in a child process (:mod:`.worker`).
+
+**Run**: only emulated so far. With ``HOLOGRAM_CUDA_EMULATE=1`` the backend is available
+and runs the same generated kernels in Triton's interpreter (``TRITON_INTERPRET=1``) on
+host memory; this is *not* a GPU run. A kernel the renderer cannot express (a reduction
+whose result varies along a loop dimension) runs on the reference interpreter, declared
+in the artifact (``interpreted``). There is no CUDA-driver runtime yet (docs/cuda.md).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import warnings
+from typing import Any, ClassVar
+
+import numpy as np
+
+from hologram import config
+from hologram.backends.base import Allocator, Backend, Executable, host_arrays
+from hologram.backends.hostmem import Pool
+from hologram.codegen import loops
+from hologram.compiler import pipeline
+from hologram.compiler.capabilities import Capabilities
+from hologram.errors import DeviceError, ShapeError
+from hologram.isa import dtypes as dt
+from hologram.isa.dtypes import DType
+from hologram.isa.ir import Program
+from hologram.isa.text import parse_program, print_program
+
+from . import worker
+from .render import PRELUDE, render
+
+FORMAT = "triton-1"
+#: What the generated code uses: no f64; f16/bf16 arithmetic through f32 (rounded after
+#: each operation by the decompose pass); float min/max built from compares.
+CAPS = Capabilities(f64=False, i64=True, narrow_storage=True, ieee_minmax=False)
+#: Named targets: compute capability of each.
+TARGETS = {"sm_80": 80, "sm_90": 90}
+_DTYPES = frozenset({dt.float32, dt.float16, dt.bfloat16, dt.int32, dt.int64, dt.bool_})
+_FLOAT_ONLY = frozenset({"div", "sqrt"})
+_INT_ONLY = frozenset({"and", "or", "xor", "not"})
+_ANY = frozenset({"load", "store", "const", "index", "cast", "select", "add", "sub", "mul",
+                  "min", "max", "abs", "neg", "eq", "ne", "lt", "le", "gt", "ge", "reduce"})
+#: Triton compile options: never contract a*b+c to an FMA (one rounding, not two).
+OPTIONS = {"enable_fp_fusion": False, "num_stages": 1}
+
+
+class CudaBackend(Backend):
+    name: ClassVar[str] = "cuda"
+
+    @classmethod
+    def is_available(cls) -> bool:
+        # No CUDA-driver runtime yet: runnable only emulated (docs/cuda.md).
+        return config.get().cuda_emulate and worker.triton_installed()
+
+    @classmethod
+    def preferred_by_auto(cls) -> bool:
+        return False  # never pick the emulation for "auto"
+
+    def target(self, name: str | None = None) -> str:
+        if name is None:
+            return f"{FORMAT} triton-{worker.TRITON_VERSION} interpret"
+        if name not in TARGETS:
+            raise DeviceError(f"cuda: unknown target {name!r}; known targets: "
+                              f"{', '.join(TARGETS)}")
+        return f"{FORMAT} triton-{worker.TRITON_VERSION} {name}"
+
+    def supports(self, op: str, dtype: DType) -> bool:
+        if dtype not in _DTYPES:
+            return False
+        if op in _FLOAT_ONLY:
+            return dtype.is_float
+        if op in _INT_ONLY:
+            return dtype.is_int or dtype.is_bool
+        return op in _ANY
+
+    def allocator(self, memory_limit: int | None = None) -> Allocator:
+        return Pool(memory_limit)  # emulated: host memory
+
+    def compile(self, program: Program, target: str | None = None) -> bytes:
+        self.target(target)
+        program = pipeline.for_target(program, CAPS)
+        kernels, delegated = [], []
+        for index, kernel in enumerate(program.kernels):
+            plan = loops.plan(kernel, CAPS)
+            if plan.unsupported and 0 not in kernel.domain:
+                delegated.append({"kernel": index, "reason": plan.unsupported})
+                continue
+            pipeline.dump(program.name, f"{kernel.name}.loops", plan.dump())
+            k = render(program, kernel, CAPS)
+            k["kernel"] = index
+            kernels.append(k)
+        source = PRELUDE + "".join(f"\n\n{k.pop('source')}" for k in kernels)
+        pipeline.dump(program.name, "triton.py", source)
+        header = {"format": FORMAT, "program": program.name, "target": target,
+                  "triton": worker.TRITON_VERSION, "source": source, "kernels": kernels,
+                  "interpreted": delegated, "text": print_program(program)}
+        if target is not None and kernels:
+            header["compiled"] = _compile(source, kernels, TARGETS[target])
+        return json.dumps(header).encode()
+
+    def describe(self, artifact: bytes) -> dict[str, Any]:
+        header = json.loads(artifact)
+        out = {"format": header["format"], "bytes": len(artifact), "target": header["target"],
+               "triton": header["triton"], "source": header["source"],
+               "kernels": header["kernels"],
+               "interpreted": [d["kernel"] for d in header["interpreted"]]}
+        if "compiled" in header:
+            out["compiled"] = [{k: v for k, v in c.items() if k not in ("ptx", "cubin")}
+                               for c in header["compiled"]]
+        return out
+
+    def load(self, artifact: bytes) -> Executable:
+        header = json.loads(artifact)
+        if header["target"] is not None:
+            raise DeviceError(f"cuda: program {header['program']} was built for "
+                              f"{header['target']}; there is no CUDA-driver runtime yet to "
+                              "run it (docs/cuda.md); run it emulated (target None, "
+                              "HOLOGRAM_CUDA_EMULATE=1)")
+        return _Emulated(header)
+
+
+def cubin(artifact: bytes, kernel: str) -> bytes:
+    """The cubin of ``kernel`` in an artifact built for a named target."""
+    for c in json.loads(artifact).get("compiled", ()):
+        if c["name"] == kernel:
+            return base64.b64decode(c["cubin"])
+    raise DeviceError(f"cuda: no compiled kernel {kernel!r} in this artifact")
+
+
+def ptx(artifact: bytes, kernel: str) -> str:
+    """The PTX of ``kernel`` in an artifact built for a named target."""
+    for c in json.loads(artifact).get("compiled", ()):
+        if c["name"] == kernel:
+            return c["ptx"]
+    raise DeviceError(f"cuda: no compiled kernel {kernel!r} in this artifact")
+
+
+# Read from ptxas -v: "Used 10 registers, used 0 barriers, 380 bytes cmem[0]" and
+# "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads".
+_REGISTERS = re.compile(r"Used (\d+) registers")
+_SPILLS = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
+_STACK = re.compile(r"(\d+) bytes stack frame")
+# cuobjdump -res-usage on the cubin: "REG:32 STACK:0 SHARED:64 LOCAL:0 ...".
+_CUBIN_REGISTERS = re.compile(r"REG:(\d+)")
+
+
+def resources(ptxas_report: str, metadata: dict, cuobjdump_report: str = "") -> dict:
+    """Registers, spills and stack (``ptxas -v`` on the kernel's PTX), registers of the
+    cubin itself (``cuobjdump -res-usage``), shared memory, warps and global scratch
+    (Triton's metadata) of one compiled kernel."""
+    registers = _REGISTERS.search(ptxas_report)
+    spills = _SPILLS.search(ptxas_report)
+    stack = _STACK.search(ptxas_report)
+    cubin = _CUBIN_REGISTERS.search(cuobjdump_report)
+    if registers is None or spills is None:
+        raise DeviceError(f"cuda: cannot read registers and spills from ptxas -v's report:\n"
+                          f"{ptxas_report}")
+    return {"registers": int(registers.group(1)),
+            "spill_stores": int(spills.group(1)), "spill_loads": int(spills.group(2)),
+            "stack": int(stack.group(1)) if stack else 0,
+            "cubin_registers": int(cubin.group(1)) if cubin else None,
+            "shared": int(metadata["shared"]), "num_warps": int(metadata["num_warps"]),
+            "global_scratch_size": int(metadata.get("global_scratch_size", 0)),
+            "profile_scratch_size": int(metadata.get("profile_scratch_size", 0))}
+
+
+def _compile(source: str, kernels: list[dict], arch: int) -> list[dict]:
+    request = {"op": "compile", "source": source, "arch": arch, "options": OPTIONS,
+               "kernels": [{"name": k["name"], "signature": k["signature"],
+                            "num_warps": k["num_warps"]} for k in kernels]}
+    reply = worker.call("compile", request, source)
+    out = []
+    for c in reply["kernels"]:
+        md = c["metadata"]
+        keep = ("name", "num_warps", "num_ctas", "shared", "global_scratch_size",
+                "profile_scratch_size", "arch", "triton_version", "hash")
+        out.append({"name": c["name"], "ptx": c["ptx"],
+                    "cubin": base64.b64encode(c["cubin"]).decode(),
+                    "metadata": {k: md[k] for k in keep if k in md},
+                    "resources": resources(c["ptxas"], md, c["cuobjdump"])})
+    return out
+
+
+# Storage dtypes as the interpreter's torch tensors take them.
+def _for_torch(array: np.ndarray) -> np.ndarray:
+    if array.dtype == np.bool_:
+        return array.view(np.uint8)
+    if array.dtype == np.uint16:  # bf16 bits
+        return array.view(np.int16)
+    return array
+
+
+class _Emulated(Executable):
+    """Runs the artifact's kernels in Triton's interpreter (a child process) on host
+    memory; temporaries are the executable's own host arrays."""
+
+    _warned: ClassVar[set[str]] = set()
+
+    def __init__(self, header: dict):
+        self.header = header
+        self.program = parse_program(header["text"])
+        self.steps = sorted([("triton", k["kernel"], k) for k in header["kernels"]] +
+                            [("interp", d["kernel"], d) for d in header["interpreted"]],
+                            key=lambda s: s[1])
+
+    def launch(self, handles: tuple[int, ...]) -> None:
+        program = self.program
+        if len(handles) != len(program.params):
+            raise ShapeError(f"cuda program {program.name}: takes {len(program.params)} "
+                             f"buffers, got {len(handles)}")
+        given = iter(host_arrays(program.params, handles))
+        memory = []
+        for buf in program.buffers:
+            if buf.kind != "temp":
+                memory.append(next(given))
+            else:
+                memory.append(np.full(buf.nbytes, 0xFF, np.uint8).view(buf.dtype.storage))
+        for how, index, step in self.steps:
+            if how == "interp":
+                self._interpret(index, step["reason"], memory)
+            elif step["grid"] > 0:
+                arrays = [_for_torch(memory[i]) for i in step["buffers"]]
+                reply = worker.call("interpret", {
+                    "op": "run", "source": self.header["source"], "name": step["name"],
+                    "grid": (step["grid"],), "arrays": arrays}, self.header["source"])
+                writes = program.kernels[index].writes()
+                for i, result in zip(step["buffers"], reply["arrays"]):
+                    if i in writes:
+                        _for_torch(memory[i])[...] = result
+
+    def _interpret(self, index: int, reason: str, memory: list[np.ndarray]) -> None:
+        from hologram.backends.interp.interpreter import run_kernel
+
+        if reason not in self._warned:
+            self._warned.add(reason)
+            warnings.warn(f"the cuda backend runs a kernel on the reference interpreter: "
+                          f"{reason}", stacklevel=3)
+        run_kernel(self.program, self.program.kernels[index], memory)
+
+
+__all__ = ["CAPS", "TARGETS", "CudaBackend", "cubin", "ptx", "resources"]

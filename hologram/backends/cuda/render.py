@@ -1,0 +1,536 @@
+"""The Triton renderer: one scheduled Atlas kernel -> one ``@triton.jit`` function.
+
+The shape of every kernel is Inductor's: a 1-D grid of program instances, each taking
+``XBLOCK`` consecutive grid points (row-major) as the rows of its tiles; values computed
+once per grid point are ``[XBLOCK, 1]`` tiles. The loop dimensions of a reduction or of a
+store nest are walked as one flat index, ``RBLOCK`` at a time (``for r0 in range(0, n,
+RBLOCK)``), as ``[1, RBLOCK]`` tiles; values recomputed in the nest (the loop plan's
+``nest`` placement, :mod:`hologram.codegen.loops`) are ``[XBLOCK, RBLOCK]`` tiles. A
+reduction accumulates elementwise in an ``[XBLOCK, RBLOCK]`` accumulator inside the loop
+(a looped reduction; one trip when the row fits, i.e. persistent) and folds the lanes at
+the end with ``tl.sum`` / ``tl.max`` / ``tl.min``.
+
+Registers: f16, bf16 and f32 values are float32 tiles (f16/bf16 arithmetic reaches here as
+f32 operations and a rounding cast, :mod:`hologram.compiler.passes.decompose`), so bf16 is
+never a Triton type: it is stored as its 16 bits (an ``*i16`` pointer) and widened and
+rounded (to nearest even) with integer operations. bool is ``int1`` (a byte in memory),
+i32/i64 are themselves. Float sums accumulate in float32 lanes with Kahan compensation;
+max/min/argmax/argmin compare total-order integer keys of the bits (NaN wins, ``-0.0 <
++0.0``, ties go to the first index), so the result is the ISA's whatever the hardware's
+float min/max does with NaN and signed zeros. Division and square root are the correctly
+rounded ``tl.div_rn`` / ``tl.sqrt_rn`` (``/`` and ``tl.sqrt`` may be approximate on NVIDIA
+GPUs), and kernels are compiled with ``enable_fp_fusion=False`` (a multiply and an add are
+never contracted to an FMA, which would round once instead of twice).
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+
+from hologram.codegen import loops
+from hologram.compiler.capabilities import Capabilities
+from hologram.errors import CompileError
+from hologram.isa.dtypes import DType
+from hologram.isa.ir import Instr, Kernel, Program
+
+#: Elements of one tile (XBLOCK * RBLOCK) at most, and the widest RBLOCK.
+TILE = 4096
+MAX_RBLOCK = 1024
+#: The Triton pointer type of each buffer dtype (bf16 as its bits, bool as a byte).
+POINTER = {"f32": "*fp32", "f16": "*fp16", "bf16": "*i16", "i32": "*i32", "i64": "*i64",
+           "bool": "*u8"}
+_TL = {"f32": "tl.float32", "f16": "tl.float32", "bf16": "tl.float32", "i32": "tl.int32",
+       "i64": "tl.int64", "bool": "tl.int1"}
+_KEY = {"f32": "tl.int32", "f16": "tl.int32", "bf16": "tl.int32", "i32": "tl.int32",
+        "i64": "tl.int64"}
+_LIMITS = {"tl.int32": (-2**31, 2**31 - 1), "tl.int64": (-2**63, 2**63 - 1)}
+_CMP = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+
+#: Helpers every kernel module starts with (Triton inlines them).
+PRELUDE = '''import triton
+import triton.language as tl
+
+HG_INF = tl.constexpr(float("inf"))
+HG_NEG_ZERO = tl.constexpr(-0.0)
+
+
+@triton.jit
+def hg_f32_bits(x):
+    return tl.full([1, 1], x, tl.int32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def hg_bf16_to_f32(b):
+    return ((b.to(tl.int32) & 0xFFFF) << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def hg_f32_to_bf16(x):
+    # Round to nearest even on the bits; NaN stays a (quiet) NaN.
+    b = x.to(tl.int32, bitcast=True)
+    r = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+    return tl.where(x != x, (b >> 16) | 0x40, r).to(tl.int16)
+
+
+@triton.jit
+def hg_round_bf16(x):
+    return hg_bf16_to_f32(hg_f32_to_bf16(x))
+
+
+@triton.jit
+def hg_int_to_f32_sticky(v):
+    # An integer as a float32 that rounds to f16/bf16 as the integer itself does (one
+    # rounding, not two): its magnitude cut to at most 24 significant bits, the bits cut
+    # off ORed into the lowest kept one (a sticky bit), then scaled back exactly.
+    w = v.to(tl.int64)
+    u = w.to(tl.uint64, bitcast=True)
+    m = tl.where(w < 0, (~u) + 1, u)  # |v|, also for the most negative value
+    e = ((m.to(tl.float32).to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    s = tl.maximum(e - 23, 0).to(tl.uint64)
+    one = tl.full([1, 1], 1, tl.uint64)
+    cut = m & ((one << s) - 1)
+    kept = (m >> s) | (cut != 0).to(tl.uint64)
+    scale = ((s.to(tl.int32) + 127) << 23).to(tl.float32, bitcast=True)
+    f = kept.to(tl.float32) * scale
+    return tl.where(w < 0, -f, f)
+
+
+@triton.jit
+def hg_mul(a, b):
+    return a * b
+
+
+@triton.jit
+def hg_key(x):
+    # float32 -> int32 whose signed order is the floats' total order.
+    b = x.to(tl.int32, bitcast=True)
+    return tl.where(b < 0, b ^ 0x7FFFFFFF, b)
+
+
+@triton.jit
+def hg_unkey(k):
+    return tl.where(k < 0, k ^ 0x7FFFFFFF, k).to(tl.float32, bitcast=True)
+'''
+
+
+def pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def f32_bits(value: float) -> int:
+    return struct.unpack("<i", struct.pack("<f", value))[0]
+
+
+def blocks(kernel: Kernel) -> tuple[int, int]:
+    """``(XBLOCK, RBLOCK)`` of a kernel: rows of grid points per program instance, and
+    the flat loop index's tile (1 when it has no loop dimensions)."""
+    loop_extent = math.prod(kernel.domain[kernel.grid_rank:])
+    rblock = min(pow2(loop_extent), MAX_RBLOCK) if loop_extent > 1 else 1
+    points = math.prod(kernel.grid)
+    return min(pow2(points), TILE // rblock, 1024), rblock
+
+
+def render(program: Program, kernel: Kernel, caps: Capabilities) -> dict:
+    """The Triton function of ``kernel`` and what compiling and launching it needs:
+    ``{"name", "source", "signature", "buffers", "grid", "xblock", "rblock",
+    "num_warps"}`` (``buffers``: program buffer indices, one per pointer argument)."""
+    return _Kernel(program, kernel, caps).render()
+
+
+class _Kernel:
+    def __init__(self, program: Program, kernel: Kernel, caps: Capabilities):
+        self.program, self.kernel = program, kernel
+        self.plan = loops.plan(kernel, caps)
+        # A zero extent is fine here: an empty loop runs no trips, an empty grid none.
+        if self.plan.unsupported and 0 not in kernel.domain:
+            raise CompileError(f"cuda: kernel {kernel.name} cannot be rendered: "
+                               f"{self.plan.unsupported}")
+        if any(b.size >= 2**31 for b in program.buffers):
+            raise CompileError(f"cuda: program {program.name} has a buffer of 2**31 "
+                               "elements or more (indices are int32); split it")
+        self.xblock, self.rblock = blocks(kernel)
+        self.lines: list[str] = []
+        self.depth = 1
+        self.names = 0
+        self.index: dict[int, str] = {}  # domain dimension -> its index tile
+        self.point: dict[int, str] = {}
+        self.local: dict[int, str] = {}
+        self.mask = "xmask"
+        self.zero = "xzero"  # an int32 zero tile of the mask's shape
+
+    # --- text ---------------------------------------------------------------------------
+    def line(self, text: str) -> None:
+        self.lines.append("    " * self.depth + text)
+
+    def bind(self, expr: str) -> str:
+        self.names += 1
+        name = f"t{self.names}"
+        self.line(f"{name} = {expr}")
+        return name
+
+    # --- structure ----------------------------------------------------------------------
+    def render(self) -> dict:
+        kernel, plan = self.kernel, self.plan
+        points = math.prod(kernel.grid)
+        self.line(f"x = tl.program_id(0) * {self.xblock} + "
+                  f"tl.arange(0, {self.xblock})[:, None]")
+        self.line(f"xmask = x < {points}")
+        self.line("xzero = x * 0")
+        stride = 1
+        for d in reversed(range(kernel.grid_rank)):
+            n = kernel.domain[d]
+            if n > 1:
+                self.index[d] = self.bind(f"(x // {stride}) % {n}")
+            stride *= n
+        body = kernel.body
+        for dims, stores in plan.store_nests:
+            for pos in stores:
+                self.prepare(body[pos].args[0])
+            self.nest(list(dims), lambda stores=stores: [self.store(body[p]) for p in stores])
+        buffers = self.buffers()
+        name = f"hg_{kernel.name}"
+        args = ", ".join(f"b{i}" for i in buffers)
+        source = f"@triton.jit\ndef {name}({args}):\n" + "\n".join(self.lines) + "\n"
+        return {"name": name, "source": source,
+                "signature": {f"b{i}": POINTER[program_dtype(self.program, i)]
+                              for i in buffers},
+                "buffers": buffers, "grid": -(-points // self.xblock),
+                "xblock": self.xblock, "rblock": self.rblock,
+                "num_warps": 4 if self.xblock * self.rblock <= 2048 else 8}
+
+    def buffers(self) -> list[int]:
+        k = self.kernel
+        return sorted(k.reads() | k.writes())
+
+    def prepare(self, root: int) -> None:
+        """Emit, per grid point, every value ``root`` needs that varies along no loop
+        dimension (reductions included), so loop nests only recompute the rest."""
+        stack, seen = [root], set()
+        while stack:
+            i = stack.pop()
+            if i in seen or i in self.point:
+                continue
+            seen.add(i)
+            stack.extend(self.kernel.body[i].args)
+        for i in sorted(seen):
+            if not self.plan.in_nest(i) and i not in self.point:
+                self.local = self.point
+                instr = self.kernel.body[i]
+                if instr.op == "reduce":
+                    self.point[i] = self.reduce(i, instr)
+                else:
+                    self.point[i] = self.emit(instr)
+
+    def nest(self, dims: list[int], body) -> None:
+        """``body`` once per grid point (no ``dims``), or in a loop over the flat index of
+        ``dims``, RBLOCK at a time."""
+        self.local = {}
+        if not dims:
+            self.mask, self.zero = "xmask", "xzero"
+            body()
+            return
+        total = math.prod(self.kernel.domain[d] for d in dims)
+        rblock = min(pow2(total), self.rblock)
+        self.names += 1
+        r0, flat = f"r{self.names}", f"f{self.names}"
+        self.line(f"for {r0} in range(0, {total}, {rblock}):")
+        self.depth += 1
+        self.line(f"{flat} = {r0} + tl.arange(0, {rblock})[None, :]")
+        self.mask = self.bind(f"xmask & ({flat} < {total})")
+        self.zero = self.bind(f"xzero + {flat} * 0")
+        stride = 1
+        for d in reversed(dims):
+            n = self.kernel.domain[d]
+            self.index[d] = self.bind(f"({flat} // {stride}) % {n}")
+            stride *= n
+        body()
+        self.depth -= 1
+        for d in dims:
+            del self.index[d]
+        self.local = {}
+        self.mask, self.zero = "xmask", "xzero"
+
+    # --- values -------------------------------------------------------------------------
+    def value(self, i: int) -> str:
+        if i in self.point:
+            return self.point[i]
+        if i not in self.local:
+            instr = self.kernel.body[i]
+            if instr.op == "reduce":
+                raise CompileError(f"cuda: kernel {self.kernel.name}: reduction %{i} "
+                                   "inside a loop nest")
+            self.local[i] = self.emit(instr)
+        return self.local[i]
+
+    def address(self, instr: Instr) -> str:
+        terms = [self.zero, str(instr.map.offset)]
+        for d, (n, stride) in enumerate(zip(instr.shape, instr.map.strides)):
+            if n > 1 and stride and d in self.index:
+                terms.append(f"{self.index[d]} * {stride}")
+        return " + ".join(terms)
+
+    def load(self, instr: Instr) -> str:
+        t, buf = instr.dtype.name, instr.buffer
+        if 0 in instr.shape:  # nothing to read (the loop plan places it per grid point)
+            return self.const(0, instr.dtype)
+        raw = self.bind(f"tl.load(b{buf} + ({self.address(instr)}), mask={self.mask}, "
+                        "other=0)")
+        if t == "bool":
+            return self.bind(f"{raw} != 0")
+        if t == "f16":
+            return self.bind(f"{raw}.to(tl.float32)")
+        if t == "bf16":
+            return self.bind(f"hg_bf16_to_f32({raw})")
+        return raw
+
+    def store(self, instr: Instr) -> None:
+        t, buf = instr.dtype.name, instr.buffer
+        value = self.value(instr.args[0])
+        if t == "bool":
+            value = f"{value}.to(tl.uint8)"
+        elif t == "f16":
+            value = f"{value}.to(tl.float16)"
+        elif t == "bf16":
+            value = f"hg_f32_to_bf16({value})"
+        self.line(f"tl.store(b{buf} + ({self.address(instr)}), {value}, mask={self.mask})")
+
+    def const(self, value, t: DType) -> str:
+        if t.is_bool:
+            return self.bind(f"tl.full([1, 1], {int(bool(value))}, tl.int1)")
+        if t.is_float:
+            return self.bind(f"hg_f32_bits({f32_bits(float(value))})")
+        return self.bind(f"tl.full([1, 1], {int(value)}, {_TL[t.name]})")
+
+    def emit(self, instr: Instr) -> str:
+        op, t = instr.op, instr.dtype
+        if op == "load":
+            return self.load(instr)
+        if op == "const":
+            return self.const(instr.value, t)
+        if op == "index":
+            index = self.index.get(instr.axis)
+            if index is None:
+                return self.const(0, t)
+            return self.bind(f"({index}).to({_TL[t.name]})")
+        src = self.kernel.body[instr.args[0]].dtype
+        args = [self.value(a) for a in instr.args]
+        handler = getattr(self, f"op_{op}", None)
+        if handler is None:
+            raise CompileError(f"cuda: kernel {self.kernel.name}: the Triton renderer has no "
+                               f"{op} on {src.name} (Backend.supports should have refused it)")
+        return self.bind(handler(args, src, t))
+
+    # --- the op table (operand tiles, operand dtype, result dtype) -> expression --------
+    def op_add(self, args, a, t):
+        return f"{args[0]} + {args[1]}" if not a.is_bool else f"{args[0]} | {args[1]}"
+
+    def op_sub(self, args, a, t):
+        return f"{args[0]} - {args[1]}"
+
+    def op_mul(self, args, a, t):
+        return f"{args[0]} * {args[1]}"
+
+    def op_div(self, args, a, t):
+        return f"tl.div_rn({args[0]}, {args[1]})"
+
+    def op_sqrt(self, args, a, t):
+        return f"tl.sqrt_rn({args[0]})"
+
+    def op_min(self, args, a, t):
+        return f"tl.minimum({args[0]}, {args[1]})" if not a.is_bool else \
+            f"{args[0]} & {args[1]}"
+
+    def op_max(self, args, a, t):
+        return f"tl.maximum({args[0]}, {args[1]})" if not a.is_bool else \
+            f"{args[0]} | {args[1]}"
+
+    def op_abs(self, args, a, t):
+        if a.is_float:
+            return f"({args[0]}.to(tl.int32, bitcast=True) & 0x7FFFFFFF)" \
+                   ".to(tl.float32, bitcast=True)"
+        return args[0] if a.is_bool else f"tl.where({args[0]} < 0, 0 - {args[0]}, {args[0]})"
+
+    def op_neg(self, args, a, t):
+        if a.is_float:
+            return f"({args[0]}.to(tl.int32, bitcast=True) ^ -2147483648)" \
+                   ".to(tl.float32, bitcast=True)"
+        return f"0 - {args[0]}"
+
+    def op_and(self, args, a, t):
+        return f"{args[0]} & {args[1]}"
+
+    def op_or(self, args, a, t):
+        return f"{args[0]} | {args[1]}"
+
+    def op_xor(self, args, a, t):
+        return f"{args[0]} ^ {args[1]}"
+
+    def op_not(self, args, a, t):
+        return f"{args[0]} == 0" if a.is_bool else f"~{args[0]}"
+
+    def compare(self, op: str, args, a: DType) -> str:
+        x, y = args
+        if a.is_bool and op not in ("eq", "ne"):
+            x, y = f"{x}.to(tl.int32)", f"{y}.to(tl.int32)"
+        return f"{x} {_CMP[op]} {y}"
+
+    def op_select(self, args, a, t):
+        return f"tl.where({args[0]}, {args[1]}, {args[2]})"
+
+    def op_cast(self, args, a, t):
+        (x,) = args
+        if a is t:
+            return x
+        if t.is_bool:
+            return f"{x} != 0"
+        if a.is_bool:
+            return f"{x}.to({_TL[t.name]})"
+        if t.is_float:
+            if a.is_float:
+                value = x  # every float register holds an exact f32
+            elif t.name in ("f16", "bf16"):  # one rounding, not two
+                value = f"hg_int_to_f32_sticky({x})"
+            else:
+                value = f"{x}.to(tl.float32)"
+            if t.name == "f16":
+                return f"({value}).to(tl.float16).to(tl.float32)"
+            if t.name == "bf16":
+                return f"hg_round_bf16({value})"
+            return value
+        if a.is_float:  # saturating, NaN -> 0, toward zero
+            lo, hi = _LIMITS[_TL[t.name]]
+            big = 2.0 ** (t.bits - 1)
+            ok = self.bind(f"({x} > -{big}) & ({x} < {big})")
+            safe = self.bind(f"tl.where({ok}, {x}, 0.0).to({_TL[t.name]})")
+            return (f"tl.where({x} != {x}, 0, tl.where({ok}, {safe}, tl.where({x} > 0, "
+                    f"{hi}, {lo}))).to({_TL[t.name]})")
+        return f"{x}.to({_TL[t.name]})"  # integers: wrap (two's complement)
+
+    # --- reductions ---------------------------------------------------------------------
+    def reduce(self, position: int, instr: Instr) -> str:
+        """A reduction computed once per grid point: a loop over the flat index of its
+        axes (row-major, so argmax indices are that index), lanes folded at the end."""
+        kernel = self.kernel
+        t = kernel.body[instr.args[0]].dtype
+        kind = instr.kind
+        axes = list(instr.axes)
+        total = math.prod(kernel.domain[d] for d in axes)
+        if total == 0:  # the identity (a sum: +0.0); argmax over nothing is refused
+            identity = {"sum": 0, "prod": 1, "max": t.min, "min": t.max}[kind]
+            return self.const(identity, t)
+        rblock = min(pow2(total), self.rblock) if total > 1 else 1
+        shape = f"[{self.xblock}, {rblock}]"
+        self.names += 1
+        n = self.names
+        acc, comp, best = f"acc{n}", f"comp{n}", f"arg{n}"
+        key_t = _KEY.get(t.name, "tl.int32")
+        lo, hi = _LIMITS[key_t]
+        if kind == "sum" and t.is_float:
+            self.line(f"{acc} = tl.full({shape}, -2147483648, tl.int32)"
+                      ".to(tl.float32, bitcast=True)")
+            self.line(f"{comp} = tl.zeros({shape}, tl.float32)")
+            self.line(f"{best} = tl.zeros({shape}, tl.int32)")  # 1: a term other than -0.0
+        elif kind == "sum":
+            self.line(f"{acc} = tl.zeros({shape}, {_TL[t.name]})")
+        elif kind == "prod":  # floats in float64: no intermediate overflow of f32 products
+            wide = "tl.float64" if t.is_float else _TL[t.name]
+            self.line(f"{acc} = tl.full({shape}, 1, {wide})")
+        elif kind in ("max", "argmax", "min", "argmin"):
+            ident = lo if kind in ("max", "argmax") else hi
+            self.line(f"{acc} = tl.full({shape}, {ident}, {key_t})")
+            if kind.startswith("arg"):
+                self.line(f"{best} = tl.full({shape}, {total}, tl.int32)")
+        else:
+            raise CompileError(f"cuda: kernel {kernel.name}: no {kind} reduction on {t.name} "
+                               "(Backend.supports should have refused it)")
+        saved = self.local, self.mask, self.zero
+        self.names += 1
+        r0, flat = f"r{self.names}", f"f{self.names}"
+        self.line(f"for {r0} in range(0, {total}, {rblock}):")
+        self.depth += 1
+        self.line(f"{flat} = {r0} + tl.arange(0, {rblock})[None, :]")
+        self.mask = self.bind(f"xmask & ({flat} < {total})")
+        self.zero = self.bind(f"xzero + {flat} * 0")
+        stride = 1
+        for d in reversed(axes):
+            self.index[d] = self.bind(f"({flat} // {stride}) % {kernel.domain[d]}")
+            stride *= kernel.domain[d]
+        self.local = {}
+        v = self.value(instr.args[0])
+        m = self.mask
+        if kind == "sum" and t.is_float:  # Kahan: comp holds what each addition lost
+            y = self.bind(f"tl.where({m}, {v}, HG_NEG_ZERO) - {comp}")
+            s = self.bind(f"{acc} + {y}")
+            self.line(f"{comp} = tl.where(tl.abs({s}) < HG_INF, ({s} - {acc}) - {y}, 0.0)")
+            self.line(f"{acc} = {s}")
+            self.line(f"{best} = tl.maximum({best}, ({m} & ({v}.to(tl.int32, bitcast=True) != "
+                      "-2147483648)).to(tl.int32))")
+        elif kind == "sum":
+            self.line(f"{acc} = {acc} + tl.where({m}, {v}, 0)")
+        elif kind == "prod":
+            self.line(f"{acc} = {acc} * tl.where({m}, {v}, 1).to({acc}.dtype)")
+        else:
+            largest = kind in ("max", "argmax")
+            if t.is_float:
+                nan = hi if largest else lo  # NaN wins
+                key = self.bind(f"tl.where({v} != {v}, {nan}, hg_key({v}))")
+            elif t.is_bool:
+                key = self.bind(f"{v}.to(tl.int32)")
+            else:
+                key = v
+            ident = lo if largest else hi
+            key = self.bind(f"tl.where({m}, {key}, {ident})")
+            if kind.startswith("arg"):
+                cmp = ">" if largest else "<"
+                # Strictly better only: a lane meets its indices in increasing order.
+                better = self.bind(f"{m} & (({key} {cmp} {acc}) | ({best} == {total}))")
+                self.line(f"{best} = tl.where({better}, {flat}, {best})")
+                self.line(f"{acc} = tl.where({better}, {key}, {acc})")
+            else:
+                self.line(f"{acc} = tl.{'maximum' if largest else 'minimum'}({acc}, {key})")
+        self.depth -= 1
+        for d in axes:
+            del self.index[d]
+        self.local, self.mask, self.zero = saved
+        if kind == "sum" and t.is_float:
+            s = self.bind(f"tl.sum({acc}, 1)[:, None]")
+            c = self.bind(f"tl.sum({comp}, 1)[:, None]")
+            # The plain sum where nothing was lost (keeps -0.0) or it is not finite.
+            total_ = self.bind(f"tl.where(({c} == 0.0) | ~(tl.abs({s}) < HG_INF), "
+                               f"{s}, {s} - {c})")
+            # -0.0 exactly when every term is -0.0 (the lane folds may drop the sign).
+            neg_zero = self.bind(f"tl.max({best}, 1)[:, None] == 0")
+            result = self.bind(f"tl.where({neg_zero}, HG_NEG_ZERO, {total_} + 0.0)")
+            return self.rounded(result, t)
+        if kind == "sum":
+            return self.bind(f"tl.sum({acc}, 1)[:, None].to({_TL[t.name]})")
+        if kind == "prod":
+            p = self.bind(f"tl.reduce({acc}, 1, hg_mul)[:, None].to({_TL[t.name]})")
+            return self.rounded(p, t)
+        fold = "tl.max" if kind in ("max", "argmax") else "tl.min"
+        top = self.bind(f"{fold}({acc}, 1)[:, None]")
+        if kind.startswith("arg"):
+            index = self.bind(f"tl.min(tl.where({acc} == {top}, {best}, {total}), 1)"
+                              "[:, None]")
+            return self.bind(f"{index}.to({_TL[instr.dtype.name]})")
+        if t.is_float:
+            return self.bind(f"hg_unkey({top})")
+        if t.is_bool:
+            return self.bind(f"{top} != 0")
+        return top
+
+    def rounded(self, value: str, t: DType) -> str:
+        if t.name == "f16":
+            return self.bind(f"{value}.to(tl.float16).to(tl.float32)")
+        if t.name == "bf16":
+            return self.bind(f"hg_round_bf16({value})")
+        return value
+
+
+def program_dtype(program: Program, buffer: int) -> str:
+    return program.buffers[buffer].dtype.name
+
+
+for _op in _CMP:
+    setattr(_Kernel, f"op_{_op}", lambda self, args, a, t, _op=_op: self.compare(_op, args, a))
