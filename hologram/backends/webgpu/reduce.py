@@ -4,7 +4,8 @@ over a workgroup (:mod:`.render` decides where each reduction runs).
 - float sums: f32 with Neumaier's compensation per invocation; partials added in the tree;
 - float products: a significand in [1, 2) and an exponent (``hg_prod``), scaled once;
 - max/min and argmax/argmin: total-order keys of the bits (``hg_key_f32``): NaN wins,
-  ``-0.0 < +0.0``, ties go to the first index;
+  ``-0.0 < +0.0``, ties go to the first index (argmax/argmin with an i32 index: not
+  reachable yet, the ISA types their result i64, which the backend refuses);
 - integer sums and products wrap; bool sum is ``or``, bool product ``and``.
 """
 
