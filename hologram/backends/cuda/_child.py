@@ -26,17 +26,9 @@ import tempfile
 import traceback
 import warnings
 
-MODE = sys.argv[1]
-if MODE == "interpret":
-    os.environ["TRITON_INTERPRET"] = "1"  # must be set before any @triton.jit runs
-    # NumPy's warnings on inf - inf, NaN compares: the ISA defines those results.
-    warnings.filterwarnings("ignore", category=RuntimeWarning)
-os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "0")
-
-import triton  # noqa: E402  (first: see the module docstring)
-
+triton = None  # imported by main(), first (see the module docstring), never on import
 _modules: dict = {}
-_dir = tempfile.mkdtemp(prefix="hologram-triton-")
+_dir = ""
 
 
 def _module(source: str):
@@ -122,6 +114,16 @@ def run_kernel(request: dict) -> dict:
 
 
 def main() -> None:
+    global triton, _dir
+    if sys.argv[1] == "interpret":
+        os.environ["TRITON_INTERPRET"] = "1"  # must be set before any @triton.jit runs
+        # NumPy's warnings on inf - inf, NaN compares: the ISA defines those results.
+        warnings.filterwarnings("ignore", category=RuntimeWarning)
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "0")
+    import triton as imported
+
+    triton = imported
+    _dir = tempfile.mkdtemp(prefix="hologram-triton-")
     # The replies get the real stdout; anything printed (Triton's own output) goes to stderr.
     stdin, stdout = sys.stdin.buffer, os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
