@@ -103,6 +103,9 @@ class CudaBackend(Backend):
         pipeline.dump(program.name, "triton.py", source)
         header = {"format": FORMAT, "program": program.name, "target": target,
                   "triton": worker.TRITON_VERSION, "source": source, "kernels": kernels,
+                  "params": [i for i, b in enumerate(program.buffers) if b.kind != "temp"],
+                  "temps": {str(i): b.nbytes for i, b in enumerate(program.buffers)
+                            if b.kind == "temp"},
                   "interpreted": delegated, "text": print_program(program)}
         if target is not None and kernels:
             header["compiled"] = _compile(source, kernels, TARGETS[target])

@@ -1,0 +1,95 @@
+"""The one module that calls the CUDA driver (``cuda-bindings``: ``cuda.bindings.driver``).
+
+Everything above it (:mod:`.runtime`) takes a driver object with these methods, so its
+logic is unit-tested with a fake one. **This module has never run on a GPU**: no machine
+we have had one when it was written (docs/cuda.md).
+
+Every call checks its ``CUresult``: out of memory raises :class:`OutOfMemoryError`, any
+other failure :class:`DeviceError` naming the call and the driver's error name.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import numpy as np
+
+from hologram.errors import DeviceError, OutOfMemoryError
+
+_OUT_OF_MEMORY = 2  # CUDA_ERROR_OUT_OF_MEMORY
+
+
+class Driver:
+    """The CUDA driver API, as :mod:`.runtime` uses it (one context on one device)."""
+
+    def __init__(self, device: int = 0):
+        try:
+            # Imported on first use: a machine without the package never loads it.
+            from cuda.bindings import driver as cu
+        except ImportError as err:
+            raise DeviceError("cuda: the cuda-bindings package is not installed (pip "
+                              "install cuda-bindings); it needs an NVIDIA driver") from err
+        self.cu = cu
+        self.check("cuInit", cu.cuInit(0))
+        count = self.check("cuDeviceGetCount", cu.cuDeviceGetCount())
+        if count <= device:
+            raise DeviceError(f"cuda: no CUDA device {device} (the driver sees {count})")
+        self.device = self.check("cuDeviceGet", cu.cuDeviceGet(device))
+        self.context = self.check("cuDevicePrimaryCtxRetain",
+                                  cu.cuDevicePrimaryCtxRetain(self.device))
+        self.check("cuCtxSetCurrent", cu.cuCtxSetCurrent(self.context))
+        self.stream = self.check("cuStreamCreate", cu.cuStreamCreate(0))
+
+    def check(self, call: str, result: Any) -> Any:
+        """The value(s) of a ``cuda.bindings`` call, or the error it reports."""
+        err, *values = result if isinstance(result, tuple) else (result,)
+        code = int(err)
+        if code:
+            name = self.cu.cuGetErrorName(err)[1]
+            message = f"cuda: {call} failed: {name.decode() if name else code}"
+            if code == _OUT_OF_MEMORY:
+                raise OutOfMemoryError(message)
+            raise DeviceError(message)
+        return values[0] if len(values) == 1 else tuple(values) or None
+
+    def capability(self) -> tuple[int, int]:
+        cu = self.cu
+        attr = cu.CUdevice_attribute
+        major = self.check("cuDeviceGetAttribute", cu.cuDeviceGetAttribute(
+            attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, self.device))
+        minor = self.check("cuDeviceGetAttribute", cu.cuDeviceGetAttribute(
+            attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self.device))
+        return major, minor
+
+    def mem_alloc(self, nbytes: int) -> int:
+        return int(self.check("cuMemAlloc", self.cu.cuMemAlloc(nbytes)))
+
+    def mem_free(self, pointer: int) -> None:
+        self.check("cuMemFree", self.cu.cuMemFree(pointer))
+
+    def copy_in(self, pointer: int, source: np.ndarray) -> None:
+        self.check("cuMemcpyHtoD", self.cu.cuMemcpyHtoD(pointer, source, source.nbytes))
+
+    def copy_out(self, destination: np.ndarray, pointer: int) -> None:
+        self.check("cuMemcpyDtoH", self.cu.cuMemcpyDtoH(destination, pointer,
+                                                        destination.nbytes))
+
+    def load_module(self, cubin: bytes) -> Any:
+        return self.check("cuModuleLoadData", self.cu.cuModuleLoadData(cubin))
+
+    def function(self, module: Any, name: str) -> Any:
+        return self.check("cuModuleGetFunction",
+                          self.cu.cuModuleGetFunction(module, name.encode()))
+
+    def launch(self, function: Any, grid: tuple[int, int, int], block: tuple[int, int, int],
+               shared: int, params: list[int]) -> None:
+        """Launch with one 64-bit pointer per kernel parameter (every parameter of the
+        kernels we build is a pointer)."""
+        values = [ctypes.c_uint64(p) for p in params]
+        array = (ctypes.c_void_p * len(values))(*(ctypes.addressof(v) for v in values))
+        self.check("cuLaunchKernel", self.cu.cuLaunchKernel(
+            function, *grid, *block, shared, self.stream, ctypes.addressof(array), 0))
+
+    def synchronize(self) -> None:
+        self.check("cuStreamSynchronize", self.cu.cuStreamSynchronize(self.stream))

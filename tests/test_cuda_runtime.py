@@ -1,0 +1,165 @@
+"""The cuda runtime's logic (:mod:`hologram.backends.cuda.runtime`) against a fake driver:
+parameters packed from real sm_90 artifacts' metadata (checked against their PTX), launch
+configuration, allocation bookkeeping and error paths. The fake driver is a recorder, not
+a GPU: nothing here runs a kernel (docs/cuda.md)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+import hologram
+from hologram.backends.cuda import backend as cuda
+from hologram.backends.cuda import worker
+from hologram.backends.cuda.runtime import DeviceMemory, DeviceProgram, launch_of, parameters
+from hologram.errors import DeviceError, OutOfMemoryError, ShapeError
+from hologram.frontend.graph import Graph
+
+needs_triton = pytest.mark.skipif(not worker.triton_installed(),
+                                  reason="triton is not installed (pip install 'hologram[cuda]')")
+
+
+class FakeDriver:
+    """Records calls; memory is host bytes keyed by fake device pointers."""
+
+    def __init__(self, capacity: int = 1 << 20):
+        self.capacity = capacity
+        self.memory: dict[int, bytearray] = {}
+        self.next = 0x7F0000000000
+        self.calls: list[tuple] = []
+
+    def mem_alloc(self, nbytes: int) -> int:
+        if sum(map(len, self.memory.values())) + nbytes > self.capacity:
+            raise OutOfMemoryError("cuda: cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY")
+        pointer, self.next = self.next, self.next + ((nbytes + 255) // 256) * 256
+        self.memory[pointer] = bytearray(nbytes)
+        return pointer
+
+    def mem_free(self, pointer: int) -> None:
+        del self.memory[pointer]
+
+    def copy_in(self, pointer: int, source: np.ndarray) -> None:
+        self.memory[pointer][: source.nbytes] = source.tobytes()
+
+    def copy_out(self, destination: np.ndarray, pointer: int) -> None:
+        destination.reshape(-1).view(np.uint8)[:] = np.frombuffer(
+            bytes(self.memory[pointer][: destination.nbytes]), np.uint8)
+
+    def load_module(self, cubin: bytes):
+        assert cubin[:4] == b"\x7fELF"
+        self.calls.append(("load", len(cubin)))
+        return ("module", len(self.calls))
+
+    def function(self, module, name: str):
+        return ("function", name)
+
+    def launch(self, function, grid, block, shared, params):
+        self.calls.append(("launch", function[1], grid, block, shared, tuple(params)))
+
+    def synchronize(self) -> None:
+        self.calls.append(("sync",))
+
+
+def test_allocation_bookkeeping_and_copies():
+    driver = FakeDriver()
+    memory = DeviceMemory(driver, memory_limit=4096)
+    a = memory.alloc((100,), np.float32)
+    b = memory.alloc((10,), np.int64)
+    assert memory.stats() == {"allocated_bytes": 480, "peak_allocated_bytes": 480,
+                              "allocations": 2, "num_alloc_calls": 2}
+    x = np.arange(100, dtype=np.float32)
+    memory.copy_in(a, x)
+    y = np.empty(100, np.float32)
+    memory.copy_out(a, y)
+    np.testing.assert_array_equal(x, y)
+    memory.free(a)
+    assert memory.stats()["allocated_bytes"] == 80 and memory.stats()["peak_allocated_bytes"] == 480
+    with pytest.raises(DeviceError, match="freed twice"):
+        memory.free(a)
+    with pytest.raises(ShapeError, match="does not fit"):
+        memory.copy_in(b, np.zeros(11, np.int64))
+    with pytest.raises(OutOfMemoryError, match=r"limit of 4096 \(80 in use\)"):
+        memory.alloc((1025,), np.float32)
+    assert not memory.host_visible and memory.dlpack_device_type == 2
+
+
+def test_driver_out_of_memory_names_the_request_and_usage():
+    memory = DeviceMemory(FakeDriver(capacity=1000))
+    memory.alloc((200,), np.float32)
+    with pytest.raises(OutOfMemoryError, match="requested 400 bytes, 800 in use"):
+        memory.alloc((100,), np.float32)
+
+
+def test_launch_configuration_and_parameters_come_from_the_metadata():
+    kernel = {"name": "k", "grid": 7, "buffers": [0, 2]}
+    compiled = {"metadata": {"name": "k", "num_warps": 8, "shared": 256,
+                             "global_scratch_size": 16, "profile_scratch_size": 0}}
+    launch = launch_of(kernel, compiled)
+    assert (launch.grid, launch.block, launch.shared) == ((7, 1, 1), (256, 1, 1), 256)
+    assert parameters(launch, {0: 0x100, 2: 0x200}, (0x300, 0x400)) == [0x100, 0x200, 0x300, 0]
+    with pytest.raises(ShapeError, match=r"needs buffers \[2\]"):
+        parameters(launch, {0: 0x100}, (0, 0))
+    with pytest.raises(DeviceError, match="does not match"):
+        launch_of({**kernel, "name": "other"}, compiled)
+    with pytest.raises(DeviceError, match="split the program"):
+        launch_of({**kernel, "grid": 2**31}, compiled)
+
+
+@needs_triton
+def test_a_program_built_for_sm90_is_loaded_and_launched_on_the_fake_driver(tmp_path,
+                                                                              monkeypatch):
+    monkeypatch.setenv("HOLOGRAM_CACHE_DIR", str(tmp_path))
+    g = Graph("chain")
+    x = g.input("x", "f32", (6, 300))
+    y = x * 2.0 + 1.0
+    g.output("rows", g.sum(y, 1, keepdim=True))
+    g.output("y", y)
+    artifact = hologram.build(g.program(), backend="cuda", target="sm_90").data
+    header = json.loads(artifact)
+    driver = FakeDriver()
+    memory = DeviceMemory(driver)
+    program = DeviceProgram(artifact, driver, memory)
+    handles = tuple(memory.alloc((b["size"],), np.uint8) for b in
+                    [{"size": 6 * 300 * 4}, {"size": 6 * 4}, {"size": 6 * 300 * 4}])
+    program.launch(handles)
+    launches = [c for c in driver.calls if c[0] == "launch"]
+    assert len(launches) == len(header["kernels"]) >= 1
+    for call, kernel, compiled in zip(launches, header["kernels"], header["compiled"]):
+        _, name, grid, block, shared, params = call
+        assert name == kernel["name"] and grid == (kernel["grid"], 1, 1)
+        assert block == (32 * compiled["metadata"]["num_warps"], 1, 1)
+        assert shared == compiled["metadata"]["shared"]
+        # As many parameters as the compiled kernel's PTX declares: the visible pointers
+        # and Triton's hidden scratch pointers.
+        ptx = cuda.ptx(artifact, name)
+        entry = ptx[ptx.index(".entry"):ptx.index(")", ptx.index(".entry"))]
+        assert len(params) == len(re.findall(r"\.param \.u64", entry))
+        assert f".reqntid {block[0]}" in ptx
+        assert all(p in handles for p in params[: len(kernel["buffers"])])
+    with pytest.raises(ShapeError, match="takes 3 buffers"):
+        program.launch(handles[:2])
+
+
+@needs_triton
+def test_an_emulation_artifact_is_refused_by_the_device_program(monkeypatch):
+    monkeypatch.setenv("HOLOGRAM_DISABLE_DISK_CACHE", "1")
+    g = Graph("plain")
+    g.output("y", g.input("x", "f32", (4,)) * 2.0)
+    artifact = hologram.build(g.program(), backend="cuda").data
+    with pytest.raises(DeviceError, match="sm_80"):
+        DeviceProgram(artifact, FakeDriver(), DeviceMemory(FakeDriver()))
+
+
+def test_the_real_driver_needs_cuda_bindings_or_says_so():
+    try:
+        import cuda.bindings  # noqa: F401  (only to know whether the package is here)
+    except ImportError:
+        from hologram.backends.cuda.driver import Driver
+
+        with pytest.raises(DeviceError, match="cuda-bindings"):
+            Driver()
+    else:
+        pytest.skip("cuda-bindings is installed; without a GPU cuInit fails instead")
