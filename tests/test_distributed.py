@@ -705,8 +705,10 @@ def _worker(case: str, rank: int, world: int, init_method: str, backend: str) ->
     import hologram_torch  # noqa: F401 (registers the device and the backend)
 
     warnings.simplefilter("ignore", FutureWarning)  # torch's deprecated collective names
+    # the DDP run binds the group to the device, as scripts written for CUDA do
+    bound = {"device_id": torch.device(DEVICE, 0)} if case.startswith("ddp") else {}
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
+                            timeout=datetime.timedelta(seconds=PG_TIMEOUT_S), **bound)
     CASES[case](torch, dist, rank, world)
     dist.destroy_process_group()
 

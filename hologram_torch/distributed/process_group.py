@@ -14,8 +14,8 @@ them on the device they came from).
 torch keeps only this object when a backend's factory returns a ``ProcessGroup``, so it
 serves CPU tensors too: ``backend="hologram"`` and ``"cpu:gloo,hologram:hologram"`` both
 give every collective, on either device, to this class. The inner gloo backend is
-registered for the CPU device, so ``group_name``, object collectives and ``barrier`` find a
-CPU backend as they would on a gloo group.
+registered for both devices, so ``group_name``, object collectives, ``barrier`` and
+``init_process_group(device_id=...)`` find a backend as they would on a gloo group.
 """
 
 from __future__ import annotations
@@ -95,7 +95,12 @@ class ProcessGroupHologram(dist.ProcessGroup):
         super().__init__(rank, size)
         self._gloo = gloo
         self._coalesced: list | None = None  # works issued inside _start/_end_coalescing
+        # gloo is this group's backend for both devices as torch sees them: the CPU one
+        # for object collectives and barrier, the device's for init_process_group's
+        # device_id (torch asks it whether it can split); every collective still comes
+        # through the methods below.
         self._register_backend(_CPU, dist.ProcessGroup.BackendType.GLOO, gloo)
+        self._register_backend(torch.device(NAME), dist.ProcessGroup.BackendType.GLOO, gloo)
         self._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
 
     def getBackendName(self) -> str:  # the C++ name the trampoline calls
