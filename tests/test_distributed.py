@@ -1,11 +1,12 @@
 """torch.distributed on the hologram device (``hologram_torch.distributed``), in real
 processes on localhost.
 
-Each test launches its ranks as copies of this file (``python tests/test_distributed.py
-CASE RANK WORLD INIT_METHOD BACKEND``), which run the worker function ``CASES[CASE]`` in
-a process group and exit 0 when every check passed. Every subprocess has a wall-clock
-limit, and every process group a short timeout: a broken collective fails the test, it
-never hangs CI.
+The ranks are copies of this file (``python tests/test_distributed.py CASE RANK WORLD
+INIT_METHOD BACKEND``) running the worker function ``CASES[CASE]`` in a process group;
+each stage of a case prints a line once its checks passed, and the tests look for those
+lines (a case's last stage breaks its group on purpose: a mismatched collective, a rank
+that dies). Every subprocess has a wall-clock limit, and every process group a short
+timeout: a broken collective fails a test, it never hangs CI.
 """
 
 from __future__ import annotations
