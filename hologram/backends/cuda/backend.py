@@ -242,6 +242,7 @@ class _Emulated(Executable):
                         _for_torch(memory[i])[...] = result
 
     def _interpret(self, index: int, reason: str, memory: list[np.ndarray]) -> None:
+        # Lazy: only programs with a delegated kernel need the interpreter.
         from hologram.backends.interp.interpreter import run_kernel
 
         if reason not in self._warned:

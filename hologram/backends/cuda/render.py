@@ -424,13 +424,14 @@ class _Kernel:
         self.names += 1
         n = self.names
         acc, comp, best = f"acc{n}", f"comp{n}", f"arg{n}"
+        signed = f"nz{n}"  # float sums: 1 where a lane met a term other than -0.0
         key_t = _KEY.get(t.name, "tl.int32")
         lo, hi = _LIMITS[key_t]
         if kind == "sum" and t.is_float:
             self.line(f"{acc} = tl.full({shape}, -2147483648, tl.int32)"
                       ".to(tl.float32, bitcast=True)")
             self.line(f"{comp} = tl.zeros({shape}, tl.float32)")
-            self.line(f"{best} = tl.zeros({shape}, tl.int32)")  # 1: a term other than -0.0
+            self.line(f"{signed} = tl.zeros({shape}, tl.int32)")
         elif kind == "sum":
             self.line(f"{acc} = tl.zeros({shape}, {_TL[t.name]})")
         elif kind == "prod":  # floats in float64: no intermediate overflow of f32 products
@@ -464,8 +465,8 @@ class _Kernel:
             s = self.bind(f"{acc} + {y}")
             self.line(f"{comp} = tl.where(tl.abs({s}) < HG_INF, ({s} - {acc}) - {y}, 0.0)")
             self.line(f"{acc} = {s}")
-            self.line(f"{best} = tl.maximum({best}, ({m} & ({v}.to(tl.int32, bitcast=True) != "
-                      "-2147483648)).to(tl.int32))")
+            self.line(f"{signed} = tl.maximum({signed}, ({m} & ({v}.to(tl.int32, bitcast=True) "
+                      "!= -2147483648)).to(tl.int32))")
         elif kind == "sum":
             self.line(f"{acc} = {acc} + tl.where({m}, {v}, 0)")
         elif kind == "prod":
@@ -500,7 +501,7 @@ class _Kernel:
             total_ = self.bind(f"tl.where(({c} == 0.0) | ~(tl.abs({s}) < HG_INF), "
                                f"{s}, {s} - {c})")
             # -0.0 exactly when every term is -0.0 (the lane folds may drop the sign).
-            neg_zero = self.bind(f"tl.max({best}, 1)[:, None] == 0")
+            neg_zero = self.bind(f"tl.max({signed}, 1)[:, None] == 0")
             result = self.bind(f"tl.where({neg_zero}, HG_NEG_ZERO, {total_} + 0.0)")
             return self.rounded(result, t)
         if kind == "sum":
