@@ -116,6 +116,26 @@ def test_jit_fuses_and_runs_on_webgpu(ex):
     np.testing.assert_array_equal(got.to_numpy(), np.maximum(x * y + z, 0))
 
 
+@pytest.mark.parametrize("rows", [6, GROUP_POINTS + 1])  # a workgroup tree; one invocation
+def test_argmax_and_argmin_give_i64_first_indices(ex, rows):
+    g = Graph("arg")
+    x = g.input("x", "f32", (rows, 300))
+    g.output("amax", g.reduce("argmax", x, 1))
+    g.output("amin", g.reduce("argmin", x, 1))
+    data = np.random.default_rng(12).integers(-3, 4, (rows, 300)).astype(np.float32)
+    data[0, 7] = np.nan  # NaN wins both
+    data[1, :] = 0.0
+    data[1, 5] = -0.0  # -0.0 < +0.0
+    compiled = hologram.compile(g.program(), backend="webgpu")
+    buffers = [ex.from_numpy(data), ex.empty(rows, np.int64), ex.empty(rows, np.int64)]
+    compiled.launch(tuple(b.handle for b in buffers))
+    amax, amin = (b.to_numpy() for b in buffers[1:])
+    want = np.argmax(data, 1), np.argmin(data, 1)  # NumPy: first index, NaN wins
+    np.testing.assert_array_equal(amax, want[0])
+    assert amin[0] == 7 and amin[1] == 5
+    np.testing.assert_array_equal(amin[2:], want[1][2:])
+
+
 def test_buffers_of_another_executor_do_not_mix(ex):
     with hg.Executor("cpu") as cpu:
         a = cpu.from_numpy(rand(4))
@@ -188,6 +208,11 @@ def test_unsupported_dtypes_raise_dtype_error_naming_backend_and_fix(ex):
     a = ex.from_numpy(np.arange(4, dtype=np.float64))
     with pytest.raises(DTypeError, match=r"(?s)'webgpu'.*f64.*(cast to f32|run it on)"):
         hg.ops.vector_add(a, a)
+    g = Graph("div64")  # i64: two words, no division
+    x = g.input("x", "i64", (4,))
+    g.output("q", x / g.input("y", "i64", (4,)))
+    with pytest.raises(DTypeError, match=r"(?s)'webgpu'.*div on i64"):
+        hologram.compile(g.program(), backend="webgpu")
 
 
 def test_allocator_keeps_bytes_after_a_partial_word_and_reuses_blocks():

@@ -41,7 +41,11 @@ from .render import WORKGROUP, dispatch, render
 FORMAT = "wgsl-1"
 #: WebGPU's capabilities, float min/max left to the renderer (it orders the bits).
 CAPS = replace(WEBGPU, ieee_minmax=True)
-_NO_DTYPES = frozenset({dt.int64, dt.float64})
+#: i64 is two 32-bit words (low, high): memory, casts, reductions, compares, select and
+#: the wrapping arithmetic below; no division (div, mod) and no contraction.
+_I64_OPS = frozenset({"load", "store", "const", "index", "cast", "reduce", "select",
+                      "add", "sub", "mul", "min", "max", "and", "or", "xor", "not", "neg",
+                      "abs", "sign", "eq", "ne", "lt", "le", "gt", "ge"})
 #: Ops refused on every dtype: pow (the shared f32 pow works in f64), and those that need
 #: an exact fused multiply-add, which WGSL's fma() does not promise (on lavapipe it rounds
 #: twice: fma 1 ulp off, sin/cos up to 2^21 ulp through their range reduction).
@@ -71,8 +75,10 @@ class WebGpuBackend(Backend):
         return f"{FORMAT} workgroup {WORKGROUP}"
 
     def supports(self, op: str, dtype: DType) -> bool:
-        if dtype in _NO_DTYPES:
+        if dtype is dt.float64:
             return False  # WGSL has no 64-bit types
+        if dtype is dt.int64:
+            return op in _I64_OPS
         if op in _NO_OPS:
             return False
         # An f32 fma rounded again to f16/bf16 would round twice.

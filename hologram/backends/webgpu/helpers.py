@@ -204,6 +204,15 @@ fn hg_lt64(a: vec2<u32>, b: vec2<u32>) -> bool {
 fn hg_clz64(x: vec2<u32>) -> u32 {
   return select(countLeadingZeros(x.x) + 32u, countLeadingZeros(x.y), x.y != 0u);
 }
+fn hg_slt64(a: vec2<u32>, b: vec2<u32>) -> bool {
+  // Signed a < b of two's-complement i64 values.
+  return hg_lt64(vec2<u32>(a.x, a.y ^ 0x80000000u), vec2<u32>(b.x, b.y ^ 0x80000000u));
+}
+fn hg_mul64lo(a: vec2<u32>, b: vec2<u32>) -> vec2<u32> {
+  // The low 64 bits of a * b (the same for signed and unsigned values).
+  let low = hg_mul64(a.x, b.x);
+  return vec2<u32>(low.x, low.y + a.x * b.y + a.y * b.x);
+}
 fn hg_mul64(a: u32, b: u32) -> vec2<u32> {
   // The full product of two u32, from 16-bit halves.
   let a0 = a & 0xffffu;
@@ -285,6 +294,56 @@ fn hg_fma(a: f32, b: f32, c: f32) -> f32 {
   if (top > 127) { return bitcast<f32>(sign | 0x7f800000u); }
   return bitcast<f32>(sign | (u32(top + 127) << 23u) | (keep & 0x7fffffu));
 }""",
+    # i64 values as vec2<u32>(low, high) words: only casts and stores (indices, labels).
+    # f32 -> i64 saturating, NaN -> 0 (the ISA's float-to-integer cast).
+    "hg_f32_to_i64": """\
+fn hg_f32_to_i64(x: f32) -> vec2<u32> {
+  let b = bitcast<u32>(x);
+  let a = b & 0x7fffffffu;
+  if (a > 0x7f800000u) { return vec2<u32>(0u, 0u); }
+  let negative = (b & 0x80000000u) != 0u;
+  if (a >= 0x5f000000u) {  // |x| >= 2^63: the extreme of its sign
+    return select(vec2<u32>(0xffffffffu, 0x7fffffffu), vec2<u32>(0u, 0x80000000u), negative);
+  }
+  let e = a >> 23u;
+  var m: vec2<u32>;
+  if (e < 127u) {
+    m = vec2<u32>(0u, 0u);
+  } else if (e < 150u) {
+    m = vec2<u32>(((a & 0x7fffffu) | 0x800000u) >> (150u - e), 0u);
+  } else {
+    m = hg_shl64(vec2<u32>((a & 0x7fffffu) | 0x800000u, 0u), e - 150u);
+  }
+  if (!negative) { return m; }
+  return hg_sub64(vec2<u32>(0u, 0u), m);
+}""",
+    # i64 -> f32, rounded to nearest even, or to odd (odd: the f32 whose nearest-even
+    # rounding to f16/bf16 is the integer's own).
+    "hg_i64_to_f32": """\
+fn hg_i64_to_f32(v: vec2<u32>, odd: bool) -> f32 {
+  let negative = (v.y & 0x80000000u) != 0u;
+  let m = select(v, hg_sub64(vec2<u32>(0u, 0u), v), negative);
+  if (m.x == 0u && m.y == 0u) { return 0.0f; }
+  let t = 63u - hg_clz64(m);  // the leading bit
+  var keep: u32;
+  var top = t;
+  if (t <= 23u) {
+    keep = m.x;
+  } else {
+    let s = t - 23u;
+    keep = hg_shr64(m, s).x;
+    let half = (hg_shr64(m, s - 1u).x & 1u) == 1u;
+    let rest = hg_below64(m, s - 1u);
+    if (odd) {
+      keep = keep | select(0u, 1u, half || rest);
+    } else if (half && (rest || (keep & 1u) == 1u)) {
+      keep = keep + 1u;
+      if (keep == 0x1000000u) { keep = 0x800000u; top = top + 1u; }
+    }
+  }
+  let bits = ((top + 127u) << 23u) | ((keep << (23u - min(t, 23u))) & 0x7fffffu);
+  return bitcast<f32>(bits | select(0u, 0x80000000u, negative));
+}""",
 }
 
 #: What each helper calls.
@@ -292,6 +351,8 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "hg_round_f16": ("hg_f16_to_f32", "hg_f32_to_f16"),
     "hg_round_bf16": ("hg_f32_to_bf16",),
     "hg_fma": ("hg_u64",),
+    "hg_f32_to_i64": ("hg_u64",),
+    "hg_i64_to_f32": ("hg_u64",),
 }
 
 

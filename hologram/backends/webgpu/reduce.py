@@ -3,15 +3,24 @@ over a workgroup (:mod:`.render` decides where each reduction runs).
 
 - float sums: f32 with Neumaier's compensation per invocation; partials added in the tree;
 - float products: a significand in [1, 2) and an exponent (``hg_prod``), scaled once;
-- max/min and argmax/argmin: total-order keys of the bits (``hg_key_f32``): NaN wins,
-  ``-0.0 < +0.0``, ties go to the first index (argmax/argmin with an i32 index: not
-  reachable yet, the ISA types their result i64, which the backend refuses);
-- integer sums and products wrap; bool sum is ``or``, bool product ``and``.
+- max/min and argmax/argmin: total-order keys of the bits (``hg_key_f32``; i64: the two
+  words with the sign flipped, compared as u64): NaN wins, ``-0.0 < +0.0``, ties go to
+  the first index;
+- integer sums and products wrap (i64: ``hg_add64``, ``hg_mul64lo``); bool sum is ``or``,
+  bool product ``and``.
 """
 
 from __future__ import annotations
 
 from hologram.isa.dtypes import DType
+
+#: The WGSL type of i64 values: (low word, high word).
+WIDE = "vec2<u32>"
+
+
+def shared_array(wgsl_type: str) -> str:
+    """The name of the workgroup array of ``wgsl_type`` values (one per invocation)."""
+    return "hg_sh_" + wgsl_type.replace("<", "_").replace(">", "")
 
 
 class Accumulator:
@@ -24,8 +33,17 @@ class Accumulator:
         self.largest = kind in ("max", "argmax")
         self.float_sum = kind == "sum" and t.is_float
         self.float_prod = kind == "prod" and t.is_float
+        self.wide = reg == WIDE  # i64: two words; keys (low, high ^ sign) compare as u64
+        if self.wide:
+            r.used.add("hg_u64")
         self.best: str | None = None
-        if self.keyed:
+        if self.keyed and self.wide:
+            init = "vec2<u32>(0u, 0u)" if self.largest else "vec2<u32>(0xffffffffu, 0xffffffffu)"
+            self.acc = r.var(init, WIDE)
+            self.best = r.var("0", "i32") if kind.startswith("arg") else None
+        elif self.wide:
+            self.acc = r.var(f"vec2<u32>({int(kind == 'prod')}u, 0u)", WIDE)
+        elif self.keyed:
             init = "0u" if self.largest else "0xffffffffu"
             self.acc = r.var(init, "u32")
             self.best = r.var("0", "i32") if kind.startswith("arg") else None
@@ -43,6 +61,8 @@ class Accumulator:
 
     def key(self, value: str) -> str:
         r, t = self.r, self.t
+        if self.wide:
+            return f"vec2<u32>({value}.x, {value}.y ^ 0x80000000u)"
         if t.is_float:
             return r.call("hg_key_f32", value, "true" if self.largest else "false")
         if t.is_bool:
@@ -53,6 +73,8 @@ class Accumulator:
 
     def unkey(self, key: str) -> str:
         t = self.t
+        if self.wide:
+            return f"vec2<u32>({key}.x, {key}.y ^ 0x80000000u)"
         if t.is_float:
             return self.r.call("hg_unkey_f32", key)
         if t.is_bool:
@@ -65,11 +87,16 @@ class Accumulator:
         r = self.r
         if self.keyed:
             k = r.bind("u32", self.key(value))
-            better = f"{k} {'>' if self.largest else '<'} {self.acc}"
+            better = self.better(k, self.acc)
             if self.best is not None:  # in order: strictly better only (first wins)
                 r.line(f"if ({better}) {{ {self.acc} = {k}; {self.best} = {flat}; }}")
+            elif self.wide:
+                r.line(f"{self.acc} = select({self.acc}, {k}, {better});")
             else:
                 r.line(f"{self.acc} = {'max' if self.largest else 'min'}({self.acc}, {k});")
+        elif self.wide:
+            combine = "hg_add64" if self.kind == "sum" else "hg_mul64lo"
+            r.line(f"{self.acc} = {combine}({self.acc}, {value});")
         elif self.float_sum:  # Neumaier: c collects what each addition loses
             s, c = self.acc, self.comp
             total = r.bind("f32", f"{s} + {value}")
@@ -82,6 +109,12 @@ class Accumulator:
             r.line(f"{self.acc} = {self.sum_expr(self.acc, value)};")
         else:
             r.line(f"{self.acc} = {self.prod_expr(self.acc, value)};")
+
+    def better(self, a: str, b: str) -> str:
+        """Whether key ``a`` is strictly better than key ``b``."""
+        if self.wide:
+            return f"hg_lt64({b}, {a})" if self.largest else f"hg_lt64({a}, {b})"
+        return f"{a} {'>' if self.largest else '<'} {b}"
 
     def product(self, shared: bool) -> str:
         """A float product's (significand, exponent), over the workgroup if ``shared``."""
@@ -140,9 +173,9 @@ class Accumulator:
         if not shared:
             return self.unkey(mine) if self.kind in ("max", "min") else (
                 self.best if self.best is not None else mine)
-        vtype = "u32" if self.keyed or self.reg == "bool" else self.reg
+        vtype = "u32" if (self.keyed and not self.wide) or self.reg == "bool" else self.reg
         r.shared.add(vtype)
-        values = f"hg_sh_{vtype}"
+        values = shared_array(vtype)
         stored = f"select(0u, 1u, {mine})" if self.reg == "bool" and not self.keyed else mine
         r.line(f"{values}[lid] = {stored};")
         if self.best is not None:
@@ -153,11 +186,15 @@ class Accumulator:
         def level() -> None:
             a, b = f"{values}[lid]", f"{values}[lid + s]"
             if self.best is not None:
-                cmp = ">" if self.largest else "<"
-                r.line(f"if ({b} {cmp} {a} || ({b} == {a} && hg_sh_i32[lid + s] < "
+                r.line(f"if ({self.better(b, a)} || (all({b} == {a}) && hg_sh_i32[lid + s] < "
                        f"hg_sh_i32[lid])) {{ {a} = {b}; hg_sh_i32[lid] = hg_sh_i32[lid + s]; }}")
+            elif self.keyed and self.wide:
+                r.line(f"{a} = select({a}, {b}, {self.better(b, a)});")
             elif self.keyed:
                 r.line(f"{a} = {'max' if self.largest else 'min'}({a}, {b});")
+            elif self.wide:
+                combine = "hg_add64" if self.kind == "sum" else "hg_mul64lo"
+                r.line(f"{a} = {combine}({a}, {b});")
             elif self.reg == "bool":
                 r.line(f"{a} = {a} {'|' if self.kind == 'sum' else '&'} {b};")
             elif self.kind == "sum":

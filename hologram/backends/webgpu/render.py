@@ -39,14 +39,14 @@ from collections.abc import Callable
 from hologram.codegen import loops
 from hologram.codegen import mathlib as shared_math
 from hologram.compiler.capabilities import Capabilities
-from hologram.errors import CompileError
+from hologram.errors import CompileError, DTypeError
 from hologram.isa import dtypes as dt
 from hologram.isa.dtypes import DType
 from hologram.isa.ir import Instr, Kernel, Program
 
 from . import helpers, tiling
 from .mathlib import PRELUDE, WGSLEmitter, f32_literal, i32_literal, opaque
-from .reduce import Accumulator
+from .reduce import Accumulator, shared_array
 
 WORKGROUP = 64
 #: Kernels with fewer grid points than this share each reduction in a workgroup.
@@ -55,9 +55,12 @@ GROUP_POINTS = 4096
 EXACT_FMA = frozenset({"sin", "cos"})
 MAX_GROUPS = 65535
 
-_REG = {"bool": "bool", "i8": "i32", "i16": "i32", "i32": "i32", "u8": "u32",
+# i64: two words (low, high), for the few operations the backend declares on it (argmax
+# and argmin results, casts, stores).
+_REG = {"i64": "vec2<u32>", "bool": "bool", "i8": "i32", "i16": "i32", "i32": "i32", "u8": "u32",
         "f16": "f32", "bf16": "f32", "f32": "f32"}
-_BYTES = {"bool": 1, "i8": 1, "u8": 1, "i16": 2, "f16": 2, "bf16": 2, "i32": 4, "f32": 4}
+_BYTES = {"bool": 1, "i8": 1, "u8": 1, "i16": 2, "f16": 2, "bf16": 2, "i32": 4, "f32": 4,
+          "i64": 8}
 _CMP = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 _INT_RANGE = {"i8": (-128, 127), "i16": (-32768, 32767), "i32": (-2**31, 2**31 - 1),
               "u8": (0, 255)}
@@ -203,7 +206,7 @@ class _Kernel:
                 decls.append(f"@group(0) @binding({slot}) var<storage, {access}> b{buf}: "
                              "array<u32>;")
         for t in sorted(self.shared):
-            decls.append(f"var<workgroup> hg_sh_{t}: array<{t}, {WORKGROUP}>;")
+            decls.append(f"var<workgroup> {shared_array(t)}: array<{t}, {WORKGROUP}>;")
         for t in sorted(self.tiles):
             decls += [f"var<workgroup> hg_t{side}_{t}: array<{t}, "
                       f"{tiling.TILE * tiling.DEPTH}>;" for side in "ab"]
@@ -316,6 +319,9 @@ class _Kernel:
         t, buf = instr.dtype.name, instr.buffer
         at = self.address(instr)
         size = _BYTES[t]
+        if size == 8:  # i64: two words, low first
+            return self.bind(t, f"vec2<u32>({self.word(buf, f'2u * {at}')}, "
+                                f"{self.word(buf, f'2u * {at} + 1u')})")
         if size == 4:
             return self.bind(t, f"bitcast<{_REG[t]}>({self.word(buf, at)})")
         per = 4 // size
@@ -341,6 +347,10 @@ class _Kernel:
         if size == 4:
             self.line(f"b{buf}[{at}] = bitcast<u32>({value});")
             return
+        if size == 8:  # i64: low word first (little-endian)
+            self.line(f"b{buf}[2u * {at}] = {value}.x;")
+            self.line(f"b{buf}[2u * {at} + 1u] = {value}.y;")
+            return
         if t == "bool":
             bits = f"select(0u, 1u, {value})"
         elif t == "f16":
@@ -356,7 +366,39 @@ class _Kernel:
         self.line(f"atomicAnd(&b{buf}[{word}], ~({mask:#x}u << {shift}));")
         self.line(f"atomicOr(&b{buf}[{word}], (({bits}) & {mask:#x}u) << {shift});")
 
+    def wide(self, op: str, args: list[str]) -> str:
+        """An operation on i64 values (two words; :data:`.backend._I64_OPS`)."""
+        self.used.add("hg_u64")
+        x = args[0]
+        y = args[1] if len(args) > 1 else None
+        zero = "vec2<u32>(0u, 0u)"
+        negative = f"(({x}.y & 0x80000000u) != 0u)"
+        table = {
+            "add": lambda: f"hg_add64({x}, {y})",
+            "sub": lambda: f"hg_sub64({x}, {y})",
+            "mul": lambda: f"hg_mul64lo({x}, {y})",
+            "and": lambda: f"{x} & {y}", "or": lambda: f"{x} | {y}",
+            "xor": lambda: f"{x} ^ {y}", "not": lambda: f"~{x}",
+            "neg": lambda: f"hg_sub64({zero}, {x})",
+            "abs": lambda: f"select({x}, hg_sub64({zero}, {x}), {negative})",
+            "sign": lambda: f"select(select({zero}, vec2<u32>(1u, 0u), any({x} != {zero})), "
+                            f"vec2<u32>(0xffffffffu, 0xffffffffu), {negative})",
+            "min": lambda: f"select({x}, {y}, hg_slt64({y}, {x}))",
+            "max": lambda: f"select({x}, {y}, hg_slt64({x}, {y}))",
+            "eq": lambda: f"all({x} == {y})", "ne": lambda: f"any({x} != {y})",
+            "lt": lambda: f"hg_slt64({x}, {y})", "gt": lambda: f"hg_slt64({y}, {x})",
+            "le": lambda: f"!hg_slt64({y}, {x})", "ge": lambda: f"!hg_slt64({x}, {y})",
+            "select": lambda: f"select({args[2]}, {args[1]}, {x})",
+        }
+        if op not in table:
+            raise DTypeError(f"kernel {self.kernel.name}: backend 'webgpu' has no {op} on "
+                             "i64; cast to i32 first, or run the program on the cpu backend")
+        return table[op]()
+
     def const(self, value, t: DType) -> str:
+        if t.name == "i64":
+            bits = int(value) & (2**64 - 1)
+            return f"vec2<u32>({bits & 0xFFFFFFFF:#x}u, {bits >> 32:#x}u)"
         if t.is_bool:
             return "true" if value else "false"
         if t.kind == "u":
@@ -373,6 +415,8 @@ class _Kernel:
             return self.bind(t.name, self.const(instr.value, t))
         if op == "index":
             index = self.index.get(instr.axis, "0i")
+            if t.name == "i64":  # >= 0
+                return self.bind(t.name, f"vec2<u32>(u32({index}), 0u)")
             return self.bind(t.name, self.int_cast(index, dt.int32, t))
         src = self.kernel.body[instr.args[0]].dtype
         args = [self.value(a) for a in instr.args]
@@ -386,6 +430,8 @@ class _Kernel:
         if op in shared_math.FUNCTIONS:
             return shared_math.emit(WGSLEmitter(self.bind, self.used, op in EXACT_FMA), op,
                                    args[0])
+        if (src.name == "i64" and op != "cast") or (op == "select" and t.name == "i64"):
+            return self.bind(t.name, self.wide(op, args))
         handler = getattr(self, f"op_{op}", None)
         if handler is None:
             raise CompileError(f"kernel {self.kernel.name}: the webgpu renderer has no "
@@ -498,6 +544,8 @@ class _Kernel:
         (x,) = args
         if a is t:
             return x
+        if "i64" in (a.name, t.name):
+            return self.cast_i64(x, a, t)
         if t.is_bool:
             zero = {"f32": "0.0f", "i32": "0", "u32": "0u"}[_REG[a.name]]
             return f"!({x} == {zero})" if a.is_float else f"{x} != {zero}"
@@ -524,6 +572,27 @@ class _Kernel:
             hi_f = "0x1p+31f" if t.name == "i32" else f32_literal(float(hi))
             return self.call("hg_f32_to_i32", x, lo_f, hi_f, i32_literal(lo), i32_literal(hi))
         return self.int_cast(x, a, t)
+
+    def cast_i64(self, x: str, a: DType, t: DType) -> str:
+        """A cast to or from i64 (two words)."""
+        if t.name == "i64":
+            if a.is_bool:
+                return f"vec2<u32>(select(0u, 1u, {x}), 0u)"
+            if a.is_float:  # saturating, NaN -> 0
+                return self.call("hg_f32_to_i64", x)
+            if _REG[a.name] == "u32":
+                return f"vec2<u32>({x}, 0u)"
+            return f"vec2<u32>(bitcast<u32>({x}), select(0u, 0xffffffffu, {x} < 0))"
+        if t.is_bool:
+            return f"({x}.x | {x}.y) != 0u"
+        if t.is_float:
+            if t.name == "f32":
+                return self.call("hg_i64_to_f32", x, "false")
+            rounding = "hg_round_f16" if t.name == "f16" else "hg_round_bf16"
+            return self.call(rounding, self.call("hg_i64_to_f32", x, "true"))
+        if _REG[t.name] == "u32":
+            return self.wrap(f"{x}.x", t)
+        return self.wrap(f"bitcast<i32>({x}.x)", t)
 
     def int_cast(self, x: str, a: DType, t: DType) -> str:
         """An integer register of ``a`` as one of ``t`` (wrapping)."""
@@ -582,7 +651,9 @@ class _Kernel:
         return flat
 
     def reduced(self, value: str, kind: str, t: DType, result: DType) -> str:
-        if kind in ("argmax", "argmin"):
+        if kind in ("argmax", "argmin"):  # the index is >= 0
+            if result.name == "i64":
+                return f"vec2<u32>(u32({value}), 0u)"
             return self.int_cast(value, dt.int32, result)
         if t.name == "f16":
             return self.call("hg_round_f16", value)
