@@ -24,7 +24,10 @@ i16/f16/bf16 half a word. A kernel that stores a narrow type binds that buffer a
 neighbours written by other invocations are kept. Registers: bool is ``bool``, i8/i16/i32
 are ``i32`` (wrapped to their width after every operation), u8 is ``u32``, f16/bf16/f32
 are ``f32`` (f16/bf16 arithmetic reaches here as f32 operations and a cast back,
-:mod:`hologram.compiler.passes.decompose`; every cast to them rounds).
+:mod:`hologram.compiler.passes.decompose`; every cast to them rounds); i64 is
+``vec2<u32>`` (low, high), two words in memory, its operations in :meth:`_Kernel.wide`.
+Float results and constants pass through :func:`.mathlib.opaque` / ``f32_literal``, so
+the driver cannot fold or reassociate them.
 
 Reductions accumulate as :mod:`.reduce` says (compensated float sums, float products
 with their own exponent, total-order keys for the extremes); matrix products run tiled
