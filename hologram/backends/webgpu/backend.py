@@ -68,6 +68,16 @@ class WebGpuBackend(Backend):
             cls._available[cls.name] = ok
         return cls._available[cls.name]
 
+    @classmethod
+    def unavailable_reason(cls) -> str:
+        """Why this backend cannot run here, and what to install (for error messages)."""
+        try:
+            found = devices.adapter(cls.name)
+        except DeviceError as err:
+            return str(err)
+        return (f"{cls.name}: the adapter here, {found.summary}, is not a {cls.name} GPU; "
+                "use backend='webgpu'")
+
     def target(self, name: str | None = None) -> str:
         if name not in (None, "wgsl"):
             raise DeviceError(f"{self.name}: unknown target {name!r}; the one target is "

@@ -103,6 +103,9 @@ def adapter(kind: str = "webgpu") -> Any:
         except Exception as err:  # no driver at all: wgpu-native raises
             raise DeviceError(f"{kind}: no WebGPU adapter ({err}); {_INSTALL}") from err
         if found is None:
+            if wanted == "Metal":
+                raise DeviceError("metal: no adapter with a Metal backend on this machine "
+                                  "(Metal is macOS's; elsewhere use backend='webgpu')")
             why = "no WebGPU adapter" if wanted is None else f"no adapter with a {wanted} backend"
             raise DeviceError(f"{kind}: {why} on this machine; {_INSTALL}")
         _adapters[kind] = found
