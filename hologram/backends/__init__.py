@@ -187,8 +187,9 @@ def validate_backend(name: str) -> str:
     if canonical not in usable:
         why = "is not implemented yet" if canonical in PLANNED else "cannot run on this machine"
         # A backend may say why and what to install (unavailable_reason, optional).
-        reason = getattr(backend_class(canonical), "unavailable_reason", None)
-        if canonical not in PLANNED and reason is not None:
+        reason = None if canonical in PLANNED else getattr(backend_class(canonical),
+                                                           "unavailable_reason", None)
+        if reason is not None:
             why += f" ({reason()})"
         raise DeviceError(f"backend {canonical!r} {why}; available backends: "
                           f"{', '.join(usable)} (use backend='auto' to pick the best)")
