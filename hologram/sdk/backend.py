@@ -6,9 +6,10 @@
 
 The names a user may ask for are :class:`BackendType`'s values, declared once in the
 registry (:mod:`hologram.backends`). A name is *known* when it is one of them and
-*available* when its backend is implemented and can run on this machine. ``cuda``,
-``metal`` and ``webgpu`` are known names whose backends are not implemented yet, so they
-report unavailable on every machine, GPU or not.
+*available* when its backend can run on this machine: ``webgpu`` where wgpu finds an
+adapter (Mesa's lavapipe included), ``metal`` and ``vulkan`` only on a GPU adapter of that
+kind, ``cuda`` so far only emulated (``HOLOGRAM_CUDA_EMULATE=1``: its Triton kernels in
+Triton's interpreter on the CPU; docs/cuda.md).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ class _BackendName(str, Enum):
 
 
 #: The names a user may ask for, as an enum (``BackendType.CPU == "cpu"``), derived from
-#: the registry (:data:`hologram.backends.KNOWN`): AUTO, CPU, INTERP, CUDA, METAL, WEBGPU.
+#: the registry (:data:`hologram.backends.KNOWN`): AUTO, CPU, INTERP, WEBGPU, METAL, VULKAN, CUDA.
 BackendType = _BackendName("BackendType", [(name.upper(), name) for name in backends.KNOWN],
                            module=__name__)
 
@@ -35,7 +36,9 @@ def _available(name: str) -> bool:
 
 
 def is_cuda_available() -> bool:
-    """Can ``Executor("cuda")`` run here?"""
+    """Can ``Executor("cuda")`` run here? So far only with ``HOLOGRAM_CUDA_EMULATE=1``,
+    which runs the CUDA backend's kernels in Triton's interpreter on the CPU: True then
+    says nothing about a GPU."""
     return _available("cuda")
 
 
