@@ -442,22 +442,31 @@ class Pool(Allocator):
         if index >= 0:
             with self._lock:  # a hit with nothing pending and no limit in the way
                 free = self._free_lists[index]
-                used = self._allocated + cbytes
-                if free and not self._pending and (self._limit is None or used <= self._limit):
-                    block = free.pop()
-                    if block.slab is not None:
-                        block.slab.live += 1
-                    elif not free:
-                        self._cached_mask &= ~(1 << index)
-                    self._cached -= cbytes
-                    self._hits += 1
-                    self._allocated = used
-                    self._requested += nbytes
-                    self._allocs += 1
-                    if used > self._peak:
-                        self._peak = used
+                if free and not self._pending and (
+                        self._limit is None or self._allocated + cbytes <= self._limit):
+                    block = self._hit_locked(free, index, cbytes)
+                    self._account_locked(nbytes, cbytes)
                     return block
         return self._allocate_locked(nbytes, index, cbytes)
+
+    def _hit_locked(self, free: list[_Block], index: int, cbytes: int) -> _Block:
+        """The next block of class ``index``'s non-empty free list ``free``."""
+        block = free.pop()
+        if block.slab is not None:
+            block.slab.live += 1
+        elif not free:
+            self._cached_mask &= ~(1 << index)
+        self._cached -= cbytes
+        self._hits += 1
+        return block
+
+    def _account_locked(self, nbytes: int, cbytes: int) -> None:
+        """Count a block of ``cbytes`` handed out for a request of ``nbytes``."""
+        self._allocated += cbytes
+        self._requested += nbytes
+        self._allocs += 1
+        if self._allocated > self._peak:
+            self._peak = self._allocated
 
     def _allocate_locked(self, nbytes: int, index: int, cbytes: int) -> _Block:
         """:meth:`_allocate` beyond its hit path: misses, pending frees, the limit."""
@@ -474,14 +483,8 @@ class Pool(Allocator):
             else:
                 over_limit = False
                 free = self._free_lists[index] if index >= 0 else None
-                if free:  # hit: the common case, a pop and a few additions
-                    block = free.pop()
-                    if block.slab is not None:
-                        block.slab.live += 1
-                    elif not free:
-                        self._cached_mask &= ~(1 << index)
-                    self._cached -= cbytes
-                    self._hits += 1
+                if free:
+                    block = self._hit_locked(free, index, cbytes)
                 else:
                     block = None
                     if index < 0:
@@ -500,11 +503,7 @@ class Pool(Allocator):
                         self._trim_locked(target, closing)
                         if limit is not None and self._reserved > limit:
                             self._release_slabs_locked(closing)
-                self._allocated = used + cbytes
-                self._requested += nbytes
-                self._allocs += 1
-                if self._allocated > self._peak:
-                    self._peak = self._allocated
+                self._account_locked(nbytes, cbytes)
         _close(closing)
         if over_limit:
             raise OutOfMemoryError(self._limit_message(nbytes, cbytes, used, limit))
