@@ -15,7 +15,7 @@ LINT_PATHS := $(wildcard hologram hologram_torch tests examples)
 PYTEST_ARGS ?= -n 2
 BENCH_DIR := bench-results
 
-.PHONY: venv test bench bench-dev lint clean
+.PHONY: venv test bench bench-dev lint clean system-packages
 
 venv: $(STAMP_TEST)
 
@@ -35,7 +35,22 @@ $(STAMP_BENCH): pyproject.toml constraints.txt | $(VENV_PY)
 lint: $(STAMP_TEST)
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 
-test: lint
+# Debian packages the tests need: Mesa's lavapipe, a Vulkan driver running on the CPU, on
+# which the webgpu backend's tests run for real. Installed when missing and this is root
+# (CI); otherwise a note, and those tests skip (CI sets HOLOGRAM_REQUIRE_WEBGPU=1: there
+# they fail instead).
+SYSTEM_PACKAGES := mesa-vulkan-drivers libvulkan1
+
+system-packages:
+	@if command -v dpkg >/dev/null && ! dpkg -s $(SYSTEM_PACKAGES) >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ]; then \
+			apt-get update && apt-get install -y --no-install-recommends $(SYSTEM_PACKAGES); \
+		else \
+			echo "note: $(SYSTEM_PACKAGES) are missing (sudo apt-get install them): the webgpu tests will skip"; \
+		fi; \
+	fi
+
+test: lint system-packages
 	$(VENV_PY) -m pytest $(PYTEST_ARGS)
 
 # Hologram against PyTorch: tables, plots and a report (`hologram bench --help`).
