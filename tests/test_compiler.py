@@ -18,9 +18,6 @@ from hologram.isa.builder import ProgramBuilder
 from hologram.isa.text import parse_program
 from hologram.isa.verify import verify
 
-# Backends that run here on host memory (their programs are called with NumPy arrays).
-HOST_BACKENDS = [b for b in backends.available() if backends.get(b).allocator().host_visible]
-
 F32 = dt.float32
 
 
@@ -544,7 +541,7 @@ def test_dump_file_names_are_safe_for_any_program_name(tmp_path, monkeypatch):
 
 
 # --- graph reductions over () and of 0-d tensors, as PyTorch (issue 16, part 6) ---------
-@pytest.mark.parametrize("backend", HOST_BACKENDS)
+@pytest.mark.parametrize("backend", backends.available())
 def test_graph_reductions_over_no_axes_and_of_0d_tensors_follow_torch(backend):
     import hologram
 

@@ -35,16 +35,17 @@ from hologram.backends.hostmem import address, default_pool
 from hologram.compiler import pipeline
 from hologram.compiler.cache import CacheKey, compiler_version, default_cache
 from hologram.compiler.options import CompileOptions
-from hologram.errors import DeviceError
 from hologram.isa.ir import BufferDecl, Program
 
 POOL_THRESHOLD = 1 << 20  # bytes
 
 
 class CompiledProgram:
-    """A program compiled for one backend; call it with NumPy arrays. Calls run on host
-    memory, so they work for backends whose memory is host memory (cpu, interp); on
-    others, run programs on executors' buffers (:meth:`launch` takes their handles)."""
+    """A program compiled for one backend; call it with NumPy arrays. On backends whose
+    memory is host memory (cpu, interp) calls run on the arrays in place; on others
+    (webgpu) each call copies the inputs to device memory, runs there and copies the
+    outputs back (convenient, not fast: keep data on the device with an executor's
+    buffers, which :meth:`launch` takes the handles of)."""
 
     def __init__(self, program: Program, backend: str, key: CacheKey, run):
         self.program = program  # as given (parameters define the calling convention)
@@ -67,6 +68,7 @@ class CompiledProgram:
         self._fresh = tuple((i, p.shape, p.dtype.storage, p.nbytes >= POOL_THRESHOLD)
                             for i, p in enumerate(params) if p.kind == "out")
         self._fresh_only = len(self._fresh) == len(self._outputs)
+        self._device_memory = None  # the allocator of calls on device memory (made once)
 
     @property
     def params(self) -> tuple[BufferDecl, ...]:
@@ -77,6 +79,8 @@ class CompiledProgram:
         # call: the checks are a few attribute reads, cheaper than any key that could
         # remember them. Fresh outputs are made here to specification and need none.
         fresh = len(arrays) == len(self._given) != self._count
+        if not self._host:
+            return self._call_on_device(arrays, fresh)
         handles = [0] * self._count
         for a, (i, dtype, size, out) in zip(arrays, self._given if fresh else self._specs):
             if type(a) is not np.ndarray or a.dtype != dtype or a.size != size:
@@ -128,11 +132,37 @@ class CompiledProgram:
         return tuple(arrays[i] for i in self._outputs)
 
     def _launch(self, handles: list[int]) -> None:
-        if not self._host:
-            raise DeviceError(f"{self.program.name}: the {self.backend} backend computes on "
-                              "memory the host cannot see, so it cannot be called on NumPy "
-                              "arrays; use an hg.Executor's buffers (ex.from_numpy(x))")
         self.launch(tuple(handles))
+
+    def _call_on_device(self, arrays: tuple, fresh: bool):
+        """A call on NumPy arrays for a backend whose memory the host cannot see: every
+        input copied into a device allocation, the launch, the outputs (out and inout)
+        copied back into the given arrays or fresh ones. The allocations are released when
+        the call returns."""
+        if fresh:
+            full: list = [None] * self._count
+            for i, a in zip(self._given_index, arrays):
+                full[i] = a
+            for i, shape, dtype, _ in self._fresh:
+                full[i] = np.empty(shape, dtype)
+            arrays = tuple(full)
+        views = check_arrays(self.program, arrays, f"{self.program.name} on {self.backend}")
+        memory = self._device_memory
+        if memory is None:
+            memory = self._device_memory = backends.get(self.backend).allocator()
+        allocations = []
+        for param, view in zip(self.program.params, views):
+            allocation = memory.alloc(param.shape, param.dtype.storage)
+            if param.kind != "out" and view.size:
+                memory.copy_in(allocation, view)
+            allocations.append(allocation)
+        self.launch(tuple(memory.handle(a) for a in allocations))
+        for i in self._outputs:
+            if views[i].size:
+                memory.copy_out(allocations[i], views[i])
+        if len(self._outputs) == 1:
+            return arrays[self._outputs[0]]
+        return tuple(arrays[i] for i in self._outputs)
 
 
 #: How many launches :func:`launch_cache` keeps (see :class:`LaunchCache`).
