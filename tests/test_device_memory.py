@@ -18,7 +18,7 @@ from hologram import backends
 from hologram.backends.base import Allocator, Executable
 from hologram.backends.interp.backend import InterpBackend
 from hologram.backends.interp.interpreter import execute
-from hologram.errors import DeviceError, InvalidBufferError, OutOfMemoryError
+from hologram.errors import DeviceError, InvalidBufferError, OutOfMemoryError, ShapeError
 from hologram.isa.text import parse_program
 from hologram.runtime.launch import clear_memo, launch_cache
 
@@ -239,15 +239,23 @@ def test_ops_run_on_device_memory(ex):
     np.testing.assert_array_equal(d.to_numpy()[1:], x[1:])
 
 
-def test_compiled_programs_refuse_host_arrays():
+def test_compiled_programs_copy_host_arrays_in_and_out():
+    """NumPy arrays are host memory: a call copies them into device allocations, runs
+    there and copies the outputs back (fresh arrays, or the given ones); bad arrays are
+    refused as on the host."""
     from hologram.frontend.graph import Graph
     from hologram.isa import dtypes as dt
 
     g = Graph("twice")
     g.output("y", g.input("x", dt.float32, (3,)) * 2)
     compiled = hg.compile(g.program(), NAME)
-    with pytest.raises(DeviceError, match="host cannot see"):
-        compiled(np.ones(3, np.float32))
+    x = rand(3, seed=5)
+    np.testing.assert_array_equal(compiled(x), x * 2)
+    out = np.full(3, np.nan, np.float32)
+    assert compiled(x, out) is out
+    np.testing.assert_array_equal(out, x * 2)
+    with pytest.raises(ShapeError, match="twice"):
+        compiled(np.ones(4, np.float32))
 
 
 def test_jit_on_device_memory(ex):
