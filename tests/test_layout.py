@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -225,19 +226,24 @@ def test_every_module_imports_in_a_fresh_process():
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
-def test_importing_torch_probes_no_gpu_backend():
+@pytest.mark.parametrize("configured", ["", "webgpu"])
+def test_importing_torch_probes_no_gpu_backend(configured):
     """The device autoloads with ``import torch``: it must not look for GPU adapters then
     (loading a Vulkan driver costs time, and Mesa's brings a second LLVM into every
-    process that imports torch)."""
+    process that imports torch), nor fail when ``HOLOGRAM_BACKEND`` names a GPU backend
+    (which configures the SDK; the device computes on host memory)."""
     code = ("import torch, hologram_torch\n"
             "from hologram import backends\n"
             "probed = [n for n in backends.names() if n not in ('cpu', 'interp')\n"
             "          and getattr(backends.backend_class(n), '_available', None)]\n"
             "drivers = [line for line in open('/proc/self/maps') if 'libvulkan' in line]\n"
             "assert not probed and not drivers, (probed, drivers[:2])\n"
-            "assert torch.ones(2, device='hologram').sum().item() == 2.0\n")
+            "assert torch.ones(2, device='hologram').sum().item() == 2.0\n"
+            "from hologram_torch.aten import program\n"
+            "assert program.backend() == 'cpu', program.backend()\n")
     if not Path("/proc/self/maps").exists():
         code = code.replace("open('/proc/self/maps')", "[]")
+    env = {**os.environ, "HOLOGRAM_BACKEND": configured}
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -63,17 +63,18 @@ _recent = _LAUNCHES.recent  # the hot lookup; a miss falls back to _LAUNCHES.get
 
 
 def _host_backend(name: str) -> str:
-    """``name`` (``"auto"``: ``HOLOGRAM_BACKEND`` if set, else cpu, else the interpreter)
-    if its memory is host memory, as the device's is (storages are host blocks, and the
-    CPU fallback aliases them). ``"auto"`` never probes GPU adapters: this runs on
-    ``import torch`` (the device autoloads), where loading a GPU driver costs time and,
-    for Mesa's lavapipe, brings a second LLVM into the process."""
+    """``name`` if its memory is host memory, as the device's is (storages are host
+    blocks, and the CPU fallback aliases them). ``"auto"``: ``HOLOGRAM_BACKEND`` when it
+    names a host backend (cpu, interp), else cpu, else the interpreter; it never probes
+    GPU adapters nor fails: this runs on ``import torch`` (the device autoloads), where
+    loading a GPU driver costs time (Mesa's lavapipe brings a second LLVM into the
+    process), and ``HOLOGRAM_BACKEND=webgpu`` configures the SDK, not this device."""
     if name == "auto":
         name = hologram.config.get().backend
-    if name == "auto":
-        name = "cpu" if backends.backend_class("cpu").is_available() else "interp"
-    else:  # a name the user gave: checked (and its errors worded) as everywhere
-        name = hologram.backend.validate_backend(name)
+        if name not in ("cpu", "interp") or not backends.backend_class(name).is_available():
+            name = "cpu" if backends.backend_class("cpu").is_available() else "interp"
+        return name
+    name = hologram.backend.validate_backend(name)  # checked, errors worded, as everywhere
     if not backends.get(name).allocator().host_visible:
         raise DeviceError(f"torch device: backend {name!r} computes on memory the host "
                           "cannot see, and the device's tensors are host memory; use a "
