@@ -96,12 +96,7 @@ class CompiledProgram:
                 return self._run(arrays, handles)
         # The slow path says exactly what is wrong (or accepts ndarray subclasses).
         if fresh:
-            full: list = [None] * self._count
-            for i, a in zip(self._given_index, arrays):
-                full[i] = a
-            for i, shape, dtype, _ in self._fresh:
-                full[i] = np.empty(shape, dtype)
-            arrays = tuple(full)
+            arrays = self._with_fresh_outputs(arrays)
         check_arrays(self.program, arrays, f"{self.program.name} on {self.backend}")
         return self._run(arrays, [address(a) for a in arrays])
 
@@ -127,6 +122,18 @@ class CompiledProgram:
 
     def _run(self, arrays, handles: list[int]):
         self._launch(handles)
+        return self._results(arrays)
+
+    def _with_fresh_outputs(self, given: tuple) -> tuple:
+        """Every parameter's array: the given ones, and new ones for the outputs."""
+        full: list = [None] * self._count
+        for i, a in zip(self._given_index, given):
+            full[i] = a
+        for i, shape, dtype, _ in self._fresh:
+            full[i] = np.empty(shape, dtype)
+        return tuple(full)
+
+    def _results(self, arrays):
         if len(self._outputs) == 1:
             return arrays[self._outputs[0]]
         return tuple(arrays[i] for i in self._outputs)
@@ -140,12 +147,7 @@ class CompiledProgram:
         copied back into the given arrays or fresh ones. The allocations are released when
         the call returns."""
         if fresh:
-            full: list = [None] * self._count
-            for i, a in zip(self._given_index, arrays):
-                full[i] = a
-            for i, shape, dtype, _ in self._fresh:
-                full[i] = np.empty(shape, dtype)
-            arrays = tuple(full)
+            arrays = self._with_fresh_outputs(arrays)
         views = check_arrays(self.program, arrays, f"{self.program.name} on {self.backend}")
         memory = self._device_memory
         if memory is None:
@@ -160,9 +162,7 @@ class CompiledProgram:
         for i in self._outputs:
             if views[i].size:
                 memory.copy_out(allocations[i], views[i])
-        if len(self._outputs) == 1:
-            return arrays[self._outputs[0]]
-        return tuple(arrays[i] for i in self._outputs)
+        return self._results(arrays)
 
 
 #: How many launches :func:`launch_cache` keeps (see :class:`LaunchCache`).
