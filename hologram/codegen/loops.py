@@ -175,6 +175,21 @@ class KernelPlan:
         along a loop dimension), rather than computed once per grid point or hoisted."""
         return bool(self.varying[position])
 
+    def point_values(self, kernel: Kernel, root: int, emitted) -> list[int]:
+        """What a renderer emits at grid-point level before the nests that need ``root``:
+        the instructions ``root`` depends on (itself included; the walk stops at values in
+        ``emitted``) that vary along no loop dimension (reductions included), in body
+        order, which is a topological order. Emitting one may emit others: renderers skip
+        those already emitted."""
+        stack, seen = [root], set()
+        while stack:
+            i = stack.pop()
+            if i in seen or i in emitted:
+                continue
+            seen.add(i)
+            stack.extend(kernel.body[i].args)
+        return [i for i in sorted(seen) if not self.in_nest(i)]
+
     def accumulator(self, position: int) -> Accumulator:
         """The accumulator of the reduction at ``position``."""
         return next(a for a in self.accumulators if a.position == position)

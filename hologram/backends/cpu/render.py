@@ -296,18 +296,9 @@ class _KernelRenderer:
         """Emit, at grid-point level, every value ``root`` needs that varies along no loop
         dimension (reductions included, and what their operands need), so that loop nests
         only recompute the rest."""
-        stack, seen = [root], set()
-        order = []
-        while stack:
-            i = stack.pop()
-            if i in seen or i in self.point:
-                continue
-            seen.add(i)
-            order.append(i)
-            stack.extend(self.kernel.body[i].args)
-        for i in sorted(order):  # body order is a topological order
-            instr = self.kernel.body[i]
-            if not self.plan.in_nest(i) and i not in self.point:
+        for i in self.plan.point_values(self.kernel, root, self.point):
+            if i not in self.point:
+                instr = self.kernel.body[i]
                 self.local = self.point
                 self.point[i] = self._reduce(instr) if instr.op in ("reduce", "contract") \
                     else self._emit(instr)

@@ -206,15 +206,8 @@ class _Kernel:
     def prepare(self, root: int) -> None:
         """Emit, per grid point, every value ``root`` needs that varies along no loop
         dimension (reductions included), so loop nests only recompute the rest."""
-        stack, seen = [root], set()
-        while stack:
-            i = stack.pop()
-            if i in seen or i in self.point:
-                continue
-            seen.add(i)
-            stack.extend(self.kernel.body[i].args)
-        for i in sorted(seen):
-            if not self.plan.in_nest(i) and i not in self.point:
+        for i in self.plan.point_values(self.kernel, root, self.point):
+            if i not in self.point:
                 self.local = self.point
                 instr = self.kernel.body[i]
                 if instr.op == "reduce":

@@ -225,16 +225,8 @@ class _Kernel:
     def prepare(self, root: int) -> None:
         """Emit, at grid-point level, every value ``root`` needs that varies along no loop
         dimension (reductions included), so loop nests only recompute the rest."""
-        stack, seen, order = [root], set(), []
-        while stack:
-            i = stack.pop()
-            if i in seen or i in self.point:
-                continue
-            seen.add(i)
-            order.append(i)
-            stack.extend(self.kernel.body[i].args)
-        for i in sorted(order):
-            if not self.plan.in_nest(i) and i not in self.point:
+        for i in self.plan.point_values(self.kernel, root, self.point):
+            if i not in self.point:
                 self.local = self.point
                 instr = self.kernel.body[i]
                 if self.tiling is not None and i == self.tiling.position:
