@@ -117,11 +117,59 @@ def test_f16_and_bf16_round_like_the_interpreter(emulate):
         np.testing.assert_array_equal(gg.view(np.uint16), ww.view(np.uint16))
 
 
+def _math_inputs(n: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    specials = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40, -1e-40, 0.5, 1.5, 2.5, -2.5,
+                88.7, -103.9, 1e4, -1e4, 3e38]
+    x = np.concatenate([rng.standard_normal(n) * 5, rng.standard_normal(n) * 1e-3,
+                        np.exp(rng.uniform(-80, 80, n)), specials])
+    return x.astype(np.float32)
+
+
+@pytest.mark.parametrize("op", ["exp", "exp2", "expm1", "log", "log2", "log1p", "tanh",
+                                "sigmoid", "erf", "sin", "cos", "pow", "rsqrt", "floor",
+                                "ceil", "round", "trunc", "sign"])
+def test_float_functions_give_the_cpu_backends_bits(emulate, op):
+    """The transcendentals are the shared algorithms (codegen.mathlib) written out in
+    Triton: the same bits as the cpu backend's LLVM code, specials included (NaN payloads
+    aside; f32 sigmoid's last bit may differ between devices, docs/mathlib.md)."""
+    x = _math_inputs(100, 3)
+    g = Graph(f"fn_{op}")
+    a = g.input("a", "f32", x.shape)
+    if op == "pow":
+        y = np.concatenate([np.random.default_rng(4).uniform(-4, 4, x.size - 6),
+                            [0.0, -0.0, 0.5, np.inf, -np.inf, np.nan]]).astype(np.float32)
+        b = g.input("b", "f32", x.shape)
+        g.output("y", g.binary("pow", a, b))
+        inputs = [x, y]
+    else:
+        g.output("y", g.unary(op, a))
+        inputs = [x]
+    got = np.asarray(hologram.compile(g.program(), backend="cuda")(*inputs))
+    want = np.asarray(hologram.compile(g.program(), backend="cpu")(*inputs))
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    gi, wi = got.view(np.int32).astype(np.int64), want.view(np.int32).astype(np.int64)
+    ulps = np.abs(gi - wi)[~np.isnan(want)]
+    assert ulps.max(initial=0) <= (1 if op == "sigmoid" else 0), (op, ulps.max())
+
+
+@pytest.mark.parametrize("t", [dt.int32, dt.int64])
+def test_integer_division_truncates_with_the_isa_edge_results(emulate, t):
+    info = np.iinfo(t.name.replace("i", "int"))
+    a = np.array([7, -7, 7, -7, 0, 5, info.min, info.min, info.max, 3], dtype=info.dtype)
+    b = np.array([2, 2, -2, -2, 3, 0, -1, 1, -1, 0], dtype=info.dtype)
+    for op in ("div", "mod"):
+        got, want = _both(elementwise(op, [t, t], a.size), [a, b])
+        np.testing.assert_array_equal(got[0], want[0], err_msg=op)
+
+
 def test_unsupported_pairs_are_refused_with_a_dtype_error(emulate):
     with pytest.raises(DTypeError) as info:
-        hologram.compile(elementwise("exp", [dt.float32], 8), backend="cuda")
+        hologram.compile(elementwise("mod", [dt.float32] * 2, 8), backend="cuda")
     message = str(info.value)
-    assert "'cuda'" in message and "exp on f32" in message and "run it on backend" in message
+    assert "'cuda'" in message and "mod on f32" in message and "run it on backend" in message
+    with pytest.raises(DTypeError, match="fma on f16"):
+        hologram.compile(elementwise("fma", [dt.float16] * 3, 8), backend="cuda")
     with pytest.raises(DTypeError, match=r"(?s)add on f64.*cast to f32"):
         hologram.compile(elementwise("add", [dt.float64, dt.float64], 8), backend="cuda")
 
@@ -166,7 +214,9 @@ def _families():
     elementwise_ops = [("add", [dt.float32] * 2), ("mul", [dt.int32] * 2),
                        ("div", [dt.float16] * 2), ("sub", [dt.bfloat16] * 2),
                        ("lt", [dt.float32] * 2), ("max", [dt.float32] * 2),
-                       ("cast", [dt.int32], dt.bfloat16), ("abs", [dt.int64])]
+                       ("cast", [dt.int32], dt.bfloat16), ("abs", [dt.int64]),
+                       ("exp", [dt.float32]), ("sin", [dt.float32]), ("tanh", [dt.float16]),
+                       ("pow", [dt.float32] * 2), ("div", [dt.int32] * 2)]
     programs = {"elementwise": [elementwise(op, types, 1000, *rest)
                                 for op, types, *rest in elementwise_ops]}
     programs["reduction"] = [_rows(t) for t in (dt.float32, dt.float16, dt.int32)]

@@ -28,6 +28,7 @@ from hologram import config
 from hologram.backends.base import Allocator, Backend, Executable, host_arrays
 from hologram.backends.hostmem import Pool
 from hologram.codegen import loops
+from hologram.codegen import mathlib as shared_math
 from hologram.compiler import pipeline
 from hologram.compiler.capabilities import Capabilities
 from hologram.errors import DeviceError, ShapeError
@@ -46,8 +47,10 @@ CAPS = Capabilities(f64=False, i64=True, narrow_storage=True, ieee_minmax=False)
 #: Named targets: compute capability of each.
 TARGETS = {"sm_80": 80, "sm_90": 90}
 _DTYPES = frozenset({dt.float32, dt.float16, dt.bfloat16, dt.int32, dt.int64, dt.bool_})
-_FLOAT_ONLY = frozenset({"div", "sqrt"})
-_INT_ONLY = frozenset({"and", "or", "xor", "not"})
+_FLOAT_ONLY = frozenset({"sqrt", "rsqrt", "floor", "ceil", "round", "trunc",
+                         *shared_math.FUNCTIONS})
+_INT_ONLY = frozenset({"and", "or", "xor", "not", "mod"})  # float mod: not exact on GPUs
+_NUMERIC = frozenset({"div", "sign", "fma"})  # not bool
 _ANY = frozenset({"load", "store", "const", "index", "cast", "select", "add", "sub", "mul",
                   "min", "max", "abs", "neg", "eq", "ne", "lt", "le", "gt", "ge", "reduce"})
 #: Triton compile options: never contract a*b+c to an FMA (one rounding, not two).
@@ -80,7 +83,10 @@ class CudaBackend(Backend):
         if op in _FLOAT_ONLY:
             return dtype.is_float
         if op in _INT_ONLY:
-            return dtype.is_int or dtype.is_bool
+            return dtype.is_int or (dtype.is_bool and op != "mod")
+        if op in _NUMERIC:
+            # f16/bf16 fma is rounded once through f64 steps, which this target lacks.
+            return not dtype.is_bool and not (op == "fma" and dtype.bits == 16)
         return op in _ANY
 
     def allocator(self, memory_limit: int | None = None) -> Allocator:

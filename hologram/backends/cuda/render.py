@@ -20,7 +20,9 @@ max/min/argmax/argmin compare total-order integer keys of the bits (NaN wins, ``
 float min/max does with NaN and signed zeros. Division and square root are the correctly
 rounded ``tl.div_rn`` / ``tl.sqrt_rn`` (``/`` and ``tl.sqrt`` may be approximate on NVIDIA
 GPUs), and kernels are compiled with ``enable_fp_fusion=False`` (a multiply and an add are
-never contracted to an FMA, which would round once instead of twice).
+never contracted to an FMA, which would round once instead of twice). The transcendental
+functions are the shared algorithms of :mod:`hologram.codegen.mathlib`, written out by
+:class:`.mathlib.TritonEmitter`: the same bits as the cpu backend's.
 """
 
 from __future__ import annotations
@@ -29,10 +31,13 @@ import math
 import struct
 
 from hologram.codegen import loops
+from hologram.codegen import mathlib as shared_math
 from hologram.compiler.capabilities import Capabilities
 from hologram.errors import CompileError
 from hologram.isa.dtypes import DType
 from hologram.isa.ir import Instr, Kernel, Program
+
+from .mathlib import TritonEmitter
 
 #: Elements of one tile (XBLOCK * RBLOCK) at most, and the widest RBLOCK.
 TILE = 4096
@@ -308,6 +313,8 @@ class _Kernel:
             return self.bind(f"({index}).to({_TL[t.name]})")
         src = self.kernel.body[instr.args[0]].dtype
         args = [self.value(a) for a in instr.args]
+        if op in shared_math.FUNCTIONS:
+            return shared_math.emit(TritonEmitter(self.bind), op, *args)
         handler = getattr(self, f"op_{op}", None)
         if handler is None:
             raise CompileError(f"cuda: kernel {self.kernel.name}: the Triton renderer has no "
@@ -325,10 +332,42 @@ class _Kernel:
         return f"{args[0]} * {args[1]}"
 
     def op_div(self, args, a, t):
-        return f"tl.div_rn({args[0]}, {args[1]})"
+        # Integers: Triton's // truncates toward zero (C); the decompose pass has already
+        # made the divisor safe (x / 0, INT_MIN / -1).
+        return f"tl.div_rn({args[0]}, {args[1]})" if a.is_float else f"{args[0]} // {args[1]}"
+
+    def op_mod(self, args, a, t):
+        return f"{args[0]} % {args[1]}"  # integers only: C's sign of the dividend
 
     def op_sqrt(self, args, a, t):
         return f"tl.sqrt_rn({args[0]})"
+
+    def op_rsqrt(self, args, a, t):
+        return f"tl.div_rn(1.0, tl.sqrt_rn({args[0]}))"  # +-0 -> +-inf
+
+    def op_floor(self, args, a, t):
+        return f"tl.floor({args[0]})"
+
+    def op_ceil(self, args, a, t):
+        return f"tl.ceil({args[0]})"
+
+    def op_trunc(self, args, a, t):
+        e = TritonEmitter(self.bind)
+        return e.copysign(e.floor(e.fabs(args[0])), args[0])
+
+    def op_round(self, args, a, t):
+        return TritonEmitter(self.bind).rint(args[0])
+
+    def op_sign(self, args, a, t):
+        (x,) = args
+        if a.is_float:  # +-0 and NaN pass through
+            return f"tl.where({x} > 0, 1.0, tl.where({x} < 0, -1.0, {x}))"
+        return f"({x} > 0).to({_TL[t.name]}) - ({x} < 0).to({_TL[t.name]})"
+
+    def op_fma(self, args, a, t):
+        # f32: one rounding (f16/bf16 fma needs f64 steps this target refuses).
+        return f"tl.fma({args[0]}, {args[1]}, {args[2]})" if a.is_float else \
+            f"{args[0]} * {args[1]} + {args[2]}"
 
     def op_min(self, args, a, t):
         return f"tl.minimum({args[0]}, {args[1]})" if not a.is_bool else \

@@ -1,0 +1,164 @@
+"""The transcendental functions in Triton: :class:`TritonEmitter` implements the primitives
+of :class:`hologram.codegen.mathlib.MathEmitter` as Triton tile expressions, so every
+algorithm there is written out as straight-line statements of the kernel (f32, and f64
+where an f32 algorithm works in f64: ``pow``).
+
+Each primitive is one exactly rounded operation on NVIDIA GPUs and in Triton's interpreter
+alike: f32 division is ``tl.div_rn`` (an f32 ``/`` may be approximate on a GPU), ``tl.fma`` is a
+fused multiply-add (the interpreter computes it exactly too), and kernels are compiled with
+FMA contraction off (:data:`.backend.OPTIONS`), so ``a * b + c`` stays two roundings.
+Sign and NaN primitives work on the bits. ``rint`` is built from an addition of
+``2^mant`` (exact in round-to-nearest-even) rather than a libdevice call, which the
+interpreter does not have.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+
+from hologram.codegen.mathlib import F32, F64, Format, MathEmitter
+
+#: Per format: the Triton float type, the integer type of its width, and the sign bit.
+_TYPES = {"f32": ("tl.float32", "tl.int32", -2**31), "f64": ("tl.float64", "tl.int64", -2**63)}
+
+
+def float_bits(value: float, fmt: Format) -> int:
+    """The bits of ``value`` rounded to ``fmt``, as a signed integer of its width."""
+    if fmt.width == 32:
+        return struct.unpack("<i", struct.pack("<f", value))[0]
+    return struct.unpack("<q", struct.pack("<d", value))[0]
+
+
+class TritonEmitter(MathEmitter):
+    """Primitives as Triton expressions; each result is bound to a fresh variable through
+    ``bind(expression) -> name``."""
+
+    def __init__(self, bind: Callable[[str], str], fmt: Format = F32):
+        super().__init__(fmt)
+        self.bind = bind
+        self.ft, self.it, self.sign = _TYPES[fmt.name]
+
+    def for_format(self, fmt: Format) -> TritonEmitter:
+        return TritonEmitter(self.bind, fmt)
+
+    def convert(self, a, fmt: Format):
+        return a if fmt is self.fmt else self.bind(f"{a}.to({_TYPES[fmt.name][0]})")
+
+    def c(self, value: float) -> str:
+        # From the bits: exact for every value, inf and NaN included.
+        return self.bind(f"tl.full([1, 1], {float_bits(value, self.fmt)}, {self.it})"
+                         f".to({self.ft}, bitcast=True)")
+
+    def ci(self, value: int) -> str:
+        return self.bind(f"tl.full([1, 1], {int(value)}, {self.it})")
+
+    def add(self, a, b):
+        return self.bind(f"{a} + {b}")
+
+    def sub(self, a, b):
+        return self.bind(f"{a} - {b}")
+
+    def mul(self, a, b):
+        return self.bind(f"{a} * {b}")
+
+    def div(self, a, b):
+        # tl.div_rn takes f32 only; an f64 division is correctly rounded on NVIDIA GPUs
+        # (div.rn.f64) and in the interpreter.
+        return self.bind(f"tl.div_rn({a}, {b})" if self.fmt is F32 else f"{a} / {b}")
+
+    def fast_recip(self, a):
+        return self.div(self.c(1.0), a)
+
+    def neg(self, a):
+        return self.from_bits(self.bind(f"{self.bits(a)} ^ {self.sign}"))
+
+    def fma(self, a, b, c):
+        return self.bind(f"tl.fma({a}, {b}, {c})")
+
+    def fabs(self, a):
+        return self.from_bits(self.bind(f"{self.bits(a)} & {~self.sign}"))
+
+    def copysign(self, a, b):
+        return self.from_bits(self.bind(f"({self.bits(a)} & {~self.sign}) | "
+                                        f"({self.bits(b)} & {self.sign})"))
+
+    def floor(self, a):
+        return self.bind(f"tl.floor({a})")
+
+    def rint(self, a):
+        # |a| + 2^mant - 2^mant rounds |a| to an integer, ties to even, when |a| < 2^mant;
+        # larger values (and inf) are integers already; NaN fails the compare and stays.
+        big = self.c(2.0 ** self.fmt.mant)
+        m = self.fabs(a)
+        r = self.sel(self.lt(m, big), self.sub(self.add(m, big), big), m)
+        return self.copysign(r, a)
+
+    def lt(self, a, b):
+        return self.bind(f"{a} < {b}")
+
+    def ge(self, a, b):
+        return self.bind(f"{a} >= {b}")
+
+    def eq(self, a, b):
+        return self.bind(f"{a} == {b}")
+
+    def ne(self, a, b):
+        return self.bind(f"({a} != {b}) & ({a} == {a}) & ({b} == {b})")
+
+    def ult(self, a, b):
+        return self.not_(self.ge(a, b))
+
+    def ule(self, a, b):
+        return self.not_(self.bind(f"{a} > {b}"))
+
+    def isnan(self, a):
+        return self.bind(f"{a} != {a}")
+
+    def and_(self, a, b):
+        return self.bind(f"{a} & {b}")
+
+    def or_(self, a, b):
+        return self.bind(f"{a} | {b}")
+
+    def not_(self, a):
+        return self.bind(f"{a} == 0")
+
+    def sel(self, cond, a, b):
+        return self.bind(f"tl.where({cond}, {a}, {b})")
+
+    def iadd(self, a, b):
+        return self.bind(f"{a} + {b}")
+
+    def isub(self, a, b):
+        return self.bind(f"{a} - {b}")
+
+    def iand(self, a, b):
+        return self.bind(f"{a} & {b}")
+
+    def shl(self, a, b):
+        return self.bind(f"{a} << {b}")
+
+    def ashr(self, a, b):
+        return self.bind(f"{a} >> {b}")  # signed operands: an arithmetic shift
+
+    def ilt(self, a, b):
+        return self.bind(f"{a} < {b}")
+
+    def ine(self, a, b):
+        return self.bind(f"{a} != {b}")
+
+    def to_int(self, a):
+        return self.bind(f"{a}.to({self.it})")
+
+    def to_float(self, n):
+        return self.bind(f"{n}.to({self.ft})")
+
+    def bits(self, a):
+        return self.bind(f"{a}.to({self.it}, bitcast=True)")
+
+    def from_bits(self, n):
+        return self.bind(f"{n}.to({self.ft}, bitcast=True)")
+
+
+__all__ = ["F32", "F64", "TritonEmitter", "float_bits"]
