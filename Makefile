@@ -24,29 +24,37 @@ venv: $(STAMP_TEST)
 $(VENV_PY):
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP_TEST): pyproject.toml constraints.txt | $(VENV_PY)
+# After installing, build the torch device's native hooks (hologram_torch/native.py) so
+# that the first import does not; this needs g++ and ninja, hence system-packages first.
+# Without them it prints why, and the device runs on its Python hooks.
+BUILD_NATIVE_HOOKS := $(VENV_PY) -c "import hologram_torch.native as n; n.report()"
+
+$(STAMP_TEST): pyproject.toml constraints.txt | $(VENV_PY) system-packages
 	$(PIP_INSTALL) -e ".[test]"
+	$(BUILD_NATIVE_HOOKS)
 	touch $@
 
-$(STAMP_BENCH): pyproject.toml constraints.txt | $(VENV_PY)
+$(STAMP_BENCH): pyproject.toml constraints.txt | $(VENV_PY) system-packages
 	$(PIP_INSTALL) -e ".[test,bench]"
+	$(BUILD_NATIVE_HOOKS)
 	touch $@
 
 lint: $(STAMP_TEST)
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 
 # Debian packages the tests need: Mesa's lavapipe, a Vulkan driver running on the CPU, on
-# which the webgpu backend's tests run for real. Installed when missing and this is root
-# (CI); otherwise a note, and those tests skip (CI sets HOLOGRAM_REQUIRE_WEBGPU=1: there
-# they fail instead).
-SYSTEM_PACKAGES := mesa-vulkan-drivers libvulkan1
+# which the webgpu backend's tests run for real; g++ and ninja, which build the torch
+# device's native hooks (without them DDP's find_unused_parameters and static_graph are
+# refused). Installed when missing and this is root (CI); otherwise a note, and the webgpu
+# tests skip (CI sets HOLOGRAM_REQUIRE_WEBGPU=1: there they fail instead).
+SYSTEM_PACKAGES := mesa-vulkan-drivers libvulkan1 g++ ninja-build
 
 system-packages:
 	@if command -v dpkg >/dev/null && ! dpkg -s $(SYSTEM_PACKAGES) >/dev/null 2>&1; then \
 		if [ "$$(id -u)" = 0 ]; then \
 			apt-get update && apt-get install -y --no-install-recommends $(SYSTEM_PACKAGES); \
 		else \
-			echo "note: $(SYSTEM_PACKAGES) are missing (sudo apt-get install them): the webgpu tests will skip"; \
+			echo "note: some of $(SYSTEM_PACKAGES) are missing (sudo apt-get install them): the webgpu tests will skip, and the torch device has no native hooks"; \
 		fi; \
 	fi
 

@@ -20,6 +20,7 @@ import torch
 
 import hologram
 from hologram.errors import DeviceError
+from hologram_torch import native
 from hologram_torch.constants import NAME
 
 
@@ -286,12 +287,20 @@ def _keep_parameters_on_conversion() -> None:
 
 def register() -> None:
     """Rename PrivateUse1 to ``hologram`` and install the device module, the hooks and the
-    device guard (idempotent); module conversions keep their Parameter objects."""
+    device guard (idempotent); module conversions keep their Parameter objects.
+
+    The hooks are the native ones (:mod:`hologram_torch.native`: they add the pinned-memory
+    allocator) when they can be built and loaded, else the Python ones below, which answer
+    the same questions without it."""
     _check_torch()
     _keep_parameters_on_conversion()
     if torch._C._get_privateuse1_backend_name() == NAME:
         return
     from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
+
+    # torch takes the first hooks registered in a process and ignores later ones, so the
+    # Python hooks passed below only serve where the native ones could not be registered.
+    native.register()
 
     class Hooks(torch._C._acc.PrivateUse1Hooks):
         def is_available(self) -> bool:

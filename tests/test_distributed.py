@@ -133,6 +133,13 @@ def test_ddp_matches_single_process_training(ddp_run):
     _ranks_printed(results, "DDP mlp matches the single-process run")
     _ranks_printed(results, "DDP transformer matches the single-process run")
     _ranks_printed(results, "DDP options: checked")
+    from hologram_torch import native  # the ranks build or load the same hooks
+
+    if native.active():
+        _ranks_printed(results, "DDP find_unused_parameters matches the single-process run")
+        _ranks_printed(results, "DDP static_graph matches the single-process run")
+    else:
+        _ranks_printed(results, "DDP unused parameters: refused without native hooks")
     _ranks_printed(results, "checkpoint: loaded on every rank")
 
 
@@ -556,8 +563,6 @@ def _case_ddp(torch, dist, rank: int, world: int) -> None:
 def _check_ddp_options(torch, dist, rank: int, world: int) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    import hologram_torch
-
     class Counting(torch.nn.Module):
         """A buffer each rank changes on its own in forward."""
 
@@ -598,29 +603,90 @@ def _check_ddp_options(torch, dist, rank: int, world: int) -> None:
         dist.all_reduce(want, op=dist.ReduceOp.AVG)
         assert p.grad.device.type == DEVICE
         assert torch.allclose(p.grad.cpu(), want.cpu(), rtol=1e-3), (p.grad.cpu(), want)
-    # what torch's reducer cannot do for a Python device is refused up front ...
-    for option in ("find_unused_parameters", "static_graph"):
-        try:
-            DDP(torch.nn.Linear(4, 4).to(DEVICE), **{option: True})
-        except hologram_torch.compat.UnsupportedError as e:
-            assert f"{option}=True" in str(e) and "pinned" in str(e), str(e)
-        else:
-            raise AssertionError(f"DDP({option}=True) on the device was accepted")
-    # ... and works for CPU models through the same process group (the remedy offered)
-    branchy = torch.nn.ModuleDict({"used": torch.nn.Linear(4, 4),
-                                   "unused": torch.nn.Linear(4, 4)})
+    # find_unused_parameters and static_graph (the native hooks' pinned memory) ...
+    _check_unused_parameters(torch, dist, rank, world)
 
-    class Branch(torch.nn.Module):
+
+def _branchy(torch):
+    """A trunk and three heads: forward takes one head; "never" is used by no rank."""
+
+    class Branchy(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.parts = branchy
+            self.trunk = torch.nn.Linear(6, 8)
+            self.heads = torch.nn.ModuleDict({name: torch.nn.Linear(8, 1)
+                                              for name in ("a", "b", "never")})
 
-        def forward(self, x):
-            return self.parts["used"](x)
+        def forward(self, x, head):
+            return self.heads[head](torch.tanh(self.trunk(x)))
 
-    cpu_ddp = DDP(Branch(), find_unused_parameters=True)
-    cpu_ddp(torch.full((2, 4), float(rank))).sum().backward()
-    assert cpu_ddp.module.parts["unused"].weight.grad is None
+    return Branchy
+
+
+def _check_unused_parameters(torch, dist, rank: int, world: int) -> None:
+    """DDP(find_unused_parameters=True) with ranks taking different heads each step, and
+    DDP(static_graph=True) with one head always unused: on device tensors, the
+    parameters after the steps equal a single-process run on the full batches, and the
+    same DDP on CPU tensors in the same group (torch's own reducer on the CPU); a head no
+    rank used has no gradient, as on the CPU. Without the native hooks (no C++ compiler)
+    both options are refused up front, naming the fix."""
+    import copy
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import hologram_torch
+    from hologram_torch import native
+
+    if not native.active():
+        for option in ("find_unused_parameters", "static_graph"):
+            try:
+                DDP(torch.nn.Linear(4, 4).to(DEVICE), **{option: True})
+            except hologram_torch.compat.UnsupportedError as e:
+                assert f"{option}=True" in str(e) and "g++" in str(e), str(e)
+            else:
+                raise AssertionError(f"DDP({option}=True) without native hooks accepted")
+        print(f"rank {rank}: DDP unused parameters: refused without native hooks",
+              flush=True)
+        return
+    steps = 4
+    for option, heads in (("find_unused_parameters", ("a", "b")), ("static_graph", ("a",))):
+        torch.manual_seed(0)
+        reference = _branchy(torch)()
+        runs = {device: copy.deepcopy(reference).to(device) for device in (DEVICE, "cpu")}
+        ddps = {device: DDP(model, bucket_cap_mb=0.0005, **{option: True})
+                for device, model in runs.items()}
+        opts = {device: torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+                for device, ddp in ddps.items()}
+        ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+        g = torch.Generator().manual_seed(2)
+        for step in range(steps):
+            x, y = torch.randn(4 * world, 6, generator=g), torch.randn(4 * world, 1, generator=g)
+
+            def head(r, step=step, heads=heads):  # ranks differ where there are two
+                return heads[(step + r) % len(heads)]
+
+            share = slice(4 * rank, 4 * rank + 4)
+            for device, ddp in ddps.items():
+                opts[device].zero_grad()
+                out = ddp(x[share].to(device), head(rank))
+                torch.nn.functional.mse_loss(out, y[share].to(device)).backward()
+                opts[device].step()
+            ref_opt.zero_grad()
+            losses = [torch.nn.functional.mse_loss(reference(x[4 * r:4 * r + 4], head(r)),
+                                                   y[4 * r:4 * r + 4]) for r in range(world)]
+            (sum(losses) / world).backward()  # DDP averages the ranks' gradients
+            ref_opt.step()
+        named = {device: dict(ddp.module.named_parameters()) for device, ddp in ddps.items()}
+        for name, q in reference.named_parameters():
+            p, c = named[DEVICE][name], named["cpu"][name]
+            assert p.device.type == DEVICE
+            assert torch.allclose(p.detach().cpu(), q.detach(), rtol=1e-5, atol=1e-6), (
+                option, name, (p.detach().cpu() - q.detach()).abs().max())
+            assert torch.allclose(p.detach().cpu(), c.detach(), rtol=1e-5, atol=1e-6), (
+                option, name)
+            assert (p.grad is None) == (c.grad is None) == (q.grad is None), (option, name)
+        assert named[DEVICE]["heads.never.weight"].grad is None
+        print(f"rank {rank}: DDP {option} matches the single-process run", flush=True)
 
 
 def _check_checkpoint(torch, dist, rank: int, ddp, build) -> None:

@@ -1,0 +1,183 @@
+"""The device's native PrivateUse1 hooks: a small C++ library (``csrc/hooks.cpp``) built
+with PyTorch's extension machinery and registered before the Python hooks.
+
+The Python hooks a device can register (``torch._C._acc.PrivateUse1Hooks``) cannot
+provide a pinned-memory allocator, which torch's C++ core asks for when it allocates
+pinned host memory for the device: DDP's reducer does with ``find_unused_parameters=True``
+or ``static_graph=True``, and so does ``torch.empty(..., pin_memory=True)``. The native
+hooks answer as the Python ones did, and add that allocator (the device's memory is host
+memory: pinned memory is host memory from the CPU allocator's functions, and
+``is_pinned()`` is true for exactly the blocks it handed out) and ``getDeviceFromPtr``
+(``hologram:0``). torch accepts one hooks object per process, so whichever registers
+first serves the process: :func:`hologram_torch.device.register` tries these first.
+
+The library is built once per source, torch build and Python version: it lives in torch's
+extension directory (``$TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``),
+in a folder named after a hash of those. ``make venv`` builds it; otherwise the first
+import does, saying so on stderr. Processes importing at the same time (pytest workers,
+torchrun ranks) share one build through torch's lock file in that folder: one compiles,
+the others wait for it. Without a C++ compiler and ninja (``$CXX``, by default ``c++``),
+the device runs on the Python hooks and :func:`reason` tells why the native ones are
+missing and how to get them; DDP refuses the two options that need them.
+
+``python -c "import hologram_torch.native as n; n.report()"`` builds (if needed) and
+prints the state.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+from torch import _appdirs
+from torch.utils.file_baton import FileBaton
+
+from hologram.errors import CompileError
+
+SOURCE = Path(__file__).resolve().parent / "csrc" / "hooks.cpp"
+_CFLAGS = ("-O2",)
+# The longest a process waits for another's build (lock file age); a build takes well
+# under a minute. A lock older than this was left by a build that was killed.
+_LOCK_STALE_S = 600.0
+# How to get the native hooks on a machine without a compiler.
+_REMEDY = ("install a C++ compiler and ninja (Debian/Ubuntu: apt-get install g++ "
+           "ninja-build) and start Python again: the first import then builds the hooks")
+
+_state: dict = {"active": False, "reason": "not loaded yet"}
+
+
+@functools.cache
+def _name() -> str:
+    """The library's name: a hash of everything its binary depends on."""
+    key = hashlib.sha256(SOURCE.read_bytes())
+    for part in (torch.__version__, torch.version.git_version, sys.implementation.cache_tag,
+                 platform.machine(), *_CFLAGS):
+        key.update(b"\0" + str(part).encode())
+    return f"hologram_torch_hooks_{key.hexdigest()[:16]}"
+
+
+def build_directory() -> Path:
+    """Where the library is built: a folder of torch's extension directory."""
+    # torch.utils.cpp_extension computes the same root, but importing it costs a third of a
+    # second (it imports setuptools): too much for every import when the build is cached.
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or _appdirs.user_cache_dir(
+        appname="torch_extensions")
+    return Path(root).resolve() / _name()
+
+
+def library_path() -> Path:
+    return build_directory() / f"{_name()}.so"
+
+
+def _missing_tools() -> list[str]:
+    # cpp_extension compiles with $CXX (default c++) and builds through ninja
+    compiler = os.environ.get("CXX", "c++")
+    return [tool for tool in (compiler, "ninja") if shutil.which(tool) is None]
+
+
+def _wait_for_other_build(lock: Path) -> None:
+    """Wait while another process builds (its lock file exists), up to the lock's age
+    :data:`_LOCK_STALE_S`; raise if it is older (a killed build left it)."""
+    while True:
+        try:
+            age = time.time() - lock.stat().st_mtime
+        except FileNotFoundError:
+            return
+        if age > _LOCK_STALE_S:
+            raise CompileError(f"the lock file {lock} is {age:.0f} s old: a build of the "
+                               "native hooks was interrupted; delete the file and start "
+                               "Python again")
+        time.sleep(0.1)
+
+
+def _compile(path: Path) -> None:
+    print(f"hologram_torch: building the device's native hooks in {path.parent} (once "
+          "per torch version)", file=sys.stderr, flush=True)
+    from torch.utils import cpp_extension  # slow to import: only when building
+
+    try:
+        cpp_extension.load(_name(), [str(SOURCE)], extra_cflags=list(_CFLAGS),
+                           build_directory=str(path.parent), is_python_module=False)
+    except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+        log = getattr(e, "output", None) or str(e)
+        raise CompileError(f"building the native hooks from {SOURCE} in {path.parent} "
+                           f"failed ({type(e).__name__})", log=str(log)[-4000:]) from e
+
+
+def build() -> Path:
+    """The library's path, built first unless cached. Raises :class:`CompileError` (with
+    the build's log) when it cannot be built."""
+    path = library_path()
+    # Held while one process builds; the others wait, then load its result. (cpp_extension
+    # has a lock of its own, "lock", but its waiters poll forever, and only the process
+    # that wins it knows it builds: this one says so once and its waits are bounded.)
+    lock = path.parent / "hologram_build.lock"
+    if path.exists() and not lock.exists():
+        return path
+    missing = _missing_tools()
+    if missing:
+        raise CompileError(f"{' and '.join(missing)} not found; {_REMEDY}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    baton = FileBaton(str(lock))
+    while not baton.try_acquire():
+        _wait_for_other_build(lock)
+        if path.exists():
+            return path  # else the other build failed: try ours (and report its error)
+    try:
+        if not path.exists():
+            _compile(path)
+    finally:
+        baton.release()
+    return path
+
+
+def register() -> bool:
+    """Build (if needed), load and register the native hooks; False, with :func:`reason`
+    set, when they cannot be (the caller then registers the Python hooks)."""
+    try:
+        library = ctypes.CDLL(str(build()))
+    except (CompileError, OSError) as e:
+        _state.update(active=False, reason=str(e))
+        if _missing_tools():
+            return False  # the expected case on machines without a compiler: no noise
+        warnings.warn(f"hologram_torch runs on its Python device hooks (DDP's "
+                      f"find_unused_parameters and static_graph are unavailable): {e}",
+                      RuntimeWarning, stacklevel=2)
+        return False
+    status = library.hologram_torch_register_hooks()
+    reasons = {0: "other PrivateUse1 hooks were registered first (torch takes one set per "
+                  "process)",
+               -1: "torch refused to register the native hooks"}
+    _state.update(active=status == 1, reason=reasons.get(status))
+    return status == 1
+
+
+def active() -> bool:
+    """Do the native hooks serve this process?"""
+    return _state["active"]
+
+
+def reason() -> str | None:
+    """Why the native hooks are not active (with the remedy), or None when they are."""
+    return None if _state["active"] else _state["reason"]
+
+
+def report() -> None:
+    """Print whether the native hooks are active (``make venv`` runs this after
+    installing, to build them ahead of the first import)."""
+    import hologram_torch  # noqa: F401 (registers the device, building the hooks)
+
+    if active():
+        print(f"hologram_torch: native device hooks active ({library_path()})")
+    else:
+        print(f"hologram_torch: native device hooks unavailable: {reason()}")

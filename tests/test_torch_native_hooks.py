@@ -1,0 +1,178 @@
+"""The torch device's native PrivateUse1 hooks (``hologram_torch.native``): built and
+active wherever a C++ compiler is, pinned memory that is host memory and says so, one
+build shared by processes importing at the same time, bounded waits on a lock, and the
+Python hooks (with DDP's two options refused, naming the fix) where nothing can be built.
+DDP training with those options is tested in tests/test_distributed.py."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import hologram_torch  # noqa: F401 (registers the device)
+from hologram.errors import CompileError
+from hologram_torch import native
+
+ROOT = Path(__file__).resolve().parents[1]
+TOOLS = shutil.which(os.environ.get("CXX", "c++")) and shutil.which("ninja")
+needs_native = pytest.mark.skipif(
+    not native.active(), reason=f"native hooks unavailable: {native.reason()} "
+    "(test_native_hooks_active_wherever_they_can_be_built says whether that is right)")
+
+
+def _python(code: str, env: dict, timeout: float = 240) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]), **env)
+    return subprocess.run([sys.executable, "-W", "ignore", "-c", code], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_native_hooks_active_wherever_they_can_be_built():
+    if TOOLS:
+        assert native.active(), native.reason()
+        assert native.reason() is None and native.library_path().is_file()
+    else:
+        assert not native.active() and "not found" in native.reason()
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.bool,
+                                   torch.bfloat16])
+def test_pinned_memory_is_host_memory_that_says_so(dtype):
+    ref = torch.testing.make_tensor(5, 7, dtype=dtype, device="cpu")
+    pinned = torch.empty(5, 7, dtype=dtype, pin_memory=True)
+    assert pinned.device.type == "cpu" and pinned.is_pinned()
+    pinned.copy_(ref)
+    # views of it too (is_pinned asks about the storage's pointer), and copies both ways
+    assert pinned[1:].is_pinned() and pinned.t().is_pinned()
+    on_device = pinned.to("hologram", non_blocking=True)
+    assert on_device.device.type == "hologram" and not on_device.is_pinned()
+    assert torch.equal(on_device.cpu(), ref)
+    like = torch.empty_like(ref, pin_memory=True)
+    assert like.is_pinned() and like.shape == ref.shape and like.dtype == dtype
+    # ordinary CPU memory is not pinned, nor a copy of pinned memory
+    assert not ref.is_pinned() and not pinned.clone().is_pinned()
+
+
+@needs_native
+def test_pinned_blocks_are_forgotten_when_freed():
+    # a freed block leaves the allocator's table: an ordinary tensor that gets its
+    # address next is not taken for pinned
+    reused = 0
+    for _ in range(50):
+        pinned = torch.ones(1000, pin_memory=True)
+        assert pinned.is_pinned()
+        address = pinned.data_ptr()
+        del pinned
+        ordinary = torch.ones(1000)
+        assert not ordinary.is_pinned()
+        reused += ordinary.data_ptr() == address
+    assert reused > 0  # the check above met a reused address at least once
+    empty = torch.empty(0, pin_memory=True)  # no block at all
+    assert empty.device.type == "cpu" and empty.numel() == 0
+
+
+@needs_native
+def test_processes_importing_together_share_one_build(tmp_path):
+    """Three processes import with an empty extension directory: one builds (and says
+    so), the others wait for it; all three get the native hooks."""
+    code = ("import torch, hologram_torch; from hologram_torch import native; "
+            "print('active', native.active(), native.reason())")
+    env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(tmp_path),
+               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    procs = [subprocess.Popen([sys.executable, "-W", "ignore", "-c", code], env=env,
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(3)]
+    outputs = [p.communicate(timeout=300) for p in procs]
+    for p, (out, err) in zip(procs, outputs):
+        assert p.returncode == 0 and "active True None" in out, out + err
+    assert sum("building the device's native hooks" in err for _, err in outputs) == 1
+    (folder,) = tmp_path.iterdir()
+    builds = (folder / ".ninja_log").read_text().count(".so")
+    assert builds == 1 and not (folder / "hologram_build.lock").exists()
+
+
+def test_a_build_in_progress_is_waited_for(tmp_path, monkeypatch):
+    """A process that finds another's lock waits until it goes, then loads that result."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    path = native.library_path()
+    path.parent.mkdir(parents=True)
+    lock = path.parent / "hologram_build.lock"
+    lock.touch()
+
+    def other_build():
+        time.sleep(0.5)
+        path.write_bytes(b"built by the other process")
+        lock.unlink()
+
+    other = threading.Thread(target=other_build)
+    other.start()
+    start = time.monotonic()
+    assert native.build() == path
+    other.join()
+    assert time.monotonic() - start >= 0.4 and path.read_bytes().startswith(b"built by")
+
+
+def test_a_stale_lock_fails_the_build_with_the_fix(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    path = native.library_path()
+    path.parent.mkdir(parents=True)
+    lock = path.parent / "hologram_build.lock"
+    lock.touch()
+    old = time.time() - 2 * native._LOCK_STALE_S
+    os.utime(lock, (old, old))
+    start = time.monotonic()
+    with pytest.raises(CompileError, match="was interrupted; delete the file"):
+        native.build()
+    assert time.monotonic() - start < 5 and lock.exists()
+
+
+def test_without_a_compiler_the_device_runs_on_python_hooks(tmp_path):
+    """No compiler ($CXX names none) and nothing built: the import stays quiet, the device
+    works, pinned allocations fail as torch fails them for a Python device, and DDP
+    refuses find_unused_parameters and static_graph with the reason and the fix."""
+    code = f"""
+import datetime, torch, torch.distributed as dist
+import hologram_torch
+from hologram_torch import native
+from torch.nn.parallel import DistributedDataParallel as DDP
+assert not native.active(), "native hooks active without a compiler"
+print("reason:", native.reason())
+x = torch.arange(6.0, device="hologram")
+assert torch.equal((x * 2 + 1).cpu(), torch.arange(6.0) * 2 + 1)
+try:
+    torch.empty(3, pin_memory=True)
+except NotImplementedError as e:
+    print("pinned refused:", "getPinnedMemoryAllocator" in str(e))
+dist.init_process_group("hologram", init_method="file://{tmp_path}/store", rank=0,
+                        world_size=1, timeout=datetime.timedelta(seconds=20))
+plain = DDP(torch.nn.Linear(4, 4).to("hologram"))
+plain(torch.ones(2, 4, device="hologram")).sum().backward()
+print("plain DDP works:", plain.module.weight.grad.device)
+for option in ("find_unused_parameters", "static_graph"):
+    try:
+        DDP(torch.nn.Linear(4, 4).to("hologram"), **{{option: True}})
+    except hologram_torch.compat.UnsupportedError as e:
+        print(option, "refused:", e)
+dist.destroy_process_group()
+"""
+    extensions = tmp_path / "extensions"
+    done = _python(code, {"CXX": str(tmp_path / "no-such-compiler"),
+                          "TORCH_EXTENSIONS_DIR": str(extensions)})
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "no-such-compiler not found" in out and "apt-get install g++" in out, out
+    assert "pinned refused: True" in out and "plain DDP works: hologram:0" in out, out
+    for option in ("find_unused_parameters", "static_graph"):
+        line = next(x for x in out.splitlines() if x.startswith(f"{option} refused:"))
+        assert f"{option}=True" in line and "native hooks" in line, line
+        assert "no-such-compiler not found" in line and "apt-get install g++" in line, line
+    assert "building" not in done.stderr and not extensions.exists(), done.stderr
