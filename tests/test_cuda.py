@@ -220,7 +220,16 @@ def _families():
     programs = {"elementwise": [elementwise(op, types, 1000, *rest)
                                 for op, types, *rest in elementwise_ops]}
     programs["reduction"] = [_rows(t) for t in (dt.float32, dt.float16, dt.int32)]
+    programs["matmul"] = [_matmul(t) for t in (dt.float32, dt.bfloat16, dt.int32)]
     return programs
+
+
+def _matmul(t: dt.DType):
+    """A batched product with an epilogue (bias, relu): the tiled kernel."""
+    g = Graph(f"matmul_{t.name}")
+    y = g.input("a", t, (2, 100, 300)) @ g.input("b", t, (300, 70)) + g.input("c", t, (70,))
+    g.output("y", g.maximum(y, 0))
+    return g.program()
 
 
 def _rows(t: dt.DType):

@@ -207,6 +207,41 @@ class KernelPlan:
         return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class MatmulDims:
+    """Where a kernel is a matrix product (:func:`matmul`): the contraction's position,
+    the domain dimensions of its rows, columns and reduced index, and the grid points of
+    the dimensions before the rows (a batch)."""
+
+    position: int
+    m: int
+    n: int
+    k: int
+    batch: int
+
+
+def matmul(kernel: Kernel, plan: KernelPlan) -> MatmulDims | None:
+    """The matrix-product structure of ``kernel``, or None: its one reduction is a
+    contraction over its last domain dimension ``k``, its grid is ``[batch..., m, n]``,
+    operand ``A`` does not vary along ``n`` nor ``B`` along ``m``, and its stores are made
+    once per grid point (an epilogue). A renderer may compute such a kernel in tiles of
+    outputs, each operand element read once per tile rather than once per output."""
+    rank, body = kernel.grid_rank, kernel.body
+    if rank < 2 or len(kernel.domain) != rank + 1 or 0 in kernel.domain:
+        return None
+    reductions = [i for i, x in enumerate(body) if x.op in ("reduce", "contract")]
+    if len(reductions) != 1 or body[reductions[0]].op != "contract":
+        return None
+    instr = body[reductions[0]]
+    m, n, k = rank - 2, rank - 1, rank
+    if instr.axes != (k,) or any(dims for dims, _ in plan.store_nests):
+        return None
+    a, b = (body[x] for x in instr.args)
+    if a.shape[n] != 1 or b.shape[m] != 1:
+        return None
+    return MatmulDims(reductions[0], m, n, k, math.prod(kernel.domain[:m]))
+
+
 def plan(kernel: Kernel, caps: Capabilities = CPU) -> KernelPlan:
     """The loop plan of ``kernel`` for a target with ``caps``."""
     rank = len(kernel.domain)

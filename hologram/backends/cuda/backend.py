@@ -50,7 +50,7 @@ _DTYPES = frozenset({dt.float32, dt.float16, dt.bfloat16, dt.int32, dt.int64, dt
 _FLOAT_ONLY = frozenset({"sqrt", "rsqrt", "floor", "ceil", "round", "trunc",
                          *shared_math.FUNCTIONS})
 _INT_ONLY = frozenset({"and", "or", "xor", "not", "mod"})  # float mod: not exact on GPUs
-_NUMERIC = frozenset({"div", "sign", "fma"})  # not bool
+_NUMERIC = frozenset({"div", "sign", "fma", "contract"})  # not bool
 _ANY = frozenset({"load", "store", "const", "index", "cast", "select", "add", "sub", "mul",
                   "min", "max", "abs", "neg", "eq", "ne", "lt", "le", "gt", "ge", "reduce"})
 #: Triton compile options: never contract a*b+c to an FMA (one rounding, not two).

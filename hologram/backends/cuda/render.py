@@ -42,6 +42,10 @@ from .mathlib import TritonEmitter
 #: Elements of one tile (XBLOCK * RBLOCK) at most, and the widest RBLOCK.
 TILE = 4096
 MAX_RBLOCK = 1024
+#: Matrix products: outputs per side of a program instance's tile, and indices of k per
+#: ``tl.dot`` (each at least 16, Triton's smallest dot).
+MATMUL_TILE = 64
+MATMUL_DEPTH = 32
 #: The Triton pointer type of each buffer dtype (bf16 as its bits, bool as a byte).
 POINTER = {"f32": "*fp32", "f16": "*fp16", "bf16": "*i16", "i32": "*i32", "i64": "*i64",
            "bool": "*u8"}
@@ -177,17 +181,11 @@ class _Kernel:
     # --- structure ----------------------------------------------------------------------
     def render(self) -> dict:
         kernel, plan = self.kernel, self.plan
-        points = math.prod(kernel.grid)
-        self.line(f"x = tl.program_id(0) * {self.xblock} + "
-                  f"tl.arange(0, {self.xblock})[:, None]")
-        self.line(f"xmask = x < {points}")
-        self.line("xzero = x * 0")
-        stride = 1
-        for d in reversed(range(kernel.grid_rank)):
-            n = kernel.domain[d]
-            if n > 1:
-                self.index[d] = self.bind(f"(x // {stride}) % {n}")
-            stride *= n
+        mm = loops.matmul(kernel, plan)
+        if mm is not None:
+            grid, tile = self.matmul(mm), TILE
+        else:
+            grid, tile = self.points(), self.xblock * self.rblock
         body = kernel.body
         for dims, stores in plan.store_nests:
             for pos in stores:
@@ -200,9 +198,95 @@ class _Kernel:
         return {"name": name, "source": source,
                 "signature": {f"b{i}": POINTER[program_dtype(self.program, i)]
                               for i in buffers},
-                "buffers": buffers, "grid": -(-points // self.xblock),
+                "buffers": buffers, "grid": grid,
                 "xblock": self.xblock, "rblock": self.rblock,
-                "num_warps": 4 if self.xblock * self.rblock <= 2048 else 8}
+                "num_warps": 4 if tile <= 2048 else 8}
+
+    def points(self) -> int:
+        """The grid-point rows of this program instance (``x``, ``xmask``) and their
+        indices; the number of program instances."""
+        kernel = self.kernel
+        points = math.prod(kernel.grid)
+        self.line(f"x = tl.program_id(0) * {self.xblock} + "
+                  f"tl.arange(0, {self.xblock})[:, None]")
+        self.line(f"xmask = x < {points}")
+        self.line("xzero = x * 0")
+        stride = 1
+        for d in reversed(range(kernel.grid_rank)):
+            n = kernel.domain[d]
+            if n > 1:
+                self.index[d] = self.bind(f"(x // {stride}) % {n}")
+            stride *= n
+        return -(-points // self.xblock)
+
+    def matmul(self, mm: loops.MatmulDims) -> int:
+        """A matrix product (:func:`hologram.codegen.loops.matmul`): each program instance
+        computes a ``[BM, BN]`` tile of outputs over chunks of ``BK`` indices of ``k``.
+        Floats use ``tl.dot`` (IEEE f32 products and sums, no TF32) and add the chunks'
+        sums with compensation, so the error stays within the ISA's float-sum bound (a
+        chunk's dot product costs at most ``BK`` roundings, the compensated sum of the
+        chunks about two); a sum of -0.0 products comes out +0.0, as from BLAS. Integers
+        (which ``tl.dot`` takes only as i8) sum broadcast products, wrapping. The epilogue
+        then runs on the tile, ``xmask`` its valid outputs. Returns the number of program
+        instances."""
+        kernel, domain = self.kernel, self.kernel.domain
+        instr = kernel.body[mm.position]
+        t = kernel.body[instr.args[0]].dtype
+        side, depth = (MATMUL_TILE, MATMUL_DEPTH) if t.is_float else (32, 16)
+        bm, bn = (min(side, max(16, pow2(domain[d]))) for d in (mm.m, mm.n))
+        bk = min(depth, max(16, pow2(domain[mm.k])))
+        self.xblock, self.rblock = bm * bn, bk
+        tiles_m, tiles_n = -(-domain[mm.m] // bm), -(-domain[mm.n] // bn)
+        self.line("pid = tl.program_id(0)")
+        stride = tiles_m * tiles_n
+        for d in reversed(range(mm.m)):
+            if domain[d] > 1:
+                self.index[d] = self.bind(f"(pid // {stride}) % {domain[d]}")
+            stride *= domain[d]
+        rows = self.bind(f"((pid // {tiles_n}) % {tiles_m}) * {bm} + "
+                         f"tl.arange(0, {bm})[:, None]")
+        cols = self.bind(f"(pid % {tiles_n}) * {bn} + tl.arange(0, {bn})[None, :]")
+        row_ok, col_ok = (self.bind(f"{v} < {domain[d]}")
+                          for v, d in ((rows, mm.m), (cols, mm.n)))
+        acc_t = "tl.float32" if t.is_float else _TL[t.name]
+        acc, comp = self.bind(f"tl.zeros([{bm}, {bn}], {acc_t})"), f"comp{mm.position}"
+        if t.is_float:
+            self.line(f"{comp} = tl.zeros([{bm}, {bn}], tl.float32)")
+        self.line(f"for k0 in range(0, {domain[mm.k]}, {bk}):")
+        self.depth += 1
+
+        def operand(arg: int, index: dict[int, str], ok: str, k: str) -> str:
+            # Positions past the matrices' edges are computed, then zeroed.
+            self.index.pop(mm.m, None), self.index.pop(mm.n, None)
+            self.index.update(index)
+            self.mask = self.bind(f"{ok} & ({k} < {domain[mm.k]})")
+            self.zero = self.bind(f"{ok}.to(tl.int32) * 0 + {k} * 0")
+            self.local = {}
+            return self.bind(f"tl.where({self.mask}, {self.value(arg)}, 0)")
+
+        ka = self.bind(f"k0 + tl.arange(0, {bk})[None, :]")
+        a = operand(instr.args[0], {mm.m: rows, mm.k: ka}, row_ok, ka)
+        kb = self.bind(f"k0 + tl.arange(0, {bk})[:, None]")
+        b = operand(instr.args[1], {mm.n: cols, mm.k: kb}, col_ok, kb)
+        if t.is_float:
+            y = self.bind(f"tl.dot({a}, {b}, input_precision=\"ieee\") - {comp}")
+            total = self.bind(f"{acc} + {y}")
+            self.line(f"{comp} = tl.where(tl.abs({total}) < HG_INF, "
+                      f"({total} - {acc}) - {y}, 0.0)")
+            self.line(f"{acc} = {total}")
+        else:
+            self.line(f"{acc} = {acc} + tl.sum({a}[:, :, None] * {b}[None, :, :], 1)")
+        self.depth -= 1
+        del self.index[mm.k]
+        self.index[mm.m], self.index[mm.n] = rows, cols
+        self.line(f"xmask = {row_ok} & {col_ok}")
+        self.line("xzero = xmask.to(tl.int32) * 0")
+        self.mask, self.zero, self.local = "xmask", "xzero", {}
+        if t.is_float:
+            acc = self.rounded(self.bind(f"tl.where(({comp} == 0.0) | ~(tl.abs({acc}) < "
+                                         f"HG_INF), {acc}, {acc} - {comp})"), t)
+        self.point[mm.position] = acc
+        return mm.batch * tiles_m * tiles_n
 
     def buffers(self) -> list[int]:
         k = self.kernel
@@ -215,7 +299,7 @@ class _Kernel:
             if i not in self.point:
                 self.local = self.point
                 instr = self.kernel.body[i]
-                if instr.op == "reduce":
+                if instr.op in ("reduce", "contract"):
                     self.point[i] = self.reduce(i, instr)
                 else:
                     self.point[i] = self.emit(instr)
@@ -255,7 +339,7 @@ class _Kernel:
             return self.point[i]
         if i not in self.local:
             instr = self.kernel.body[i]
-            if instr.op == "reduce":
+            if instr.op in ("reduce", "contract"):
                 raise CompileError(f"cuda: kernel {self.kernel.name}: reduction %{i} "
                                    "inside a loop nest")
             self.local[i] = self.emit(instr)
@@ -442,10 +526,12 @@ class _Kernel:
     # --- reductions ---------------------------------------------------------------------
     def reduce(self, position: int, instr: Instr) -> str:
         """A reduction computed once per grid point: a loop over the flat index of its
-        axes (row-major, so argmax indices are that index), lanes folded at the end."""
+        axes (row-major, so argmax indices are that index), lanes folded at the end. A
+        contraction is the sum of its operands' products (exact in f32 for f16/bf16
+        operands), accumulated like a float sum."""
         kernel = self.kernel
         t = kernel.body[instr.args[0]].dtype
-        kind = instr.kind
+        kind = "sum" if instr.op == "contract" else instr.kind
         axes = list(instr.axes)
         total = math.prod(kernel.domain[d] for d in axes)
         if total == 0:  # the identity (a sum: +0.0); argmax over nothing is refused
@@ -491,6 +577,8 @@ class _Kernel:
             stride *= kernel.domain[d]
         self.local = {}
         v = self.value(instr.args[0])
+        if instr.op == "contract":
+            v = self.bind(f"{v} * {self.value(instr.args[1])}")
         m = self.mask
         if kind == "sum" and t.is_float:  # Kahan: comp holds what each addition lost
             y = self.bind(f"tl.where({m}, {v}, HG_NEG_ZERO) - {comp}")

@@ -21,9 +21,9 @@ and its barriers are costly. Tiling is the layout GPUs need; it has not run on o
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
+from hologram.codegen import loops
 from hologram.codegen.loops import KernelPlan
 from hologram.isa.ir import Instr, Kernel
 
@@ -50,23 +50,13 @@ class Tiling:
 
 
 def tiling(kernel: Kernel, plan: KernelPlan) -> Tiling | None:
-    """The tiling of ``kernel``, or None when it is not a tiled matrix product (see the
-    module docstring)."""
-    rank, body = kernel.grid_rank, kernel.body
-    if rank < 2 or len(kernel.domain) != rank + 1 or 0 in kernel.domain:
+    """The tiling of ``kernel``, or None when it is not a matrix product
+    (:func:`hologram.codegen.loops.matmul`)."""
+    mm = loops.matmul(kernel, plan)
+    if mm is None:
         return None
-    reductions = [i for i, x in enumerate(body) if x.op in ("reduce", "contract")]
-    if len(reductions) != 1 or body[reductions[0]].op != "contract":
-        return None
-    instr = body[reductions[0]]
-    m, n, k = rank - 2, rank - 1, rank
-    if instr.axes != (k,) or any(dims for dims, _ in plan.store_nests):
-        return None
-    a, b = (body[x] for x in instr.args)
-    if a.shape[n] != 1 or b.shape[m] != 1:
-        return None
-    return Tiling(reductions[0], m, n, k, -(-kernel.domain[m] // TILE),
-                  -(-kernel.domain[n] // TILE), math.prod(kernel.domain[:m]))
+    return Tiling(mm.position, mm.m, mm.n, mm.k, -(-kernel.domain[mm.m] // TILE),
+                  -(-kernel.domain[mm.n] // TILE), mm.batch)
 
 
 def emit_indices(r, t: Tiling) -> None:
