@@ -14,6 +14,8 @@ Values are read at call time, so tests and users can change the environment at r
 | ``HOLOGRAM_FAST_MATH`` | ``1`` allows rewrites that are not exact under IEEE 754 | ``0`` |
 | ``HOLOGRAM_BENCH_QUICK`` | ``1`` makes benchmarks use small sizes | ``0`` |
 | ``HOLOGRAM_CPU_TARGET`` | CPU the cpu backend compiles for (``x86-64-v3``, ...) | ``host`` |
+| ``HOLOGRAM_QUICK_COMPILE`` | ``1``: compile quickly first, fully when hot (compiler.md) | ``1`` |
+| ``HOLOGRAM_PROMOTE_AFTER`` | calls before a quick compile is redone in full | ``8`` |
 | ``HOLOGRAM_CUDA_EMULATE`` | ``1``: ``cuda`` runs in Triton's interpreter (docs/cuda.md) | ``0`` |
 """
 
@@ -39,6 +41,8 @@ class Settings:
     bench_quick: bool
     cpu_target: str
     cuda_emulate: bool = False
+    quick_compile: bool = True
+    promote_after: int = 8
 
 
 def _flag(name: str) -> bool:
@@ -48,6 +52,11 @@ def _flag(name: str) -> bool:
     if value in ("1", "true", "yes", "on"):
         return True
     raise HologramError(f"{name}={value!r}: expected 0/1, true/false, yes/no or on/off")
+
+
+def _flag_default(name: str, default: bool) -> bool:
+    """:func:`_flag` for a variable that is on unless set: unset or empty is ``default``."""
+    return _flag(name) if os.environ.get(name, "").strip() else default
 
 
 def _int(name: str, default: int, minimum: int) -> int:
@@ -72,6 +81,7 @@ _VARIABLES = (
     "HOLOGRAM_BACKEND", "HOLOGRAM_NUM_THREADS", "HOLOGRAM_CACHE_DIR",
     "HOLOGRAM_DISABLE_DISK_CACHE", "HOLOGRAM_CACHE_SIZE", "HOLOGRAM_DUMP_DIR",
     "HOLOGRAM_FAST_MATH", "HOLOGRAM_BENCH_QUICK", "HOLOGRAM_CPU_TARGET", "HOLOGRAM_CUDA_EMULATE",
+    "HOLOGRAM_QUICK_COMPILE", "HOLOGRAM_PROMOTE_AFTER",
     "XDG_CACHE_HOME",
     "HOME",
 )
@@ -135,4 +145,6 @@ def _read() -> Settings:
         bench_quick=_flag("HOLOGRAM_BENCH_QUICK"),
         cpu_target=os.environ.get("HOLOGRAM_CPU_TARGET", "").strip().lower() or "host",
         cuda_emulate=_flag("HOLOGRAM_CUDA_EMULATE"),
+        quick_compile=_flag_default("HOLOGRAM_QUICK_COMPILE", True),
+        promote_after=_int("HOLOGRAM_PROMOTE_AFTER", 8, 1),
     )

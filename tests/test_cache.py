@@ -557,7 +557,10 @@ def test_a_swapped_program_entry_is_recompiled(
 ) -> None:
     a = hologram.compile(binary_program(first, dtype), backend)
     b = hologram.compile(binary_program(second, dtype), backend)
-    shutil.copyfile(entry_path(cache_dir, a.key), entry_path(cache_dir, b.key))
+    # cpu programs are stored as their quick builds first (docs/compiler.md, "Tiers")
+    keys = [k for k in (a.key, a.key.quick()) if entry_path(cache_dir, k).exists()]
+    swapped = b.key.quick() if keys[0] != a.key else b.key
+    shutil.copyfile(entry_path(cache_dir, keys[0]), entry_path(cache_dir, swapped))
     hologram.clear_cache(disk=False)  # forget the loaded programs, keep the files
 
     rng = np.random.default_rng(16)
@@ -567,3 +570,62 @@ def test_a_swapped_program_entry_is_recompiled(
         np.testing.assert_array_equal(z, BINARY[op](x, y))
     info = hologram.cache_info()
     assert (info["corrupt"], info["misses"], info["disk_hits"]) == (1, 1, 1)
+
+
+class Quick:
+    """A quick build and the loaded programs it makes: strings that record the promotion
+    they were given (``full``), so a test can run it."""
+
+    def __init__(self, payload: bytes = b"quick-bytes", final: bool = False) -> None:
+        self.payload, self.final, self.calls = payload, final, 0
+
+    def __call__(self) -> tuple[bytes, bool]:
+        self.calls += 1
+        return self.payload, self.final
+
+
+class Loaded:
+    def __init__(self, payload: bytes) -> None:
+        self.payload = payload
+        self.full: Callable[[], Loaded] | None = None
+
+    def promote_when_hot(self, full: Callable[[], Loaded]) -> None:
+        self.full = full
+
+
+def test_a_quick_build_is_kept_under_its_own_key_and_promoted_to_the_full_one(
+        tmp_path: Path) -> None:
+    key, build, quick = make_key(), Builder(b"full-bytes"), Quick()
+    cache = ProgramCache(tmp_path)
+    obj = cache.get(key, build, Loaded, quick=quick)
+    assert (obj.payload, quick.calls, build.calls) == (b"quick-bytes", 1, 0)
+    # never under the full build's key
+    assert not entry_path(tmp_path, key).exists()
+    assert entry_path(tmp_path, key.quick()).exists()
+    assert cache.get(key, build, Loaded, quick=quick) is obj  # a memory hit
+    # a new process finds the quick build on disk and promotes it too
+    again = ProgramCache(tmp_path).get(key, build, Loaded, quick=quick)
+    assert (again.payload, quick.calls, build.calls) == (b"quick-bytes", 1, 0)
+    assert again.full is not None
+    promoted = obj.full()
+    assert (promoted.payload, build.calls) == (b"full-bytes", 1)
+    assert entry_path(tmp_path, key).exists()
+    assert not entry_path(tmp_path, key.quick()).exists()
+    # from now on the full build is what every lookup finds
+    fresh = ProgramCache(tmp_path).get(key, build, Loaded, quick=quick)
+    assert (fresh.payload, fresh.full, quick.calls, build.calls) == (b"full-bytes", None, 1, 1)
+
+
+def test_a_quick_build_that_is_the_full_one_is_stored_as_such(tmp_path: Path) -> None:
+    key, build, quick = make_key(), Builder(), Quick(b"full-bytes", final=True)
+    obj = ProgramCache(tmp_path).get(key, build, Loaded, quick=quick)
+    assert (obj.payload, obj.full, build.calls) == (b"full-bytes", None, 0)
+    assert entry_path(tmp_path, key).exists()
+    assert not entry_path(tmp_path, key.quick()).exists()
+
+
+def test_the_quick_key_differs_from_the_full_one() -> None:
+    key = make_key()
+    assert key.quick().digest() != key.digest()
+    assert key.quick().options.startswith(key.options)
+    assert key.quick().program == key.program

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -148,7 +149,8 @@ def test_a_corrupted_entry_is_recompiled(cache_dir):
         print(info["corrupt"], info["misses"])
     """, cache_dir)
     assert out == ["1", "1"]
-    assert compiled.key.digest() in entry.name
+    # the entry is the program's quick build on the cpu (docs/compiler.md, "Tiers")
+    assert entry.stem in (compiled.key.digest(), compiled.key.quick().digest())
 
 
 def test_a_valid_entry_that_does_not_parse_is_recompiled(cache_dir):
@@ -189,3 +191,78 @@ def test_clear_cache_forgets_everything(cache_dir):
     assert not list(cache_dir.rglob("*.bin"))
     hologram.compile(axpy("a"))
     assert hologram.cache_info()["misses"] == 1
+
+
+def _cpu_only():
+    if "cpu" not in hologram.backends.available():
+        pytest.skip("the cpu backend cannot run here")
+
+
+def test_a_hot_program_is_promoted_to_the_full_build(cache_dir, monkeypatch):
+    """Compiled quickly first, in full after HOLOGRAM_PROMOTE_AFTER calls (on the
+    background thread), with the same results; the full build replaces the quick one on
+    disk, and a new process loads it."""
+    from hologram.backends.cpu import backend as cpu
+
+    _cpu_only()
+    monkeypatch.setenv("HOLOGRAM_PROMOTE_AFTER", "3")
+    compiled = hologram.compile(axpy("a"), backend="cpu")
+    assert compiled.executable.tier == "quick"
+    assert [p.name for p in cache_dir.rglob("*.bin")] == [f"{compiled.key.quick().digest()}.bin"]
+    x = np.linspace(-3, 3, 64, dtype=np.float32)
+    y = np.float32(1) / np.arange(1, 65, dtype=np.float32)
+    results = [compiled(x, y) for _ in range(2)]
+    assert cpu.wait_for_promotions(60)
+    assert compiled.executable.tier == "quick"  # two calls: not hot yet
+    results += [compiled(x, y) for _ in range(3)]
+    assert cpu.wait_for_promotions(60)
+    assert compiled.executable.tier == "full"
+    results.append(compiled(x, y))
+    for r in results:
+        np.testing.assert_array_equal(r.view(np.uint32), (x * 2 + y).view(np.uint32))
+    assert [p.name for p in cache_dir.rglob("*.bin")] == [f"{compiled.key.digest()}.bin"]
+    out, _ = _child("""
+        c = hologram.compile(axpy("a"), backend="cpu")
+        info = hologram.cache_info()
+        print(c.executable.tier, info["disk_hits"], info["misses"])
+    """, cache_dir)
+    assert out == ["full", "1", "0"]
+
+
+def test_calls_while_a_program_is_promoted_stay_right(cache_dir, monkeypatch):
+    from hologram.backends.cpu import backend as cpu
+
+    _cpu_only()
+    monkeypatch.setenv("HOLOGRAM_PROMOTE_AFTER", "1")
+    g = Graph("chain")
+    x = g.input("x", "i32", (4096,))
+    g.output("y", (x * 3 + 7) * x - (x + 1))
+    compiled = hologram.compile(g.program(), backend="cpu")
+    assert compiled.executable.tier == "quick"
+    data = np.arange(-2048, 2048, dtype=np.int32) * 40503  # wraps
+    want = ((data * 3 + 7) * data - (data + 1)).astype(np.int32)
+    failures = []
+
+    def calls():
+        for _ in range(300):
+            if not np.array_equal(compiled(data), want):
+                failures.append(1)
+
+    threads = [threading.Thread(target=calls) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert cpu.wait_for_promotions(60)
+    assert compiled.executable.tier == "full"
+    assert not failures
+    assert np.array_equal(compiled(data), want)
+    assert cpu.promotion_stats()["failed"] == 0
+
+
+def test_quick_compiles_can_be_turned_off(cache_dir, monkeypatch):
+    _cpu_only()
+    monkeypatch.setenv("HOLOGRAM_QUICK_COMPILE", "0")
+    compiled = hologram.compile(axpy("a"), backend="cpu")
+    assert compiled.executable.tier == "full"
+    assert [p.name for p in cache_dir.rglob("*.bin")] == [f"{compiled.key.digest()}.bin"]

@@ -11,6 +11,12 @@ under ``<directory>/<digest[:2]>/<digest>.bin``. The disk is only an optimizatio
 damaged file is discarded and rebuilt, and a disk that cannot be written is recorded in
 :meth:`ProgramCache.info` and otherwise ignored.
 
+A miss may be served by a *quick* build first (:meth:`ProgramCache.get`'s ``quick``): a
+cheaper compile that computes the same results (the cpu backend's quick LLVM tier). It is
+stored under its own key (:meth:`CacheKey.quick`), never under the full build's, and its
+loaded program is asked to replace itself with the full build once hot; that build is then
+written under the full key, which every later lookup finds first.
+
 File format: ``b"HGCACHE2"``, body length (8 bytes, little endian), sha256 of the body
 (32 bytes), body; the body is the key's digest (32 bytes) followed by the payload. The
 key is inside the checksummed body because a file name proves nothing: a file copied
@@ -37,7 +43,7 @@ import tempfile
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from dataclasses import astuple, dataclass, fields
+from dataclasses import astuple, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -76,6 +82,10 @@ class CacheKey:
             if not isinstance(getattr(self, f.name), str):
                 raise CacheError(f"CacheKey.{f.name} must be a str, got {getattr(self, f.name)!r}")
 
+    def quick(self) -> CacheKey:
+        """The key of this artifact's quick build (the options say so)."""
+        return replace(self, options=f"{self.options};tier=quick")
+
     def digest(self) -> str:
         """sha256 hex over all fields; length prefixes keep ("ab", "c") != ("a", "bc")."""
         h = hashlib.sha256(b"hologram-cache-key-v1\0")
@@ -111,12 +121,19 @@ class ProgramCache:
     def _reset_counters(self) -> None:
         self._hits = self._disk_hits = self._misses = self._corrupt = 0
 
-    def get(self, key: CacheKey, build: Callable[[], bytes], load: Callable[[bytes], T]) -> T:
+    def get(self, key: CacheKey, build: Callable[[], bytes], load: Callable[[bytes], T],
+            quick: Callable[[], tuple[bytes, bool]] | None = None) -> T:
         """Return the loaded program for ``key``, building it only if no valid copy exists.
 
         ``build()`` produces the artifact bytes and ``load(bytes)`` turns them into the
         object returned. Neither is called under the lock, so concurrent misses on one key
         may both build; the first result stored wins.
+
+        ``quick``, if given, serves a miss instead of ``build``: it returns an artifact
+        and whether that is the full build after all. A quick artifact is kept under
+        ``key.quick()`` (on disk, where a later process finds it when the full one is not
+        there yet), and its loaded object must have ``promote_when_hot(full)``: ``full()``
+        makes, stores and loads the full build (on the caller's thread of choice).
         """
         digest = key.digest()
         with self._lock:
@@ -136,15 +153,47 @@ class ProgramCache:
                     self._discard(digest)
                 else:
                     return self._remember(digest, obj, disk_hit=True)
-        payload = build()
-        if not isinstance(payload, bytes | bytearray):
-            raise CacheError(f"build() must return bytes, got {type(payload).__name__}")
-        payload = bytes(payload)
+        if quick is not None:
+            return self._get_quick(key, build, load, quick)
+        payload = _checked(build())
         # Load before writing so an artifact that cannot be loaded is never persisted.
         obj = load(payload)
         if self.directory is not None:
             self._write(digest, payload)
         return self._remember(digest, obj, disk_hit=False)
+
+    def _get_quick(self, key: CacheKey, build: Callable[[], bytes], load: Callable[[bytes], T],
+                   quick: Callable[[], tuple[bytes, bool]]) -> T:
+        """:meth:`get` after a miss of the full build, with a quick build allowed."""
+        digest, quick_digest = key.digest(), key.quick().digest()
+        payload = self._read(quick_digest) if self.directory is not None else None
+        disk_hit, final = payload is not None, False
+        if payload is not None:
+            try:
+                obj = load(payload)
+            except Exception:
+                self._discard(quick_digest)
+                payload = None
+        if payload is None:
+            payload, final = quick()
+            payload = _checked(payload)
+            obj = load(payload)
+            if self.directory is not None:
+                self._write(digest if final else quick_digest, payload)
+        kept = self._remember(digest, obj, disk_hit=disk_hit)
+        if kept is obj and not final:
+
+            def full() -> T:
+                artifact = _checked(build())
+                promoted = load(artifact)
+                if self.directory is not None:
+                    self._write(digest, artifact)
+                    with contextlib.suppress(OSError):  # found after the full one anyway
+                        self._path(quick_digest).unlink()
+                return promoted
+
+            obj.promote_when_hot(full)
+        return kept
 
     def artifact(self, key: CacheKey, build: Callable[[], bytes]) -> bytes:
         """The artifact bytes for ``key``: the disk copy if a valid one exists, else
@@ -157,10 +206,7 @@ class ProgramCache:
                 with self._lock:
                     self._disk_hits += 1
                 return payload
-        payload = build()
-        if not isinstance(payload, bytes | bytearray):
-            raise CacheError(f"build() must return bytes, got {type(payload).__name__}")
-        payload = bytes(payload)
+        payload = _checked(build())
         with self._lock:
             self._misses += 1
         if self.directory is not None:
@@ -227,13 +273,13 @@ class ProgramCache:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             # A private temp file per writer plus an atomic rename means concurrent
-            # processes never see each other's half-written files. No directory fsync:
-            # an entry lost or torn by a crash fails the checksum and is rebuilt.
+            # processes never see each other's half-written files. No fsync, of the file
+            # or the directory: an entry lost or torn by a crash fails the checksum and is
+            # rebuilt, and a first training step writes a hundred entries (an fsync each
+            # took ~4 ms of its wall time on a busy disk).
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
             os.replace(tmp, path)
             tmp = None
         except OSError as exc:
@@ -290,6 +336,13 @@ class ProgramCache:
                     path.unlink()
             # Shard directories stay: removing one could race with a writer that just
             # created it, and empty directories cost nothing.
+
+
+def _checked(payload: Any) -> bytes:
+    """``payload`` as bytes; a builder that returns anything else is a bug."""
+    if not isinstance(payload, bytes | bytearray):
+        raise CacheError(f"build() must return bytes, got {type(payload).__name__}")
+    return bytes(payload)
 
 
 def _pack(digest: str, payload: bytes) -> bytes:

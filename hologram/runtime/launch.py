@@ -21,6 +21,7 @@ evicts the least recently used entries (two generations, see the class).
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
@@ -338,19 +339,29 @@ def build(program: Program, backend: str = "auto", target: str | None = None,
     options = options or CompileOptions.from_env()
     backend = backends.resolve(backend)
     impl = backends.builder(backend)
-    key, make = _build_plan(program, backend, impl, target, options)
-    return Artifact(program.name, backend, key.target, key, default_cache().artifact(key, make))
+    key, lowered = _build_plan(program, backend, impl, target, options)
+    data = default_cache().artifact(key, lambda: impl.compile(lowered(), target))
+    return Artifact(program.name, backend, key.target, key, data)
 
 
 def _build_plan(program: Program, backend: str, impl: backends.Backend, target: str | None,
                 options: CompileOptions):
-    """The cache key of ``program`` built for ``target``, and the function that builds it."""
-    check_supported(impl, program, (backends.builder(name) for name in backends.available()
-                                    if name != backend))
+    """The cache key of ``program`` built for ``target``, and the function that lowers it
+    for the backend's compiler (once)."""
+    check_supported(impl, program, _others(backend))
     canonical = pipeline.canonical_form(program, options)
     key = CacheKey(canonical.fingerprint(), backend, impl.target(target), options.key(),
                    compiler_version())
-    return key, lambda: impl.compile(pipeline.lower(canonical, options), target)
+    return key, functools.cache(lambda: pipeline.lower(canonical, options))
+
+
+def _others(backend: str):
+    """The other backends that can run here, looked for only when iterated: finding them
+    starts their devices (webgpu's adapter: most of a second), which a supported program
+    never needs."""
+    for name in backends.available():
+        if name != backend:
+            yield backends.builder(name)
 
 
 def compile(program: Program, backend: str = "auto",
@@ -365,8 +376,11 @@ def compile(program: Program, backend: str = "auto",
         if memo_key in _memo:
             _memo.move_to_end(memo_key)
             return _memo[memo_key]
-    key, make = _build_plan(program, backend, impl, None, options)
-    run = default_cache().get(key, build=make, load=impl.load)
+    key, lowered = _build_plan(program, backend, impl, None, options)
+    # A backend with a quick compile (cpu: docs/compiler.md, "Tiers") serves a miss with it.
+    quick = getattr(impl, "compile_quick", None) if config.get().quick_compile else None
+    run = default_cache().get(key, build=lambda: impl.compile(lowered()), load=impl.load,
+                              quick=quick and (lambda: quick(lowered())))
     compiled = CompiledProgram(program, backend, key, run)
     with _memo_lock:
         _memo[memo_key] = compiled

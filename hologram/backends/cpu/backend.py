@@ -7,6 +7,13 @@ and launch kernels) followed by the object code; kernels the renderer cannot han
 listed with the reason, and the header then also carries the program's text so they can
 run on the reference interpreter.
 
+**Tiers** (:meth:`CpuBackend.compile_quick`): the first compile of a program on the launch
+path may use LLVM's quick tier (``llvm.TIERS``), which computes the same bits as the full
+one for the modules it is used on. Its executable counts its calls and, after
+``HOLOGRAM_PROMOTE_AFTER``, has the full build made on a background thread (one for the
+process); the executable then runs the new code. The switch is one attribute store (the
+list of steps): a call already running finishes on the old code, which stays loaded.
+
 **Load** (:meth:`CpuBackend.load`): the object file is added to the process's JIT (no
 re-parsing or re-verifying of the program unless an interpreted kernel needs it), and a
 callable is returned. A call binds one pointer per buffer (parameters, and temporaries in
@@ -16,9 +23,11 @@ dimension is split across the worker pool when there is enough work per thread.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import json
 import math
+import queue
 import struct
 import threading
 import warnings
@@ -27,6 +36,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from hologram import config
 from hologram.backends.base import Allocator, Backend, Executable, host_arrays
 from hologram.backends.cpu import blas, gemm, llvm, threads
 from hologram.backends.cpu import target as targets
@@ -60,7 +70,10 @@ class CpuBackend(Backend):
     def allocator(self, memory_limit: int | None = None) -> Allocator:
         return Pool(memory_limit)
 
-    def compile(self, program: Program, target: str | None = None) -> bytes:
+    def compile(self, program: Program, target: str | None = None, tier: str = "full") -> bytes:
+        """The artifact of ``program`` for ``target`` (see the module docstring), its LLVM
+        module compiled at ``tier`` (``llvm.TIERS``) where that gives the same bits as the
+        full tier, else at the full tier; :func:`artifact_tier` says which."""
         prefix = f"hg_{program.fingerprint()[:16]}_"
         target = _target(target)
         program = pipeline.for_target(program, target.capabilities)
@@ -90,6 +103,7 @@ class CpuBackend(Backend):
             "arena": program.arena_bytes,
             "steps": steps,
             "program": str(program) if fallback else None,
+            "tier": "full",
         }
         obj = b""
         if symbols:
@@ -99,14 +113,20 @@ class CpuBackend(Backend):
             dump("loops", lambda: loops.dump(program, target.capabilities))
             ir = render(program, symbols, target)
             dump("cpu.ll", ir)
-            obj = llvm.compile_ir(ir, target, dump=dump)
+            if tier != "full" and llvm.same_bits_at_every_tier(ir):
+                header["tier"] = tier
+            obj = llvm.compile_ir(ir, target, dump=dump, tier=header["tier"])
         data = json.dumps(header).encode()
         return _HEADER.pack(len(data)) + data + obj
 
+    def compile_quick(self, program: Program, target: str | None = None) -> tuple[bytes, bool]:
+        """(artifact, whether it is the full build): :meth:`compile` at the quick tier,
+        whose executable is promoted when hot (:meth:`_Executable.promote_when_hot`)."""
+        artifact = self.compile(program, target, tier="quick")
+        return artifact, artifact_tier(artifact) == "full"
+
     def load(self, artifact: bytes) -> Executable:
-        (size,) = _HEADER.unpack_from(artifact)
-        header = json.loads(artifact[_HEADER.size : _HEADER.size + size])
-        obj = artifact[_HEADER.size + size :]
+        header, obj = _split(artifact)
         names = []
         for step in header["steps"]:
             if step.get("symbol"):
@@ -117,14 +137,24 @@ class CpuBackend(Backend):
         return _Executable(header, addresses)
 
     def describe(self, artifact: bytes) -> dict:
-        (size,) = _HEADER.unpack_from(artifact)
-        header = json.loads(artifact[_HEADER.size : _HEADER.size + size])
-        obj = artifact[_HEADER.size + size :]
+        header, obj = _split(artifact)
         symbols = [s["symbol"] for s in header["steps"] if s.get("symbol")]
         return {"format": "object code", "object_bytes": len(obj), "symbols": symbols,
                 "steps": header["steps"], "arena": header["arena"],
+                "tier": header.get("tier", "full"),
                 "interpreted": [s["kernel"] for s in header["steps"]
                                 if "kernel" in s and s["symbol"] is None]}
+
+
+def _split(artifact: bytes) -> tuple[dict, bytes]:
+    """(header, object code) of an artifact."""
+    (size,) = _HEADER.unpack_from(artifact)
+    return json.loads(artifact[_HEADER.size : _HEADER.size + size]), artifact[_HEADER.size + size :]
+
+
+def artifact_tier(artifact: bytes) -> str:
+    """The LLVM tier (``llvm.TIERS``) an artifact's object code was compiled at."""
+    return _split(artifact)[0].get("tier", "full")
 
 
 def _target(name: str | None) -> targets.Target:
@@ -142,6 +172,7 @@ class _Executable(Executable):
         self.arena = header["arena"]
         self.program_text = header["program"]
         self.reasons = {s["kernel"]: s["reason"] for s in header["steps"] if "kernel" in s}
+        self.tier = header.get("tier", "full")
         self._program: Program | None = None
         self.steps: list[Callable] = [self._step(s, addresses) for s in header["steps"]]
         # Programs whose kernels are all native and need no arena run on a pointer array
@@ -151,6 +182,26 @@ class _Executable(Executable):
         self._pointers = ctypes.c_void_p * max(self.nbuffers, 1)
         native = all(s.get("gemm") or s["symbol"] is not None for s in header["steps"])
         self.launch = self._launch_cached if native and not self.arena else self._launch
+
+    def promote_when_hot(self, full: Callable[[], _Executable]) -> None:
+        """After ``HOLOGRAM_PROMOTE_AFTER`` more calls, have ``full()`` (the full build of
+        this program, loaded) made on the background thread and run its code from then
+        on. Until then each call first counts itself (one Python call per launch, removed
+        with the count)."""
+        steps, left = self.steps, [config.get().promote_after]
+
+        def count(pointers, memory) -> None:
+            left[0] -= 1
+            if left[0] == 0:  # a race may submit twice: the second build is the same
+                self.steps = steps
+                _promoter.submit(self, full)
+
+        self.steps = [count, *steps]
+
+    def adopt(self, other: _Executable) -> None:
+        """Run ``other``'s code from now on (the same program compiled again)."""
+        self.tier = other.tier
+        self.steps = other.steps  # one store: a running call keeps iterating the old list
 
     def _step(self, step: dict, addresses: dict[str, int]) -> Callable:
         if "gemm" in step:
@@ -260,6 +311,81 @@ class _Executable(Executable):
                 raw = arena[buf.offset : buf.offset + buf.nbytes]
                 views.append(raw.view(buf.dtype.storage))
         run_kernel(program, program.kernels[index], views)
+
+
+class _Promoter:
+    """The background thread that makes full builds of hot quickly compiled programs, one
+    at a time (LLVM holds one lock anyway). Started at the first promotion; at exit it
+    finishes the build under way and drops the rest (their quick artifacts are on disk,
+    so nothing is lost): LLVM must not be in use while the process tears it down."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._stopping = False
+        self._pending = 0
+        self._idle = threading.Condition(self._lock)
+        self.stats = {"promoted": 0, "failed": 0, "last_error": None}
+
+    def submit(self, executable: _Executable, full: Callable[[], _Executable]) -> None:
+        with self._lock:
+            if self._stopping:
+                return
+            self._pending += 1
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="hologram-promote",
+                                                daemon=True)
+                self._thread.start()
+                atexit.register(self.stop)
+        self._queue.put((executable, full))
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            executable, full = item
+            try:
+                if not self._stopping:
+                    executable.adopt(full())
+                    self.stats["promoted"] += 1
+            except Exception as exc:  # the quick code is right, only slower: keep it
+                self.stats["failed"] += 1
+                self.stats["last_error"] = f"{type(exc).__name__}: {exc}"
+            finally:
+                with self._lock:
+                    self._pending -= 1
+                    self._idle.notify_all()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until no promotion is queued or under way; False on timeout."""
+        with self._lock:
+            return self._idle.wait_for(lambda: self._pending == 0, timeout)
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopping = True
+            thread = self._thread
+        if thread is not None:
+            self._queue.put(None)
+            thread.join()
+
+
+_promoter = _Promoter()
+
+
+def wait_for_promotions(timeout: float | None = None) -> bool:
+    """Wait until every promotion submitted so far is done (tests, benchmarks); False if
+    ``timeout`` seconds passed first."""
+    return _promoter.wait(timeout)
+
+
+def promotion_stats() -> dict:
+    """Programs promoted from the quick tier to the full build, promotions that failed
+    (their programs keep the quick code, which computes the same bits) and the last
+    failure."""
+    return dict(_promoter.stats)
 
 
 class InterpretedKernelWarning(UserWarning):

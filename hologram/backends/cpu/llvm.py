@@ -9,6 +9,15 @@
   :func:`lowers_natively` and emits our own IR instead (:mod:`.softfloat`); and every
   object is checked (:func:`check_object`) when it is emitted and again before it is
   loaded: a symbol it needs from outside is a :class:`CompileError`, never a load.
+- Two tiers (:data:`TIERS`): ``"full"`` is the O3 pipeline with loop and SLP vectorization
+  and code generation at O3; ``"quick"`` runs three passes (SROA, instcombine,
+  simplifycfg) and generates code at O0 (fast instruction selection, fast register
+  allocation), about 7x less compile time for slower code. Both compute the same bits for
+  a module whose instructions carry no fast-math and no poison-generating flag
+  (:func:`same_bits_at_every_tier`): without those flags every LLVM transform keeps the
+  IEEE 754 result of each operation (NaN payloads aside, which docs/isa.md leaves open),
+  and neither reassociates nor contracts. A module with such a flag (``reassoc`` products,
+  the ``arcp`` reciprocal of sigmoid) is compiled at ``"full"`` only.
 - :func:`load_object` loads an object file into its own MCJIT engine and returns the
   addresses of the functions asked for. Each engine gets a fresh target machine (MCJIT
   takes ownership of it: reusing one after its engine is collected crashes the process),
@@ -21,6 +30,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import threading
 from collections.abc import Callable, Iterable
 from functools import cache
@@ -43,6 +53,17 @@ PROCESS_SYMBOLS = frozenset({"memcpy", "memmove", "memset", "bzero", "__bzero"})
 # Defined by the linker, or by MCJIT's loader in its place.
 _LINKER_SYMBOLS = frozenset({"_GLOBAL_OFFSET_TABLE_"})
 
+TIERS = ("full", "quick")
+# Instruction flags that let LLVM change a result (fast-math) or make it poison, which
+# each optimization level may then fold differently; and fmuladd, which code generation
+# fuses or not depending on the level. Function attributes such as "unsafe-fp-math" too.
+_TIER_SENSITIVE = re.compile(
+    r"\b(fast|reassoc|nnan|ninf|nsz|arcp|contract|afn|nsw|nuw|exact|nneg|disjoint|"
+    r"samesign|fmuladd)\b|-fp-math")
+# The quick tier's passes: registers instead of stack slots (the renderer's accumulators
+# and loop variables are allocas), then local simplification; no loop transformation.
+_QUICK_PASSES = ("sroa", "instruction_combine", "simplify_cfg")
+
 
 def host_cpu() -> tuple[str, str, str]:
     """(triple, CPU name, feature string) of this machine."""
@@ -55,7 +76,14 @@ def has_feature(name: str) -> bool:
     return name in targets.host_features()
 
 
-def _target_machine(target: Target) -> llvm.TargetMachine:
+def same_bits_at_every_tier(ir: str) -> bool:
+    """Do both :data:`TIERS` compute the same bits for LLVM IR ``ir``? True when no
+    instruction carries a fast-math or poison-generating flag and nothing calls
+    ``llvm.fmuladd`` (a word that merely looks like one, in a name, answers False: safe)."""
+    return _TIER_SENSITIVE.search(ir) is None
+
+
+def _target_machine(target: Target, opt: int = 3) -> llvm.TargetMachine:
     features = target.features
     if target.arch == "x86_64":
         # LLVM emits 256-bit vectors by default even for AVX-512 CPUs; full-width vectors
@@ -63,13 +91,14 @@ def _target_machine(target: Target) -> llvm.TargetMachine:
         # AVX-512 there are no 512-bit registers and this changes nothing.)
         features = ",".join(f for f in (features, "-prefer-256-bit") if f)
     return llvm.Target.from_triple(target.triple).create_target_machine(
-        cpu=target.cpu, features=features, opt=3, reloc="pic", codemodel="jitdefault")
+        cpu=target.cpu, features=features, opt=opt, reloc="pic", codemodel="jitdefault")
 
 
 @cache
-def _emitter(target: Target) -> llvm.TargetMachine:
-    """The target machine used to optimize and emit objects (never given to MCJIT)."""
-    return _target_machine(target)
+def _emitter(target: Target, tier: str = "full") -> llvm.TargetMachine:
+    """The target machine used to optimize and emit objects at ``tier`` (never given to
+    MCJIT)."""
+    return _target_machine(target, 3 if tier == "full" else 0)
 
 
 def _parse(ir: str, target: Target) -> llvm.ModuleRef:
@@ -83,35 +112,48 @@ def _parse(ir: str, target: Target) -> llvm.ModuleRef:
     return module
 
 
-def optimize_ir(ir: str, target: Target | None = None) -> llvm.ModuleRef:
-    """Parse, verify and optimize (O3, loop and SLP vectorization, unrolling) ``ir``."""
+def optimize_ir(ir: str, target: Target | None = None, tier: str = "full") -> llvm.ModuleRef:
+    """Parse, verify and optimize ``ir`` at ``tier`` (``"full"``: O3, loop and SLP
+    vectorization, unrolling; ``"quick"``: see the module docstring)."""
+    if tier not in TIERS:
+        raise CompileError(f"unknown LLVM tier {tier!r}; known: {', '.join(TIERS)}")
     target = target or targets.current()
     with _lock:
         module = _parse(ir, target)
-        options = llvm.create_pipeline_tuning_options(speed_level=3)
-        options.loop_vectorization = True
-        options.slp_vectorization = True
-        options.loop_unrolling = True
-        builder = llvm.create_pass_builder(_emitter(target), options)
-        builder.getModulePassManager().run(module, builder)
+        full = tier == "full"
+        options = llvm.create_pipeline_tuning_options(speed_level=3 if full else 0)
+        options.loop_vectorization = full
+        options.slp_vectorization = full
+        options.loop_unrolling = full
+        builder = llvm.create_pass_builder(_emitter(target, tier), options)
+        if full:
+            builder.getModulePassManager().run(module, builder)
+        else:
+            passes = llvm.create_new_module_pass_manager()
+            for name in _QUICK_PASSES:
+                getattr(passes, f"add_{name}_pass")()
+            passes.run(module, builder)
         return module
 
 
 def compile_ir(ir: str, target: Target | None = None,
                allowed: Iterable[str] = PROCESS_SYMBOLS,
-               dump: Callable[[str, str | Callable[[], str]], None] | None = None) -> bytes:
+               dump: Callable[[str, str | Callable[[], str]], None] | None = None,
+               tier: str = "full") -> bytes:
     """LLVM IR text -> optimized, checked object file for ``target`` (default: the current
-    one). ``allowed``: the symbols the object may take from the process. ``dump(stage,
-    text)``, when given, receives the optimized IR (``cpu.opt.ll``) and the assembly
-    (``cpu.s``)."""
+    one) at ``tier`` (:data:`TIERS`; ``"quick"`` only where :func:`same_bits_at_every_tier`:
+    the caller checks). ``allowed``: the symbols the object may take from the process.
+    ``dump(stage, text)``, when given, receives the optimized IR (``cpu.opt.ll``) and the
+    assembly (``cpu.s``)."""
     target = target or targets.current()
-    module = optimize_ir(ir, target)
+    module = optimize_ir(ir, target, tier)
     with _lock:
         optimized = str(module) if dump is not None else ""
-        obj = _emitter(target).emit_object(module)
+        emitter = _emitter(target, tier)
+        obj = emitter.emit_object(module)
         if dump is not None:  # code generation may rewrite the module: the assembly of a copy
             dump("cpu.opt.ll", optimized)
-            dump("cpu.s", lambda: _emitter(target).emit_assembly(llvm.parse_assembly(optimized)))
+            dump("cpu.s", lambda: emitter.emit_assembly(llvm.parse_assembly(optimized)))
     check_object(obj, target, allowed)
     return obj
 
