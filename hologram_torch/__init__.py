@@ -12,11 +12,13 @@
 Hologram kernels on CPU or hologram tensors, with autograd.
 
 Importing this package renames PyTorch's PrivateUse1 dispatch key to ``hologram``, installs
-``torch.hologram`` (a device module mirroring ``torch.cuda``), aten kernels that run as
-Atlas programs compiled by Hologram's backend (:mod:`hologram_torch.aten`), and a CPU
-fallback for every other op (:func:`fallback_stats` tells which ran there). PyTorch also
-imports it on ``import torch`` through the ``torch.backends`` entry point when the package
-is installed (``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` disables that).
+``torch.hologram`` (a device module mirroring ``torch.cuda``), the device's hooks (native
+ones where a C++ compiler can build them once: they give the device pinned memory, see
+:mod:`hologram_torch.native`), aten kernels that run as Atlas programs compiled by
+Hologram's backend (:mod:`hologram_torch.aten`), and a CPU fallback for every other op
+(:func:`fallback_stats` tells which ran there). PyTorch also imports it on ``import torch``
+through the ``torch.backends`` entry point when the package is installed
+(``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` disables that).
 """
 
 from __future__ import annotations

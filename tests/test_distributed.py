@@ -170,6 +170,14 @@ def test_benchmark_runs_on_tiny_sizes():
     assert [r["check"] for r in result["rows"]] == ["ok"] * 4, result["rows"]
     assert "no fallback" in result["rows"][2]["note"], result["rows"][2]
     assert "| all_reduce 1 MiB f32 | device tensor, hologram |" in distributed.table(result)
+    # make bench-dev's report carries it as a section (or says why it is missing)
+    from hologram.bench.dev import run
+
+    section = "\n".join(run._distributed_section(result))
+    assert distributed.table(result) in section and "2 processes" in section, section
+    assert "Skipped" in run._distributed_section(None)[1]
+    assert "**Failed**: `RuntimeError: x`" in run._distributed_section(
+        {"error": "RuntimeError: x"})[1]
 
 
 # --- the workers -----------------------------------------------------------------------

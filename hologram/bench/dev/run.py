@@ -2,16 +2,18 @@
 (:mod:`hologram.bench.dev.cpu`), the SDK's per-op costs and fusion
 (:mod:`hologram.bench.dev.sdk`), the PyTorch device's per-op overhead and elementwise
 ratios (:mod:`hologram.bench.dev.torch_device`), training steps on the device and with
-``hologram_torch.nn`` (:mod:`hologram.bench.dev.training`), compiler and program-cache
-costs, and a small check of the reference interpreter against NumPy eager on the same
-fused programs.
+``hologram_torch.nn`` (:mod:`hologram.bench.dev.training`), ``torch.distributed`` on
+two local processes against gloo on CPU tensors (:mod:`hologram.bench.dev.distributed`),
+compiler and program-cache costs, and a small check of the reference interpreter against
+NumPy eager on the same fused programs.
 
     python -m hologram.bench.dev.run [--out DIR] [--quick] [--no-torch-compile]
 
 Measured in one process, interleaved, medians over repeated runs, with a temporary
-program cache. Writes ``results.json`` and ``report.md`` to DIR (default
-``bench-results/``). Without PyTorch the CPU, device and training sections are skipped with
-a message and the rest runs. The interpreter is the executable definition of the ISA, not a
+program cache (the distributed section's two processes measure among themselves). Writes
+``results.json`` and ``report.md`` to DIR (default ``bench-results/``). Without PyTorch
+the CPU, device, training and distributed sections are skipped with a message and the
+rest runs. The interpreter is the executable definition of the ISA, not a
 fast backend: its table shows what fusion alone buys when every instruction is still a
 NumPy call.
 """
@@ -36,7 +38,7 @@ import numpy as np
 import hologram
 from hologram import backends, config
 from hologram.bench import stats
-from hologram.bench.dev import cpu, sdk, torch_device, training
+from hologram.bench.dev import cpu, distributed, sdk, torch_device, training
 from hologram.compiler import pipeline
 from hologram.frontend.graph import Graph
 
@@ -253,6 +255,33 @@ def _torch_sections(device_result: dict | None, training_result: dict | None) ->
     ]
 
 
+def _distributed(quick: bool) -> dict:
+    # --quick: the small sizes of the benchmark's own tests (the same code paths); the
+    # workers' start and kernel compiles are most of its time either way
+    return distributed.run(quick, sizes=distributed.TINY_SIZES if quick else None)
+
+
+def _distributed_section(result: dict | None) -> list[str]:
+    """The report's torch.distributed part: the device's collectives and a DDP step on two
+    processes against gloo on CPU tensors (skipped without PyTorch; failed if it raised)."""
+    title = "## torch.distributed: the device against gloo on CPU tensors"
+    if result is None:
+        return [title, "Skipped: PyTorch is not installed."]
+    if "error" in result:
+        return [title, f"**Failed**: `{result['error']}`"]
+    load = result["load_average"]
+    return [
+        f"{title} ({result['world']} processes, {result['threads']} thread each, load "
+        f"average {load[0]} before / {load[1]} after)",
+        "A float32 `all_reduce` (64 MiB; 1 MiB with `--quick`) on device tensors through the "
+        "`hologram` backend, and a DDP training step of the MLP, each against the same on "
+        "CPU tensors through plain gloo; rank 0's medians of interleaved rounds. `ratio` is "
+        "CPU time / device time (above 1: the device was faster); `check`: sums and the "
+        "first losses agree.",
+        distributed.table(result),
+    ]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="bench-results")
@@ -274,6 +303,7 @@ def main(argv: list[str] | None = None) -> None:
         has_torch = importlib.util.find_spec("torch") is not None
         device_result = _guarded(torch_device.run, args.quick) if has_torch else None
         training_result = _guarded(training.run, args.quick) if has_torch else None
+        distributed_result = _guarded(_distributed, args.quick) if has_torch else None
         compiler_rows = bench_compiler(100_000, 5 if args.quick else 15, backend)
         new_process_ms = bench_new_process_disk_hit(backend)
         execution_rows = bench_execution(sizes, repeat)
@@ -286,6 +316,7 @@ def main(argv: list[str] | None = None) -> None:
         "sdk": sdk_result,
         "torch_device": device_result,
         "training": training_result,
+        "distributed": distributed_result,
         "compiler_backend": backend,
         "compiler": compiler_rows,
         "new_process_disk_hit_ms": new_process_ms,
@@ -299,6 +330,7 @@ def main(argv: list[str] | None = None) -> None:
         "`ratio` is baseline / Hologram: above 1, the Hologram form was faster.",
         sdk.table(sdk_result),
         *_torch_sections(device_result, training_result),
+        *_distributed_section(distributed_result),
         f"## Compiler and program cache (µs), backend `{backend}`",
         _table(compiler_rows, ["program", "kernels_before", "kernels_after", "temps_after",
                                "canonicalize_us", "fuse_schedule_us", "cold_compile_us",
