@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from hologram.backends.cpu import blas
-from hologram.errors import DeviceError, DTypeError, ShapeError
+from hologram.errors import DeviceError, DTypeError, HologramError, ShapeError
 
 pytestmark = pytest.mark.skipif(not blas.available(), reason=blas.describe())
 
@@ -137,3 +137,85 @@ def test_missing_library_is_a_device_error(monkeypatch):
     with pytest.raises(DeviceError, match="looked in"):
         blas.gemm("f32", False, False, 1, 1, 1, 1.0, 1, 1, 1, 1, 0.0, 1, 1)
     blas.set_blas_threads(2)  # a no-op without a library
+
+
+def batched(dtype, trans_a, trans_b, batch, m, n, k, broadcast=(), seed=0):
+    """prepare_batched on batches laid out inside bigger arrays (padded rows, batch strides
+    that skip memory, stride 0 for the operands in ``broadcast``) against float64 matmul;
+    memory of C outside its matrices stays untouched."""
+    rng = np.random.default_rng(seed)
+    np_t = DTYPES[dtype]
+
+    def operand(name, rows, cols, transposed):
+        stored = (cols, rows) if transposed else (rows, cols)
+        shape = tuple(1 if name in broadcast else b for b in batch)
+        big = rng.uniform(-1, 1, (*shape, stored[0] + 1, stored[1] + 2)).astype(np_t)
+        view = big[..., 1:, 2:]
+        strides = tuple(0 if name in broadcast else s // view.itemsize
+                        for s in view.strides[:-2])
+        op = np.swapaxes(view, -1, -2) if transposed else view
+        return big, view, strides, np.broadcast_to(op, (*batch, rows, cols))
+
+    _, a, a_strides, op_a = operand("a", m, k, trans_a)
+    _, b, b_strides, op_b = operand("b", k, n, trans_b)
+    c_big, c, c_strides, _ = operand("c", m, n, False)
+    c[...] = np.nan  # C is written without being read
+    before = c_big.copy()
+    call = blas.prepare_batched(dtype, trans_a, trans_b, m, n, k, ld(a[(0,) * len(batch)]),
+                                ld(b[(0,) * len(batch)]), ld(c[(0,) * len(batch)]), batch,
+                                a_strides, b_strides, c_strides)
+    call(addr(a), addr(b), addr(c))
+    expected = op_a.astype(np.float64) @ op_b.astype(np.float64)
+    tol = (2e-6 if dtype == "f32" else 1e-14) * (k + 1) * 4
+    np.testing.assert_allclose(c.astype(np.float64), expected, rtol=tol, atol=tol)
+    mask = np.ones(c_big.shape, bool)
+    mask[..., 1:, 2:] = False
+    np.testing.assert_array_equal(c_big[mask], before[mask])
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+@pytest.mark.parametrize("trans_a,trans_b", [(False, False), (True, False), (False, True),
+                                             (True, True)])
+@pytest.mark.parametrize("batch,m,n,k", [((5,), 4, 3, 2), ((64,), 32, 32, 16),
+                                         ((2, 3), 7, 5, 9), ((1,), 1, 1, 1)])
+def test_batched_gemm_matches_numpy(dtype, trans_a, trans_b, batch, m, n, k):
+    batched(dtype, trans_a, trans_b, batch, m, n, k)
+
+
+@pytest.mark.parametrize("broadcast", [("a",), ("b",)])
+def test_batched_gemm_with_a_shared_operand(broadcast):
+    batched("f32", False, True, (3, 2), 6, 4, 5, broadcast=broadcast)
+
+
+def test_batched_gemm_with_k_zero_writes_zeros():
+    batched("f64", False, False, (3,), 4, 5, 0)
+
+
+def test_batched_gemm_edge_cases():
+    c = np.full((2, 3, 3), 7.0)
+    p = addr(c)
+    for batch, m in (((0,), 3), ((2,), 0)):  # empty batch or empty matrices: nothing runs
+        blas.prepare_batched("f64", False, False, m, 3, 3, 3, 3, 3, batch, (9,), (9,),
+                             (9,))(p, p, p)
+    assert (c == 7.0).all()
+    # no batch dimension: one product, as prepare's
+    a = np.arange(6.0).reshape(2, 3)
+    out = np.empty((2, 2))
+    blas.prepare_batched("f64", False, True, 2, 2, 3, 3, 3, 2, (), (), (), ())(
+        addr(a), addr(a), addr(out))
+    np.testing.assert_allclose(out, a @ a.T)
+
+
+def test_batched_gemm_argument_errors():
+    p = addr(np.zeros(4, np.float32))
+    with pytest.raises(ShapeError, match="one per batch dimension"):
+        blas.prepare_batched("f32", False, False, 2, 2, 2, 2, 2, 2, (3,), (4,), (4,), ())
+    with pytest.raises(ShapeError, match=">= 0"):
+        blas.prepare_batched("f32", False, False, 2, 2, 2, 2, 2, 2, (-1,), (4,), (4,), (4,))
+    with pytest.raises(ShapeError, match="lda=1 < 2"):
+        blas.prepare_batched("f32", False, False, 2, 2, 2, 1, 2, 2, (3,), (4,), (4,), (4,))
+    with pytest.raises(DTypeError, match="i32"):
+        blas.prepare_batched("i32", False, False, 2, 2, 2, 2, 2, 2, (3,), (4,), (4,), (4,))
+    call = blas.prepare_batched("f32", False, False, 2, 2, 2, 2, 2, 2, (3,), (4,), (4,), (4,))
+    with pytest.raises(HologramError, match="null address"):
+        call(p, 0, p)
