@@ -12,7 +12,7 @@ import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import hologram_torch
-from hologram_torch.compile import kernel
+from hologram_torch.compile import kernel, partition
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -138,6 +138,22 @@ def test_transformer_encoder_inference():
     torch.testing.assert_close(got, expected)
     s = stats()
     assert s["ops_eager"] == 0 and s["partitions"] == 1 and s["programs"] == 1
+
+
+@pytest.mark.parametrize("rows", [partition.ONE_HOT_MAX_ROWS, partition.ONE_HOT_MAX_ROWS + 1])
+def test_embedding_lowered_for_small_tables_only(rows):
+    """A lookup is one-hot in a program (a pass over the table per index): small tables
+    are compiled, bigger ones stay PyTorch's gather and index-add, at the graphs' ends."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(rows, 6), torch.nn.Linear(6, 3),
+                                torch.nn.Tanh())
+    tokens = torch.tensor([[0, rows - 1, 2, 0], [1, 1, rows - 1, 3]]) % rows
+    eager, compiled = run_both(model, tokens)
+    assert_same(eager, compiled)
+    s = stats()
+    lookups = {"aten.embedding.default": 1, "aten.embedding_dense_backward.default": 1}
+    assert s["eager_ops"] == ({} if rows <= partition.ONE_HOT_MAX_ROWS else lookups)
+    assert s["partitions"] == 2 and s["eager_fallbacks"] == 0
 
 
 def test_dropout_runs_eagerly_between_compiled_regions():

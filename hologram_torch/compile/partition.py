@@ -5,6 +5,9 @@ accepts its arguments: :class:`Support` *tries* the entry on a scratch graph who
 have the node's meta shapes and dtypes (a symbolic size by its hint), so an entry that
 raises :class:`~hologram_torch.lowering.Unsupported` for these arguments (integer ``pow``, a
 complex dtype, a layout it never handles) leaves the node to PyTorch, at compile time.
+Lookups by index into a table of more than :data:`ONE_HOT_MAX_ROWS` rows (``embedding`` and
+its backward) stay eager too: without a gather in the ISA their lowerings are one-hot, a
+pass over every row of the table per index, where PyTorch copies one row per index.
 
 PyTorch's :class:`CapabilityBasedPartitioner` then groups supported nodes into the largest
 regions that keep the graph acyclic; view ops at a region's border are left out (eager
@@ -38,6 +41,10 @@ VIEW_OPS = frozenset({
     aten.squeeze.dims, aten.slice.Tensor, aten.select.int,
 })
 _VIEW_NAMES = [_get_qualified_name(op) for op in VIEW_OPS]
+
+#: Tables up to this many rows are looked up in a program (the one-hot form's extra work,
+#: rows times a gather's, is then below a kernel launch's worth); bigger ones stay eager.
+ONE_HOT_MAX_ROWS = 8
 PREFIX = "hologram_"
 
 
@@ -73,6 +80,8 @@ class Support(OperatorSupportBase):
             return False
         if not _tensor_result(node.meta.get("val")):
             return False
+        if _one_hot_rows(node) > ONE_HOT_MAX_ROWS:
+            return False
         try:
             return _trial(node)
         except Exception:  # any failure of a trial means "run it eagerly"
@@ -85,6 +94,16 @@ def _tensor_result(val) -> bool:
     if isinstance(val, (tuple, list)) and val:
         return all(v is None or _tensor_result(v) for v in val)
     return False
+
+
+def _one_hot_rows(node: torch.fx.Node) -> int:
+    """The rows of the table a lookup by index reads (0 for other ops)."""
+    if node.target is aten.embedding.default:
+        weight = node.args[0].meta.get("val")
+        return (_hint(weight.shape[0]) or 0) if isinstance(weight, torch.Tensor) else 0
+    if node.target is aten.embedding_dense_backward.default:
+        return _hint(node.args[2]) or 0
+    return 0
 
 
 def _trial(node: torch.fx.Node) -> bool:
