@@ -188,6 +188,8 @@ def test_quick_bench_writes_every_artifact(tmp_path):
     assert all(r["verified"] for r in data["results"])
     report = (out / "report.md").read_text()
     assert "All 9 cases verified" in report and "![speedup.png](speedup.png)" in report
+    assert data["torch_compile"] == {"skipped": "--no-torch-compile"}
+    assert "Not run: --no-torch-compile." in report
     assert "data:image/png;base64," in (out / "report.html").read_text()
 
 
@@ -367,9 +369,21 @@ def _fake_records(cases, **_):
     return records
 
 
+def _fake_section(config):
+    """What the torch.compile section returns, without compiling anything."""
+    row = {"model": "mlp", "mode": "training", "threads": 1, "check": "ok",
+           "ms": {"eager": 3.0, "hologram": 2.0, "inductor": 4.0}}
+    first = {"model": "mlp", "mode": "training", "hologram_cold_s": 1.5,
+             "hologram_backend_cold_s": 0.5, "programs": 2, "hologram_warm_process_s": 0.7,
+             "hologram_backend_warm_s": 0.02, "warm_disk_hits": 2, "inductor_s": None}
+    return {"threads": [1], "inductor": "available", "rows": [row], "first_calls": [first],
+            "warm_process": "ok", "quick": False, "seconds": 1.0}
+
+
 @pytest.fixture
 def fake_suite(monkeypatch, default_threads):
     monkeypatch.setattr("hologram.bench.runners.run_suite", _fake_records)
+    monkeypatch.setattr("hologram.bench.suite.compile_section", _fake_section)
     threads = torch.get_num_threads()
     yield ["bench", "--ops", "add", "--sizes", "10", "100", "--no-progress"]
     torch.set_num_threads(threads)
@@ -397,7 +411,16 @@ def test_bench_replaces_the_previous_output_as_a_whole(fake_suite, tmp_path, cap
     assert "comparison_gemm.png" not in names  # no stale plot beside the new report
     assert {"results.json", "results.csv", "report.md", "report.html", "speedup.png"} <= names
     with open(os.path.join(out, "results.json")) as f:
-        assert len(json.load(f)["results"]) == 2
+        data = json.load(f)
+    assert len(data["results"]) == 2
+    assert data["torch_compile"]["rows"][0]["ms"]["hologram"] == 2.0
+    report = _contents(out)["report.md"].decode()
+    # the section's table, ratios computed from the medians (eager 3.0, inductor 4.0 ms
+    # over hologram's 2.0 ms)
+    assert "## torch.compile: whole models" in report
+    assert "| mlp | training | 1 | 3.000 | 2.000 | 4.000 | 1.50 | 2.00 | ok |" in report
+    assert "| mlp | training | 1.5 | 0.5 | 2 | 0.7 | 0.02 | 2 | — |" in report
+    assert b"<td>1.50</td>" in _contents(out)["report.html"]
     assert os.listdir(tmp_path) == ["out"]  # no staging or old directory left
     status, _ = _cli([*fake_suite, "--out", str(tmp_path / "a" / "b")], capsys)
     assert status == 0 and os.listdir(tmp_path / "a" / "b")
@@ -461,7 +484,7 @@ def test_a_full_disk_leaves_the_old_results(fake_suite, tmp_path, monkeypatch, c
 
     out, old = _old_output(tmp_path)
 
-    def disk_full(records, path, format="json", metadata=None):
+    def disk_full(records, path, format="json", metadata=None, sections=None):
         open(path, "w").close()  # what a full disk left: a 0-byte file
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
@@ -492,3 +515,45 @@ def test_a_failed_move_into_place_restores_the_old_output(failure, tmp_path, mon
     with pytest.raises(expected), output.staged_output(target) as staging:
         (tmp_path / os.path.basename(staging) / "results.json").write_text("new")
     assert _contents(out) == old and os.listdir(tmp_path) == ["out"]
+
+
+# --- the torch.compile section -----------------------------------------------------------
+def test_compile_section_quick_times_checked_models():
+    from hologram.bench import compile as compile_bench
+
+    section = compile_bench.run(quick=True)
+    assert [(r["model"], r["mode"], r["threads"]) for r in section["rows"]] == [
+        ("mlp", "inference", 1), ("mlp", "training", 1)]
+    for row in section["rows"]:
+        assert row["check"] == "ok"  # the compiled model agreed with eager before timing
+        assert set(row["ms"]) == {"eager", "hologram"} and min(row["ms"].values()) > 0
+    first = {f["mode"]: f for f in section["first_calls"]}
+    # an empty program cache: every program is compiled, none comes from the disk
+    assert first["inference"]["programs"] == 1 and first["training"]["programs"] == 2
+    assert all(f["hologram_cold_s"] >= f["hologram_backend_cold_s"] > 0
+               for f in first.values())
+    assert section["inductor"] == "not run (quick mode)"
+    md = "\n".join(compile_bench.markdown(section))
+    assert md.count("| mlp | ") == 4 and "Quick mode" in md
+
+
+def test_compile_section_reports_inductor_unavailable(monkeypatch):
+    from hologram.bench import compile as compile_bench
+
+    def no_compiler(*args, **kwargs):
+        raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found\nmore")
+
+    monkeypatch.setattr(torch, "compile", no_compiler)
+    status = compile_bench.inductor_status(torch)
+    assert status == ("unavailable: RuntimeError: InvalidCxxCompiler: No working C++ "
+                      "compiler found")
+
+
+def test_compile_section_without_torch(monkeypatch):
+    from hologram.bench import compile as compile_bench
+    from hologram.bench.dev import cpu
+
+    monkeypatch.setattr(cpu, "import_torch", lambda: None)
+    section = compile_bench.run(quick=True)
+    assert section == {"skipped": "PyTorch is not installed"}
+    assert compile_bench.markdown(section)[2] == "- Not run: PyTorch is not installed."

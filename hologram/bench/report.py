@@ -11,6 +11,7 @@ from typing import Any
 
 import pandas as pd
 
+from hologram.bench import compile as compile_bench
 from hologram.bench.results import create_summary_table, frame
 
 METHOD = (
@@ -66,8 +67,11 @@ def headline(df: pd.DataFrame) -> list[str]:
 
 
 def write_report(records: list[dict], system: dict, plots: list[str], out_dir: str,
-                 *, warmup: int, timing: int, command: str = "") -> tuple[str, str]:
-    """Write ``report.md`` and ``report.html`` into ``out_dir``; returns their paths."""
+                 *, warmup: int, timing: int, command: str = "",
+                 compiled: dict | None = None) -> tuple[str, str]:
+    """Write ``report.md`` and ``report.html`` into ``out_dir``; returns their paths.
+    ``compiled``: the torch.compile section's results (:mod:`hologram.bench.compile`),
+    reported after the summary when given."""
     df = frame(records)
     failed = df[~df["verified"].astype(bool)]
     summary = create_summary_table(df)
@@ -86,7 +90,10 @@ def write_report(records: list[dict], system: dict, plots: list[str], out_dir: s
         md += [f"✅ All {len(df)} cases verified against PyTorch."]
     md += ["", "## Headline", ""] + [f"- {line}" for line in heads]
     md += ["", "## Method", "", method, "", "## System", "", _md_table(system_df), "",
-           "## Summary by operation", "", _md_table(summary), "", "## Plots", ""]
+           "## Summary by operation", "", _md_table(summary), ""]
+    if compiled is not None:
+        md += compile_bench.markdown(compiled)
+    md += ["## Plots", ""]
     md += [f"![{os.path.basename(p)}]({os.path.basename(p)})" for p in plots]
     md += ["", "## All cases", "", _md_table(table), ""]
     md_path = os.path.join(out_dir, "report.md")
@@ -117,7 +124,10 @@ def write_report(records: list[dict], system: dict, plots: list[str], out_dir: s
                  + "</ul>")
     parts += [f"<h2>Method</h2><p>{h(method)}</p>", "<h2>System</h2>",
               system_df.to_html(index=False), "<h2>Summary by operation</h2>",
-              summary.to_html(index=False, float_format=_fmt), "<h2>Plots</h2>"]
+              summary.to_html(index=False, float_format=_fmt)]
+    if compiled is not None:
+        parts += compile_bench.html(compiled)
+    parts.append("<h2>Plots</h2>")
     for path in plots:
         with open(path, "rb") as f:
             data = base64.b64encode(f.read()).decode()

@@ -105,15 +105,16 @@ def _plain(value: Any) -> Any:
 
 
 def save_results(records: Iterable[dict], path: str | os.PathLike, format: str = "json",
-                 metadata: dict | None = None) -> str:
-    """Write records as JSON (``{"system": metadata, "results": [...]}``) or CSV. Returns
-    the path written."""
+                 metadata: dict | None = None, sections: dict | None = None) -> str:
+    """Write records as JSON (``{"system": metadata, "results": [...]}``, plus each of
+    ``sections``, e.g. ``torch_compile``, under its name) or CSV (records only). Returns the
+    path written."""
     rows = [{k: _plain(v) for k, v in r.items()} for r in records]
     path = os.fspath(path)
     if format == "json":
         with open(path, "w") as f:
             json.dump({"system": {k: _plain(v) for k, v in (metadata or {}).items()},
-                       "results": rows}, f, indent=1)
+                       "results": rows, **(sections or {})}, f, indent=1)
     elif format == "csv":
         columns: list[str] = []
         for row in rows:

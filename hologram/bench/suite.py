@@ -1,7 +1,9 @@
 """The ``hologram bench`` suite: which sizes each family runs, :func:`prepare`, which checks a
 configuration before anything runs, and :func:`run_bench`, which runs the cases and writes
 every artifact (results.json/.csv, PNG plots, report.md/.html) into ``out`` at once (see
-:mod:`hologram.bench.output`).
+:mod:`hologram.bench.output`). After the op cases, the torch.compile section
+(:mod:`hologram.bench.compile`: whole models, Hologram against eager and Inductor) runs
+unless ``torch_compile`` is off (``--no-torch-compile``).
 
 Sizes (elements; N for GEMM), default and ``quick`` (``--quick`` or
 ``HOLOGRAM_BENCH_QUICK=1``): elementwise, activations, transcendentals and fused chains
@@ -12,6 +14,7 @@ Sizes (elements; N for GEMM), default and ``quick`` (``--quick`` or
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass
 
@@ -158,11 +161,12 @@ def run_bench(config: BenchConfig, command: str = "") -> dict:
         records = run_suite(plan, warmup=config.warmup, timing=timing, executor=ex,
                             torch_compile=config.torch_compile, progress=config.progress,
                             warm_s=warm_s)
+        section = compile_section(config)
         system["load_average_after"] = (os.getloadavg()[0] if hasattr(os, "getloadavg")
                                         else None)
         try:
             written = _write(records, system, staging, warmup=config.warmup, timing=timing,
-                             command=command)
+                             command=command, compiled=section)
         except OSError as exc:
             name = f" ({os.path.basename(exc.filename)})" if exc.filename else ""
             kept = "is unchanged" if existed else "was not created"
@@ -170,22 +174,34 @@ def run_bench(config: BenchConfig, command: str = "") -> dict:
                               f"{config.out} {kept}") from exc
     paths = [os.path.join(config.out, os.path.basename(p)) for p in written]
     return {"records": records, "system": system, "paths": paths,
-            "failed": [r for r in records if not r["verified"]],
+            "failed": [r for r in records if not r["verified"]], "torch_compile": section,
             "seconds": time.perf_counter() - start}
 
 
+def compile_section(config: BenchConfig) -> dict:
+    """The torch.compile section's results (:func:`hologram.bench.compile.run`), or why it
+    did not run."""
+    if not config.torch_compile:
+        return {"skipped": "--no-torch-compile"}
+    from hologram.bench import compile as compile_bench
+
+    if config.progress:
+        print("torch.compile section (whole models; compiles, then times)...", file=sys.stderr)
+    return compile_bench.run(config.quick)
+
+
 def _write(records: list[dict], system: dict, out_dir: str, *, warmup: int, timing: int,
-           command: str) -> list[str]:
+           command: str, compiled: dict) -> list[str]:
     """Every artifact of a run, written into ``out_dir``; returns their paths."""
     from hologram.bench.plots import save_plots
     from hologram.bench.report import write_report
     from hologram.bench.results import save_results
 
     paths = [save_results(records, os.path.join(out_dir, "results.json"), "json",
-                          metadata=system),
+                          metadata=system, sections={"torch_compile": compiled}),
              save_results(records, os.path.join(out_dir, "results.csv"), "csv")]
     plots = save_plots(records, out_dir)
     paths += plots
     paths += write_report(records, system, plots, out_dir, warmup=warmup, timing=timing,
-                          command=command)
+                          command=command, compiled=compiled)
     return paths
