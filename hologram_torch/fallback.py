@@ -3,8 +3,10 @@
 One boxed kernel for the whole dispatch key. Device memory is host memory, so inputs are
 passed to the CPU kernel as CPU tensors *aliasing* it (no copy), and in-place results land
 directly in device memory. ``out=`` arguments (which the CPU kernel may resize) go through
-ordinary CPU copies and are copied back; new results are copied to the device. View ops
-only build metadata, so they run as the CPU kernel on the device tensor itself.
+ordinary CPU copies and are copied back, unless they overlap themselves or an input: then
+the CPU kernel writes through an alias, sees the overlap and raises PyTorch's error (or
+computes what PyTorch computes). New results are copied to the device. View ops only
+build metadata, so they run as the CPU kernel on the device tensor itself.
 
 Each op warns once (:class:`FallbackWarning`); :func:`fallback_stats` counts every call.
 """
@@ -44,11 +46,12 @@ def reset_fallback_stats() -> None:
         _counts.clear()
 
 
-def cpu_view(x: torch.Tensor) -> torch.Tensor:
+def cpu_view(x: torch.Tensor, storages: dict | None = None) -> torch.Tensor:
     """A CPU tensor aliasing the device tensor ``x`` that means what ``x`` means: with
     ``x``'s lazy conjugate and negative bits (``z.conj()``, ``z.conj().imag`` are views
-    that only set a bit), which CPU kernels and copies honour and the raw alias lacks."""
-    c = memory.cpu_alias(x)
+    that only set a bit), which CPU kernels and copies honour and the raw alias lacks.
+    ``storages``: as for :func:`memory.cpu_alias`."""
+    c = memory.cpu_alias(x, storages)
     if x.is_conj():
         c = c.conj()
     if x.is_neg():
@@ -110,9 +113,11 @@ def run_on_cpu_as(op, cpu_fn, *args, **kwargs):
     aliases: dict[int, torch.Tensor] = {}  # id(CPU tensor) -> the device tensor it stands for
     copies: list[tuple[torch.Tensor, torch.Tensor]] = []  # out= (CPU copy, device tensor)
 
+    storages: dict = {}  # one CPU storage per device storage (CPU kernels check overlaps)
+
     def to_cpu(x):
         if _is_device(x):
-            c = cpu_view(x)
+            c = cpu_view(x, storages)
             aliases[id(c)] = x
             return c
         if isinstance(x, torch.device) and x.type == NAME:
@@ -120,6 +125,8 @@ def run_on_cpu_as(op, cpu_fn, *args, **kwargs):
         return x
 
     def out_to_cpu(x):
+        if _is_device(x) and memory.unsafe_write(x, inputs):
+            return to_cpu(x)  # the CPU kernel sees the aliasing (and raises as PyTorch)
         if _is_device(x):
             c = torch.empty(x.shape, dtype=x.dtype)
             if x.numel():
@@ -130,6 +137,7 @@ def run_on_cpu_as(op, cpu_fn, *args, **kwargs):
         return x
 
     args = _rewrap_numbers(op, args)
+    inputs = (*args, *(v for k, v in kwargs.items() if k not in out_args))
     cargs = tree_map(to_cpu, args)
     ckwargs = {k: tree_map(out_to_cpu if k in out_args else to_cpu, v)
                for k, v in kwargs.items()}
@@ -146,11 +154,20 @@ def run_on_cpu_as(op, cpu_fn, *args, **kwargs):
             if original is not None:
                 return original
             if x.device.type == "cpu":
+                if x.layout is not torch.strided:
+                    raise NotImplementedError(f"{name}: {memory.SPARSE_UNSUPPORTED}")
                 return memory.from_cpu(x)
         return x
 
     return tree_map(to_device, result)
 
 
+def refuse_sparse(op, *args, **kwargs):
+    """The boxed kernel of the device's sparse dispatch keys: a clear error."""
+    raise NotImplementedError(f"{op}: {memory.SPARSE_UNSUPPORTED}")
+
+
 _library = torch.library.Library("_", "IMPL")
 _library.fallback(run_on_cpu, dispatch_key="PrivateUse1")
+for _key in ("SparsePrivateUse1", "SparseCsrPrivateUse1"):
+    _library.fallback(refuse_sparse, dispatch_key=_key)

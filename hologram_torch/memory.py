@@ -12,10 +12,12 @@ only writes metadata).
 from __future__ import annotations
 
 import math
+import multiprocessing.queues
 
 import torch
 
 from hologram.errors import OutOfMemoryError
+from hologram.isa.ir import IndexMap
 from hologram.runtime import Pool
 from hologram_torch.constants import CPU_KEYS, NAME
 
@@ -26,6 +28,9 @@ _create = torch._C._acc.create_empty_tensor
 _set = torch.ops.aten.set_.source_Storage_storage_offset._handle.redispatch_boxed
 
 _pool = Pool()
+SPARSE_UNSUPPORTED = (
+    f"sparse tensors are not supported on the {NAME} device (its storages are dense "
+    "memory blocks); keep sparse tensors and sparse ops on the CPU: x.cpu().to_sparse()")
 # torch 2.13's storages can exchange their data pointers and sizes (StorageBase.
 # _swap_data_ptr_, undocumented): feature-checked, with set_ as the fallback.
 _SWAP = hasattr(torch.UntypedStorage, "_swap_data_ptr_")
@@ -170,12 +175,19 @@ def empty(size, dtype: torch.dtype | None = None, stride=None) -> torch.Tensor:
     return t
 
 
-def cpu_alias(t: torch.Tensor) -> torch.Tensor:
+def cpu_alias(t: torch.Tensor, storages: dict | None = None) -> torch.Tensor:
     """An ordinary CPU tensor sharing ``t``'s memory and layout (no copy); it keeps
-    ``t``'s storage alive. Its storage is not resizable."""
+    ``t``'s storage alive. Its storage is not resizable. ``storages``: CPU storages made
+    so far, by device storage address; aliases of one device storage made with the same
+    dict share one CPU storage, so CPU kernels see that they overlap."""
     st = t.untyped_storage()
-    cst = _construct(st.data_ptr(), _CPU_DEVICE, st.nbytes())
-    cst._hologram_storage = st
+    key = st.data_ptr()
+    cst = None if storages is None else storages.get(key)
+    if cst is None:
+        cst = _construct(key, _CPU_DEVICE, st.nbytes())
+        cst._hologram_storage = st
+        if storages is not None:
+            storages[key] = cst
     return torch.empty(0, dtype=t.dtype).set_(cst, t.storage_offset(), t.shape, t.stride())
 
 
@@ -208,3 +220,81 @@ def cpu_alias_bytes(st: torch.UntypedStorage) -> torch.Tensor:
     cst = _construct(st.data_ptr(), _CPU_DEVICE, st.nbytes())
     cst._hologram_storage = st
     return torch.empty(0, dtype=torch.uint8).set_(cst)
+
+
+def internal_overlap(t: torch.Tensor) -> bool:
+    """May several elements of ``t`` share one memory location (an expanded tensor, an
+    overlapping ``as_strided`` view)? The ISA's test of a store
+    (:meth:`~hologram.isa.ir.IndexMap.is_injective`), which is sufficient, not necessary:
+    some layouts it refuses (a diagonal view) are written by the CPU kernel instead."""
+    return not t.is_contiguous() and not IndexMap(0, tuple(t.stride())).is_injective(
+        tuple(t.shape))
+
+
+def _extent(t: torch.Tensor) -> tuple[int, int]:
+    start = t.data_ptr()
+    return start, start + span(t.shape, t.stride()) * t.element_size()
+
+
+def unsafe_write(out: torch.Tensor, inputs) -> bool:
+    """Is writing ``out`` element by element, while reading ``inputs`` (tensors, lists of
+    tensors, anything else), more than a program can do? Yes when ``out`` overlaps itself,
+    or shares memory with an input other than element for element (an in-place op on its
+    own operand). PyTorch raises for most such writes and computes some; the caller runs
+    the CPU kernel on aliases of the memory, which does whichever PyTorch does."""
+    if not out.numel():
+        return False
+    if internal_overlap(out):
+        return True
+    start, end = _extent(out)
+    for x in inputs:
+        for t in (x if isinstance(x, (list, tuple)) else (x,)):
+            if (t is out or not isinstance(t, torch.Tensor) or t.device.type != NAME
+                    or not t.numel()):
+                continue
+            t_start, t_end = _extent(t)
+            if t_start < end and start < t_end and not (
+                    t_start == start and t.stride() == out.stride() and t.shape == out.shape):
+                return True
+    return False
+
+
+# --- device tensors and other processes ------------------------------------------------
+
+def holds_device_tensor(obj: object, depth: int = 6) -> bool:
+    """Does ``obj`` hold a device tensor or storage: itself, inside containers, or in an
+    object's attributes (a module's parameters), ``depth`` levels down?"""
+    seen: set[int] = set()
+
+    def walk(x: object, level: int) -> bool:
+        if isinstance(x, (torch.Tensor, torch.UntypedStorage, torch.TypedStorage)):
+            return x.device.type == NAME
+        if level == 0 or id(x) in seen or isinstance(x, (str, bytes, int, float)):
+            return False
+        seen.add(id(x))
+        if isinstance(x, dict):
+            return any(walk(k, level - 1) or walk(v, level - 1) for k, v in x.items())
+        if isinstance(x, (list, tuple, set, frozenset)):
+            return any(walk(v, level - 1) for v in x)
+        attributes = getattr(x, "__dict__", None)
+        return isinstance(attributes, dict) and walk(attributes, level - 1)
+
+    return walk(obj, depth)
+
+
+_queue_put = multiprocessing.queues.Queue.put
+
+
+def _put(self, obj, block=True, timeout=None):
+    # A Queue pickles in a feeder thread: a device tensor there (whose pool memory cannot
+    # be shared with another process) would be dropped with a traceback and never arrive.
+    if holds_device_tensor(obj):
+        raise RuntimeError(
+            f"multiprocessing: a {NAME} tensor cannot be sent to another process (its "
+            f"memory is a block of this process's pool and cannot be shared); put a CPU "
+            f"copy (t.cpu()) and move it back with .to('{NAME}') in the receiver")
+    return _queue_put(self, obj, block, timeout)
+
+
+# torch.multiprocessing.Queue is this class too (torch only registers its pickling)
+multiprocessing.queues.Queue.put = _put

@@ -3,6 +3,8 @@ hologram tensors, gradients with gradcheck in float64, drop-in modules."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -164,3 +166,97 @@ def test_simple_nn_example_trains_like_torch():
             opt.step()
         torch.testing.assert_close(loss_fn(ours(x), t), torch.nn.MSELoss()(theirs(x), t),
                                    rtol=1e-4, atol=1e-6)
+
+
+def _behaviour(module, inputs, grads: bool):
+    """What ``module(*inputs)`` does: (result or exception type, warnings, gradients)."""
+    inputs = [x.detach().clone().requires_grad_(grads and x.dtype.is_floating_point)
+              for x in inputs]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warnings.simplefilter("ignore", hg.FallbackWarning)
+        try:
+            result = module(*inputs)
+        except Exception as exc:  # compared with torch's exception type
+            return type(exc), [], []
+    messages = sorted(str(w.message) for w in caught)
+    gradients = []
+    if grads and result.requires_grad:
+        result.sum().backward()
+        gradients = [x.grad for x in inputs if x.requires_grad]
+    return result, messages, gradients
+
+
+def _seeded(shape, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)
+    if dtype is torch.bool:
+        return torch.randint(0, 2, shape, generator=g).bool()
+    return torch.randint(-5, 6, shape, generator=g).to(dtype)
+
+
+f32, f64, i64 = torch.float32, torch.float64, torch.int64
+# (module name, constructor kwargs, [(shape, dtype) per input]): shapes, dtypes,
+# broadcasting and reductions torch.nn handles (or rejects) in its own way.
+AUDIT = [
+    ("Linear", {"in_features": 4, "out_features": 3}, [((2, 4), f32)]),
+    ("Linear", {"in_features": 4, "out_features": 3}, [((4,), f32)]),
+    ("Linear", {"in_features": 4, "out_features": 3}, [((2, 5, 4), f32)]),
+    ("Linear", {"in_features": 4, "out_features": 3}, [((0, 4), f32)]),
+    ("Linear", {"in_features": 4, "out_features": 3}, [((2, 4), f64)]),
+    ("Linear", {"in_features": 4, "out_features": 3}, [((2, 4), i64)]),
+    ("Linear", {"in_features": 4, "out_features": 3}, [((2, 5), f32)]),
+    ("Linear", {"in_features": 4, "out_features": 3}, [((), f32)]),
+    ("ReLU", {}, [((3, 4), f32)]), ("ReLU", {}, [((3, 4), i64)]),
+    ("ReLU", {}, [((), f32)]), ("ReLU", {}, [((3,), torch.bool)]),
+    ("Sigmoid", {}, [((3, 4), i64)]), ("Sigmoid", {}, [((3, 4), torch.bool)]),
+    ("Sigmoid", {}, [((0, 2), f32)]), ("Sigmoid", {}, [((5,), torch.float16)]),
+    ("Tanh", {}, [((3,), i64)]), ("Tanh", {}, [((3,), f64)]), ("Tanh", {}, [((), f32)]),
+    ("GELU", {}, [((3,), i64)]), ("GELU", {"approximate": "tanh"}, [((3, 2), f32)]),
+    ("GELU", {"approximate": "bad"}, [((3,), f32)]),
+    ("Softmax", {"dim": 1}, [((3, 4), f32)]), ("Softmax", {"dim": None}, [((2, 3, 4), f32)]),
+    ("Softmax", {"dim": None}, [((3, 4), f32)]), ("Softmax", {"dim": 2}, [((3, 4), f32)]),
+    ("Softmax", {"dim": 0}, [((), f32)]), ("Softmax", {"dim": -1}, [((3,), i64)]),
+    ("MSELoss", {}, [((4, 3), f32), ((3,), f32)]),
+    ("MSELoss", {}, [((4, 3), f32), ((4, 3), f64)]),
+    ("MSELoss", {}, [((4, 3), f32), ((4, 3), i64)]),
+    ("MSELoss", {"reduction": "sum"}, [((4, 1), f32), ((1, 3), f32)]),
+    ("MSELoss", {"reduction": "none"}, [((2, 3), f32), ((2, 3), f32)]),
+    ("MSELoss", {}, [((0,), f32), ((0,), f32)]),
+    ("MSELoss", {}, [((4, 3), f32), ((2, 3), f32)]),
+    ("MSELoss", {"reduction": "avg"}, [((3,), f32), ((3,), f32)]),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("index", range(len(AUDIT)))
+def test_modules_behave_as_torch_nn(index, device):
+    name, kwargs, specs = AUDIT[index]
+    try:
+        theirs = getattr(torch.nn, name)(**kwargs)
+    except Exception as exc:  # torch rejects the arguments: so must the drop-in
+        with pytest.raises(type(exc)):
+            getattr(hg.nn, name)(**kwargs)
+        return
+    ours = getattr(hg.nn, name)(**kwargs)
+    ours.load_state_dict(theirs.state_dict())
+    ours.to(device)
+    inputs = [_seeded(shape, dtype, seed) for seed, (shape, dtype) in enumerate(specs)]
+    grads = all(x.dtype.is_floating_point for x in inputs)
+    expected, warned, gradients = _behaviour(theirs, inputs, grads)
+    actual, our_warnings, our_gradients = _behaviour(
+        ours, [x.to(device) for x in inputs], grads)
+    if isinstance(expected, type):
+        assert actual is expected, f"torch raises {expected.__name__}, got {actual}"
+        return
+    assert isinstance(actual, torch.Tensor) and actual.device.type == device
+    assert our_warnings == warned
+    # float32: a little looser than assert_close's default; other dtypes: its defaults
+    tol = {"rtol": 1e-5, "atol": 1e-6} if expected.dtype is f32 else {}
+    torch.testing.assert_close(actual.cpu(), expected, equal_nan=True, **tol)
+    for a, e in zip(our_gradients, gradients, strict=True):
+        torch.testing.assert_close(a.cpu(), e, **tol)
+    if grads and isinstance(theirs, torch.nn.Linear):
+        torch.testing.assert_close(ours.weight.grad.cpu(), theirs.weight.grad, rtol=1e-5,
+                                   atol=1e-5)

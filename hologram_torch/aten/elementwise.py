@@ -83,25 +83,18 @@ def _remembered(name: str, self: torch.Tensor, static=()) -> torch.Tensor | None
 
 
 def _check_inplace(name: str, self: torch.Tensor, result: torch.dtype, *others) -> None:
-    """PyTorch's rules for writing a result into ``self``: the dtype must cast, the
-    broadcast shape must be self's, and inputs may not partially overlap it."""
+    """PyTorch's rules for writing a result into ``self``: the dtype must cast and the
+    broadcast shape must be self's. (Overlapping memory never reaches a kernel here: see
+    :func:`registry.native_or_cpu`.)"""
     if not torch.can_cast(result, self.dtype):
         raise RuntimeError(f"result type {_short(result)} can't be cast to the desired "
                            f"output type {_short(self.dtype)}")
-    base = self.untyped_storage().data_ptr()
     for o in others:
-        if isinstance(o, torch.Tensor) and not o.is_cpu:
-            if o.dim() > self.dim() or any(
-                    n != m and n != 1 for n, m in zip(reversed(o.shape), reversed(self.shape))):
-                raise RuntimeError(
-                    f"output with shape {list(self.shape)} doesn't match the broadcast "
-                    f"shape {list(torch.broadcast_shapes(self.shape, o.shape))}")
-            if (o.untyped_storage().data_ptr() == base
-                    and (o.data_ptr() != self.data_ptr() or o.stride() != self.stride())):
-                raise RuntimeError(
-                    f"{name}: unsupported operation: some elements of the input tensor and "
-                    "the written-to tensor refer to a single memory location. Please clone() "
-                    "the tensor before performing the operation.")
+        if isinstance(o, torch.Tensor) and not o.is_cpu and (o.dim() > self.dim() or any(
+                n != m and n != 1 for n, m in zip(reversed(o.shape), reversed(self.shape)))):
+            raise RuntimeError(
+                f"output with shape {list(self.shape)} doesn't match the broadcast "
+                f"shape {list(torch.broadcast_shapes(self.shape, o.shape))}")
 
 
 def _short(dtype: torch.dtype) -> str:
@@ -165,6 +158,8 @@ def _binary(name: str, op, self, other, alpha=1, out=None, inplace=False,
         _check_inplace(name, self, result, other)
         out = self
     elif out is not None:
+        if not torch.can_cast(result, out.dtype):
+            return NotImplemented  # the CPU kernel raises PyTorch's error
         out = _fit_out(out, _shape(self, other))
     r = _lowered(name, op, args, None if out is None else (out,))
     if shortcut is not None and r is not NotImplemented:
@@ -323,7 +318,8 @@ def _unary(name: str, floating: bool, bools: bool = False):
         return _lowered(name, op, (self,), out=(self,))
 
     def out_variant(self, *, out):
-        if plan(self) is None:
+        result = plan(self)
+        if result is None or not torch.can_cast(result, out.dtype):
             return NotImplemented
         r = _lowered(name, op, (self,), out=(_fit_out(out, self.shape),))
         return r if r is NotImplemented else out
@@ -360,7 +356,8 @@ def where(condition, self, other):
 
 @native_or_cpu("where.self_out")
 def where_out(condition, self, other, *, out):
-    if condition.dtype is not torch.bool or not _native(self, other):
+    if (condition.dtype is not torch.bool or not _native(self, other)
+            or not torch.can_cast(torch.result_type(self, other), out.dtype)):
         return NotImplemented
     r = _lowered("where", aten.where.self, (condition, self, other),
                  out=(_fit_out(out, _shape(condition, self, other)),))
@@ -413,6 +410,8 @@ def _clamp_call(name, self, lo, hi, out=None, inplace=False):
         _check_inplace(name, self, result, *bounds)
         out = self
     elif out is not None:
+        if not torch.can_cast(result, out.dtype):
+            return NotImplemented  # the CPU kernel raises PyTorch's error
         out = _fit_out(out, _shape(self, *bounds))
     # the bounds given, by name (None bounds are compile-time: part of the kernel's key)
     op, args = ((aten.clamp_min.default, (self, lo)) if hi is None else
@@ -530,26 +529,29 @@ _tanh_backward = lowering_ew.tanh_backward_math
 _gelu_backward = lowering_ew.gelu_backward_math
 
 
+_GELU = ("none", "tanh")  # torch's approximations (the CPU kernel rejects others)
+
+
 @native_or_cpu("gelu")
 def gelu(self, approximate="none"):
     r = _remembered("gelu", self, (approximate,))
     if r is not None:
         return r
-    if not _float(self):
+    if approximate not in _GELU or not _float(self):
         return NotImplemented
     return _unary_fresh("gelu", aten.gelu.default, self, (approximate,))
 
 
 @native_or_cpu("gelu_")
 def gelu_(self, approximate="none"):
-    if not _float(self):
+    if approximate not in _GELU or not _float(self):
         return NotImplemented
     return _lowered("gelu", aten.gelu.default, (self,), static=(approximate,), out=(self,))
 
 
 @native_or_cpu("gelu_backward")
 def gelu_backward(grad_output, self, approximate="none"):
-    if not _float(grad_output, self):
+    if approximate not in _GELU or not _float(grad_output, self):
         return NotImplemented
     return _lowered("gelu_backward", aten.gelu_backward.default, (grad_output, self),
                     static=(approximate,))

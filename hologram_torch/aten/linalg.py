@@ -37,7 +37,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_flatten, tree_map
 
 from hologram_torch import memory
 from hologram_torch.aten import program
@@ -72,6 +72,16 @@ def _signature(x: object) -> object:
     return (type(x), x)
 
 
+def _check_devices(op, args, kwargs) -> None:
+    """PyTorch's error for operands on another device (the meta kernel would name the
+    meta device)."""
+    for t in tree_flatten((args, kwargs))[0]:
+        if isinstance(t, torch.Tensor) and t.device.type != NAME:
+            raise RuntimeError(f"Expected all tensors to be on the same device, but found at "
+                               f"least two devices, {NAME}:0 and {t.device}! (when checking "
+                               f"arguments for {op.__name__})")
+
+
 def infer(op: torch._ops.OpOverload, *args, **kwargs) -> torch.Tensor:
     """Run ``op``'s meta kernel on metadata copies of the arguments: it raises torch's own
     error for bad shapes/dtypes, and its result gives the output's shape, dtype and
@@ -85,6 +95,7 @@ def infer(op: torch._ops.OpOverload, *args, **kwargs) -> torch.Tensor:
     meta = _inferred.get(key)
     if meta is not None:
         return meta
+    _check_devices(op, args, kwargs)
     try:
         meta = op(*tree_map(_to_meta, args), **tree_map(_to_meta, kwargs))
     except (RuntimeError, IndexError, ValueError, TypeError) as exc:
@@ -111,7 +122,8 @@ def launch(op: torch._ops.OpOverload, args: Sequence, kwargs: dict, name: str,
     temporary (programs only allow element-for-element aliasing). ``meta``: the result of
     :func:`infer` on these arguments, when the caller already has it."""
     tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
-    if not program.supported(*tensors) or (out is not None and out.dtype not in ISA) or any(
+    if not program.supported(*tensors) or (out is not None and (
+            out.dtype not in ISA or memory.internal_overlap(out))) or any(
             isinstance(x, complex) for x in inputs):
         return run_on_cpu(op, *args, **kwargs)
     meta = infer(op, *args, **kwargs) if meta is None else meta
@@ -245,7 +257,7 @@ def _affine(fold_batch: bool) -> Callable:
             return launch(op, args, kwargs, "linalg.affine", _affine_build,
                           (bias, a, b, beta, alpha), static, out, meta)
         return _blas_affine(op, args, kwargs, bias, a, b, beta, alpha, static[1:3], out,
-                            None if out is not None else meta)
+                            meta)
 
     return kernel
 
@@ -255,15 +267,16 @@ def _blas_affine(op, args, kwargs, bias, a, b, beta, alpha, modes, out, meta):
     straight into the result, then the epilogue in place. (Fused into one program, the
     CPU backend keeps the epilogue in the contraction's [.., M, N, K] kernel once BLAS
     has taken the product, and runs it K times over.)"""
+    # the product is a fresh tensor even for out= (``meta`` is then out's: only its shape)
+    fresh = meta if out is None else torch.empty(meta.shape, dtype=a.dtype, device="meta")
     product = launch(op, args, {k: v for k, v in kwargs.items() if k != "out"},
-                     "linalg.product", _product_build, (a, b), (ISA[a.dtype],), None, meta)
+                     "linalg.product", _product_build, (a, b), (ISA[a.dtype],), None, fresh)
     if modes != ("zero", True) and product.numel():
         program.run("linalg.epilogue", _epilogue_build, (bias, product, beta, alpha),
                     modes, out=(product,))
     if out is None:
         return product
-    meta = infer(op, *args, **kwargs)  # checks out's dtype
-    if out.shape != meta.shape:
+    if out.shape != meta.shape:  # meta: infer's, which checked out's dtype
         out.resize_(meta.shape)
     return copy_into(out, product)
 

@@ -112,7 +112,7 @@ _register_pointwise("huber_loss")
 
 
 def _probabilities(x: torch.Tensor) -> bool:
-    """torch's check that BCE inputs lie in [0, 1] (NaN fails it)."""
+    """torch's check that BCE inputs and targets lie in [0, 1] (NaN fails it)."""
     h = _host(x)
     return bool(((h >= 0) & (h <= 1)).all())
 
@@ -120,7 +120,7 @@ def _probabilities(x: torch.Tensor) -> bool:
 @impl("binary_cross_entropy")
 def binary_cross_entropy(x, target, weight=None, reduction=_MEAN):
     r = NotImplemented
-    if _floats(x) and _probabilities(x):
+    if _floats(x) and _probabilities(x) and _probabilities(target):
         r = lowered.call(aten.binary_cross_entropy.default, x, target, weight, reduction)
     if r is NotImplemented:
         return run_on_cpu(aten.binary_cross_entropy.default, x, target, weight, reduction)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from hologram_torch import memory
 from hologram_torch.aten import lowered, program
 from hologram_torch.aten.program import ISA
 from hologram_torch.aten.registry import aten, impl, native_or_cpu
@@ -107,9 +108,10 @@ def _reduced_shape(x: torch.Tensor, axes: tuple[int, ...], keepdim: bool) -> tup
 
 def _into(out: torch.Tensor, x: torch.Tensor, shape: tuple[int, ...]) -> bool:
     """Can a result of ``shape`` be written into ``out`` directly? (It must not share
-    ``x``'s memory; a non-empty ``out`` of another shape is left to the fallback, which
-    resizes it with torch's warning; an empty one is resized here.)"""
-    if out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
+    ``x``'s memory nor overlap itself; a non-empty ``out`` of another shape is left to the
+    fallback, which resizes it with torch's warning; an empty one is resized here.)"""
+    if (out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+            or memory.internal_overlap(out)):
         return False
     if tuple(out.shape) != shape:
         if out.numel():

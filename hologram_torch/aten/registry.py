@@ -6,6 +6,8 @@ from collections.abc import Callable
 
 import torch
 
+from hologram_torch import memory
+
 aten = torch.ops.aten
 _lib = torch.library.Library("aten", "IMPL")
 #: Every aten overload with a native kernel here (the conformance suite reads this).
@@ -47,17 +49,33 @@ def overload(name: str) -> torch._ops.OpOverload:
     return getattr(getattr(aten, op), variant or "default")
 
 
+def _written(op: torch._ops.OpOverload) -> tuple[int | str, ...]:
+    """The arguments ``op`` writes: positions (in-place ``self``) and names (``out=``)."""
+    return tuple(a.name if a.kwarg_only else i for i, a in enumerate(op._schema.arguments)
+                 if a.alias_info is not None and a.alias_info.is_write)
+
+
 def native_or_cpu(*names: str) -> Callable:
     """Like :func:`impl`, for kernels that handle only some cases: when the kernel returns
     ``NotImplemented``, the call runs through the CPU fallback with its original arguments
-    (so PyTorch's own kernel gives the result, or raises PyTorch's error)."""
+    (so PyTorch's own kernel gives the result, or raises PyTorch's error). So does a call
+    whose written tensor (in-place ``self``, ``out=``) overlaps itself or an input other
+    than element for element (:func:`memory.unsafe_write`): PyTorch's memory-overlap
+    errors, or its result where it computes one."""
     from hologram_torch.fallback import run_on_cpu
 
     def register(fn: Callable) -> Callable:
         for name in names:
             op = overload(name)
+            written = _written(op)
 
-            def kernel(*args, _fn=fn, _op=op, **kwargs):
+            def kernel(*args, _fn=fn, _op=op, _written=written, **kwargs):
+                for w in _written:
+                    out = args[w] if isinstance(w, int) else kwargs.get(w)
+                    for o in out if isinstance(out, (list, tuple)) else (out,):
+                        if isinstance(o, torch.Tensor) and memory.unsafe_write(
+                                o, (*args, *kwargs.values())):
+                            return run_on_cpu(_op, *args, **kwargs)
                 result = _fn(*args, **kwargs)
                 if result is NotImplemented:
                     return run_on_cpu(_op, *args, **kwargs)

@@ -15,7 +15,7 @@ from hologram_torch import memory
 from hologram_torch.aten import program
 from hologram_torch.aten.program import ISA, Unsupported, cast
 from hologram_torch.aten.registry import aten, composed, impl, overload
-from hologram_torch.constants import CPU_KEYS
+from hologram_torch.constants import CPU_KEYS, NAME
 from hologram_torch.fallback import cpu_view
 
 
@@ -26,13 +26,28 @@ def _strides_for(size, dtype, memory_format) -> list[int] | None:
                             memory_format=memory_format).stride())
 
 
+def check_allocation(size, layout=None, device=None) -> None:
+    """PyTorch's errors for a tensor the device cannot make: a negative size, a sparse
+    layout (device storages are dense), a device index other than 0."""
+    if any(n < 0 for n in size):
+        raise RuntimeError(f"Trying to create tensor with negative dimension "
+                           f"{min(size)}: {list(size)}")
+    if layout is not None and layout is not torch.strided:
+        raise NotImplementedError(memory.SPARSE_UNSUPPORTED)
+    if device is not None and device.index not in (None, 0):
+        raise RuntimeError(f"{NAME} error: invalid device ordinal: {device} does not exist; "
+                           f"there is one {NAME} device, {NAME}:0")
+
+
 @impl("empty.memory_format")
 def empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    check_allocation(size, layout, device)
     return memory.empty(size, dtype, _strides_for(size, dtype, memory_format))
 
 
 @impl("empty_strided")
 def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
+    check_allocation(size, layout, device)
     return memory.empty(size, dtype, stride)
 
 
@@ -84,9 +99,11 @@ def copy_into(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
     if (isinstance(src, torch.Tensor) and not src.is_cpu and _overlap(dst, src)
             and (src.data_ptr() != dst.data_ptr() or src.stride() != dst.stride())):
         src = clone(src)  # a partial overlap: read everything before writing
-    if _lazy(dst) or (isinstance(src, torch.Tensor) and _lazy(src)):
+    if _lazy(dst) or (isinstance(src, torch.Tensor) and _lazy(src)) or (
+            memory.internal_overlap(dst)):
         # Conjugate or negative views (complex results, .imag of a conjugate): the CPU
-        # copy resolves the bits; the programs read raw memory.
+        # copy resolves the bits; the programs read raw memory. A destination whose
+        # elements share memory (expanded): the CPU copy raises PyTorch's error.
         cpu_view(dst).copy_(cpu_view(src) if isinstance(src, torch.Tensor)
                             else torch.tensor(src))
         return dst
@@ -169,7 +186,9 @@ def _fill_build(g, value, shape, dtype):
 def fill_(self, value):
     if self.numel() == 0:
         return self
-    if self.dtype not in ISA:
+    if self.dtype not in ISA or memory.internal_overlap(self):
+        # an expanded tensor: PyTorch fills it (every element sharing a location gets the
+        # same value), a program may not store to one location twice
         cpu_view(self).fill_(value)
         return self
     if isinstance(value, bool) or self.dtype is torch.bool:

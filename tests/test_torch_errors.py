@@ -1,0 +1,274 @@
+"""Bad input on the device raises PyTorch's errors: each case runs on the CPU and on the
+device and must raise the same exception type with the CPU's message (the device may add
+the op's name), or, where the CPU has no counterpart (device ordinals, other processes),
+PyTorch's error for the same mistake on CUDA."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import hologram_torch  # noqa: E402, F401  (registers the device)
+
+ROOT = Path(__file__).resolve().parents[1]
+F = torch.nn.functional
+
+
+def _raised(fn, device: str) -> Exception:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # fallback and deprecation warnings
+        try:
+            fn(device)
+        except Exception as exc:  # the error under test
+            return exc
+    pytest.fail(f"no error on {device}")
+
+
+def same_error(fn) -> Exception:
+    """``fn(device)`` raises on the CPU and the device alike; the device's exception."""
+    expected, actual = _raised(fn, "cpu"), _raised(fn, "hologram")
+    assert type(actual) is type(expected), f"{type(actual).__name__}: {actual}"
+    assert str(expected).splitlines()[0] in str(actual), f"{actual} (CPU: {expected})"
+    return actual
+
+
+def _arange(device, dtype=torch.float32):
+    return torch.arange(6, dtype=dtype, device=device)
+
+
+def _overlapping_bitwise_and(b):
+    return b[1:].bitwise_and_(b[:-1])
+
+
+# --- memory overlap -----------------------------------------------------------------------
+
+OVERLAPPING = {
+    "exp out=": lambda a: torch.exp(a[:-1], out=a[1:]),
+    "add out=": lambda a: torch.add(a[:-1], 1, out=a[1:]),
+    "mul out=": lambda a: torch.mul(a[1:], a[:-1], out=a[:-1]),
+    "sin out= (fallback op)": lambda a: torch.sin(a[:-1], out=a[1:]),
+    "clamp out=": lambda a: torch.clamp(a[:-2], 0, 1, out=a[2:]),
+    "where out=": lambda a: torch.where(a[:-1] > 2, a[:-1], a[:-1] * 0, out=a[1:]),
+    "add_": lambda a: a[1:].add_(a[:-1]),
+    "mul_ row": lambda a: a.view(2, 3).mul_(a[:3]),
+    "addcmul_": lambda a: a[1:].addcmul_(a[:-1], a[:-1]),
+    "lerp_": lambda a: a[1:].lerp_(a[:-1], 0.5),
+    "eq_": lambda a: a[1:].eq_(a[:-1]),
+    "bitwise_and_": lambda a: _overlapping_bitwise_and(a.long()),
+}
+
+
+@pytest.mark.parametrize("name", list(OVERLAPPING))
+def test_partial_overlap_raises_torch_error(name):
+    fn = OVERLAPPING[name]
+    exc = same_error(lambda d: fn(_arange(d)))
+    assert "some elements of the input tensor and the written-to tensor" in str(exc)
+
+
+EXPANDED = {
+    "add_": lambda x: x.add_(1), "mul_": lambda x: x.mul_(x), "exp_": lambda x: x.exp_(),
+    "atan_ (fallback op)": lambda x: x.atan_(), "clamp_": lambda x: x.clamp_(0, 1),
+    "relu_": lambda x: x.relu_(), "sigmoid_": lambda x: x.sigmoid_(),
+    "copy_": lambda x: x.copy_(torch.ones(3, device=x.device)),
+    "lerp_": lambda x: x.lerp_(torch.ones(3, device=x.device), 0.5),
+    "exp out=": lambda x: torch.exp(torch.ones(3, device=x.device), out=x),
+    "add out=": lambda x: torch.add(torch.ones(3, device=x.device), 1, out=x),
+    "index_add_": lambda x: x.index_add_(0, torch.tensor([0], device=x.device),
+                                         torch.ones(1, device=x.device)),
+    "_foreach_add_": lambda x: torch._foreach_add_([x], 1),
+    "uniform_": lambda x: x.uniform_(),
+}
+
+
+@pytest.mark.parametrize("name", list(EXPANDED))
+def test_writing_an_expanded_tensor_raises_torch_error(name):
+    fn = EXPANDED[name]
+    exc = same_error(lambda d: fn(torch.zeros(1, device=d).expand(3)))
+    assert "more than one element of the written-to tensor" in str(exc)
+
+
+EXPANDED_OK = {  # PyTorch writes these into an expanded tensor: so does the device
+    "fill_": lambda x: x.fill_(2.5), "zero_": lambda x: x.zero_(),
+    "masked_fill_": lambda x: x.masked_fill_(torch.tensor([False, True, True],
+                                                          device=x.device), 2.0),
+    "sum out=": lambda x: torch.sum(torch.ones(3, 3, device=x.device), 0, out=x),
+    "mv out=": lambda x: torch.mv(torch.ones(3, 3, device=x.device),
+                                  torch.arange(3.0, device=x.device), out=x),
+    "diagonal copy_": lambda x: x.diagonal().copy_(torch.arange(3.0, device=x.device)),
+}
+
+
+@pytest.mark.parametrize("name", list(EXPANDED_OK))
+def test_writes_pytorch_allows_into_shared_memory(name):
+    fn = EXPANDED_OK[name]
+    base = torch.zeros(1) if name != "diagonal copy_" else torch.zeros(3, 3)
+    expected = base.clone().expand(3) if name != "diagonal copy_" else base.clone()
+    actual = base.to("hologram").expand(3) if name != "diagonal copy_" else base.to("hologram")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fn(expected)
+        fn(actual)
+    assert torch.equal(actual.cpu(), expected)
+
+
+def test_disjoint_views_of_one_storage_are_not_an_overlap():
+    a, b = _arange("cpu"), _arange("hologram")
+    torch.exp(a[:3], out=a[3:])
+    torch.exp(b[:3], out=b[3:])
+    b[::2].add_(b[1::2])
+    a[::2].add_(a[1::2])
+    torch.testing.assert_close(b.cpu(), a)
+
+
+# --- dtypes of results ----------------------------------------------------------------------
+
+CASTS = {
+    "add float into long": lambda d: torch.add(torch.ones(3, device=d), 1,
+                                               out=torch.empty(3, dtype=torch.long, device=d)),
+    "add float into int": lambda d: torch.add(torch.ones(3, device=d), torch.ones(3, device=d),
+                                              out=torch.empty(3, dtype=torch.int32, device=d)),
+    "mul float into bool": lambda d: torch.mul(torch.ones(3, device=d), 2,
+                                               out=torch.empty(3, dtype=torch.bool, device=d)),
+    "div ints into long": lambda d: torch.div(_arange(d, torch.long), 2,
+                                              out=torch.empty(6, dtype=torch.long, device=d)),
+    "exp into bool": lambda d: torch.exp(torch.ones(3, device=d),
+                                         out=torch.empty(3, dtype=torch.bool, device=d)),
+    "sqrt of ints into long": lambda d: torch.sqrt(_arange(d, torch.long),
+                                                   out=_arange(d, torch.long)),
+    "clamp into long": lambda d: torch.clamp(torch.ones(3, device=d), 0, 1,
+                                             out=torch.empty(3, dtype=torch.long, device=d)),
+    "where into long": lambda d: torch.where(torch.ones(3, dtype=torch.bool, device=d),
+                                             torch.ones(3, device=d), torch.zeros(3, device=d),
+                                             out=torch.empty(3, dtype=torch.long, device=d)),
+    "add_ float into long": lambda d: _arange(d, torch.long).add_(0.5),
+    "sin out= long (fallback op)": lambda d: torch.sin(
+        torch.ones(3, device=d), out=torch.empty(3, dtype=torch.long, device=d)),
+}
+
+
+@pytest.mark.parametrize("name", list(CASTS))
+def test_result_dtype_that_cannot_be_cast_raises_torch_error(name):
+    same_error(CASTS[name])  # "result type Float can't be cast ..." (clamp, where: others)
+
+
+def test_comparison_into_a_float_out_is_allowed():
+    out = torch.empty(3, device="hologram")
+    torch.lt(torch.arange(3.0, device="hologram"), 1, out=out)
+    assert out.cpu().tolist() == [1.0, 0.0, 0.0]
+
+
+# --- values torch checks --------------------------------------------------------------------
+
+BCE = {
+    "target above 1": (0.5, 2.0), "target below 0": (0.5, -0.5), "target NaN": (0.5, "nan"),
+    "input above 1": (1.5, 0.5), "input below 0": (-0.1, 0.5),
+}
+
+
+@pytest.mark.parametrize("name", list(BCE))
+def test_binary_cross_entropy_out_of_range_raises_torch_error(name):
+    x, t = (float(v) for v in BCE[name])
+    exc = same_error(lambda d: F.binary_cross_entropy(
+        torch.tensor([0.25, x], device=d), torch.tensor([0.5, t], device=d)))
+    assert "should be between 0 and 1" in str(exc)
+
+
+# --- devices, sizes, layouts ----------------------------------------------------------------
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.ones(2, device="hologram:1"),
+    lambda: torch.empty(2, 3, device=torch.device("hologram", 3)),
+    lambda: torch.zeros(2).to("hologram:1"),
+    lambda: torch.empty_strided((2,), (1,), device="hologram:1"),
+], ids=["ones", "empty", "to", "empty_strided"])
+def test_a_device_index_other_than_0_raises(make):
+    # CUDA raises RuntimeError "CUDA error: invalid device ordinal" for a missing GPU
+    with pytest.raises(RuntimeError, match=r"invalid device ordinal.*one hologram device"):
+        make()
+
+
+def test_device_index_0_works():
+    assert torch.ones(2, device="hologram:0").device == torch.device("hologram", 0)
+
+
+@pytest.mark.parametrize("size", [(-1,), (2, -3)])
+def test_negative_size_raises_torch_error(size):
+    same_error(lambda d: torch.empty(size, device=d))
+    same_error(lambda d: torch.empty_strided(size, (1,) * len(size), device=d))
+
+
+@pytest.mark.parametrize("case", ["cat", "mm", "index_select"])
+def test_operands_on_two_devices_raise_torch_error(case):
+    x, c = torch.ones(2, 2, device="hologram"), torch.ones(2, 2)
+    call = {"cat": lambda: torch.cat([x, c]), "mm": lambda: torch.mm(x, c),
+            "index_select": lambda: torch.index_select(x, 0, c.long())}[case]
+    # PyTorch's message for CUDA and CPU operands
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device, "
+                                           "but found at least two devices, hologram:0 and cpu"):
+        call()
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.eye(3, device="hologram").to_sparse(),
+    lambda: torch.eye(3, device="hologram").to_sparse_csr(),
+    lambda: torch.eye(3).to_sparse().to("hologram"),
+    lambda: torch.sparse_coo_tensor([[0]], [1.0], (2,), device="hologram"),
+    lambda: torch.empty(2, layout=torch.sparse_coo, device="hologram"),
+    # a compressed layout moves with its CPU kernel; every op on it refuses
+    lambda: torch.eye(3).to_sparse_csr().to("hologram").to_dense(),
+], ids=["to_sparse", "to_sparse_csr", "coo to device", "sparse_coo_tensor", "empty",
+        "csr op"])
+def test_sparse_tensors_are_not_supported(make):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(NotImplementedError, match=r"sparse tensors are not supported on "
+                                                      r"the hologram device.*cpu"):
+            make()
+
+
+# --- other processes ------------------------------------------------------------------------
+
+_QUEUE = """
+import torch, hologram_torch, torch.multiprocessing as mp
+
+def child(inbox, outbox):
+    outbox.put(inbox.get(timeout=60) * 2)
+
+if __name__ == "__main__":
+    ctx = mp.get_context("spawn")
+    inbox, outbox = ctx.Queue(), ctx.Queue()
+    for item in (torch.ones(2, device="hologram"),
+                 {"model": [torch.nn.Linear(2, 2).to("hologram")]}):
+        try:
+            inbox.put(item)
+        except RuntimeError as exc:
+            print("raised:", exc)
+    p = ctx.Process(target=child, args=(inbox, outbox))
+    p.start()
+    inbox.put(torch.ones(2, device="hologram").cpu())
+    print("received:", outbox.get(timeout=60).tolist())
+    p.join(60)
+    print("exit:", p.exitcode)
+"""
+
+
+def test_multiprocessing_queue_refuses_device_tensors_at_put(tmp_path):
+    script = tmp_path / "queue_case.py"
+    script.write_text(_QUEUE)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    proc = subprocess.run([sys.executable, "-W", "ignore", str(script)], capture_output=True,
+                          text=True, env=env, timeout=150)
+    lines = proc.stdout.splitlines()
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    raised = [line for line in lines if line.startswith("raised:")]
+    assert len(raised) == 2, proc.stdout + proc.stderr[-2000:]
+    assert all("hologram tensor cannot be sent to another process" in line and ".cpu()" in line
+               for line in raised)
+    assert "received: [2.0, 2.0]" in lines and "exit: 0" in lines
