@@ -41,12 +41,13 @@ from . import worker
 from .render import PRELUDE, render
 
 FORMAT = "triton-1"
-#: What the generated code uses: no f64; f16/bf16 arithmetic through f32 (rounded after
-#: each operation by the decompose pass); float min/max built from compares.
-CAPS = Capabilities(f64=False, i64=True, narrow_storage=True, ieee_minmax=False)
+#: What the generated code uses: f16/bf16 arithmetic through f32 (rounded after each
+#: operation by the decompose pass; their fma through f64 steps); float min/max built from
+#: compares.
+CAPS = Capabilities(f64=True, i64=True, narrow_storage=True, ieee_minmax=False)
 #: Named targets: compute capability of each.
 TARGETS = {"sm_80": 80, "sm_90": 90}
-_DTYPES = frozenset({dt.float32, dt.float16, dt.bfloat16, dt.int32, dt.int64, dt.bool_})
+_DTYPES = frozenset({dt.float64, dt.float32, dt.float16, dt.bfloat16, dt.int32, dt.int64, dt.bool_})
 _FLOAT_ONLY = frozenset({"sqrt", "rsqrt", "floor", "ceil", "round", "trunc",
                          *shared_math.FUNCTIONS})
 _INT_ONLY = frozenset({"and", "or", "xor", "not", "mod"})  # float mod: not exact on GPUs
@@ -85,8 +86,7 @@ class CudaBackend(Backend):
         if op in _INT_ONLY:
             return dtype.is_int or (dtype.is_bool and op != "mod")
         if op in _NUMERIC:
-            # f16/bf16 fma is rounded once through f64 steps, which this target lacks.
-            return not dtype.is_bool and not (op == "fma" and dtype.bits == 16)
+            return not dtype.is_bool
         return op in _ANY
 
     def allocator(self, memory_limit: int | None = None) -> Allocator:

@@ -10,11 +10,12 @@ reduction accumulates elementwise in an ``[XBLOCK, RBLOCK]`` accumulator inside 
 (a looped reduction; one trip when the row fits, i.e. persistent) and folds the lanes at
 the end with ``tl.sum`` / ``tl.max`` / ``tl.min``.
 
-Registers: f16, bf16 and f32 values are float32 tiles (f16/bf16 arithmetic reaches here as
-f32 operations and a rounding cast, :mod:`hologram.compiler.passes.decompose`), so bf16 is
-never a Triton type: it is stored as its 16 bits (an ``*i16`` pointer) and widened and
-rounded (to nearest even) with integer operations. bool is ``int1`` (a byte in memory),
-i32/i64 are themselves. Float sums accumulate in float32 lanes with Kahan compensation;
+Registers: f64 values are float64 tiles; f16, bf16 and f32 values are float32 tiles
+(f16/bf16 arithmetic reaches here as f32 operations and a rounding cast,
+:mod:`hologram.compiler.passes.decompose`), so bf16 is never a Triton type: it is stored as
+its 16 bits (an ``*i16`` pointer) and widened and rounded (to nearest even) with integer
+operations. bool is ``int1`` (a byte in memory), i32/i64 are themselves. Float sums
+accumulate in lanes of the register type with Kahan compensation;
 max/min/argmax/argmin compare total-order integer keys of the bits (NaN wins, ``-0.0 <
 +0.0``, ties go to the first index), so the result is the ISA's whatever the hardware's
 float min/max does with NaN and signed zeros. Division and square root are the correctly
@@ -34,10 +35,11 @@ from hologram.codegen import loops
 from hologram.codegen import mathlib as shared_math
 from hologram.compiler.capabilities import Capabilities
 from hologram.errors import CompileError
+from hologram.isa import dtypes as dt
 from hologram.isa.dtypes import DType
 from hologram.isa.ir import Instr, Kernel, Program
 
-from .mathlib import TritonEmitter
+from .mathlib import F32, F64, TritonEmitter
 
 #: Elements of one tile (XBLOCK * RBLOCK) at most, and the widest RBLOCK.
 TILE = 4096
@@ -47,13 +49,15 @@ MAX_RBLOCK = 1024
 MATMUL_TILE = 64
 MATMUL_DEPTH = 32
 #: The Triton pointer type of each buffer dtype (bf16 as its bits, bool as a byte).
-POINTER = {"f32": "*fp32", "f16": "*fp16", "bf16": "*i16", "i32": "*i32", "i64": "*i64",
-           "bool": "*u8"}
-_TL = {"f32": "tl.float32", "f16": "tl.float32", "bf16": "tl.float32", "i32": "tl.int32",
-       "i64": "tl.int64", "bool": "tl.int1"}
-_KEY = {"f32": "tl.int32", "f16": "tl.int32", "bf16": "tl.int32", "i32": "tl.int32",
-        "i64": "tl.int64"}
+POINTER = {"f64": "*fp64", "f32": "*fp32", "f16": "*fp16", "bf16": "*i16", "i32": "*i32",
+           "i64": "*i64", "bool": "*u8"}
+_TL = {"f64": "tl.float64", "f32": "tl.float32", "f16": "tl.float32", "bf16": "tl.float32",
+       "i32": "tl.int32", "i64": "tl.int64", "bool": "tl.int1"}
+_KEY = {"f64": "tl.int64", "f32": "tl.int32", "f16": "tl.int32", "bf16": "tl.int32",
+        "i32": "tl.int32", "i64": "tl.int64"}
 _LIMITS = {"tl.int32": (-2**31, 2**31 - 1), "tl.int64": (-2**63, 2**63 - 1)}
+#: Per float register type: the integer type of its bits and the sign bit.
+_BITS = {"tl.float32": ("tl.int32", -2**31), "tl.float64": ("tl.int64", -2**63)}
 _CMP = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 
 #: Helpers every kernel module starts with (Triton inlines them).
@@ -120,6 +124,29 @@ def hg_key(x):
 @triton.jit
 def hg_unkey(k):
     return tl.where(k < 0, k ^ 0x7FFFFFFF, k).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def hg_key64(x):
+    b = x.to(tl.int64, bitcast=True)
+    return tl.where(b < 0, b ^ 0x7FFFFFFFFFFFFFFF, b)
+
+
+@triton.jit
+def hg_unkey64(k):
+    return tl.where(k < 0, k ^ 0x7FFFFFFFFFFFFFFF, k).to(tl.float64, bitcast=True)
+
+
+@triton.jit
+def hg_f64_to_f32_odd(x):
+    # x rounded to float32 toward zero with the lowest bit set when inexact (rounding to
+    # odd): rounding that to f16/bf16 rounds x once (float32 keeps 2+ more bits).
+    r = x.to(tl.float32)
+    back = r.to(tl.float64)
+    b = r.to(tl.int32, bitcast=True)
+    inexact = (back != x) & (x == x)
+    b = tl.where(inexact & (tl.abs(back) > tl.abs(x)), b - 1, b)  # step toward zero
+    return tl.where(inexact, b | 1, b).to(tl.float32, bitcast=True)
 '''
 
 
@@ -248,10 +275,10 @@ class _Kernel:
         cols = self.bind(f"(pid % {tiles_n}) * {bn} + tl.arange(0, {bn})[None, :]")
         row_ok, col_ok = (self.bind(f"{v} < {domain[d]}")
                           for v, d in ((rows, mm.m), (cols, mm.n)))
-        acc_t = "tl.float32" if t.is_float else _TL[t.name]
+        acc_t = _TL[t.name]
         acc, comp = self.bind(f"tl.zeros([{bm}, {bn}], {acc_t})"), f"comp{mm.position}"
         if t.is_float:
-            self.line(f"{comp} = tl.zeros([{bm}, {bn}], tl.float32)")
+            self.line(f"{comp} = tl.zeros([{bm}, {bn}], {acc_t})")
         self.line(f"for k0 in range(0, {domain[mm.k]}, {bk}):")
         self.depth += 1
 
@@ -380,6 +407,8 @@ class _Kernel:
     def const(self, value, t: DType) -> str:
         if t.is_bool:
             return self.bind(f"tl.full([1, 1], {int(bool(value))}, tl.int1)")
+        if t is dt.float64:
+            return TritonEmitter(self.bind, F64).c(float(value))
         if t.is_float:
             return self.bind(f"hg_f32_bits({f32_bits(float(value))})")
         return self.bind(f"tl.full([1, 1], {int(value)}, {_TL[t.name]})")
@@ -398,12 +427,16 @@ class _Kernel:
         src = self.kernel.body[instr.args[0]].dtype
         args = [self.value(a) for a in instr.args]
         if op in shared_math.FUNCTIONS:
-            return shared_math.emit(TritonEmitter(self.bind), op, *args)
+            return shared_math.emit(self.math(src), op, *args)
         handler = getattr(self, f"op_{op}", None)
         if handler is None:
             raise CompileError(f"cuda: kernel {self.kernel.name}: the Triton renderer has no "
                                f"{op} on {src.name} (Backend.supports should have refused it)")
         return self.bind(handler(args, src, t))
+
+    def math(self, t: DType) -> TritonEmitter:
+        """The shared algorithms' primitives for float registers of dtype ``t``."""
+        return TritonEmitter(self.bind, F64 if t is dt.float64 else F32)
 
     # --- the op table (operand tiles, operand dtype, result dtype) -> expression --------
     def op_add(self, args, a, t):
@@ -418,16 +451,20 @@ class _Kernel:
     def op_div(self, args, a, t):
         # Integers: Triton's // truncates toward zero (C); the decompose pass has already
         # made the divisor safe (x / 0, INT_MIN / -1).
+        if a is dt.float64:  # correctly rounded on NVIDIA GPUs (div.rn.f64)
+            return f"{args[0]} / {args[1]}"
         return f"tl.div_rn({args[0]}, {args[1]})" if a.is_float else f"{args[0]} // {args[1]}"
 
     def op_mod(self, args, a, t):
         return f"{args[0]} % {args[1]}"  # integers only: C's sign of the dividend
 
     def op_sqrt(self, args, a, t):
-        return f"tl.sqrt_rn({args[0]})"
+        # tl.sqrt_rn takes f32 only; an f64 sqrt is correctly rounded (sqrt.rn.f64).
+        return f"tl.sqrt({args[0]})" if a is dt.float64 else f"tl.sqrt_rn({args[0]})"
 
     def op_rsqrt(self, args, a, t):
-        return f"tl.div_rn(1.0, tl.sqrt_rn({args[0]}))"  # +-0 -> +-inf
+        root = self.bind(self.op_sqrt(args, a, t))
+        return self.op_div(["1.0", root], a, t)  # +-0 -> +-inf
 
     def op_floor(self, args, a, t):
         return f"tl.floor({args[0]})"
@@ -436,11 +473,11 @@ class _Kernel:
         return f"tl.ceil({args[0]})"
 
     def op_trunc(self, args, a, t):
-        e = TritonEmitter(self.bind)
+        e = self.math(a)
         return e.copysign(e.floor(e.fabs(args[0])), args[0])
 
     def op_round(self, args, a, t):
-        return TritonEmitter(self.bind).rint(args[0])
+        return self.math(a).rint(args[0])
 
     def op_sign(self, args, a, t):
         (x,) = args
@@ -449,7 +486,7 @@ class _Kernel:
         return f"({x} > 0).to({_TL[t.name]}) - ({x} < 0).to({_TL[t.name]})"
 
     def op_fma(self, args, a, t):
-        # f32: one rounding (f16/bf16 fma needs f64 steps this target refuses).
+        # f16/bf16 fma arrives as f64 steps (the decompose pass).
         return f"tl.fma({args[0]}, {args[1]}, {args[2]})" if a.is_float else \
             f"{args[0]} * {args[1]} + {args[2]}"
 
@@ -463,14 +500,12 @@ class _Kernel:
 
     def op_abs(self, args, a, t):
         if a.is_float:
-            return f"({args[0]}.to(tl.int32, bitcast=True) & 0x7FFFFFFF)" \
-                   ".to(tl.float32, bitcast=True)"
+            return self.math(a).fabs(args[0])
         return args[0] if a.is_bool else f"tl.where({args[0]} < 0, 0 - {args[0]}, {args[0]})"
 
     def op_neg(self, args, a, t):
         if a.is_float:
-            return f"({args[0]}.to(tl.int32, bitcast=True) ^ -2147483648)" \
-                   ".to(tl.float32, bitcast=True)"
+            return self.math(a).neg(args[0])
         return f"0 - {args[0]}"
 
     def op_and(self, args, a, t):
@@ -502,9 +537,15 @@ class _Kernel:
             return f"{x} != 0"
         if a.is_bool:
             return f"{x}.to({_TL[t.name]})"
+        if t is dt.float64:
+            return f"{x}.to(tl.float64)"  # exact from floats; ints round once
         if t.is_float:
-            if a.is_float:
-                value = x  # every float register holds an exact f32
+            if a is dt.float64:
+                if t is dt.float32:
+                    return f"{x}.to(tl.float32)"
+                value = f"hg_f64_to_f32_odd({x})"  # then rounded once to f16/bf16
+            elif a.is_float:
+                value = x  # every other float register holds an exact f32
             elif t.name in ("f16", "bf16"):  # one rounding, not two
                 value = f"hg_int_to_f32_sticky({x})"
             else:
@@ -545,10 +586,11 @@ class _Kernel:
         signed = f"nz{n}"  # float sums: 1 where a lane met a term other than -0.0
         key_t = _KEY.get(t.name, "tl.int32")
         lo, hi = _LIMITS[key_t]
+        reg = _TL[t.name] if t.is_float else None
+        bits, sign = _BITS.get(reg, (None, None))
         if kind == "sum" and t.is_float:
-            self.line(f"{acc} = tl.full({shape}, -2147483648, tl.int32)"
-                      ".to(tl.float32, bitcast=True)")
-            self.line(f"{comp} = tl.zeros({shape}, tl.float32)")
+            self.line(f"{acc} = tl.full({shape}, {sign}, {bits}).to({reg}, bitcast=True)")
+            self.line(f"{comp} = tl.zeros({shape}, {reg})")
             self.line(f"{signed} = tl.zeros({shape}, tl.int32)")
         elif kind == "sum":
             self.line(f"{acc} = tl.zeros({shape}, {_TL[t.name]})")
@@ -585,8 +627,8 @@ class _Kernel:
             s = self.bind(f"{acc} + {y}")
             self.line(f"{comp} = tl.where(tl.abs({s}) < HG_INF, ({s} - {acc}) - {y}, 0.0)")
             self.line(f"{acc} = {s}")
-            self.line(f"{signed} = tl.maximum({signed}, ({m} & ({v}.to(tl.int32, bitcast=True) "
-                      "!= -2147483648)).to(tl.int32))")
+            self.line(f"{signed} = tl.maximum({signed}, ({m} & ({v}.to({bits}, bitcast=True) "
+                      f"!= {sign})).to(tl.int32))")
         elif kind == "sum":
             self.line(f"{acc} = {acc} + tl.where({m}, {v}, 0)")
         elif kind == "prod":
@@ -595,7 +637,8 @@ class _Kernel:
             largest = kind in ("max", "argmax")
             if t.is_float:
                 nan = hi if largest else lo  # NaN wins
-                key = self.bind(f"tl.where({v} != {v}, {nan}, hg_key({v}))")
+                keyed = "hg_key64" if t is dt.float64 else "hg_key"
+                key = self.bind(f"tl.where({v} != {v}, {nan}, {keyed}({v}))")
             elif t.is_bool:
                 key = self.bind(f"{v}.to(tl.int32)")
             else:
@@ -636,7 +679,7 @@ class _Kernel:
                               "[:, None]")
             return self.bind(f"{index}.to({_TL[instr.dtype.name]})")
         if t.is_float:
-            return self.bind(f"hg_unkey({top})")
+            return self.bind(f"{'hg_unkey64' if t is dt.float64 else 'hg_unkey'}({top})")
         if t.is_bool:
             return self.bind(f"{top} != 0")
         return top
