@@ -109,9 +109,11 @@ def _compile(path: Path) -> None:
         cpp_extension.load(_name(), [str(SOURCE)], extra_cflags=list(_CFLAGS),
                            build_directory=str(path.parent), is_python_module=False)
     except (RuntimeError, OSError, subprocess.SubprocessError) as e:
-        log = getattr(e, "output", None) or str(e)
+        log = getattr(e, "output", None) or str(e)  # a failed command's output, if any
+        if isinstance(log, bytes):
+            log = log.decode(errors="replace")
         raise CompileError(f"building the native hooks from {SOURCE} in {path.parent} "
-                           f"failed ({type(e).__name__})", log=str(log)[-4000:]) from e
+                           f"failed ({type(e).__name__})", log=log[-4000:]) from e
 
 
 def build() -> Path:

@@ -28,11 +28,14 @@ needs_native = pytest.mark.skipif(
     "(test_native_hooks_active_wherever_they_can_be_built says whether that is right)")
 
 
-def _python(code: str, env: dict, timeout: float = 240) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]), **env)
-    return subprocess.run([sys.executable, "-W", "ignore", "-c", code], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
+def _env(extra: dict) -> dict:
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]), **extra)
+
+
+def _python(code: str, env: dict, warnings: str = "ignore") -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-W", warnings, "-c", code], env=_env(env),
+                          cwd=ROOT, capture_output=True, text=True, timeout=240)
 
 
 def test_native_hooks_active_wherever_they_can_be_built():
@@ -86,8 +89,7 @@ def test_processes_importing_together_share_one_build(tmp_path):
     so), the others wait for it; all three get the native hooks."""
     code = ("import torch, hologram_torch; from hologram_torch import native; "
             "print('active', native.active(), native.reason())")
-    env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(tmp_path),
-               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    env = _env({"TORCH_EXTENSIONS_DIR": str(tmp_path)})
     procs = [subprocess.Popen([sys.executable, "-W", "ignore", "-c", code], env=env,
                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for _ in range(3)]
@@ -176,3 +178,20 @@ dist.destroy_process_group()
         assert f"{option}=True" in line and "native hooks" in line, line
         assert "no-such-compiler not found" in line and "apt-get install g++" in line, line
     assert "building" not in done.stderr and not extensions.exists(), done.stderr
+
+
+def test_a_failing_build_warns_once_and_the_device_still_works(tmp_path):
+    """A compiler that exists but fails ($CXX=false): one warning with its log, then the
+    Python hooks; the lock is released for the next attempt."""
+    code = ("import torch, hologram_torch\nfrom hologram_torch import native\n"
+            "assert not native.active()\n"
+            "print(torch.ones(3, device='hologram').sum().item())")
+    false = shutil.which("false")
+    assert false is not None
+    done = _python(code, {"CXX": false, "TORCH_EXTENSIONS_DIR": str(tmp_path)},
+                   warnings="default")
+    assert done.returncode == 0 and done.stdout.strip() == "3.0", done.stdout + done.stderr
+    assert done.stderr.count("RuntimeWarning: hologram_torch runs on its Python device "
+                             "hooks") == 1, done.stderr
+    assert "failed (CalledProcessError)" in done.stderr and "--- log ---" in done.stderr
+    assert not list(tmp_path.glob("*/hologram_build.lock"))
