@@ -15,8 +15,8 @@ The library is built once per source, torch build and Python version: it lives i
 extension directory (``$TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``),
 in a folder named after a hash of those. ``make venv`` builds it; otherwise the first
 import does, saying so on stderr. Processes importing at the same time (pytest workers,
-torchrun ranks) share one build through torch's lock file in that folder: one compiles,
-the others wait for it. Without a C++ compiler and ninja (``$CXX``, by default ``c++``),
+torchrun ranks) share one build through a lock file in that folder: one compiles, the
+others wait for it. Without a C++ compiler (``$CXX``, by default ``c++``) or ninja,
 the device runs on the Python hooks and :func:`reason` tells why the native ones are
 missing and how to get them; DDP refuses the two options that need them.
 
@@ -46,8 +46,8 @@ from hologram.errors import CompileError
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "hooks.cpp"
 _CFLAGS = ("-O2",)
-# The longest a process waits for another's build (lock file age); a build takes well
-# under a minute. A lock older than this was left by a build that was killed.
+# The longest a process waits for another's build (the lock file's age): a build takes
+# seconds, so a lock older than this was left by a build that was killed.
 _LOCK_STALE_S = 600.0
 # How to get the native hooks on a machine without a compiler.
 _REMEDY = ("install a C++ compiler and ninja (Debian/Ubuntu: apt-get install g++ "
