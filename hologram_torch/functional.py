@@ -8,14 +8,19 @@ Hologram kernels.
     y = hg.functional.relu(hg.functional.linear(x, w, b))
     hg.functional.mse_loss(y, target).backward()
 
-Each op accepts the executor-first form of :mod:`hologram.ops` too (``add(exec, a, b)``);
-the executor names no memory of its own here (the tensors' memory is used in place), so it is only
-checked to be a :class:`hologram.Executor`. Operands are CPU tensors, computed on
+Each op accepts the executor-first form of :mod:`hologram.ops` too (``add(exec, a, b)``).
+An executor of a host backend (cpu, interp) changes nothing: the tensors' memory is used
+in place. An executor of a device backend (webgpu, cuda) runs the op, and its backward,
+on that backend: operands are copied to its memory and results back, as CPU tensors (or
+hologram tensors, for hologram operands). Operands are CPU tensors, computed on
 zero-copy, or hologram tensors; they must all be on one device. Every op is a
 :class:`torch.autograd.Function` (checked with ``torch.autograd.gradcheck`` in float64).
 """
 
 from __future__ import annotations
+
+import contextvars
+import functools
 
 import torch
 
@@ -32,6 +37,12 @@ __all__ = ["add", "gelu", "linear", "mse_loss", "mul", "relu", "sigmoid", "softm
 
 # --- running a builder on the operands' device ------------------------------------------
 
+#: The backend an executor-first call names, when the host cannot see its memory; None:
+#: the tensors' own memory, in place.
+_BACKEND: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "hologram_torch.functional.backend", default=None)
+
+
 def _run(name: str, build, tensors: tuple, static: tuple = (), out=None):
     devices = {t.device.type for t in tensors if isinstance(t, torch.Tensor)}
     if len(devices) > 1:
@@ -44,16 +55,54 @@ def _run(name: str, build, tensors: tuple, static: tuple = (), out=None):
             raise DeviceError(f"hologram_torch.functional.{name}: dtype {t.dtype} is not "
                               "supported (float32/64, float16, bfloat16, integers, bool); "
                               "convert with .float()")
-    return program.run(f"F.{name}", build, tensors, static, out, host="cpu" in devices)
+    backend = _BACKEND.get()
+    if backend is None:
+        return program.run(f"F.{name}", build, tensors, static, out, host="cpu" in devices)
+    result = program.run_on(backend, f"F.{name}", build, tensors, static)
+    if out is None:
+        return result
+    out[0].copy_(result)
+    return out[0]
 
 
-def _strip_executor(args: tuple, name: str) -> tuple:
-    """The executor-first form passes an executor first: accept and drop it."""
-    if args and isinstance(args[0], Executor):
-        if args[0].closed:
-            raise DeviceError(f"hologram_torch.functional.{name}: the executor is closed")
-        return args[1:]
-    return args
+def _executor_first(op):
+    """The op, also in the executor-first form: ``op(executor, *args)`` runs it on the
+    executor's backend (see the module docstring)."""
+    @functools.wraps(op)
+    def call(*args, **kwargs):
+        backend = None
+        if args and isinstance(args[0], Executor):
+            executor, args = args[0], args[1:]
+            if executor.closed:
+                raise DeviceError(f"hologram_torch.functional.{op.__name__}: the executor "
+                                  "is closed")
+            if not executor.allocator.host_visible:
+                backend = executor.backend
+        token = _BACKEND.set(backend)
+        try:
+            return op(*args, **kwargs)
+        finally:
+            _BACKEND.reset(token)
+    return call
+
+
+def _on_forward_backend(function):
+    """An autograd function whose backward runs on the backend its forward ran on."""
+    forward, backward = function.forward, function.backward
+
+    def forward_on(ctx, *args):
+        ctx.hologram_backend = _BACKEND.get()
+        return forward(ctx, *args)
+
+    def backward_on(ctx, *grads):
+        token = _BACKEND.set(ctx.hologram_backend)
+        try:
+            return backward(ctx, *grads)
+        finally:
+            _BACKEND.reset(token)
+
+    function.forward, function.backward = staticmethod(forward_on), staticmethod(backward_on)
+    return function
 
 
 def _promoted(name: str, *tensors):
@@ -99,6 +148,7 @@ def _scaled_build(g, grad, other, dtype):
     return _as(g, grad, dtype) * _as(g, other, dtype)
 
 
+@_on_forward_backend
 class _Binary(torch.autograd.Function):
     @staticmethod
     def forward(ctx, op, a, b):
@@ -123,21 +173,21 @@ class _Binary(torch.autograd.Function):
         return None, ga, gb
 
 
-def add(*args):
+@_executor_first
+def add(a, b):
     """``a + b`` (broadcasting, torch's promotion of the two dtypes)."""
-    a, b = _strip_executor(args, "add")
     return _Binary.apply("add", a, b)
 
 
-def sub(*args):
+@_executor_first
+def sub(a, b):
     """``a - b``."""
-    a, b = _strip_executor(args, "sub")
     return _Binary.apply("sub", a, b)
 
 
-def mul(*args):
+@_executor_first
+def mul(a, b):
     """``a * b``."""
-    a, b = _strip_executor(args, "mul")
     return _Binary.apply("mul", a, b)
 
 
@@ -173,6 +223,7 @@ def _gradient_build(g, grad, saved, name):
     return cast(_GRADIENT[name](g, cast(grad, compute), cast(saved, compute)), grad.dtype)
 
 
+@_on_forward_backend
 class _Activation(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, x, inplace):
@@ -191,21 +242,21 @@ class _Activation(torch.autograd.Function):
         return None, _run(f"{ctx.name}_grad", _gradient_build, (grad, y), (ctx.name,)), None
 
 
-def relu(*args, inplace: bool = False):
+@_executor_first
+def relu(x, inplace: bool = False):
     """``max(x, 0)`` (NaN and -0.0 kept, as torch); ``inplace`` overwrites ``x``."""
-    (x,) = _strip_executor(args, "relu")
     _float_only("relu", x)
     return _Activation.apply("relu", x, inplace)
 
 
-def sigmoid(*args):
-    (x,) = _strip_executor(args, "sigmoid")
+@_executor_first
+def sigmoid(x):
     _float_only("sigmoid", x)
     return _Activation.apply("sigmoid", x, False)
 
 
-def tanh(*args):
-    (x,) = _strip_executor(args, "tanh")
+@_executor_first
+def tanh(x):
     _float_only("tanh", x)
     return _Activation.apply("tanh", x, False)
 
@@ -221,6 +272,7 @@ def _gelu_grad_build(g, grad, x, approximate):
                 grad.dtype)
 
 
+@_on_forward_backend
 class _Gelu(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, approximate):
@@ -234,9 +286,9 @@ class _Gelu(torch.autograd.Function):
         return _run("gelu_grad", _gelu_grad_build, (grad, x), (ctx.approximate,)), None
 
 
-def gelu(*args, approximate: str = "none"):
+@_executor_first
+def gelu(x, approximate: str = "none"):
     """``x Φ(x)``, exact (``"none"``) or with the tanh approximation."""
-    (x,) = _strip_executor(args, "gelu")
     _float_only("gelu", x)
     if approximate not in ("none", "tanh"):
         raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
@@ -254,6 +306,7 @@ def _softmax_grad_build(g, grad, y, dim):
     return y * (grad - g.sum(grad * y, dim, keepdim=True))
 
 
+@_on_forward_backend
 class _Softmax(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, dim):
@@ -268,10 +321,10 @@ class _Softmax(torch.autograd.Function):
         return _run("softmax_grad", _softmax_grad_build, (grad, y), (ctx.dim,)), None
 
 
+@_executor_first
 def softmax(*args, dim: int | None = None):
     """Softmax along ``dim``; ``dim=None`` picks torch's legacy implicit dimension (0 for
     0-, 1- and 3-d inputs, else 1)."""
-    args = _strip_executor(args, "softmax")
     x, dim = (args[0], args[1] if len(args) > 1 else dim)
     _float_only("softmax", x)
     if dim is None:
@@ -299,6 +352,7 @@ def _matmul_build(g, a, b, transpose_a, transpose_b):
     return cast(cast(a, program.opmath(a.dtype)) @ cast(b, program.opmath(b.dtype)), a.dtype)
 
 
+@_on_forward_backend
 class _Linear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias):
@@ -321,9 +375,9 @@ class _Linear(torch.autograd.Function):
         return gx, gw, gb
 
 
+@_executor_first
 def linear(*args, bias: torch.Tensor | None = None):
     """``x @ weight.T + bias`` for ``x [..., in]``, ``weight [out, in]``, ``bias [out]``."""
-    args = _strip_executor(args, "linear")
     x, weight = args[:2]
     bias = args[2] if len(args) > 2 else bias
     if weight.dim() != 2 or x.dim() < 1 or x.shape[-1] != weight.shape[1] or (
@@ -347,6 +401,7 @@ def _mse_grad_build(g, grad, x, t, scale):
     return cast(d * cast(grad, compute) * scale, x.dtype)
 
 
+@_on_forward_backend
 class _MSELoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, target, reduction):
@@ -362,9 +417,9 @@ class _MSELoss(torch.autograd.Function):
         return gx, gt, None
 
 
+@_executor_first
 def mse_loss(*args, reduction: str = "mean"):
     """Mean squared error with ``reduction`` ``"mean"``, ``"sum"`` or ``"none"``."""
-    args = _strip_executor(args, "mse_loss")
     x, target = args[:2]
     reduction = args[2] if len(args) > 2 else reduction
     if reduction not in hf.REDUCTIONS:

@@ -280,3 +280,34 @@ def test_no_adapter_is_a_device_error_naming_what_to_install(monkeypatch):
     monkeypatch.setattr(wgpu.gpu, "request_adapter_sync", lambda **kw: None)
     with pytest.raises(DeviceError, match="mesa-vulkan-drivers"):
         devices.adapter("webgpu")
+
+
+def test_torch_functional_runs_forward_and_backward_on_a_webgpu_executor(ex, monkeypatch):
+    """hologram_torch.functional's executor-first form with a webgpu executor: every op
+    and its backward compile for webgpu (the host path is taken away here) and give
+    PyTorch's values and gradients."""
+    torch = pytest.importorskip("torch")
+    from hologram_torch import functional as F
+    from hologram_torch.aten import program
+
+    def no_host_path(*args, **kwargs):
+        raise AssertionError("ran on the host backend")
+
+    monkeypatch.setattr(program, "run", no_host_path)
+    gen = torch.Generator().manual_seed(0)
+    x, w, b, t = (torch.randn(*s, generator=gen, dtype=torch.float64).float()
+                  for s in ((6, 16), (5, 16), (5,), (6, 5)))
+    ours = [v.clone().requires_grad_() for v in (x, w, b)]
+    theirs = [v.clone().requires_grad_() for v in (x, w, b)]
+    y = F.linear(ex, *ours[:2], ours[2])
+    h = F.mul(ex, F.gelu(ex, F.relu(ex, y)), F.sigmoid(ex, F.add(ex, y, torch.ones(5))))
+    s = F.softmax(ex, F.sub(ex, F.tanh(ex, h), t), dim=1)
+    F.mse_loss(ex, s, t).backward()
+    yr = torch.nn.functional.linear(*theirs)
+    hr = torch.nn.functional.gelu(torch.relu(yr)) * torch.sigmoid(yr + 1.0)
+    sr = torch.softmax(torch.tanh(hr) - t, dim=1)
+    torch.nn.functional.mse_loss(sr, t).backward()
+    torch.testing.assert_close(s, sr, rtol=1e-5, atol=1e-6)
+    for a, r in zip(ours, theirs):
+        torch.testing.assert_close(a.grad, r.grad, rtol=1e-4, atol=1e-6)
+    assert s.device.type == "cpu" and s.dtype == torch.float32

@@ -21,6 +21,7 @@ import ctypes
 import math
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 
 import hologram
@@ -251,6 +252,53 @@ def _compile(name: str, build: Callable, args: Sequence, static: tuple,
         g.output(f"out{j}", r, strides)
     compiled = hologram.compile(g.program(), backend())
     return _Entry(compiled.launch, outs, single)
+
+
+def run_on(backend_name: str, name: str, build: Callable, args: Sequence,
+           static: tuple = ()):
+    """Compute ``build(graph, *args-as-graph-tensors, *static)`` on a backend whose memory
+    the host cannot see (webgpu, cuda): the operands are copied into its memory and the
+    results back (a compiled program called on NumPy arrays does both), and the results
+    are contiguous tensors on the first operand's device. The program cache keeps the
+    compiled program by its canonical form, so a repeated call compiles nothing."""
+    g = Graph(name.replace(".", "_"))
+    inputs, arrays, device = [], [], None
+    for i, x in enumerate(args):
+        if isinstance(x, torch.Tensor):
+            if x.dtype not in ISA:
+                raise Unsupported(f"{name}: dtype {x.dtype}")
+            device = device or x.device
+            inputs.append(g.input(f"x{i}", ISA[x.dtype], tuple(x.shape)))
+            arrays.append(_to_numpy(x))
+        else:
+            if type(x) not in _NUMBER:
+                raise Unsupported(f"{name}: argument {x!r}")
+            t = _NUMBER[type(x)][0]
+            inputs.append(g.input(f"x{i}", t, ()))
+            arrays.append(np.array(x, dtype=t.storage))
+    result = build(g, *inputs, *static)
+    single = isinstance(result, Tensor)
+    results = (result,) if single else tuple(result)
+    for j, r in enumerate(results):
+        g.output(f"out{j}", r)
+    got = hologram.compile(g.program(), backend_name)(*arrays)
+    got = got if isinstance(got, tuple) else (got,)
+    out = tuple(_from_numpy(a, r.dtype).to(device) for a, r in zip(got, results))
+    return out[0] if single else out
+
+
+def _to_numpy(x: torch.Tensor) -> np.ndarray:
+    x = x.detach().cpu().contiguous()
+    if x.dtype is torch.bfloat16:  # NumPy has no bfloat16: its bits, as Atlas stores them
+        return x.view(torch.int16).numpy().view(np.uint16)
+    return x.numpy()
+
+
+def _from_numpy(a: np.ndarray, dtype: dt.DType) -> torch.Tensor:
+    a = np.ascontiguousarray(a)
+    if dtype is dt.bfloat16:
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
 
 
 # --- helpers for builders ---------------------------------------------------------------
