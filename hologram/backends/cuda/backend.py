@@ -66,10 +66,6 @@ class CudaBackend(Backend):
         # No CUDA-driver runtime yet: runnable only emulated (docs/cuda.md).
         return config.get().cuda_emulate and worker.triton_installed()
 
-    @classmethod
-    def preferred_by_auto(cls) -> bool:
-        return False  # never pick the emulation for "auto"
-
     def target(self, name: str | None = None) -> str:
         if name is None:
             return f"{FORMAT} triton-{worker.TRITON_VERSION} interpret"
