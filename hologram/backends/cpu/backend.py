@@ -24,7 +24,9 @@ dimension is split across the worker pool when there is enough work per thread.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
+import gc
 import json
 import math
 import queue
@@ -74,6 +76,10 @@ class CpuBackend(Backend):
         """The artifact of ``program`` for ``target`` (see the module docstring), its LLVM
         module compiled at ``tier`` (``llvm.TIERS``) where that gives the same bits as the
         full tier, else at the full tier; :func:`artifact_tier` says which."""
+        with _gc_paused():
+            return self._compile(program, target, tier)
+
+    def _compile(self, program: Program, target: str | None, tier: str) -> bytes:
         prefix = f"hg_{program.fingerprint()[:16]}_"
         target = _target(target)
         program = pipeline.for_target(program, target.capabilities)
@@ -144,6 +150,21 @@ class CpuBackend(Backend):
                 "tier": header.get("tier", "full"),
                 "interpreted": [s["kernel"] for s in header["steps"]
                                 if "kernel" in s and s["symbol"] is None]}
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """No cyclic garbage collection meanwhile (unless it was off already). Rendering makes
+    tens of thousands of small llvmlite objects, and the collections they set off walked
+    the whole heap, PyTorch's included: half of the render time of a first training step.
+    The garbage of one compile is bounded and collected after it."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _split(artifact: bytes) -> tuple[dict, bytes]:
