@@ -156,6 +156,31 @@ def test_embedding_lowered_for_small_tables_only(rows):
     assert s["partitions"] == 2 and s["eager_fallbacks"] == 0
 
 
+def test_views_stay_in_regions_unless_their_values_leave():
+    model = mlp().eval()
+    x = torch.randn(4, 32)
+    with torch.no_grad():
+        got = torch.compile(model, backend="hologram")(x)
+        torch.testing.assert_close(got, model(x))
+    s = stats()
+    # the weights' transposes are read in place by the one program: no eager view call
+    assert s["views_eager"] == 0 and s["partitions"] == 1 and s["ops_eager"] == 0
+    torch._dynamo.reset()
+    hologram_torch.reset_compile_stats()
+
+    def f(a):
+        b = (a * 2).t()  # used by an eager op and by compiled ones
+        return b.cumsum(0), torch.tanh(b).t() + 1, a.t().exp().t()
+
+    a = torch.randn(3, 5)
+    got = torch.compile(f, backend="hologram")(a)
+    for g, e in zip(got, f(a)):
+        torch.testing.assert_close(g, e)
+    s = stats()
+    assert s["graph_fallbacks"] == s["eager_fallbacks"] == 0
+    assert s["eager_ops"] == {"aten.cumsum.default": 1}
+
+
 def test_dropout_runs_eagerly_between_compiled_regions():
     torch.manual_seed(0)
     layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.5, batch_first=True)

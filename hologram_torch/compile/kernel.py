@@ -20,6 +20,7 @@ counted (``eager_fallbacks``): a graph never fails for a lowering's sake.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import operator
@@ -50,6 +51,11 @@ MAX_SIGNATURES = 64
 class _Entry:
     launch: object  # CompiledProgram.launch, or None when every output is empty
     outputs: tuple  # (shape, strides, dtype, contiguous, device or None) of each output
+    tensors: tuple  # the positions of the tensor arguments (the program's inputs)
+
+    def __post_init__(self):
+        # One ready allocator per output: a launch calls them without re-reading layouts.
+        object.__setattr__(self, "allocators", tuple(_allocator(*o) for o in self.outputs))
 
 
 _EAGER = object()  # a signature that runs the submodule eagerly
@@ -77,8 +83,8 @@ class FusedKernel(torch.nn.Module):
         return self._launch(entry, args)
 
     def _launch(self, entry: _Entry, args):
-        addresses = [a.data_ptr() for a in args if isinstance(a, torch.Tensor)]
-        outs = [_empty(*layout) for layout in entry.outputs]
+        addresses = [args[i].data_ptr() for i in entry.tensors]
+        outs = [allocate() for allocate in entry.allocators]
         if entry.launch is not None:
             addresses.extend(o.data_ptr() for o in outs)
             threads = self.options.threads
@@ -118,23 +124,23 @@ class FusedKernel(torch.nn.Module):
         return entry
 
 
-def _signature(args) -> tuple:
-    key = []
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            key.append((a.dtype, a.shape, a.stride(), a.device.type))
-        else:
-            key.append((type(a), a))
-    return tuple(key)
+def _signature(args, tensor=torch.Tensor) -> tuple:
+    """What a program is specialized on: each tensor's dtype, sizes, strides and device,
+    each number's type and value. Computed on every call (it is most of the calling cost
+    of a small region), so one comprehension with the fewest attribute reads."""
+    return tuple([(a.dtype, a.size(), a.stride(), a.device) if isinstance(a, tensor)
+                  else (type(a), a) for a in args])
 
 
-def _empty(shape, strides, dtype, contiguous, device):
+def _allocator(shape, strides, dtype, contiguous, device):
+    """A function of no arguments returning a new, uninitialized output tensor."""
     if device is not None:  # a hologram tensor
         if contiguous:
             nbytes = math.prod(shape) * dtype.itemsize
-            return memory.new(list(shape), list(strides), nbytes, dtype)
-        return torch.empty_strided(shape, strides, dtype=dtype, device=device)
-    return torch.empty_strided(shape, strides, dtype=dtype)
+            return functools.partial(memory.new, list(shape), list(strides), nbytes, dtype)
+        return functools.partial(torch.empty_strided, shape, strides, dtype=dtype,
+                                 device=device)
+    return functools.partial(torch.empty_strided, shape, strides, dtype=dtype)
 
 
 def _output_node(gm: torch.fx.GraphModule) -> torch.fx.Node:
@@ -185,12 +191,13 @@ def build(gm: torch.fx.GraphModule, name: str, args, options: Options) -> _Entry
         device = None if device is None or device.type == "cpu" else device
         layouts.append((value.shape, strides, dtype, contiguous, device, value))
     outputs = tuple(layout[:5] for layout in layouts)
+    tensors = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
     if all(math.prod(shape) == 0 for shape, *_ in layouts):
-        return _Entry(None, outputs)
+        return _Entry(None, outputs, tensors)
     for j, (_, strides, _, contiguous, _, value) in enumerate(layouts):
         g.output(f"out{j}", value, None if contiguous else strides)
     compiled = hologram.compile(g.program(), backend, options.compile_options())
-    return _Entry(compiled.launch, outputs)
+    return _Entry(compiled.launch, outputs, tensors)
 
 
 def _expected_layout(node: torch.fx.Node, value: Tensor) -> tuple[torch.dtype, tuple]:

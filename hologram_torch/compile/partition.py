@@ -10,9 +10,10 @@ its backward) stay eager too: without a gather in the ISA their lowerings are on
 pass over every row of the table per index, where PyTorch copies one row per index.
 
 PyTorch's :class:`CapabilityBasedPartitioner` then groups supported nodes into the largest
-regions that keep the graph acyclic; view ops at a region's border are left out (eager
-views cost nothing, and kept inside they would become copies), and regions with nothing
-but views are not compiled. Each region becomes one :class:`~.kernel.FusedKernel`.
+regions that keep the graph acyclic; views whose values leave a region are left out
+(eager, a view is metadata; as a program's output it would be a copy), views used only
+inside stay (the program reads through them in place), and regions with nothing but views
+are not compiled. Each region becomes one :class:`~.kernel.FusedKernel`.
 """
 
 from __future__ import annotations
@@ -151,13 +152,36 @@ def _is_compute(node: torch.fx.Node) -> bool:
     return node.target is not operator.getitem and node.target not in VIEW_OPS
 
 
+def _leave_out_escaping_views(nodes: dict) -> None:
+    """Take out of a region (``nodes``, in place) every view node whose value would leave
+    it: a view used outside the region, or only by views taken out, would be one of the
+    program's outputs, written as a copy; eager, it is metadata. Views used only inside
+    stay, including those of the region's inputs (a transposed weight): the program reads
+    their source in place through the view's strides, and the eager graph makes no call
+    for them (a few µs each through the dispatcher)."""
+    changed = True
+    while changed:
+        changed = False
+        for node in list(nodes):
+            if node.target not in VIEW_OPS:
+                continue
+            outside = [user not in nodes for user in node.users]
+            # Only at the region's ends: a view taken from between two of its nodes would
+            # make a path out of the region and back in (a cycle); such a view stays.
+            at_start = all(source not in nodes for source in node.all_input_nodes)
+            if all(outside) or (at_start and any(outside)):
+                del nodes[node]
+                changed = True
+
+
 def partition(gm: torch.fx.GraphModule, name: str, options: Options) -> torch.fx.GraphModule:
     """``gm`` with each supported region replaced by a :class:`FusedKernel` (in place);
     counts partitions and ops lowered and left eager."""
     partitioner = CapabilityBasedPartitioner(gm, Support(), allows_single_node_partition=True,
                                              non_compute_ops=_VIEW_NAMES)
     regions = partitioner.propose_partitions()
-    partitioner.remove_bookend_non_compute_ops(regions)
+    for region in regions:
+        _leave_out_escaping_views(region.nodes)
     regions = [r for r in regions if any(_is_compute(n) for n in r.nodes)]
     lowered = {n for r in regions for n in r.nodes}
     for node in gm.graph.nodes:
