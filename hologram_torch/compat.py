@@ -17,11 +17,12 @@ What each patch gives (and what stays unsupported, with a clear error):
 * ``storage.resize_()`` and ``share_memory_()`` of device storages raise
   :class:`UnsupportedError` (pool blocks cannot grow in place, nor be shared with other
   processes).
-* ``Tensor.pin_memory()`` (so ``DataLoader(pin_memory=True)``) returns an ordinary CPU
-  copy, warning once: the device's memory *is* host memory, so there is nothing to pin.
-  ``x.to('cpu', non_blocking=True)`` copies synchronously for the same reason.
-  (``torch.empty(..., pin_memory=True)`` is a C++ factory: it still raises torch's
-  ``NotImplementedError``.)
+* Pinned memory comes from the native hooks (:mod:`hologram_torch.native`): ordinary
+  host memory that ``is_pinned()`` recognizes (the device's memory *is* host memory).
+  Without them (no C++ compiler), ``Tensor.pin_memory()`` (so
+  ``DataLoader(pin_memory=True)``) returns an ordinary CPU copy, warning once, and
+  ``torch.empty(..., pin_memory=True)`` (a C++ factory) raises torch's
+  ``NotImplementedError``. ``x.to('cpu', non_blocking=True)`` copies synchronously.
 * ``torch.autocast('hologram')`` runs ops unchanged, at their own precision.
 * ``torch.accelerator.synchronize()`` and the ``torch.accelerator`` memory queries answer
   for the hologram device.
@@ -39,7 +40,7 @@ import warnings
 import torch
 
 from hologram.errors import DeviceError
-from hologram_torch import memory
+from hologram_torch import memory, native
 from hologram_torch.constants import CPU_KEYS, NAME
 from hologram_torch.device import _index
 
@@ -159,11 +160,11 @@ def _deserialize(storage, location: str):
 # --- pinned memory and non-blocking copies ----------------------------------------------
 
 def _pin_memory(self, device=None):
-    # Pinning asks the device interface for a pinned-memory allocator (a hook the Python
-    # interface lacks), so DataLoader(pin_memory=True) would fail on every batch. The
-    # device's memory is host memory: copies need no pinning, and an ordinary copy (pin
-    # returns a new tensor too) keeps the caller's semantics.
-    if self.device.type == "cpu" and (
+    # Pinning asks the device interface for a pinned-memory allocator, which only the
+    # native hooks provide; without them DataLoader(pin_memory=True) would fail on every
+    # batch. The device's memory is host memory: copies need no pinning, and an ordinary
+    # copy (pin returns a new tensor too) keeps the caller's semantics.
+    if not native.active() and self.device.type == "cpu" and (
             _is_ours(device) if device is not None else _accelerator_is_ours()):
         global _pin_warned
         if not _pin_warned:

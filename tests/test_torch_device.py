@@ -562,9 +562,10 @@ RISKY = {
                   "except NotImplementedError as e: print('NotImplementedError')",
                   "NotImplementedError"),
     "pin_memory": ("print(torch.ones(3).pin_memory().sum().item())", "3.0"),
-    "empty(pin_memory=True)": ("try: torch.empty(3, pin_memory=True)\n"
-                               "except NotImplementedError: print('NotImplementedError')",
-                               "NotImplementedError"),
+    # pinned host memory comes from the native hooks; without them torch raises
+    "empty(pin_memory=True)": ("try: print(torch.empty(3, pin_memory=True).is_pinned())\n"
+                               "except NotImplementedError:\n"
+                               "    print(not hologram_torch.native.active())", "True"),
     "DataLoader(pin_memory=True)": (
         "from torch.utils.data import DataLoader\n"
         "print(len(list(DataLoader(torch.arange(8.0), batch_size=2, pin_memory=True))))",
