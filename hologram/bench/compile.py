@@ -6,9 +6,10 @@ the MLP (256-512-512-1, batch 64, MSE) and the token transformer (embedding, 2 e
 layers d=64/4 heads/ff 128, head, cross-entropy; batch 16 x 32), on CPU tensors, each in
 two modes: ``inference`` (``no_grad``, eval; the transformer's fused inference fast path
 off for every side, as graph compilers cannot look into it) and ``training`` (one whole step:
-``zero_grad``, compiled ``loss(model(x))``, backward, eager Adam). Contestants are timed
-interleaved in this process, medians, at 1 and 2 threads (PyTorch's and Hologram's counts
-both set). Every compiled side is checked against eager before it is timed.
+``zero_grad``, compiled ``loss(model(x))``, backward, eager Adam). Each side is compiled
+once, checked against eager, warmed (Hologram's quick first builds promoted to full ones),
+then timed interleaved with the others in this process, medians, at 1 and 2 threads
+(PyTorch's and Hologram's counts both set).
 
 Compile times: the first Hologram call of each case runs on an empty program cache (a new
 cache directory), so it compiles every program; a second process then makes the same first
@@ -115,8 +116,9 @@ def run(quick: bool = False, plan: Plan | None = None) -> dict:
 
 
 def _timed_rows(torch, plan: Plan, inductor: bool, cache_dir: str) -> list[dict]:
-    """Every (model, mode, threads) row of :func:`hologram.bench.dev.compile.bench_case`,
-    the programs compiled into the empty ``cache_dir`` by the first thread count's calls."""
+    """One row per model, mode and thread count. Each side is compiled once (its programs
+    into the empty ``cache_dir``), checked against eager, warmed until Hologram's quick
+    builds are promoted to full ones, then timed at every thread count."""
     import warnings
 
     import hologram
@@ -134,15 +136,19 @@ def _timed_rows(torch, plan: Plan, inductor: bool, cache_dir: str) -> list[dict]
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            for n in plan.threads:
-                torch.set_num_threads(n)
-                hologram.set_num_threads(n)
-                for name, model, inputs, loss_fn in dev_compile._models(torch, plan.sizes):
-                    if name not in plan.models:
-                        continue
-                    for mode in MODES:
-                        rows.append(dev_compile.bench_case(torch, settings, name, model, inputs,
-                                                           loss_fn, mode, backends))
+            for name, model, inputs, loss_fn in dev_compile._models(torch, plan.sizes):
+                if name not in plan.models:
+                    continue
+                for mode in MODES:
+                    # The transformer's inference fast path is one fused op per layer that
+                    # graph compilers cannot look into: off for every side.
+                    fastpath = name == "transformer" and mode == "inference"
+                    torch.backends.mha.set_fastpath_enabled(not fastpath)
+                    try:
+                        rows += _case(torch, plan, settings, name, model, inputs, loss_fn,
+                                      mode, backends)
+                    finally:
+                        torch.backends.mha.set_fastpath_enabled(True)
     finally:
         if saved is None:
             os.environ.pop("HOLOGRAM_CACHE_DIR", None)
@@ -152,6 +158,65 @@ def _timed_rows(torch, plan: Plan, inductor: bool, cache_dir: str) -> list[dict]
         hologram.set_num_threads(threads_before[1])
         torch._dynamo.reset()
     return rows
+
+
+def _case(torch, plan: Plan, settings, name: str, model, inputs, loss_fn, mode: str,
+          backends: list[str]) -> list[dict]:
+    """The rows of one model and mode (see :func:`_timed_rows`)."""
+    import hologram
+    from hologram.bench.dev import compile as dev_compile
+    from hologram.bench.dev import training
+
+    x, y = inputs
+
+    def make(backend):
+        if mode == "inference":
+            return dev_compile._inference(torch, model, x, backend)
+        return dev_compile._training(torch, model, loss_fn, x, y, backend)
+
+    torch.set_num_threads(plan.threads[0])
+    hologram.set_num_threads(plan.threads[0])
+    calls, first, checks, own = {}, {}, [], {}
+    for backend in backends:
+        torch._dynamo.reset()
+        call = make(backend)
+        result, seconds, stats = dev_compile._first_call(torch, call)
+        reference = make("eager")
+        if mode == "inference":
+            checks.append(dev_compile._agree(torch, result, reference()))
+        else:  # the first loss, and the second (after one update)
+            checks += [dev_compile._agree(torch, result, reference()),
+                       dev_compile._agree(torch, call(), reference())]
+        calls[backend], first[backend] = call, round(seconds, 3)
+        if backend == "hologram":
+            own = stats
+    _promote(calls["hologram"])
+    names = list(calls)
+    rows = []
+    for n in plan.threads:
+        torch.set_num_threads(n)
+        hologram.set_num_threads(n)
+        medians, _ = training._interleaved([calls[k] for k in names], settings)
+        rows.append({"model": name, "mode": mode, "threads": n,
+                     "ms": {k: round(us / 1e3, 3) for k, us in zip(names, medians)},
+                     "first_call_s": first, "hologram": own,
+                     "check": "ok" if all(checks) else "MISMATCH"})
+    return rows
+
+
+def _promote(call) -> None:
+    """Run ``call`` until the cpu backend has replaced its quick first builds by full ones
+    (docs/compiler.md, "Tiers"): timing the quick code would time a build that only
+    exists for a program's first few calls."""
+    import hologram
+
+    for _ in range(hologram.config.get().promote_after + 1):
+        call()
+    try:
+        from hologram.backends.cpu.backend import wait_for_promotions
+    except ImportError:  # no cpu backend in this build: nothing was compiled quickly
+        return
+    wait_for_promotions(timeout=300)
 
 
 def _warm_process(plan: Plan, cache_dir: str) -> dict:
