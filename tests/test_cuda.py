@@ -266,7 +266,7 @@ def test_conformance_kernels_compile_for_sm80_and_sm90_without_spills(target, mo
                 assert cuda.cubin(artifact.data, kernel["name"])[:4] == b"\x7fELF"
                 assert f".target sm_{arch}" in cuda.ptx(artifact.data, kernel["name"])
                 compiled += 1
-            with pytest.raises(DeviceError, match="no CUDA-driver runtime"):
+            with pytest.raises(DeviceError, match=f"built for {target}.*without a target"):
                 impl.load(artifact.data)
     assert compiled >= 10
 

@@ -5,6 +5,7 @@ a GPU: nothing here runs a kernel (docs/cuda.md)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 
@@ -12,6 +13,8 @@ import numpy as np
 import pytest
 
 import hologram
+import hologram as hg
+from hologram import backends
 from hologram.backends.cuda import backend as cuda
 from hologram.backends.cuda import worker
 from hologram.backends.cuda.runtime import DeviceMemory, DeviceProgram, launch_of, parameters
@@ -153,13 +156,73 @@ def test_an_emulation_artifact_is_refused_by_the_device_program(monkeypatch):
         DeviceProgram(artifact, FakeDriver(), DeviceMemory(FakeDriver()))
 
 
-def test_the_real_driver_needs_cuda_bindings_or_says_so():
-    try:
-        import cuda.bindings  # noqa: F401  (only to know whether the package is here)
-    except ImportError:
-        from hologram.backends.cuda.driver import Driver
+def test_the_real_driver_says_what_is_missing():
+    """Without cuda-bindings, or with it but without an NVIDIA driver (CI: the test extra
+    installs it), Driver() raises DeviceError naming what is missing, and the backend is
+    just unavailable; only on a GPU does it start."""
+    from hologram.backends.cuda.driver import Driver
 
-        with pytest.raises(DeviceError, match="cuda-bindings"):
-            Driver()
+    if importlib.util.find_spec("cuda.bindings") is None:
+        missing = "cuda-bindings"
     else:
-        pytest.skip("cuda-bindings is installed; without a GPU cuInit fails instead")
+        missing = "NVIDIA driver|cuInit|no CUDA device"
+    try:
+        driver = Driver()
+    except DeviceError as err:
+        assert re.search(missing, str(err)), err
+        assert cuda.gpu() is None and cuda.why_no_gpu()
+    else:  # a GPU: what the backend would run on
+        assert driver.capability() >= (1, 0)
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch, tmp_path):
+    """The backend as it is where :func:`cuda.gpu` finds an sm_90 GPU, the fake driver
+    standing in for it (nothing executes); a fresh backend instance before and after."""
+    monkeypatch.setenv("HOLOGRAM_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("HOLOGRAM_CUDA_EMULATE", raising=False)
+    driver = FakeDriver()
+    monkeypatch.setitem(cuda._GPU, "found", (driver, "sm_90"))
+    backends._instances.pop("cuda", None)
+    yield driver
+    backends._instances.pop("cuda", None)
+
+
+@needs_triton
+def test_on_a_gpu_programs_compile_for_its_target_and_launch_through_the_driver(fake_gpu):
+    driver = fake_gpu
+    assert "cuda" in backends.available() and hg.backend.is_cuda_available()
+    impl = backends.get("cuda")
+    assert impl.target() == impl.target("sm_90")
+    g = Graph("wired")
+    g.output("y", g.input("x", "f32", (1000,)) * 2.0)
+    compiled = hologram.compile(g.program(), backend="cuda")
+    x = np.arange(1000, dtype=np.float32)
+    out = compiled(x)  # copied in, launched, copied back (the fake computes nothing)
+    assert out.shape == (1000,) and out.dtype == np.float32
+    launches = [c for c in driver.calls if c[0] == "launch"]
+    loads = [c for c in driver.calls if c[0] == "load"]
+    assert len(launches) == 1 and len(loads) == 1
+    inputs = [p for p, m in driver.memory.items() if bytes(m) == x.tobytes()]
+    assert inputs and inputs[0] in launches[0][5]  # the kernel got the copied input
+    with hg.Executor("cuda") as ex:  # executors hold device memory from the driver
+        before = len(driver.memory)
+        buf = ex.from_numpy(np.full(10, 3.0, np.float32))
+        assert len(driver.memory) == before + 1 and not buf.host_visible
+        np.testing.assert_array_equal(buf.to_numpy(), np.full(10, 3.0, np.float32))
+
+
+@needs_triton
+def test_on_a_gpu_an_artifact_for_another_target_is_refused_naming_both(fake_gpu):
+    g = Graph("elsewhere")
+    g.output("y", g.input("x", "f32", (4,)) * 2.0)
+    for target, built in (("sm_80", "sm_80"), (None, "the emulation")):
+        artifact = hologram.build(g.program(), backend="cuda", target=target)
+        if target is None:  # what an emulated build makes
+            artifact = json.loads(artifact.data)
+            artifact["target"] = None
+            artifact = json.dumps(artifact).encode()
+        else:
+            artifact = artifact.data
+        with pytest.raises(DeviceError, match=f"built for {built}.*GPU \\(sm_90\\)"):
+            backends.get("cuda").load(artifact)

@@ -36,9 +36,10 @@ def _available(name: str) -> bool:
 
 
 def is_cuda_available() -> bool:
-    """Can ``Executor("cuda")`` run here? So far only with ``HOLOGRAM_CUDA_EMULATE=1``,
-    which runs the CUDA backend's kernels in Triton's interpreter on the CPU: True then
-    says nothing about a GPU."""
+    """Can ``Executor("cuda")`` run here? On an NVIDIA GPU of compute capability 8.x or 9.0
+    with ``cuda-bindings`` installed (a path not yet run on hardware, docs/cuda.md), or
+    with ``HOLOGRAM_CUDA_EMULATE=1``, which runs the CUDA backend's kernels in Triton's
+    interpreter on the CPU: True then says nothing about a GPU."""
     return _available("cuda")
 
 

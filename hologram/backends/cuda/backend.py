@@ -7,11 +7,18 @@ compiler (:func:`hologram.build`); the artifact then also holds each kernel's PT
 and the resources read from the compiled kernel (Triton's metadata; registers and spills
 from ``ptxas -v`` on that PTX). Triton runs in a child process (:mod:`.worker`).
 
-**Run**: only emulated so far. With ``HOLOGRAM_CUDA_EMULATE=1`` the backend is available
-and runs the same generated kernels in Triton's interpreter (``TRITON_INTERPRET=1``) on
-host memory; this is *not* a GPU run. A kernel the renderer cannot express (a reduction
-whose result varies along a loop dimension) runs on the reference interpreter, declared
-in the artifact (``interpreted``). There is no CUDA-driver runtime yet (docs/cuda.md).
+**Run**, on a GPU: where ``cuda-bindings`` finds an NVIDIA GPU of compute capability 8.x
+or 9.0, the backend is available; programs compile for its target (``sm_80`` cubins run on
+every 8.x GPU) and run through the CUDA driver (:mod:`.runtime`, :mod:`.driver`): device
+memory from the driver, every kernel launched in order on one stream. **This path has
+not run on hardware yet** (no machine we had has a GPU; it is tested against a fake
+driver, docs/cuda.md).
+
+**Run**, emulated: with ``HOLOGRAM_CUDA_EMULATE=1`` the backend is available and runs the
+same generated kernels in Triton's interpreter (``TRITON_INTERPRET=1``) on host memory;
+this is *not* a GPU run. A kernel the renderer cannot express (a reduction whose result
+varies along a loop dimension) runs on the reference interpreter, declared in the
+artifact (``interpreted``); on a GPU such a program is refused.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from hologram.isa.text import parse_program, print_program
 
 from . import worker
 from .render import PRELUDE, render
+from .runtime import DeviceMemory, DeviceProgram
 
 FORMAT = "triton-1"
 #: What the generated code uses: f16/bf16 arithmetic through f32 (rounded after each
@@ -47,6 +55,9 @@ FORMAT = "triton-1"
 CAPS = Capabilities(f64=True, i64=True, narrow_storage=True, ieee_minmax=False)
 #: Named targets: compute capability of each.
 TARGETS = {"sm_80": 80, "sm_90": 90}
+#: The target whose cubins a GPU runs, by compute capability (a cubin runs on its own
+#: major version from its minor version on).
+_TARGET_OF = {(8, minor): "sm_80" for minor in range(10)} | {(9, 0): "sm_90"}
 _DTYPES = frozenset({dt.float64, dt.float32, dt.float16, dt.bfloat16, dt.int32, dt.int64, dt.bool_})
 _FLOAT_ONLY = frozenset({"sqrt", "rsqrt", "floor", "ceil", "round", "trunc",
                          *shared_math.FUNCTIONS})
@@ -58,15 +69,57 @@ _ANY = frozenset({"load", "store", "const", "index", "cast", "select", "add", "s
 OPTIONS = {"enable_fp_fusion": False, "num_stages": 1}
 
 
+#: This process's GPU, probed once (:func:`gpu`).
+_GPU: dict[str, Any] = {}
+
+
+def gpu() -> tuple[Any, str] | None:
+    """This machine's GPU as ``(driver, target)``, or None: no ``cuda-bindings``, no NVIDIA
+    driver or device, or a compute capability no target is built for (:func:`why_no_gpu`
+    says which). Probed once per process."""
+    if "found" not in _GPU:
+        from .driver import Driver
+
+        try:
+            driver = Driver()
+            capability = driver.capability()
+            if capability not in _TARGET_OF:
+                raise DeviceError(f"cuda: compute capability {capability[0]}.{capability[1]} "
+                                  "has no target; supported: 8.x (sm_80), 9.0 (sm_90)")
+            _GPU["found"] = (driver, _TARGET_OF[capability])
+        except DeviceError as err:
+            _GPU["found"], _GPU["why"] = None, str(err)
+    return _GPU["found"]
+
+
+def why_no_gpu() -> str | None:
+    """Why :func:`gpu` found none (None when it found one)."""
+    return None if gpu() is not None else _GPU["why"]
+
+
 class CudaBackend(Backend):
     name: ClassVar[str] = "cuda"
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._temps: DeviceMemory | None = None  # programs' temporaries on the GPU
+
     @classmethod
     def is_available(cls) -> bool:
-        # No CUDA-driver runtime yet: runnable only emulated (docs/cuda.md).
-        return config.get().cuda_emulate and worker.triton_installed()
+        if not worker.triton_installed():
+            return False
+        return config.get().cuda_emulate or gpu() is not None
+
+    @staticmethod
+    def _device_target() -> str | None:
+        """The GPU's target, or None when running emulated (or without a GPU)."""
+        if config.get().cuda_emulate:
+            return None
+        found = gpu()
+        return found[1] if found is not None else None
 
     def target(self, name: str | None = None) -> str:
+        name = name or self._device_target()
         if name is None:
             return f"{FORMAT} triton-{worker.TRITON_VERSION} interpret"
         if name not in TARGETS:
@@ -86,9 +139,12 @@ class CudaBackend(Backend):
         return op in _ANY
 
     def allocator(self, memory_limit: int | None = None) -> Allocator:
-        return Pool(memory_limit)  # emulated: host memory
+        if self._device_target() is None:
+            return Pool(memory_limit)  # emulated: host memory
+        return DeviceMemory(gpu()[0], memory_limit)
 
     def compile(self, program: Program, target: str | None = None) -> bytes:
+        target = target or self._device_target()
         self.target(target)
         program = pipeline.for_target(program, CAPS)
         kernels, delegated = [], []
@@ -126,12 +182,19 @@ class CudaBackend(Backend):
 
     def load(self, artifact: bytes) -> Executable:
         header = json.loads(artifact)
-        if header["target"] is not None:
-            raise DeviceError(f"cuda: program {header['program']} was built for "
-                              f"{header['target']}; there is no CUDA-driver runtime yet to "
-                              "run it (docs/cuda.md); run it emulated (target None, "
-                              "HOLOGRAM_CUDA_EMULATE=1)")
-        return _Emulated(header)
+        device = self._device_target()
+        if header["target"] == device:
+            if device is None:
+                return _Emulated(header)
+            if self._temps is None:
+                self._temps = DeviceMemory(gpu()[0])
+            return DeviceProgram(artifact, gpu()[0], self._temps)
+        where = f"this machine's GPU ({device})" if device else (
+            "the emulation (HOLOGRAM_CUDA_EMULATE=1)" if config.get().cuda_emulate else
+            f"no GPU here ({why_no_gpu()})")
+        raise DeviceError(f"cuda: program {header['program']} was built for "
+                          f"{header['target'] or 'the emulation'}, and runs on {where}; "
+                          "build it again without a target (hologram.compile) to run it here")
 
 
 def cubin(artifact: bytes, kernel: str) -> bytes:

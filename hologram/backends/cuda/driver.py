@@ -31,7 +31,13 @@ class Driver:
             raise DeviceError("cuda: the cuda-bindings package is not installed (pip "
                               "install cuda-bindings); it needs an NVIDIA driver") from err
         self.cu = cu
-        self.check("cuInit", cu.cuInit(0))
+        try:
+            initialized = cu.cuInit(0)
+        except Exception as err:  # cuda-bindings loads libcuda here; without a driver it
+            # raises its own error (cuda.pathfinder's DynamicLibNotFoundError), not a code
+            raise DeviceError(f"cuda: no NVIDIA driver library (libcuda) could be loaded: "
+                              f"{err}") from err
+        self.check("cuInit", initialized)
         count = self.check("cuDeviceGetCount", cu.cuDeviceGetCount())
         if count <= device:
             raise DeviceError(f"cuda: no CUDA device {device} (the driver sees {count})")

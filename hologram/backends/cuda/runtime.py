@@ -2,8 +2,8 @@
 memory with accounting, the kernel parameters read from each compiled kernel's metadata,
 launch configuration, and the program that launches every kernel in order.
 
-**Not run on hardware yet**: tested only against a fake driver (tests/test_cuda_runtime.py),
-and not wired to the backend's availability (docs/cuda.md).
+The backend uses it where a GPU is found (:func:`.backend.gpu`). **Not run on hardware
+yet**: tested only against a fake driver (tests/test_cuda_runtime.py, docs/cuda.md).
 """
 
 from __future__ import annotations
