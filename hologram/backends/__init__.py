@@ -143,7 +143,8 @@ def resolve(name: str) -> str:
         configured = config.get().backend
         if configured != "auto":
             return configured
-        return available()[0]
+        # The first that runs here: later ones (GPU probes) are not even asked.
+        return next(n for n in names() if backend_class(n).is_available())
     return name
 
 
@@ -172,19 +173,21 @@ def validate_backend(name: str) -> str:
         raise DeviceError(f"backend must be a string or BackendType, got {type(name).__name__}; "
                           f"pass one of {', '.join(available())} or 'auto'")
     canonical = str.strip(getattr(name, "value", name)).lower()
-    usable = available()
     known = (*KNOWN, *names()[len(BUILTIN):])
+    # available() probes every backend (GPU adapters and drivers included): only the
+    # error messages list them.
     if canonical not in known:
         raise DeviceError(f"unknown backend {name!r}; known backends: {', '.join(known)}; "
-                          f"available here: {', '.join(usable)} (pass one of those, or "
-                          "'auto' to pick the best)")
+                          f"available here: {', '.join(available())} (pass one of those, "
+                          "or 'auto' to pick the best)")
     if canonical == "auto":
         canonical = resolve("auto")
         if canonical not in known:
             raise DeviceError(f"HOLOGRAM_BACKEND={canonical!r} is not a known backend; known "
                               f"backends: {', '.join(known)}; available here: "
-                              f"{', '.join(usable)} (set it to one of those, or unset it)")
-    if canonical not in usable:
+                              f"{', '.join(available())} (set it to one of those, or unset "
+                              "it)")
+    if canonical in PLANNED or not backend_class(canonical).is_available():
         why = "is not implemented yet" if canonical in PLANNED else "cannot run on this machine"
         # A backend may say why and what to install (unavailable_reason, optional).
         reason = None if canonical in PLANNED else getattr(backend_class(canonical),
@@ -192,7 +195,7 @@ def validate_backend(name: str) -> str:
         if reason is not None:
             why += f" ({reason()})"
         raise DeviceError(f"backend {canonical!r} {why}; available backends: "
-                          f"{', '.join(usable)} (use backend='auto' to pick the best)")
+                          f"{', '.join(available())} (use backend='auto' to pick the best)")
     return canonical
 
 
