@@ -69,6 +69,7 @@ class _Worker:
         if self.process.poll() is None:
             self.process.stdin.close()
             self.process.wait(timeout=10)
+        self.process.stdout.close()  # also after the child died: no unclosed pipe left
 
 
 def call(mode: str, request: dict, source: str) -> dict[str, Any]:
