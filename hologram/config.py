@@ -15,7 +15,7 @@ Values are read at call time, so tests and users can change the environment at r
 | ``HOLOGRAM_BENCH_QUICK`` | ``1`` makes benchmarks use small sizes | ``0`` |
 | ``HOLOGRAM_CPU_TARGET`` | CPU the cpu backend compiles for (``x86-64-v3``, ...) | ``host`` |
 | ``HOLOGRAM_QUICK_COMPILE`` | ``1``: compile quickly first, fully when hot (compiler.md) | ``1`` |
-| ``HOLOGRAM_PROMOTE_AFTER`` | calls before a quick compile is redone in full | ``8`` |
+| ``HOLOGRAM_PROMOTE_AFTER`` | calls before a quick compile is redone in full | ``16`` |
 | ``HOLOGRAM_CUDA_EMULATE`` | ``1``: ``cuda`` runs in Triton's interpreter (docs/cuda.md) | ``0`` |
 """
 
@@ -42,7 +42,7 @@ class Settings:
     cpu_target: str
     cuda_emulate: bool = False
     quick_compile: bool = True
-    promote_after: int = 8
+    promote_after: int = 16
 
 
 def _flag(name: str) -> bool:
@@ -146,5 +146,5 @@ def _read() -> Settings:
         cpu_target=os.environ.get("HOLOGRAM_CPU_TARGET", "").strip().lower() or "host",
         cuda_emulate=_flag("HOLOGRAM_CUDA_EMULATE"),
         quick_compile=_flag_default("HOLOGRAM_QUICK_COMPILE", True),
-        promote_after=_int("HOLOGRAM_PROMOTE_AFTER", 8, 1),
+        promote_after=_int("HOLOGRAM_PROMOTE_AFTER", 16, 1),
     )
