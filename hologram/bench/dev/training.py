@@ -2,6 +2,7 @@
 PyTorch's CPU eager, in one process.
 
     python -m hologram.bench.dev.training [--quick] [--json FILE] [--profile [CASE]]
+                                          [--first-step]
 
 Same method as :mod:`hologram.bench.dev.cpu`: Hologram and PyTorch interleaved round by
 round, medians. One timed call is one whole training step, ``zero_grad`` + forward + loss +
@@ -20,6 +21,18 @@ is recorded with :func:`hologram_torch.fallback_stats` (ops that ran on the CPU 
 fallback: they cost a copy and a dispatch each, and explain much of the numbers) and the
 number of native kernel calls (``program.run``) it made.
 
+**First step** (:func:`first_step`): the first training step of ``transformer`` and of
+``cnn`` (a small MobileNet-style CNN: strided, depthwise and pointwise convolutions with
+batch norm and ReLU6, average pool, linear head; batch 8 of 3x32x32, cross-entropy) in a
+fresh process, where every kernel is compiled or loaded at first use: with an empty cache
+directory (``cold``), then again in another fresh process on the cache the first one left
+(``warm``). ``ms`` is wall time, ``cpu ms`` the process's CPU time (on a loaded machine the
+wall time includes waits for a time slice, the CPU time does not). The same process first
+runs one step of the model on PyTorch's CPU (``torch ms``), which pays PyTorch's own
+first-use costs (Adam imports ``torch._dynamo``), so the device's step is left with
+Hologram's. Rows with ``HOLOGRAM_QUICK_COMPILE=0`` compile everything at the full tier,
+as before the quick tier existed (docs/performance.md, "First step").
+
 ``ratio`` is ``cpu_ms / hologram_ms`` (medians): above 1 means the Hologram side was faster.
 The fastest single step of each side is listed too: on a loaded machine medians include
 waits for a time slice, and ``run`` records the 1-minute load average before and after.
@@ -28,8 +41,13 @@ waits for a time slice, and ``run`` records the 1-minute load average before and
 
 from __future__ import annotations
 
+import argparse
 import copy
+import json
 import os
+import subprocess
+import sys
+import tempfile
 import time
 
 from hologram.bench import stats
@@ -44,12 +62,14 @@ SIZES = {
     "mlp": {"features": 256, "hidden": 512, "batch": 64},
     "transformer": {"vocab": 32, "d_model": 64, "heads": 4, "ff": 128, "layers": 2,
                     "batch": 16, "seq": 32},
+    "cnn": {"batch": 8, "image": 32, "classes": 10},
 }
 # Small enough for a test: the same code paths, a fraction of the time.
 TINY_SIZES = {
     "mlp": {"features": 16, "hidden": 32, "batch": 8},
     "transformer": {"vocab": 8, "d_model": 16, "heads": 2, "ff": 32, "layers": 1,
                     "batch": 2, "seq": 6},
+    "cnn": {"batch": 2, "image": 8, "classes": 3},
 }
 
 
@@ -77,6 +97,47 @@ def _token_model(torch, s):
             return self.head(self.encoder(self.embed(tokens)))
 
     return TokenModel()
+
+
+def _cnn(torch, s):
+    """A small MobileNet-style network (see the module docstring)."""
+    nn = torch.nn
+
+    def block(channels_in, channels_out, stride=1, groups=1, kernel=3):
+        return [nn.Conv2d(channels_in, channels_out, kernel, stride, kernel // 2,
+                          groups=groups, bias=False),
+                nn.BatchNorm2d(channels_out), nn.ReLU6()]
+
+    return nn.Sequential(*block(3, 16, 2), *block(16, 16, groups=16),
+                         *block(16, 32, kernel=1), *block(32, 32, 2, groups=32),
+                         *block(32, 64, kernel=1), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                         nn.Linear(64, s["classes"]))
+
+
+def cnn_inputs(torch, s):
+    torch.manual_seed(0)
+    x = torch.randn(s["batch"], 3, s["image"], s["image"])
+    return x, torch.randint(0, s["classes"], (s["batch"],))
+
+
+def _case(torch, case: str, s: dict):
+    """(model, loss function, inputs, targets) of ``case`` at sizes ``s``, seeded."""
+    if case == "mlp":
+        x, y = mlp_inputs(torch, s)
+        torch.manual_seed(1)
+        return _mlp(torch, torch.nn, s), torch.nn.functional.mse_loss, x, y
+    if case == "cnn":
+        x, y = cnn_inputs(torch, s)
+        torch.manual_seed(1)
+        return _cnn(torch, s), torch.nn.functional.cross_entropy, x, y
+    x, y = transformer_inputs(torch, s)
+    torch.manual_seed(1)
+
+    def loss_fn(logits, target):
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, s["vocab"]),
+                                                 target.reshape(-1))
+
+    return _token_model(torch, s), loss_fn, x, y
 
 
 def _stepper(torch, model, loss_fn, x, y):
@@ -258,7 +319,7 @@ def run(quick: bool = False, sizes: dict | None = None) -> dict:
     load_after = os.getloadavg()
     return {"threads": torch.get_num_threads(),
             "load_average": [round(v, 2) for v in (load_before[0], load_after[0])],
-            "rows": rows}
+            "rows": rows, "first_step": first_step(quick, tiny=sizes is TINY_SIZES)}
 
 
 def table(result: dict) -> str:
@@ -268,6 +329,12 @@ def table(result: dict) -> str:
         best = " / ".join(str(v) for v in r["best_ms"])
         lines.append(f"| {r['case']} | {r['hologram']} | {r['hologram_ms']} | {r['baseline']} "
                      f"| {r['cpu_ms']} | {r['ratio']} | {best} | {r['check']} | {r['note']} |")
+    if result.get("first_step"):
+        lines += ["", "First training step in a fresh process, every kernel compiled (cold: "
+                  "empty cache directory) or loaded from disk (warm); `cpu ms` is the "
+                  "process's CPU time, `torch` a first CPU step in the same process "
+                  "(docs/performance.md, \"First step\").", "",
+                  first_step_table(result["first_step"])]
     return "\n".join(lines)
 
 
@@ -282,19 +349,8 @@ def profile(case: str = "mlp", steps: int = 20, top: int = 25) -> str:
     torch = cpu.import_torch()
     import hologram_torch
 
-    s = SIZES[case]
     device = torch.device("hologram")
-    torch.manual_seed(1)
-    if case == "mlp":
-        x, y = mlp_inputs(torch, s)
-        model, loss_fn = _mlp(torch, torch.nn, s), torch.nn.functional.mse_loss
-    else:
-        x, y = transformer_inputs(torch, s)
-        model = _token_model(torch, s)
-
-        def loss_fn(logits, target):
-            return torch.nn.functional.cross_entropy(logits.reshape(-1, s["vocab"]),
-                                                     target.reshape(-1))
+    model, loss_fn, x, y = _case(torch, case, SIZES[case])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", hologram_torch.FallbackWarning)
         model = model.to(device)
@@ -329,11 +385,103 @@ def profile(case: str = "mlp", steps: int = 20, top: int = 25) -> str:
     return out.getvalue()
 
 
+FIRST_STEP_CASES = ("transformer", "cnn")
+
+
+def first_step_in_this_process(case: str, sizes: dict | None = None) -> dict:
+    """One CPU step of ``case``, then the first step on the device, timed (the caller
+    starts this process fresh and chooses its cache directory); then a second device
+    step, which runs the code the first one compiled."""
+    import warnings
+
+    torch = cpu.import_torch()
+    import hologram
+    import hologram_torch
+    from hologram.backends.cpu import backend
+
+    s = (sizes or SIZES)[case]
+    model, loss_fn, x, y = _case(torch, case, s)
+    cpu_step = _stepper(torch, copy.deepcopy(model), loss_fn, x, y)
+    start = time.perf_counter()
+    cpu_step().item()
+    torch_ms = (time.perf_counter() - start) * 1e3
+    device = torch.device("hologram")
+    before = hologram.cache_info()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", hologram_torch.FallbackWarning)
+        start, start_cpu = time.perf_counter(), time.process_time()
+        step = _stepper(torch, model.to(device), loss_fn, x.to(device), y.to(device))
+        loss = step().item()
+        wall, process = time.perf_counter() - start, time.process_time() - start_cpu
+        after = hologram.cache_info()
+        promoted = backend.promotion_stats()["promoted"]
+        start = time.perf_counter()
+        step().item()
+        second = time.perf_counter() - start
+    return {"case": case, "ms": round(wall * 1e3, 1), "cpu_ms": round(process * 1e3, 1),
+            "compiled": after["misses"] - before["misses"],
+            "loaded": after["disk_hits"] - before["disk_hits"],
+            "promoted": promoted, "second_ms": round(second * 1e3, 1),
+            "torch_ms": round(torch_ms, 1), "loss": loss}
+
+
+def _fresh_process(case: str, directory: str, quick_compile: bool, tiny: bool) -> dict:
+    env = dict(os.environ, HOLOGRAM_CACHE_DIR=directory,
+               HOLOGRAM_QUICK_COMPILE="1" if quick_compile else "0")
+    env.pop("HOLOGRAM_DISABLE_DISK_CACHE", None)
+    command = [sys.executable, "-m", "hologram.bench.dev.training", "--first-step-child",
+               case] + (["--tiny"] if tiny else [])
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"first step of {case} failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def first_step(quick: bool = False, tiny: bool = False) -> list[dict]:
+    """The first step of each of :data:`FIRST_STEP_CASES`, cold and warm (see the module
+    docstring), with the quick tier and (unless ``quick``) without it; ``tiny``: the
+    :data:`TINY_SIZES` (tests)."""
+    rows = []
+    for case in FIRST_STEP_CASES:
+        for quick_compile in (True,) if quick else (True, False):
+            with tempfile.TemporaryDirectory(prefix="hologram-first-step-") as directory:
+                cold = _fresh_process(case, directory, quick_compile, tiny)
+                warm = _fresh_process(case, directory, quick_compile, tiny)
+            rows.append({"case": case, "quick_compile": quick_compile, "cold": cold,
+                         "warm": warm, "same_loss": cold["loss"] == warm["loss"]})
+    return rows
+
+
+def first_step_table(rows: list[dict]) -> str:
+    lines = ["| model | HOLOGRAM_QUICK_COMPILE | kernels compiled | cold ms | cold cpu ms | "
+             "warm ms | warm cpu ms | kernels loaded (warm) | 2nd step ms (cold) | "
+             "torch first step ms | same loss |", "|" + "---|" * 11]
+    for r in rows:
+        c, w = r["cold"], r["warm"]
+        lines.append(f"| {r['case']} | {int(r['quick_compile'])} | {c['compiled']} | {c['ms']} "
+                     f"| {c['cpu_ms']} | {w['ms']} | {w['cpu_ms']} | {w['loaded']} "
+                     f"| {c['second_ms']} | {c['torch_ms']} | {r['same_loss']} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = cpu.cli(__doc__)
     parser.add_argument("--profile", nargs="?", const="mlp", choices=sorted(SIZES),
                         help="print a cProfile of device steps of this case instead")
+    parser.add_argument("--first-step", action="store_true",
+                        help="only the first-step cases, each in fresh processes")
+    parser.add_argument("--first-step-child", choices=FIRST_STEP_CASES,
+                        help=argparse.SUPPRESS)
+    parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.first_step_child:
+        sizes = TINY_SIZES if args.tiny else None
+        print(json.dumps(first_step_in_this_process(args.first_step_child, sizes)))
+        return
+    if args.first_step:
+        rows = first_step(args.quick)
+        cpu.report(first_step_table(rows), {"first_step": rows}, args.json)
+        return
     if args.profile:
         print(profile(args.profile))
         return
