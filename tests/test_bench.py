@@ -557,3 +557,17 @@ def test_compile_section_without_torch(monkeypatch):
     section = compile_bench.run(quick=True)
     assert section == {"skipped": "PyTorch is not installed"}
     assert compile_bench.markdown(section)[2] == "- Not run: PyTorch is not installed."
+
+
+def test_compile_section_flags_a_cache_the_second_process_could_not_use(monkeypatch):
+    from hologram.bench import compile as compile_bench
+    from hologram.bench.dev import training
+
+    plan = compile_bench.Plan(("mlp",), (1,), False, True, training.TINY_SIZES, True)
+    monkeypatch.setattr(compile_bench, "_timed_rows", lambda *args: [])
+    warm = {"mlp/inference": {"first_call_s": 1.0, "backend_s": 0.5, "disk_hits": 0}}
+    for version, expected in ((compile_bench.compiler_version(), "ok"),
+                              ("0.0+edited", "the compiler's sources changed")):
+        monkeypatch.setattr(compile_bench, "_warm_process",
+                            lambda plan, cache, v=version: {**warm, "compiler_version": v})
+        assert compile_bench.run(plan=plan)["warm_process"].startswith(expected)

@@ -32,6 +32,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 
+from hologram.compiler.cache import compiler_version
+
 FULL_MODELS = ("mlp", "transformer")
 MODES = ("inference", "training")
 #: Full mode's timing: about 0.6 s of samples per case and thread count (all contestants).
@@ -95,6 +97,11 @@ def run(quick: bool = False, plan: Plan | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="hologram-bench-cache-") as cache_dir:
         rows = _timed_rows(torch, plan, inductor == "available", cache_dir)
         warm = _warm_process(plan, cache_dir) if plan.warm_process else {}
+    if warm.pop("compiler_version", compiler_version()) != compiler_version():
+        # The cache key covers the compiler's sources: edited in between, nothing matches.
+        warm = {"error": "the compiler's sources changed between the two processes (the "
+                         "program cache's key covers them), so the second process compiled "
+                         "again: run it on an unchanged tree"}
     first_calls = []
     for row in rows:
         if row["threads"] != plan.threads[0]:
@@ -268,6 +275,7 @@ def first_calls(models: tuple[str, ...]) -> dict:
                 out[f"{name}/{mode}"] = {"first_call_s": round(seconds, 3),
                                          "backend_s": own["backend_s"],
                                          "disk_hits": own["disk_hits"]}
+    out["compiler_version"] = compiler_version()
     return out
 
 
