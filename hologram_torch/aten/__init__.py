@@ -13,15 +13,23 @@ every op with a graph form is its entry in :mod:`hologram_torch.lowering` (launc
 - :mod:`.random`: random draws (the CPU generator, into device memory) and arange
 - :mod:`.conv`: convolutions (PyTorch's CPU kernels, counted as fallbacks)
 - :mod:`.rnn`: the fused LSTM/GRU cells PyTorch picks for the device, from device ops
+- :mod:`.activation`: hardswish and hardsigmoid (with backward)
+- :mod:`.indexing`: tril and triu
+- :mod:`.pool`: max, average and adaptive average pooling (with backward)
+- :mod:`.norm`: batch normalization (with backward)
 - :mod:`.sync_batch_norm`: the statistics ops of ``nn.SyncBatchNorm``, from device ops
 """
 
 from hologram_torch.aten import (  # noqa: F401  (importing registers the kernels)
+    activation,
     conv,
     elementwise,
     foreach,
+    indexing,
     linalg,
     nn,
+    norm,
+    pool,
     random,
     reduction,
     rnn,

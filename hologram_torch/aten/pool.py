@@ -1,0 +1,48 @@
+"""Pooling on the device: ``max_pool{2,3}d_with_indices``, ``avg_pool{2,3}d`` and
+``_adaptive_avg_pool{2,3}d`` with their backward ops (``F.max_pool1d``, ``avg_pool1d`` and
+``adaptive_avg_pool1d`` reach the 2-d ops; ``adaptive_avg_pool*d`` to size 1 is ``mean``).
+
+The math is :mod:`hologram_torch.lowering.pool` (strided window reductions). Arguments
+torch rejects, and the cases the lowering leaves out, run through the CPU fallback, which
+raises torch's error or computes them.
+"""
+
+from __future__ import annotations
+
+from hologram_torch.aten import lowered
+from hologram_torch.aten.registry import native_or_cpu, overload
+from hologram_torch.lowering import pool  # noqa: F401  (registers the entries)
+
+OPINFO = ("nn.functional.max_pool1d", "nn.functional.max_pool2d", "nn.functional.max_pool3d",
+          "max_pool2d_with_indices_backward", "nn.functional.avg_pool1d",
+          "nn.functional.avg_pool2d", "nn.functional.avg_pool3d",
+          "nn.functional.adaptive_avg_pool1d", "nn.functional.adaptive_avg_pool2d",
+          "nn.functional.adaptive_avg_pool3d")
+
+
+def _static(a):
+    """List arguments as tuples (compile-time arguments are part of the kernel's key)."""
+    return tuple(int(v) for v in a) if isinstance(a, (list, tuple)) else a
+
+
+def register_lowered(name: str, functional: str | None = None) -> None:
+    """Register ``name``'s kernel: its lowering on the device, else the CPU fallback (the
+    dispatcher passes every argument of the schema, defaults filled in). With
+    ``functional``, ``name`` is that op's in-place form: the functional op's result is
+    written over the first argument (element for element, through its strides)."""
+    lowering = overload(functional or name)
+
+    def kernel(*args):
+        out = (args[0],) if functional else None
+        r = lowered.call(lowering, *(_static(a) for a in args), out=out,
+                         name=functional or name)
+        return args[0] if functional and r is not NotImplemented else r
+
+    native_or_cpu(name)(kernel)
+
+
+for _dims in (2, 3):
+    for _name in ("max_pool{}d_with_indices", "max_pool{}d_with_indices_backward",
+                  "avg_pool{}d", "avg_pool{}d_backward", "_adaptive_avg_pool{}d",
+                  "_adaptive_avg_pool{}d_backward"):
+        register_lowered(_name.format(_dims))
