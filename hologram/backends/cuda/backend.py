@@ -58,7 +58,7 @@ TARGETS = {"sm_80": 80, "sm_90": 90}
 #: The target whose cubins a GPU runs, by compute capability (a cubin runs on its own
 #: major version from its minor version on).
 _TARGET_OF = {(8, minor): "sm_80" for minor in range(10)} | {(9, 0): "sm_90"}
-_DTYPES = frozenset({dt.float64, dt.float32, dt.float16, dt.bfloat16, dt.int32, dt.int64, dt.bool_})
+_DTYPES = frozenset(dt.ALL)
 _FLOAT_ONLY = frozenset({"sqrt", "rsqrt", "floor", "ceil", "round", "trunc",
                          *shared_math.FUNCTIONS})
 _INT_ONLY = frozenset({"and", "or", "xor", "not", "mod"})  # float mod: not exact on GPUs

@@ -14,7 +14,7 @@ Registers: f64 values are float64 tiles; f16, bf16 and f32 values are float32 ti
 (f16/bf16 arithmetic reaches here as f32 operations and a rounding cast,
 :mod:`hologram.compiler.passes.decompose`), so bf16 is never a Triton type: it is stored as
 its 16 bits (an ``*i16`` pointer) and widened and rounded (to nearest even) with integer
-operations. bool is ``int1`` (a byte in memory), i32/i64 are themselves. Float sums
+operations. bool is ``int1`` (a byte in memory), the integer types are themselves. Float sums
 accumulate in lanes of the register type with Kahan compensation;
 max/min/argmax/argmin compare total-order integer keys of the bits (NaN wins, ``-0.0 <
 +0.0``, ties go to the first index), so the result is the ISA's whatever the hardware's
@@ -49,13 +49,15 @@ MAX_RBLOCK = 1024
 MATMUL_TILE = 64
 MATMUL_DEPTH = 32
 #: The Triton pointer type of each buffer dtype (bf16 as its bits, bool as a byte).
-POINTER = {"f64": "*fp64", "f32": "*fp32", "f16": "*fp16", "bf16": "*i16", "i32": "*i32",
-           "i64": "*i64", "bool": "*u8"}
+POINTER = {"f64": "*fp64", "f32": "*fp32", "f16": "*fp16", "bf16": "*i16", "i64": "*i64",
+           "i32": "*i32", "i16": "*i16", "i8": "*i8", "u8": "*u8", "bool": "*u8"}
 _TL = {"f64": "tl.float64", "f32": "tl.float32", "f16": "tl.float32", "bf16": "tl.float32",
-       "i32": "tl.int32", "i64": "tl.int64", "bool": "tl.int1"}
+       "i64": "tl.int64", "i32": "tl.int32", "i16": "tl.int16", "i8": "tl.int8",
+       "u8": "tl.uint8", "bool": "tl.int1"}
 _KEY = {"f64": "tl.int64", "f32": "tl.int32", "f16": "tl.int32", "bf16": "tl.int32",
         "i32": "tl.int32", "i64": "tl.int64"}
-_LIMITS = {"tl.int32": (-2**31, 2**31 - 1), "tl.int64": (-2**63, 2**63 - 1)}
+_LIMITS = {"tl.int64": (-2**63, 2**63 - 1), "tl.int32": (-2**31, 2**31 - 1),
+           "tl.int16": (-2**15, 2**15 - 1), "tl.int8": (-2**7, 2**7 - 1), "tl.uint8": (0, 255)}
 #: Per float register type: the integer type of its bits and the sign bit.
 _BITS = {"tl.float32": ("tl.int32", -2**31), "tl.float64": ("tl.int64", -2**63)}
 _CMP = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
@@ -302,7 +304,9 @@ class _Kernel:
                       f"({total} - {acc}) - {y}, 0.0)")
             self.line(f"{acc} = {total}")
         else:
-            self.line(f"{acc} = {acc} + tl.sum({a}[:, :, None] * {b}[None, :, :], 1)")
+            # tl.sum widens narrow integers: the wrap must happen in the dtype
+            self.line(f"{acc} = {acc} + tl.sum({a}[:, :, None] * {b}[None, :, :], 1)"
+                      f".to({acc_t})")
         self.depth -= 1
         del self.index[mm.k]
         self.index[mm.m], self.index[mm.n] = rows, cols
@@ -557,8 +561,8 @@ class _Kernel:
             return value
         if a.is_float:  # saturating, NaN -> 0, toward zero
             lo, hi = _LIMITS[_TL[t.name]]
-            big = 2.0 ** (t.bits - 1)
-            ok = self.bind(f"({x} > -{big}) & ({x} < {big})")
+            # in range when truncated: lo - 1 < x < hi + 1
+            ok = self.bind(f"({x} > {float(lo - 1)!r}) & ({x} < {float(hi + 1)!r})")
             safe = self.bind(f"tl.where({ok}, {x}, 0.0).to({_TL[t.name]})")
             return (f"tl.where({x} != {x}, 0, tl.where({ok}, {safe}, tl.where({x} > 0, "
                     f"{hi}, {lo}))).to({_TL[t.name]})")
@@ -639,10 +643,10 @@ class _Kernel:
                 nan = hi if largest else lo  # NaN wins
                 keyed = "hg_key64" if t is dt.float64 else "hg_key"
                 key = self.bind(f"tl.where({v} != {v}, {nan}, {keyed}({v}))")
-            elif t.is_bool:
-                key = self.bind(f"{v}.to(tl.int32)")
-            else:
+            elif t.name in ("i32", "i64"):
                 key = v
+            else:  # bool and narrow integers compare as i32
+                key = self.bind(f"{v}.to(tl.int32)")
             ident = lo if largest else hi
             key = self.bind(f"tl.where({m}, {key}, {ident})")
             if kind.startswith("arg"):
@@ -682,7 +686,7 @@ class _Kernel:
             return self.bind(f"{'hg_unkey64' if t is dt.float64 else 'hg_unkey'}({top})")
         if t.is_bool:
             return self.bind(f"{top} != 0")
-        return top
+        return self.bind(f"{top}.to({_TL[t.name]})")  # narrow integers compare as i32
 
     def rounded(self, value: str, t: DType) -> str:
         if t.name == "f16":
