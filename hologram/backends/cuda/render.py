@@ -117,26 +117,15 @@ def hg_mul(a, b):
 
 
 @triton.jit
-def hg_key(x):
-    # float32 -> int32 whose signed order is the floats' total order.
-    b = x.to(tl.int32, bitcast=True)
-    return tl.where(b < 0, b ^ 0x7FFFFFFF, b)
+def hg_key(x, bits: tl.constexpr, magnitude: tl.constexpr):
+    # a float -> an integer of its width whose signed order is the floats' total order
+    b = x.to(bits, bitcast=True)
+    return tl.where(b < 0, b ^ magnitude, b)
 
 
 @triton.jit
-def hg_unkey(k):
-    return tl.where(k < 0, k ^ 0x7FFFFFFF, k).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def hg_key64(x):
-    b = x.to(tl.int64, bitcast=True)
-    return tl.where(b < 0, b ^ 0x7FFFFFFFFFFFFFFF, b)
-
-
-@triton.jit
-def hg_unkey64(k):
-    return tl.where(k < 0, k ^ 0x7FFFFFFFFFFFFFFF, k).to(tl.float64, bitcast=True)
+def hg_unkey(k, floats: tl.constexpr, magnitude: tl.constexpr):
+    return tl.where(k < 0, k ^ magnitude, k).to(floats, bitcast=True)
 
 
 @triton.jit
@@ -641,8 +630,8 @@ class _Kernel:
             largest = kind in ("max", "argmax")
             if t.is_float:
                 nan = hi if largest else lo  # NaN wins
-                keyed = "hg_key64" if t is dt.float64 else "hg_key"
-                key = self.bind(f"tl.where({v} != {v}, {nan}, {keyed}({v}))")
+                bits, magnitude = _key_bits(t)
+                key = self.bind(f"tl.where({v} != {v}, {nan}, hg_key({v}, {bits}, {magnitude}))")
             elif t.name in ("i32", "i64"):
                 key = v
             else:  # bool and narrow integers compare as i32
@@ -683,7 +672,7 @@ class _Kernel:
                               "[:, None]")
             return self.bind(f"{index}.to({_TL[instr.dtype.name]})")
         if t.is_float:
-            return self.bind(f"{'hg_unkey64' if t is dt.float64 else 'hg_unkey'}({top})")
+            return self.bind(f"hg_unkey({top}, {_TL[t.name]}, {_key_bits(t)[1]})")
         if t.is_bool:
             return self.bind(f"{top} != 0")
         return self.bind(f"{top}.to({_TL[t.name]})")  # narrow integers compare as i32
@@ -694,6 +683,13 @@ class _Kernel:
         if t.name == "bf16":
             return self.bind(f"hg_round_bf16({value})")
         return value
+
+
+def _key_bits(t: DType) -> tuple[str, int]:
+    """``hg_key``'s constant arguments for float dtype ``t``: the integer type of its
+    register's bits, and the mask of all but the sign bit."""
+    bits, sign = _BITS[_TL[t.name]]
+    return bits, ~sign
 
 
 def program_dtype(program: Program, buffer: int) -> str:
