@@ -40,8 +40,10 @@ def installed_version() -> str | None:
 
 class _Worker:
     def __init__(self, mode: str):
+        # One thread: the interpreter's NumPy and torch work is small, and idle OpenMP
+        # threads spinning in the child would take the cores from the caller's process.
         env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0",
-                   TRITON_DEFAULT_FP_FUSION="0")
+                   TRITON_DEFAULT_FP_FUSION="0", OMP_NUM_THREADS="1")
         env.pop("TRITON_INTERPRET", None)
         # -P: the script's folder (this package) must not shadow Triton's imports.
         self.process = subprocess.Popen([sys.executable, "-P", str(_CHILD), mode],
