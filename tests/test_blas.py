@@ -219,3 +219,30 @@ def test_batched_gemm_argument_errors():
     call = blas.prepare_batched("f32", False, False, 2, 2, 2, 2, 2, 2, (3,), (4,), (4,), (4,))
     with pytest.raises(HologramError, match="null address"):
         call(p, 0, p)
+
+
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_gemm_step_runs_a_batched_product_from_a_pointer_array(trans_b):
+    """The cpu backend's GEMM step (gemm.step) on a step description as library_calls
+    writes it: operands at offsets into their buffers, one batch dimension, and C's rows
+    padded; compared with float64 NumPy."""
+    import ctypes
+
+    from hologram.backends.cpu import gemm
+
+    rng = np.random.default_rng(1)
+    batch, m, n, k = 4, 3, 5, 2
+    a = rng.uniform(-1, 1, 2 + batch * m * k).astype(np.float32)  # 2 elements before A
+    b_shape = (batch, n, k) if trans_b else (batch, k, n)
+    b = rng.uniform(-1, 1, b_shape).astype(np.float32)
+    c = np.full((batch, m, n + 1), np.nan, np.float32)
+    step = {"dtype": "f32", "batch": [batch], "m": m, "n": n, "k": k,
+            "a": [0, 2, [m * k], False, k], "b": [1, 0, [n * k], trans_b, k if trans_b else n],
+            "c": [2, 0, [m * (n + 1)], False, n + 1]}
+    pointers = (ctypes.c_void_p * 3)(addr(a), addr(b), addr(c))
+    gemm.step(step)(pointers, None)
+    op_a = a[2:].reshape(batch, m, k).astype(np.float64)
+    op_b = np.swapaxes(b, 1, 2) if trans_b else b
+    np.testing.assert_allclose(c[..., :n], op_a @ op_b.astype(np.float64), rtol=1e-5,
+                               atol=1e-6)
+    assert np.isnan(c[..., n]).all()  # the padding is not written

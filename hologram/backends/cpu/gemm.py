@@ -1,13 +1,17 @@
 """The cpu backend's library calls: the GEMMs :mod:`hologram.compiler.passes.library_calls`
-finds, for the dtypes OpenBLAS takes; :mod:`.backend` runs them through :mod:`.blas`."""
+finds, for the dtypes OpenBLAS takes; :func:`step` makes one a program step, run through
+:mod:`.blas`."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from hologram.backends.cpu import blas, threads
 from hologram.compiler.passes import library_calls
 from hologram.compiler.passes.library_calls import Gemm, Matrix
 from hologram.isa.ir import Program
 
-__all__ = ["DTYPES", "Gemm", "Matrix", "split"]
+__all__ = ["DTYPES", "Gemm", "Matrix", "split", "step"]
 
 #: What the BLAS the cpu backend binds (sgemm, dgemm) multiplies.
 DTYPES = ("f32", "f64")
@@ -16,3 +20,24 @@ DTYPES = ("f32", "f64")
 def split(program: Program) -> tuple[Program, dict[int, list[Gemm]]]:
     """:func:`hologram.compiler.passes.library_calls.split` for the cpu backend's BLAS."""
     return library_calls.split(program, DTYPES)
+
+
+def step(g: dict) -> Callable:
+    """The program step of one GEMM (``Gemm.to_json()``): ``run(pointers, memory)`` computes
+    ``C = A @ B`` for every batch index in one call of :func:`.blas.prepare_batched`, from the
+    buffers' addresses in ``pointers`` (``memory`` is unused), on the process's thread
+    count. Sizes and strides are checked once, here."""
+    itemsize = 4 if g["dtype"] == "f32" else 8
+    (a, a_off, a_bs, a_t, lda), (b, b_off, b_bs, b_t, ldb), (c, c_off, c_bs, _, ldc) = (
+        g["a"], g["b"], g["c"])
+    product = blas.prepare_batched(g["dtype"], a_t, b_t, g["m"], g["n"], g["k"], lda, ldb,
+                                   ldc, tuple(g["batch"]), tuple(a_bs), tuple(b_bs),
+                                   tuple(c_bs))
+    da, db, dc = a_off * itemsize, b_off * itemsize, c_off * itemsize
+    set_threads = blas.thread_setter()
+
+    def run(pointers, memory) -> None:
+        set_threads(threads.num_threads())
+        product((pointers[a] or 0) + da, (pointers[b] or 0) + db, (pointers[c] or 0) + dc)
+
+    return run
