@@ -118,27 +118,24 @@ def launch(op: torch._ops.OpOverload, args: Sequence, kwargs: dict, name: str,
     """The common path of a kernel with one result: validate with the meta kernel,
     allocate the result like torch would (or resize ``out``), and run ``build`` on
     ``inputs`` into it. Unsupported dtypes go to the CPU fallback with the original
-    ``args``/``kwargs``. An ``out`` that shares memory with an input is staged through a
-    temporary (programs only allow element-for-element aliasing). ``meta``: the result of
-    :func:`infer` on these arguments, when the caller already has it."""
+    ``args``/``kwargs``. So does an ``out`` that overlaps itself or shares memory with an
+    input: PyTorch's kernels raise for most (``cat``, the index ops) and compute the rest
+    in their own order (a product into its operand), which the CPU kernel reproduces.
+    ``meta``: the result of :func:`infer` on these arguments, when the caller already has
+    it."""
     tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
     if not program.supported(*tensors) or (out is not None and (
-            out.dtype not in ISA or memory.internal_overlap(out))) or any(
+            out.dtype not in ISA or memory.internal_overlap(out)
+            or any(_shares_memory(out, t) for t in tensors))) or any(
             isinstance(x, complex) for x in inputs):
         return run_on_cpu(op, *args, **kwargs)
     meta = infer(op, *args, **kwargs) if meta is None else meta
     if out is None:
-        out = target = memory.empty(meta.shape, meta.dtype, list(meta.stride()))
-    else:
-        if out.shape != meta.shape:
-            out.resize_(meta.shape)
-        target = out
-        if any(_shares_memory(out, t) for t in tensors):
-            target = memory.empty(meta.shape, out.dtype, list(meta.stride()))
-    if target.numel():
-        program.run(name, build, inputs, static, out=(target,))
-    if target is not out:
-        copy_into(out, target)
+        out = memory.empty(meta.shape, meta.dtype, list(meta.stride()))
+    elif out.shape != meta.shape:
+        out.resize_(meta.shape)
+    if out.numel():
+        program.run(name, build, inputs, static, out=(out,))
     return out
 
 
@@ -160,12 +157,15 @@ def kernels(name: str, fn: Callable) -> None:
         return
 
     def inplace(self, *a, **k):
+        if any(_shares_memory(self, t) for t in tree_flatten((a, k))[0]):
+            return run_on_cpu(inplace_op, self, *a, **k)  # PyTorch's overlap rules
         result = fn(functional, self, *a, **k)
         if result.shape != self.shape:
             raise RuntimeError(f"{inplace_name}: the result's shape {list(result.shape)} "
                                f"does not match self's shape {list(self.shape)}")
         return copy_into(self, result)
 
+    inplace_op = overload(inplace_name)
     impl(inplace_name)(inplace)
 
 
