@@ -320,3 +320,17 @@ def test_tril_triu(fn, diagonal):
     getattr(d, fn.__name__ + "_")(diagonal)
     torch.testing.assert_close(d.cpu(), fn(y, diagonal))
     assert not hologram_torch.fallback_stats()
+
+
+def test_large_overlapping_backward_runs_torchs_kernel():
+    """Past the native formulations' work limit PyTorch's CPU kernel computes these (see
+    ``hologram_torch.aten.pool.WORK_LIMIT``); the results are the same."""
+    torch.manual_seed(10)
+    x = torch.randn(4, 16, 48, 48)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", hologram_torch.FallbackWarning)
+        check(lambda x: F.max_pool2d(x, 3, 2, 1), x,
+              allowed={"aten.max_pool2d_with_indices_backward.default"})
+        check(lambda x: F.adaptive_avg_pool2d(x, 5), x,
+              allowed={"aten._adaptive_avg_pool2d.default"})
+    assert hologram_torch.fallback_stats() == {"aten._adaptive_avg_pool2d.default": 1}

@@ -14,11 +14,11 @@ from __future__ import annotations
 import torch
 
 from hologram_torch import memory
-from hologram_torch.aten import lowered
+from hologram_torch.aten import lowered, program
 from hologram_torch.aten.program import ISA
 from hologram_torch.aten.registry import aten, impl
 from hologram_torch.fallback import run_on_cpu
-from hologram_torch.lowering import norm  # noqa: F401  (registers the entries)
+from hologram_torch.lowering import Unsupported, norm  # (importing registers the entries)
 
 OPINFO = ("nn.functional.batch_norm", "native_batch_norm", "_native_batch_norm_legit")
 
@@ -55,9 +55,26 @@ def _forward(x, weight, bias, running_mean, running_var, training, momentum, eps
     if training:
         return lowered.call(aten._native_batch_norm_legit.no_stats, x, weight, bias, True,
                             float(momentum), float(eps), name="batch_norm_batch_stats")
-    return lowered.call(aten._native_batch_norm_legit_no_training.default, x, weight, bias,
-                        running_mean, running_var, float(momentum), float(eps),
-                        name="batch_norm_eval")
+    if running_mean is None or running_var is None:
+        return NotImplemented  # torch raises
+    # The output only: the empty statistics are made here (a program's empty outputs cost
+    # launches of their own).
+    params = tuple(p for p in (weight, bias) if p is not None)
+    try:
+        out = program.run("batch_norm_eval", _inference, (x, running_mean, running_var,
+                                                          *params),
+                          (weight is not None, bias is not None, float(eps)))
+    except (program.Unsupported, Unsupported):
+        return NotImplemented
+    stats = _stats_dtype(x, weight)
+    return out, memory.empty((0,), stats), memory.empty((0,), stats)
+
+
+def _inference(g, x, running_mean, running_var, *rest):
+    *params, has_weight, has_bias, eps = rest
+    weight = params.pop(0) if has_weight else None
+    bias = params.pop(0) if has_bias else None
+    return norm.inference(g, x, weight, bias, running_mean, running_var, eps)
 
 
 @impl("native_batch_norm")

@@ -65,22 +65,27 @@ def _empty_stats(g, dtype: dt.DType):
     return cast(g.arange(0), dtype)
 
 
+def inference(g, x, weight, bias, running_mean, running_var, eps):
+    """The output of batch normalization with the running statistics (inference)."""
+    _check(x, weight, bias, running_mean, running_var)
+    if running_mean is None or running_var is None:
+        raise Unsupported("inference without running statistics")  # torch raises
+    acc = opmath(x.dtype)
+    return _transform(g, x, cast(x, acc), weight, bias, cast(running_mean, acc),
+                      _running_invstd(g, running_var, acc, float(eps)))
+
+
 def _forward(g, x, weight, bias, running_mean, running_var, training, momentum, eps):
     """(out, save_mean, save_invstd, new running mean, new running var); the running
     statistics are None where absent."""
     _check(x, weight, bias, running_mean, running_var)
     acc, stats = opmath(x.dtype), stats_dtype(x, weight)
-    xo = cast(x, acc)
-    eps = float(eps)
     if not training:
-        if running_mean is None or running_var is None:
-            raise Unsupported("inference without running statistics")  # torch raises
-        mean = cast(running_mean, acc)
-        out = _transform(g, x, xo, weight, bias, mean, _running_invstd(g, running_var, acc,
-                                                                         eps))
+        out = inference(g, x, weight, bias, running_mean, running_var, eps)
         return (out, _empty_stats(g, stats), _empty_stats(g, stats), running_mean,
                 running_var)
-    mean, invstd, var_sum = _batch_stats(g, xo, eps)
+    xo = cast(x, acc)
+    mean, invstd, var_sum = _batch_stats(g, xo, float(eps))
     out = _transform(g, x, xo, weight, bias, mean, invstd)
     new_mean = new_var = None
     m = float(momentum)

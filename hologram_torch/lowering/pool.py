@@ -159,16 +159,28 @@ def _grid(g, windows: list[Window]):
     return flat, valid
 
 
+def overlaps(windows: list[Window]) -> bool:
+    """Do neighbouring windows share input elements?"""
+    return any(w.stride < (w.kernel - 1) * w.dilation + 1 for w in windows)
+
+
+def tiles(windows: list[Window]) -> bool:
+    """Do the windows cover the padded extent element for element, once each?"""
+    return all(w.dilation == 1 and w.stride == w.kernel and w.out * w.stride == w.extent
+               for w in windows)
+
+
 def _scatter(g, values_at, lead: tuple[int, ...], windows: list[Window], dtype: dt.DType):
     """The input-shaped sum of ``values_at(offset)`` (``lead + outputs``, one per kernel
     offset) stored at the input elements each offset's windows read."""
     offsets = list(itertools.product(*(range(w.kernel) for w in windows)))
     spatial = tuple(w.extent for w in windows)
-    overlap = any(w.stride < (w.kernel - 1) * w.dilation + 1 for w in windows)
+    overlap = overlaps(windows)
     layers = (len(offsets),) if overlap else ()
     buf = g._temp(dtype, layers + lead + spatial)
-    k = g.builder.kernel(buf.shape)
-    k.store(buf.buffer, k.const(0, dtype), shape=buf.shape)
+    if overlap or not tiles(windows):  # some elements are in no window: zeros first
+        k = g.builder.kernel(buf.shape)
+        k.store(buf.buffer, k.const(0, dtype), shape=buf.shape)
     for i, offset in enumerate(offsets):
         value = values_at(offset)
         if not math.prod(value.shape):
