@@ -361,3 +361,42 @@ def test_strided_expanded_scalar_empty_and_half_inputs():
         assert a.dtype == b.dtype and a.shape == b.shape
         torch.testing.assert_close(a, b)
     assert stats()["eager_fallbacks"] == 0
+
+
+def test_optimizer_step_ops_fma_and_scalar_pow():
+    """What a compiled Adam step leaves after decomposition: prims.fma (from lerp) and
+    aten.pow.Scalar (beta ** step), against eager on random values and edge cases."""
+    edge = torch.tensor([0.0, -0.0, 1.0, -1.5, 3.0, float("inf"), -float("inf"),
+                         float("nan")])
+
+    def f(a, b, c, step):
+        return torch.lerp(a, b, c), 0.9 ** step, 2 ** step, torch.lerp(a, b, 0.25)
+
+    torch.manual_seed(0)
+    for args in ((torch.randn(6, 5), torch.randn(6, 5), torch.rand(6, 5), torch.rand(5) * 9),
+                 (edge, edge.flip(0), edge.roll(3), edge),
+                 (edge.double(), edge.roll(1).double(), edge.roll(2).double(),
+                  torch.arange(8.0, dtype=torch.float64))):
+        torch._dynamo.reset()
+        hologram_torch.reset_compile_stats()
+        got = torch.compile(f, backend="hologram")(*args)
+        for g, e in zip(got, f(*args)):
+            assert g.dtype == e.dtype
+            torch.testing.assert_close(g, e, equal_nan=True)
+        assert stats()["ops_eager"] == 0, stats()["eager_ops"]
+
+    torch._dynamo.reset()
+    model = mlp()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    reference = copy.deepcopy(model)
+    reference_optimizer = torch.optim.Adam(reference.parameters(), lr=1e-2)
+    x = torch.randn(8, 32)
+    step = torch.compile(optimizer.step, backend="hologram")
+    for _ in range(3):
+        for m, opt, run in ((model, optimizer, step),
+                            (reference, reference_optimizer, reference_optimizer.step)):
+            opt.zero_grad()
+            m(x).square().mean().backward()
+            run()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q)

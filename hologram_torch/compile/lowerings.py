@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from hologram_torch import lowering
-from hologram_torch.lowering.common import Unsupported, cast, isa
+from hologram_torch.lowering.common import Tensor, Unsupported, cast, isa, opmath, result_type
 
 aten = torch.ops.aten
 EXTRA: dict = {}
@@ -113,3 +113,29 @@ def copy(g, self, src, non_blocking=False):
 @_register(aten.lift_fresh_copy.default)
 def lift_fresh_copy(g, self):
     return g.copy(self)
+
+
+# --- what optimizers' graphs leave (Adam's lerp and bias correction) -----------------------
+
+@_register(torch.ops.prims.fma.default)
+def fma(g, a, b, c):
+    """``a * b + c`` rounded once (decomposed ``lerp`` leaves it), in opmath."""
+    if not isinstance(a, Tensor):
+        a, b = b, a
+    if not isinstance(a, Tensor):
+        return NotImplemented
+    target = isa(result_type(a, b, c))
+    if not target.is_float:
+        return NotImplemented
+    compute = opmath(target)
+    return cast(g.fma(cast(a, compute), cast(b, compute), cast(c, compute)), target)
+
+
+@_register(aten.pow.Scalar)
+def pow_scalar(g, self, exponent):
+    """A number to a tensor's powers (``beta ** step``): the table's ``pow`` with the number
+    as a 0-d tensor of the result's dtype."""
+    if not isinstance(self, (int, float)) or isinstance(self, bool):
+        return NotImplemented
+    base = full_of(g, (), self, result_type(self, exponent))
+    return lowering.lower(aten.pow.Tensor_Tensor, g, base, exponent)
