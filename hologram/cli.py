@@ -69,7 +69,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="timed runs per case (default 20, quick 10)")
     bench.add_argument("--warmup", type=_integer(0), default=5, help="warm-up runs per case")
     bench.add_argument("--no-torch-compile", action="store_true",
-                       help="skip torch.compile in the fused-chain family")
+                       help="skip torch.compile (the fused-chain family's column and the "
+                            "whole-model section)")
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
 

@@ -1,7 +1,7 @@
 """The torch.compile section of ``hologram bench``: ``torch.compile(backend="hologram")``
 against PyTorch eager and Inductor on whole models.
 
-The models and the timing are the developer suite's (:mod:`hologram.bench.dev.compile`):
+The models and calls are :mod:`hologram.bench.dev.compile`'s:
 the MLP (256-512-512-1, batch 64, MSE) and the token transformer (embedding, 2 encoder
 layers d=64/4 heads/ff 128, head, cross-entropy; batch 16 x 32), on CPU tensors, each in
 two modes: ``inference`` (``no_grad``, eval; the transformer's fused inference fast path
@@ -143,7 +143,7 @@ def _timed_rows(torch, plan: Plan, inductor: bool, cache_dir: str) -> list[dict]
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            for name, model, inputs, loss_fn in dev_compile._models(torch, plan.sizes):
+            for name, model, inputs, loss_fn in dev_compile.models(torch, plan.sizes):
                 if name not in plan.models:
                     continue
                 for mode in MODES:
@@ -178,8 +178,8 @@ def _case(torch, plan: Plan, settings, name: str, model, inputs, loss_fn, mode: 
 
     def make(backend):
         if mode == "inference":
-            return dev_compile._inference(torch, model, x, backend)
-        return dev_compile._training(torch, model, loss_fn, x, y, backend)
+            return dev_compile.inference(torch, model, x, backend)
+        return dev_compile.training_step(torch, model, loss_fn, x, y, backend)
 
     torch.set_num_threads(plan.threads[0])
     hologram.set_num_threads(plan.threads[0])
@@ -187,13 +187,13 @@ def _case(torch, plan: Plan, settings, name: str, model, inputs, loss_fn, mode: 
     for backend in backends:
         torch._dynamo.reset()
         call = make(backend)
-        result, seconds, stats = dev_compile._first_call(torch, call)
+        result, seconds, stats = dev_compile.first_call(torch, call)
         reference = make("eager")
         if mode == "inference":
-            checks.append(dev_compile._agree(torch, result, reference()))
+            checks.append(dev_compile.agree(torch, result, reference()))
         else:  # the first loss, and the second (after one update)
-            checks += [dev_compile._agree(torch, result, reference()),
-                       dev_compile._agree(torch, call(), reference())]
+            checks += [dev_compile.agree(torch, result, reference()),
+                       dev_compile.agree(torch, call(), reference())]
         calls[backend], first[backend] = call, round(seconds, 3)
         if backend == "hologram":
             own = stats
@@ -257,19 +257,19 @@ def first_calls(models: tuple[str, ...]) -> dict:
     out = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for name, model, (x, y), loss_fn in dev_compile._models(torch, training.SIZES):
+        for name, model, (x, y), loss_fn in dev_compile.models(torch, training.SIZES):
             if name not in models:
                 continue
             for mode in MODES:
                 torch._dynamo.reset()
                 if mode == "inference":
-                    call = dev_compile._inference(torch, model, x, "hologram")
+                    call = dev_compile.inference(torch, model, x, "hologram")
                 else:
-                    call = dev_compile._training(torch, model, loss_fn, x, y, "hologram")
+                    call = dev_compile.training_step(torch, model, loss_fn, x, y, "hologram")
                 if name == "transformer" and mode == "inference":
                     torch.backends.mha.set_fastpath_enabled(False)
                 try:
-                    _, seconds, own = dev_compile._first_call(torch, call)
+                    _, seconds, own = dev_compile.first_call(torch, call)
                 finally:
                     torch.backends.mha.set_fastpath_enabled(True)
                 out[f"{name}/{mode}"] = {"first_call_s": round(seconds, 3),
