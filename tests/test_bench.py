@@ -307,6 +307,17 @@ def test_bench_rejects_bad_arguments_in_one_line(args, words, tmp_path, capsys):
     assert os.listdir(tmp_path) == []  # nothing created, not even a staging directory
 
 
+def test_bench_refuses_to_time_the_cuda_emulation(monkeypatch, tmp_path, capsys):
+    from hologram.backends.cuda import worker
+
+    if not worker.triton_installed():
+        pytest.skip("triton is not installed: no cuda emulation to refuse")
+    monkeypatch.setenv("HOLOGRAM_CUDA_EMULATE", "1")
+    status, err = _cli(["bench", "--out", str(tmp_path / "out"), "--backend", "cuda"], capsys)
+    assert status == 2 and "say nothing about a GPU" in _one_line(err)
+    assert os.listdir(tmp_path) == []
+
+
 def test_bench_rejects_a_malformed_environment_variable(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("HOLOGRAM_BENCH_QUICK", "perhaps")
     status, err = _cli(["bench", "--out", str(tmp_path / "out")], capsys)

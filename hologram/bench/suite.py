@@ -91,9 +91,11 @@ def prepare(config: BenchConfig) -> tuple[list[tuple[OpSpec, int]], str]:
     """Check ``config`` before anything runs. Returns the cases to run and the absolute path
     of the output directory. Raises :class:`BenchError` for counts that are not positive
     (``sizes``, ``gemm_sizes``, ``threads``, ``timing``; ``warmup`` may be 0), an unknown or
-    unavailable backend, unknown op names, or a case whose buffers would not fit in the
-    memory available; :class:`~hologram.bench.output.OutputError` when ``out`` cannot be
-    written (see :func:`~hologram.bench.output.check_output`)."""
+    unavailable backend (or the cuda emulation, whose timings mean nothing), unknown op
+    names, or a case whose buffers would not fit in the memory available;
+    :class:`~hologram.bench.output.OutputError` when ``out`` cannot be written (see
+    :func:`~hologram.bench.output.check_output`)."""
+    from hologram import config as hologram_config
     from hologram.bench.cases import select
     from hologram.bench.sysinfo import memory_available_bytes
     from hologram.sdk.backend import validate_backend
@@ -105,7 +107,12 @@ def prepare(config: BenchConfig) -> tuple[list[tuple[OpSpec, int]], str]:
     _counts("warm-up runs", config.warmup, minimum=0)
     target = check_output(config.out)
     try:
-        validate_backend(config.backend)
+        backend = validate_backend(config.backend)
+        if backend == "cuda" and hologram_config.get().cuda_emulate:
+            raise BenchError("the cuda backend is emulated here (HOLOGRAM_CUDA_EMULATE=1: "
+                             "Triton's interpreter on the CPU), so its timings would say "
+                             "nothing about a GPU; benchmark it on a machine with an NVIDIA "
+                             "GPU, without HOLOGRAM_CUDA_EMULATE")
         # HOLOGRAM_BACKEND too, whichever backend runs: importing torch (in select) imports
         # hologram_torch, which resolves it.
         validate_backend("auto")
