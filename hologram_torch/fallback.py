@@ -18,7 +18,7 @@ import warnings
 from collections import Counter
 
 import torch
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_flatten, tree_map
 
 from hologram_torch import memory
 from hologram_torch.constants import CPU_KEYS, NAME
@@ -137,7 +137,8 @@ def run_on_cpu_as(op, cpu_fn, *args, **kwargs):
         return x
 
     args = _rewrap_numbers(op, args)
-    inputs = (*args, *(v for k, v in kwargs.items() if k not in out_args))
+    inputs = (tree_flatten((args, [v for k, v in kwargs.items() if k not in out_args]))[0]
+              if out_args else ())
     cargs = tree_map(to_cpu, args)
     ckwargs = {k: tree_map(out_to_cpu if k in out_args else to_cpu, v)
                for k, v in kwargs.items()}

@@ -232,30 +232,36 @@ def internal_overlap(t: torch.Tensor) -> bool:
 
 
 def _extent(t: torch.Tensor) -> tuple[int, int]:
+    """The bytes ``t`` spans: [first, one past the last)."""
     start = t.data_ptr()
+    if t.is_contiguous():
+        return start, start + t.nbytes
     return start, start + span(t.shape, t.stride()) * t.element_size()
 
 
 def unsafe_write(out: torch.Tensor, inputs) -> bool:
-    """Is writing ``out`` element by element, while reading ``inputs`` (tensors, lists of
-    tensors, anything else), more than a program can do? Yes when ``out`` overlaps itself,
-    or shares memory with an input other than element for element (an in-place op on its
+    """Is writing ``out`` element by element, while reading ``inputs`` (tensors and
+    anything else), more than a program can do? Yes when ``out`` overlaps itself, or
+    shares memory with an input other than element for element (an in-place op on its
     own operand). PyTorch raises for most such writes and computes some; the caller runs
-    the CPU kernel on aliases of the memory, which does whichever PyTorch does."""
-    if not out.numel():
-        return False
-    if internal_overlap(out):
+    the CPU kernel on aliases of the memory, which does whichever PyTorch does. (On every
+    in-place and ``out=`` call: kept to a few cheap tensor queries per input.)"""
+    start = out.data_ptr()
+    if out.is_contiguous():
+        end = start + out.nbytes
+    elif internal_overlap(out):
         return True
-    start, end = _extent(out)
-    for x in inputs:
-        for t in (x if isinstance(x, (list, tuple)) else (x,)):
-            if (t is out or not isinstance(t, torch.Tensor) or t.device.type != NAME
-                    or not t.numel()):
-                continue
-            t_start, t_end = _extent(t)
-            if t_start < end and start < t_end and not (
-                    t_start == start and t.stride() == out.stride() and t.shape == out.shape):
-                return True
+    else:
+        end = start + span(out.shape, out.stride()) * out.element_size()
+    if start == end:
+        return False
+    for t in inputs:
+        if t is out or not isinstance(t, torch.Tensor) or t.is_cpu:
+            continue
+        t_start, t_end = _extent(t)
+        if t_start < end and start < t_end and not (
+                t_start == start and t.stride() == out.stride() and t.shape == out.shape):
+            return True
     return False
 
 

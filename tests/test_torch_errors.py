@@ -265,7 +265,8 @@ _QUEUE = """
 import torch, hologram_torch, torch.multiprocessing as mp
 
 def child(inbox, outbox):
-    outbox.put(inbox.get(timeout=60) * 2)
+    # a list, not a tensor: a tensor's shared memory must outlive its sender
+    outbox.put((inbox.get(timeout=60).to("hologram") * 2).tolist())
 
 if __name__ == "__main__":
     ctx = mp.get_context("spawn")
@@ -279,7 +280,7 @@ if __name__ == "__main__":
     p = ctx.Process(target=child, args=(inbox, outbox))
     p.start()
     inbox.put(torch.ones(2, device="hologram").cpu())
-    print("received:", outbox.get(timeout=60).tolist())
+    print("received:", outbox.get(timeout=60))
     p.join(60)
     print("exit:", p.exitcode)
 """

@@ -55,6 +55,25 @@ def _written(op: torch._ops.OpOverload) -> tuple[int | str, ...]:
                  if a.alias_info is not None and a.alias_info.is_write)
 
 
+def _unsafe(written: tuple, args: tuple, kwargs: dict) -> bool:
+    """Does a written argument overlap itself or an input (:func:`memory.unsafe_write`)?
+    A written list (``_foreach_*_``) is checked element by element against the same
+    element of the other lists, as PyTorch checks each of its per-tensor ops."""
+    inputs = (*args, *kwargs.values())
+    for w in written:
+        out = args[w] if isinstance(w, int) else kwargs.get(w)
+        if isinstance(out, torch.Tensor):
+            if memory.unsafe_write(out, inputs):
+                return True
+        elif isinstance(out, (list, tuple)):
+            for i, o in enumerate(out):
+                row = [x[i] if isinstance(x, (list, tuple)) and len(x) == len(out) else x
+                       for x in inputs]
+                if memory.unsafe_write(o, row):
+                    return True
+    return False
+
+
 def native_or_cpu(*names: str) -> Callable:
     """Like :func:`impl`, for kernels that handle only some cases: when the kernel returns
     ``NotImplemented``, the call runs through the CPU fallback with its original arguments
@@ -70,12 +89,8 @@ def native_or_cpu(*names: str) -> Callable:
             written = _written(op)
 
             def kernel(*args, _fn=fn, _op=op, _written=written, **kwargs):
-                for w in _written:
-                    out = args[w] if isinstance(w, int) else kwargs.get(w)
-                    for o in out if isinstance(out, (list, tuple)) else (out,):
-                        if isinstance(o, torch.Tensor) and memory.unsafe_write(
-                                o, (*args, *kwargs.values())):
-                            return run_on_cpu(_op, *args, **kwargs)
+                if _written and _unsafe(_written, args, kwargs):
+                    return run_on_cpu(_op, *args, **kwargs)
                 result = _fn(*args, **kwargs)
                 if result is NotImplemented:
                     return run_on_cpu(_op, *args, **kwargs)
