@@ -128,8 +128,9 @@ def test_inplace_and_out():
     bias, a, b = torch.randn(4, 5), torch.randn(4, 3), torch.randn(3, 5)
     same(lambda c, x, y: c.clone().addmm_(x, y, beta=2), bias, a, b)
     same(lambda x, y: torch.mm(x, y, out=torch.empty(0, device=x.device)), a, b)
-    # out= aliasing an input: staged through a temporary, so the result is the true
-    # product (torch's CPU kernel overwrites its input while reading it)
+    # out= aliasing an input: PyTorch's CPU kernel runs (on aliases of the device memory),
+    # which computes this product as on the CPU (tests/test_torch_errors.py: the cases
+    # where it reads what it has overwritten, and the index ops that raise)
     x = torch.randn(4, 4)
     device_x = dev(x)
     torch.mm(device_x, device_x, out=device_x)
@@ -346,3 +347,20 @@ def test_selection_gradients(case):
         actual_grads = torch.autograd.grad(actual, device_leaves, grad.to(D))
     for a, e in zip(actual_grads, expected_grads):
         torch.testing.assert_close(a.cpu(), e)
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.int64))
+@pytest.mark.parametrize("offset, dims", [(0, (-2, -1)), (1, (0, 2)), (-2, (2, 0))])
+def test_diag_embed(dtype, offset, dims):
+    # writes through a diagonal view, a layout a program does not store to (the copy into
+    # it runs on the CPU): values and gradients as on the CPU
+    x = make((2, 3, 4), dtype)
+    expected = torch.diag_embed(x, offset, *dims)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", hologram_torch.FallbackWarning)
+        actual = torch.diag_embed(dev(x), offset, *dims)
+        assert actual.device.type == D and torch.equal(actual.cpu(), expected)
+        if dtype.is_floating_point:
+            leaf = dev(x).requires_grad_()
+            torch.diag_embed(leaf, offset, *dims).sum().backward()
+            assert torch.equal(leaf.grad.cpu(), torch.ones_like(x))
