@@ -241,6 +241,19 @@ def test_operands_on_two_devices_raise_torch_error(case):
         call()
 
 
+@pytest.mark.parametrize("case", ["add", "radd", "where", "clamp", "maximum", "mul_"])
+def test_a_cpu_tensor_mixed_into_an_elementwise_op_raises(case):
+    x = torch.zeros(3, device="hologram")
+    call = {"add": lambda c: x + c, "radd": lambda c: c + x,
+            "where": lambda c: torch.where(x > 0, x, c), "clamp": lambda c: x.clamp(c),
+            "maximum": lambda c: torch.maximum(x, c), "mul_": lambda c: x.mul_(c)}[case]
+    # a 0-d CPU tensor is a scalar (as on CUDA); its kernel must not serve a larger one
+    assert call(torch.tensor(2.0)).device.type == "hologram"
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device, "
+                                           "but found at least two devices, hologram:0 and cpu"):
+        call(torch.tensor([5.0, 6.0, 7.0]))
+
+
 @pytest.mark.parametrize("make", [
     lambda: torch.eye(3, device="hologram").to_sparse(),
     lambda: torch.eye(3, device="hologram").to_sparse_csr(),

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import torch
 
 from hologram_torch.aten import program
+from hologram_torch.constants import NAME
 from hologram_torch.lowering import Number, Unsupported, lower
 
 
@@ -87,6 +88,13 @@ def call(op: torch._ops.OpOverload, *args, kwargs: tuple = (),
 
 
 def _launch(op, args, spec, out, name):
+    for a in args:
+        # only 0-d CPU tensors (wrapped scalars) mix with device tensors; a kernel's key
+        # holds just a CPU operand's dtype, so a larger one must be refused before the
+        # lookup (it would find the scalar's kernel)
+        if isinstance(a, torch.Tensor) and a.is_cpu and a.dim():
+            raise RuntimeError(f"Expected all tensors to be on the same device, but found at "
+                               f"least two devices, {NAME}:0 and cpu! ({op})")
     try:
         return program.run(name or op.__name__.partition(".")[0], _build, args, spec, out)
     except (Unsupported, program.Unsupported):
