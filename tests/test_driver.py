@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -266,3 +267,32 @@ def test_quick_compiles_can_be_turned_off(cache_dir, monkeypatch):
     compiled = hologram.compile(axpy("a"), backend="cpu")
     assert compiled.executable.tier == "full"
     assert [p.name for p in cache_dir.rglob("*.bin")] == [f"{compiled.key.digest()}.bin"]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+def test_a_forked_child_compiles_and_promotes(cache_dir, monkeypatch):
+    """A child forked after promotions ran (and while one may run) has its own promotion
+    thread and LLVM lock: it compiles, promotes and exits."""
+    from hologram.backends.cpu import backend as cpu
+
+    _cpu_only()
+    monkeypatch.setenv("HOLOGRAM_PROMOTE_AFTER", "1")
+    compiled = hologram.compile(axpy("a"), backend="cpu")
+    x = np.arange(64, dtype=np.float32)
+    compiled(x, x)
+    g = Graph("other")
+    g.output("y", g.input("x", "f32", (64,)) * 3.0)
+    pid = os.fork()
+    if pid == 0:  # the child: exit code 0 only if everything worked
+        code = 1
+        try:
+            child = hologram.compile(g.program(), backend="cpu")
+            ok = (child(x) == 3 * x).all()
+            child(x)
+            code = 0 if ok and cpu.wait_for_promotions(60) and child.executable.tier == "full" \
+                else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert cpu.wait_for_promotions(60) and compiled.executable.tier == "full"

@@ -29,6 +29,7 @@ import ctypes
 import gc
 import json
 import math
+import os
 import queue
 import struct
 import threading
@@ -341,13 +342,19 @@ class _Promoter:
     so nothing is lost): LLVM must not be in use while the process tears it down."""
 
     def __init__(self) -> None:
+        self.stats = {"promoted": 0, "failed": 0, "last_error": None}
+        self.forget()
+
+    def forget(self) -> None:
+        """No thread and nothing queued: in a forked child, which has the parent's state
+        but not its thread."""
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._stopping = False
         self._pending = 0
         self._idle = threading.Condition(self._lock)
-        self.stats = {"promoted": 0, "failed": 0, "last_error": None}
+        self._busy = threading.Lock()  # held through each promotion (see fork_safely)
 
     def submit(self, executable: _Executable, full: Callable[[], _Executable]) -> None:
         with self._lock:
@@ -368,9 +375,10 @@ class _Promoter:
                 return
             executable, full = item
             try:
-                if not self._stopping:
-                    executable.adopt(full())
-                    self.stats["promoted"] += 1
+                with self._busy:
+                    if not self._stopping:
+                        executable.adopt(full())
+                        self.stats["promoted"] += 1
             except Exception as exc:  # the quick code is right, only slower: keep it
                 self.stats["failed"] += 1
                 self.stats["last_error"] = f"{type(exc).__name__}: {exc}"
@@ -378,6 +386,14 @@ class _Promoter:
                 with self._lock:
                     self._pending -= 1
                     self._idle.notify_all()
+
+    def fork_safely(self) -> None:
+        """Register the fork hooks: a fork waits for the promotion under way, whose thread
+        may hold locks of LLVM, LIEF or the cache that a child would find held forever,
+        and the child starts with no thread and nothing queued."""
+        os.register_at_fork(before=lambda: self._busy.acquire(),
+                            after_in_parent=lambda: self._busy.release(),
+                            after_in_child=self.forget)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until no promotion is queued or under way; False on timeout."""
@@ -394,6 +410,8 @@ class _Promoter:
 
 
 _promoter = _Promoter()
+if hasattr(os, "register_at_fork"):
+    _promoter.fork_safely()
 
 
 def wait_for_promotions(timeout: float | None = None) -> bool:

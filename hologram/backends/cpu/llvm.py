@@ -30,6 +30,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import threading
 from collections.abc import Callable, Iterable
@@ -74,6 +75,18 @@ def host_cpu() -> tuple[str, str, str]:
 def has_feature(name: str) -> bool:
     """Does this machine's CPU have the feature (``"avx2"``, ``"avx512f"``, ...)?"""
     return name in targets.host_features()
+
+
+def _new_lock_in_child() -> None:
+    global _lock
+    _lock = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    # A fork while another thread compiles (a background promotion) would leave the child
+    # with the lock held forever: forks wait for the compile under way.
+    os.register_at_fork(before=lambda: _lock.acquire(), after_in_parent=lambda: _lock.release(),
+                        after_in_child=_new_lock_in_child)
 
 
 def same_bits_at_every_tier(ir: str) -> bool:
