@@ -41,7 +41,7 @@ import numpy as np
 
 from hologram import config
 from hologram.backends.base import Allocator, Backend, Executable, host_arrays
-from hologram.backends.cpu import blas, gemm, llvm, threads
+from hologram.backends.cpu import gemm, llvm, threads
 from hologram.backends.cpu import target as targets
 from hologram.backends.cpu.render import render, split_parts, unsupported
 from hologram.backends.hostmem import Pool
@@ -227,7 +227,7 @@ class _Executable(Executable):
 
     def _step(self, step: dict, addresses: dict[str, int]) -> Callable:
         if "gemm" in step:
-            return _gemm_step(step["gemm"])
+            return gemm.step(step["gemm"])
         if step["symbol"] is None:
             index = step["kernel"]
             return lambda pointers, memory: self._interpret(index, memory)
@@ -459,31 +459,3 @@ def _count_interpreted(reason: str) -> None:
         warnings.warn(f"the cpu backend runs a kernel on the reference interpreter: {reason}; "
                       "hologram.backends.cpu.backend.interpreted_stats() counts these "
                       "launches", InterpretedKernelWarning, stacklevel=2)
-
-
-def _gemm_step(g: dict) -> Callable:
-    """C = A @ B through BLAS for every batch index (see :mod:`.gemm`)."""
-    itemsize = 4 if g["dtype"] == "f32" else 8
-    (a, a_off, a_bs, a_t, lda), (b, b_off, b_bs, b_t, ldb), (c, c_off, c_bs, _, ldc) = (
-        g["a"], g["b"], g["c"])
-    offsets = []
-    for flat in range(math.prod(g["batch"])):
-        index, rest = [], flat
-        for n in reversed(g["batch"]):
-            index.append(rest % n)
-            rest //= n
-        index.reverse()
-        offsets.append(tuple(itemsize * (off + sum(i * s for i, s in zip(index, bs)))
-                             for off, bs in ((a_off, a_bs), (b_off, b_bs), (c_off, c_bs))))
-    # Sizes and strides are checked once, here; a launch passes addresses only.
-    product = blas.prepare(g["dtype"], a_t, b_t, g["m"], g["n"], g["k"], 1.0, lda, ldb, 0.0,
-                           ldc)
-    set_threads = blas.thread_setter()
-
-    def run(pointers, memory) -> None:
-        set_threads(threads.num_threads())
-        pa, pb, pc = pointers[a] or 0, pointers[b] or 0, pointers[c] or 0
-        for da, db, dc in offsets:
-            product(pa + da, pb + db, pc + dc)
-
-    return run
