@@ -436,6 +436,61 @@ case(aten._to_copy.default, H, dtype=torch.int32)
 case(aten._to_copy.default, I)
 
 
+# --- pooling, batch norm, hard activations, tril/triu ----------------------------------------
+
+_P2, _P3 = randn(2, 3, 7, 6, seed=30), randn(1, 2, 5, 4, 6, seed=31)
+_P2[0, 0, 1, 1] = float("nan")
+for _f, _x, _n in ((aten.max_pool2d_with_indices, _P2, 2),
+                   (aten.max_pool3d_with_indices, _P3, 3)):
+    for _args in (([2], [], [0], [1], False), ([3], [2], [1], [1], True),
+                  ([3], [1], [1], [2], False)):
+        case(_f.default, _x, *_args)
+        _out, _idx = _f.default(_x, *_args)
+        _bwd = getattr(aten, f"max_pool{_n}d_with_indices_backward").default
+        case(_bwd, randn(*_out.shape, seed=32), _x, *_args, _idx)
+case(aten.max_pool2d_with_indices.default, ints(2, 3, 5, 5), [2], [1], [1], [1], False)
+for _f, _x in ((aten.avg_pool2d, _P2), (aten.avg_pool3d, _P3)):
+    _bwd = getattr(aten, f"{_f.__name__}_backward").default
+    for _args in (([2], [], [0], False, True, None), ([3], [2], [1], True, False, None),
+                  ([3], [2], [1], True, True, 5)):
+        case(_f.default, _x, *_args)
+        _out = _f.default(_x, *_args)
+        case(_bwd, randn(*_out.shape, seed=33), _x, *_args)
+case(aten.avg_pool2d.default, ints(1, 2, 5, 5), [2], [2], [1], False, False, None)
+for _f, _x, _sizes in ((aten._adaptive_avg_pool2d, _P2, ([3, 2], [7, 6], [4, 4])),
+                       (aten._adaptive_avg_pool3d, _P3, ([2, 3, 4], [5, 1, 3]))):
+    _bwd = getattr(aten, f"{_f.__name__}_backward").default
+    for _size in _sizes:
+        case(_f.default, _x, _size)
+        case(_bwd, randn(*_x.shape[:-len(_size)], *_size, seed=34), _x)
+_BX, _BW, _BB = randn(4, 3, 5, seed=35), randn(3, seed=36), randn(3, seed=37)
+_BM, _BV = randn(3, seed=38), positive(3, seed=39)
+_BTOL = {"rtol": 1e-5, "atol": 1e-5}
+for _training in (True, False):
+    case(aten._native_batch_norm_legit_functional.default, _BX, _BW, _BB, _BM, _BV, _training,
+         0.1, 1e-5, tol=_BTOL)
+case(aten._native_batch_norm_legit_functional.default, _BX.half(), _BW, _BB, _BM, _BV, True,
+     0.1, 1e-5, tol=_HTOL)
+case(aten._native_batch_norm_legit.no_stats, _BX, None, None, True, 0.1, 1e-5, tol=_BTOL)
+case(aten._native_batch_norm_legit_no_training.default, _BX, _BW, _BB, _BM, _BV, 0.1, 1e-5,
+     tol=_BTOL)
+_, _SM, _SI = aten._native_batch_norm_legit.no_stats(_BX, _BW, _BB, True, 0.1, 1e-5)
+for _train in (True, False):
+    case(aten.native_batch_norm_backward.default, randn(4, 3, 5, seed=40), _BX, _BW, _BM, _BV,
+         _SM, _SI, _train, 1e-5, [True, True, True], tol=_BTOL)
+case(aten.native_batch_norm_backward.default, randn(4, 3, 5, seed=40), _BX, None, _BM, _BV,
+     _SM, _SI, True, 1e-5, [True, False, True], tol=_BTOL)
+_HX = torch.tensor([-4.0, -3.0, -1.0, 0.0, 2.5, 3.0, 5.0, float("nan")])
+for _name in ("hardswish", "hardsigmoid"):
+    case(getattr(aten, _name).default, _HX)
+    case(getattr(aten, _name).default, H, tol=_HTOL)
+    case(getattr(aten, f"{_name}_backward").default, randn(8, seed=41), _HX)
+for _f in (aten.tril.default, aten.triu.default):
+    case(_f, X3, 1)
+    case(_f, I, -1)
+    case(_f, B)
+
+
 @pytest.mark.parametrize("op, args, kwargs, tol", CASES,
                          ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
 def test_lowering_matches_aten(op, args, kwargs, tol):
@@ -490,6 +545,8 @@ EAGER_ONLY = {
     "bernoulli_.Tensor", "bernoulli_.float", "cauchy_.default", "exponential_.default",
     "geometric_.default", "log_normal_.default", "normal_.default", "random_.default",
     "random_.from", "random_.to", "uniform_.default", "native_dropout.default",
+    # batch norm updating running statistics in place (the functional form is an entry)
+    "native_batch_norm.default", "_native_batch_norm_legit.default",
 }
 
 def _functional(name: str) -> set[str]:
