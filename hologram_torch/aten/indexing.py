@@ -3,11 +3,11 @@ the math is :mod:`hologram_torch.lowering.indexing`."""
 
 from __future__ import annotations
 
-from hologram_torch.aten.pool import register_lowered
+from hologram_torch.aten import lowered
 from hologram_torch.lowering import indexing  # noqa: F401  (registers the entries)
 
 OPINFO = ("tril", "triu")
 
 for _name in ("tril", "triu"):
-    register_lowered(_name)
-    register_lowered(f"{_name}_", _name)
+    lowered.register(_name)
+    lowered.register(f"{_name}_", _name)

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import torch
 
 from hologram_torch.aten import program
+from hologram_torch.aten.registry import native_or_cpu, overload
 from hologram_torch.constants import NAME
 from hologram_torch.lowering import Number, Unsupported, lower
 
@@ -99,3 +100,24 @@ def _launch(op, args, spec, out, name):
         return program.run(name or op.__name__.partition(".")[0], _build, args, spec, out)
     except (Unsupported, program.Unsupported):
         return NotImplemented
+
+
+def static(a):
+    """List arguments as tuples of ints (compile-time arguments are part of the kernel's
+    key)."""
+    return tuple(int(v) for v in a) if isinstance(a, (list, tuple)) else a
+
+
+def register(name: str, functional: str | None = None) -> None:
+    """Register ``name``'s kernel: its lowering on the device, else the CPU fallback (the
+    dispatcher passes every argument of the schema, defaults filled in). With
+    ``functional``, ``name`` is that op's in-place form: the functional op's result is
+    written over the first argument (element for element, through its strides)."""
+    lowering = overload(functional or name)
+
+    def kernel(*args):
+        out = (args[0],) if functional else None
+        r = call(lowering, *(static(a) for a in args), out=out, name=functional or name)
+        return args[0] if functional and r is not NotImplemented else r
+
+    native_or_cpu(name)(kernel)

@@ -24,27 +24,6 @@ OPINFO = ("nn.functional.max_pool1d", "nn.functional.max_pool2d", "nn.functional
           "nn.functional.adaptive_avg_pool3d")
 
 
-def _static(a):
-    """List arguments as tuples (compile-time arguments are part of the kernel's key)."""
-    return tuple(int(v) for v in a) if isinstance(a, (list, tuple)) else a
-
-
-def register_lowered(name: str, functional: str | None = None) -> None:
-    """Register ``name``'s kernel: its lowering on the device, else the CPU fallback (the
-    dispatcher passes every argument of the schema, defaults filled in). With
-    ``functional``, ``name`` is that op's in-place form: the functional op's result is
-    written over the first argument (element for element, through its strides)."""
-    lowering = overload(functional or name)
-
-    def kernel(*args):
-        out = (args[0],) if functional else None
-        r = lowered.call(lowering, *(_static(a) for a in args), out=out,
-                         name=functional or name)
-        return args[0] if functional and r is not NotImplemented else r
-
-    native_or_cpu(name)(kernel)
-
-
 #: The most elements a scatter-shaped formulation (pooling backward, adaptive windows of
 #: varying size) touches natively: beyond it PyTorch's CPU kernel, with its round trip,
 #: measured faster (docs/torch.md).
@@ -82,7 +61,7 @@ def _register_pool(name: str, n: int) -> None:
     def kernel(*args):
         if not _cheaper(name, n, args):
             return NotImplemented
-        return lowered.call(op, *(_static(a) for a in args), name=name)
+        return lowered.call(op, *(lowered.static(a) for a in args), name=name)
 
     native_or_cpu(name)(kernel)
 

@@ -21,9 +21,11 @@ An entry raises :class:`Unsupported` (or returns ``NotImplemented``, which :func
 turns into it) for argument combinations it does not lower, e.g. integer division or a
 complex dtype; the eager device runs those through its CPU fallback.
 
-The families: :mod:`.elementwise`, :mod:`.reduction`, :mod:`.nn`, :mod:`.linalg`,
+The families: :mod:`.elementwise`, :mod:`.activation` (hardswish, hardsigmoid),
+:mod:`.reduction`, :mod:`.nn`, :mod:`.norm` (batch norm), :mod:`.pool`, :mod:`.linalg`,
 :mod:`.foreach` (addcmul/addcdiv/lerp and the optimizers' ``_foreach_*`` ops, on lists of
-graph tensors), :mod:`.shape` (``cat``, the index ops, ``arange``), :mod:`.views` (views,
+graph tensors), :mod:`.shape` (``cat``, the index ops, ``arange``), :mod:`.indexing`
+(``tril``/``triu``), :mod:`.views` (views,
 ``clone``, ``_to_copy``). Not in the table: the inherently eager ops (allocation, in-place
 copies and fills, ``item``, ``as_strided``/``unfold``, random draws).
 """
@@ -31,10 +33,14 @@ copies and fills, ``item``, ``as_strided``/``unfold``, random draws).
 from __future__ import annotations
 
 from hologram_torch.lowering import (  # noqa: F401 (importing registers the entries)
+    activation,
     elementwise,
     foreach,
+    indexing,
     linalg,
     nn,
+    norm,
+    pool,
     reduction,
     shape,
     views,
