@@ -26,7 +26,14 @@ def test_training_bench_rows_are_well_formed():
         assert "kernel calls" in r["note"]
     assert len(result["load_average"]) == 2
     table = training.table(result)
-    assert table.count("\n") == len(rows) + 1 and "| ok |" in table
+    steps, _, first = table.partition("\n\n")
+    assert steps.count("\n") == len(rows) + 1 and "| ok |" in steps
+    # the first step in fresh processes: compiled cold, loaded warm, the same loss
+    first_rows = result["first_step"]
+    assert [r["case"] for r in first_rows] == list(training.FIRST_STEP_CASES)
+    for r in first_rows:
+        assert r["same_loss"] and r["cold"]["compiled"] > 0 and r["warm"]["loaded"] > 0, r
+    assert first.count("\n| ") >= len(first_rows)
     device = {"threads": 1, "rows": []}
     report = "\n".join(bench_run._torch_sections(device, result))
     assert "## Training steps" in report and table in report
