@@ -9,7 +9,7 @@ import os
 
 import numpy as np
 import pytest
-from conformance.numerics import ulp_distance
+from conformance.numerics import float_edges, ulp_distance
 
 import hologram
 import hologram as hg
@@ -85,3 +85,72 @@ def test_math_function_error_in_ulps(ex, name):
           f"{ulps.mean():.3f}, {normal.sum()} inputs")
     assert int(ulps.max()) <= bound, (name, x[normal][worst], got[normal][worst],
                                       want[normal][worst])
+
+
+# --- pow: exp2(y log2|x|) in double-f32 words (hologram/backends/webgpu/mathlib.py) ------
+def _pow_inputs(rng) -> tuple[np.ndarray, np.ndarray]:
+    """Pairs whose y log2|x| spans the whole result range (overflow and subnormal results
+    included), bases near 1 with large exponents, small bases and exponents, negative
+    bases with integer exponents."""
+    x = 2.0 ** rng.uniform(-149, 128, SAMPLES)
+    y = rng.uniform(-152, 129, SAMPLES) / np.log2(x)
+    near = 1 + rng.uniform(-1e-3, 1e-3, SAMPLES)
+    xs = [x, near, rng.uniform(0, 10, SAMPLES), -rng.uniform(0, 4, SAMPLES)]
+    ys = [y, rng.uniform(-1e5, 1e5, SAMPLES), rng.uniform(-10, 10, SAMPLES),
+          rng.integers(-60, 60, SAMPLES)]
+    return (np.concatenate(xs).astype(np.float32), np.concatenate(ys).astype(np.float32))
+
+
+def _run_pow(ex, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    b = ProgramBuilder("ulp_pow")
+    xi, yi = b.input("x", "f32", (x.size,)), b.input("y", "f32", (x.size,))
+    zo = b.output("z", "f32", (x.size,))
+    k = b.kernel((x.size,))
+    k.store(zo, k.binary("pow", k.load(xi), k.load(yi)))
+    xb, yb, zb = ex.from_numpy(x), ex.from_numpy(y), ex.empty(x.size)
+    hologram.compile(b.build(), backend="webgpu").launch((xb.handle, yb.handle, zb.handle))
+    return zb.to_numpy()
+
+
+def _pow_reference(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        return np.power(x.astype(np.float64), y.astype(np.float64)).astype(np.float32)
+
+
+def test_pow_error_in_ulps(ex):
+    """Within 1 ulp of float64 pow rounded to f32, subnormal results included (counted in
+    units of the smallest subnormal, where the distance is the same count)."""
+    x, y = _pow_inputs(np.random.default_rng(7))
+    got, want = _run_pow(ex, x, y), _pow_reference(x, y)
+    assert not np.isnan(want).any()
+    ulps = ulp_distance(got, want, dt.float32)
+    normal = np.isfinite(want) & (np.abs(want) >= np.finfo(np.float32).tiny)
+    worst = int(ulps.argmax())
+    print(f"pow: max {int(ulps.max())} ulp at ({x[worst]!r}, {y[worst]!r}), max "
+          f"{int(ulps[normal].max())} on normal results, mean {ulps.mean():.3f}, "
+          f"{x.size} pairs, {int((~normal & np.isfinite(want) & (want != 0)).sum())} "
+          "subnormal results")
+    assert int(ulps.max()) <= 1, (x[worst], y[worst], got[worst], want[worst])
+
+
+def test_pow_special_values_are_the_c99_ones(ex):
+    """Every pair of edge values (zeros, infinities, NaN, ±1, subnormals, the largest
+    finite values, odd, even and non-integer exponents): NaN where float64 pow gives NaN,
+    the same bits where the result is exact (zeros, infinities, 1, exact powers), within
+    1 ulp otherwise."""
+    info = np.finfo(np.float32)
+    edges = np.array(float_edges(dt.float32) + [
+        4.0, -4.0, 7.0, -7.0, 0.25, -0.75, 1 + info.eps, 1 - info.epsneg, -1 - info.eps,
+        2.0 ** 24, 2.0 ** 24 + 2, -(2.0 ** 24 + 2), 2.0 ** 31, 2.0 ** 33, -(2.0 ** 33),
+        128.0, -149.0, -150.0, info.max, -info.max, 1e-45, -1e-45], np.float32)
+    x, y = np.repeat(edges, edges.size), np.tile(edges, edges.size)
+    got, want = _run_pow(ex, x, y), _pow_reference(x, y)
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(got), nan), list(zip(x[np.isnan(got) != nan],
+                                                         y[np.isnan(got) != nan]))
+    with np.errstate(all="ignore"):
+        exact = ~nan & (np.power(x.astype(np.float64), y.astype(np.float64))
+                        == want.astype(np.float64))
+    same = got.view(np.uint32) == want.view(np.uint32)
+    assert same[exact].all(), list(zip(x[exact & ~same], y[exact & ~same], got[exact & ~same]))
+    assert int(ulp_distance(got[~nan], want[~nan], dt.float32).max()) <= 1

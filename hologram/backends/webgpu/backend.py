@@ -46,10 +46,6 @@ CAPS = replace(WEBGPU, ieee_minmax=True)
 _I64_OPS = frozenset({"load", "store", "const", "index", "cast", "reduce", "select",
                       "add", "sub", "mul", "min", "max", "and", "or", "xor", "not", "neg",
                       "abs", "sign", "eq", "ne", "lt", "le", "gt", "ge"})
-#: Ops refused on every dtype: pow (the shared f32 pow works in f64), and those that need
-#: an exact fused multiply-add, which WGSL's fma() does not promise (on lavapipe it rounds
-#: twice: fma 1 ulp off, sin/cos up to 2^21 ulp through their range reduction).
-_NO_OPS = frozenset({"pow"})
 _BIND_GROUPS = 256  # bind groups remembered per kernel
 
 
@@ -89,8 +85,6 @@ class WebGpuBackend(Backend):
             return False  # WGSL has no 64-bit types
         if dtype is dt.int64:
             return op in _I64_OPS
-        if op in _NO_OPS:
-            return False
         # An f32 fma rounded again to f16/bf16 would round twice.
         return not (op == "fma" and dtype in (dt.float16, dt.bfloat16))
 

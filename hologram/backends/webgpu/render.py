@@ -48,7 +48,7 @@ from hologram.isa.dtypes import DType
 from hologram.isa.ir import Instr, Kernel, Program
 
 from . import helpers, tiling
-from .mathlib import PRELUDE, WGSLEmitter, f32_literal, i32_literal, opaque
+from .mathlib import PRELUDE, WGSLEmitter, f32_literal, i32_literal, opaque, pow_f32
 from .reduce import Accumulator, shared_array
 
 WORKGROUP = 64
@@ -422,6 +422,8 @@ class _Kernel:
                     for i, (a, x) in enumerate(zip(instr.args, args))]
         if op in _UNARY_FLOAT_FNS:
             return self.bind(t.name, f"{_UNARY_FLOAT_FNS[op]}({args[0]})")
+        if op == "pow":  # the shared f32 pow works in f64, which WGSL lacks
+            return pow_f32(WGSLEmitter(self.bind, self.used, False), *args)
         if op in shared_math.FUNCTIONS:
             return shared_math.emit(WGSLEmitter(self.bind, self.used, op in EXACT_FMA), op,
                                    args[0])
