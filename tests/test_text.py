@@ -76,6 +76,8 @@ def every_op_for(t: dt.DType) -> Program:
     if t.is_int:
         k.index(0, t)
         k.index(1, t)
+        k.gather(xs, x, (3, 4))  # an offset of every integer dtype
+    k.gather(xs, k.index(1, "i32"), (3, 4), offset=-1, strides=(4, 0))  # and of every value
     k.store(out, x)
     return b.build()
 
@@ -205,7 +207,7 @@ def test_every_opcode_and_dtype_is_covered() -> None:
     expected = set()
     for t in dt.ALL:
         expected |= {(op, "", t) for op in ("load", "store", "const", "select", "cast")}
-        expected |= {("index", "", t)} if t.is_int else set()
+        expected |= {("index", "", t), ("gather", "", t)} if t.is_int else set()
         for op in UNARY_OPS + BINARY_OPS + COMPARE_OPS + ("fma", "contract"):
             arity = 1 if op in UNARY_OPS else 3 if op == "fma" else 2
             if accepts(op, [t] * arity, ((1,),) if op == "contract" else ()):

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hologram.errors import CompileError
+
 
 @dataclass(frozen=True)
 class Capabilities:
@@ -32,6 +34,10 @@ class Capabilities:
     # Float min/max with IEEE 754-2019 minimum/maximum semantics (NaN-propagating,
     # -0.0 < +0.0) lowered by the renderer; without it decompose builds them from compares.
     ieee_minmax: bool = True
+    # The data-dependent load ``gather`` (docs/isa.md). A target without it refuses a
+    # program that uses it (:func:`require`) instead of miscompiling it; front ends ask
+    # before they lower advanced indexing to it.
+    gather: bool = False
 
     @property
     def index_dtype(self) -> str:
@@ -46,7 +52,27 @@ class Capabilities:
         return "f64" if self.f64 else "f32"
 
 
+class MissingCapabilityError(CompileError):
+    """A program uses an operation its target's renderer does not implement."""
+
+
+def require(program, caps: Capabilities) -> None:
+    """Raise :class:`MissingCapabilityError` if ``program`` (an Atlas ``Program``) uses an
+    operation that a target with ``caps`` lacks."""
+    if caps.gather:
+        return
+    for kernel in program.kernels:
+        for pos, instr in enumerate(kernel.body):
+            if instr.op == "gather":
+                raise MissingCapabilityError(
+                    f"program {program.name}, kernel {kernel.name}, instruction %{pos}: "
+                    "gather (the data-dependent load) is not implemented by this target's "
+                    "renderer (its Capabilities have gather=False: today the webgpu and "
+                    "cuda backends); run the program on the cpu or interp backend, or build "
+                    "it without gather")
+
+
 #: 64-bit CPUs (the cpu backend, the interpreter).
-CPU = Capabilities()
+CPU = Capabilities(gather=True)
 #: WebGPU (WGSL): no f64, no i64, 32-bit storage only; f16 with the shader-f16 feature.
 WEBGPU = Capabilities(f64=False, i64=False, narrow_storage=False, ieee_minmax=False)

@@ -225,6 +225,53 @@ class Graph:
         k.store(out.buffer, value)
         return out
 
+    def gather(self, x: Tensor, coords: tuple[Tensor | int, ...],
+               shape: tuple[int, ...]) -> Tensor:
+        """Elements of ``x`` at data-dependent coordinates: a tensor of ``shape`` whose
+        element ``i`` is ``x[c_0, ..., c_{n-1}]``, one coordinate per dimension of ``x``.
+        ``coords[d]`` is either an integer tensor broadcastable to ``shape`` (its value at
+        ``i`` is the coordinate) or an int ``a`` (the coordinate is ``i[a]``: ``x``'s
+        dimension ``d`` walked by the result's axis ``a``).
+
+        Tensor coordinates in ``-n .. n-1`` (``n = x.shape[d]``) count from the end when
+        negative, as in Python; beyond that range the result is the ISA's ``gather``'s
+        (the flat position clamped into ``x``'s buffer): the caller checks bounds where it
+        must raise. One kernel; its ``gather`` reads only the elements it returns."""
+        shape = tuple(shape)
+        if len(coords) != x.ndim:
+            raise ShapeError(f"gather: {len(coords)} coordinates for a {x.ndim}-d tensor")
+        if math.prod(x.shape) == 0 and math.prod(shape):
+            raise ShapeError(f"gather: {list(shape)} elements from the empty tensor "
+                             f"{list(x.shape)}: every coordinate is out of range")
+        k = self.builder.kernel(shape)
+        strides = [0] * len(shape)
+        at = None
+        for d, c in enumerate(coords):
+            n, stride = x.shape[d], x.strides[d]
+            if isinstance(c, int):
+                if not 0 <= c < len(shape) or (shape[c] not in (n, 1) and n != 1):
+                    raise ShapeError(f"gather: axis {c} of {list(shape)} cannot walk "
+                                     f"dimension {d} of {list(x.shape)}")
+                if n != 1:
+                    strides[c] += stride
+                continue
+            if not c.dtype.is_int:
+                raise ShapeError(f"gather: coordinates must be integers, not {c.dtype.name}")
+            _broadcast([c._aligned(len(shape)).shape, shape])
+            i = self._load(k, c)
+            i = i if i.dtype.name == "i64" else k.cast(i, "i64")
+            if c.dtype.kind == "i":  # negative: counted from the end
+                i = k.select(k.binary("lt", i, 0), k.binary("add", i, n), i)
+            if stride != 1:
+                i = k.binary("mul", i, stride)
+            at = i if at is None else k.binary("add", at, i)
+        if at is None:
+            at = k.const(0, "i64")
+        value = k.gather(x.buffer, at, shape, x.offset, tuple(strides))
+        out = self._temp(value.dtype, shape)
+        k.store(out.buffer, value, shape=shape)
+        return out
+
     def maximum(self, a: Tensor | Scalar, b: Tensor | Scalar) -> Tensor:
         return self.binary("max", a, b)
 

@@ -103,6 +103,18 @@ class KernelBuilder:
         buf, shape, imap = self._map(buffer, shape, offset, strides)
         return self.emit("load", (), (buffer, imap), buf.dtype, shape)
 
+    def gather(self, buffer: int, at: Value, shape: tuple[int, ...] | None = None,
+               offset: int = 0, strides: tuple[int, ...] | None = None) -> Value:
+        """Read ``buffer`` at data-dependent positions: element ``i`` is flat element
+        ``offset + sum(i[d] * strides[d]) + at[i]``, clamped into the buffer (docs/isa.md).
+        ``shape`` defaults to ``at``'s and ``strides`` to zeros (``at`` holds whole flat
+        positions); ``at`` is any integer value whose shape broadcasts to ``shape``."""
+        shape = tuple(at.shape if shape is None else shape)
+        strides = (0,) * len(self.domain) if strides is None else tuple(strides)
+        buf = self.program.buffers[buffer]
+        return self.emit("gather", (at,), (buffer, IndexMap(offset, strides)), buf.dtype,
+                         shape)
+
     def store(self, buffer: int, value: Value, offset: int = 0,
               strides: tuple[int, ...] | None = None,
               shape: tuple[int, ...] | None = None) -> None:

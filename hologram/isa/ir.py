@@ -44,6 +44,7 @@ class Opcode(StrEnum):
 
     LOAD = "load"
     STORE = "store"
+    GATHER = "gather"
     CONST = "const"
     INDEX = "index"
     ABS = "abs"
@@ -100,7 +101,11 @@ class Opcode(StrEnum):
         return _GROUPS[self]
 
 
-MEMORY_OPS = (Opcode.LOAD, Opcode.STORE)
+#: The ops that reach memory, each with ``(buffer_index, IndexMap)`` attrs; ``gather``
+#: adds a data-dependent element offset (an integer operand) to its map's.
+MEMORY_OPS = (Opcode.LOAD, Opcode.STORE, Opcode.GATHER)
+#: The ops that read memory.
+READ_OPS = (Opcode.LOAD, Opcode.GATHER)
 UNARY_OPS = tuple(Opcode(op) for op in (
     "abs", "neg", "not", "sign", "sqrt", "rsqrt", "exp", "exp2", "expm1", "log", "log2",
     "log1p", "tanh", "sigmoid", "erf", "sin", "cos", "floor", "ceil", "round", "trunc",
@@ -170,7 +175,8 @@ class Instr:
     """One SSA instruction. ``args`` index earlier instructions of the same kernel.
 
     ``attrs`` by opcode:
-      load / store: ``(buffer_index, IndexMap)``
+      load / store / gather: ``(buffer_index, IndexMap)`` (gather: one integer operand,
+                    the element offset added to the map's)
       const:        ``(value,)`` with floats encoded by ``float.hex`` (so that -0.0 and NaN
                     compare and hash exactly)
       index:        ``(axis,)``
@@ -192,11 +198,11 @@ class Instr:
 
     # Convenience accessors; each is valid only for the opcodes named.
     @property
-    def buffer(self) -> int:  # load, store
+    def buffer(self) -> int:  # load, store, gather
         return self.attrs[0]
 
     @property
-    def map(self) -> IndexMap:  # load, store
+    def map(self) -> IndexMap:  # load, store, gather
         return self.attrs[1]
 
     @property
@@ -265,7 +271,7 @@ class Kernel:
         return (self.domain, self.grid_rank, self.body)
 
     def reads(self) -> frozenset[int]:
-        """Indices of the buffers this kernel loads."""
+        """Indices of the buffers this kernel loads or gathers from."""
         return self._accessed[0]
 
     def writes(self) -> frozenset[int]:
@@ -274,7 +280,7 @@ class Kernel:
 
     @cached_property
     def _accessed(self) -> tuple[frozenset[int], frozenset[int]]:
-        return (frozenset(i.buffer for i in self.body if i.op == "load"),
+        return (frozenset(i.buffer for i in self.body if i.op in READ_OPS),
                 frozenset(i.buffer for i in self.body if i.op == "store"))
 
 

@@ -83,7 +83,7 @@ def print_instr(program: Program, kernel: Kernel, pos: int) -> str:
     """The text of ``kernel.body[pos]`` (no indentation), as :func:`print_program` shows it."""
     instr = kernel.body[pos]
     operands = [f"%{a}" for a in instr.args]
-    if instr.op in ("load", "store"):
+    if instr.op in ("load", "store", "gather"):
         operands.insert(0, _access(program, instr))
     elif instr.op == "const":
         operands = [_literal(instr)]
@@ -282,7 +282,7 @@ class _Parser:
         args: list[int] = []
         attrs: tuple = ()
         literal = None
-        if op in ("load", "store"):
+        if op in ("load", "store", "gather"):
             buffer = self._buffer_name(line)
             if buffer not in self.buffer_index:
                 raise line.fail(f"unknown buffer @{buffer}")
@@ -290,7 +290,7 @@ class _Parser:
             offset = line.integer()
             line.keyword(";")
             attrs = (self.buffer_index[buffer], IndexMap(offset, line.ints()))
-            if op == "store":
+            if op in ("store", "gather"):
                 line.keyword(",")
                 args.append(value())
         elif op == "const":

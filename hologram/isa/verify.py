@@ -16,6 +16,7 @@ from hologram.isa.ir import (
     BUFFER_KINDS,
     COMPARE_OPS,
     FLOAT_UNARY_OPS,
+    MEMORY_OPS,
     REDUCE_KINDS,
     UNARY_OPS,
     IndexMap,
@@ -28,11 +29,12 @@ from hologram.isa.ir import (
 
 Type = tuple[DType, tuple[int, ...]]
 
-_ATTR_COUNT = {"load": 2, "store": 2, "const": 1, "index": 1, "reduce": 2, "contract": 1}
+_ATTR_COUNT = {"load": 2, "store": 2, "gather": 2, "const": 1, "index": 1, "reduce": 2,
+               "contract": 1}
 _ARITY = {
     **{op: 1 for op in UNARY_OPS},
     **{op: 2 for op in BINARY_OPS + COMPARE_OPS},
-    "load": 0, "const": 0, "index": 0, "store": 1, "cast": 1, "reduce": 1,
+    "load": 0, "gather": 1, "const": 0, "index": 0, "store": 1, "cast": 1, "reduce": 1,
     "contract": 2, "fma": 3, "select": 3,
 }
 
@@ -68,8 +70,10 @@ def infer(op: str, args: list[Type], attrs: tuple, dtype: DType | None,
           domain: tuple[int, ...], grid_rank: int = 0) -> Type:
     """Result type of ``op`` applied to operands of types ``args``.
 
-    ``dtype`` is the declared result dtype; it is required for ``load``, ``const``,
-    ``index`` and ``cast`` (which cannot infer it) and checked against the rule otherwise.
+    ``dtype`` is the declared result dtype; it is required for ``load``, ``gather``,
+    ``const``, ``index`` and ``cast`` (which cannot infer it) and checked against the rule
+    otherwise. A gather's shape is declared; the one returned is its operand's, which must
+    broadcast to it.
     """
     if op not in _ARITY:
         raise IRError(f"unknown opcode {op!r}")
@@ -87,10 +91,13 @@ def infer(op: str, args: list[Type], attrs: tuple, dtype: DType | None,
             types = ", ".join(f"{t.name}{list(s)}" for t, s in args) or "no operands"
             raise IRError(f"{op}: {why} (operands: {types})")
 
-    if op in ("load", "const", "index", "cast"):
+    if op in ("load", "gather", "const", "index", "cast"):
         need(dtype is not None, "the result dtype must be given")
     if op == "load":
         return dtype, None  # a load's shape is declared; _check_memory checks its map
+    if op == "gather":
+        need(args[0][0].is_int, "the element offset must be an integer")
+        return dtype, args[0][1]
     if op == "const":
         return dtype, ones
     if op == "index":
@@ -166,6 +173,12 @@ def _check_memory(program: Program, kernel: Kernel, instr: Instr) -> None:
     if buf.dtype is not instr.dtype:
         raise IRError(f"{instr.op} of {buf.name}: buffer is {buf.dtype.name}, "
                       f"instruction is {instr.dtype.name}")
+    if instr.op == "gather":
+        # Every position is clamped into the buffer, so any map is in bounds; only an
+        # empty buffer has no element to clamp to.
+        if buf.size == 0 and 0 not in instr.shape:
+            raise IRError(f"gather from the empty buffer {buf.name}")
+        return
     low, high = imap.extent(instr.shape)
     if high >= low and (low < 0 or high >= buf.size):
         raise IRError(
@@ -208,16 +221,17 @@ def verify_kernel(program: Program, kernel: Kernel) -> None:
             declared = None if instr.op == "store" else instr.dtype
             dtype, shape = infer(instr.op, args, instr.attrs, declared, domain,
                                  kernel.grid_rank)
-            if instr.op in ("load", "store"):
+            if instr.op in MEMORY_OPS:
                 _check_memory(program, kernel, instr)
                 if instr.op == "store":
                     stored.add(instr.buffer)
             elif instr.op == "const":
                 _check_const(instr)
-            if instr.op == "store":
+            if instr.op in ("store", "gather"):
                 if broadcast([shape, instr.shape]) != instr.shape:
-                    raise IRError(f"stored value {list(shape)} does not broadcast to the "
-                                  f"store's shape {list(instr.shape)}")
+                    what = "stored value" if instr.op == "store" else "element offset"
+                    raise IRError(f"{what} {list(shape)} does not broadcast to the "
+                                  f"{instr.op}'s shape {list(instr.shape)}")
             elif instr.op != "load" and (dtype, shape) != (instr.dtype, instr.shape):
                 raise IRError(f"declared type {instr.dtype.name}{list(instr.shape)} but the "
                               f"operands give {dtype.name}{list(shape)}")
@@ -229,7 +243,12 @@ def verify_kernel(program: Program, kernel: Kernel) -> None:
     for buf in stored:
         # Reading and writing one buffer in a kernel is safe only point-to-point (x += 1):
         # any other overlap makes the result depend on the order grid points run in.
-        accesses = [i for i in kernel.body if i.op in ("load", "store") and i.buffer == buf]
+        accesses = [i for i in kernel.body if i.op in MEMORY_OPS and i.buffer == buf]
+        if any(i.op == "gather" for i in accesses):
+            # Which element a gather reads is known only when it runs: it could be one
+            # another grid point writes.
+            raise IRError(f"kernel {kernel.name} gathers from {program.buffers[buf].name}, "
+                          "which it also stores; split the kernel")
         if len({(i.map, i.shape) for i in accesses}) > 1 or sum(
             i.op == "store" for i in accesses
         ) > 1:

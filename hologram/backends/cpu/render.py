@@ -319,6 +319,24 @@ class _KernelRenderer:
                 offset = b.add(offset, b.mul(self.index[d], ir.Constant(I64, stride)))
         return b.gep(self.bases[instr.buffer], [offset])
 
+    def _gather_address(self, instr: Instr) -> ir.Value:
+        """The map's element plus the operand's value, in wrapping i64, clamped into the
+        buffer (docs/isa.md: a gather reads the nearest element, never outside)."""
+        b = self.b
+        offset: ir.Value = ir.Constant(I64, instr.map.offset)
+        for d, (n, stride) in enumerate(zip(instr.shape, instr.map.strides)):
+            if n > 1 and stride:
+                offset = b.add(offset, b.mul(self.index[d], ir.Constant(I64, stride)))
+        at_type = self.kernel.body[instr.args[0]].dtype
+        at = self._int_cast(self._value(instr.args[0]), register_type(at_type), I64,
+                            signed=at_type.kind == "i")
+        position = b.add(offset, at)
+        last = ir.Constant(I64, self.program.buffers[instr.buffer].size - 1)
+        position = b.select(b.icmp_signed("<", position, ir.Constant(I64, 0)),
+                            ir.Constant(I64, 0), position)
+        position = b.select(b.icmp_signed(">", position, last), last, position)
+        return b.gep(self.bases[instr.buffer], [position])
+
     def _store(self, instr: Instr) -> None:
         value = self._value(instr.args[0])
         self.b.store(self._to_memory(value, instr.dtype), self._address(instr))
@@ -347,6 +365,8 @@ class _KernelRenderer:
         op, t = instr.op, instr.dtype
         if op == "load":
             return self._from_memory(self.b.load(self._address(instr)), t)
+        if op == "gather":
+            return self._from_memory(self.b.load(self._gather_address(instr)), t)
         if op == "const":
             return self._const(instr.value, t)
         if op == "index":

@@ -1,7 +1,7 @@
 """The reference interpreter: runs an Atlas program on NumPy arrays.
 
 Kernels run in program order. Within a kernel each instruction runs once over the whole
-domain (vectorized): a load gathers its elements, a value instruction is
+domain (vectorized): a load (or gather) reads its elements, a value instruction is
 :func:`~hologram.isa.semantics.evaluate`, a store scatters. Since loads copy
 and run in body order, every load sees memory as the kernel found it, except that a load
 placed after the store of the same buffer (which the verifier allows only through the same
@@ -80,6 +80,16 @@ def _access(program: Program, kernel: Kernel, instr: Instr,
     return flat, _indices(instr.map, instr.shape)
 
 
+def _gather(instr: Instr, at: np.ndarray, flat: np.ndarray) -> np.ndarray:
+    """Element ``i`` is ``flat[clamp(offset + sum(i[d] * strides[d]) + at[i])]``, the
+    position computed in wrapping 64-bit integers and clamped to ``0 .. flat.size - 1``."""
+    index = _indices(instr.map, instr.shape)
+    if index.size:
+        index = index + np.broadcast_to(np.asarray(at).astype(np.int64), instr.shape)
+        index = np.clip(index, 0, flat.size - 1)
+    return from_storage(flat[index], instr.dtype)
+
+
 def run_kernel(program: Program, kernel: Kernel, memory: list[np.ndarray]) -> None:
     """Run one kernel of ``program`` on ``memory`` (one flat storage array per buffer)."""
     values: list[np.ndarray | None] = []
@@ -87,6 +97,8 @@ def run_kernel(program: Program, kernel: Kernel, memory: list[np.ndarray]) -> No
         if instr.op == "load":
             flat, index = _access(program, kernel, instr, memory)
             values.append(from_storage(flat[index], instr.dtype))  # a gather copies
+        elif instr.op == "gather":
+            values.append(_gather(instr, values[instr.args[0]], memory[instr.buffer]))
         elif instr.op == "store":
             flat, index = _access(program, kernel, instr, memory)
             value = np.broadcast_to(values[instr.args[0]], instr.shape)

@@ -29,11 +29,11 @@ import numpy as np
 from hologram.compiler.options import CompileOptions
 from hologram.isa import dtypes as dt
 from hologram.isa.body import Body
-from hologram.isa.ir import COMMUTATIVE_OPS, Instr, Kernel, Program, encode_const
+from hologram.isa.ir import COMMUTATIVE_OPS, MEMORY_OPS, Instr, Kernel, Program, encode_const
 from hologram.isa.semantics import evaluate
 
 _SWAPPED_COMPARE = {"gt": "lt", "ge": "le"}
-_UNFOLDABLE = ("load", "store", "index")
+_UNFOLDABLE = ("load", "store", "gather", "index")
 
 
 # --- rules -----------------------------------------------------------------------------
@@ -235,7 +235,7 @@ def _rewrite(kernel: Kernel, options: CompileOptions) -> Kernel:
     remap: list[int] = []
     for instr in kernel.body:
         args = tuple(remap[a] for a in instr.args)
-        if instr.op in ("load", "store"):
+        if instr.op in MEMORY_OPS:  # a gather keeps its declared shape
             remap.append(body.add(replace(instr, args=args)))
             continue
         # Re-type from the (possibly narrowed) operands.
@@ -320,7 +320,7 @@ def _drop_dead_buffers(program: Program) -> Program:
     new_index = {old: new for new, old in enumerate(keep)}
 
     def renumber(instr: Instr) -> Instr:
-        if instr.op not in ("load", "store"):
+        if instr.op not in MEMORY_OPS:
             return instr
         return replace(instr, attrs=(new_index[instr.buffer], instr.map))
 

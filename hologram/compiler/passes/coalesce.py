@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from hologram.compiler.options import CompileOptions
-from hologram.isa.ir import IndexMap, Instr, Kernel, Program
+from hologram.isa.ir import MEMORY_OPS, IndexMap, Instr, Kernel, Program
 
 
 def coalesce(program: Program, options: CompileOptions | None = None) -> Program:
@@ -43,7 +43,7 @@ def _mergeable(kernel: Kernel, d: int) -> bool:
         if 0 not in instr.shape and ((along_outer and not along_inner and inner != 1)
                                      or (along_inner and not along_outer and outer != 1)):
             return False
-        if (instr.op in ("load", "store") and along_outer and along_inner
+        if (instr.op in MEMORY_OPS and along_outer and along_inner
                 and instr.map.strides[d] != instr.map.strides[d + 1] * inner):
             return False
     return True
@@ -55,7 +55,7 @@ def _merge(kernel: Kernel, d: int) -> Kernel:
 
     def rewrite(instr: Instr) -> Instr:
         attrs = instr.attrs
-        if instr.op in ("load", "store"):
+        if instr.op in MEMORY_OPS:
             s = instr.map.strides
             step = s[d + 1] if instr.shape[d + 1] > 1 else s[d] if instr.shape[d] > 1 else 0
             attrs = (instr.buffer, IndexMap(instr.map.offset, s[:d] + (step,) + s[d + 2:]))

@@ -26,6 +26,9 @@ plainly and every backend computes the same bits:
   giving IEEE 754-2019 minimum/maximum: NaN if either operand is NaN, ``-0.0 < +0.0``
   (the sign of a zero read as the sign of ``1 / x``).
 
+An operation no rewrite can give (``gather`` on a target without the capability) is
+refused with a :class:`~hologram.compiler.capabilities.MissingCapabilityError`.
+
 A kernel with nothing to rewrite is returned as it is (a program with nothing to rewrite,
 too); a rewritten kernel is verified. Reductions (their accumulators,
 argmax's first-occurrence and NaN rules) are not Atlas-level operations and stay with the
@@ -36,7 +39,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from hologram.compiler.capabilities import CPU, Capabilities
+from hologram.compiler.capabilities import CPU, Capabilities, require
 from hologram.isa import dtypes as dt
 from hologram.isa.body import Body
 from hologram.isa.ir import FLOAT_UNARY_OPS, Instr, Kernel, Program
@@ -52,7 +55,9 @@ _OVERFLOW_TIE = {dt.float16: 65520.0, dt.bfloat16: (2 - 2**-8) * 2.0**127}
 
 def decompose(program: Program, caps: Capabilities = CPU) -> Program:
     """``program`` with every operation ``caps`` lacks rewritten (see the module
-    docstring)."""
+    docstring). Raises :class:`~hologram.compiler.capabilities.MissingCapabilityError`
+    for an operation the target cannot run at all (``gather`` without the capability)."""
+    require(program, caps)
     kernels = tuple(_kernel(k, caps) for k in program.kernels)
     if all(a is b for a, b in zip(kernels, program.kernels)):
         return program

@@ -22,8 +22,10 @@ Inlining goes first so that elementwise values are recomputed from their sources
 merges make their producers reductions. A temporary stays materialized when it is read
 in another index space after a reduction, when no position keeps memory accesses in order,
 or when merging would nest reductions (per-row results reduced again over the rows: the
-rows would stop being a parallel grid). The producer's store is kept; the next canonicalize
-drops it if nothing reads it.
+rows would stop being a parallel grid), or when it is read by a ``gather`` (which of its
+elements are read is data, so it cannot be recomputed in the reader's index space). A
+producer's own gathers inline like its loads: their maps are composed the same way. The
+producer's store is kept; the next canonicalize drops it if nothing reads it.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from hologram.compiler.passes.canonicalize import drop_stores
 from hologram.compiler.passes.schedule import grid_rank
 from hologram.errors import IRError
 from hologram.isa.body import Body
-from hologram.isa.ir import IndexMap, Instr, Kernel, Program
+from hologram.isa.ir import MEMORY_OPS, READ_OPS, IndexMap, Instr, Kernel, Program
 from hologram.isa.verify import verify_kernel
 
 
@@ -115,7 +117,7 @@ class _Fusion:
         if any(producer.body[i].op in ("reduce", "contract") for i in part):
             return False
         loaded = frozenset(producer.body[i].buffer for i in part
-                           if producer.body[i].op == "load")
+                           if producer.body[i].op in READ_OPS)
         fused = {}
         for c in readers:
             if self._conflicts(range(p + 1, c + 1), loaded, frozenset()):
@@ -182,7 +184,7 @@ def _contracts(consumer: Kernel, t: int) -> bool:
     longer be a library call: such a temporary stays materialized."""
     tainted: set[int] = set()
     for i, instr in enumerate(consumer.body):
-        if (instr.op == "load" and instr.buffer == t) or tainted.intersection(instr.args):
+        if (instr.op in READ_OPS and instr.buffer == t) or tainted.intersection(instr.args):
             if instr.op == "contract":
                 return True
             tainted.add(i)
@@ -194,6 +196,8 @@ def _inline_into(producer: Kernel, part: list[int], store: Instr, consumer: Kern
     body = Body(consumer.domain)
     remap: list[int] = []
     for instr in consumer.body:
+        if instr.op == "gather" and instr.buffer == t:
+            return None  # which elements it reads is data: t stays materialized
         if instr.op == "load" and instr.buffer == t:
             index = _compose(instr, store)
             if index is None:
@@ -206,7 +210,7 @@ def _inline_into(producer: Kernel, part: list[int], store: Instr, consumer: Kern
 
 def _copy(body: Body, instr: Instr, args: tuple[int, ...]) -> int:
     """Add ``instr`` with new operands, re-typed: an operand may now be narrower."""
-    if instr.op in ("load", "store"):
+    if instr.op in MEMORY_OPS:  # declared shapes; a gather's operand may narrow
         return body.add(replace(instr, args=args))
     return body.make(instr.op, args, instr.attrs, instr.dtype)
 
@@ -255,7 +259,7 @@ def _clone(producer: Kernel, part: list[int], body: Body, index: tuple[dict, dic
     for i in part:
         instr = producer.body[i]
         args = tuple(remap[a] for a in instr.args)
-        if instr.op == "load":
+        if instr.op in READ_OPS:  # a gather's map moves like a load's; its operand too
             strides, offset, shape = [0] * rank, instr.map.offset, [1] * rank
             for d, (n, s) in enumerate(zip(instr.shape, instr.map.strides)):
                 if n == 1:
@@ -265,7 +269,8 @@ def _clone(producer: Kernel, part: list[int], body: Body, index: tuple[dict, dic
                     e, c = step[d]
                     strides[e], shape[e] = c * s, body.domain[e]
             imap = IndexMap(offset, tuple(strides))
-            remap[i] = body.add(Instr("load", instr.dtype, tuple(shape), (), (instr.buffer, imap)))
+            remap[i] = body.add(Instr(instr.op, instr.dtype, tuple(shape), args,
+                                      (instr.buffer, imap)))
         elif instr.op == "index":
             d = instr.axis
             value = body.const(start.get(d, 0), instr.dtype)
@@ -307,6 +312,8 @@ def _merge_pair(producer: Kernel, consumer: Kernel, t: int) -> Kernel | None:
     remap_store = {b: remap[i.args[0]] for b, i in stored.items()}
     remap = []
     for instr in consumer.body:
+        if instr.op == "gather" and instr.buffer in stored:
+            return None  # it would read values the merged kernel has not stored yet
         if instr.op == "load" and instr.buffer in stored:
             store = stored[instr.buffer]
             if (instr.shape, instr.map) != (store.shape, store.map):
@@ -334,7 +341,7 @@ def _extend(kernel: Kernel, rank: int) -> Kernel:
 
     def widen(instr: Instr) -> Instr:
         shape = instr.shape + (1,) * extra
-        if instr.op in ("load", "store"):
+        if instr.op in MEMORY_OPS:
             imap = IndexMap(instr.map.offset, instr.map.strides + (0,) * extra)
             return replace(instr, shape=shape, attrs=(instr.buffer, imap))
         return replace(instr, shape=shape)
