@@ -243,21 +243,27 @@ class Graph:
         if math.prod(x.shape) == 0 and math.prod(shape):
             raise ShapeError(f"gather: {list(shape)} elements from the empty tensor "
                              f"{list(x.shape)}: every coordinate is out of range")
+        for d, c in enumerate(coords):  # all checked before the kernel is begun
+            n = x.shape[d]
+            if isinstance(c, int):
+                if not 0 <= c < len(shape) or (shape[c] not in (n, 1) and n != 1):
+                    raise ShapeError(f"gather: axis {c} of {list(shape)} cannot walk "
+                                     f"dimension {d} of {list(x.shape)}")
+            elif not c.dtype.is_int:
+                raise ShapeError(f"gather: coordinates must be integers, not {c.dtype.name}")
+            elif c.ndim > len(shape) or _broadcast([c._aligned(len(shape)).shape,
+                                                    shape]) != shape:
+                raise ShapeError(f"gather: coordinates {list(c.shape)} do not broadcast to "
+                                 f"{list(shape)}")
         k = self.builder.kernel(shape)
         strides = [0] * len(shape)
         at = None
         for d, c in enumerate(coords):
             n, stride = x.shape[d], x.strides[d]
             if isinstance(c, int):
-                if not 0 <= c < len(shape) or (shape[c] not in (n, 1) and n != 1):
-                    raise ShapeError(f"gather: axis {c} of {list(shape)} cannot walk "
-                                     f"dimension {d} of {list(x.shape)}")
                 if n != 1:
                     strides[c] += stride
                 continue
-            if not c.dtype.is_int:
-                raise ShapeError(f"gather: coordinates must be integers, not {c.dtype.name}")
-            _broadcast([c._aligned(len(shape)).shape, shape])
             i = self._load(k, c)
             i = i if i.dtype.name == "i64" else k.cast(i, "i64")
             if c.dtype.kind == "i":  # negative: counted from the end

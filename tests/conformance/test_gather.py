@@ -1,0 +1,195 @@
+"""``gather``, the data-dependent load (docs/isa.md): every value dtype, every offset
+dtype, offsets at and beyond the buffer's ends (clamped), 64-bit wrapping, empty and
+non-contiguous maps, a gather fused into arithmetic and a reduction, a large permutation.
+
+A backend runs gather when its target declares the ``gather`` capability
+(``hologram/compiler/capabilities.py``); one that does not must refuse the program when
+it compiles it, with a :class:`MissingCapabilityError` naming the op (never crash or
+compute something else). Both are checked on every registered backend.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+import pytest
+from util import same_bits
+
+import hologram
+from hologram import backends
+from hologram.backends.base import unsupported_pairs
+from hologram.compiler import capabilities
+from hologram.compiler.capabilities import MissingCapabilityError
+from hologram.isa import dtypes as dt
+from hologram.isa.builder import ProgramBuilder
+from hologram.isa.ir import Program
+
+from .numerics import both, seed_of, storage, values
+
+OFFSET_DTYPES = [t for t in dt.ALL if t.is_int]
+
+
+def declares_gather(backend: str) -> bool:
+    """The capability the backend's target declares: its module's ``CAPS`` (webgpu,
+    cuda), else the host CPU's (the cpu backend's targets); the interpreter is the ISA's
+    definition and runs every opcode."""
+    if backend == "interp":
+        return True
+    module = importlib.import_module(type(backends.get(backend)).__module__)
+    return getattr(module, "CAPS", capabilities.CPU).gather
+
+
+def gathered(program: Program, backend: str, inputs: list[np.ndarray],
+             delegation_ok: bool = False):
+    """(backend's outputs, the interpreter's); a backend without the capability must
+    refuse at compile time (then the test is skipped, the refusal checked)."""
+    if declares_gather(backend) or unsupported_pairs(backends.get(backend), program):
+        # (both() skips a declared dtype refusal)
+        return both(program, backend, inputs, delegation_ok)
+    with pytest.raises(MissingCapabilityError) as error:
+        hologram.compile(program, backend=backend)
+    for words in ("gather", program.name, "cpu or interp"):
+        assert words in str(error.value), (words, str(error.value))
+    pytest.skip(f"{backend} declares no gather capability (refused, as it must be)")
+
+
+def lookup(t: dt.DType, offset: dt.DType, rows: int, width: int, n: int) -> Program:
+    """``y[r, c] = table[ids[r], c]``: the embedding lookup, ids of dtype ``offset``
+    scaled by the row length in i64."""
+    b = ProgramBuilder(f"lookup_{t.name}_{offset.name}")
+    table = b.input("table", t, (rows, width))
+    ids = b.input("ids", offset, (n,))
+    y = b.output("y", t, (n, width))
+    k = b.kernel((n, width))
+    i = k.cast(k.load(ids, (n, 1), 0, (1, 0)), "i64")
+    k.store(y, k.gather(table, k.mul(i, width), (n, width), 0, (0, 1)))
+    return b.build()
+
+
+def expected_lookup(table: np.ndarray, ids: np.ndarray, width: int) -> np.ndarray:
+    """The ISA's rule in NumPy: the flat position clamped into the table."""
+    flat = table.reshape(-1)
+    pos = ids.astype(np.int64)[:, None] * width + np.arange(width)
+    return flat[np.clip(pos, 0, flat.size - 1)]
+
+
+@pytest.mark.parametrize("t", dt.ALL, ids=lambda t: t.name)
+@pytest.mark.parametrize("offset", [dt.int32, dt.int64], ids=lambda t: t.name)
+def test_lookup_every_value_dtype(backend, t, offset):
+    rows, width, n = 37, 5, 300
+    rng = np.random.default_rng(seed_of("gather", t.name, offset.name))
+    table = values(t, rows * width, rng)[: rows * width]
+    # In range mostly; then the ends, and beyond them (clamped to the first/last element).
+    ids = np.concatenate([rng.integers(0, rows, n - 8), [0, rows - 1, -1, rows, -rows, 2 * rows,
+                                                          -2**31, 2**31 - 1]])
+    ids = ids.astype(offset.storage)
+    (got,), (want,) = gathered(lookup(t, offset, rows, width, n), backend, [table, ids])
+    assert same_bits(got, want)
+    assert same_bits(want, expected_lookup(table, ids, width).reshape(-1))
+
+
+@pytest.mark.parametrize("offset", OFFSET_DTYPES, ids=lambda t: t.name)
+def test_edge_offsets_of_every_integer_dtype(backend, offset):
+    """Offsets taken as they are (no scaling): every edge value of the dtype, its own
+    width's extremes included; unsigned ones are zero-extended."""
+    data = np.arange(300, dtype=np.int32) * 3 - 7
+    ids = values(offset, 200, np.random.default_rng(seed_of("gather edges", offset.name)))
+    n = ids.size
+    b = ProgramBuilder(f"edges_{offset.name}")
+    src = b.input("src", "i32", (300,))
+    at = b.input("at", offset, (n,))
+    y = b.output("y", "i32", (n,))
+    k = b.kernel((n,))
+    k.store(y, k.gather(src, k.load(at), (n,), 5, (1,)))  # offset 5 + i + at[i]
+    (got,), (want,) = gathered(b.build(), backend, [data, ids])
+    assert same_bits(got, want)
+    pos = np.clip(5 + np.arange(n) + ids.astype(np.int64), 0, 299)
+    assert same_bits(want, data[pos])
+
+
+def test_positions_wrap_in_64_bits(backend):
+    """offset + map + operand is computed in wrapping i64, then clamped: INT64_MAX + 2
+    wraps to a negative position (the first element), INT64_MIN - 1 to a large one (the
+    last)."""
+    b = ProgramBuilder("wrapping")
+    src = b.input("src", "f64", (10,))
+    at = b.input("at", "i64", (4,))
+    y = b.output("y", "f64", (4,))
+    k = b.kernel((4,))
+    k.store(y, k.gather(src, k.load(at), (4,), -1, (1,)))
+    data = np.arange(10.0) + 0.5
+    big, small = 2**63 - 1, -2**63
+    ids = np.array([small, big, 3, 1], dtype=np.int64)
+    (got,), (want,) = gathered(b.build(), backend, [data, ids])
+    assert same_bits(got, want)
+    # -1 + 0 + small wraps to big (the last); -1 + 1 + big (the last); -1 + 2 + 3; -1 + 3 + 1
+    assert want.tolist() == [9.5, 9.5, 4.5, 3.5]
+    ids = np.array([big, 0, 0, small], dtype=np.int64)  # 2 + big wraps; 2 + small does not
+    b2 = ProgramBuilder("wrapping2")
+    src2 = b2.input("src", "f64", (10,))
+    at2 = b2.input("at", "i64", (4,))
+    y2 = b2.output("y", "f64", (4,))
+    k2 = b2.kernel((4,))
+    k2.store(y2, k2.gather(src2, k2.load(at2), (4,), 2, (0,)))
+    (got,), (want,) = gathered(b2.build(), backend, [data, ids])
+    assert same_bits(got, want) and want.tolist() == [0.5, 2.5, 2.5, 0.5]
+
+
+@pytest.mark.parametrize("rows", [0, 3])
+def test_empty(backend, rows):
+    """No points to gather (an empty id list, from an empty or a full table). Kernels
+    with a zero extent may run on the interpreter (declared: docs/architecture.md)."""
+    b = ProgramBuilder(f"empty_{rows}")
+    table = b.input("table", "f32", (rows, 4))
+    ids = b.input("ids", "i64", (0,))
+    y = b.output("y", "f32", (0, 4))
+    k = b.kernel((0, 4))
+    k.store(y, k.gather(table, k.mul(k.load(ids, (0, 1), 0, (1, 0)), 4), (0, 4), 0, (0, 1)))
+    (got,), (want,) = gathered(b.build(), backend, [np.ones((rows, 4), np.float32),
+                                                     np.zeros(0, np.int64)],
+                               delegation_ok=True)
+    assert got.size == want.size == 0
+
+
+def test_non_contiguous_maps(backend):
+    """Offsets loaded through a reversed, transposed map; a gather whose own map walks
+    backwards and broadcasts; two gathers of one table in one kernel, fused with
+    arithmetic and a reduction (the row sums of the gathered rows)."""
+    rows, width, n = 11, 6, 7
+    b = ProgramBuilder("strided_gather")
+    table = b.input("table", "f32", (rows, width))
+    ids = b.input("ids", "i32", (n, 2))  # read column 1 backwards, as a [n, 1] value
+    y = b.output("y", "f32", (n, width))
+    s = b.output("s", "f32", (n, 1))
+    k = b.kernel((n, width), grid_rank=1)
+    i = k.cast(k.load(ids, (n, 1), 2 * n - 1, (-2, 0)), "i64")
+    rev = k.gather(table, k.mul(i, width), (n, width), width - 1, (0, -1))  # row reversed
+    first = k.gather(table, k.mul(i, width), (n, width), 0, (0, 0))  # row's first, broadcast
+    k.store(y, k.sub(rev, first))
+    k.store(s, k.reduce("sum", rev, 1), 0, (1, 0), (n, 1))
+    rng = np.random.default_rng(seed_of("strided gather"))
+    data = rng.standard_normal((rows, width)).astype(np.float32)
+    index = rng.integers(0, rows, (n, 2)).astype(np.int32)
+    (gy, gs), (wy, ws) = gathered(b.build(), backend, [data, index])
+    assert same_bits(gy, wy)
+    picked = index[::-1, 1]
+    assert same_bits(wy, (data[picked, ::-1] - data[picked, :1]).reshape(-1))
+    np.testing.assert_allclose(gs, ws, rtol=1e-6)
+    np.testing.assert_allclose(ws, data[picked].sum(1), rtol=1e-5)
+
+
+def test_large_permutation(backend):
+    """A 2**20-element permutation of an f32 vector (every grid split of the cpu)."""
+    n = 1 << 20
+    rng = np.random.default_rng(seed_of("permute"))
+    data = storage(rng.standard_normal(n), dt.float32)
+    perm = rng.permutation(n).astype(np.int64)
+    b = ProgramBuilder("permute")
+    src = b.input("src", "f32", (n,))
+    at = b.input("at", "i64", (n,))
+    y = b.output("y", "f32", (n,))
+    k = b.kernel((n,))
+    k.store(y, k.gather(src, k.load(at)))
+    (got,), (want,) = gathered(b.build(), backend, [data, perm])
+    assert same_bits(got, want) and same_bits(want, data[perm])
