@@ -12,6 +12,7 @@ import os
 
 import numpy as np
 import pytest
+from conformance.numerics import ulp_distance
 
 import hologram
 import hologram as hg
@@ -22,6 +23,7 @@ from hologram.backends.webgpu.backend import WebGpuBackend
 from hologram.backends.webgpu.render import GROUP_POINTS, MAX_GROUPS, WORKGROUP
 from hologram.errors import CompileError, DeviceError, DTypeError, OutOfMemoryError
 from hologram.frontend.graph import Graph
+from hologram.isa import dtypes as dt
 from hologram.isa.builder import ProgramBuilder
 
 REQUIRED = os.environ.get("HOLOGRAM_REQUIRE_WEBGPU", "") not in ("", "0")
@@ -85,6 +87,33 @@ def test_sdk_ops_match_numpy(ex, n):
     out = ex.empty(n)
     hg.ops.vector_sub(ex, a, b, out)  # the explicit form, into a given buffer
     np.testing.assert_array_equal(out.to_numpy(), x - y)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_pow_matches_the_cpu_backend_within_one_ulp(ex, dtype):
+    """``a ** b`` and scalar exponents through the SDK (f32: exp2(y log2|x|) in double-f32
+    words, without f64; f16: computed in f32, rounded once): negative bases with integer
+    exponents, special values, results past overflow and underflow. NaN where the cpu
+    backend gives NaN, within 1 ulp of its result elsewhere (tests/test_webgpu_ulp.py
+    measures the error itself)."""
+    rng = np.random.default_rng(5)
+    info = np.finfo(dtype)
+    decades = (np.log10(float(info.smallest_subnormal)), np.log10(float(info.max)))
+    specials = [0.0, -0.0, np.inf, -np.inf, np.nan, 1.0, -1.0, 2.0, -2.0, 0.5, -3.0, 1e-40]
+    x = np.concatenate([np.repeat(specials, len(specials)), rng.uniform(-20, 20, 500),
+                        10.0 ** rng.uniform(*decades, 500)]).astype(dtype)
+    y = np.concatenate([np.tile(specials, len(specials)), rng.integers(-30, 30, 500),
+                        rng.uniform(-12, 12, 500)]).astype(dtype)
+    with hg.Executor("cpu") as cpu:
+        for op in (lambda a, b: a ** b, lambda a, b: a ** 3, lambda a, b: 0.5 ** a):
+            got = op(ex.from_numpy(x), ex.from_numpy(y)).to_numpy()
+            want = op(cpu.from_numpy(x), cpu.from_numpy(y)).to_numpy()
+            assert got.dtype == want.dtype == dtype
+            nan = np.isnan(want)
+            assert np.array_equal(np.isnan(got), nan)
+            t = dt.float32 if dtype is np.float32 else dt.float16
+            ulps = ulp_distance(got[~nan], want[~nan], t)
+            assert int(ulps.max()) <= 1, (x[~nan][ulps.argmax()], y[~nan][ulps.argmax()])
 
 
 @pytest.mark.parametrize("m, n", [(33, 9), (80, 64)])
