@@ -1,7 +1,7 @@
 """The transcendental functions in WGSL: :class:`WGSLEmitter` implements the primitives of
 :class:`hologram.codegen.mathlib.MathEmitter`, so every algorithm there is written out as
-straight-line WGSL ``let`` statements (f32 only: WGSL has no f64, so ``pow``, whose f32
-algorithm works in f64, is not offered).
+straight-line WGSL ``let`` statements (f32 only). ``pow``, whose shared f32 algorithm
+works in f64, which WGSL lacks, is :func:`pow_f32` here, on double-f32 words.
 
 Bit-level primitives (``fabs``, ``neg``, ``copysign``, ``isnan``) work on the bits, not on
 WGSL's float operators: WGSL lets an implementation assume finite values in float
@@ -207,7 +207,7 @@ class WGSLEmitter(MathEmitter):
 # ---------------------------------------------------------------- pow without f64
 # The shared f32 pow (hologram.codegen.mathlib) evaluates exp2(y log2|x|) in f64, which WGSL
 # lacks. Here the same formula runs on double-f32 words (hi + lo, ~48 bits): log2|x| to a
-# relative 2^-35, y log2|x| as an exact product plus a correction, and 2^(hi + lo) with
+# relative 2^-33, y log2|x| as an exact product plus a correction, and 2^(hi + lo) with
 # the leading term of its polynomial exact, so the last rounding dominates the error.
 # The exact products are Dekker's (Veltkamp splitting: multiplications and additions
 # only), not fma: WGSL's fma() may round twice (lavapipe's does), and the exact integer
@@ -260,9 +260,9 @@ def _c_split(e: MathEmitter, value: float):
 
 
 def _log2_dw(e: MathEmitter, ax):
-    """log2(ax) = hi + lo for finite ax > 0, relative error about 2^-35. A subnormal ax is
-    normalized on the integers (its bits are ax * 2^149), never by a float operation,
-    which WGSL lets a driver flush to zero."""
+    """log2(ax) = hi + lo for finite ax > 0, relative error about 2^-33 (the series' f32
+    tail). A subnormal ax is normalized on the integers (its bits are ax * 2^149), never
+    by a float operation, which WGSL lets a driver flush to zero."""
     ci = e.ci
     bits = e.bits(ax)
     sub = e.ilt(bits, ci(_MIN_NORMAL_BITS))
