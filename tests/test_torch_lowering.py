@@ -381,6 +381,11 @@ case(aten.gather.default, torch.tensor(2.5), 0, torch.tensor(0))
 case(aten.index_select.default, X, 0, torch.tensor([3, 0, 0, 2]))
 case(aten.index_select.default, I, 1, torch.tensor([4, 1], dtype=torch.int32))
 case(aten.index_select.default, B, -1, torch.tensor(2))
+case(aten.index.Tensor, X, [torch.tensor([[3, -1], [0, 2]])])
+case(aten.index.Tensor, X, [None, torch.tensor([4, -5, 0], dtype=torch.int32)])
+case(aten.index.Tensor, B, [torch.tensor([1, 0]), torch.tensor([[2], [-1]])])
+case(aten.index.Tensor, randn(3, 4, 5, seed=43), [torch.tensor([2, 0]), None,
+                                                   torch.tensor([-1, 3])])
 _SRC = randn(3, 5, seed=42)
 for _f in (aten.scatter.src, aten.scatter_add.default):
     case(_f, X, 1, _GI, _SRC)

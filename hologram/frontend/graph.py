@@ -122,6 +122,13 @@ def _broadcast(shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
                          "to compatible shapes") from None
 
 
+def broadcast_shapes(shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
+    """NumPy's broadcast of shapes of any ranks (aligned from the right); ShapeError when
+    they do not broadcast."""
+    rank = max(len(s) for s in shapes)
+    return _broadcast([(1,) * (rank - len(s)) + tuple(s) for s in shapes])
+
+
 def _reduced_axes(kind: str, x: Tensor, axes: int | tuple[int, ...] | None) -> tuple[int, ...]:
     """``axes`` of a reduction as sorted non-negative dimensions; None and ``()`` are all
     of them (PyTorch's rule for ``sum``, ``mean``, ``amax`` and ``amin``). A 0-d tensor
@@ -231,7 +238,8 @@ class Graph:
         element ``i`` is ``x[c_0, ..., c_{n-1}]``, one coordinate per dimension of ``x``.
         ``coords[d]`` is either an integer tensor broadcastable to ``shape`` (its value at
         ``i`` is the coordinate) or an int ``a`` (the coordinate is ``i[a]``: ``x``'s
-        dimension ``d`` walked by the result's axis ``a``).
+        dimension ``d`` walked by the result's axis ``a``, whose extent is at most ``n``;
+        a dimension of extent 1 broadcasts along it).
 
         Tensor coordinates in ``-n .. n-1`` (``n = x.shape[d]``) count from the end when
         negative, as in Python; beyond that range the result is the ISA's ``gather``'s
@@ -246,7 +254,7 @@ class Graph:
         for d, c in enumerate(coords):  # all checked before the kernel is begun
             n = x.shape[d]
             if isinstance(c, int):
-                if not 0 <= c < len(shape) or (shape[c] not in (n, 1) and n != 1):
+                if not 0 <= c < len(shape) or (shape[c] > n and n != 1):
                     raise ShapeError(f"gather: axis {c} of {list(shape)} cannot walk "
                                      f"dimension {d} of {list(x.shape)}")
             elif not c.dtype.is_int:

@@ -11,11 +11,11 @@ Composite ops need no kernel: ``cross_entropy`` is ``_log_softmax`` + ``nll_loss
 (``nll_loss2d_forward`` for K-dimensional inputs), ``l1_loss`` is ``sub``/``abs``/``mean``,
 and the backward of ``binary_cross_entropy_with_logits`` is elementwise ops.
 
-The ISA has no gather or indexed load, so every lookup by index (a class in
-``nll_loss``, a row in ``embedding``) is a one-hot formulation: compare an ``arange``
-with the index, ``select`` the matching value (the others become -0.0, the identity of
-the sum), and reduce. That costs O(indices x table) work instead of O(indices), and is
-exact, NaN and infinities in unselected entries included. Index values that torch checks
+An embedding row is the ISA's ``gather`` (O(indices x width)). A class in ``nll_loss``
+and the embedding's gradient are one-hot formulations: compare an ``arange`` with the
+index, ``select`` the matching value (the others become -0.0, the identity of the sum),
+and reduce. That costs O(indices x table) work instead of O(indices), and is exact, NaN
+and infinities in unselected entries included. Index values that torch checks
 (out of range targets and embedding indices, probabilities outside [0, 1]) are checked
 on the host, through a CPU alias of the device memory: a failing check sends the call to
 the CPU fallback, which raises torch's own error.
@@ -31,6 +31,7 @@ from hologram_torch import memory
 from hologram_torch.aten import lowered, program
 from hologram_torch.aten.program import ISA, cast, opmath
 from hologram_torch.aten.registry import aten, impl
+from hologram_torch.aten.shape import cpu_error, in_bounds
 from hologram_torch.fallback import run_on_cpu
 
 OPINFO = ("softmax", "log_softmax", "_softmax_backward_data", "nn.functional.softmin",
@@ -233,21 +234,18 @@ def native_layer_norm_backward(grad, x, normalized_shape, mean, rstd, weight, bi
 
 # --- embedding ----------------------------------------------------------------------------
 
-def _in_range(indices: torch.Tensor, n: int) -> bool:
-    h = _host(indices)
-    return bool(((h >= 0) & (h < n)).all())
-
-
 @impl("embedding")
 def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
-    """Rows of ``weight`` at ``indices``. No gather in the ISA: every output element
-    compares its index with all V row numbers and sums the selected row, O(N·V·D) work
-    for N indices into a [V, D] table (exact: unselected rows contribute -0.0)."""
-    if (weight.dim() != 2 or not program.supported(weight) or weight.dtype is torch.bool
-            or indices.dtype not in (torch.int64, torch.int32)
-            or not _in_range(indices, weight.shape[0])):
+    """Rows of ``weight`` at ``indices``: one gather, O(N·D) for N indices into a
+    [V, D] table. An index out of range raises PyTorch's IndexError (its CPU kernel's,
+    :func:`~hologram_torch.aten.shape.cpu_error`) before anything is launched."""
+    if (weight.dim() != 2 or not program.supported(weight, indices) or indices.is_cpu
+            or indices.dtype not in (torch.int64, torch.int32)):
         return run_on_cpu(aten.embedding.default, weight, indices, padding_idx,
                           scale_grad_by_freq, sparse)
+    if not in_bounds(indices, 0, weight.shape[0]):  # torch raises its IndexError
+        return cpu_error(aten.embedding.default, weight, indices, padding_idx,
+                         scale_grad_by_freq, sparse)
     r = lowered.call(aten.embedding.default, weight, indices)
     if r is NotImplemented:
         return run_on_cpu(aten.embedding.default, weight, indices, padding_idx,

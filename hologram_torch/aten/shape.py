@@ -1,7 +1,8 @@
 """Joining and index-based selection: ``cat`` (so ``stack``/``hstack``/``vstack``, which
-torch decomposes into views and ``cat``), ``index_select``, ``gather``, ``index_add``,
-``scatter`` (``src``, ``value`` and ``reduce=`` forms) and ``scatter_add``, each with its
-``.out`` (and in-place) overloads.
+torch decomposes into views and ``cat``), ``index.Tensor`` (advanced indexing:
+``x[idx]``, ``x[i, :, j]``), ``index_select``, ``gather``, ``index_add``, ``scatter``
+(``src``, ``value`` and ``reduce=`` forms) and ``scatter_add``, each with its ``.out``
+(and in-place) overloads.
 
 The programs are the ops' entries in :mod:`hologram_torch.lowering.shape` (the table
 torch.compile lowers through too); this module validates arguments (torch's meta kernels,
@@ -10,37 +11,37 @@ index bounds), handles ``out=``/in-place forms and falls back to the CPU.
 ``cat`` is one program: a kernel per non-empty input stores it (cast to the promoted
 dtype) into its slice of a temporary; the output kernel writes that to the result.
 
-The Atlas IR has no gather or indexed load, so index-based ops are written as one-hot
-selections (as ``hologram.functional.cross_entropy`` picks class log-probabilities): the
-kernel runs over the output positions times the candidate positions ``n`` along ``dim``,
-compares ``index == n`` and reduces the selected values (sum, or max for bool, whose
-sum does not exist). That costs O(numel(out) * size) for a selection along a dimension
-of ``size`` (``gather``/``index_select``), and O(numel(region) * K) for a scatter of
-``K`` indices along ``dim`` into a region of ``self``. Because non-selected candidates
-are masked out before the sum, NaN and inf elsewhere never leak in; a selected -0.0
-comes back as +0.0 (the sum starts from +0.0).
-
+Selections are the ISA's ``gather``, O(numel(out)); scatters are one-hot selections, a
+kernel over the region's positions times the ``K`` indices comparing ``index ==
+position``, O(numel(region) * K) (see :mod:`hologram_torch.lowering.shape`).
 ``scatter`` with duplicate indices keeps the last write along ``dim``, as torch's CPU
-kernel does. Indices are validated first (their min and max, computed on the device),
-so out-of-range indices raise torch's exception type and message.
+kernel does.
+
+Index values are checked before a launch (their minimum and maximum, read through a CPU
+view of the device memory); an index out of range sends the call to the CPU fallback,
+where PyTorch's own kernel raises its own exception and message (``IndexError: index 5
+is out of bounds for dimension 0 with size 3``), so the device never launches with one.
+Indexing forms the gather does not take run through the fallback too: boolean masks
+(their result's shape is data), CPU index tensors, 0-d ``self``.
 """
 
 from __future__ import annotations
 
 import torch
+from torch.utils._pytree import tree_map
 
-from hologram.isa import dtypes as dt
+from hologram_torch import memory
 from hologram_torch.aten import program
 from hologram_torch.aten.linalg import infer, kernels, launch
-from hologram_torch.aten.program import ISA, cast
+from hologram_torch.aten.program import ISA
 from hologram_torch.aten.registry import aten
 from hologram_torch.aten.tensor import clone, copy_into
-from hologram_torch.fallback import run_on_cpu
+from hologram_torch.fallback import cpu_view, run_on_cpu
 from hologram_torch.lowering import Number, lower
 from hologram_torch.lowering import shape as lowering_shape
 
 OPINFO = ("cat", "stack", "hstack", "vstack", "index_select", "gather", "index_add",
-          "scatter", "scatter_add")
+          "scatter", "scatter_add", "__getitem__")
 
 
 # --- cat --------------------------------------------------------------------------------
@@ -66,24 +67,27 @@ kernels("cat", _cat)
 
 # --- index validation -------------------------------------------------------------------
 
-def _bounds_build(g, index):
-    index = cast(index, dt.int64)
-    return g.reduce("min", index), g.reduce("max", index)
-
-
-def _check(index: torch.Tensor, size: int, dim: int, what: str) -> None:
-    """Raise torch's error if an entry of ``index`` is outside ``[0, size)``."""
+def in_bounds(index: torch.Tensor, low: int, high: int) -> bool:
+    """Are all of the device tensor ``index``'s values in ``[low, high)``? Read on the
+    host through a CPU view of the device memory (the device's memory is host memory and
+    its kernels have finished when they return): no launch, no copy."""
     if index.numel() == 0:
-        return
-    low, high = (t.cpu().item() for t in program.run("shape.bounds", _bounds_build, (index,)))
-    if low < 0 or high >= size:
-        if what == "select":
-            raise IndexError("index out of range in self")
-        bad = low if low < 0 else high
-        raise RuntimeError(f"index {bad} is out of bounds for dimension {dim} with size {size}")
+        return True
+    least, most = torch.aminmax(memory.cpu_alias(index))
+    return low <= int(least) and int(most) < high
 
 
-# --- one-hot selection: the lowerings of hologram_torch.lowering.shape -------------------
+def cpu_error(op, *args, **kwargs):
+    """PyTorch's own error for arguments its kernel rejects (an index out of range): its
+    CPU kernel run on CPU views of the device tensors, which raises. Not a fallback (no
+    result is used, nothing is counted or warned about); should the kernel not raise, the
+    call runs through the counted fallback after all."""
+    op(*tree_map(lambda x: cpu_view(x) if isinstance(x, torch.Tensor) and not x.is_cpu
+                 else x, args))
+    return run_on_cpu(op, *args, **kwargs)
+
+
+# --- selection: the lowerings of hologram_torch.lowering.shape ---------------------------
 
 def _gather_build(g, src, index, dim):
     return lower(aten.gather.default, g, src, dim, index)
@@ -104,7 +108,8 @@ def _gather(op, self, dim, index, *, sparse_grad=False, out=None):
         return run_on_cpu(op, self, dim, index, **kwargs)
     infer(op, self, dim, index, **kwargs)
     dim = dim % max(self.dim(), 1)
-    _check(index, self.shape[dim], dim, "gather")
+    if not in_bounds(index, 0, self.shape[dim]):
+        return cpu_error(op, self, dim, index, **kwargs)
     return launch(op, (self, dim, index), kwargs, "shape.gather", _gather_build,
                   (self, index), (dim,), out)
 
@@ -115,7 +120,8 @@ def _index_select(op, self, dim, index, out=None):
         return run_on_cpu(op, self, dim, index, **kwargs)
     infer(op, self, dim, index, **kwargs)
     dim = dim % max(self.dim(), 1)
-    _check(index, self.shape[dim], dim, "select")
+    if not in_bounds(index, 0, self.shape[dim]):
+        return cpu_error(op, self, dim, index, **kwargs)
     return launch(op, (self, dim, index), kwargs, "shape.index_select", _index_select_build,
                   (self, index), (dim,), out)
 
@@ -138,6 +144,33 @@ def _scalars_as_vectors(fn):
 
 kernels("gather", _scalars_as_vectors(_gather))
 kernels("index_select", _scalars_as_vectors(_index_select))
+
+
+def _index_build(g, src, *rest):
+    *tensors, present = rest
+    given = iter(tensors)
+    return lower(aten.index.Tensor, g, src, [next(given) if p else None for p in present])
+
+
+def _index(op, self, indices, out=None):
+    """``self[indices]`` (advanced indexing) as one gather, after the bounds check."""
+    kwargs = {} if out is None else {"out": out}
+    indices = list(indices)
+    tensors = [i for i in indices if i is not None]
+    if (not tensors or self.dim() == 0 or len(indices) > self.dim()
+            or not program.supported(self, *tensors)
+            or any(t.dtype not in _SELECT_INDEX or t.is_cpu for t in tensors)):
+        return run_on_cpu(op, self, indices, **kwargs)  # masks, CPU indices: torch's kernel
+    for d, i in enumerate(indices):
+        n = self.shape[d]
+        if i is not None and not in_bounds(i, -n, n):
+            return cpu_error(op, self, indices, **kwargs)
+    present = tuple(i is not None for i in indices)
+    return launch(op, (self, indices), kwargs, "shape.index", _index_build, (self, *tensors),
+                  (present,), out)
+
+
+kernels("index.Tensor", _index)
 
 
 # --- scatters ---------------------------------------------------------------------------
@@ -172,7 +205,8 @@ def _scatter(mode: str, index_add: bool = False):
                 out.resize_(self.shape)
             return copy_into(out, self)
         dim = dim % self.dim()
-        _check(index, self.shape[dim], dim, "select" if index_add else "scatter")
+        if not in_bounds(index, 0, self.shape[dim]):
+            return cpu_error(op, *args, **kwargs)
         if isinstance(src, torch.Tensor) and src.is_cpu:  # a wrapped number
             src = src.item()
         if not isinstance(src, torch.Tensor) and self.dtype is torch.bool:

@@ -6,12 +6,15 @@ Arithmetic runs in opmath (float32 for half types) and results take torch's dtyp
 torch's CPU kernel stores a half-type intermediate, the lowering rounds it too
 (:func:`_rounded`), so half results agree to the last bits that matter.
 
-The ISA has no gather or indexed load, so every lookup by index (a class in ``nll_loss``,
-a row in ``embedding``) is one-hot: compare an ``arange`` with the index, select the
-matching value (the others become -0.0, the identity of the sum), and reduce: O(indices x
-table) work, exact. Torch's checks of index *values* (targets and embedding indices in
-range, BCE probabilities in [0, 1]) are not part of a lowering: the eager device makes them
-on the host first; here an out-of-range index selects nothing (its row or loss term is 0).
+An embedding lookup is the ISA's ``gather``: each output element reads its row's element,
+O(indices x width). A class in ``nll_loss`` and the embedding's gradient (a sum per row of
+the table over the indices that name it: a scatter, which the ISA has no store for) are
+one-hot: compare an ``arange`` with the index, select the matching value (the others become
+-0.0, the identity of the sum), and reduce: O(indices x table) work, exact. Torch's checks
+of index *values* (targets and embedding indices in range, BCE probabilities in [0, 1])
+are not part of a lowering: the eager device makes them on the host first; here an
+out-of-range index selects nothing (its loss term is 0) or, in an embedding, reads the
+gather's clamped element.
 """
 
 from __future__ import annotations
@@ -426,10 +429,11 @@ def native_layer_norm_backward(g, grad_out, input, normalized_shape, mean, rstd,
 
 @register(aten.embedding.default)
 def embedding(g, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
-    """weight[indices], one-hot over the V rows: O(indices x V x D)."""
-    if weight.ndim != 2 or weight.dtype.is_bool or indices.dtype not in (dt.int64, dt.int32):
+    """weight[indices]: a gather of rows, O(indices x D)."""
+    if weight.ndim != 2 or indices.dtype not in (dt.int64, dt.int32):
         raise Unsupported("embedding arguments")
-    return pick(g, weight, indices.reshape(*indices.shape, 1, 1), -2)
+    rows = indices._view(indices.shape + (1,), indices.strides + (0,), indices.offset)
+    return g.gather(weight, (rows, indices.ndim), indices.shape + (weight.shape[1],))
 
 
 @register(aten.embedding_dense_backward.default)

@@ -1,22 +1,26 @@
-"""Joining and index-based selection: ``cat``, ``index_select``, ``gather``, ``index_add``,
-``scatter`` (``src``, ``value`` and ``reduce=`` forms) and ``scatter_add``; ``arange``.
+"""Joining and index-based selection: ``cat``, ``index.Tensor`` (advanced indexing),
+``index_select``, ``gather``, ``index_add``, ``scatter`` (``src``, ``value`` and
+``reduce=`` forms) and ``scatter_add``; ``arange``.
 
 ``cat`` is one program: a kernel per non-empty input stores it (cast to the promoted
 dtype) into its slice of a temporary; the output kernel writes that to the result.
 
-The Atlas IR has no gather or indexed load, so index-based ops are one-hot selections: a
-kernel over the output positions times the candidate positions ``n`` along ``dim``
-compares ``index == n`` and reduces the selected values (sum, or max for bool, whose sum
-does not exist): O(numel(out) * size) for a selection along a dimension of ``size``
-(``gather``/``index_select``), O(numel(region) * K) for a scatter of ``K`` indices along
-``dim`` into a region of ``self``. Non-selected candidates are masked out before the sum,
-so NaN and inf elsewhere never leak in; a selected -0.0 comes back as +0.0. ``scatter``
-with duplicate indices keeps the last write along ``dim``, as torch's CPU kernel does.
+Selections (``index.Tensor``, ``index_select``, ``gather``) are the ISA's ``gather``
+(:meth:`hologram.frontend.graph.Graph.gather`): one kernel over the result reading each
+selected element once, O(numel(out)), exact (-0.0, NaN payloads aside, come back as
+they are). Scatters have no indexed store: they are one-hot, a kernel over the region's
+positions times the ``K`` candidate indices compares ``index == position`` and reduces
+the hits (sum, or max for bool, whose sum does not exist), O(numel(region) * K);
+non-selected candidates are masked out before the sum, so NaN and inf elsewhere never
+leak in. ``scatter`` with duplicate indices keeps the last write along ``dim``, as torch's
+CPU kernel does.
 
 Index *values* are not checked here (torch raises for out-of-range ones; the eager device
-checks them first): an out-of-range index selects nothing (0, or False) and writes
-nothing. :class:`Unsupported`: index dtypes torch rejects, a ``reduce`` other than
-"add"/"multiply", shapes torch rejects.
+checks them before it launches): negative indices count from the end where torch allows
+them (``index.Tensor``); beyond that a selection reads the gather's clamped element and a
+scatter writes nothing. :class:`Unsupported`: index dtypes torch rejects (and boolean
+masks, whose result's shape is data), a ``reduce`` other than "add"/"multiply", shapes
+torch rejects.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ import math
 
 import torch
 
+from hologram.errors import ShapeError
+from hologram.frontend.graph import broadcast_shapes
 from hologram.isa import dtypes as dt
 from hologram_torch.lowering.common import (
     Tensor,
@@ -85,33 +91,7 @@ def cat(g, tensors, dim=0):
     return g.copy(joined)
 
 
-# --- one-hot selection ------------------------------------------------------------------
-
-def along(t, dim: int, shape: tuple[int, ...], extra: int | None = None):
-    """View ``t`` over ``shape + (n,)``: the same element for every position along ``dim``
-    (stride 0), and the last axis walking ``t`` along ``dim`` (``extra`` elements)."""
-    strides = tuple(0 if d == dim else s for d, s in enumerate(t.strides))
-    n = t.shape[dim] if extra is None else extra
-    return t._view(shape + (n,), strides + (t.strides[dim],), t.offset)
-
-
-def _pick(g, src, index, dtype):
-    """Kernel over ``src.shape`` (last axis: candidates): where ``index == position along
-    the last axis`` keep ``src``, reduce over the candidates. ``index`` is broadcast over
-    the last axis. Returns the reduced tensor, shape ``src.shape[:-1]``."""
-    shape = src.shape
-    index = cast(index, dt.int64)  # a kernel of its own: before the one that reads it
-    k = g.builder.kernel(shape)
-    value = g._load(k, src)
-    hit = k.eq(g._load(k, index), k.index(len(shape) - 1, dt.int64))
-    if dtype is dt.bool_:
-        value = k.reduce("max", k.select(hit, value, k.const(False, dt.bool_)), len(shape) - 1)
-    else:
-        value = k.reduce("sum", k.select(hit, value, k.const(0, dtype)), len(shape) - 1)
-    out = g._temp(dtype, shape[:-1])
-    k.store(out.buffer, value)
-    return out
-
+# --- selection (the ISA's gather) ------------------------------------------------------
 
 def _vectors(self, index):
     """0-d ``self``/``index`` as 1-element vectors (torch allows dim 0 or -1 there)."""
@@ -121,20 +101,22 @@ def _vectors(self, index):
 
 @register(aten.gather.default)
 def gather(g, self, dim, index, *, sparse_grad=False):
+    """``out[i] = self[i with i[dim] := index[i]]``."""
     if index.dtype not in _SCATTER_INDEX:
         raise Unsupported(f"gather index of {index.dtype}")  # torch raises
     dim = _dim(self, dim)
     src, idx = _vectors(self, index)
-    if idx.ndim != src.ndim:
-        raise Unsupported("gather index of another rank")  # torch raises
-    shape = idx.shape
-    r = _pick(g, along(src, dim, shape), idx._view(shape + (1,), idx.strides + (0,),
-                                                   idx.offset), src.dtype)
+    if idx.ndim != src.ndim or any(n > m for d, (n, m) in enumerate(zip(idx.shape, src.shape))
+                                   if d != dim):
+        raise Unsupported("gather index of another rank or larger")  # torch raises
+    coords = tuple(idx if d == dim else d for d in range(src.ndim))
+    r = g.gather(src, coords, idx.shape)
     return r.reshape(*index.shape) if index.ndim == 0 else r
 
 
 @register(aten.index_select.default)
 def index_select(g, self, dim, index):
+    """``self`` at ``index`` (a vector or a 0-d tensor) along ``dim``."""
     if index.dtype not in _SELECT_INDEX or index.ndim > 1:
         raise Unsupported("index_select index")  # torch raises
     dim = _dim(self, dim)
@@ -142,10 +124,62 @@ def index_select(g, self, dim, index):
     k = math.prod(index.shape)
     shape = src.shape[:dim] + (k,) + src.shape[dim + 1:]
     flat = index.reshape(k) if index.ndim else index.reshape(1)
-    idx = flat._view(shape + (1,), tuple(flat.strides[0] if d == dim else 0
-                                         for d in range(len(shape))) + (0,), flat.offset)
-    r = _pick(g, along(src, dim, shape), idx, src.dtype)
+    idx = flat._view(tuple(k if d == dim else 1 for d in range(len(shape))),
+                     tuple(flat.strides[0] if d == dim else 0 for d in range(len(shape))),
+                     flat.offset)
+    r = g.gather(src, tuple(idx if d == dim else d for d in range(src.ndim)), shape)
     return r.reshape() if self.ndim == 0 else r
+
+
+@register(aten.index.Tensor)
+def index(g, self, indices):
+    """Advanced indexing, ``self[indices]``: ``indices`` holds an integer tensor or None
+    (the whole dimension) per leading dimension of ``self``. The index tensors broadcast
+    to one shape ``B``; where they index adjacent dimensions ``B`` replaces them in the
+    result, else it comes first (NumPy's and PyTorch's rule). Negative indices count from
+    the end."""
+    indices = list(indices)
+    if len(indices) > max(self.ndim, 1) or not any(i is not None for i in indices):
+        raise Unsupported("index: more indices than dimensions, or none")  # torch raises
+    for i in indices:
+        if i is not None and i.dtype not in _SELECT_INDEX:
+            raise Unsupported(f"index of {i.dtype} (a mask's result shape is data)")
+    if self.ndim == 0:  # x[i] of a 0-d x: torch treats it as a 1-element vector
+        raise Unsupported("index of a 0-d tensor")
+    indices += [None] * (self.ndim - len(indices))
+    dims = [d for d, i in enumerate(indices) if i is not None]
+    tensors = [indices[d] for d in dims]
+    try:
+        batch = broadcast_shapes([t.shape for t in tensors])
+    except ShapeError:
+        raise Unsupported("index tensors that do not broadcast") from None  # torch raises
+    adjacent = dims == list(range(dims[0], dims[-1] + 1))
+    kept = [d for d in range(self.ndim) if indices[d] is None]
+    before = [d for d in kept if d < dims[0]] if adjacent else []
+    after = [d for d in kept if d not in before]
+    shape = (tuple(self.shape[d] for d in before) + batch
+             + tuple(self.shape[d] for d in after))
+    lead, trail = len(before), len(after)
+    coords = []
+    for d in range(self.ndim):
+        if indices[d] is None:
+            coords.append(before.index(d) if d in before else lead + len(batch)
+                          + after.index(d))
+        else:
+            t = indices[d]._aligned(len(batch))
+            coords.append(t._view((1,) * lead + t.shape + (1,) * trail,
+                                  (0,) * lead + t.strides + (0,) * trail, t.offset))
+    return g.gather(self, tuple(coords), shape)
+
+
+# --- one-hot scatter ---------------------------------------------------------------------
+
+def along(t, dim: int, shape: tuple[int, ...], extra: int | None = None):
+    """View ``t`` over ``shape + (n,)``: the same element for every position along ``dim``
+    (stride 0), and the last axis walking ``t`` along ``dim`` (``extra`` elements)."""
+    strides = tuple(0 if d == dim else s for d, s in enumerate(t.strides))
+    n = t.shape[dim] if extra is None else extra
+    return t._view(shape + (n,), strides + (t.strides[dim],), t.offset)
 
 
 # --- scatters ---------------------------------------------------------------------------
