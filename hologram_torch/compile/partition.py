@@ -5,9 +5,13 @@ accepts its arguments: :class:`Support` *tries* the entry on a scratch graph who
 have the node's meta shapes and dtypes (a symbolic size by its hint), so an entry that
 raises :class:`~hologram_torch.lowering.Unsupported` for these arguments (integer ``pow``, a
 complex dtype, a layout it never handles) leaves the node to PyTorch, at compile time.
-Lookups by index into a table of more than :data:`ONE_HOT_MAX_ROWS` rows (``embedding`` and
-its backward) stay eager too: without a gather in the ISA their lowerings are one-hot, a
-pass over every row of the table per index, where PyTorch copies one row per index.
+The gradient of a lookup into a table of more than :data:`ONE_HOT_MAX_ROWS` rows
+(``embedding_dense_backward``) stays eager too: with no indexed store in the ISA its
+lowering is one-hot, a pass over every row of the table per index, where PyTorch adds one
+row per index. Lookups themselves (``embedding``, ``index``, ``index_select``, ``gather``)
+are the ISA's gather, one row per index, and compile at any size; as in every compiled
+program, index values are not checked (an index out of range reads the gather's clamped
+element), where eager PyTorch raises.
 
 PyTorch's :class:`CapabilityBasedPartitioner` then groups supported nodes into the largest
 regions that keep the graph acyclic; views whose values leave a region are left out
@@ -43,8 +47,9 @@ VIEW_OPS = frozenset({
 })
 _VIEW_NAMES = [_get_qualified_name(op) for op in VIEW_OPS]
 
-#: Tables up to this many rows are looked up in a program (the one-hot form's extra work,
-#: rows times a gather's, is then below a kernel launch's worth); bigger ones stay eager.
+#: Tables up to this many rows get their lookup's gradient in a program (the one-hot
+#: form's extra work, rows times a scatter's, is then below a kernel launch's worth);
+#: bigger ones stay eager.
 ONE_HOT_MAX_ROWS = 8
 PREFIX = "hologram_"
 
@@ -98,10 +103,8 @@ def _tensor_result(val) -> bool:
 
 
 def _one_hot_rows(node: torch.fx.Node) -> int:
-    """The rows of the table a lookup by index reads (0 for other ops)."""
-    if node.target is aten.embedding.default:
-        weight = node.args[0].meta.get("val")
-        return (_hint(weight.shape[0]) or 0) if isinstance(weight, torch.Tensor) else 0
+    """The rows of the table a one-hot lowering passes over per index (0 for other ops:
+    lookups are gathers)."""
     if node.target is aten.embedding_dense_backward.default:
         return _hint(node.args[2]) or 0
     return 0
