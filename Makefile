@@ -4,8 +4,8 @@ PYTHON ?= python3
 
 VENV := .venv
 VENV_PY := $(VENV)/bin/python
-# Reinstall only when the dependency spec changes: each stamp is older than
-# pyproject.toml/constraints.txt exactly when the venv may be out of date.
+# Reinstall only when the dependency spec or the native extension's source changes: each
+# stamp is older than those exactly when the venv may be out of date.
 STAMP_TEST := $(VENV)/.stamp-test
 STAMP_BENCH := $(VENV)/.stamp-bench
 # torch is always pinned through constraints.txt; an unpinned resolve downloads gigabytes.
@@ -29,12 +29,15 @@ $(VENV_PY):
 # Without them it prints why, and the device runs on its Python hooks.
 BUILD_NATIVE_HOOKS := $(VENV_PY) -c "import hologram_torch.native as n; n.report()"
 
-$(STAMP_TEST): pyproject.toml constraints.txt | $(VENV_PY) system-packages
+# setup.py and the C source: pip compiles hologram/csrc/native.c into hologram/_native*.so.
+NATIVE_SOURCES := setup.py hologram/csrc/native.c
+
+$(STAMP_TEST): pyproject.toml constraints.txt $(NATIVE_SOURCES) | $(VENV_PY) system-packages
 	$(PIP_INSTALL) -e ".[test]"
 	$(BUILD_NATIVE_HOOKS)
 	touch $@
 
-$(STAMP_BENCH): pyproject.toml constraints.txt | $(VENV_PY) system-packages
+$(STAMP_BENCH): pyproject.toml constraints.txt $(NATIVE_SOURCES) | $(VENV_PY) system-packages
 	$(PIP_INSTALL) -e ".[test,bench]"
 	$(BUILD_NATIVE_HOOKS)
 	touch $@
@@ -43,7 +46,8 @@ lint: $(STAMP_TEST)
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 
 # Debian packages the tests need: Mesa's lavapipe, a Vulkan driver running on the CPU, on
-# which the webgpu backend's tests run for real; g++ and ninja, which build the torch
+# which the webgpu backend's tests run for real; g++ (with gcc, which compiles hologram's
+# native extension when pip installs the package) and ninja, which build the torch
 # device's native hooks (without them DDP's find_unused_parameters and static_graph are
 # refused). Installed when missing and this is root (CI); otherwise a note, and the webgpu
 # tests skip (CI sets HOLOGRAM_REQUIRE_WEBGPU=1: there they fail instead).
@@ -71,5 +75,5 @@ bench-dev: $(STAMP_BENCH)
 	$(VENV_PY) -m hologram.bench.dev.run
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .hypothesis hologram/_native*.so
 	find . -path ./.git -prune -o -type d -name __pycache__ -prune -exec rm -rf {} +

@@ -12,6 +12,15 @@ memory and on disk (:mod:`hologram.compiler.cache`) and run by :mod:`hologram.ru
 Modules inside the package never import this one: it only gathers the public names.
 """
 
+try:  # first, so that a missing build says what to do rather than where it was needed
+    from hologram import _native  # noqa: F401
+except ImportError as exc:
+    raise ImportError(
+        "hologram's native extension (hologram._native, built from hologram/csrc/native.c) "
+        "is missing or was built for another Python; install the package, which compiles "
+        "it: `pip install -e .` in a checkout (`make venv` does), with a C compiler and "
+        f"Python's headers present ({exc})") from exc
+
 from hologram import config, errors, isa
 from hologram.compiler.cache import default_cache
 from hologram.compiler.options import CompileOptions

@@ -88,7 +88,7 @@ def pool() -> Pool:
 
 def stats() -> dict:
     """The pool's counters, with spare blocks counted as cached rather than allocated."""
-    spare = sum(lease.block.nbytes for leases in list(_spares.values()) for lease in leases)
+    spare = sum(lease.nbytes for leases in list(_spares.values()) for lease in leases)
     stats = _pool.stats()
     stats["allocated_bytes"] -= spare
     stats["cached_bytes"] += spare
@@ -108,7 +108,7 @@ def storage(nbytes: int) -> torch.UntypedStorage:
     owner = _Owner()
     owner.lease = _lease(nbytes, _spares.get(nbytes))
     owner.nbytes = nbytes
-    st = _construct(owner.lease.block.addr, DEVICE, nbytes)
+    st = _construct(owner.lease.address, DEVICE, nbytes)
     st._hologram = owner
     return st
 
@@ -157,7 +157,7 @@ def new(size: list[int], stride: list[int], nbytes: int, dtype: torch.dtype) -> 
         owner.lease = _lease(nbytes, _spares.get(nbytes))
         owner.nbytes = nbytes
         st = t.untyped_storage()
-        st._swap_data_ptr_(_construct(owner.lease.block.addr, DEVICE, nbytes))
+        st._swap_data_ptr_(_construct(owner.lease.address, DEVICE, nbytes))
         st._hologram = owner
     return t
 

@@ -34,6 +34,7 @@ import math
 
 import numpy as np
 
+from hologram._native import set_buffer_type
 from hologram.errors import DeviceError, DTypeError, InvalidBufferError, ShapeError
 from hologram.frontend.mixin import SdkOperators, reshaped, sdk_operator
 from hologram.isa.dtypes import NUMPY_DTYPES
@@ -357,3 +358,8 @@ class Buffer(SdkOperators):
                else "it was freed with free()")
         return (f"{where}: buffer {list(self.shape)} {self.dtype} can no longer be used: {why}; "
                 "allocate a new buffer")
+
+
+# The SDK ops' native allocating path makes result buffers itself (hologram/csrc/native.c):
+# it fills this class's slots, read from their descriptors, and views memory as ndarrays.
+set_buffer_type(Buffer, np.ndarray)

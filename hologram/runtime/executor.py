@@ -20,12 +20,13 @@ from __future__ import annotations
 import itertools
 import math
 import threading
-import weakref
 
 import numpy as np
 
 from hologram import backends
+from hologram._native import Registry
 from hologram.backends import validate_backend
+from hologram.backends.hostmem import Pool
 from hologram.errors import (
     DeviceError,
     DTypeError,
@@ -54,7 +55,11 @@ class Executor:
         self.allocator = backends.get(self.backend).allocator(memory_limit)
         #: Where buffers live: the allocator's device type ("cpu" for host memory).
         self.device = self.allocator.device
-        self._buffers: weakref.WeakSet[Buffer] = weakref.WeakSet()
+        # This executor's buffers, held weakly, and whether it is closed; with the pool's
+        # core, what the ops' native allocating path needs of the executor (see
+        # hologram/csrc/native.c).
+        core = self.allocator._core if type(self.allocator) is Pool else None
+        self._buffers = Registry(core)
         self._lock = threading.Lock()
         self.closed = False
         # Internal: identifies this executor in the ops' launch keys without keeping it
@@ -145,7 +150,9 @@ class Executor:
             if self.closed:
                 return
             self.closed = True
-            buffers = list(self._buffers)
+            # Closed before listing: a buffer the native path adds meanwhile sees it.
+            self._buffers.close()
+            buffers = self._buffers.live()
         for buf in buffers:
             buf.free()
         self.allocator.empty_cache()
@@ -157,7 +164,7 @@ class Executor:
         self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self.closed else f"{len(self._buffers)} buffers"
+        state = "closed" if self.closed else f"{len(self._buffers.live())} buffers"
         return f"<hologram.Executor backend={self.backend!r} {state}>"
 
     # --- internal API: for the SDK's ops, hg.jit and buffers ------------------------------

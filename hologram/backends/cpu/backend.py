@@ -204,6 +204,8 @@ class _Executable(Executable):
         self._pointers = ctypes.c_void_p * max(self.nbuffers, 1)
         native = all(s.get("gemm") or s["symbol"] is not None for s in header["steps"])
         self.launch = self._launch_cached if native and not self.arena else self._launch
+        # False while promote_when_hot may still replace this build's code.
+        self._final = True
 
     def promote_when_hot(self, full: Callable[[], _Executable]) -> None:
         """After ``HOLOGRAM_PROMOTE_AFTER`` more calls, have ``full()`` (the full build of
@@ -211,6 +213,7 @@ class _Executable(Executable):
         on. Until then each call first counts itself (one Python call per launch, removed
         with the count)."""
         steps, left = self.steps, [config.get().promote_after]
+        self._final = False
 
         def count(pointers, memory) -> None:
             left[0] -= 1
@@ -222,8 +225,9 @@ class _Executable(Executable):
 
     def adopt(self, other: _Executable) -> None:
         """Run ``other``'s code from now on (the same program compiled again)."""
-        self.tier = other.tier
         self.steps = other.steps  # one store: a running call keeps iterating the old list
+        self.tier = other.tier
+        self._final = True  # after the steps: native_plan must not see the old ones
 
     def _step(self, step: dict, addresses: dict[str, int]) -> Callable:
         if "gemm" in step:
@@ -241,7 +245,12 @@ class _Executable(Executable):
             # One call on this thread. Without a prototype, ctypes skips argument
             # conversion (~0.2 µs of a small op's budget); the arguments are typed objects.
             raw, stop = _RAW_KERNEL(address), ctypes.c_int64(rows)
-            return lambda pointers, memory: raw(pointers, _ZERO, stop)
+
+            def direct(pointers, memory) -> None:
+                raw(pointers, _ZERO, stop)
+
+            direct.call = (address, rows)  # for native_plan
+            return direct
         return lambda pointers, memory: threads.run_kernel(address, pointers, rows, grain)
 
     def _split_step(self, part: int, final: int, parts: int) -> Callable:
@@ -278,6 +287,20 @@ class _Executable(Executable):
             final_fn(extended, _ZERO, one)
 
         return run
+
+    def native_plan(self) -> tuple | bool | None:
+        """How native code may launch this program without Python (the SDK ops' native
+        allocating path, hologram/csrc/native.c): ``(pointer array length, slot of each
+        parameter, ((kernel address, rows), ...))`` when every step is one call
+        ``kernel(pointers, 0, rows)`` on the calling thread (small kernels), which is what
+        :meth:`launch` would do; ``False`` while this build may still be replaced by a
+        promotion (ask again later); ``None`` when it never will be."""
+        if not self._final:
+            return False
+        calls = tuple(getattr(step, "call", None) for step in self.steps)
+        if self.arena or not calls or None in calls:
+            return None
+        return max(self.nbuffers, 1), tuple(self.params), calls
 
     def launch(self, handles: tuple[int, ...]) -> None:  # replaced per instance in __init__
         self._launch(handles)

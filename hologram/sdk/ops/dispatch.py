@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hologram.backends.hostmem import address
+from hologram._native import FastOp, file_pending
+from hologram.backends.hostmem import Pool, address
 from hologram.errors import DTypeError, HologramError, InvalidBufferError, ShapeError
 from hologram.frontend.graph import Graph, Tensor
 from hologram.isa import dtypes as dt
@@ -65,6 +66,10 @@ class Op:
     elementwise: bool = False
     takes_n: bool = False
     casting: str = "same_kind"  # how the result may be converted to an out buffer's dtype
+    #: The op's native callables (:func:`native_op`; ``sum`` and ``reduce_sum`` are one
+    #: op), which allocating calls of its signatures are filed with once the general path
+    #: has validated them.
+    natives: tuple = ()
 
     @property
     def kernels(self) -> dict:
@@ -86,6 +91,34 @@ class CompiledOp:
     @property
     def has_scalars(self) -> bool:
         return any(s is not None for s in self.scalars)
+
+
+def native_op(op: Op, general: Callable, arity: int) -> Callable:
+    """``general`` (the op's Python function) as the op's native callable. A call of
+    exactly ``arity`` buffers (and any hashable keyword values) runs ``general`` the first
+    time; once :func:`run` has validated and compiled it as an allocating call (no out, no
+    n, no Python numbers), later calls with operands of the same launch keys and the same
+    keywords allocate their result and launch in native code (``hologram/csrc/native.c``,
+    about 1 us). Every other call is ``general(*args, **kwargs)``. Nothing is cached but
+    the launch: every call allocates and computes."""
+    fast = FastOp(general, arity)
+    fast.__name__ = fast.__qualname__ = general.__name__
+    fast.__doc__ = general.__doc__
+    fast.__module__ = general.__module__
+    fast.__wrapped__ = general  # inspect.signature and help() read the Python function
+    fast.op = op
+    op.natives += (fast,)
+    return fast
+
+
+def file_native(op: Op, kernel: CompiledOp, operands: tuple, result: Buffer) -> None:
+    """Hand a validated allocating call to the op's native callable that is running it,
+    if one is (see :func:`native_op`)."""
+    executable = kernel.compiled.executable
+    file_pending(op.natives, tuple(x.launch_key for x in operands),
+                         result.signature[0], result.dtype, result.launch_key, result.nbytes,
+                         kernel.by_address,
+                         executable if hasattr(executable, "native_plan") else None)
 
 
 def result_dtype(op: Op, operands: tuple) -> np.dtype:
@@ -154,6 +187,8 @@ def run(op: Op, ex: Executor | None, operands: tuple, out: Buffer | None, n: int
                 and not any(x.foreign for x in operands)):
             _LAUNCHES.put((op, "alloc", options, *(x.launch_key for x in operands)),
                           (kernel.by_address, kernel.shape, kernel.dtype))
+            if op.natives and type(ex.allocator) is Pool:
+                file_native(op, kernel, operands, result)
     else:
         result = given
         fitted = fit_out(op, kernel, out)

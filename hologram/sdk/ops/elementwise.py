@@ -16,6 +16,7 @@ from hologram.sdk.ops.dispatch import (
     Scalar,
     convert,
     first_n,
+    native_op,
     run,
     scalar,
     split,
@@ -65,8 +66,7 @@ def _elementwise(name: str, arity: int, build: Callable, floating: bool = False,
 
     call.__name__ = call.__qualname__ = name
     call.__doc__ = doc
-    call.op = op
-    return call
+    return native_op(op, call, arity)
 
 
 def _relu(x: Tensor) -> Tensor:
@@ -139,6 +139,9 @@ def gelu(*args, out: Buffer | None = None, n: int | None = None, approximate: st
     return run(_GELU, ex, (x,), out, n, (("approximate", approximate),))
 
 
+gelu = native_op(_GELU, gelu, 1)
+
+
 def _clip_op(low: bool, high: bool) -> Op:
     def build(x, *bounds):
         g, it = x.graph, iter(bounds)
@@ -201,6 +204,9 @@ def copy(*args, out: Buffer | None = None, n: int | None = None):
                              f"different numbers of elements ({src.size} vs {out.size})")
         src = src.reshape(out.shape)
     return run(_COPY, ex, (src,), out, n)
+
+
+copy = native_op(_COPY, copy, 1)
 
 
 _FILL = Op("fill", lambda value, shape: value.graph.copy(value.broadcast_to(shape)),

@@ -11,6 +11,7 @@ from hologram.runtime.executor import Executor
 from hologram.sdk.jit import Traced
 from hologram.sdk.ops.dispatch import (
     Op,
+    native_op,
     run,
     split,
 )
@@ -80,6 +81,9 @@ def gemm(*args, out: Buffer | None = None, m: int | None = None, n: int | None =
     return run(_GEMM, ex, (a, b), out, None, (("m", int(m)), ("n", int(n)), ("k", int(k))))
 
 
+gemm = native_op(_GEMM, gemm, 2)
+
+
 def _matvec(a: Tensor, x: Tensor, m: int, n: int) -> Tensor:
     if x.shape != (n,) and not (x.ndim == 1 and x.shape[0] >= n):
         raise ShapeError(f"x {list(x.shape)} is not a vector of {n} elements")
@@ -115,6 +119,9 @@ def matvec(*args, out: Buffer | None = None, m: int | None = None, n: int | None
     return run(_MATVEC, ex, (a, x), out, None, (("m", int(m)), ("n", int(n))))
 
 
+matvec = native_op(_MATVEC, matvec, 2)
+
+
 _MATMUL = Op("matmul", lambda a, b: a @ b)
 
 
@@ -122,3 +129,6 @@ def matmul(*args, out: Buffer | None = None):
     """NumPy ``matmul`` (``a @ b``): batched over leading dimensions, 1-D as vectors."""
     ex, inputs, out, n = split("matmul", args, 2, out, None)
     return run(_MATMUL, ex, inputs, out, n)  # (an n given after out is refused)
+
+
+matmul = native_op(_MATMUL, matmul, 2)

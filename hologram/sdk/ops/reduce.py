@@ -15,6 +15,7 @@ from hologram.sdk.ops.dispatch import (
     Op,
     axes_of,
     check_dim,
+    native_op,
     run,
     split,
 )
@@ -34,6 +35,9 @@ def softmax(*args, out: Buffer | None = None, dim: int = -1):
     """Softmax along ``dim`` (default the last): ``exp(x - max) / sum(exp(x - max))``."""
     ex, (x,), out, n = split("softmax", args, 1, out, None)  # n after out: refused by run
     return run(_SOFTMAX, ex, (x,), out, n, (("dim", check_dim("softmax", x, dim)),))
+
+
+softmax = native_op(_SOFTMAX, softmax, 1)
 
 
 def _reduction(kind: str):
@@ -68,7 +72,7 @@ def _reducer(kind: str, name: str) -> Callable:
     call.__doc__ = (f"{kind} over ``dim`` (an int or a tuple; None, the default, or ``()``: "
                     "every element, as in torch.sum), keeping reduced dimensions as 1 when "
                     "``keepdim``.")
-    return call
+    return native_op(op, call, 1)
 
 
 reduce_sum = _reducer("sum", "reduce_sum")
@@ -102,7 +106,7 @@ def _loss(name: str, fn: Callable) -> Callable:
         return run(op, ex, inputs, out, n, (("reduction", reduction),))
 
     call.__name__ = call.__qualname__ = name
-    return call
+    return native_op(op, call, 2)
 
 
 def _reduction_name(name: str, reduction: object) -> None:
@@ -146,3 +150,6 @@ def cross_entropy_loss(*args, out: Buffer | None = None, reduction: str = "mean"
     ex, inputs, out, n = split("cross_entropy_loss", args, 2, out, None)
     _reduction_name("cross_entropy_loss", reduction)
     return run(_CE, ex, inputs, out, n, (("reduction", reduction),))
+
+
+cross_entropy_loss = native_op(_CE, cross_entropy_loss, 2)

@@ -1,0 +1,1198 @@
+/* hologram._native: the host memory pool's core and the SDK ops' allocating fast path.
+ *
+ * Python pays ~0.1 us per frame, and an op that allocates its result used to walk ~15 of
+ * them (pool, lease, array, Buffer, registration, launch): 4-6 us where PyTorch spends
+ * 1-2. This module holds the parts of that path that run on every call:
+ *
+ * - PoolCore: the state of hologram.backends.hostmem.Pool (96 size classes, free lists,
+ *   slabs, counters, the memory limit and the trimming rule; the policy is documented
+ *   there). Lease: the owner of one block; arrays view it through the buffer protocol and
+ *   its deallocation returns the block.
+ * - Registry: an executor's buffers (weak references, pruned as they die) and whether the
+ *   executor is closed.
+ * - FastOp: the callable that an SDK op is. A call whose arguments are exactly the op's
+ *   buffers, with a signature the op's general (Python) path has validated and filed here,
+ *   allocates the result, launches and returns it in C; every other call runs the general
+ *   path unchanged.
+ *
+ * Thread safety: every function here runs with the GIL held and never calls back into
+ * Python while pool state is half-updated, so the GIL is the pool's lock (the GIL-free
+ * build of CPython is not supported). Nothing here releases the GIL.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <stdint.h>
+#include <errno.h>
+#include <string.h>
+
+#ifdef _WIN32
+#include <windows.h>
+#else
+#include <sys/mman.h>
+#include <unistd.h>
+#endif
+
+#define NUM_CLASSES 96
+#define MIN_SHIFT 8
+#define HUGE_PAGE (2 << 20)
+#define MAX_PLAN_BUFFERS 64
+#define MAX_PLAN_STEPS 8
+#define MAX_ARITY 8
+#define MAX_ENTRIES 512
+
+static int64_t page_bytes, slab_bytes;
+static int num_slab_classes;
+
+static int64_t class_bytes(int index)
+{
+    int octave = MIN_SHIFT + index / 4;
+    return (int64_t)(4 + index % 4) << (octave - 2);
+}
+
+/* The class of a request of nbytes >= 0: its index (or -1 beyond the largest class) and,
+ * in *cbytes, the class size (or nbytes rounded up to a page). Mirrors the table that
+ * hostmem.py documents. */
+static int size_class(int64_t nbytes, int64_t *cbytes)
+{
+    if (nbytes <= (1 << MIN_SHIFT)) {
+        *cbytes = 1 << MIN_SHIFT;
+        return 0;
+    }
+    uint64_t m = (uint64_t)nbytes - 1;
+    int octave = 63 - __builtin_clzll(m);
+    int shift = octave - 2;
+    int64_t step = (int64_t)(m >> shift);
+    int index = 4 * (octave - MIN_SHIFT) + (int)step - 3;
+    if (index >= NUM_CLASSES) {
+        *cbytes = (nbytes + page_bytes - 1) / page_bytes * page_bytes;
+        return -1;
+    }
+    *cbytes = (step + 1) << shift;
+    return index;
+}
+
+/* --- mappings ------------------------------------------------------------------------- */
+
+static char *map_memory(int64_t nbytes)
+{
+#ifdef _WIN32
+    return (char *)VirtualAlloc(NULL, (SIZE_T)nbytes, MEM_RESERVE | MEM_COMMIT, PAGE_READWRITE);
+#else
+    void *p = mmap(NULL, (size_t)nbytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                   -1, 0);
+    if (p == MAP_FAILED)
+        return NULL;
+#ifdef MADV_HUGEPAGE
+    if (nbytes >= HUGE_PAGE)
+        (void)madvise(p, (size_t)nbytes, MADV_HUGEPAGE); /* plain pages are correct too */
+#endif
+    return (char *)p;
+#endif
+}
+
+static void unmap_memory(char *addr, int64_t nbytes)
+{
+#ifdef _WIN32
+    (void)nbytes;
+    VirtualFree(addr, 0, MEM_RELEASE);
+#else
+    munmap(addr, (size_t)nbytes);
+#endif
+}
+
+/* --- the pool core --------------------------------------------------------------------- */
+
+typedef struct Slab {
+    char *base;
+    int64_t nbytes;
+    int64_t live; /* blocks handed out; at 0 every block is on a free list */
+    int released;
+} Slab;
+
+typedef struct {
+    char *addr;
+    int index;      /* class, or -1 for a mapping of its own beyond the largest class */
+    int64_t nbytes; /* the class size, or the mapping's size */
+    Slab *slab;     /* the slab it was carved from, or NULL (a mapping of its own) */
+} Block;
+
+typedef struct {
+    Block **items;
+    Py_ssize_t len, cap;
+} Stack;
+
+typedef struct {
+    PyObject_HEAD
+    Stack free[NUM_CLASSES];
+    Slab **slabs;
+    Py_ssize_t nslabs, slabs_cap;
+    uint64_t mask[2]; /* bit i: class i (not a slab class) has cached blocks */
+    int64_t allocated, requested, reserved, cached, peak;
+    int64_t hits, misses, allocs, frees, large;
+    int64_t limit; /* -1: none */
+} PoolCore;
+
+static int push(Stack *s, Block *b)
+{
+    if (s->len == s->cap) {
+        Py_ssize_t cap = s->cap ? 2 * s->cap : 16;
+        Block **items = PyMem_Realloc(s->items, (size_t)cap * sizeof(Block *));
+        if (items == NULL)
+            return -1;
+        s->items = items;
+        s->cap = cap;
+    }
+    s->items[s->len++] = b;
+    return 0;
+}
+
+static void set_mask(PoolCore *p, int i) { p->mask[i >> 6] |= (uint64_t)1 << (i & 63); }
+static void clear_mask(PoolCore *p, int i) { p->mask[i >> 6] &= ~((uint64_t)1 << (i & 63)); }
+
+static int highest_mask(PoolCore *p)
+{
+    if (p->mask[1])
+        return 64 + 63 - __builtin_clzll(p->mask[1]);
+    if (p->mask[0])
+        return 63 - __builtin_clzll(p->mask[0]);
+    return -1;
+}
+
+/* Unmap cached blocks of their own mapping, largest class first, until reserved <= target. */
+static void trim(PoolCore *p, int64_t target)
+{
+    int index;
+    while (p->reserved > target && (index = highest_mask(p)) >= 0) {
+        Stack *s = &p->free[index];
+        Block *b = s->items[--s->len];
+        if (s->len == 0)
+            clear_mask(p, index);
+        p->reserved -= b->nbytes;
+        p->cached -= b->nbytes;
+        unmap_memory(b->addr, b->nbytes);
+        PyMem_Free(b);
+    }
+}
+
+/* Unmap every slab whose blocks are all free. */
+static void release_slabs(PoolCore *p)
+{
+    for (int index = 0; index < num_slab_classes; index++) {
+        Stack *s = &p->free[index];
+        Py_ssize_t keep = 0;
+        for (Py_ssize_t i = 0; i < s->len; i++) {
+            Block *b = s->items[i];
+            if (b->slab->live) {
+                s->items[keep++] = b;
+                continue;
+            }
+            p->cached -= b->nbytes;
+            if (!b->slab->released) {
+                b->slab->released = 1;
+                p->reserved -= b->slab->nbytes;
+                unmap_memory(b->slab->base, b->slab->nbytes);
+            }
+            PyMem_Free(b);
+        }
+        s->len = keep;
+    }
+    Py_ssize_t keep = 0;
+    for (Py_ssize_t i = 0; i < p->nslabs; i++) {
+        if (p->slabs[i]->released)
+            PyMem_Free(p->slabs[i]);
+        else
+            p->slabs[keep++] = p->slabs[i];
+    }
+    p->nslabs = keep;
+}
+
+static void account(PoolCore *p, int64_t nbytes, int64_t cbytes)
+{
+    p->allocated += cbytes;
+    p->requested += nbytes;
+    p->allocs++;
+    if (p->allocated > p->peak)
+        p->peak = p->allocated;
+}
+
+/* A block for a request of nbytes > 0. NULL without an exception: the memory limit is in
+ * the way. NULL with MemoryError: the OS refused, or bookkeeping could not grow. */
+static Block *take(PoolCore *p, int64_t nbytes)
+{
+    int64_t cbytes;
+    int index = size_class(nbytes, &cbytes);
+    if (p->limit >= 0 && p->allocated + cbytes > p->limit)
+        return NULL;
+    if (index >= 0 && p->free[index].len) {
+        Stack *s = &p->free[index];
+        Block *b = s->items[--s->len];
+        if (b->slab != NULL)
+            b->slab->live++;
+        else if (s->len == 0)
+            clear_mask(p, index);
+        p->cached -= cbytes;
+        p->hits++;
+        account(p, nbytes, cbytes);
+        return b;
+    }
+    int slab_class = index >= 0 && index < num_slab_classes;
+    int64_t map_bytes = slab_class ? slab_bytes : cbytes;
+    /* Keep the cache proportionate: never more than twice the peak, and within the limit. */
+    int64_t used = p->allocated + cbytes;
+    int64_t target = 2 * (p->peak > used ? p->peak : used);
+    if (p->limit >= 0 && p->limit < target)
+        target = p->limit;
+    if (p->reserved + map_bytes > target) {
+        trim(p, target - map_bytes);
+        if (p->limit >= 0 && p->reserved + map_bytes > p->limit)
+            release_slabs(p);
+    }
+    Block *b = PyMem_Malloc(sizeof(Block));
+    Slab *slab = NULL;
+    char *addr = NULL;
+    if (b != NULL && slab_class) {
+        slab = PyMem_Malloc(sizeof(Slab));
+        if (slab != NULL && p->nslabs == p->slabs_cap) {
+            Py_ssize_t cap = p->slabs_cap ? 2 * p->slabs_cap : 16;
+            Slab **slabs = PyMem_Realloc(p->slabs, (size_t)cap * sizeof(Slab *));
+            if (slabs == NULL) {
+                PyMem_Free(slab);
+                slab = NULL;
+            } else {
+                p->slabs = slabs;
+                p->slabs_cap = cap;
+            }
+        }
+    }
+    if (b != NULL && (slab != NULL || !slab_class))
+        addr = map_memory(map_bytes);
+    if (addr == NULL) {
+        PyMem_Free(b);
+        PyMem_Free(slab);
+        PyErr_Format(PyExc_MemoryError, "the OS refused to map %lld bytes (%s)",
+                     (long long)map_bytes, strerror(errno));
+        return NULL;
+    }
+    if (index < 0)
+        p->large++;
+    else
+        p->misses++;
+    p->reserved += map_bytes;
+    b->addr = addr;
+    b->index = index;
+    b->nbytes = cbytes;
+    b->slab = slab;
+    if (slab != NULL) {
+        /* A new slab: hand out its first block, put the others on the free list (in
+         * reverse, so that the stack hands out ascending addresses). */
+        slab->base = addr;
+        slab->nbytes = map_bytes;
+        slab->live = 1;
+        slab->released = 0;
+        p->slabs[p->nslabs++] = slab;
+        int64_t count = map_bytes / cbytes;
+        for (int64_t i = count - 1; i > 0; i--) {
+            Block *rest = PyMem_Malloc(sizeof(Block));
+            if (rest == NULL || push(&p->free[index], rest) < 0) {
+                /* Unlisted blocks stay in the slab, unused, until it is released. */
+                PyMem_Free(rest);
+                slab->live += i;
+                break;
+            }
+            rest->addr = addr + i * cbytes;
+            rest->index = index;
+            rest->nbytes = cbytes;
+            rest->slab = slab;
+            p->cached += cbytes;
+        }
+    }
+    account(p, nbytes, cbytes);
+    return b;
+}
+
+static void give_back(PoolCore *p, Block *b, int64_t requested)
+{
+    p->allocated -= b->nbytes;
+    p->requested -= requested;
+    p->frees++;
+    if (b->index < 0) { /* a mapping of its own: straight back to the OS */
+        p->reserved -= b->nbytes;
+        unmap_memory(b->addr, b->nbytes);
+        PyMem_Free(b);
+        return;
+    }
+    if (push(&p->free[b->index], b) < 0) { /* no memory for the list: unmap instead */
+        PyErr_Clear();
+        if (b->slab == NULL) {
+            p->reserved -= b->nbytes;
+            unmap_memory(b->addr, b->nbytes);
+            PyMem_Free(b);
+        }
+        return;
+    }
+    p->cached += b->nbytes;
+    if (b->slab != NULL)
+        b->slab->live--;
+    else
+        set_mask(p, b->index);
+}
+
+static PyTypeObject PoolCoreType, LeaseType, RegistryType, FastOpType;
+
+typedef struct {
+    PyObject_HEAD
+    PoolCore *pool;
+    Block *block;
+    int64_t requested;
+} Lease;
+
+/* A lease of nbytes > 0 (see take() for NULL). */
+static Lease *new_lease(PoolCore *p, int64_t nbytes)
+{
+    Lease *lease = PyObject_New(Lease, &LeaseType);
+    if (lease == NULL)
+        return NULL;
+    Block *b = take(p, nbytes);
+    if (b == NULL) {
+        lease->pool = NULL;
+        lease->block = NULL;
+        Py_DECREF(lease);
+        return NULL;
+    }
+    Py_INCREF(p);
+    lease->pool = p;
+    lease->block = b;
+    lease->requested = nbytes;
+    return lease;
+}
+
+static void lease_dealloc(Lease *self)
+{
+    if (self->block != NULL)
+        give_back(self->pool, self->block, self->requested);
+    Py_XDECREF(self->pool);
+    PyObject_Free(self);
+}
+
+static int lease_getbuffer(Lease *self, Py_buffer *view, int flags)
+{
+    return PyBuffer_FillInfo(view, (PyObject *)self, self->block->addr,
+                             (Py_ssize_t)self->block->nbytes, 0, flags);
+}
+
+static PyBufferProcs lease_as_buffer = {(getbufferproc)lease_getbuffer, NULL};
+
+static PyObject *lease_address(Lease *self, void *closure)
+{
+    return PyLong_FromVoidPtr(self->block->addr);
+}
+
+static PyObject *lease_nbytes(Lease *self, void *closure)
+{
+    return PyLong_FromLongLong(self->block->nbytes);
+}
+
+static PyGetSetDef lease_getset[] = {
+    {"address", (getter)lease_address, NULL, "the block's host address", NULL},
+    {"nbytes", (getter)lease_nbytes, NULL, "the block's size (its class size)", NULL},
+    {NULL},
+};
+
+static PyTypeObject LeaseType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "hologram._native.Lease",
+    .tp_doc = "The owner of one pool block: the block returns to its pool when the lease "
+              "and every array viewing it (through the buffer protocol) are gone.",
+    .tp_basicsize = sizeof(Lease),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_dealloc = (destructor)lease_dealloc,
+    .tp_as_buffer = &lease_as_buffer,
+    .tp_getset = lease_getset,
+};
+
+static PyObject *pool_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    PoolCore *p = (PoolCore *)type->tp_alloc(type, 0); /* zeroed */
+    if (p != NULL)
+        p->limit = -1;
+    return (PyObject *)p;
+}
+
+static void pool_dealloc(PoolCore *p)
+{
+    /* Leases hold their pool, so every block is on a free list now. */
+    for (int i = 0; i < NUM_CLASSES; i++) {
+        Stack *s = &p->free[i];
+        for (Py_ssize_t j = 0; j < s->len; j++) {
+            if (s->items[j]->slab == NULL)
+                unmap_memory(s->items[j]->addr, s->items[j]->nbytes);
+            PyMem_Free(s->items[j]);
+        }
+        PyMem_Free(s->items);
+    }
+    for (Py_ssize_t i = 0; i < p->nslabs; i++) {
+        unmap_memory(p->slabs[i]->base, p->slabs[i]->nbytes);
+        PyMem_Free(p->slabs[i]);
+    }
+    PyMem_Free(p->slabs);
+    Py_TYPE(p)->tp_free((PyObject *)p);
+}
+
+static PyObject *pool_alloc(PoolCore *p, PyObject *arg)
+{
+    long long nbytes = PyLong_AsLongLong(arg);
+    if (nbytes == -1 && PyErr_Occurred())
+        return NULL;
+    if (nbytes <= 0) {
+        PyErr_SetString(PyExc_ValueError, "alloc: nbytes must be > 0");
+        return NULL;
+    }
+    Lease *lease = new_lease(p, nbytes);
+    if (lease == NULL && !PyErr_Occurred())
+        Py_RETURN_NONE;
+    return (PyObject *)lease;
+}
+
+static PyObject *pool_stats(PoolCore *p, PyObject *unused)
+{
+    return Py_BuildValue("{sLsLsLsLsLsLsLsLsLsL}", "allocated_bytes", p->allocated,
+                         "requested_bytes", p->requested, "reserved_bytes", p->reserved,
+                         "cached_bytes", p->cached, "peak_allocated_bytes", p->peak,
+                         "pool_hits", p->hits, "pool_misses", p->misses, "num_allocs",
+                         p->allocs, "num_frees", p->frees, "large_allocs", p->large);
+}
+
+static PyObject *pool_empty_cache(PoolCore *p, PyObject *unused)
+{
+    int64_t before = p->reserved;
+    trim(p, -1);
+    release_slabs(p);
+    return PyLong_FromLongLong(before - p->reserved);
+}
+
+static PyObject *pool_set_limit(PoolCore *p, PyObject *arg)
+{
+    long long limit = -1;
+    if (arg != Py_None) {
+        limit = PyLong_AsLongLong(arg);
+        if (limit == -1 && PyErr_Occurred())
+            return NULL;
+    }
+    p->limit = limit;
+    if (limit >= 0 && p->reserved > limit) {
+        trim(p, limit);
+        if (p->reserved > limit)
+            release_slabs(p);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *pool_reset_peak(PoolCore *p, PyObject *unused)
+{
+    p->peak = p->allocated;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef pool_methods[] = {
+    {"alloc", (PyCFunction)pool_alloc, METH_O,
+     "alloc(nbytes > 0) -> a Lease, or None when the memory limit is in the way "
+     "(MemoryError: the OS refused)"},
+    {"stats", (PyCFunction)pool_stats, METH_NOARGS, "the counters, as a dict"},
+    {"empty_cache", (PyCFunction)pool_empty_cache, METH_NOARGS,
+     "unmap cached blocks and free slabs; returns the bytes released"},
+    {"set_limit", (PyCFunction)pool_set_limit, METH_O, "set_limit(bytes or None)"},
+    {"reset_peak", (PyCFunction)pool_reset_peak, METH_NOARGS, "peak := allocated"},
+    {NULL},
+};
+
+static PyMemberDef pool_members[] = {
+    {"allocated", T_LONGLONG, offsetof(PoolCore, allocated), READONLY, NULL},
+    {"reserved", T_LONGLONG, offsetof(PoolCore, reserved), READONLY, NULL},
+    {NULL},
+};
+
+static PyTypeObject PoolCoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "hologram._native.PoolCore",
+    .tp_doc = "The state of a host memory pool (hologram.backends.hostmem.Pool).",
+    .tp_basicsize = sizeof(PoolCore),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = pool_new,
+    .tp_dealloc = (destructor)pool_dealloc,
+    .tp_methods = pool_methods,
+    .tp_members = pool_members,
+};
+
+/* --- an executor's buffers --------------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *refs;  /* list of weak references (no callbacks: a dying buffer costs nothing) */
+    Py_ssize_t prune_at;
+    PoolCore *pool;  /* the executor's pool core, or NULL (memory that is not a host pool) */
+    int closed;
+} Registry;
+
+static PyObject *registry_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    PyObject *pool = Py_None;
+    if (!PyArg_ParseTuple(args, "|O", &pool))
+        return NULL;
+    if (pool != Py_None && !PyObject_TypeCheck(pool, &PoolCoreType)) {
+        PyErr_SetString(PyExc_TypeError, "Registry(pool): a PoolCore or None");
+        return NULL;
+    }
+    Registry *r = (Registry *)type->tp_alloc(type, 0);
+    if (r == NULL)
+        return NULL;
+    r->refs = PyList_New(0);
+    if (r->refs == NULL) {
+        Py_DECREF(r);
+        return NULL;
+    }
+    r->prune_at = 64;
+    if (pool != Py_None) {
+        Py_INCREF(pool);
+        r->pool = (PoolCore *)pool;
+    }
+    return (PyObject *)r;
+}
+
+static void registry_dealloc(Registry *r)
+{
+    Py_XDECREF(r->refs);
+    Py_XDECREF(r->pool);
+    Py_TYPE(r)->tp_free((PyObject *)r);
+}
+
+static int registry_add(Registry *r, PyObject *obj)
+{
+    PyObject *ref = PyWeakref_NewRef(obj, NULL);
+    if (ref == NULL)
+        return -1;
+    int err = PyList_Append(r->refs, ref);
+    Py_DECREF(ref);
+    if (err < 0)
+        return -1;
+    Py_ssize_t n = PyList_GET_SIZE(r->refs);
+    if (n >= r->prune_at) { /* drop dead references: amortized O(1) per add */
+        Py_ssize_t keep = 0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *item = PyList_GET_ITEM(r->refs, i);
+            if (PyWeakref_GET_OBJECT(item) != Py_None) {
+                Py_INCREF(item);
+                PyList_SetItem(r->refs, keep++, item);
+            }
+        }
+        if (PyList_SetSlice(r->refs, keep, n, NULL) < 0)
+            return -1;
+        r->prune_at = 2 * keep > 64 ? 2 * keep : 64;
+    }
+    return 0;
+}
+
+static PyObject *registry_add_py(Registry *r, PyObject *obj)
+{
+    if (registry_add(r, obj) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *registry_live(Registry *r, PyObject *unused)
+{
+    PyObject *out = PyList_New(0);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(r->refs); i++) {
+        PyObject *obj = PyWeakref_GET_OBJECT(PyList_GET_ITEM(r->refs, i));
+        if (obj != Py_None && PyList_Append(out, obj) < 0) {
+            Py_DECREF(out);
+            return NULL;
+        }
+    }
+    return out;
+}
+
+static PyObject *registry_close(Registry *r, PyObject *unused)
+{
+    r->closed = 1;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef registry_methods[] = {
+    {"add", (PyCFunction)registry_add_py, METH_O, "track a buffer (weakly)"},
+    {"live", (PyCFunction)registry_live, METH_NOARGS, "the buffers still alive, as a list"},
+    {"close", (PyCFunction)registry_close, METH_NOARGS,
+     "mark the executor closed: fast paths stop serving it"},
+    {NULL},
+};
+
+static PyTypeObject RegistryType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "hologram._native.Registry",
+    .tp_doc = "Registry(pool_core=None): an executor's buffers, held weakly.",
+    .tp_basicsize = sizeof(Registry),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = registry_new,
+    .tp_dealloc = (destructor)registry_dealloc,
+    .tp_methods = registry_methods,
+};
+
+/* --- the SDK ops' allocating fast path ---------------------------------------------------- */
+
+/* Where a Buffer's slots are (read from its member descriptors by set_buffer_type). */
+static PyTypeObject *buffer_type;
+static Py_ssize_t off_array, off_allocation, off_executor, off_handle, off_launch_key,
+    off_signature;
+static PyObject *ndarray_type, *str_buffers, *str_native_plan;
+
+#define SLOT(obj, off) (*(PyObject **)((char *)(obj) + (off)))
+
+typedef void (*kernel_fn)(void **pointers, int64_t start, int64_t stop);
+
+/* A validated signature: what to allocate and how to launch. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *shape, *dtype, *signature, *launch_key; /* of the result */
+    int64_t nbytes;
+    PyObject *launch;     /* the program's launch(handles), used without a plan */
+    PyObject *executable; /* asked for a plan (native_plan()) until it gives one or never */
+    int plan;             /* 0: ask, 1: planned, -1: never */
+    int nbuffers, nparams, nsteps;
+    int slots[MAX_ARITY + 1];
+    kernel_fn steps[MAX_PLAN_STEPS];
+    int64_t rows[MAX_PLAN_STEPS];
+} Entry;
+
+static void entry_dealloc(Entry *e)
+{
+    Py_XDECREF(e->shape);
+    Py_XDECREF(e->dtype);
+    Py_XDECREF(e->signature);
+    Py_XDECREF(e->launch_key);
+    Py_XDECREF(e->launch);
+    Py_XDECREF(e->executable);
+    PyObject_Free(e);
+}
+
+static PyTypeObject EntryType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "hologram._native.Entry",
+    .tp_basicsize = sizeof(Entry),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_dealloc = (destructor)entry_dealloc,
+};
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *general; /* the op's Python function: every call the fast path does not serve */
+    PyObject *entries; /* call key (see call_key) -> Entry */
+    PyObject *dict;
+    Py_ssize_t arity;
+} FastOp;
+
+static int as_address(PyObject *obj, void **out)
+{
+    *out = PyLong_AsVoidPtr(obj);
+    return !(*out == NULL && PyErr_Occurred());
+}
+
+/* Ask the executable for its native plan: (nbuffers, parameter slots, ((address, rows),
+ * ...)) when every step is one direct call of a native kernel; False: not yet (a build to
+ * be replaced); None: never. */
+static int refresh_plan(Entry *e, Py_ssize_t nparams_expected)
+{
+    PyObject *plan = PyObject_CallMethodNoArgs(e->executable, str_native_plan);
+    if (plan == NULL)
+        return -1;
+    if (plan == Py_False) {
+        Py_DECREF(plan);
+        return 0;
+    }
+    e->plan = -1;
+    if (plan == Py_None) {
+        Py_DECREF(plan);
+        return 0;
+    }
+    PyObject *slots, *steps;
+    int nbuffers;
+    if (!PyArg_ParseTuple(plan, "iO!O!", &nbuffers, &PyTuple_Type, &slots, &PyTuple_Type,
+                          &steps)) {
+        Py_DECREF(plan);
+        return -1;
+    }
+    Py_ssize_t nparams = PyTuple_GET_SIZE(slots), nsteps = PyTuple_GET_SIZE(steps);
+    if (nbuffers > MAX_PLAN_BUFFERS || nparams != nparams_expected || nsteps > MAX_PLAN_STEPS) {
+        Py_DECREF(plan);
+        return 0; /* too large for the fixed arrays: launch through Python */
+    }
+    for (Py_ssize_t i = 0; i < nparams; i++) {
+        int slot = (int)PyLong_AsLong(PyTuple_GET_ITEM(slots, i));
+        if (slot < 0 || slot >= nbuffers) {
+            Py_DECREF(plan);
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "native_plan: a slot out of range");
+            return -1;
+        }
+        e->slots[i] = slot;
+    }
+    for (Py_ssize_t i = 0; i < nsteps; i++) {
+        void *address;
+        long long rows;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(steps, i), "O&L", as_address,
+                              &address, &rows)) {
+            Py_DECREF(plan);
+            return -1;
+        }
+        e->steps[i] = (kernel_fn)address;
+        e->rows[i] = rows;
+    }
+    e->nbuffers = nbuffers;
+    e->nparams = (int)nparams;
+    e->nsteps = (int)nsteps;
+    e->plan = 1;
+    Py_DECREF(plan);
+    return 0;
+}
+
+static PyObject *fastop_vectorcall(FastOp *f, PyObject *const *args, size_t nargsf,
+                                   PyObject *kwnames);
+
+static PyObject *fastop_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    PyObject *general;
+    Py_ssize_t arity;
+    if (!PyArg_ParseTuple(args, "On", &general, &arity))
+        return NULL;
+    if (arity < 1 || arity > MAX_ARITY) {
+        PyErr_Format(PyExc_ValueError, "FastOp: arity must be 1..%d", MAX_ARITY);
+        return NULL;
+    }
+    FastOp *f = (FastOp *)type->tp_alloc(type, 0);
+    if (f == NULL)
+        return NULL;
+    f->vectorcall = (vectorcallfunc)fastop_vectorcall;
+    f->entries = PyDict_New();
+    f->dict = PyDict_New();
+    if (f->entries == NULL || f->dict == NULL) {
+        Py_DECREF(f);
+        return NULL;
+    }
+    Py_INCREF(general);
+    f->general = general;
+    f->arity = arity;
+    return (PyObject *)f;
+}
+
+static int fastop_traverse(FastOp *f, visitproc visit, void *arg)
+{
+    Py_VISIT(f->general);
+    Py_VISIT(f->entries);
+    Py_VISIT(f->dict);
+    return 0;
+}
+
+static int fastop_clear(FastOp *f)
+{
+    Py_CLEAR(f->general);
+    Py_CLEAR(f->entries);
+    Py_CLEAR(f->dict);
+    return 0;
+}
+
+static void fastop_dealloc(FastOp *f)
+{
+    PyObject_GC_UnTrack(f);
+    fastop_clear(f);
+    Py_TYPE(f)->tp_free((PyObject *)f);
+}
+
+static PyObject *general_call(FastOp *f, PyObject *const *args, size_t nargsf,
+                              PyObject *kwnames)
+{
+    return PyObject_Vectorcall(f->general, args, nargsf, kwnames);
+}
+
+/* The call that the general path is running for a FastOp (see file_pending): the op
+ * and its call key, or NULL. */
+static FastOp *pending_op;
+static PyObject *pending_key;
+
+/* The general path, told which call it runs so that it can file it. */
+static PyObject *general_pending(FastOp *f, PyObject *key, PyObject *const *args,
+                                 size_t nargsf, PyObject *kwnames)
+{
+    FastOp *outer_op = pending_op;
+    PyObject *outer_key = pending_key; /* nested calls restore it */
+    pending_op = f;
+    pending_key = key; /* owned by the caller for the call's duration */
+    PyObject *result = general_call(f, args, nargsf, kwnames);
+    pending_op = outer_op;
+    pending_key = outer_key;
+    return result;
+}
+
+/* A call's key: the operands' launch keys, then, for keywords, their names and each
+ * value with its type (so that 1 and True, or 1 and 1.0, never share an entry). NULL
+ * without an exception: not a call this path serves. */
+static PyObject *call_key(FastOp *f, PyObject *const *args, Py_ssize_t n, PyObject *kwnames)
+{
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    if (n != f->arity || buffer_type == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        /* A freed buffer's launch key is None: it matches no entry. */
+        if (Py_TYPE(args[i]) != buffer_type || SLOT(args[i], off_launch_key) == NULL)
+            return NULL;
+    }
+    PyObject *key = PyTuple_New(n + (nkw ? 1 + 2 * nkw : 0));
+    if (key == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = SLOT(args[i], off_launch_key);
+        Py_INCREF(item);
+        PyTuple_SET_ITEM(key, i, item);
+    }
+    if (nkw) {
+        Py_INCREF(kwnames);
+        PyTuple_SET_ITEM(key, n, kwnames);
+        for (Py_ssize_t j = 0; j < nkw; j++) {
+            PyObject *value = args[n + j];
+            Py_INCREF(Py_TYPE(value));
+            PyTuple_SET_ITEM(key, n + 1 + 2 * j, (PyObject *)Py_TYPE(value));
+            Py_INCREF(value);
+            PyTuple_SET_ITEM(key, n + 2 + 2 * j, value);
+        }
+    }
+    return key;
+}
+
+static PyObject *fastop_vectorcall(FastOp *f, PyObject *const *args, size_t nargsf,
+                                   PyObject *kwnames)
+{
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    PyObject *key = call_key(f, args, n, kwnames);
+    if (key == NULL)
+        return PyErr_Occurred() ? NULL : general_call(f, args, nargsf, kwnames);
+    Entry *e = (Entry *)PyDict_GetItemWithError(f->entries, key);
+    if (e == NULL) {
+        PyObject *result = NULL;
+        if (!PyErr_Occurred())
+            result = general_pending(f, key, args, nargsf, kwnames);
+        else if (PyErr_ExceptionMatches(PyExc_TypeError)) { /* an unhashable keyword value */
+            PyErr_Clear();
+            result = general_call(f, args, nargsf, kwnames);
+        }
+        Py_DECREF(key);
+        return result;
+    }
+    Py_DECREF(key);
+    PyObject *executor = SLOT(args[0], off_executor);
+    if (executor == NULL)
+        return general_call(f, args, nargsf, kwnames);
+    Registry *reg = (Registry *)PyObject_GetAttr(executor, str_buffers);
+    if (reg == NULL) {
+        PyErr_Clear();
+        return general_call(f, args, nargsf, kwnames);
+    }
+    if (Py_TYPE(reg) != &RegistryType || reg->closed || reg->pool == NULL) {
+        Py_DECREF(reg);
+        return general_call(f, args, nargsf, kwnames);
+    }
+    Py_INCREF(e); /* asking for a plan runs Python, which may drop the entry */
+    PyObject *buf = NULL, *array = NULL, *handle = NULL;
+    if (e->plan == 0 && refresh_plan(e, n + 1) < 0)
+        goto done;
+    Lease *lease = new_lease(reg->pool, e->nbytes);
+    if (lease == NULL) { /* the limit, or the OS: the general path raises the full story */
+        PyErr_Clear();
+        Py_DECREF(reg);
+        Py_DECREF(e);
+        return general_call(f, args, nargsf, kwnames);
+    }
+    char *address = lease->block->addr;
+    PyObject *argv[3] = {e->shape, e->dtype, (PyObject *)lease};
+    array = PyObject_Vectorcall(ndarray_type, argv, 3, NULL);
+    Py_DECREF(lease); /* the array holds it */
+    if (array == NULL)
+        goto done;
+    handle = PyLong_FromVoidPtr(address);
+    if (handle == NULL)
+        goto done;
+    buf = buffer_type->tp_alloc(buffer_type, 0);
+    if (buf == NULL)
+        goto done;
+    Py_INCREF(array);
+    SLOT(buf, off_array) = array;
+    SLOT(buf, off_allocation) = array;
+    array = NULL;
+    Py_INCREF(executor);
+    SLOT(buf, off_executor) = executor;
+    Py_INCREF(handle);
+    SLOT(buf, off_handle) = handle;
+    Py_INCREF(e->signature);
+    SLOT(buf, off_signature) = e->signature;
+    Py_INCREF(e->launch_key);
+    SLOT(buf, off_launch_key) = e->launch_key;
+    if (registry_add(reg, buf) < 0)
+        goto fail;
+    if (e->plan == 1) {
+        void *pointers[MAX_PLAN_BUFFERS];
+        memset(pointers, 0, (size_t)e->nbuffers * sizeof(void *));
+        for (Py_ssize_t i = 0; i < n; i++) {
+            pointers[e->slots[i]] = PyLong_AsVoidPtr(SLOT(args[i], off_handle));
+            if (PyErr_Occurred())
+                goto fail;
+        }
+        pointers[e->slots[n]] = address;
+        for (int s = 0; s < e->nsteps; s++)
+            e->steps[s](pointers, 0, e->rows[s]);
+    } else {
+        PyObject *handles = PyTuple_New(n + 1);
+        if (handles == NULL)
+            goto fail;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *h = SLOT(args[i], off_handle);
+            Py_INCREF(h);
+            PyTuple_SET_ITEM(handles, i, h);
+        }
+        Py_INCREF(handle);
+        PyTuple_SET_ITEM(handles, n, handle);
+        PyObject *r = PyObject_CallOneArg(e->launch, handles);
+        Py_DECREF(handles);
+        if (r == NULL)
+            goto fail;
+        Py_DECREF(r);
+    }
+    goto done;
+fail:
+    Py_CLEAR(buf);
+done:
+    Py_XDECREF(array);
+    Py_XDECREF(handle);
+    Py_DECREF(reg);
+    Py_DECREF(e);
+    return buf;
+}
+
+/* file_pending(natives, operand launch keys, shape, dtype, result launch key, nbytes,
+ * launch, executable): called by the general path once it has validated an allocating
+ * call and compiled its kernel. If that call is the one a FastOp of `natives` is running
+ * (its operands are these), file it under the call's key; otherwise do nothing. */
+static PyObject *file_pending(PyObject *module, PyObject *args)
+{
+    PyObject *natives, *keys, *shape, *dtype, *launch_key, *launch, *executable;
+    long long nbytes;
+    if (!PyArg_ParseTuple(args, "O!O!O!OO!LOO", &PyTuple_Type, &natives, &PyTuple_Type, &keys,
+                          &PyTuple_Type, &shape, &dtype, &PyTuple_Type, &launch_key, &nbytes,
+                          &launch, &executable))
+        return NULL;
+    FastOp *f = pending_op;
+    if (f == NULL || nbytes <= 0 || PyTuple_GET_SIZE(keys) != f->arity)
+        Py_RETURN_FALSE;
+    int mine = 0;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(natives); i++)
+        mine |= PyTuple_GET_ITEM(natives, i) == (PyObject *)f;
+    for (Py_ssize_t i = 0; mine && i < f->arity; i++)
+        mine = PyTuple_GET_ITEM(keys, i) == PyTuple_GET_ITEM(pending_key, i);
+    if (!mine)
+        Py_RETURN_FALSE;
+    if (PyDict_GET_SIZE(f->entries) >= MAX_ENTRIES)
+        PyDict_Clear(f->entries); /* bounded: refilled by the general path as needed */
+    Entry *e = PyObject_New(Entry, &EntryType);
+    if (e == NULL)
+        return NULL;
+    e->signature = PyTuple_Pack(2, shape, dtype);
+    Py_INCREF(shape);
+    e->shape = shape;
+    Py_INCREF(dtype);
+    e->dtype = dtype;
+    Py_INCREF(launch_key);
+    e->launch_key = launch_key;
+    Py_INCREF(launch);
+    e->launch = launch;
+    Py_INCREF(executable);
+    e->executable = executable;
+    e->nbytes = nbytes;
+    e->plan = executable == Py_None ? -1 : 0;
+    e->nbuffers = e->nparams = e->nsteps = 0;
+    if (e->signature == NULL) {
+        Py_DECREF(e);
+        return NULL;
+    }
+    int err = PyDict_SetItem(f->entries, pending_key, (PyObject *)e);
+    Py_DECREF(e);
+    if (err < 0)
+        return NULL;
+    pending_op = NULL; /* filed once: the general path's inner calls are not this call */
+    Py_RETURN_TRUE;
+}
+
+static PyObject *fastop_forget(FastOp *f, PyObject *unused)
+{
+    PyDict_Clear(f->entries);
+    Py_RETURN_NONE;
+}
+
+static PyObject *fastop_stats(FastOp *f, PyObject *unused)
+{
+    Py_ssize_t planned = 0, pos = 0;
+    PyObject *k, *v;
+    while (PyDict_Next(f->entries, &pos, &k, &v))
+        planned += ((Entry *)v)->plan == 1;
+    return Py_BuildValue("{snsn}", "entries", PyDict_GET_SIZE(f->entries), "planned", planned);
+}
+
+static PyObject *fastop_repr(FastOp *f)
+{
+    PyObject *name = PyDict_GetItemString(f->dict, "__name__");
+    return name ? PyUnicode_FromFormat("<hologram op %U>", name)
+                : PyUnicode_FromString("<hologram op>");
+}
+
+static PyMethodDef fastop_methods[] = {
+    {"forget", (PyCFunction)fastop_forget, METH_NOARGS, "drop every filed signature"},
+    {"fast_stats", (PyCFunction)fastop_stats, METH_NOARGS,
+     "{'entries': filed signatures, 'planned': those launched without Python}"},
+    {NULL},
+};
+
+static PyMemberDef fastop_members[] = {
+    {"general", T_OBJECT, offsetof(FastOp, general), READONLY,
+     "the op's general path (a Python function)"},
+    {"arity", T_PYSSIZET, offsetof(FastOp, arity), READONLY, "the number of buffer operands"},
+    {NULL},
+};
+
+static PyGetSetDef fastop_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
+    {NULL},
+};
+
+static PyTypeObject FastOpType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "hologram._native.FastOp",
+    .tp_doc = "FastOp(general, arity): an SDK op. A call of exactly `arity` buffers "
+              "(and any hashable keywords) that the general path has filed allocates and "
+              "launches here; every other call is general(*args, **kwargs).",
+    .tp_basicsize = sizeof(FastOp),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_new = fastop_new,
+    .tp_dealloc = (destructor)fastop_dealloc,
+    .tp_traverse = (traverseproc)fastop_traverse,
+    .tp_clear = (inquiry)fastop_clear,
+    .tp_vectorcall_offset = offsetof(FastOp, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_repr = (reprfunc)fastop_repr,
+    .tp_methods = fastop_methods,
+    .tp_members = fastop_members,
+    .tp_getset = fastop_getset,
+    .tp_dictoffset = offsetof(FastOp, dict),
+};
+
+/* --- module ------------------------------------------------------------------------------ */
+
+static int slot_offset(PyTypeObject *type, const char *name, Py_ssize_t *offset)
+{
+    PyObject *d = PyObject_GetAttrString((PyObject *)type, name);
+    if (d == NULL)
+        return -1;
+    int ok = Py_TYPE(d) == &PyMemberDescr_Type &&
+             ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX;
+    if (ok)
+        *offset = ((PyMemberDescrObject *)d)->d_member->offset;
+    Py_DECREF(d);
+    if (!ok)
+        PyErr_Format(PyExc_TypeError, "set_buffer_type: %s is not a __slots__ slot", name);
+    return ok ? 0 : -1;
+}
+
+static PyObject *set_buffer_type(PyObject *module, PyObject *args)
+{
+    PyTypeObject *type;
+    PyObject *ndarray;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyType_Type, &type, &PyType_Type, &ndarray))
+        return NULL;
+    if (slot_offset(type, "_array", &off_array) < 0 ||
+        slot_offset(type, "allocation", &off_allocation) < 0 ||
+        slot_offset(type, "executor", &off_executor) < 0 ||
+        slot_offset(type, "handle", &off_handle) < 0 ||
+        slot_offset(type, "launch_key", &off_launch_key) < 0 ||
+        slot_offset(type, "signature", &off_signature) < 0)
+        return NULL;
+    Py_INCREF(type);
+    Py_XSETREF(buffer_type, type);
+    Py_INCREF(ndarray);
+    Py_XSETREF(ndarray_type, ndarray);
+    Py_RETURN_NONE;
+}
+
+static PyObject *size_class_py(PyObject *module, PyObject *arg)
+{
+    long long nbytes = PyLong_AsLongLong(arg);
+    if (nbytes == -1 && PyErr_Occurred())
+        return NULL;
+    if (nbytes < 0) {
+        PyErr_SetString(PyExc_ValueError, "size_class: nbytes must be >= 0");
+        return NULL;
+    }
+    int64_t cbytes;
+    int index = size_class(nbytes, &cbytes);
+    return Py_BuildValue("(iL)", index, (long long)cbytes);
+}
+
+static PyMethodDef module_methods[] = {
+    {"set_buffer_type", set_buffer_type, METH_VARARGS,
+     "set_buffer_type(Buffer, numpy.ndarray): the types FastOp makes results of"},
+    {"file_pending", file_pending, METH_VARARGS,
+     "file_pending(natives, operand launch keys, shape, dtype, result launch key, nbytes, "
+     "launch, executable) -> whether the call a FastOp of natives runs was filed"},
+    {"size_class", size_class_py, METH_O, "size_class(nbytes) -> (index or -1, class bytes)"},
+    {NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "hologram._native",
+    "The host pool's core and the SDK ops' allocating fast path (see native.c).", -1,
+    module_methods,
+};
+
+PyMODINIT_FUNC PyInit__native(void)
+{
+#ifdef _WIN32
+    SYSTEM_INFO info;
+    GetSystemInfo(&info);
+    page_bytes = info.dwPageSize;
+#else
+    page_bytes = sysconf(_SC_PAGESIZE);
+#endif
+    slab_bytes = 16 * page_bytes > (64 << 10) ? 16 * page_bytes : (64 << 10);
+    num_slab_classes = 0;
+    while (num_slab_classes < NUM_CLASSES && class_bytes(num_slab_classes) <= slab_bytes / 4)
+        num_slab_classes++;
+    str_buffers = PyUnicode_InternFromString("_buffers");
+    str_native_plan = PyUnicode_InternFromString("native_plan");
+    if (str_buffers == NULL || str_native_plan == NULL)
+        return NULL;
+    PyTypeObject *types[] = {&PoolCoreType, &LeaseType, &RegistryType, &EntryType, &FastOpType};
+    for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++)
+        if (PyType_Ready(types[i]) < 0)
+            return NULL;
+    PyObject *m = PyModule_Create(&module_def);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddObjectRef(m, "PoolCore", (PyObject *)&PoolCoreType) < 0 ||
+        PyModule_AddObjectRef(m, "Lease", (PyObject *)&LeaseType) < 0 ||
+        PyModule_AddObjectRef(m, "Registry", (PyObject *)&RegistryType) < 0 ||
+        PyModule_AddObjectRef(m, "FastOp", (PyObject *)&FastOpType) < 0 ||
+        PyModule_AddIntConstant(m, "NUM_CLASSES", NUM_CLASSES) < 0 ||
+        PyModule_AddIntConstant(m, "PAGE_BYTES", (long)page_bytes) < 0 ||
+        PyModule_AddIntConstant(m, "SLAB_BYTES", (long)slab_bytes) < 0 ||
+        PyModule_AddIntConstant(m, "NUM_SLAB_CLASSES", num_slab_classes) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,227 @@
+"""The native extension (hologram/csrc/native.c): the SDK ops' native allocating path
+(FastOp), executors' buffer registries and the pool's lease. The pool itself is
+tests/test_pool.py's subject."""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+import numpy as np
+import pytest
+
+import hologram as hg
+from hologram import _native
+from hologram.errors import InvalidBufferError, OutOfMemoryError
+from hologram.runtime.buffer import Buffer
+
+RNG = np.random.default_rng(7)
+CALLS = 40  # enough for a quick build to be promoted and planned (HOLOGRAM_PROMOTE_AFTER)
+
+
+def arrays(shape, dtype=np.float32, count=2):
+    if np.dtype(dtype).kind == "f":
+        return [RNG.standard_normal(shape).astype(dtype) for _ in range(count)]
+    return [RNG.integers(-50, 50, shape).astype(dtype) for _ in range(count)]
+
+
+@pytest.fixture
+def ex():
+    with hg.Executor("cpu") as executor:
+        yield executor
+
+
+def test_ops_are_native_callables():
+    for name in ("vector_add", "relu", "exp", "sum", "reduce_sum", "softmax", "gemm",
+                 "matmul", "mse_loss", "cross_entropy_loss", "gelu", "copy"):
+        op = getattr(hg.ops, name)
+        assert type(op) is _native.FastOp, name
+        assert op.__name__ == name and op.__doc__ and op.__wrapped__ is op.general
+        assert op in op.op.natives
+
+
+CASES = [
+    ("vector_add", lambda a, b: a + b, 2, {}),
+    ("vector_mul", lambda a, b: a * b, 2, {}),
+    ("vector_max", np.maximum, 2, {}),
+    ("relu", lambda a: np.maximum(a, 0), 1, {}),
+    ("vector_neg", np.negative, 1, {}),
+    ("sum", lambda a: a.sum(dtype=np.float64), 1, {}),
+    ("max", lambda a: a.max(), 1, {}),
+    ("sum", lambda a: a.sum(axis=-1, dtype=np.float64), 1, {"dim": -1}),
+    ("sum", lambda a: a.sum(axis=0, keepdims=True, dtype=np.float64), 1,
+     {"dim": 0, "keepdim": True}),
+]
+
+
+SHAPES = [(5,), (3, 70), (1000,), (2, 3, 4), ()]
+
+
+@pytest.mark.parametrize(("name", "reference", "arity", "kwargs", "shape"), [
+    (*case, shape) for case in CASES for shape in SHAPES
+    if len(shape) >= 2 or "dim" not in case[3]])  # dim=-1 and dim=0 of one dimension: all
+def test_native_calls_compute_what_the_general_path_does(ex, name, reference, arity, kwargs,
+                                                         shape):
+    op = getattr(hg.ops, name)
+    data = arrays(shape, count=arity)
+    bufs = [ex.from_numpy(x) for x in data]
+    want = reference(*data)
+    for _ in range(CALLS):  # the first call files, later ones run natively
+        got = op(*bufs, **kwargs)
+        assert type(got) is Buffer and got.executor is ex and not got.freed
+        np.testing.assert_allclose(got.to_numpy(), want, rtol=1e-6, atol=1e-6)
+        assert got.shape == np.shape(want)
+    assert op.fast_stats()["entries"] >= 1
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64, np.int8,
+                                   np.uint8, np.float16, np.bool_])
+def test_every_dtype_and_broadcasting(ex, dtype):
+    a, b = arrays((4, 1, 3), dtype if dtype is not np.bool_ else np.int8)
+    a, b = a.astype(dtype), b[:1].reshape(1, 1, 3).astype(dtype)
+    a_buf, b_buf = ex.from_numpy(a), ex.from_numpy(b)
+    for _ in range(CALLS):
+        got = hg.ops.vector_max(a_buf, b_buf).to_numpy()
+    np.testing.assert_array_equal(got, np.maximum(a, b))
+    assert got.dtype == np.result_type(a, b)
+
+
+def test_results_are_new_buffers_every_call(ex):
+    a, b = (ex.from_numpy(x) for x in arrays(100))
+    results = [hg.ops.vector_add(a, b) for _ in range(CALLS)]
+    assert len({r.handle for r in results}) == CALLS  # all alive: distinct memory
+    for r in results:
+        np.testing.assert_array_equal(r.to_numpy(), a.to_numpy() + b.to_numpy())
+    a.from_numpy(np.ones(100, np.float32))  # new values: computed again, not remembered
+    np.testing.assert_array_equal(hg.ops.vector_add(a, b).to_numpy(), 1 + b.to_numpy())
+
+
+def test_a_freed_operand_and_a_closed_executor_raise(ex):
+    a, b = (ex.from_numpy(x) for x in arrays(10))
+    for _ in range(CALLS):
+        kept = hg.ops.vector_add(a, b)
+    b.free()
+    with pytest.raises(InvalidBufferError, match="freed"):
+        hg.ops.vector_add(a, b)
+    ex.close()
+    with pytest.raises(InvalidBufferError, match="closed"):
+        hg.ops.vector_add(a, a)
+    assert kept.freed  # native results are registered: close() ended it
+
+
+def test_executors_never_share_a_validated_call():
+    with hg.Executor("cpu") as one, hg.Executor("cpu") as two:
+        x = arrays(8)[0]
+        a, b = one.from_numpy(x), two.from_numpy(x)
+        for _ in range(CALLS):
+            assert hg.ops.relu(a).executor is one
+            assert hg.ops.relu(b).executor is two
+        with pytest.raises(InvalidBufferError, match="another executor"):
+            hg.ops.vector_add(a, b)
+
+
+def test_keywords_are_part_of_the_key(ex):
+    x = arrays((3, 4), count=1)[0]
+    buf = ex.from_numpy(x)
+    for _ in range(CALLS):
+        np.testing.assert_allclose(hg.ops.sum(buf, dim=0).to_numpy(), x.sum(0), rtol=1e-6)
+        np.testing.assert_allclose(hg.ops.sum(buf, dim=1).to_numpy(), x.sum(1), rtol=1e-6)
+        assert hg.ops.sum(buf, dim=1, keepdim=True).shape == (3, 1)
+    # Equal values of another type are another call: True is not 1 here.
+    assert hg.ops.sum(buf, dim=1, keepdim=1).shape == (3, 1)
+    with pytest.raises(hg.HologramError):
+        hg.ops.sum(buf, dim=1.0)  # refused by the general path, never served natively
+    with pytest.raises(hg.HologramError):
+        hg.ops.sum(buf, dim=[5])  # unhashable: the general path, which refuses it
+
+
+def test_the_memory_limit_is_enforced_with_the_general_paths_error():
+    with hg.Executor("cpu", memory_limit=1 << 20) as ex:
+        a = ex.from_numpy(np.ones(40_000, np.float32))  # 160 kB
+        results = []
+        with pytest.raises(OutOfMemoryError, match="memory_limit"):
+            for _ in range(10):
+                results.append(hg.ops.vector_add(a, a))
+        assert 2 <= len(results) < 10
+
+
+def test_results_of_dead_buffers_go_back_to_the_pool(ex):
+    a = ex.from_numpy(np.ones(4096, np.float32))
+    for _ in range(CALLS):
+        hg.ops.exp(a)
+    before = ex.memory_stats()["allocated_bytes"]
+    for _ in range(1000):
+        hg.ops.exp(a)
+    assert ex.memory_stats()["allocated_bytes"] == before
+
+
+def test_concurrent_threads_get_their_own_results(ex):
+    data = arrays(3000, count=4)
+    bufs = [ex.from_numpy(x) for x in data]
+    errors = []
+
+    def work(i):
+        try:
+            x, y = bufs[i], bufs[(i + 1) % 4]
+            want = data[i] * data[(i + 1) % 4]
+            for _ in range(300):
+                np.testing.assert_array_equal(hg.ops.vector_mul(x, y).to_numpy(), want)
+        except Exception as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+
+
+def test_registry_keeps_only_live_buffers():
+    registry = _native.Registry()
+
+    class Item:
+        pass
+
+    kept = [Item() for _ in range(10)]
+    for _ in range(1000):
+        registry.add(Item())  # dies at once
+    for item in kept:
+        registry.add(item)
+    live = registry.live()
+    assert len(live) == 10 and all(x in kept for x in live)
+    assert len(registry.live()) == 10
+    gc.collect()
+
+
+def test_buffers_of_native_results_behave_as_any(ex):
+    a = ex.from_numpy(np.arange(6, dtype=np.float32))
+    for _ in range(CALLS):
+        r = hg.ops.vector_add(a, a)
+    assert r.signature == ((6,), np.dtype(np.float32)) and r.launch_key[:2] == r.signature
+    assert r.reshape(2, 3).shape == (2, 3)
+    assert np.from_dlpack(r).tolist() == [0, 2, 4, 6, 8, 10]
+    r.free()
+    assert r.freed and r.launch_key is None
+    with pytest.raises(InvalidBufferError):
+        r.to_numpy()
+
+
+def test_lease_exports_its_block():
+    pool = hg.runtime.Pool()
+    lease = pool.lease(1000)
+    assert lease.nbytes == 1024 and lease.address % 64 == 0
+    view = memoryview(lease)
+    assert view.nbytes == 1024 and not view.readonly
+    del lease  # the view keeps the block
+    assert pool.stats()["allocated_bytes"] == 1024
+    del view
+    assert pool.stats()["allocated_bytes"] == 0
+
+
+def test_file_pending_files_only_the_running_call(ex):
+    op = hg.ops.vector_sub
+    a = ex.from_numpy(np.ones(3, np.float32))
+    # No call running: nothing to file.
+    assert not _native.file_pending(op.op.natives, (a.launch_key, a.launch_key), (3,),
+                                    np.dtype(np.float32), a.launch_key, 12, print, None)
