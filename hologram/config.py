@@ -17,6 +17,7 @@ Values are read at call time, so tests and users can change the environment at r
 | ``HOLOGRAM_QUICK_COMPILE`` | ``1``: compile quickly first, fully when hot (compiler.md) | ``1`` |
 | ``HOLOGRAM_PROMOTE_AFTER`` | calls before a quick compile is redone in full | ``16`` |
 | ``HOLOGRAM_CUDA_EMULATE`` | ``1``: ``cuda`` runs in Triton's interpreter (docs/cuda.md) | ``0`` |
+| ``HOLOGRAM_CUDA_ALLOW_TF32`` | ``1``: ``cuda`` f32 matmuls may use TF32 (docs/cuda.md) | ``0`` |
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ class Settings:
     bench_quick: bool
     cpu_target: str
     cuda_emulate: bool = False
+    # f32 matrix products on the cuda backend may round their operands to TF32 (10-bit
+    # mantissas), as torch.backends.cuda.matmul.allow_tf32; off: IEEE f32 products.
+    cuda_allow_tf32: bool = False
     quick_compile: bool = True
     promote_after: int = 16
 
@@ -81,6 +85,7 @@ _VARIABLES = (
     "HOLOGRAM_BACKEND", "HOLOGRAM_NUM_THREADS", "HOLOGRAM_CACHE_DIR",
     "HOLOGRAM_DISABLE_DISK_CACHE", "HOLOGRAM_CACHE_SIZE", "HOLOGRAM_DUMP_DIR",
     "HOLOGRAM_FAST_MATH", "HOLOGRAM_BENCH_QUICK", "HOLOGRAM_CPU_TARGET", "HOLOGRAM_CUDA_EMULATE",
+    "HOLOGRAM_CUDA_ALLOW_TF32",
     "HOLOGRAM_QUICK_COMPILE", "HOLOGRAM_PROMOTE_AFTER",
     "XDG_CACHE_HOME",
     "HOME",
@@ -145,6 +150,7 @@ def _read() -> Settings:
         bench_quick=_flag("HOLOGRAM_BENCH_QUICK"),
         cpu_target=os.environ.get("HOLOGRAM_CPU_TARGET", "").strip().lower() or "host",
         cuda_emulate=_flag("HOLOGRAM_CUDA_EMULATE"),
+        cuda_allow_tf32=_flag("HOLOGRAM_CUDA_ALLOW_TF32"),
         quick_compile=_flag_default("HOLOGRAM_QUICK_COMPILE", True),
         promote_after=_int("HOLOGRAM_PROMOTE_AFTER", 16, 1),
     )

@@ -5,6 +5,7 @@ on a GPU. Skipped where the ``cuda`` extra (triton) is not installed."""
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -19,7 +20,7 @@ import hologram
 import hologram as hg
 from hologram import backends
 from hologram.backends.cuda import backend as cuda
-from hologram.backends.cuda import worker
+from hologram.backends.cuda import render, worker
 from hologram.errors import CompileError, DeviceError, DTypeError
 from hologram.frontend.graph import Graph
 from hologram.isa import dtypes as dt
@@ -166,7 +167,136 @@ def test_integer_division_truncates_with_the_isa_edge_results(emulate, t):
         np.testing.assert_array_equal(got[0], want[0], err_msg=op)
 
 
-def test_unsupported_pairs_are_refused_with_a_dtype_error(emulate):
+def _kernels(program):
+    return backends.builder("cuda").describe(hologram.build(program, backend="cuda").data)
+
+
+def test_few_long_rows_are_split_by_size(emulate):
+    """docs/cuda.md's heuristic: rows that would give few program instances and hold at
+    least two chunks of SPLIT_WORK terms are split; many rows, short rows and matrix
+    products are not."""
+    def split(shape, axes, kind="sum"):
+        g = Graph("s")
+        g.output("y", g.reduce(kind, g.input("x", "f32", shape), axes, keepdim=False))
+        kernels = _kernels(g.program())["kernels"]
+        return [(k["name"].rsplit("_", 1)[-1], k["grid"]) for k in kernels]
+
+    work = render.SPLIT_WORK
+    # at most MAX_PARTS chunks, each a whole number of 1024-term tiles
+    (part, parts), final = split((10_000_000,), (0,))
+    assert part == "part" and render.MAX_PARTS - 8 <= parts <= render.MAX_PARTS
+    assert final == ("final", 1)
+    (part, programs), final = split((4, 100_000), (1,))  # one row per program instance
+    assert part == "part" and programs % 4 == 0 and 2 <= programs // 4 <= 100_000 // work
+    assert split((3, 2 * work - 1), (1,)) == [("k0", 1)]  # under two chunks
+    assert split((4096, 100_000), (1,))[0][0] == "k0"  # rows enough to fill the GPU
+    assert split((7, 50_000), (1,), "argmin")[0][0] == "part"
+    g = Graph("mm")
+    g.output("y", g.input("a", "f32", (2, 100_000)) @ g.input("b", "f32", (100_000, 3)))
+    assert all("part" not in k["name"] for k in _kernels(g.program())["kernels"])
+
+
+def test_split_reductions_at_the_default_threshold(emulate):
+    """The default threshold's split, emulated (the conformance suite covers the rules
+    across chunks with a lowered threshold, tests/conformance/test_split_reductions.py):
+    a float sum within the ISA's bound of the exact sum, argmax/argmin's first index
+    among ties in different chunks, first NaN, integer wraparound."""
+    n = 2 * render.SPLIT_WORK + 5000
+    g = Graph("long")
+    x = g.input("x", "f32", (n,))
+    i = g.input("i", "i8", (2, n))
+    for kind in ("sum", "argmax", "argmin", "max"):
+        g.output(f"x_{kind}", g.reduce(kind, x, (0,), keepdim=False))
+        g.output(f"i_{kind}", g.reduce(kind, i, (1,), keepdim=False))
+    program = g.program()
+    assert sum("part" in k["name"] for k in _kernels(program)["kernels"]) == 8
+    rng = np.random.default_rng(5)
+    xs = rng.standard_normal(n).astype(np.float32) * 1e3
+    xs[[10, n - 10]] = 1e4  # ties in the first and last chunks
+    xs[[20, n - 20]] = -1e4
+    ints = rng.integers(-127, 128, (2, n)).astype(np.int8)
+    ints[1, :] = 127  # wraps; every index ties
+    ints[0, [5, n - 5]] = -128
+    got, want = _both(program, [xs, ints])
+    assert abs(float(got[0]) - math.fsum(xs.astype(np.float64))) <= \
+        (math.ceil(math.log2(n)) + 28) * 2**-24 * np.abs(xs).sum(dtype=np.float64) + \
+        2**-24 * abs(float(want[0]))
+    for gg, ww in zip(got[1:], want[1:]):
+        np.testing.assert_array_equal(gg, ww)
+    assert got[2] == 10 and got[4] == 20 and got[5].tolist() == [5, 0]
+    xs[[30, n - 30]] = np.nan
+    got, want = _both(program, [xs, ints])
+    assert got[2] == got[4] == 30 and np.isnan(got[6]) and np.isnan(got[0])
+
+
+def test_tf32_is_an_opt_in_for_f32_matmuls(emulate, monkeypatch, tmp_path):
+    """HOLOGRAM_CUDA_ALLOW_TF32=1 (torch.backends.cuda.matmul.allow_tf32): f32 matmuls'
+    tl.dot rounds its operands to TF32; off by default; in the cache key; f64 and bf16
+    products stay IEEE. The interpreter ignores input_precision (np.matmul in f32), so an
+    emulated run can only check the TF32 tolerance, not TF32's rounding; the sm_80 PTX
+    shows the TF32 tensor-core instruction."""
+    monkeypatch.setenv("HOLOGRAM_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("HOLOGRAM_DISABLE_DISK_CACHE")  # the keys must keep them apart
+    impl = backends.builder("cuda")
+    programs = [_matmul(t) for t in (dt.float32, dt.float64, dt.bfloat16)]
+    monkeypatch.delenv("HOLOGRAM_CUDA_ALLOW_TF32", raising=False)
+    ieee = [hologram.build(p, backend="cuda", target="sm_80") for p in programs]
+    monkeypatch.setenv("HOLOGRAM_CUDA_ALLOW_TF32", "1")
+    tf32 = [hologram.build(p, backend="cuda", target="sm_80") for p in programs]
+    for a, b in zip(ieee, tf32):
+        assert a.key != b.key
+        assert not impl.describe(a.data)["allow_tf32"] and impl.describe(b.data)["allow_tf32"]
+    sources = [impl.describe(a.data)["source"] for a in ieee + tf32]
+    assert all('input_precision="ieee"' in s and "tf32" not in s for s in sources[:3])
+    assert 'input_precision="tf32"' in sources[3] and '"ieee"' not in sources[3]
+    assert sources[4:] == sources[1:3]  # f64, bf16: unchanged
+
+    def ptx(artifact):
+        return "".join(cuda.ptx(artifact.data, k["name"])
+                       for k in impl.describe(artifact.data)["kernels"])
+    assert ".tf32" in ptx(tf32[0]) and ".tf32" not in ptx(ieee[0])
+
+    rng = np.random.default_rng(6)
+    a = rng.standard_normal((2, 100, 300)).astype(np.float32)
+    b = rng.standard_normal((300, 70)).astype(np.float32)
+    c = rng.standard_normal(70).astype(np.float32)
+    got, want = _both(programs[0], [a, b, c])
+    # TF32's operands keep 11 significant bits: each product within 2 * 2**-11 relative,
+    # plus the f32 sum's bound (docs/cuda.md)
+    scale = np.abs(a) @ np.abs(b) + np.abs(c)
+    assert (np.abs(got[0] - want[0]) <= (2**-10 + 40 * 2**-24) * scale).all()
+
+
+def test_float_mod_is_exact_c_fmod(emulate):
+    """Float mod is C fmod, exactly (NVPTX's frem divides inexactly): the remainder of the
+    integer significands (hg_fmod_*), against NumPy's fmod bit for bit, with NaN, ±inf,
+    ±0.0, subnormals, the largest values and ratios up to 2**2000 (the conformance suite
+    runs it against the interpreter too)."""
+    rng = np.random.default_rng(7)
+    for t, bits in ((dt.float32, np.int32), (dt.float64, np.int64)):
+        info = np.finfo(t.storage)
+        edges = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, info.tiny, -info.tiny,
+                          info.smallest_subnormal, -info.smallest_subnormal, info.max,
+                          -info.max, 1.0, -1.0, 3.0, 0.1, -7.5], t.storage)
+        # random bit patterns: every exponent, subnormals and NaNs included
+        patterns = rng.integers(np.iinfo(bits).min, np.iinfo(bits).max, (2, 1500),
+                                dtype=bits).view(t.storage)
+        a = np.concatenate([np.repeat(edges, edges.size), patterns[0]])
+        b = np.concatenate([np.tile(edges, edges.size), patterns[1]])
+        got = np.asarray(hologram.compile(elementwise("mod", [t, t], a.size),
+                                          backend="cuda")(a, b))
+        with np.errstate(invalid="ignore"):
+            want = np.fmod(a, b)
+        same = (got.view(bits) == want.view(bits)) | (np.isnan(got) & np.isnan(want))
+        assert same.all(), (t.name, a[~same][:5], b[~same][:5], got[~same][:5])
+
+
+def test_unsupported_pairs_are_refused_with_a_dtype_error(emulate, monkeypatch):
+    """A pair the backend does not declare (none is left among the ISA's: here one made
+    undeclared) is refused at compile time with a DTypeError naming a fix."""
+    declared = cuda.CudaBackend.supports
+    monkeypatch.setattr(cuda.CudaBackend, "supports", lambda self, op, t: declared(
+        self, op, t) and not (op == "mod" and t is dt.float32))
     with pytest.raises(DTypeError) as info:
         hologram.compile(elementwise("mod", [dt.float32] * 2, 8), backend="cuda")
     message = str(info.value)
@@ -217,12 +347,27 @@ def _families():
                        ("exp", [dt.float32]), ("sin", [dt.float32]), ("tanh", [dt.float16]),
                        ("pow", [dt.float32] * 2), ("div", [dt.int32] * 2),
                        ("exp", [dt.float64]), ("cast", [dt.float64], dt.bfloat16),
-                       ("add", [dt.int8] * 2), ("cast", [dt.float32], dt.uint8)]
+                       ("add", [dt.int8] * 2), ("cast", [dt.float32], dt.uint8),
+                       ("mod", [dt.float32] * 2), ("mod", [dt.float64] * 2)]
     programs = {"elementwise": [elementwise(op, types, 1000, *rest)
                                 for op, types, *rest in elementwise_ops]}
     programs["reduction"] = [_rows(t) for t in (dt.float32, dt.float16, dt.int32, dt.float64)]
     programs["matmul"] = [_matmul(t) for t in (dt.float32, dt.bfloat16, dt.int32, dt.float64)]
+    programs["split"] = [_long_rows(t) for t in (dt.float32, dt.bfloat16, dt.int32, dt.float64,
+                                                 dt.int8)]
     return programs
+
+
+def _long_rows(t: dt.DType):
+    """Every reduction kind over few long rows and over everything: split reductions at
+    the default threshold (their partials' and combining kernels)."""
+    g = Graph(f"long_rows_{t.name}")
+    x = g.input("x", t, (4, 100_000))
+    for kind in ("sum", "prod", "max", "argmax", "argmin"):
+        if not (kind == "prod" and t.is_float and t is not dt.float32):
+            g.output(f"{kind}_rows", g.reduce(kind, x, (1,), keepdim=False))
+        g.output(f"{kind}_all", g.reduce(kind, x, (0, 1), keepdim=False))
+    return g.program()
 
 
 def _matmul(t: dt.DType):

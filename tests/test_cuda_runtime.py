@@ -147,6 +147,33 @@ def test_a_program_built_for_sm90_is_loaded_and_launched_on_the_fake_driver(tmp_
 
 
 @needs_triton
+def test_a_split_reductions_partials_live_in_program_owned_scratch(tmp_path, monkeypatch):
+    """The partials' kernel writes scratch memory the program allocates (sized from the
+    artifact), and the combining kernel reads the same allocation."""
+    monkeypatch.setenv("HOLOGRAM_CACHE_DIR", str(tmp_path))
+    g = Graph("long_sum")
+    g.output("s", g.sum(g.input("x", "f32", (2, 200_000)), 1))
+    artifact = hologram.build(g.program(), backend="cuda", target="sm_90").data
+    header = json.loads(artifact)
+    part, final = header["kernels"]
+    assert part["name"].endswith("_part") and final["name"].endswith("_final")
+    (index, scratch), = header["scratch"].items()
+    assert part["writes"] == [int(index)] and int(index) in final["buffers"]
+    assert header["temps"][index] == scratch["count"] * 4 and scratch["dtype"] == "f4"
+    driver = FakeDriver(capacity=1 << 22)
+    memory = DeviceMemory(driver)
+    program = DeviceProgram(artifact, driver, memory)
+    handles = (memory.alloc((2 * 200_000 * 4,), np.uint8), memory.alloc((8,), np.uint8))
+    program.launch(handles)
+    first, second = [c for c in driver.calls if c[0] == "launch"]
+    assert first[2] == (part["grid"], 1, 1) and part["grid"] == 2 * scratch["count"] // 2
+    where = program.temps[index]
+    assert where not in handles and len(driver.memory[where]) == scratch["count"] * 4
+    assert first[5][part["buffers"].index(int(index))] == where
+    assert second[5][final["buffers"].index(int(index))] == where
+
+
+@needs_triton
 def test_an_emulation_artifact_is_refused_by_the_device_program(monkeypatch):
     monkeypatch.setenv("HOLOGRAM_DISABLE_DISK_CACHE", "1")
     g = Graph("plain")

@@ -44,6 +44,7 @@ from hologram.isa.dtypes import DType
 from hologram.isa.ir import Program
 from hologram.isa.text import parse_program, print_program
 
+from . import render as render_module
 from . import worker
 from .render import PRELUDE, render
 from .runtime import DeviceMemory, DeviceProgram
@@ -61,10 +62,11 @@ _TARGET_OF = {(8, minor): "sm_80" for minor in range(10)} | {(9, 0): "sm_90"}
 _DTYPES = frozenset(dt.ALL)
 _FLOAT_ONLY = frozenset({"sqrt", "rsqrt", "floor", "ceil", "round", "trunc",
                          *shared_math.FUNCTIONS})
-_INT_ONLY = frozenset({"and", "or", "xor", "not", "mod"})  # float mod: not exact on GPUs
-_NUMERIC = frozenset({"div", "sign", "fma", "contract"})  # not bool
+_INT_ONLY = frozenset({"and", "or", "xor", "not"})
+_NUMERIC = frozenset({"div", "mod", "sign", "fma", "contract"})  # not bool
 _ANY = frozenset({"load", "store", "const", "index", "cast", "select", "add", "sub", "mul",
                   "min", "max", "abs", "neg", "eq", "ne", "lt", "le", "gt", "ge", "reduce"})
+_SPLIT_WORK = render_module.SPLIT_WORK  # the default split threshold
 #: Triton compile options: never contract a*b+c to an FMA (one rounding, not two).
 OPTIONS = {"enable_fp_fusion": False, "num_stages": 1}
 
@@ -120,12 +122,18 @@ class CudaBackend(Backend):
 
     def target(self, name: str | None = None) -> str:
         name = name or self._device_target()
-        if name is None:
-            return f"{FORMAT} triton-{worker.TRITON_VERSION} interpret"
-        if name not in TARGETS:
+        if name is not None and name not in TARGETS:
             raise DeviceError(f"cuda: unknown target {name!r}; known targets: "
                               f"{', '.join(TARGETS)}")
-        return f"{FORMAT} triton-{worker.TRITON_VERSION} {name}"
+        # Everything the generated code depends on beyond the program is named here, so it
+        # is part of every cache key (launch.build): TF32 matmuls, a lowered split
+        # threshold (tests).
+        text = f"{FORMAT} triton-{worker.TRITON_VERSION} {name or 'interpret'}"
+        if config.get().cuda_allow_tf32:
+            text += " tf32"
+        if render_module.SPLIT_WORK != _SPLIT_WORK:
+            text += f" split-work-{render_module.SPLIT_WORK}"
+        return text
 
     def supports(self, op: str, dtype: DType) -> bool:
         if dtype not in _DTYPES:
@@ -133,7 +141,7 @@ class CudaBackend(Backend):
         if op in _FLOAT_ONLY:
             return dtype.is_float
         if op in _INT_ONLY:
-            return dtype.is_int or (dtype.is_bool and op != "mod")
+            return dtype.is_int or dtype.is_bool
         if op in _NUMERIC:
             return not dtype.is_bool
         return op in _ANY
@@ -147,23 +155,30 @@ class CudaBackend(Backend):
         target = target or self._device_target()
         self.target(target)
         program = pipeline.for_target(program, CAPS)
+        tf32 = config.get().cuda_allow_tf32  # named by the target string (the cache key)
         kernels, delegated = [], []
+        # Split reductions' partials live in scratch buffers numbered after the program's
+        # (temporaries of the artifact, like the program's own).
+        scratch: dict[str, dict] = {}
         for index, kernel in enumerate(program.kernels):
             plan = loops.plan(kernel, CAPS)
             if plan.unsupported and 0 not in kernel.domain:
                 delegated.append({"kernel": index, "reason": plan.unsupported})
                 continue
             pipeline.dump(program.name, f"{kernel.name}.loops", plan.dump())
-            k = render(program, kernel, CAPS)
-            k["kernel"] = index
-            kernels.append(k)
+            for k in render(program, kernel, CAPS, len(program.buffers) + len(scratch), tf32):
+                k["kernel"] = index
+                scratch.update({str(s["index"]): s for s in k.pop("scratch")})
+                kernels.append(k)
         source = PRELUDE + "".join(f"\n\n{k.pop('source')}" for k in kernels)
         pipeline.dump(program.name, "triton.py", source)
+        temps = {str(i): b.nbytes for i, b in enumerate(program.buffers) if b.kind == "temp"}
+        temps.update({i: s["count"] * np.dtype(s["dtype"]).itemsize
+                      for i, s in scratch.items()})
         header = {"format": FORMAT, "program": program.name, "target": target,
                   "triton": worker.TRITON_VERSION, "source": source, "kernels": kernels,
                   "params": [i for i, b in enumerate(program.buffers) if b.kind != "temp"],
-                  "temps": {str(i): b.nbytes for i, b in enumerate(program.buffers)
-                            if b.kind == "temp"},
+                  "temps": temps, "scratch": scratch, "allow_tf32": tf32,
                   "interpreted": delegated, "text": print_program(program)}
         if target is not None and kernels:
             header["compiled"] = _compile(source, kernels, TARGETS[target])
@@ -173,7 +188,7 @@ class CudaBackend(Backend):
         header = json.loads(artifact)
         out = {"format": header["format"], "bytes": len(artifact), "target": header["target"],
                "triton": header["triton"], "source": header["source"],
-               "kernels": header["kernels"],
+               "kernels": header["kernels"], "allow_tf32": header.get("allow_tf32", False),
                "interpreted": [d["kernel"] for d in header["interpreted"]]}
         if "compiled" in header:
             out["compiled"] = [{k: v for k, v in c.items() if k not in ("ptx", "cubin")}
@@ -293,6 +308,11 @@ class _Emulated(Executable):
                 memory.append(next(given))
             else:
                 memory.append(np.full(buf.nbytes, 0xFF, np.uint8).view(buf.dtype.storage))
+        for index in sorted(map(int, self.header.get("scratch", {}))):
+            s = self.header["scratch"][str(index)]
+            assert index == len(memory), "scratch buffers follow the program's, in order"
+            size = s["count"] * np.dtype(s["dtype"]).itemsize  # all written before read
+            memory.append(np.full(size, 0xFF, np.uint8).view(s["dtype"]))
         for how, index, step in self.steps:
             if how == "interp":
                 self._interpret(index, step["reason"], memory)
@@ -301,7 +321,7 @@ class _Emulated(Executable):
                 reply = worker.call("interpret", {
                     "op": "run", "source": self.header["source"], "name": step["name"],
                     "grid": (step["grid"],), "arrays": arrays}, self.header["source"])
-                writes = program.kernels[index].writes()
+                writes = step["writes"]
                 for i, result in zip(step["buffers"], reply["arrays"]):
                     if i in writes:
                         _for_torch(memory[i])[...] = result

@@ -48,6 +48,18 @@ MAX_RBLOCK = 1024
 #: ``tl.dot`` (each at least 16, Triton's smallest dot).
 MATMUL_TILE = 64
 MATMUL_DEPTH = 32
+#: Split reductions (:func:`split`): a kernel that reduces long rows into few outputs is
+#: rendered as two kernels, partials over chunks of each row and their combination, so
+#: that the whole GPU works on it. Chunks hold at least ``SPLIT_WORK`` terms (16 or more
+#: ``RBLOCK`` trips: the partials' memory traffic and the second launch stay small beside
+#: the reads), and a row is cut into at most ``MAX_PARTS`` of them, only as many as it takes
+#: to give ``SPLIT_PROGRAMS`` program instances (about two per SM of an A100's 108 or an
+#: H100's 132). Fixed numbers, not the device's: the result is the same bits on every GPU.
+#: Tests lower ``SPLIT_WORK`` (the backend's target string then names it, so cached
+#: artifacts never mix).
+SPLIT_WORK = 1 << 14
+MAX_PARTS = 256
+SPLIT_PROGRAMS = 256
 #: The Triton pointer type of each buffer dtype (bf16 as its bits, bool as a byte).
 POINTER = {"f64": "*fp64", "f32": "*fp32", "f16": "*fp16", "bf16": "*i16", "i64": "*i64",
            "i32": "*i32", "i16": "*i16", "i8": "*i8", "u8": "*u8", "bool": "*u8"}
@@ -60,6 +72,10 @@ _LIMITS = {"tl.int64": (-2**63, 2**63 - 1), "tl.int32": (-2**31, 2**31 - 1),
            "tl.int16": (-2**15, 2**15 - 1), "tl.int8": (-2**7, 2**7 - 1), "tl.uint8": (0, 255)}
 #: Per float register type: the integer type of its bits and the sign bit.
 _BITS = {"tl.float32": ("tl.int32", -2**31), "tl.float64": ("tl.int64", -2**63)}
+#: Scratch memory of split reductions: pointer and NumPy types of a register type.
+_SCRATCH = {"tl.float64": ("*fp64", "f8"), "tl.float32": ("*fp32", "f4"),
+            "tl.int64": ("*i64", "i8"), "tl.int32": ("*i32", "i4"), "tl.int16": ("*i16", "i2"),
+            "tl.int8": ("*i8", "i1"), "tl.uint8": ("*u8", "u1")}
 _CMP = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 
 #: Helpers every kernel module starts with (Triton inlines them).
@@ -68,6 +84,7 @@ import triton.language as tl
 
 HG_INF = tl.constexpr(float("inf"))
 HG_NEG_ZERO = tl.constexpr(-0.0)
+HG_NAN = tl.constexpr(float("nan"))
 
 
 @triton.jit
@@ -129,6 +146,67 @@ def hg_unkey(k, floats: tl.constexpr, magnitude: tl.constexpr):
 
 
 @triton.jit
+def hg_fmod_f32(x, y):
+    # C fmod, exact (NVPTX's frem divides inexactly). With |x| = mx * 2**ex and
+    # |y| = my * 2**ey (integer significands, ex >= ey), the result is the remainder of
+    # mx * 2**(ex - ey) by my, times 2**ey: a remainder taken 39 bits of the shift at a
+    # time (mx, my < 2**24: every step fits int64), exact in float32.
+    bx = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    by = y.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    fx, fy = bx >> 23, by >> 23
+    mx = tl.where(fx == 0, bx, (bx & 0x7FFFFF) | 0x800000).to(tl.int64)
+    my = tl.where(fy == 0, by, (by & 0x7FFFFF) | 0x800000).to(tl.int64)
+    my = tl.where(my == 0, 1, my)
+    ey = tl.maximum(fy, 1)
+    d = tl.maximum(tl.maximum(fx, 1) - ey, 0)
+    r = mx % my
+    while tl.max(d) > 0:  # at most 7 trips (d < 254)
+        s = tl.minimum(d, 39)
+        r = (r << s.to(tl.int64)) % my
+        d -= s
+    scale = ((ey.to(tl.int64) - 150 + 1023) << 52).to(tl.float64, bitcast=True)
+    v = (r.to(tl.float64) * scale).to(tl.float32)  # exact: a multiple of 2**(ey - 150)
+    v = (v.to(tl.int32, bitcast=True) | (x.to(tl.int32, bitcast=True) & -0x80000000))
+    v = v.to(tl.float32, bitcast=True)
+    ax, ay = tl.abs(x), tl.abs(y)
+    bad = (x != x) | (y != y) | (ax == HG_INF) | (ay == 0.0)
+    return tl.where(bad, HG_NAN, tl.where(ax < ay, x, v))
+
+
+@triton.jit
+def hg_fmod_f64(x, y):
+    # hg_fmod_f32's remainder for float64: significands < 2**53, 10 bits of the shift
+    # per step (up to 205 trips: huge ratios are slow, and exact).
+    sign = -0x7FFFFFFFFFFFFFFF - 1
+    bx = x.to(tl.int64, bitcast=True) & 0x7FFFFFFFFFFFFFFF
+    by = y.to(tl.int64, bitcast=True) & 0x7FFFFFFFFFFFFFFF
+    fx, fy = bx >> 52, by >> 52
+    low = 0xFFFFFFFFFFFFF
+    mx = tl.where(fx == 0, bx, (bx & low) | (low + 1))
+    my = tl.where(fy == 0, by, (by & low) | (low + 1))
+    my = tl.where(my == 0, 1, my)
+    ey = tl.maximum(fy, 1)
+    d = tl.maximum(tl.maximum(fx, 1) - ey, 0)
+    r = mx % my
+    while tl.max(d) > 0:
+        s = tl.minimum(d, 10)
+        r = (r << s) % my
+        d -= s
+    # r * 2**(ey - 1075), exactly: 2**(ey - 1075) is subnormal for small ey, so scale by
+    # a normal power of two and then by 2**-54 (exact: the result is representable)
+    k = ey - 1075
+    tiny = k < -1000
+    scale = ((tl.where(tiny, k + 54, k) + 1023) << 52).to(tl.float64, bitcast=True)
+    v = r.to(tl.float64) * scale
+    v = tl.where(tiny, v * 5.551115123125783e-17, v)  # 2**-54
+    v = (v.to(tl.int64, bitcast=True) | (x.to(tl.int64, bitcast=True) & sign))
+    v = v.to(tl.float64, bitcast=True)
+    ax, ay = tl.abs(x), tl.abs(y)
+    bad = (x != x) | (y != y) | (ax == HG_INF) | (ay == 0.0)
+    return tl.where(bad, HG_NAN, tl.where(ax < ay, x, v))
+
+
+@triton.jit
 def hg_f64_to_f32_odd(x):
     # x rounded to float32 toward zero with the lowest bit set when inexact (rounding to
     # odd): rounding that to f16/bf16 rounds x once (float32 keeps 2+ more bits).
@@ -158,16 +236,60 @@ def blocks(kernel: Kernel) -> tuple[int, int]:
     return min(pow2(points), TILE // rblock, 1024), rblock
 
 
-def render(program: Program, kernel: Kernel, caps: Capabilities) -> dict:
-    """The Triton function of ``kernel`` and what compiling and launching it needs:
-    ``{"name", "source", "signature", "buffers", "grid", "xblock", "rblock",
-    "num_warps"}`` (``buffers``: program buffer indices, one per pointer argument)."""
-    return _Kernel(program, kernel, caps).render()
+def split(kernel: Kernel, caps: Capabilities) -> tuple[int, int]:
+    """``(parts, chunk)``: into how many partials of ``chunk`` flat reduced indices each
+    row of ``kernel``'s reduction is split (``(0, 0)``: not split).
+
+    Split: a kernel whose one reduction is not a matrix product, whose stores are all made
+    once per grid point, and whose rows would otherwise give fewer than
+    ``SPLIT_PROGRAMS`` program instances, with at least two chunks of ``SPLIT_WORK`` terms
+    per row. The partials' kernel runs one program instance per (row, chunk), with
+    ``parts`` at most ``MAX_PARTS`` and no more than ``SPLIT_PROGRAMS / rows`` needs.
+    ``chunk`` is a whole number of ``RBLOCK`` tiles, and no partial is empty."""
+    layout = loops.plan(kernel, caps)
+    reductions = [x for x in kernel.body if x.op in ("reduce", "contract")]
+    if (layout.unsupported or 0 in kernel.domain or len(reductions) != 1
+            or any(dims for dims, _ in layout.store_nests)
+            or loops.matmul(kernel, layout) is not None):
+        return 0, 0
+    total = math.prod(kernel.domain[d] for d in reductions[0].axes)
+    xblock, rblock = blocks(kernel)
+    rows = math.prod(kernel.grid)
+    if -(-rows // xblock) >= SPLIT_PROGRAMS:
+        return 0, 0
+    # The partials' kernel takes one row per program instance.
+    parts = min(MAX_PARTS, total // SPLIT_WORK, -(-SPLIT_PROGRAMS // rows))
+    if parts < 2:
+        return 0, 0
+    chunk = -(-total // (parts * rblock)) * rblock
+    return -(-total // chunk), chunk
+
+
+def render(program: Program, kernel: Kernel, caps: Capabilities,
+           scratch: int = 0, tf32: bool = False) -> list[dict]:
+    """The Triton functions of ``kernel`` and what compiling and launching each needs:
+    ``{"name", "source", "signature", "buffers", "writes", "grid", "xblock", "rblock",
+    "num_warps", "scratch"}`` (``buffers``: buffer indices, one per pointer argument;
+    ``writes``: those it stores to). One function, or two for a split reduction
+    (:func:`split`): partials into scratch buffers numbered from ``scratch`` (past the
+    program's buffers; ``scratch`` lists them as ``{"index", "dtype", "count"}``, a
+    NumPy dtype), then their combination and the rest of the kernel. ``tf32``: f32
+    matrix products round their operands to TF32 (``HOLOGRAM_CUDA_ALLOW_TF32``)."""
+    parts, chunk = split(kernel, caps)
+    if not parts:
+        return [_Kernel(program, kernel, caps, tf32=tf32).render()]
+    first = _Kernel(program, kernel, caps, split=(parts, chunk, scratch))
+    partials = first.render()
+    second = _Kernel(program, kernel, caps, split=(parts, chunk, scratch))
+    second.partials = first.partials
+    return [partials, second.render()]
 
 
 class _Kernel:
-    def __init__(self, program: Program, kernel: Kernel, caps: Capabilities):
+    def __init__(self, program: Program, kernel: Kernel, caps: Capabilities,
+                 split: tuple[int, int, int] | None = None, tf32: bool = False):
         self.program, self.kernel = program, kernel
+        self.tf32 = tf32
         self.plan = loops.plan(kernel, caps)
         # A zero extent is fine here: an empty loop runs no trips, an empty grid none.
         if self.plan.unsupported and 0 not in kernel.domain:
@@ -177,6 +299,12 @@ class _Kernel:
             raise CompileError(f"cuda: program {program.name} has a buffer of 2**31 "
                                "elements or more (indices are int32); split it")
         self.xblock, self.rblock = blocks(kernel)
+        if split is not None:
+            self.xblock = 1  # the partials' kernel: one row per program instance
+        # A split reduction: (parts, chunk, first scratch buffer); the partials' kernel
+        # fills ``partials`` (name -> (buffer, register type)), the second reads them.
+        self.split = split
+        self.partials: dict[str, tuple[int, str]] | None = None
         self.lines: list[str] = []
         self.depth = 1
         self.names = 0
@@ -200,7 +328,13 @@ class _Kernel:
     def render(self) -> dict:
         kernel, plan = self.kernel, self.plan
         mm = loops.matmul(kernel, plan)
-        if mm is not None:
+        name, scratch = f"hg_{kernel.name}", []
+        if self.split is not None and self.partials is None:
+            return self.render_partials()
+        if self.split is not None:
+            grid, tile = self.combine(), self.xblock * self.rblock
+            name += "_final"
+        elif mm is not None:
             grid, tile = self.matmul(mm), TILE
         else:
             grid, tile = self.points(), self.xblock * self.rblock
@@ -210,15 +344,54 @@ class _Kernel:
                 self.prepare(body[pos].args[0])
             self.nest(list(dims), lambda stores=stores: [self.store(body[p]) for p in stores])
         buffers = self.buffers()
-        name = f"hg_{kernel.name}"
+        signature = {f"b{i}": POINTER[program_dtype(self.program, i)] for i in buffers}
+        for index, reg in (self.partials or {}).values():
+            buffers.append(index)
+            signature[f"b{index}"] = _SCRATCH[reg][0]
+        return self.function(name, buffers, signature, sorted(kernel.writes()), grid, tile,
+                             scratch)
+
+    def function(self, name: str, buffers: list[int], signature: dict[str, str],
+                 writes: list[int], grid: int, tile: int, scratch: list[dict]) -> dict:
         args = ", ".join(f"b{i}" for i in buffers)
         source = f"@triton.jit\ndef {name}({args}):\n" + "\n".join(self.lines) + "\n"
-        return {"name": name, "source": source,
-                "signature": {f"b{i}": POINTER[program_dtype(self.program, i)]
-                              for i in buffers},
-                "buffers": buffers, "grid": grid,
+        return {"name": name, "source": source, "signature": signature,
+                "buffers": buffers, "writes": writes, "grid": grid,
                 "xblock": self.xblock, "rblock": self.rblock,
-                "num_warps": 4 if tile <= 2048 else 8}
+                "num_warps": 4 if tile <= 2048 else 8, "scratch": scratch}
+
+    def render_partials(self) -> dict:
+        """The first kernel of a split reduction: program instance ``pid`` reduces chunk
+        ``pid % parts`` of rows ``pid // parts`` and stores each row's partial state
+        (:meth:`reduce`) at ``row * parts + chunk`` of one scratch buffer per field."""
+        kernel = self.kernel
+        parts, chunk, first = self.split
+        points = math.prod(kernel.grid)
+        position = next(i for i, x in enumerate(kernel.body) if x.op in ("reduce", "contract"))
+        instr = kernel.body[position]
+        self.line("pid = tl.program_id(0)")
+        self.line(f"part = pid % {parts}")
+        self.line(f"x = (pid // {parts}) * {self.xblock} + "
+                  f"tl.arange(0, {self.xblock})[:, None]")
+        self.line(f"xmask = x < {points}")
+        self.line("xzero = x * 0")
+        self.grid_indices()
+        for arg in instr.args:
+            self.prepare(arg)
+        state = self.reduce(position, instr, part=("part", chunk))
+        self.partials, scratch, buffers = {}, [], sorted(kernel.reads())
+        signature = {f"b{i}": POINTER[program_dtype(self.program, i)] for i in buffers}
+        for n, (field, (value, reg)) in enumerate(state.items()):
+            index = first + n
+            self.partials[field] = (index, reg)
+            pointer, storage = _SCRATCH[reg]
+            scratch.append({"index": index, "dtype": storage, "count": points * parts})
+            buffers.append(index)
+            signature[f"b{index}"] = pointer
+            self.line(f"tl.store(b{index} + x * {parts} + part + xzero, {value}, mask=xmask)")
+        return self.function(f"hg_{kernel.name}_part", buffers, signature,
+                             [s["index"] for s in scratch], -(-points // self.xblock) * parts,
+                             self.xblock * self.rblock, scratch)
 
     def points(self) -> int:
         """The grid-point rows of this program instance (``x``, ``xmask``) and their
@@ -229,19 +402,24 @@ class _Kernel:
                   f"tl.arange(0, {self.xblock})[:, None]")
         self.line(f"xmask = x < {points}")
         self.line("xzero = x * 0")
+        self.grid_indices()
+        return -(-points // self.xblock)
+
+    def grid_indices(self) -> None:
+        """The index tile of each grid dimension, from the flat grid point ``x``."""
         stride = 1
-        for d in reversed(range(kernel.grid_rank)):
-            n = kernel.domain[d]
+        for d in reversed(range(self.kernel.grid_rank)):
+            n = self.kernel.domain[d]
             if n > 1:
                 self.index[d] = self.bind(f"(x // {stride}) % {n}")
             stride *= n
-        return -(-points // self.xblock)
 
     def matmul(self, mm: loops.MatmulDims) -> int:
         """A matrix product (:func:`hologram.codegen.loops.matmul`): each program instance
         computes a ``[BM, BN]`` tile of outputs over chunks of ``BK`` indices of ``k``.
-        Floats use ``tl.dot`` (IEEE f32 products and sums, no TF32) and add the chunks'
-        sums with compensation, so the error stays within the ISA's float-sum bound (a
+        Floats use ``tl.dot`` (IEEE f32 products and sums; f32 operands rounded to TF32
+        only with ``tf32``, ``HOLOGRAM_CUDA_ALLOW_TF32``) and add the chunks' sums with
+        compensation, so the error stays within the ISA's float-sum bound (a
         chunk's dot product costs at most ``BK`` roundings, the compensated sum of the
         chunks about two); a sum of -0.0 products comes out +0.0, as from BLAS. Integers
         (which ``tl.dot`` takes only as i8) sum broadcast products, wrapping. The epilogue
@@ -287,7 +465,10 @@ class _Kernel:
         kb = self.bind(f"k0 + tl.arange(0, {bk})[:, None]")
         b = operand(instr.args[1], {mm.n: cols, mm.k: kb}, col_ok, kb)
         if t.is_float:
-            y = self.bind(f"tl.dot({a}, {b}, input_precision=\"ieee\") - {comp}")
+            # TF32 only where asked for, and only for f32 (as torch's allow_tf32): IEEE
+            # products otherwise (f16/bf16 operands are exact in f32).
+            precision = "tf32" if self.tf32 and t is dt.float32 else "ieee"
+            y = self.bind(f"tl.dot({a}, {b}, input_precision=\"{precision}\") - {comp}")
             total = self.bind(f"{acc} + {y}")
             self.line(f"{comp} = tl.where(tl.abs({total}) < HG_INF, "
                       f"({total} - {acc}) - {y}, 0.0)")
@@ -449,7 +630,11 @@ class _Kernel:
         return f"tl.div_rn({args[0]}, {args[1]})" if a.is_float else f"{args[0]} // {args[1]}"
 
     def op_mod(self, args, a, t):
-        return f"{args[0]} % {args[1]}"  # integers only: C's sign of the dividend
+        # Floats: C fmod, exact (hg_fmod_*; f16/bf16 arrive as f32, whose remainder is
+        # exact in them too). Integers: C's sign of the dividend.
+        if a.is_float:
+            return f"hg_fmod_{'f64' if a is dt.float64 else 'f32'}({args[0]}, {args[1]})"
+        return f"{args[0]} % {args[1]}"
 
     def op_sqrt(self, args, a, t):
         # tl.sqrt_rn takes f32 only; an f64 sqrt is correctly rounded (sqrt.rn.f64).
@@ -558,11 +743,18 @@ class _Kernel:
         return f"{x}.to({_TL[t.name]})"  # integers: wrap (two's complement)
 
     # --- reductions ---------------------------------------------------------------------
-    def reduce(self, position: int, instr: Instr) -> str:
+    def reduce(self, position: int, instr: Instr, part: tuple[str, int] | None = None):
         """A reduction computed once per grid point: a loop over the flat index of its
         axes (row-major, so argmax indices are that index), lanes folded at the end. A
         contraction is the sum of its operands' products (exact in f32 for f16/bf16
-        operands), accumulated like a float sum."""
+        operands), accumulated like a float sum.
+
+        With ``part`` (the chunk's number, a scalar, and its length), only that chunk of
+        the flat index is reduced, and the result is the partial state that
+        :meth:`combine` folds, ``{field: (tile, register type)}``: a float sum's value
+        (unrounded; -0.0 exactly when every term is), a float product in float64, an
+        integer sum or product in its dtype, an extreme's total-order key, an
+        argmax/argmin's key and index."""
         kernel = self.kernel
         t = kernel.body[instr.args[0]].dtype
         kind = "sum" if instr.op == "contract" else instr.kind
@@ -571,7 +763,9 @@ class _Kernel:
         if total == 0:  # the identity (a sum: +0.0); argmax over nothing is refused
             identity = {"sum": 0, "prod": 1, "max": t.min, "min": t.max}[kind]
             return self.const(identity, t)
-        rblock = min(pow2(total), self.rblock) if total > 1 else 1
+        span = part[1] if part else total
+        rblock = min(pow2(span), self.rblock) if span > 1 else 1
+        start = f"{part[0]} * {part[1]} + " if part else ""
         shape = f"[{self.xblock}, {rblock}]"
         self.names += 1
         n = self.names
@@ -601,9 +795,9 @@ class _Kernel:
         saved = self.local, self.mask, self.zero
         self.names += 1
         r0, flat = f"r{self.names}", f"f{self.names}"
-        self.line(f"for {r0} in range(0, {total}, {rblock}):")
+        self.line(f"for {r0} in range(0, {span}, {rblock}):")
         self.depth += 1
-        self.line(f"{flat} = {r0} + tl.arange(0, {rblock})[None, :]")
+        self.line(f"{flat} = {start}{r0} + tl.arange(0, {rblock})[None, :]")
         self.mask = self.bind(f"xmask & ({flat} < {total})")
         self.zero = self.bind(f"xzero + {flat} * 0")
         stride = 1
@@ -659,23 +853,102 @@ class _Kernel:
             # -0.0 exactly when every term is -0.0 (the lane folds may drop the sign).
             neg_zero = self.bind(f"tl.max({signed}, 1)[:, None] == 0")
             result = self.bind(f"tl.where({neg_zero}, HG_NEG_ZERO, {total_} + 0.0)")
-            return self.rounded(result, t)
+            return {"value": (result, reg)} if part else self.rounded(result, t)
         if kind == "sum":
-            return self.bind(f"tl.sum({acc}, 1)[:, None].to({_TL[t.name]})")
+            value = self.bind(f"tl.sum({acc}, 1)[:, None].to({_TL[t.name]})")
+            return {"value": (value, _TL[t.name])} if part else value
         if kind == "prod":
-            p = self.bind(f"tl.reduce({acc}, 1, hg_mul)[:, None].to({_TL[t.name]})")
-            return self.rounded(p, t)
+            p = self.bind(f"tl.reduce({acc}, 1, hg_mul)[:, None]")
+            if part:
+                return {"value": (p, "tl.float64" if t.is_float else _TL[t.name])}
+            return self.rounded(self.bind(f"{p}.to({_TL[t.name]})"), t)
         fold = "tl.max" if kind in ("max", "argmax") else "tl.min"
         top = self.bind(f"{fold}({acc}, 1)[:, None]")
         if kind.startswith("arg"):
             index = self.bind(f"tl.min(tl.where({acc} == {top}, {best}, {total}), 1)"
                               "[:, None]")
+            if part:
+                return {"key": (top, key_t), "index": (index, "tl.int32")}
             return self.bind(f"{index}.to({_TL[instr.dtype.name]})")
+        return {"key": (top, key_t)} if part else self.unkey(top, t)
+
+    def unkey(self, top: str, t: DType) -> str:
+        """The value of dtype ``t`` whose max/min key is ``top``."""
         if t.is_float:
             return self.bind(f"hg_unkey({top}, {_TL[t.name]}, {_key_bits(t)[1]})")
         if t.is_bool:
             return self.bind(f"{top} != 0")
         return self.bind(f"{top}.to({_TL[t.name]})")  # narrow integers compare as i32
+
+    def combine(self) -> int:
+        """The second kernel of a split reduction: per grid point, the reduction's result
+        from its row's ``parts`` partials (one ``[XBLOCK, parts]`` tile), then the rest of
+        the kernel as usual. Returns the number of program instances.
+
+        Float sums add the partials in float64 (f64: a tree of at most ``MAX_PARTS``
+        float64 partials, 8 levels), so the split costs at most about 8 more roundings of
+        the accumulation precision, well inside the ISA's bound; the result is rounded to
+        the dtype once (f16/bf16 through float32 rounded to odd), and is -0.0 exactly when
+        every partial (so every term) is. argmax/argmin take the best key and, among the
+        partials holding it, the smallest index: partials hold global indices, and each
+        partial's index is its chunk's first best, so this is the row's first."""
+        kernel = self.kernel
+        parts = self.split[0]
+        position = next(i for i, x in enumerate(kernel.body) if x.op in ("reduce", "contract"))
+        instr = kernel.body[position]
+        t = kernel.body[instr.args[0]].dtype
+        kind = "sum" if instr.op == "contract" else instr.kind
+        total = math.prod(kernel.domain[d] for d in instr.axes)
+        self.rblock = pow2(parts)
+        self.xblock = min(pow2(math.prod(kernel.grid)), TILE // self.rblock, 1024)
+        grid = self.points()
+        self.line(f"p = tl.arange(0, {self.rblock})[None, :]")
+        m = self.bind(f"xmask & (p < {parts})")
+
+        def load(field: str) -> str:
+            index, _ = self.partials[field]
+            return self.bind(f"tl.load(b{index} + x * {parts} + p, mask={m}, other=0)")
+
+        if kind in ("sum", "prod") and not t.is_float:
+            fold = "tl.sum" if kind == "sum" else "tl.reduce"
+            ident, extra = (0, "") if kind == "sum" else (1, ", hg_mul")
+            v = self.bind(f"tl.where({m}, {load('value')}, {ident})")
+            result = self.bind(f"{fold}({v}, 1{extra})[:, None].to({_TL[t.name]})")
+        elif kind == "sum":
+            v = load("value")
+            bits, sign = _BITS[_TL[t.name]]
+            wide = self.bind(f"tl.where({m}, {v}, HG_NEG_ZERO).to(tl.float64)")
+            s = self.bind(f"tl.sum({wide}, 1)[:, None]")
+            # the fold may drop -0.0's sign: -0.0 exactly when every partial is -0.0
+            nz = self.bind(f"tl.max(({m} & ({v}.to({bits}, bitcast=True) != {sign}))"
+                           ".to(tl.int32), 1)[:, None]")
+            s = self.bind(f"tl.where({nz} == 0, HG_NEG_ZERO, {s} + 0.0)")
+            result = self.narrowed(s, t)
+        elif kind == "prod":
+            v = self.bind(f"tl.where({m}, {load('value')}, 1.0)")
+            result = self.narrowed(self.bind(f"tl.reduce({v}, 1, hg_mul)[:, None]"), t)
+        else:
+            largest = kind in ("max", "argmax")
+            lo, hi = _LIMITS[_KEY.get(t.name, "tl.int32")]
+            key = self.bind(f"tl.where({m}, {load('key')}, {lo if largest else hi})")
+            top = self.bind(f"{'tl.max' if largest else 'tl.min'}({key}, 1)[:, None]")
+            if kind.startswith("arg"):
+                index = self.bind(f"tl.where({m} & ({key} == {top}), {load('index')}, "
+                                  f"{total})")
+                result = self.bind(f"tl.min({index}, 1)[:, None].to("
+                                   f"{_TL[instr.dtype.name]})")
+            else:
+                result = self.unkey(top, t)
+        self.point[position] = result
+        return grid
+
+    def narrowed(self, value: str, t: DType) -> str:
+        """A float64 value rounded once to float dtype ``t``."""
+        if t is dt.float64:
+            return value
+        if t is dt.float32:
+            return self.bind(f"{value}.to(tl.float32)")
+        return self.rounded(self.bind(f"hg_f64_to_f32_odd({value})"), t)
 
     def rounded(self, value: str, t: DType) -> str:
         if t.name == "f16":

@@ -1,0 +1,132 @@
+"""Reductions of few long rows: the shape a backend computes as partials over chunks of
+each row and their combination (split reductions: the cpu backend's whole-domain ones,
+the cuda backend's few-rows ones, docs/cuda.md). The ISA's rules must hold across the
+chunks: the first index of a repeated extreme and of the first NaN, -0.0 only when every
+term is, integer wraparound, bool any/all, and float sums within the bound.
+
+The cuda backend splits from ``SPLIT_WORK`` terms per chunk (tens of thousands, for a
+GPU); here its threshold is lowered so that rows of a few thousand terms split, which the
+emulation runs in seconds. The cache keys name the lowered threshold (its target string).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from util import random_array
+
+from hologram.frontend.graph import Graph
+from hologram.isa import dtypes as dt
+
+from .numerics import (
+    INF,
+    NAN,
+    assert_close,
+    both,
+    reduction_tolerance,
+    seed_of,
+    storage,
+    supported,
+)
+from .test_reductions import kinds_for, terms_of, tie_values
+
+#: (shape, reduced axes): two rows, one row (no grid), three rows of two axes, and a
+#: reduction over the leading axis. Rows are 2100-3100 terms: three 1024-term chunks.
+CASES = [((2, 3000), (1,)), ((3100,), (0,)), ((3, 40, 60), (1, 2)), ((2100, 2), (0,))]
+#: The cuda backend's split threshold here (terms per chunk, at least; docs/cuda.md).
+SPLIT_WORK = 256
+
+
+@pytest.fixture(autouse=True)
+def _lower_the_split_threshold(monkeypatch):
+    from hologram.backends.cuda import render
+
+    monkeypatch.setattr(render, "SPLIT_WORK", SPLIT_WORK)
+
+
+def split_program(t: dt.DType, kinds: list[str]):
+    g = Graph(f"split_{t.name}")
+    outputs = []
+    for i, (shape, axes) in enumerate(CASES):
+        x = g.input(f"x{i}", t, shape)
+        for kind in kinds:
+            name = f"{kind}{i}"
+            g.output(name, g.reduce(kind, x, axes, keepdim=False))
+            outputs.append((name, kind, i))
+    return g.program(), outputs
+
+
+def _crafted(t: dt.DType, n: int, rng: np.random.Generator, label: str) -> np.ndarray:
+    """Inputs whose answer depends on rules that cross chunks (1024 terms each)."""
+    if label == "late extremes":  # the extreme repeats in later chunks: first one wins
+        x = tie_values(t, n, rng) if t.is_bool else random_array_like(t, n, rng)
+        if t.is_float:
+            x = storage(np.clip(np.asarray(x, np.float64), -100, 100), t)
+            x[[n // 2, n * 3 // 4, n - 1]] = storage([INF, INF, INF], t)
+            x[[n // 2 + 300, n - 7]] = storage([-INF, -INF], t)
+        elif not t.is_bool:
+            x[[n // 2, n * 3 // 4, n - 1]] = t.max
+            x[[n // 2 + 300, n - 7]] = t.min
+        return x
+    if label == "late NaN" and t.is_float:  # NaN wins max/min/arg*: first NaN only
+        x = storage(rng.uniform(-1, 1, n), t)
+        x[[n // 2, n - 3]] = storage([NAN, NAN], t)
+        return x
+    if label == "signed zeros" and t.is_float:  # all -0.0 but one chunk's +0.0
+        x = storage(np.full(n, -0.0), t)
+        x[n - 1] = storage([0.0], t)[0]
+        return x
+    if label == "wrap" and t.is_int:  # sums and products that wrap
+        info = np.iinfo(t.storage)
+        return rng.choice(np.array([info.max, info.max - 1, 3], dtype=t.storage), n)
+    return random_array_like(t, n, rng)
+
+
+def random_array_like(t: dt.DType, n: int, rng: np.random.Generator) -> np.ndarray:
+    if t.is_bool:
+        return rng.random(n) < 0.5
+    if t.is_int:
+        info = np.iinfo(t.storage)
+        return rng.integers(max(info.min, -1000), min(info.max, 1000), n, dtype=t.storage)
+    return storage(rng.standard_normal(n) * 3, t)
+
+
+@pytest.mark.parametrize("name", [t.name for t in dt.ALL])
+def test_few_long_rows_every_kind(backend, name):
+    t = dt.dtype(name)
+    kinds = kinds_for(backend, t)
+    if not kinds:
+        pytest.skip(f"{backend} declares no reduction on {name}")
+    program, outputs = split_program(t, kinds)
+    rng = np.random.default_rng(seed_of("split", name))
+    params = [p for p in program.params if p.kind == "in"]
+    labels = ["edges", "ties", "late extremes"]  # edges: random values with edge values
+    labels += ["late NaN", "signed zeros"] if t.is_float else ["wrap"] if t.is_int else []
+    for label in labels:
+        if label == "edges":
+            inputs = [random_array(p, rng, edges=True) for p in params]
+        elif label == "ties":
+            inputs = [tie_values(t, p.size, rng) for p in params]
+        else:
+            inputs = [_crafted(t, p.size, rng, label) for p in params]
+        got, want = both(program, backend, inputs)
+        for (out, kind, i), g, w in zip(outputs, got, want):
+            shape, axes = CASES[i]
+            rt = dt.int64 if kind.startswith("arg") else t
+            ulps, atol = reduction_tolerance(kind, t, w, terms_of(inputs[i], t, shape, axes))
+            assert_close(g, w, rt, ulps, atol, what=f"{out} {shape} axes {axes} ({name}) "
+                         f"on {label} inputs", backend=backend)
+
+
+@pytest.mark.parametrize("name", ["f32", "f16", "bf16", "f64"])
+def test_a_long_sum_of_negative_zeros_is_negative_zero(backend, name):
+    t = dt.dtype(name)
+    if not supported(backend, "reduce", t):
+        pytest.skip(f"{backend} does not declare reductions on {name}")
+    g = Graph(f"split_zeros_{name}")
+    g.output("s", g.sum(g.input("x", t, (2, 3000)), 1))
+    x = storage(np.full(6000, -0.0), t)
+    got, want = both(g.program(), backend, [x])
+    assert np.signbit(np.asarray(got[0], np.float64) if t is not dt.bfloat16
+                      else dt.from_bf16_bits(got[0])).all()
+    assert_close(got[0], want[0], t, what=f"sum of -0.0 ({name})", backend=backend)
