@@ -31,8 +31,9 @@ from hologram_torch import memory
 from hologram_torch.aten import lowered, program
 from hologram_torch.aten.program import ISA, cast, opmath
 from hologram_torch.aten.registry import aten, impl
-from hologram_torch.aten.shape import cpu_error, in_bounds
+from hologram_torch.aten.shape import cpu_error, in_bounds, sorted_groups
 from hologram_torch.fallback import run_on_cpu
+from hologram_torch.lowering.shape import row_sums
 
 OPINFO = ("softmax", "log_softmax", "_softmax_backward_data", "nn.functional.softmin",
           "nn.functional.mse_loss", "nn.functional.cross_entropy", "nn.functional.nll_loss",
@@ -253,10 +254,32 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
     return r
 
 
+def _embedding_backward_build(g, grad, groups, rows, terms, scale):
+    """grad_weight from grad rows grouped by index (:func:`shape.sorted_groups`)."""
+    count, width = math.prod(grad.shape[:-1]), grad.shape[-1]
+    acc = opmath(grad.dtype)
+    order, starts = groups[:count], groups[count:count + rows]
+    counts = groups[count + rows:]
+    total = row_sums(g, cast(grad, acc).reshape(count, width), order, starts, counts, terms)
+    if scale:  # each row's gradient over its number of occurrences
+        total = total / g.maximum(cast(counts, acc).reshape(rows, 1), 1.0)
+    return cast(total, grad.dtype)
+
+
 @impl("embedding_dense_backward")
 def embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad_by_freq):
-    """The gradient of :func:`embedding` for its [num_weights, D] table (see
-    lowering's O(N·V·D) one-hot cost)."""
+    """The gradient of :func:`embedding` for its [num_weights, D] table: the grad rows
+    summed per index, from the indices sorted on the host (:func:`shape.sorted_groups`,
+    :func:`~hologram_torch.lowering.shape.row_sums`): O(V·D·m) for the largest
+    multiplicity m of an index (rounded up to a power of two), where the lowering's
+    one-hot form (torch.compile's) costs O(V·D·N) for N indices."""
+    rows = int(num_weights)
+    if (grad.dim() and tuple(grad.shape[:-1]) == tuple(indices.shape) and indices.numel()
+            and program.supported(grad) and grad.is_floating_point() and not indices.is_cpu
+            and indices.dtype in (torch.int64, torch.int32) and in_bounds(indices, 0, rows)):
+        groups, terms = sorted_groups(indices, rows, int(padding_idx))
+        return program.run("embedding_backward_sorted", _embedding_backward_build,
+                           (grad, groups), (rows, terms, bool(scale_grad_by_freq)))
     r = lowered.call(aten.embedding_dense_backward.default, grad, indices, int(num_weights),
                      int(padding_idx), bool(scale_grad_by_freq), name="embedding_backward")
     if r is NotImplemented:

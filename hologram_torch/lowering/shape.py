@@ -172,6 +172,29 @@ def index(g, self, indices):
     return g.gather(self, tuple(coords), shape)
 
 
+def row_sums(g, src, order, starts, counts, terms: int):
+    """Sums of rows of ``src`` ([K, D]) grouped by a row index, from the index sorted:
+    ``order`` ([K], int64) lists the rows of ``src`` grouped by their index value,
+    ``starts[v]`` and ``counts[v]`` ([V], int64) say where group ``v`` begins in it and
+    how many it holds (a count of 0 drops a group), and ``terms`` bounds the counts.
+    Result ``[V, D]``, in ``src``'s dtype: ``sum of src[order[starts[v] + j]] for j <
+    counts[v]``, added in ``order``'s order, +0.0 for an empty group.
+
+    Two gathers and a masked sum over ``terms``: O(V * D * terms) work, at most the
+    one-hot form's O(V * D * K) and far less when no index repeats much (a scatter-add
+    with no indexed store in the ISA). The caller sorts the index (a host step: eager
+    only)."""
+    rows, (count, width) = starts.shape[0], src.shape
+    if count == 0:
+        raise Unsupported("row sums of no rows")  # the caller has nothing to add
+    j = g.arange(terms).reshape(1, 1, terms)
+    at = g.gather(order, (starts.reshape(rows, 1, 1) + j,), (rows, 1, terms))
+    values = g.gather(src, (at, 1), (rows, width, terms))
+    hit = g.binary("lt", j, counts.reshape(rows, 1, 1))
+    # +0.0 where nothing is added, and after the sum: as adding into zeros (-0.0 + 0.0).
+    return g.reduce("sum", g.where(hit, values, 0.0), 2) + 0.0
+
+
 # --- one-hot scatter ---------------------------------------------------------------------
 
 def along(t, dim: int, shape: tuple[int, ...], extra: int | None = None):
