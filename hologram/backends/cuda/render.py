@@ -8,7 +8,9 @@ RBLOCK)``), as ``[1, RBLOCK]`` tiles; values recomputed in the nest (the loop pl
 ``nest`` placement, :mod:`hologram.codegen.loops`) are ``[XBLOCK, RBLOCK]`` tiles. A
 reduction accumulates elementwise in an ``[XBLOCK, RBLOCK]`` accumulator inside the loop
 (a looped reduction; one trip when the row fits, i.e. persistent) and folds the lanes at
-the end with ``tl.sum`` / ``tl.max`` / ``tl.min``.
+the end with ``tl.sum`` / ``tl.max`` / ``tl.min``. Few long rows are split (:func:`split`):
+one kernel computes partials per (row, chunk) into scratch buffers, a second combines
+them and runs the rest of the kernel.
 
 Registers: f64 values are float64 tiles; f16, bf16 and f32 values are float32 tiles
 (f16/bf16 arithmetic reaches here as f32 operations and a rounding cast,
@@ -20,8 +22,9 @@ max/min/argmax/argmin compare total-order integer keys of the bits (NaN wins, ``
 +0.0``, ties go to the first index), so the result is the ISA's whatever the hardware's
 float min/max does with NaN and signed zeros. Division and square root are the correctly
 rounded ``tl.div_rn`` / ``tl.sqrt_rn`` (``/`` and ``tl.sqrt`` may be approximate on NVIDIA
-GPUs), and kernels are compiled with ``enable_fp_fusion=False`` (a multiply and an add are
-never contracted to an FMA, which would round once instead of twice). The transcendental
+GPUs), float mod is an exact remainder of the significands (``hg_fmod_*``), and kernels
+are compiled with ``enable_fp_fusion=False`` (a multiply and an add are never contracted
+to an FMA, which would round once instead of twice). The transcendental
 functions are the shared algorithms of :mod:`hologram.codegen.mathlib`, written out by
 :class:`.mathlib.TritonEmitter`: the same bits as the cpu backend's.
 """
