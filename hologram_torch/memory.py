@@ -16,7 +16,6 @@ import multiprocessing.queues
 
 import torch
 
-from hologram.errors import OutOfMemoryError
 from hologram.isa.ir import IndexMap
 from hologram.runtime import Pool
 from hologram_torch.constants import CPU_KEYS, NAME
@@ -35,51 +34,6 @@ SPARSE_UNSUPPORTED = (
 # _swap_data_ptr_, undocumented): feature-checked, with set_ as the fallback.
 _SWAP = hasattr(torch.UntypedStorage, "_swap_data_ptr_")
 
-# Blocks whose storage died, by exact size, ready for the next request of that size: a
-# list pop instead of the pool's locked bookkeeping (1-2 µs of every op: more for large
-# blocks). Bounded: SPARE_PER_SIZE blocks per size, SPARE_SIZES sizes, SPARE_MAX_BYTES in
-# all (a block that does not fit goes back to the pool); empty_cache() returns them all.
-SPARE_MAX_BYTES = 256 << 20
-SPARE_PER_SIZE = 4
-SPARE_SIZES = 256
-_spares: dict[int, list] = {}
-_spare_bytes = [0]  # held in _spares (a list: updated from __del__ without a global)
-
-
-class _Owner:
-    """Hangs on a device storage's Python object; when the storage dies, its block goes
-    to the spare list (or back to the pool)."""
-
-    __slots__ = ("lease", "nbytes")
-
-    def __del__(self) -> None:
-        nbytes = self.nbytes
-        if _spare_bytes[0] + nbytes > SPARE_MAX_BYTES:
-            return  # the lease dies here and frees the block
-        spare = _spares.get(nbytes)
-        if spare is None and len(_spares) < SPARE_SIZES:
-            spare = _spares.setdefault(nbytes, [])
-        if spare is not None and len(spare) < SPARE_PER_SIZE:
-            spare.append(self.lease)
-            _spare_bytes[0] += nbytes
-
-
-def _lease(nbytes: int, spare: list | None):
-    """A block of ``nbytes``: a spare one if ``spare`` (its size's list) has one."""
-    if spare:
-        try:
-            lease = spare.pop()
-        except IndexError:  # another thread took the last one
-            pass
-        else:
-            _spare_bytes[0] -= nbytes
-            return lease
-    try:
-        return _pool.lease(nbytes)
-    except OutOfMemoryError:
-        empty_cache()  # spare blocks of other sizes count against the pool's limit
-        return _pool.lease(nbytes)
-
 
 def pool() -> Pool:
     """The pool every device tensor's memory comes from."""
@@ -87,17 +41,11 @@ def pool() -> Pool:
 
 
 def stats() -> dict:
-    """The pool's counters, with spare blocks counted as cached rather than allocated."""
-    spare = sum(lease.nbytes for leases in list(_spares.values()) for lease in leases)
-    stats = _pool.stats()
-    stats["allocated_bytes"] -= spare
-    stats["cached_bytes"] += spare
-    return stats
+    """The pool's counters."""
+    return _pool.stats()
 
 
 def empty_cache() -> None:
-    _spares.clear()
-    _spare_bytes[0] = 0
     _pool.empty_cache()
 
 
@@ -105,11 +53,9 @@ def storage(nbytes: int) -> torch.UntypedStorage:
     """A new device storage of ``nbytes`` uninitialized bytes."""
     if nbytes == 0:
         return _construct(0, DEVICE, 0)
-    owner = _Owner()
-    owner.lease = _lease(nbytes, _spares.get(nbytes))
-    owner.nbytes = nbytes
-    st = _construct(owner.lease.address, DEVICE, nbytes)
-    st._hologram = owner
+    lease = _pool.lease(nbytes)
+    st = _construct(lease.address, DEVICE, nbytes)
+    st._hologram = lease  # the block returns to the pool when the storage dies
     return st
 
 
@@ -153,12 +99,10 @@ def new(size: list[int], stride: list[int], nbytes: int, dtype: torch.dtype) -> 
         return on_storage(storage(nbytes), dtype, size, stride)
     t = _create(size, dtype)
     if nbytes:  # storage()'s steps, inlined: this is every op's allocation
-        owner = _Owner()
-        owner.lease = _lease(nbytes, _spares.get(nbytes))
-        owner.nbytes = nbytes
+        lease = _pool.lease(nbytes)
         st = t.untyped_storage()
-        st._swap_data_ptr_(_construct(owner.lease.address, DEVICE, nbytes))
-        st._hologram = owner
+        st._swap_data_ptr_(_construct(lease.address, DEVICE, nbytes))
+        st._hologram = lease
     return t
 
 

@@ -224,4 +224,23 @@ def test_file_pending_files_only_the_running_call(ex):
     a = ex.from_numpy(np.ones(3, np.float32))
     # No call running: nothing to file.
     assert not _native.file_pending(op.op.natives, (a.launch_key, a.launch_key), (3,),
-                                    np.dtype(np.float32), a.launch_key, 12, print, None)
+                                    np.dtype(np.float32), a.launch_key, 12, print)
+
+
+def test_launchers_run_small_programs_natively_after_promotion(ex):
+    a, b = (ex.from_numpy(x) for x in arrays(64))
+    launch = None
+    for _ in range(CALLS):
+        r = hg.ops.vector_sub(a, b)
+        launch = hg.ops.vector_sub.op.kernels
+    compiled = next(iter(launch.values())).compiled
+    assert type(compiled.launch) is _native.Launcher
+    for _ in range(200):  # the promotion runs on a background thread
+        out = ex.empty(64, np.float32)
+        compiled.launch((a.handle, b.handle, out.handle))
+        if compiled.launch.planned:
+            break
+        threading.Event().wait(0.01)
+    assert compiled.launch.planned
+    np.testing.assert_array_equal(out.to_numpy(), a.to_numpy() - b.to_numpy())
+    np.testing.assert_array_equal(r.to_numpy(), a.to_numpy() - b.to_numpy())

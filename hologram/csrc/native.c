@@ -651,18 +651,212 @@ static PyObject *ndarray_type, *str_buffers, *str_native_plan;
 
 typedef void (*kernel_fn)(void **pointers, int64_t start, int64_t stop);
 
-/* A validated signature: what to allocate and how to launch. */
+/* --- launchers ----------------------------------------------------------------------------- */
+
+/* A loaded program's launch(handles) (what the SDK's ops, hg.jit and the torch device
+ * call), run without Python when the program allows it: the executable's native_plan()
+ * says which kernels to call on which pointer array. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *executable;
+    PyObject *launch; /* executable.launch: every call without a plan */
+    int plan;         /* 0: ask native_plan() at the next call, 1: planned, -1: never */
+    int nbuffers, nparams, nsteps;
+    int slots[MAX_PLAN_BUFFERS];
+    kernel_fn steps[MAX_PLAN_STEPS];
+    int64_t rows[MAX_PLAN_STEPS];
+} Launcher;
+
+static int as_address(PyObject *obj, void **out)
+{
+    *out = PyLong_AsVoidPtr(obj);
+    return !(*out == NULL && PyErr_Occurred());
+}
+
+/* Ask the executable for its plan: (pointer array length, parameter slots, ((kernel
+ * address, rows), ...)) when every step is one direct call of a native kernel; False: not
+ * yet (a build that may still be replaced); None: never. */
+static int refresh_plan(Launcher *l)
+{
+    PyObject *plan = PyObject_CallMethodNoArgs(l->executable, str_native_plan);
+    if (plan == NULL)
+        return -1;
+    if (plan == Py_False) {
+        Py_DECREF(plan);
+        return 0;
+    }
+    l->plan = -1;
+    if (plan == Py_None) {
+        Py_DECREF(plan);
+        return 0;
+    }
+    PyObject *slots, *steps;
+    int nbuffers;
+    if (!PyArg_ParseTuple(plan, "iO!O!", &nbuffers, &PyTuple_Type, &slots, &PyTuple_Type,
+                          &steps)) {
+        Py_DECREF(plan);
+        return -1;
+    }
+    Py_ssize_t nparams = PyTuple_GET_SIZE(slots), nsteps = PyTuple_GET_SIZE(steps);
+    if (nbuffers > MAX_PLAN_BUFFERS || nparams > nbuffers || nsteps > MAX_PLAN_STEPS) {
+        Py_DECREF(plan);
+        return 0; /* too large for the fixed arrays: launched through Python */
+    }
+    for (Py_ssize_t i = 0; i < nparams; i++) {
+        int slot = (int)PyLong_AsLong(PyTuple_GET_ITEM(slots, i));
+        if (slot < 0 || slot >= nbuffers) {
+            Py_DECREF(plan);
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "native_plan: a slot out of range");
+            return -1;
+        }
+        l->slots[i] = slot;
+    }
+    for (Py_ssize_t i = 0; i < nsteps; i++) {
+        void *address;
+        long long rows;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(steps, i), "O&L", as_address, &address,
+                              &rows)) {
+            Py_DECREF(plan);
+            return -1;
+        }
+        l->steps[i] = (kernel_fn)address;
+        l->rows[i] = rows;
+    }
+    l->nbuffers = nbuffers;
+    l->nparams = (int)nparams;
+    l->nsteps = (int)nsteps;
+    l->plan = 1;
+    Py_DECREF(plan);
+    return 0;
+}
+
+/* Run the plan on the parameters' addresses (l->plan == 1). */
+static void run_plan(Launcher *l, void *const *addresses)
+{
+    void *pointers[MAX_PLAN_BUFFERS];
+    memset(pointers, 0, (size_t)l->nbuffers * sizeof(void *));
+    for (int i = 0; i < l->nparams; i++)
+        pointers[l->slots[i]] = addresses[i];
+    for (int s = 0; s < l->nsteps; s++)
+        l->steps[s](pointers, 0, l->rows[s]);
+}
+
+/* Launch on nparams addresses; `handles` (the same as ints, or NULL to make them) is what
+ * the Python launch gets when there is no plan. */
+static int launcher_run(Launcher *l, void *const *addresses, Py_ssize_t n, PyObject *handles)
+{
+    if (l->plan == 0 && refresh_plan(l) < 0)
+        return -1;
+    if (l->plan == 1 && n == l->nparams) {
+        run_plan(l, addresses);
+        return 0;
+    }
+    PyObject *made = NULL;
+    if (handles == NULL) {
+        handles = made = PyTuple_New(n);
+        if (made == NULL)
+            return -1;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *h = PyLong_FromVoidPtr(addresses[i]);
+            if (h == NULL) {
+                Py_DECREF(made);
+                return -1;
+            }
+            PyTuple_SET_ITEM(made, i, h);
+        }
+    }
+    PyObject *r = PyObject_CallOneArg(l->launch, handles);
+    Py_XDECREF(made);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+static PyObject *launcher_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    PyObject *executable;
+    if (!PyArg_ParseTuple(args, "O", &executable))
+        return NULL;
+    PyObject *launch = PyObject_GetAttrString(executable, "launch");
+    if (launch == NULL)
+        return NULL;
+    Launcher *l = (Launcher *)type->tp_alloc(type, 0);
+    if (l == NULL) {
+        Py_DECREF(launch);
+        return NULL;
+    }
+    Py_INCREF(executable);
+    l->executable = executable;
+    l->launch = launch;
+    return (PyObject *)l;
+}
+
+static void launcher_dealloc(Launcher *l)
+{
+    Py_XDECREF(l->executable);
+    Py_XDECREF(l->launch);
+    Py_TYPE(l)->tp_free((PyObject *)l);
+}
+
+static PyObject *launcher_call(Launcher *l, PyObject *args, PyObject *kw)
+{
+    PyObject *handles;
+    if (!PyArg_ParseTuple(args, "O!", &PyTuple_Type, &handles))
+        return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(handles);
+    void *addresses[MAX_PLAN_BUFFERS];
+    if (l->plan == 0 && refresh_plan(l) < 0)
+        return NULL;
+    if (l->plan == 1 && n == l->nparams) {
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (!as_address(PyTuple_GET_ITEM(handles, i), &addresses[i]))
+                return NULL;
+        run_plan(l, addresses);
+        Py_RETURN_NONE;
+    }
+    return PyObject_CallOneArg(l->launch, handles);
+}
+
+static PyObject *launcher_planned(Launcher *l, void *closure)
+{
+    return PyBool_FromLong(l->plan == 1);
+}
+
+static PyGetSetDef launcher_getset[] = {
+    {"planned", (getter)launcher_planned, NULL,
+     "whether calls run the kernels without Python (so far)", NULL},
+    {NULL},
+};
+
+static PyMemberDef launcher_members[] = {
+    {"executable", T_OBJECT, offsetof(Launcher, executable), READONLY, NULL},
+    {NULL},
+};
+
+static PyTypeObject LauncherType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "hologram._native.Launcher",
+    .tp_doc = "Launcher(executable): executable.launch(handles), without Python when its "
+              "native_plan() allows.",
+    .tp_basicsize = sizeof(Launcher),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = launcher_new,
+    .tp_dealloc = (destructor)launcher_dealloc,
+    .tp_call = (ternaryfunc)launcher_call,
+    .tp_getset = launcher_getset,
+    .tp_members = launcher_members,
+};
+
+/* --- the SDK ops' allocating fast path ---------------------------------------------------- */
+
+/* A validated call: what to allocate and how to launch. */
 typedef struct {
     PyObject_HEAD
     PyObject *shape, *dtype, *signature, *launch_key; /* of the result */
     int64_t nbytes;
-    PyObject *launch;     /* the program's launch(handles), used without a plan */
-    PyObject *executable; /* asked for a plan (native_plan()) until it gives one or never */
-    int plan;             /* 0: ask, 1: planned, -1: never */
-    int nbuffers, nparams, nsteps;
-    int slots[MAX_ARITY + 1];
-    kernel_fn steps[MAX_PLAN_STEPS];
-    int64_t rows[MAX_PLAN_STEPS];
+    PyObject *launch; /* the program's launch(handles): a Launcher, or any callable */
 } Entry;
 
 static void entry_dealloc(Entry *e)
@@ -672,7 +866,6 @@ static void entry_dealloc(Entry *e)
     Py_XDECREF(e->signature);
     Py_XDECREF(e->launch_key);
     Py_XDECREF(e->launch);
-    Py_XDECREF(e->executable);
     PyObject_Free(e);
 }
 
@@ -692,70 +885,6 @@ typedef struct {
     PyObject *dict;
     Py_ssize_t arity;
 } FastOp;
-
-static int as_address(PyObject *obj, void **out)
-{
-    *out = PyLong_AsVoidPtr(obj);
-    return !(*out == NULL && PyErr_Occurred());
-}
-
-/* Ask the executable for its native plan: (nbuffers, parameter slots, ((address, rows),
- * ...)) when every step is one direct call of a native kernel; False: not yet (a build to
- * be replaced); None: never. */
-static int refresh_plan(Entry *e, Py_ssize_t nparams_expected)
-{
-    PyObject *plan = PyObject_CallMethodNoArgs(e->executable, str_native_plan);
-    if (plan == NULL)
-        return -1;
-    if (plan == Py_False) {
-        Py_DECREF(plan);
-        return 0;
-    }
-    e->plan = -1;
-    if (plan == Py_None) {
-        Py_DECREF(plan);
-        return 0;
-    }
-    PyObject *slots, *steps;
-    int nbuffers;
-    if (!PyArg_ParseTuple(plan, "iO!O!", &nbuffers, &PyTuple_Type, &slots, &PyTuple_Type,
-                          &steps)) {
-        Py_DECREF(plan);
-        return -1;
-    }
-    Py_ssize_t nparams = PyTuple_GET_SIZE(slots), nsteps = PyTuple_GET_SIZE(steps);
-    if (nbuffers > MAX_PLAN_BUFFERS || nparams != nparams_expected || nsteps > MAX_PLAN_STEPS) {
-        Py_DECREF(plan);
-        return 0; /* too large for the fixed arrays: launch through Python */
-    }
-    for (Py_ssize_t i = 0; i < nparams; i++) {
-        int slot = (int)PyLong_AsLong(PyTuple_GET_ITEM(slots, i));
-        if (slot < 0 || slot >= nbuffers) {
-            Py_DECREF(plan);
-            if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_ValueError, "native_plan: a slot out of range");
-            return -1;
-        }
-        e->slots[i] = slot;
-    }
-    for (Py_ssize_t i = 0; i < nsteps; i++) {
-        void *address;
-        long long rows;
-        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(steps, i), "O&L", as_address,
-                              &address, &rows)) {
-            Py_DECREF(plan);
-            return -1;
-        }
-        e->steps[i] = (kernel_fn)address;
-        e->rows[i] = rows;
-    }
-    e->nbuffers = nbuffers;
-    e->nparams = (int)nparams;
-    e->nsteps = (int)nsteps;
-    e->plan = 1;
-    Py_DECREF(plan);
-    return 0;
-}
 
 static PyObject *fastop_vectorcall(FastOp *f, PyObject *const *args, size_t nargsf,
                                    PyObject *kwnames);
@@ -901,10 +1030,8 @@ static PyObject *fastop_vectorcall(FastOp *f, PyObject *const *args, size_t narg
         Py_DECREF(reg);
         return general_call(f, args, nargsf, kwnames);
     }
-    Py_INCREF(e); /* asking for a plan runs Python, which may drop the entry */
+    Py_INCREF(e); /* launching may run Python, which may drop the entry */
     PyObject *buf = NULL, *array = NULL, *handle = NULL;
-    if (e->plan == 0 && refresh_plan(e, n + 1) < 0)
-        goto done;
     Lease *lease = new_lease(reg->pool, e->nbytes);
     if (lease == NULL) { /* the limit, or the OS: the general path raises the full story */
         PyErr_Clear();
@@ -938,17 +1065,15 @@ static PyObject *fastop_vectorcall(FastOp *f, PyObject *const *args, size_t narg
     SLOT(buf, off_launch_key) = e->launch_key;
     if (registry_add(reg, buf) < 0)
         goto fail;
-    if (e->plan == 1) {
-        void *pointers[MAX_PLAN_BUFFERS];
-        memset(pointers, 0, (size_t)e->nbuffers * sizeof(void *));
-        for (Py_ssize_t i = 0; i < n; i++) {
-            pointers[e->slots[i]] = PyLong_AsVoidPtr(SLOT(args[i], off_handle));
-            if (PyErr_Occurred())
-                goto fail;
-        }
-        pointers[e->slots[n]] = address;
-        for (int s = 0; s < e->nsteps; s++)
-            e->steps[s](pointers, 0, e->rows[s]);
+    void *addresses[MAX_ARITY + 1];
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!as_address(SLOT(args[i], off_handle), &addresses[i]))
+            goto fail;
+    }
+    addresses[n] = address;
+    if (Py_TYPE(e->launch) == &LauncherType) {
+        if (launcher_run((Launcher *)e->launch, addresses, n + 1, NULL) < 0)
+            goto fail;
     } else {
         PyObject *handles = PyTuple_New(n + 1);
         if (handles == NULL)
@@ -978,16 +1103,16 @@ done:
 }
 
 /* file_pending(natives, operand launch keys, shape, dtype, result launch key, nbytes,
- * launch, executable): called by the general path once it has validated an allocating
+ * launch): called by the general path once it has validated an allocating
  * call and compiled its kernel. If that call is the one a FastOp of `natives` is running
  * (its operands are these), file it under the call's key; otherwise do nothing. */
 static PyObject *file_pending(PyObject *module, PyObject *args)
 {
-    PyObject *natives, *keys, *shape, *dtype, *launch_key, *launch, *executable;
+    PyObject *natives, *keys, *shape, *dtype, *launch_key, *launch;
     long long nbytes;
-    if (!PyArg_ParseTuple(args, "O!O!O!OO!LOO", &PyTuple_Type, &natives, &PyTuple_Type, &keys,
+    if (!PyArg_ParseTuple(args, "O!O!O!OO!LO", &PyTuple_Type, &natives, &PyTuple_Type, &keys,
                           &PyTuple_Type, &shape, &dtype, &PyTuple_Type, &launch_key, &nbytes,
-                          &launch, &executable))
+                          &launch))
         return NULL;
     FastOp *f = pending_op;
     if (f == NULL || nbytes <= 0 || PyTuple_GET_SIZE(keys) != f->arity)
@@ -1013,11 +1138,7 @@ static PyObject *file_pending(PyObject *module, PyObject *args)
     e->launch_key = launch_key;
     Py_INCREF(launch);
     e->launch = launch;
-    Py_INCREF(executable);
-    e->executable = executable;
     e->nbytes = nbytes;
-    e->plan = executable == Py_None ? -1 : 0;
-    e->nbuffers = e->nparams = e->nsteps = 0;
     if (e->signature == NULL) {
         Py_DECREF(e);
         return NULL;
@@ -1041,7 +1162,8 @@ static PyObject *fastop_stats(FastOp *f, PyObject *unused)
     Py_ssize_t planned = 0, pos = 0;
     PyObject *k, *v;
     while (PyDict_Next(f->entries, &pos, &k, &v))
-        planned += ((Entry *)v)->plan == 1;
+        planned += Py_TYPE(((Entry *)v)->launch) == &LauncherType &&
+                   ((Launcher *)((Entry *)v)->launch)->plan == 1;
     return Py_BuildValue("{snsn}", "entries", PyDict_GET_SIZE(f->entries), "planned", planned);
 }
 
@@ -1148,7 +1270,7 @@ static PyMethodDef module_methods[] = {
      "set_buffer_type(Buffer, numpy.ndarray): the types FastOp makes results of"},
     {"file_pending", file_pending, METH_VARARGS,
      "file_pending(natives, operand launch keys, shape, dtype, result launch key, nbytes, "
-     "launch, executable) -> whether the call a FastOp of natives runs was filed"},
+     "launch) -> whether the call a FastOp of natives runs was filed"},
     {"size_class", size_class_py, METH_O, "size_class(nbytes) -> (index or -1, class bytes)"},
     {NULL},
 };
@@ -1176,7 +1298,8 @@ PyMODINIT_FUNC PyInit__native(void)
     str_native_plan = PyUnicode_InternFromString("native_plan");
     if (str_buffers == NULL || str_native_plan == NULL)
         return NULL;
-    PyTypeObject *types[] = {&PoolCoreType, &LeaseType, &RegistryType, &EntryType, &FastOpType};
+    PyTypeObject *types[] = {&PoolCoreType, &LeaseType, &RegistryType, &LauncherType,
+                             &EntryType, &FastOpType};
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++)
         if (PyType_Ready(types[i]) < 0)
             return NULL;
@@ -1187,6 +1310,7 @@ PyMODINIT_FUNC PyInit__native(void)
         PyModule_AddObjectRef(m, "Lease", (PyObject *)&LeaseType) < 0 ||
         PyModule_AddObjectRef(m, "Registry", (PyObject *)&RegistryType) < 0 ||
         PyModule_AddObjectRef(m, "FastOp", (PyObject *)&FastOpType) < 0 ||
+        PyModule_AddObjectRef(m, "Launcher", (PyObject *)&LauncherType) < 0 ||
         PyModule_AddIntConstant(m, "NUM_CLASSES", NUM_CLASSES) < 0 ||
         PyModule_AddIntConstant(m, "PAGE_BYTES", (long)page_bytes) < 0 ||
         PyModule_AddIntConstant(m, "SLAB_BYTES", (long)slab_bytes) < 0 ||

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from hologram import backends, config
+from hologram._native import Launcher
 from hologram.backends.base import check_arrays, check_supported
 from hologram.backends.hostmem import address, default_pool
 from hologram.compiler import pipeline
@@ -56,7 +57,9 @@ class CompiledProgram:
         #: Run on device memory: one handle (a host address, on host backends) per
         #: parameter; the caller vouches for sizes and dtypes. The launch path of the SDK
         #: ops, hg.jit and the torch device.
-        self.launch = run.launch
+        # Executables that can say which native kernels a launch calls (native_plan) are
+        # launched by a native Launcher: without Python when the plan is direct.
+        self.launch = Launcher(run) if hasattr(run, "native_plan") else run.launch
         self._host = backends.get(backend).allocator().host_visible
         params = program.params
         self._count = len(params)

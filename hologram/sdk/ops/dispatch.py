@@ -114,11 +114,8 @@ def native_op(op: Op, general: Callable, arity: int) -> Callable:
 def file_native(op: Op, kernel: CompiledOp, operands: tuple, result: Buffer) -> None:
     """Hand a validated allocating call to the op's native callable that is running it,
     if one is (see :func:`native_op`)."""
-    executable = kernel.compiled.executable
-    file_pending(op.natives, tuple(x.launch_key for x in operands),
-                         result.signature[0], result.dtype, result.launch_key, result.nbytes,
-                         kernel.by_address,
-                         executable if hasattr(executable, "native_plan") else None)
+    file_pending(op.natives, tuple(x.launch_key for x in operands), result.signature[0],
+                 result.dtype, result.launch_key, result.nbytes, kernel.by_address)
 
 
 def result_dtype(op: Op, operands: tuple) -> np.dtype:
