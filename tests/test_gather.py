@@ -41,7 +41,7 @@ def _replace_body(program: Program, body: tuple[Instr, ...]) -> Program:
 def test_text_round_trip_and_syntax():
     program = _lookup()
     text = print_program(program)
-    assert "gather @w[+0; 0, 1], %3 : f32[4, 3]" in text
+    assert "gather @w[+0; 0, 1], %3 in [0, 12] : f32[4, 3]" in text
     assert parse_program(text) == program
 
 
@@ -66,24 +66,38 @@ def test_offset_shape_must_broadcast_to_the_gather():
         verify(_replace_body(program, body[:-2] + (rows, body[-1])))
 
 
-def test_any_map_verifies_but_not_an_empty_buffer():
-    """Positions are clamped, so maps reaching outside the buffer are fine; an empty
-    buffer has nothing to clamp to."""
-    b = ProgramBuilder("far")
-    w = b.input("w", "f32", (5,))
-    y = b.output("y", "f32", (4,))
-    k = b.kernel((4,))
-    k.store(y, k.gather(w, k.index(0, "i32"), (4,), -100, (1000,)))
-    out = np.empty(4, np.float32)
-    run(b.build(), [np.arange(5, dtype=np.float32), out])
-    assert out.tolist() == [0.0, 4.0, 4.0, 4.0]
-    b = ProgramBuilder("from_empty")
-    w = b.input("w", "f32", (0,))
-    y = b.output("y", "f32", (4,))
-    k = b.kernel((4,))
-    with pytest.raises(IRError, match="gather from the empty buffer w"):
-        k.store(y, k.gather(w, k.index(0, "i32")))
-        b.build()
+def test_bounds_keep_every_element_inside_the_buffer():
+    """The default bounds are the widest that keep the map inside the buffer; bounds
+    that would reach outside it, bounds out of order, a map wider than the buffer and a
+    gather from an empty buffer (nothing to read for a non-empty shape) are rejected."""
+    b = ProgramBuilder("rows")
+    w = b.input("w", "f32", (5, 3))
+    y = b.output("y", "f32", (4, 3))
+    k = b.kernel((4, 3))
+    at = k.mul(k.index(0, "i32"), 7)  # 0, 7, 14, 21: rows 0, 2 (+1 element), 4, 4
+    k.store(y, k.gather(w, at, (4, 3), 0, (0, 1)))
+    program = b.build()
+    assert next(i for i in program.kernels[0].body if i.op == "gather").bounds == (0, 12)
+    out = np.empty((4, 3), np.float32)
+    run(program, [np.arange(15, dtype=np.float32), out])
+    assert out.tolist() == [[0, 1, 2], [7, 8, 9], [12, 13, 14], [12, 13, 14]]
+    for bounds, words in (((0, 13), "out of bounds"), ((-1, 12), "out of bounds"),
+                          ((5, 4), "low <= high")):
+        b = ProgramBuilder("bad")
+        w = b.input("w", "f32", (5, 3))
+        y = b.output("y", "f32", (4, 3))
+        k = b.kernel((4, 3))
+        with pytest.raises(IRError, match=words):
+            k.store(y, k.gather(w, k.index(0, "i32"), (4, 3), 0, (0, 1), bounds))
+            b.build()
+    for size, strides in ((5, (1000,)), (0, (1,))):  # too wide a map; an empty buffer
+        b = ProgramBuilder("far")
+        w = b.input("w", "f32", (size,))
+        y = b.output("y", "f32", (4,))
+        k = b.kernel((4,))
+        with pytest.raises(IRError, match=r"low <= high|out of bounds"):
+            k.store(y, k.gather(w, k.index(0, "i32"), (4,), 0, strides))
+            b.build()
 
 
 def test_a_kernel_never_gathers_what_it_stores():

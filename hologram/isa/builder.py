@@ -104,16 +104,20 @@ class KernelBuilder:
         return self.emit("load", (), (buffer, imap), buf.dtype, shape)
 
     def gather(self, buffer: int, at: Value, shape: tuple[int, ...] | None = None,
-               offset: int = 0, strides: tuple[int, ...] | None = None) -> Value:
+               offset: int = 0, strides: tuple[int, ...] | None = None,
+               bounds: tuple[int, int] | None = None) -> Value:
         """Read ``buffer`` at data-dependent positions: element ``i`` is flat element
-        ``offset + sum(i[d] * strides[d]) + at[i]``, clamped into the buffer (docs/isa.md).
+        ``offset + sum(i[d] * strides[d]) + clamp(at[i], *bounds)`` (docs/isa.md).
         ``shape`` defaults to ``at``'s and ``strides`` to zeros (``at`` holds whole flat
-        positions); ``at`` is any integer value whose shape broadcasts to ``shape``."""
+        positions); ``at`` is any integer value whose shape broadcasts to ``shape``.
+        ``bounds`` default to the widest that keep every element inside the buffer."""
         shape = tuple(at.shape if shape is None else shape)
-        strides = (0,) * len(self.domain) if strides is None else tuple(strides)
+        imap = IndexMap(offset, (0,) * len(self.domain) if strides is None else tuple(strides))
         buf = self.program.buffers[buffer]
-        return self.emit("gather", (at,), (buffer, IndexMap(offset, strides)), buf.dtype,
-                         shape)
+        if bounds is None:
+            low, high = imap.extent(shape) if len(imap.strides) == len(shape) else (0, -1)
+            bounds = (-low, buf.size - 1 - high) if high >= low else (0, 0)
+        return self.emit("gather", (at,), (buffer, imap, tuple(bounds)), buf.dtype, shape)
 
     def store(self, buffer: int, value: Value, offset: int = 0,
               strides: tuple[int, ...] | None = None,

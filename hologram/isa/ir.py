@@ -17,7 +17,9 @@ Instructions are SSA and refer to earlier instructions of the same kernel by pos
 as tuples: equality and hashing are alpha-equivalence for free. Memory is reached only by
 ``load`` and ``store`` through an affine :class:`IndexMap`: element ``i`` (a multi-index
 over the value's shape) lives at flat element ``offset + sum(i[d] * strides[d])`` of the
-buffer. A stride of 0 broadcasts; negative strides walk backwards.
+buffer. A stride of 0 broadcasts; negative strides walk backwards. ``gather`` is the one
+data-dependent read: an integer operand, clamped to the instruction's bounds, is added to
+its map's element offset (the bounds keep every element inside the buffer).
 
 The IR objects are immutable. Passes build new programs (``dataclasses.replace``).
 """
@@ -101,8 +103,9 @@ class Opcode(StrEnum):
         return _GROUPS[self]
 
 
-#: The ops that reach memory, each with ``(buffer_index, IndexMap)`` attrs; ``gather``
-#: adds a data-dependent element offset (an integer operand) to its map's.
+#: The ops that reach memory, each with ``(buffer_index, IndexMap, ...)`` attrs; ``gather``
+#: adds a data-dependent element offset (an integer operand, clamped to its third
+#: attribute's bounds) to its map's.
 MEMORY_OPS = (Opcode.LOAD, Opcode.STORE, Opcode.GATHER)
 #: The ops that read memory.
 READ_OPS = (Opcode.LOAD, Opcode.GATHER)
@@ -175,8 +178,9 @@ class Instr:
     """One SSA instruction. ``args`` index earlier instructions of the same kernel.
 
     ``attrs`` by opcode:
-      load / store / gather: ``(buffer_index, IndexMap)`` (gather: one integer operand,
-                    the element offset added to the map's)
+      load / store: ``(buffer_index, IndexMap)``
+      gather:       ``(buffer_index, IndexMap, (low, high))``: one integer operand, the
+                    element offset added to the map's, clamped to ``low .. high``
       const:        ``(value,)`` with floats encoded by ``float.hex`` (so that -0.0 and NaN
                     compare and hash exactly)
       index:        ``(axis,)``
@@ -204,6 +208,10 @@ class Instr:
     @property
     def map(self) -> IndexMap:  # load, store, gather
         return self.attrs[1]
+
+    @property
+    def bounds(self) -> tuple[int, int]:  # gather: the operand's clamp
+        return self.attrs[2]
 
     @property
     def value(self) -> bool | int | float:  # const

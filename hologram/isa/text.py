@@ -66,7 +66,7 @@ def _type(dtype: dt.DType, shape: tuple[int, ...]) -> str:
 
 
 def _access(program: Program, instr: Instr) -> str:
-    index, imap = instr.attrs
+    index, imap = instr.attrs[:2]
     # Stay printable for the verifier's messages even when the buffer index is bad.
     name = _name(program.buffers[index].name) if 0 <= index < len(program.buffers) else "?"
     return f"@{name}[{imap.offset:+d}; {', '.join(str(s) for s in imap.strides)}]"
@@ -94,6 +94,8 @@ def print_instr(program: Program, kernel: Kernel, pos: int) -> str:
         text += " " + ", ".join(operands)
     if instr.op in ("reduce", "contract"):
         text += f" axes {_ints(instr.axes)}"
+    if instr.op == "gather" and len(instr.attrs) == 3 and isinstance(instr.bounds, tuple):
+        text += f" in {_ints(instr.bounds)}"
     text += f" : {_type(instr.dtype, instr.shape)}"
     return text if instr.op == "store" else f"%{pos} = {text}"
 
@@ -293,6 +295,10 @@ class _Parser:
             if op in ("store", "gather"):
                 line.keyword(",")
                 args.append(value())
+            if op == "gather":
+                line.keyword("in")
+                line.keyword("[")
+                attrs += (line.ints(),)
         elif op == "const":
             literal = line.take(None, "a constant")  # checked once the dtype is known
         elif op == "index":

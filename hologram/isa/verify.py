@@ -29,7 +29,7 @@ from hologram.isa.ir import (
 
 Type = tuple[DType, tuple[int, ...]]
 
-_ATTR_COUNT = {"load": 2, "store": 2, "gather": 2, "const": 1, "index": 1, "reduce": 2,
+_ATTR_COUNT = {"load": 2, "store": 2, "gather": 3, "const": 1, "index": 1, "reduce": 2,
                "contract": 1}
 _ARITY = {
     **{op: 1 for op in UNARY_OPS},
@@ -158,10 +158,12 @@ def infer(op: str, args: list[Type], attrs: tuple, dtype: DType | None,
 
 
 def _check_memory(program: Program, kernel: Kernel, instr: Instr) -> None:
-    if not (isinstance(instr.attrs, tuple) and len(instr.attrs) == 2
+    gather = instr.op == "gather"
+    if not (isinstance(instr.attrs, tuple) and len(instr.attrs) == 2 + gather
             and isinstance(instr.attrs[1], IndexMap)):
-        raise IRError(f"{instr.op} attrs must be (buffer, IndexMap), got {instr.attrs!r}")
-    index, imap = instr.attrs
+        what = "(buffer, IndexMap, (low, high))" if gather else "(buffer, IndexMap)"
+        raise IRError(f"{instr.op} attrs must be {what}, got {instr.attrs!r}")
+    index, imap = instr.attrs[:2]
     if not (isinstance(index, int) and 0 <= index < len(program.buffers)):
         raise IRError(f"{instr.op} of unknown buffer #{index}")
     buf = program.buffers[index]
@@ -173,13 +175,15 @@ def _check_memory(program: Program, kernel: Kernel, instr: Instr) -> None:
     if buf.dtype is not instr.dtype:
         raise IRError(f"{instr.op} of {buf.name}: buffer is {buf.dtype.name}, "
                       f"instruction is {instr.dtype.name}")
-    if instr.op == "gather":
-        # Every position is clamped into the buffer, so any map is in bounds; only an
-        # empty buffer has no element to clamp to.
-        if buf.size == 0 and 0 not in instr.shape:
-            raise IRError(f"gather from the empty buffer {buf.name}")
-        return
     low, high = imap.extent(instr.shape)
+    if gather:
+        bounds = instr.attrs[2]
+        if not (isinstance(bounds, tuple) and len(bounds) == 2
+                and all(isinstance(b, int) and not isinstance(b, bool) for b in bounds)
+                and bounds[0] <= bounds[1]):
+            raise IRError(f"gather bounds must be two ints low <= high, got {bounds!r}")
+        # The operand is clamped to the bounds: these are the elements it can reach.
+        low, high = low + bounds[0], high + bounds[1]
     if high >= low and (low < 0 or high >= buf.size):
         raise IRError(
             f"{instr.op} of {buf.name}{list(buf.shape)} out of bounds: elements {low}..{high} "

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from torch.utils._pytree import tree_map
 
@@ -82,20 +83,26 @@ def in_bounds(index: torch.Tensor, low: int, high: int) -> bool:
 def sorted_groups(index: torch.Tensor, rows: int, drop: int = -1) -> tuple[torch.Tensor, int]:
     """What :func:`hologram_torch.lowering.shape.row_sums` needs to add rows by ``index``
     (a device tensor of values in ``[-rows, rows)``, negative ones counted from the end),
-    computed on the host through a CPU view: one int64 device tensor holding ``order``
+    computed on the host through a CPU view with NumPy (a few µs at a thousand indices,
+    where each small torch call costs several): one int64 device tensor holding ``order``
     (the positions of ``index`` sorted by value, stably), ``starts`` and ``counts`` (per
     value; group ``drop`` emptied, e.g. an embedding's ``padding_idx``), and the number
     of terms per group, the largest count rounded up to a power of two (so a program is
     compiled per power, not per count)."""
-    values = memory.cpu_alias(index).reshape(-1).to(torch.int64)
-    values = torch.where(values < 0, values + rows, values)
-    counts = torch.bincount(values, minlength=rows)
-    starts = torch.cumsum(counts, 0) - counts
+    values = memory.cpu_alias(index).numpy().reshape(-1).astype(np.int64)
+    values[values < 0] += rows
+    counts = np.bincount(values, minlength=rows)
+    n = values.size
+    groups = memory.empty((n + 2 * rows,), torch.int64, [1])
+    table = memory.cpu_alias(groups).numpy()
+    table[:n] = np.argsort(values, kind="stable")
+    np.cumsum(counts, out=table[n + rows:])
+    table[n:n + rows] = table[n + rows:] - counts
+    table[n + rows:] = counts
     if 0 <= drop < rows:
-        counts[drop] = 0
-    order = torch.argsort(values, stable=True)
-    terms = 1 << max(int(counts.max()) - 1, 0).bit_length()
-    return torch.cat([order, starts, counts]).to(index.device), terms
+        table[n + rows + drop] = 0
+    most = int(table[n + rows:].max())
+    return groups, 1 << max(most - 1, 0).bit_length()
 
 
 def cpu_error(op, *args, **kwargs):
@@ -204,8 +211,8 @@ def _index_put_build(g, self, values, groups, count, target, accumulate, terms):
     base = self.reshape(rows, width)
     if accumulate:
         acc = opmath(self.dtype)
-        total = lowering_shape.row_sums(g, cast(src, acc), order, starts, counts, terms)
-        new = cast(cast(base, acc) + total, self.dtype)
+        new = cast(lowering_shape.row_sums(g, cast(src, acc), order, starts, counts, terms,
+                                           start=cast(base, acc)), self.dtype)
     else:  # the last write of each row wins, as in the CPU kernel's order
         last = g.gather(order, ((starts + counts - 1).reshape(rows, 1),), (rows, 1))
         new = g.where(g.binary("gt", counts.reshape(rows, 1), 0),

@@ -172,27 +172,45 @@ def index(g, self, indices):
     return g.gather(self, tuple(coords), shape)
 
 
-def row_sums(g, src, order, starts, counts, terms: int):
+#: Up to this many terms per group, :func:`row_sums` adds them one by one in an
+#: elementwise kernel over the result (each term's row found once per result row);
+#: beyond, as a masked sum over a loop of ``terms``, which recomputes the row of every
+#: term for every element.
+UNROLLED_TERMS = 16
+
+
+def row_sums(g, src, order, starts, counts, terms: int, start=None):
     """Sums of rows of ``src`` ([K, D]) grouped by a row index, from the index sorted:
     ``order`` ([K], int64) lists the rows of ``src`` grouped by their index value,
     ``starts[v]`` and ``counts[v]`` ([V], int64) say where group ``v`` begins in it and
     how many it holds (a count of 0 drops a group), and ``terms`` bounds the counts.
-    Result ``[V, D]``, in ``src``'s dtype: ``sum of src[order[starts[v] + j]] for j <
-    counts[v]``, added in ``order``'s order, +0.0 for an empty group.
+    Result ``[V, D]`` in ``src``'s dtype: ``start[v] + src[order[starts[v]]] + ...``
+    added in ``order``'s order, one addition at a time as a loop adding into ``start``
+    would (``start``: a [V, D] tensor, default +0.0, as adding into zeros); a row with
+    no terms is ``start`` as it is. Beyond :data:`UNROLLED_TERMS` terms a group is
+    summed first (within the ISA's bound on float sums), then added to ``start``.
 
-    Two gathers and a masked sum over ``terms``: O(V * D * terms) work, at most the
-    one-hot form's O(V * D * K) and far less when no index repeats much (a scatter-add
-    with no indexed store in the ISA). The caller sorts the index (a host step: eager
-    only)."""
+    Gathers and additions: O(V * D * terms) work, at most the one-hot form's O(V * D * K)
+    and far less when no index repeats much (a scatter-add with no indexed store in the
+    ISA). The caller sorts the index (a host step: eager only)."""
     rows, (count, width) = starts.shape[0], src.shape
     if count == 0:
         raise Unsupported("row sums of no rows")  # the caller has nothing to add
+    starts, counts = starts.reshape(rows, 1), counts.reshape(rows, 1)
+    total = 0.0 if start is None else start
+    if terms <= UNROLLED_TERMS:
+        for j in range(terms):
+            at = g.gather(order, (starts + j,), (rows, 1))
+            value = g.gather(src, (at, 1), (rows, width))
+            total = g.where(g.binary("gt", counts, j), value + total, total)
+        return total  # (terms >= 1: a tensor)
     j = g.arange(terms).reshape(1, 1, terms)
     at = g.gather(order, (starts.reshape(rows, 1, 1) + j,), (rows, 1, terms))
     values = g.gather(src, (at, 1), (rows, width, terms))
     hit = g.binary("lt", j, counts.reshape(rows, 1, 1))
-    # +0.0 where nothing is added, and after the sum: as adding into zeros (-0.0 + 0.0).
-    return g.reduce("sum", g.where(hit, values, 0.0), 2) + 0.0
+    summed = g.reduce("sum", g.where(hit, values, 0.0), 2)
+    # A row with no terms sums to -0.0, the sum's identity: it keeps ``start`` (+0.0).
+    return g.where(g.binary("gt", counts, 0), summed + total, total)
 
 
 # --- one-hot scatter ---------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """``gather``, the data-dependent load (docs/isa.md): every value dtype, every offset
-dtype, offsets at and beyond the buffer's ends (clamped), 64-bit wrapping, empty and
-non-contiguous maps, a gather fused into arithmetic and a reduction, a large permutation.
+dtype, offsets at and beyond their bounds (clamped), 64-bit extremes, explicit bounds,
+empty and non-contiguous maps, a gather fused into arithmetic and a reduction, a large
+permutation.
 
 A backend runs gather when its target declares the ``gather`` capability
 (``hologram/compiler/capabilities.py``); one that does not must refuse the program when
@@ -68,10 +69,11 @@ def lookup(t: dt.DType, offset: dt.DType, rows: int, width: int, n: int) -> Prog
 
 
 def expected_lookup(table: np.ndarray, ids: np.ndarray, width: int) -> np.ndarray:
-    """The ISA's rule in NumPy: the flat position clamped into the table."""
-    flat = table.reshape(-1)
-    pos = ids.astype(np.int64)[:, None] * width + np.arange(width)
-    return flat[np.clip(pos, 0, flat.size - 1)]
+    """The ISA's rule in NumPy: the operand (the row's first element) clamped to the
+    bounds that keep the whole row inside the table: an index past either end reads the
+    first or the last row."""
+    rows = table.size // width
+    return table.reshape(rows, width)[np.clip(ids.astype(np.int64), 0, rows - 1)]
 
 
 @pytest.mark.parametrize("t", dt.ALL, ids=lambda t: t.name)
@@ -92,7 +94,8 @@ def test_lookup_every_value_dtype(backend, t, offset):
 @pytest.mark.parametrize("offset", OFFSET_DTYPES, ids=lambda t: t.name)
 def test_edge_offsets_of_every_integer_dtype(backend, offset):
     """Offsets taken as they are (no scaling): every edge value of the dtype, its own
-    width's extremes included; unsigned ones are zero-extended."""
+    width's extremes included; unsigned ones are zero-extended. The default bounds keep
+    ``5 + i + at`` inside the 300 elements for every ``i`` of the 1-d map."""
     data = np.arange(300, dtype=np.int32) * 3 - 7
     ids = values(offset, 200, np.random.default_rng(seed_of("gather edges", offset.name)))
     n = ids.size
@@ -104,36 +107,35 @@ def test_edge_offsets_of_every_integer_dtype(backend, offset):
     k.store(y, k.gather(src, k.load(at), (n,), 5, (1,)))  # offset 5 + i + at[i]
     (got,), (want,) = gathered(b.build(), backend, [data, ids])
     assert same_bits(got, want)
-    pos = np.clip(5 + np.arange(n) + ids.astype(np.int64), 0, 299)
+    pos = 5 + np.arange(n) + np.clip(ids.astype(np.int64), -5, 299 - 5 - (n - 1))
     assert same_bits(want, data[pos])
 
 
-def test_positions_wrap_in_64_bits(backend):
-    """offset + map + operand is computed in wrapping i64, then clamped: INT64_MAX + 2
-    wraps to a negative position (the first element), INT64_MIN - 1 to a large one (the
-    last)."""
-    b = ProgramBuilder("wrapping")
+def test_explicit_bounds_and_64_bit_extremes(backend):
+    """Bounds narrower than the buffer (the operand clamped to 2..6 whatever it holds,
+    INT64_MIN and INT64_MAX included: no overflow anywhere), over a reversed map."""
+    b = ProgramBuilder("bounds")
     src = b.input("src", "f64", (10,))
-    at = b.input("at", "i64", (4,))
-    y = b.output("y", "f64", (4,))
-    k = b.kernel((4,))
-    k.store(y, k.gather(src, k.load(at), (4,), -1, (1,)))
+    at = b.input("at", "i64", (6,))
+    y = b.output("y", "f64", (6,))
+    k = b.kernel((6,))
+    k.store(y, k.gather(src, k.load(at), (6,), 3, (0,), (2, 6)))
     data = np.arange(10.0) + 0.5
-    big, small = 2**63 - 1, -2**63
-    ids = np.array([small, big, 3, 1], dtype=np.int64)
+    ids = np.array([-2**63, 2**63 - 1, 0, 2, 4, 7], dtype=np.int64)
     (got,), (want,) = gathered(b.build(), backend, [data, ids])
     assert same_bits(got, want)
-    # -1 + 0 + small wraps to big (the last); -1 + 1 + big (the last); -1 + 2 + 3; -1 + 3 + 1
-    assert want.tolist() == [9.5, 9.5, 4.5, 3.5]
-    ids = np.array([big, 0, 0, small], dtype=np.int64)  # 2 + big wraps; 2 + small does not
-    b2 = ProgramBuilder("wrapping2")
-    src2 = b2.input("src", "f64", (10,))
-    at2 = b2.input("at", "i64", (4,))
-    y2 = b2.output("y", "f64", (4,))
-    k2 = b2.kernel((4,))
-    k2.store(y2, k2.gather(src2, k2.load(at2), (4,), 2, (0,)))
-    (got,), (want,) = gathered(b2.build(), backend, [data, ids])
-    assert same_bits(got, want) and want.tolist() == [0.5, 2.5, 2.5, 0.5]
+    assert want.tolist() == [5.5, 9.5, 5.5, 5.5, 7.5, 9.5]
+    b = ProgramBuilder("reversed")
+    src = b.input("src", "i16", (12,))
+    at = b.input("at", "i8", (3,))
+    y = b.output("y", "i16", (3, 4))
+    k = b.kernel((3, 4))
+    row = k.mul(k.cast(k.load(at, (3, 1), 0, (1, 0)), "i32"), 4)
+    k.store(y, k.gather(src, row, (3, 4), 3, (0, -1)))  # each row read backwards
+    data = np.arange(12, dtype=np.int16) * 3
+    (got,), (want,) = gathered(b.build(), backend, [data, np.array([2, -128, 127], np.int8)])
+    assert same_bits(got, want)
+    assert same_bits(want, data.reshape(3, 4)[[2, 0, 2], ::-1].reshape(-1))
 
 
 @pytest.mark.parametrize("rows", [0, 3])

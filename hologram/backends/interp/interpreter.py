@@ -81,12 +81,18 @@ def _access(program: Program, kernel: Kernel, instr: Instr,
 
 
 def _gather(instr: Instr, at: np.ndarray, flat: np.ndarray) -> np.ndarray:
-    """Element ``i`` is ``flat[clamp(offset + sum(i[d] * strides[d]) + at[i])]``, the
-    position computed in wrapping 64-bit integers and clamped to ``0 .. flat.size - 1``."""
+    """Element ``i`` is ``flat[offset + sum(i[d] * strides[d]) + clamp(at[i], low,
+    high)]`` for the instruction's ``bounds``; the verifier made sure every such element
+    is inside the buffer (checked again here: NumPy would wrap a negative index)."""
     index = _indices(instr.map, instr.shape)
     if index.size:
-        index = index + np.broadcast_to(np.asarray(at).astype(np.int64), instr.shape)
-        index = np.clip(index, 0, flat.size - 1)
+        low, high = instr.bounds
+        # Every Atlas integer fits in int64 (there is no u64): the clamp is exact.
+        at = np.clip(np.asarray(at).astype(np.int64), low, high)
+        index = index + np.broadcast_to(at, instr.shape)
+        if index.min() < 0 or index.max() >= flat.size:
+            raise IRError(f"gather reaches elements {index.min()}..{index.max()} of "
+                          f"{flat.size} (run hologram.isa.verify first)")
     return from_storage(flat[index], instr.dtype)
 
 

@@ -322,7 +322,7 @@ def _drop_dead_buffers(program: Program) -> Program:
     def renumber(instr: Instr) -> Instr:
         if instr.op not in MEMORY_OPS:
             return instr
-        return replace(instr, attrs=(new_index[instr.buffer], instr.map))
+        return replace(instr, attrs=(new_index[instr.buffer], *instr.attrs[1:]))
 
     return replace(
         program,

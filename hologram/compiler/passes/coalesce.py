@@ -58,7 +58,8 @@ def _merge(kernel: Kernel, d: int) -> Kernel:
         if instr.op in MEMORY_OPS:
             s = instr.map.strides
             step = s[d + 1] if instr.shape[d + 1] > 1 else s[d] if instr.shape[d] > 1 else 0
-            attrs = (instr.buffer, IndexMap(instr.map.offset, s[:d] + (step,) + s[d + 2:]))
+            attrs = (instr.buffer, IndexMap(instr.map.offset, s[:d] + (step,) + s[d + 2:]),
+                     *instr.attrs[2:])  # a gather's operand bounds
         elif instr.op == "index":
             attrs = (instr.axis - (instr.axis > d),)
         elif instr.op in ("reduce", "contract"):

@@ -270,7 +270,7 @@ def _clone(producer: Kernel, part: list[int], body: Body, index: tuple[dict, dic
                     strides[e], shape[e] = c * s, body.domain[e]
             imap = IndexMap(offset, tuple(strides))
             remap[i] = body.add(Instr(instr.op, instr.dtype, tuple(shape), args,
-                                      (instr.buffer, imap)))
+                                      (instr.buffer, imap, *instr.attrs[2:])))
         elif instr.op == "index":
             d = instr.axis
             value = body.const(start.get(d, 0), instr.dtype)
@@ -343,7 +343,7 @@ def _extend(kernel: Kernel, rank: int) -> Kernel:
         shape = instr.shape + (1,) * extra
         if instr.op in MEMORY_OPS:
             imap = IndexMap(instr.map.offset, instr.map.strides + (0,) * extra)
-            return replace(instr, shape=shape, attrs=(instr.buffer, imap))
+            return replace(instr, shape=shape, attrs=(instr.buffer, imap, *instr.attrs[2:]))
         return replace(instr, shape=shape)
 
     return replace(kernel, domain=kernel.domain + (1,) * extra,
