@@ -3,7 +3,8 @@ with one or several index tensors, ``None``/slices between them, broadcasting),
 ``index_select``, ``torch.gather`` and ``embedding`` — each one ISA gather. Values bit for
 bit in every dtype (NaN, -0.0 included), int32 and int64 indices, negative ones, empty,
 0-d and non-contiguous operands, PyTorch's exceptions and messages for indices out of
-range (raised before anything is launched), gradients, and that the calls ran natively."""
+range (raised before anything is launched), embedding's gradient (natively, from the
+index sorted on the host), gradients, and that the calls ran natively."""
 
 from __future__ import annotations
 
@@ -180,55 +181,25 @@ def test_masks_and_cpu_indices_fall_back_correctly():
     assert torch.equal(got.cpu(), x[mask]) and "aten.index.Tensor" in ran
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16,
-                                   torch.bfloat16, torch.int64, torch.int32, torch.uint8],
-                         ids=str)
 @pytest.mark.parametrize("accumulate", [True, False])
-def test_index_put_with_duplicates(dtype, accumulate):
+def test_index_put_with_duplicates(accumulate):
     """index_put_ (``x[i] += v`` with repeated and negative indices, autograd's backward
-    of ``x[i]``), natively: the index grouped on the host, one program."""
-    x = make((6, 2, 3), dtype)
+    of ``x[i]``) runs on the CPU fallback: a native form (the index grouped on the host,
+    then gathers and additions over every row) measured 2-4x slower than the CPU kernel,
+    which touches only the indexed rows (docs/torch.md)."""
+    x = make((6, 2, 3), torch.float32)
     i = torch.tensor([[1, 3, 1], [1, -1, 1]], dtype=torch.int32)
-    v = make((2, 3, 2, 3), dtype, seed=7)
+    v = make((2, 3, 2, 3), torch.float32, seed=7)
     expected = x.clone().index_put_((i.long(),), v, accumulate=accumulate)
     d = dev(x)
     with fallbacks() as ran:
         d.index_put_((dev(i),), dev(v), accumulate=accumulate)
-    assert not ran
-    tol = {torch.float16: (1e-2, 1e-3), torch.bfloat16: (1e-1, 1e-2)}.get(dtype, (1e-6, 1e-6))
+    assert ran == ["aten._index_put_impl_.default"]
     if accumulate:
-        torch.testing.assert_close(d.cpu(), expected, equal_nan=True, atol=tol[0], rtol=tol[1])
-    else:  # the CPU's last write wins where it runs in order: compare the other rows
+        torch.testing.assert_close(d.cpu(), expected, equal_nan=True)
+    else:  # which duplicate wins is the CPU kernel's business: compare the other rows
         keep = torch.tensor([0, 2, 3, 4, 5])
         same_bits(d[dev(keep)], expected[keep])
-    broadcast = dev(x)  # values broadcast over the indexed rows; a 0-row index
-    with fallbacks() as ran:
-        broadcast.index_put_((dev(torch.tensor([2, 2])),), dev(v[0, 0]), accumulate=True)
-        broadcast.index_put_((dev(torch.tensor([], dtype=torch.int64)),), dev(v[0, 0]),
-                             accumulate=True)
-    assert not ran
-    torch.testing.assert_close(broadcast.cpu(), x.clone().index_put_(
-        (torch.tensor([2, 2]),), v[0, 0], accumulate=True), atol=tol[0], rtol=tol[1],
-        equal_nan=True)
-
-
-def test_index_put_out_of_range_and_other_forms():
-    x = make((4, 3), torch.float32)
-    v = torch.ones(2, 3)
-    expected = _error(lambda x, i, v: x.index_put_((i,), v, accumulate=True), x.clone(),
-                      torch.tensor([0, 4]), v)
-    with fallbacks() as ran:
-        actual = _error(lambda x, i, v: x.index_put_((i,), v, accumulate=True),
-                        *dev((x.clone(), torch.tensor([0, 4]), v)))
-    assert actual == expected and not ran
-    for fn in (lambda x, v: x.index_put_((torch.tensor([0, 1]), torch.tensor([2, 2])),
-                                         v[0, :2], accumulate=True),  # two indices
-               lambda x, v: x.index_put_((x > 0,), v[0, 0], accumulate=True)):  # a mask
-        expected = fn(x.clone(), v)
-        with fallbacks() as ran:
-            got = fn(dev(x), dev(v))
-        torch.testing.assert_close(got.cpu(), expected, equal_nan=True)
-        assert ran == ["aten._index_put_impl_.default"]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16,
@@ -277,7 +248,7 @@ def test_gradients(case):
     with fallbacks() as ran:
         (fn(xd, dev(index)) * dev(w)).sum().backward()
     torch.testing.assert_close(xd.grad.cpu(), x.grad)
-    # Backward: index_put_ (one index), embedding_dense_backward, index_add and
-    # scatter_add (gather, index_select) all run natively; "two indices" puts through
-    # two index tensors, which stays on the fallback.
-    assert ran == (["aten._index_put_impl_.default"] if case == "two indices" else []), ran
+    # Backward: embedding_dense_backward, index_add (index_select) and scatter_add
+    # (gather) run natively; x[i]'s is index_put_, on the fallback.
+    put = case in ("index", "two indices")
+    assert ran == (["aten._index_put_impl_.default"] if put else []), ran

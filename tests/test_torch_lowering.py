@@ -552,8 +552,6 @@ EAGER_ONLY = {
     "random_.from", "random_.to", "uniform_.default", "native_dropout.default",
     # batch norm updating running statistics in place (the functional form is an entry)
     "native_batch_norm.default", "_native_batch_norm_legit.default",
-    # index_put_: the host groups the index (sorts it) before the program runs
-    "_index_put_impl_.default",
 }
 
 def _functional(name: str) -> set[str]:

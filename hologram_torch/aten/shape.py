@@ -27,8 +27,6 @@ Indexing forms the gather does not take run through the fallback too: boolean ma
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 from torch.utils._pytree import tree_map
@@ -36,8 +34,8 @@ from torch.utils._pytree import tree_map
 from hologram_torch import memory
 from hologram_torch.aten import program
 from hologram_torch.aten.linalg import infer, kernels, launch
-from hologram_torch.aten.program import ISA, cast, opmath
-from hologram_torch.aten.registry import aten, native_or_cpu
+from hologram_torch.aten.program import ISA
+from hologram_torch.aten.registry import aten
 from hologram_torch.aten.tensor import clone, copy_into
 from hologram_torch.fallback import cpu_view, run_on_cpu
 from hologram_torch.lowering import Number, lower
@@ -199,58 +197,6 @@ def _index(op, self, indices, out=None):
 
 
 kernels("index.Tensor", _index)
-
-
-def _index_put_build(g, self, values, groups, count, target, accumulate, terms):
-    """``self`` with rows ``index`` replaced by (or, accumulating, added) the rows of
-    ``values`` (broadcast to ``target``), from the index grouped on the host."""
-    rows, width = self.shape[0], math.prod(self.shape[1:])
-    src = values.broadcast_to(target).reshape(count, width)
-    order, starts = groups[:count], groups[count:count + rows]
-    counts = groups[count + rows:]
-    base = self.reshape(rows, width)
-    if accumulate:
-        acc = opmath(self.dtype)
-        new = cast(lowering_shape.row_sums(g, cast(src, acc), order, starts, counts, terms,
-                                           start=cast(base, acc)), self.dtype)
-    else:  # the last write of each row wins, as in the CPU kernel's order
-        last = g.gather(order, ((starts + counts - 1).reshape(rows, 1),), (rows, 1))
-        new = g.where(g.binary("gt", counts.reshape(rows, 1), 0),
-                      g.gather(src, (last, 1), (rows, width)), base)
-    return new.reshape(*self.shape)
-
-
-@native_or_cpu("_index_put_impl_")
-def _index_put(self, indices, values, accumulate=False, unsafe=False):
-    """``self[index] = values`` / ``self[index] += values`` (autograd's backward of
-    ``x[index]``) for one integer index tensor on the first dimension: the index grouped
-    on the host (:func:`sorted_groups`), then one program (gathers and a masked sum,
-    :func:`hologram_torch.lowering.shape.row_sums`) writing ``self`` in place. Other forms
-    (several indices, masks, bool ``self``) run through the CPU fallback."""
-    indices = list(indices)
-    index = indices[0] if len(indices) == 1 else None
-    if (index is None or self.dim() == 0 or index.is_cpu or values.is_cpu
-            or index.dtype not in _SELECT_INDEX or self.dtype is torch.bool
-            or not program.supported(self, values) or values.dtype != self.dtype
-            or any(t.untyped_storage().data_ptr() == self.untyped_storage().data_ptr()
-                   for t in (index, values))):  # the gathers would race with the writes
-        return NotImplemented
-    target = tuple(index.shape) + tuple(self.shape[1:])
-    try:
-        if torch.broadcast_shapes(tuple(values.shape), target) != target:
-            return NotImplemented
-    except RuntimeError:
-        return NotImplemented  # torch raises its shape error
-    rows = self.shape[0]
-    if not in_bounds(index, -rows, rows):
-        return cpu_error(aten._index_put_impl_.default, self, indices, values, accumulate,
-                         unsafe)
-    if index.numel() == 0 or self.numel() == 0:
-        return self
-    groups, terms = sorted_groups(index, rows)
-    program.run("shape.index_put", _index_put_build, (self, values, groups),
-                (index.numel(), target, bool(accumulate), terms), out=(self,))
-    return self
 
 
 # --- scatters ---------------------------------------------------------------------------

@@ -179,16 +179,15 @@ def index(g, self, indices):
 UNROLLED_TERMS = 16
 
 
-def row_sums(g, src, order, starts, counts, terms: int, start=None):
+def row_sums(g, src, order, starts, counts, terms: int):
     """Sums of rows of ``src`` ([K, D]) grouped by a row index, from the index sorted:
     ``order`` ([K], int64) lists the rows of ``src`` grouped by their index value,
     ``starts[v]`` and ``counts[v]`` ([V], int64) say where group ``v`` begins in it and
     how many it holds (a count of 0 drops a group), and ``terms`` bounds the counts.
-    Result ``[V, D]`` in ``src``'s dtype: ``start[v] + src[order[starts[v]]] + ...``
-    added in ``order``'s order, one addition at a time as a loop adding into ``start``
-    would (``start``: a [V, D] tensor, default +0.0, as adding into zeros); a row with
-    no terms is ``start`` as it is. Beyond :data:`UNROLLED_TERMS` terms a group is
-    summed first (within the ISA's bound on float sums), then added to ``start``.
+    Result ``[V, D]`` in ``src``'s dtype: ``src[order[starts[v]]] + ...`` added in
+    ``order``'s order, one addition at a time into +0.0, as a loop adding into zeros
+    would (a row with no terms is +0.0). Beyond :data:`UNROLLED_TERMS` terms a group is
+    summed as a reduction (within the ISA's bound on float sums).
 
     Gathers and additions: O(V * D * terms) work, at most the one-hot form's O(V * D * K)
     and far less when no index repeats much (a scatter-add with no indexed store in the
@@ -197,7 +196,7 @@ def row_sums(g, src, order, starts, counts, terms: int, start=None):
     if count == 0:
         raise Unsupported("row sums of no rows")  # the caller has nothing to add
     starts, counts = starts.reshape(rows, 1), counts.reshape(rows, 1)
-    total = 0.0 if start is None else start
+    total = 0.0
     if terms <= UNROLLED_TERMS:
         for j in range(terms):
             at = g.gather(order, (starts + j,), (rows, 1))
@@ -209,8 +208,7 @@ def row_sums(g, src, order, starts, counts, terms: int, start=None):
     values = g.gather(src, (at, 1), (rows, width, terms))
     hit = g.binary("lt", j, counts.reshape(rows, 1, 1))
     summed = g.reduce("sum", g.where(hit, values, 0.0), 2)
-    # A row with no terms sums to -0.0, the sum's identity: it keeps ``start`` (+0.0).
-    return g.where(g.binary("gt", counts, 0), summed + total, total)
+    return summed + 0.0  # -0.0, the sum's identity, as +0.0: adding into zeros
 
 
 # --- one-hot scatter ---------------------------------------------------------------------
