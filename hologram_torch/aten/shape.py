@@ -78,29 +78,36 @@ def in_bounds(index: torch.Tensor, low: int, high: int) -> bool:
     return low <= int(least) and int(most) < high
 
 
-def sorted_groups(index: torch.Tensor, rows: int, drop: int = -1) -> tuple[torch.Tensor, int]:
-    """What :func:`hologram_torch.lowering.shape.row_sums` needs to add rows by ``index``
-    (a device tensor of values in ``[-rows, rows)``, negative ones counted from the end),
-    computed on the host through a CPU view with NumPy (a few µs at a thousand indices,
-    where each small torch call costs several): one int64 device tensor holding ``order``
-    (the positions of ``index`` sorted by value, stably), ``starts`` and ``counts`` (per
-    value; group ``drop`` emptied, e.g. an embedding's ``padding_idx``), and the number
-    of terms per group, the largest count rounded up to a power of two (so a program is
-    compiled per power, not per count)."""
+def index_counts(index: torch.Tensor, rows: int,
+                 drop: int = -1) -> tuple[np.ndarray, np.ndarray, int]:
+    """The values of ``index`` (a device tensor of values in ``[-rows, rows)``, negative
+    ones counted from the end) as a NumPy array, read through a CPU view, how often each
+    row occurs (row ``drop`` not at all, e.g. an embedding's ``padding_idx``), and the
+    largest count rounded up to a power of two (the terms per row of
+    :func:`hologram_torch.lowering.shape.row_sums`, a program compiled per power)."""
     values = memory.cpu_alias(index).numpy().reshape(-1).astype(np.int64)
     values[values < 0] += rows
     counts = np.bincount(values, minlength=rows)
-    n = values.size
+    if 0 <= drop < rows:
+        counts[drop] = 0
+    return values, counts, 1 << max(int(counts.max()) - 1, 0).bit_length()
+
+
+def sorted_groups(values: np.ndarray, counts: np.ndarray) -> torch.Tensor:
+    """What :func:`hologram_torch.lowering.shape.row_sums` reads, from
+    :func:`index_counts`: one int64 device tensor holding ``order`` (the positions of
+    ``values`` sorted by value, stably), then each row's ``starts`` and ``counts``.
+    NumPy, not torch: a few µs at a thousand indices, where each small torch call costs
+    several."""
+    n, rows = values.size, counts.size
     groups = memory.empty((n + 2 * rows,), torch.int64, [1])
     table = memory.cpu_alias(groups).numpy()
     table[:n] = np.argsort(values, kind="stable")
-    np.cumsum(counts, out=table[n + rows:])
-    table[n:n + rows] = table[n + rows:] - counts
     table[n + rows:] = counts
-    if 0 <= drop < rows:
-        table[n + rows + drop] = 0
-    most = int(table[n + rows:].max())
-    return groups, 1 << max(most - 1, 0).bit_length()
+    starts = table[n:n + rows]
+    np.cumsum(np.bincount(values, minlength=rows), out=starts)  # dropped rows included
+    starts -= np.bincount(values, minlength=rows)
+    return groups
 
 
 def cpu_error(op, *args, **kwargs):

@@ -172,43 +172,34 @@ def index(g, self, indices):
     return g.gather(self, tuple(coords), shape)
 
 
-#: Up to this many terms per group, :func:`row_sums` adds them one by one in an
-#: elementwise kernel over the result (each term's row found once per result row);
-#: beyond, as a masked sum over a loop of ``terms``, which recomputes the row of every
-#: term for every element.
-UNROLLED_TERMS = 16
+#: The most terms per group :func:`row_sums` adds (one gather and one addition each, in
+#: one elementwise kernel over the result).
+MAX_TERMS = 16
 
 
 def row_sums(g, src, order, starts, counts, terms: int):
     """Sums of rows of ``src`` ([K, D]) grouped by a row index, from the index sorted:
     ``order`` ([K], int64) lists the rows of ``src`` grouped by their index value,
     ``starts[v]`` and ``counts[v]`` ([V], int64) say where group ``v`` begins in it and
-    how many it holds (a count of 0 drops a group), and ``terms`` bounds the counts.
-    Result ``[V, D]`` in ``src``'s dtype: ``src[order[starts[v]]] + ...`` added in
-    ``order``'s order, one addition at a time into +0.0, as a loop adding into zeros
-    would (a row with no terms is +0.0). Beyond :data:`UNROLLED_TERMS` terms a group is
-    summed as a reduction (within the ISA's bound on float sums).
+    how many it holds (a count of 0 drops a group), and ``terms`` (at most
+    :data:`MAX_TERMS`) bounds the counts. Result ``[V, D]`` in ``src``'s dtype:
+    ``src[order[starts[v]]] + ...`` added in ``order``'s order, one addition at a time
+    into +0.0, as a loop adding into zeros would (a row with no terms is +0.0).
 
-    Gathers and additions: O(V * D * terms) work, at most the one-hot form's O(V * D * K)
-    and far less when no index repeats much (a scatter-add with no indexed store in the
-    ISA). The caller sorts the index (a host step: eager only)."""
+    A scatter-add with no indexed store in the ISA: ``terms`` gathers and additions per
+    result element, O(V * D * terms), each term's row found once per result row. The
+    caller sorts the index (a host step: eager only) and keeps ``terms`` small (a
+    frequent index makes every row pay for it)."""
     rows, (count, width) = starts.shape[0], src.shape
-    if count == 0:
-        raise Unsupported("row sums of no rows")  # the caller has nothing to add
+    if count == 0 or not 1 <= terms <= MAX_TERMS:
+        raise Unsupported(f"row sums of {count} rows in groups of up to {terms}")
     starts, counts = starts.reshape(rows, 1), counts.reshape(rows, 1)
     total = 0.0
-    if terms <= UNROLLED_TERMS:
-        for j in range(terms):
-            at = g.gather(order, (starts + j,), (rows, 1))
-            value = g.gather(src, (at, 1), (rows, width))
-            total = g.where(g.binary("gt", counts, j), value + total, total)
-        return total  # (terms >= 1: a tensor)
-    j = g.arange(terms).reshape(1, 1, terms)
-    at = g.gather(order, (starts.reshape(rows, 1, 1) + j,), (rows, 1, terms))
-    values = g.gather(src, (at, 1), (rows, width, terms))
-    hit = g.binary("lt", j, counts.reshape(rows, 1, 1))
-    summed = g.reduce("sum", g.where(hit, values, 0.0), 2)
-    return summed + 0.0  # -0.0, the sum's identity, as +0.0: adding into zeros
+    for j in range(terms):
+        at = g.gather(order, (starts + j,), (rows, 1))
+        value = g.gather(src, (at, 1), (rows, width))
+        total = g.where(g.binary("gt", counts, j), value + total, total)
+    return total
 
 
 # --- one-hot scatter ---------------------------------------------------------------------
