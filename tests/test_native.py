@@ -244,3 +244,48 @@ def test_launchers_run_small_programs_natively_after_promotion(ex):
     assert compiled.launch.planned
     np.testing.assert_array_equal(out.to_numpy(), a.to_numpy() - b.to_numpy())
     np.testing.assert_array_equal(r.to_numpy(), a.to_numpy() - b.to_numpy())
+
+
+@pytest.mark.parametrize(("dtype", "number"), [
+    (np.float32, 2.5), (np.float32, 3), (np.float64, -1.25), (np.int8, 3), (np.int8, -128),
+    (np.uint8, 200), (np.int32, 7), (np.int64, -(1 << 40)), (np.bool_, True),
+    (np.float16, 0.5)])
+def test_python_numbers_are_runtime_values(ex, dtype, number):
+    data = (RNG.standard_normal(50) * 4).astype(dtype) if np.dtype(dtype).kind == "f" else (
+        RNG.integers(0, 2, 50).astype(dtype))
+    buf = ex.from_numpy(data)
+    for i in range(CALLS):  # a new value each call: runtime arguments, never remembered
+        value = type(number)(number if i % 2 else number * (0 if dtype is np.bool_ else 1))
+        if dtype is np.bool_:  # bool has no product: the larger of the two
+            got, want = hg.ops.vector_max(buf, value).to_numpy(), data | value
+        else:
+            got = hg.ops.scalar_mul(buf, value).to_numpy()
+            want = data * np.array(value, dtype)
+        np.testing.assert_array_equal(got, want.astype(got.dtype))
+
+
+def test_numbers_a_dtype_cannot_hold_take_the_general_paths_error(ex):
+    buf = ex.from_numpy(np.arange(4, dtype=np.int8))
+    for _ in range(CALLS):
+        hg.ops.scalar_add(buf, 5)
+    with pytest.raises(hg.DTypeError, match="does not fit"):
+        hg.ops.scalar_add(buf, 300)
+    huge = ex.from_numpy(np.ones(4, np.float32))
+    for _ in range(CALLS):
+        hg.ops.scalar_add(huge, 1)
+    # Past 2**53 an int would round twice into float32: computed by the general path.
+    assert hg.ops.scalar_add(huge, (1 << 60) + 1).to_numpy()[0] == np.float32(1 << 60)
+
+
+def test_jit_functions_of_buffers_run_natively(ex):
+    f = hg.jit(lambda a, b: hg.ops.relu(a * b + 1.0))
+    data = arrays(300)
+    a, b = (ex.from_numpy(x) for x in data)
+    for _ in range(CALLS):
+        r = f(a, b)
+        np.testing.assert_allclose(r.to_numpy(), np.maximum(data[0] * data[1] + 1, 0),
+                                   rtol=1e-6)
+    assert f._native.fast_stats()["entries"] == 1
+    assert f(a, b=b).shape == (300,)  # keywords: the general path
+    g = hg.jit(lambda a: (a + 1, a * 2))  # two results: the general path
+    assert len(g(a)) == 2

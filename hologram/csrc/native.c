@@ -857,6 +857,8 @@ typedef struct {
     PyObject *shape, *dtype, *signature, *launch_key; /* of the result */
     int64_t nbytes;
     PyObject *launch; /* the program's launch(handles): a Launcher, or any callable */
+    char scalars[MAX_ARITY]; /* per operand: 0 (a buffer) or the NumPy type character of
+                              * the 0-d value a Python number is passed as */
 } Entry;
 
 static void entry_dealloc(Entry *e)
@@ -895,8 +897,8 @@ static PyObject *fastop_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     Py_ssize_t arity;
     if (!PyArg_ParseTuple(args, "On", &general, &arity))
         return NULL;
-    if (arity < 1 || arity > MAX_ARITY) {
-        PyErr_Format(PyExc_ValueError, "FastOp: arity must be 1..%d", MAX_ARITY);
+    if (arity < 0 || arity > MAX_ARITY) {
+        PyErr_Format(PyExc_ValueError, "FastOp: arity must be 0 (any) to %d", MAX_ARITY);
         return NULL;
     }
     FastOp *f = (FastOp *)type->tp_alloc(type, 0);
@@ -948,6 +950,7 @@ static PyObject *general_call(FastOp *f, PyObject *const *args, size_t nargsf,
  * and its call key, or NULL. */
 static FastOp *pending_op;
 static PyObject *pending_key;
+static Py_ssize_t pending_nargs; /* the call's buffer operands (the key's first items) */
 
 /* The general path, told which call it runs so that it can file it. */
 static PyObject *general_pending(FastOp *f, PyObject *key, PyObject *const *args,
@@ -955,11 +958,14 @@ static PyObject *general_pending(FastOp *f, PyObject *key, PyObject *const *args
 {
     FastOp *outer_op = pending_op;
     PyObject *outer_key = pending_key; /* nested calls restore it */
+    Py_ssize_t outer_nargs = pending_nargs;
     pending_op = f;
     pending_key = key; /* owned by the caller for the call's duration */
+    pending_nargs = PyVectorcall_NARGS(nargsf);
     PyObject *result = general_call(f, args, nargsf, kwnames);
     pending_op = outer_op;
     pending_key = outer_key;
+    pending_nargs = outer_nargs;
     return result;
 }
 
@@ -969,18 +975,23 @@ static PyObject *general_pending(FastOp *f, PyObject *key, PyObject *const *args
 static PyObject *call_key(FastOp *f, PyObject *const *args, Py_ssize_t n, PyObject *kwnames)
 {
     Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-    if (n != f->arity || buffer_type == NULL)
+    if ((f->arity ? n != f->arity : n < 1 || n > MAX_ARITY) || buffer_type == NULL)
         return NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
-        /* A freed buffer's launch key is None: it matches no entry. */
-        if (Py_TYPE(args[i]) != buffer_type || SLOT(args[i], off_launch_key) == NULL)
+        PyTypeObject *type = Py_TYPE(args[i]);
+        /* A freed buffer's launch key is None: it matches no entry. A Python number is a
+         * runtime value: its type is in the key, its value is not. */
+        if (type == buffer_type ? SLOT(args[i], off_launch_key) == NULL
+                                : type != &PyFloat_Type && type != &PyLong_Type &&
+                                      type != &PyBool_Type)
             return NULL;
     }
     PyObject *key = PyTuple_New(n + (nkw ? 1 + 2 * nkw : 0));
     if (key == NULL)
         return NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *item = SLOT(args[i], off_launch_key);
+        PyObject *item = Py_TYPE(args[i]) == buffer_type ? SLOT(args[i], off_launch_key)
+                                                         : (PyObject *)Py_TYPE(args[i]);
         Py_INCREF(item);
         PyTuple_SET_ITEM(key, i, item);
     }
@@ -996,6 +1007,69 @@ static PyObject *call_key(FastOp *f, PyObject *const *args, Py_ssize_t n, PyObje
         }
     }
     return key;
+}
+
+/* A Python number as a 0-d value of NumPy type character `code`, as np.array(value,
+ * dtype) makes it; 0 where this does not say (values NumPy would refuse or round twice,
+ * types not handled here): the general path decides those. */
+typedef union {
+    double f64;
+    float f32;
+    int64_t i64;
+    int32_t i32;
+    int16_t i16;
+    int8_t i8;
+    uint8_t u8;
+    uint16_t u16;
+    uint32_t u32;
+    uint64_t u64;
+} Scalar;
+
+static int to_scalar(PyObject *value, char code, Scalar *out)
+{
+    if (code == 'd' || code == 'f') {
+        if (Py_TYPE(value) != &PyFloat_Type) {
+            /* An int past 2**53 would round twice on its way to float32. */
+            long long i = PyLong_AsLongLong(value);
+            if ((i == -1 && PyErr_Occurred()) || i > (1LL << 53) || i < -(1LL << 53)) {
+                PyErr_Clear();
+                return 0;
+            }
+        }
+        double v = PyFloat_AsDouble(value);
+        if (v == -1.0 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return 0;
+        }
+        if (code == 'd')
+            out->f64 = v;
+        else
+            out->f32 = (float)v;
+        return 1;
+    }
+    if (code == '?') {
+        out->u8 = (uint8_t)PyObject_IsTrue(value);
+        return 1;
+    }
+    if (Py_TYPE(value) == &PyFloat_Type)
+        return 0; /* float into an integer dtype: NumPy's rules, in the general path */
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(value, &overflow);
+    if (overflow || (v == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return 0;
+    }
+    switch (code) {
+    case 'b': if (v < INT8_MIN || v > INT8_MAX) return 0; out->i8 = (int8_t)v; return 1;
+    case 'h': if (v < INT16_MIN || v > INT16_MAX) return 0; out->i16 = (int16_t)v; return 1;
+    case 'i': if (v < INT32_MIN || v > INT32_MAX) return 0; out->i32 = (int32_t)v; return 1;
+    case 'l': case 'q': out->i64 = v; return 1;
+    case 'B': if (v < 0 || v > UINT8_MAX) return 0; out->u8 = (uint8_t)v; return 1;
+    case 'H': if (v < 0 || v > UINT16_MAX) return 0; out->u16 = (uint16_t)v; return 1;
+    case 'I': if (v < 0 || v > UINT32_MAX) return 0; out->u32 = (uint32_t)v; return 1;
+    case 'L': case 'Q': if (v < 0) return 0; out->u64 = (uint64_t)v; return 1;
+    default: return 0;
+    }
 }
 
 static PyObject *fastop_vectorcall(FastOp *f, PyObject *const *args, size_t nargsf,
@@ -1018,7 +1092,24 @@ static PyObject *fastop_vectorcall(FastOp *f, PyObject *const *args, size_t narg
         return result;
     }
     Py_DECREF(key);
-    PyObject *executor = SLOT(args[0], off_executor);
+    /* The operands' addresses; Python numbers are converted into `values` (which must
+     * outlive the launch). The executor is the buffers' (the general path checked they
+     * share one). */
+    void *addresses[MAX_ARITY + 1];
+    Scalar values[MAX_ARITY];
+    PyObject *executor = NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (e->scalars[i]) {
+            if (!to_scalar(args[i], e->scalars[i], &values[i]))
+                return general_call(f, args, nargsf, kwnames);
+            addresses[i] = &values[i];
+        } else {
+            if (executor == NULL)
+                executor = SLOT(args[i], off_executor);
+            if (!as_address(SLOT(args[i], off_handle), &addresses[i]))
+                return NULL;
+        }
+    }
     if (executor == NULL)
         return general_call(f, args, nargsf, kwnames);
     Registry *reg = (Registry *)PyObject_GetAttr(executor, str_buffers);
@@ -1065,11 +1156,6 @@ static PyObject *fastop_vectorcall(FastOp *f, PyObject *const *args, size_t narg
     SLOT(buf, off_launch_key) = e->launch_key;
     if (registry_add(reg, buf) < 0)
         goto fail;
-    void *addresses[MAX_ARITY + 1];
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (!as_address(SLOT(args[i], off_handle), &addresses[i]))
-            goto fail;
-    }
     addresses[n] = address;
     if (Py_TYPE(e->launch) == &LauncherType) {
         if (launcher_run((Launcher *)e->launch, addresses, n + 1, NULL) < 0)
@@ -1078,13 +1164,14 @@ static PyObject *fastop_vectorcall(FastOp *f, PyObject *const *args, size_t narg
         PyObject *handles = PyTuple_New(n + 1);
         if (handles == NULL)
             goto fail;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            PyObject *h = SLOT(args[i], off_handle);
-            Py_INCREF(h);
+        for (Py_ssize_t i = 0; i <= n; i++) {
+            PyObject *h = PyLong_FromVoidPtr(addresses[i]);
+            if (h == NULL) {
+                Py_DECREF(handles);
+                goto fail;
+            }
             PyTuple_SET_ITEM(handles, i, h);
         }
-        Py_INCREF(handle);
-        PyTuple_SET_ITEM(handles, n, handle);
         PyObject *r = PyObject_CallOneArg(e->launch, handles);
         Py_DECREF(handles);
         if (r == NULL)
@@ -1109,18 +1196,21 @@ done:
 static PyObject *file_pending(PyObject *module, PyObject *args)
 {
     PyObject *natives, *keys, *shape, *dtype, *launch_key, *launch;
+    const char *scalars = "";
+    Py_ssize_t nscalars = 0;
     long long nbytes;
-    if (!PyArg_ParseTuple(args, "O!O!O!OO!LO", &PyTuple_Type, &natives, &PyTuple_Type, &keys,
-                          &PyTuple_Type, &shape, &dtype, &PyTuple_Type, &launch_key, &nbytes,
-                          &launch))
+    if (!PyArg_ParseTuple(args, "O!O!O!OO!LO|s#", &PyTuple_Type, &natives, &PyTuple_Type,
+                          &keys, &PyTuple_Type, &shape, &dtype, &PyTuple_Type, &launch_key,
+                          &nbytes, &launch, &scalars, &nscalars))
         return NULL;
     FastOp *f = pending_op;
-    if (f == NULL || nbytes <= 0 || PyTuple_GET_SIZE(keys) != f->arity)
+    if (f == NULL || nbytes <= 0 || PyTuple_GET_SIZE(keys) != pending_nargs ||
+        (nscalars && nscalars != pending_nargs))
         Py_RETURN_FALSE;
     int mine = 0;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(natives); i++)
         mine |= PyTuple_GET_ITEM(natives, i) == (PyObject *)f;
-    for (Py_ssize_t i = 0; mine && i < f->arity; i++)
+    for (Py_ssize_t i = 0; mine && i < pending_nargs; i++)
         mine = PyTuple_GET_ITEM(keys, i) == PyTuple_GET_ITEM(pending_key, i);
     if (!mine)
         Py_RETURN_FALSE;
@@ -1139,6 +1229,8 @@ static PyObject *file_pending(PyObject *module, PyObject *args)
     Py_INCREF(launch);
     e->launch = launch;
     e->nbytes = nbytes;
+    for (Py_ssize_t i = 0; i < MAX_ARITY; i++) /* '.': a buffer */
+        e->scalars[i] = i < nscalars && scalars[i] != '.' ? scalars[i] : 0;
     if (e->signature == NULL) {
         Py_DECREF(e);
         return NULL;
@@ -1184,7 +1276,8 @@ static PyMethodDef fastop_methods[] = {
 static PyMemberDef fastop_members[] = {
     {"general", T_OBJECT, offsetof(FastOp, general), READONLY,
      "the op's general path (a Python function)"},
-    {"arity", T_PYSSIZET, offsetof(FastOp, arity), READONLY, "the number of buffer operands"},
+    {"arity", T_PYSSIZET, offsetof(FastOp, arity), READONLY,
+     "the number of buffer operands (0: any number)"},
     {NULL},
 };
 
@@ -1196,7 +1289,7 @@ static PyGetSetDef fastop_getset[] = {
 static PyTypeObject FastOpType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "hologram._native.FastOp",
-    .tp_doc = "FastOp(general, arity): an SDK op. A call of exactly `arity` buffers "
+    .tp_doc = "FastOp(general, arity): an SDK op. A call of exactly `arity` (0: any) buffers "
               "(and any hashable keywords) that the general path has filed allocates and "
               "launches here; every other call is general(*args, **kwargs).",
     .tp_basicsize = sizeof(FastOp),
@@ -1270,7 +1363,9 @@ static PyMethodDef module_methods[] = {
      "set_buffer_type(Buffer, numpy.ndarray): the types FastOp makes results of"},
     {"file_pending", file_pending, METH_VARARGS,
      "file_pending(natives, operand launch keys, shape, dtype, result launch key, nbytes, "
-     "launch) -> whether the call a FastOp of natives runs was filed"},
+     "launch, scalars='') -> whether the call a FastOp of natives runs was filed; "
+     "scalars: per operand '.' (a buffer) or the type character of a Python number's 0-d "
+     "value"},
     {"size_class", size_class_py, METH_O, "size_class(nbytes) -> (index or -1, class bytes)"},
     {NULL},
 };

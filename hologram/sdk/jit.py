@@ -35,6 +35,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hologram._native import FastOp, file_pending
+from hologram.backends.hostmem import Pool
 from hologram.errors import HologramError, InvalidBufferError
 from hologram.frontend.graph import Graph, Tensor
 from hologram.frontend.mixin import SdkOperators, reshaped
@@ -155,8 +157,15 @@ class JitFunction:
         self._token = object()
         self._lock = threading.Lock()
         self._parameters: inspect.Signature | None = None
+        # Calls of buffers only, whose signature a call has compiled into one fresh
+        # result, allocate and launch in native code (see hologram.sdk.ops.dispatch.
+        # native_op); every other call runs _call.
+        self._native = FastOp(self._call, 0)
 
     def __call__(self, *args, **kwargs):
+        return self._native(*args, **kwargs)
+
+    def _call(self, *args, **kwargs):
         if kwargs:
             if any(type(a) is Traced for a in (*args, *kwargs.values())):
                 return self.fn(*args, **kwargs)  # inlined into the trace of another function
@@ -174,6 +183,12 @@ class JitFunction:
         outs = [ex.new_buffer(shape, dtype) for shape, dtype in entry.outputs]
         if not all(o.size == 0 for o in outs):  # else nothing to compute (the cpu backend
             entry.by_address(tuple(b.handle for b in buffers + outs))  # fails on some)
+            if (entry.structure == "one" and not names and len(buffers) == len(args)
+                    and type(ex.allocator) is Pool):
+                out = outs[0]
+                file_pending((self._native,), tuple(b.launch_key for b in buffers),
+                             out.signature[0], out.dtype, out.launch_key, out.nbytes,
+                             entry.by_address)
         if entry.structure == "one":
             return outs[0]
         return tuple(outs) if entry.structure == "tuple" else outs

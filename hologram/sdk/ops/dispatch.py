@@ -111,11 +111,22 @@ def native_op(op: Op, general: Callable, arity: int) -> Callable:
     return fast
 
 
+#: NumPy type characters of the 0-d values the native path makes of Python numbers
+#: (float16 is left to the general path).
+_NATIVE_SCALARS = frozenset("fd?bhilqBHILQ")
+
+
 def file_native(op: Op, kernel: CompiledOp, operands: tuple, result: Buffer) -> None:
     """Hand a validated allocating call to the op's native callable that is running it,
-    if one is (see :func:`native_op`)."""
-    file_pending(op.natives, tuple(x.launch_key for x in operands), result.signature[0],
-                 result.dtype, result.launch_key, result.nbytes, kernel.by_address)
+    if one is (see :func:`native_op`). Python numbers are keyed by type: their values are
+    the program's runtime arguments, converted per call as :func:`scalar_array` does."""
+    scalars = "".join("." if s is None else s.char for s in kernel.scalars)
+    if not set(scalars) <= _NATIVE_SCALARS | {"."}:
+        return
+    file_pending(op.natives, tuple(x.launch_key if type(x) is Buffer else type(x)
+                                   for x in operands),
+                 result.signature[0], result.dtype, result.launch_key, result.nbytes,
+                 kernel.by_address, scalars)
 
 
 def result_dtype(op: Op, operands: tuple) -> np.dtype:
@@ -180,10 +191,11 @@ def run(op: Op, ex: Executor | None, operands: tuple, out: Buffer | None, n: int
         kernel = _LAUNCHES.put(key, compile_op(op, ex.backend, operands, out, options))
     if out is None:
         out = result = ex.new_buffer(kernel.shape, kernel.dtype)
-        if (n is None and not kernel.has_scalars and math.prod(kernel.shape)
-                and not any(x.foreign for x in operands)):
-            _LAUNCHES.put((op, "alloc", options, *(x.launch_key for x in operands)),
-                          (kernel.by_address, kernel.shape, kernel.dtype))
+        if (n is None and math.prod(kernel.shape)
+                and not any(x.foreign for x in operands if type(x) is Buffer)):
+            if not kernel.has_scalars:
+                _LAUNCHES.put((op, "alloc", options, *(x.launch_key for x in operands)),
+                              (kernel.by_address, kernel.shape, kernel.dtype))
             if op.natives and type(ex.allocator) is Pool:
                 file_native(op, kernel, operands, result)
     else:
