@@ -111,20 +111,62 @@ def test_edge_offsets_of_every_integer_dtype(backend, offset):
     assert same_bits(want, data[pos])
 
 
-def test_explicit_bounds_and_64_bit_extremes(backend):
+@pytest.mark.parametrize("t", [dt.float64, dt.float32], ids=lambda t: t.name)
+def test_explicit_bounds_and_64_bit_extremes(backend, t):
     """Bounds narrower than the buffer (the operand clamped to 2..6 whatever it holds,
-    INT64_MIN and INT64_MAX included: no overflow anywhere), over a reversed map."""
-    b = ProgramBuilder("bounds")
-    src = b.input("src", "f64", (10,))
+    INT64_MIN and INT64_MAX included: no overflow anywhere), over a broadcast map (f32:
+    the same on targets without f64)."""
+    b = ProgramBuilder(f"bounds_{t.name}")
+    src = b.input("src", t, (10,))
     at = b.input("at", "i64", (6,))
-    y = b.output("y", "f64", (6,))
+    y = b.output("y", t, (6,))
     k = b.kernel((6,))
     k.store(y, k.gather(src, k.load(at), (6,), 3, (0,), (2, 6)))
-    data = np.arange(10.0) + 0.5
+    data = storage(np.arange(10.0) + 0.5, t)
     ids = np.array([-2**63, 2**63 - 1, 0, 2, 4, 7], dtype=np.int64)
     (got,), (want,) = gathered(b.build(), backend, [data, ids])
     assert same_bits(got, want)
     assert want.tolist() == [5.5, 9.5, 5.5, 5.5, 7.5, 9.5]
+
+
+@pytest.mark.parametrize("offset", OFFSET_DTYPES, ids=lambda t: t.name)
+def test_bounds_beyond_the_operand_and_maps_far_outside(backend, offset):
+    """Bounds that a narrow operand cannot reach on either side (nothing to clamp), and
+    maps whose own elements lie 2**33 before or after the buffer, brought back into it by
+    bounds beyond the 32-bit range: every operand but an i64 clamps to the one bound
+    there, an i64 one near it is clamped for real. A renderer that sums the element in
+    fewer than 64 bits must get each one exactly."""
+    rng = np.random.default_rng(seed_of("gather far", offset.name))
+    n = 200
+    lo, hi = int(offset.min), int(offset.max)
+    cases = []  # (map offset, stride, bounds, buffer size, operand values)
+    if offset.bits <= 16:  # a buffer past both ends of the operand's range
+        size = hi - lo + 7
+        cases.append((3 - lo, 0, (lo - 3, hi + 3), size, values(offset, n, rng)[:n]))
+    for sign in (1, -1):
+        far = sign * 2**33
+        at = values(offset, n, rng)[:n]
+        if offset.name == "i64":  # around the bound, and the 64-bit extremes
+            at = (-far + rng.integers(-50, 150, n)).astype(np.int64)
+            at[:4] = [-2**63, 2**63 - 1, -far, 0]
+        cases.append((far + 5, 1, (-far, -far + 300 - 5 - n), 300, at))
+    for case, (map_offset, stride, bounds, size, at) in enumerate(cases):
+        b = ProgramBuilder(f"far_{offset.name}_{case}")
+        src = b.input("src", "i32", (size,))
+        ids = b.input("at", offset, (n,))
+        y = b.output("y", "i32", (n,))
+        k = b.kernel((n,))
+        k.store(y, k.gather(src, k.load(ids), (n,), map_offset, (stride,), bounds))
+        data = (np.arange(size, dtype=np.int64) * 7 - 100).astype(np.int32)
+        at = np.asarray(at).astype(offset.storage)
+        (got,), (want,) = gathered(b.build(), backend, [data, at])
+        assert same_bits(got, want)
+        pos = map_offset + stride * np.arange(n) + np.clip(at.astype(np.int64), *bounds)
+        assert same_bits(want, data[pos])
+
+
+def test_reversed_rows_of_a_narrow_operand(backend):
+    """An i8 operand scaled in i32 to a row of i16 values, each row read backwards."""
     b = ProgramBuilder("reversed")
     src = b.input("src", "i16", (12,))
     at = b.input("at", "i8", (3,))

@@ -305,14 +305,59 @@ class _Kernel:
                 terms.append(f"{self.index[d]} * {stride}")
         return self.bind("u32", f"u32({' + '.join(terms)})")
 
+    def gather_address(self, instr: Instr) -> str:
+        """A gather's element (docs/isa.md): the map's element plus the operand clamped to
+        the instruction's bounds, as a u32.
+
+        The clamp is exact in the operand's own register: the bounds are first cut to
+        the operand dtype's range (a bound beyond it clamps nothing, or makes the result
+        that constant), so no value is ever widened. The sum is then taken in wrapping
+        u32 arithmetic: the verifier has checked that the true sum, an integer of any
+        size, is an element of the buffer (below 2**32), so the sum modulo 2**32 is that
+        element, however far the map's own terms or the operand run outside it. A
+        constant part is folded here, in Python: WGSL rejects a constant expression
+        that overflows."""
+        operand = self.kernel.body[instr.args[0]].dtype
+        k = self.value(instr.args[0])
+        low, high = instr.bounds
+        kmin, kmax = ((-2**63, 2**63 - 1) if operand.name == "i64"
+                      else _INT_RANGE[operand.name])
+        lo, hi = max(low, kmin), min(high, kmax)
+        constant = instr.map.offset
+        terms = []
+        if lo >= hi:  # every operand value clamps to one bound
+            constant += high if high <= kmin else low
+        elif operand.name == "i64":
+            self.used.add("hg_u64")
+            if lo > kmin:
+                k = self.bind("i64", f"select({k}, {self.const(lo, operand)}, "
+                                     f"hg_slt64({k}, {self.const(lo, operand)}))")
+            if hi < kmax:
+                k = self.bind("i64", f"select({k}, {self.const(hi, operand)}, "
+                                     f"hg_slt64({self.const(hi, operand)}, {k}))")
+            terms.append(f"{k}.x")  # the low word: the value modulo 2**32
+        else:
+            reg = _REG[operand.name]
+            lit = (lambda v: f"{v}u") if reg == "u32" else i32_literal
+            if lo > kmin:
+                k = f"max({k}, {lit(lo)})"
+            if hi < kmax:
+                k = f"min({k}, {lit(hi)})"
+            terms.append(k if reg == "u32" else f"bitcast<u32>({k})")
+        for d, (n, stride) in enumerate(zip(instr.shape, instr.map.strides)):
+            if n > 1 and stride and d in self.index:
+                terms.append(f"bitcast<u32>({self.index[d]}) * {stride % 2**32}u")
+        return self.bind("u32", " + ".join([f"{constant % 2**32}u", *terms]))
+
     def word(self, buf: int, at: str) -> str:
         if buf in self.narrow_out:
             return f"atomicLoad(&b{buf}[{at}])"
         return f"b{buf}[{at}]"
 
-    def load(self, instr: Instr) -> str:
+    def load(self, instr: Instr, at: str | None = None) -> str:
+        """A load's value, or a gather's (``at``: its element, :meth:`gather_address`)."""
         t, buf = instr.dtype.name, instr.buffer
-        at = self.address(instr)
+        at = self.address(instr) if at is None else at
         size = _BYTES[t]
         if size == 8:  # i64: two words, low first
             return self.bind(t, f"vec2<u32>({self.word(buf, f'2u * {at}')}, "
@@ -406,6 +451,8 @@ class _Kernel:
         op, t = instr.op, instr.dtype
         if op == "load":
             return self.load(instr)
+        if op == "gather":
+            return self.load(instr, self.gather_address(instr))
         if op == "const":
             return self.bind(t.name, self.const(instr.value, t))
         if op == "index":
