@@ -140,13 +140,29 @@ def matmul_case(t: DType) -> Program:
     return g.program()
 
 
+def gather_case(t: DType) -> Program:
+    """Rows of a table picked by i32 and by i64 indices (rows walked contiguously, so
+    vectorized), and a strided column pick (not), summed where ``t`` has a sum."""
+    g = Graph("gather_" + t.name)
+    table = g.input("table", t, (37, 24))
+    rows32, rows64 = g.input("r32", "i32", (19,)), g.input("r64", "i64", (5, 3))
+    a = g.gather(table, (rows32.reshape(19, 1), 1), (19, 24))
+    b = g.gather(table, (rows64.reshape(5, 3, 1), 2), (5, 3, 24))
+    c = g.gather(table.T, (rows32.reshape(19, 1), 1), (19, 37))  # table[:, r].T
+    g.output("a", a)
+    g.output("b", b if t.is_bool else b + b)
+    g.output("c", c)
+    return g.program()
+
+
 NUMERIC = [t for t in ALL if not t.is_bool]
 
 
 def conformance_programs() -> list[Program]:
     programs = []
     for t in ALL:
-        programs += [elementwise_case(t)[0], cast_case(t)[0], reduce_case(t)[0]]
+        programs += [elementwise_case(t)[0], cast_case(t)[0], reduce_case(t)[0],
+                     gather_case(t)]
         if not t.is_bool:
             programs.append(matmul_case(t))
     return programs
@@ -215,6 +231,22 @@ def test_reductions_and_matmul_loops_on_every_runnable_target(monkeypatch, targe
         assert_close(got, want, t, 0, bound, what=f"matmul {name} on {target}")
     else:
         assert_close(got, want, t, 1 if t is dt.bfloat16 else 0, what=f"matmul {name}")
+
+
+@pytest.mark.parametrize("name", [t.name for t in ALL])
+@pytest.mark.parametrize("target", EXECUTED)
+def test_gathers_on_every_runnable_target(monkeypatch, target, name):
+    _use(monkeypatch, target)
+    t = dt.dtype(name)
+    program = gather_case(t)
+    rng = np.random.default_rng(seed_of("target gathers", name))
+    table = random_array(program.params[0], rng)
+    # In range, negative (counted from the end) and beyond both ends (the ISA's clamp).
+    r32 = rng.integers(-40, 41, 19).astype(np.int32)
+    r64 = np.array([-2**63, 2**63 - 1, 0, 36, -37, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14])
+    inputs = [table, r32, r64.reshape(5, 3)]
+    for g, w in zip(run_cpu(program, inputs), run_interp(program, inputs)):
+        assert_close(g, w, t, 0, what=f"gather {name} on {target}")
 
 
 # --- compiled --------------------------------------------------------------------------------

@@ -242,9 +242,11 @@ class Graph:
         a dimension of extent 1 broadcasts along it).
 
         Tensor coordinates in ``-n .. n-1`` (``n = x.shape[d]``) count from the end when
-        negative, as in Python; beyond that range the result is the ISA's ``gather``'s
-        (the flat position clamped into ``x``'s buffer): the caller checks bounds where it
-        must raise. One kernel; its ``gather`` reads only the elements it returns."""
+        negative, as in Python. Beyond that range the result is defined but arbitrary:
+        the coordinates times their strides are summed in wrapping int64 and the ISA's
+        ``gather`` clamps the sum to its bounds (an element of ``x``'s buffer); the
+        caller checks bounds where it must raise. One kernel; its ``gather`` reads only
+        the elements it returns, a row contiguously where one index picks it."""
         shape = tuple(shape)
         if len(coords) != x.ndim:
             raise ShapeError(f"gather: {len(coords)} coordinates for a {x.ndim}-d tensor")
