@@ -17,6 +17,7 @@ from util import random_array
 
 from hologram.frontend.graph import Graph
 from hologram.isa import dtypes as dt
+from hologram.isa.builder import ProgramBuilder
 
 from .numerics import (
     INF,
@@ -130,3 +131,39 @@ def test_a_long_sum_of_negative_zeros_is_negative_zero(backend, name):
     assert np.signbit(np.asarray(got[0], np.float64) if t is not dt.bfloat16
                       else dt.from_bf16_bits(got[0])).all()
     assert_close(got[0], want[0], t, what=f"sum of -0.0 ({name})", backend=backend)
+
+
+def gathered_rows(kind: str, rows: int, n: int):
+    """``y[r] = reduce(kind, table[r, at[r, :]])``: each row's terms read through a gather
+    (the index loaded with the term), one row without a grid when ``rows`` is 1."""
+    b = ProgramBuilder(f"gathered_{kind}_{rows}")
+    shape = (rows, n) if rows > 1 else (n,)
+    strides = (n, 0) if rows > 1 else (0,)
+    table = b.input("table", "f32", shape)
+    at = b.input("at", "i32", shape)
+    y = b.output("y", "i64" if kind.startswith("arg") else "f32", (rows,))
+    k = b.kernel(shape, grid_rank=1) if rows > 1 else b.kernel(shape)
+    v = k.gather(table, k.load(at), shape, 0, strides)
+    axis = 1 if rows > 1 else 0
+    k.store(y, k.reduce(kind, v, axis), 0, (1, 0) if rows > 1 else (0,),
+            (rows, 1) if rows > 1 else (1,))
+    return b.build()
+
+
+@pytest.mark.parametrize("kind", ["sum", "argmax"])
+@pytest.mark.parametrize("rows", [2, 1])
+def test_rows_read_through_a_gather(backend, kind, rows):
+    """Terms gathered by an index loaded with them (a permutation of each row, a few
+    indices out of range, clamped to the row's ends): a split reduction's partials'
+    kernel gathers its own chunk's terms. Small integers, so every sum is exact and the
+    argmax ties (its first index across chunks)."""
+    n = 3000 if rows > 1 else 3100
+    rng = np.random.default_rng(seed_of("split gather", kind, rows))
+    table = rng.integers(-50, 50, (rows, n)).astype(np.float32)
+    at = np.stack([rng.permutation(n) for _ in range(rows)]).astype(np.int32)
+    at[:, [5, n // 2, n - 9]] = [-1, n, -2**31]
+    inputs = [table.reshape(-1), at.reshape(-1)]
+    (got,), (want,) = both(gathered_rows(kind, rows, n), backend, inputs)
+    picked = np.take_along_axis(table, np.clip(at, 0, n - 1), 1)
+    expect = picked.sum(1) if kind == "sum" else picked.argmax(1)
+    assert np.array_equal(want, expect) and np.array_equal(got, want), (got, want, expect)

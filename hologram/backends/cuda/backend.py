@@ -52,8 +52,9 @@ from .runtime import DeviceMemory, DeviceProgram
 FORMAT = "triton-1"
 #: What the generated code uses: f16/bf16 arithmetic through f32 (rounded after each
 #: operation by the decompose pass; their fma through f64 steps); float min/max built from
-#: compares.
-CAPS = Capabilities(f64=True, i64=True, narrow_storage=True, ieee_minmax=False)
+#: compares; gather (render.py: the operand clamped in its own width, the element summed
+#: in wrapping int32).
+CAPS = Capabilities(f64=True, i64=True, narrow_storage=True, ieee_minmax=False, gather=True)
 #: Named targets: compute capability of each.
 TARGETS = {"sm_80": 80, "sm_90": 90}
 #: The target whose cubins a GPU runs, by compute capability (a cubin runs on its own
@@ -64,8 +65,9 @@ _FLOAT_ONLY = frozenset({"sqrt", "rsqrt", "floor", "ceil", "round", "trunc",
                          *shared_math.FUNCTIONS})
 _INT_ONLY = frozenset({"and", "or", "xor", "not"})
 _NUMERIC = frozenset({"div", "mod", "sign", "fma", "contract"})  # not bool
-_ANY = frozenset({"load", "store", "const", "index", "cast", "select", "add", "sub", "mul",
-                  "min", "max", "abs", "neg", "eq", "ne", "lt", "le", "gt", "ge", "reduce"})
+_ANY = frozenset({"load", "gather", "store", "const", "index", "cast", "select", "add",
+                  "sub", "mul", "min", "max", "abs", "neg", "eq", "ne", "lt", "le", "gt", "ge",
+                  "reduce"})
 _SPLIT_WORK = render_module.SPLIT_WORK  # the default split threshold
 #: Triton compile options: never contract a*b+c to an FMA (one rounding, not two).
 OPTIONS = {"enable_fp_fusion": False, "num_stages": 1}

@@ -556,12 +556,48 @@ class _Kernel:
                 terms.append(f"{self.index[d]} * {stride}")
         return " + ".join(terms)
 
-    def load(self, instr: Instr) -> str:
+    def gather_address(self, instr: Instr) -> str:
+        """A gather's element (docs/isa.md): the map's element plus the operand clamped to
+        the instruction's bounds, in int32 like every other address.
+
+        The bounds are cut to the operand dtype's range here, so the clamp is exact in
+        the operand's own width (int32 for the narrow ones, int64 for i64) and skips a
+        side the operand cannot pass; bounds wholly outside that range make the clamped
+        operand a constant. The clamped operand (an i64 one truncated) and the map's
+        terms are then added in wrapping int32: the verifier has checked that the exact
+        sum is an element of the buffer (below 2**31, see ``__init__``), so the sum
+        modulo 2**32 is that element even where the map's own terms or the bounds lie
+        outside 32 bits (constants are wrapped here, so no literal widens the sum to
+        int64)."""
+        operand = self.kernel.body[instr.args[0]].dtype
+        k = self.value(instr.args[0])
+        low, high = instr.bounds
+        kmin, kmax = _LIMITS[_TL[operand.name]]
+        lo, hi = max(low, kmin), min(high, kmax)
+        constant, terms = instr.map.offset, [self.zero]
+        if lo >= hi:  # every operand value clamps to one bound
+            constant += high if high <= kmin else low
+        else:
+            if operand.name not in ("i32", "i64"):
+                k = f"{k}.to(tl.int32)"  # u8 zero-extended, i8/i16 sign-extended
+            if lo > kmin:
+                k = f"tl.maximum({k}, {lo})"
+            if hi < kmax:
+                k = f"tl.minimum({k}, {hi})"
+            terms.append(self.bind(f"({k}).to(tl.int32)" if operand.name == "i64" else k))
+        terms.insert(1, str(_wrap32(constant)))
+        for d, (n, stride) in enumerate(zip(instr.shape, instr.map.strides)):
+            if n > 1 and stride and d in self.index:
+                terms.append(f"{self.index[d]} * {_wrap32(stride)}")
+        return " + ".join(terms)
+
+    def load(self, instr: Instr, address: str | None = None) -> str:
+        """A load's value, or a gather's (``address``: :meth:`gather_address`)."""
         t, buf = instr.dtype.name, instr.buffer
         if 0 in instr.shape:  # nothing to read (the loop plan places it per grid point)
             return self.const(0, instr.dtype)
-        raw = self.bind(f"tl.load(b{buf} + ({self.address(instr)}), mask={self.mask}, "
-                        "other=0)")
+        address = self.address(instr) if address is None else address
+        raw = self.bind(f"tl.load(b{buf} + ({address}), mask={self.mask}, other=0)")
         if t == "bool":
             return self.bind(f"{raw} != 0")
         if t == "f16":
@@ -594,6 +630,8 @@ class _Kernel:
         op, t = instr.op, instr.dtype
         if op == "load":
             return self.load(instr)
+        if op == "gather":
+            return self.load(instr, self.gather_address(instr))
         if op == "const":
             return self.const(instr.value, t)
         if op == "index":
@@ -959,6 +997,11 @@ class _Kernel:
         if t.name == "bf16":
             return self.bind(f"hg_round_bf16({value})")
         return value
+
+
+def _wrap32(value: int) -> int:
+    """``value`` modulo 2**32 as a signed int32 (an int32 literal in Triton)."""
+    return (value + 2**31) % 2**32 - 2**31
 
 
 def _key_bits(t: DType) -> tuple[str, int]:
