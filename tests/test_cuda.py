@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from conformance.numerics import elementwise
 from conformance.test_reductions import reduce_program
+from conformance.test_split_reductions import gathered_rows
 
 import hologram
 import hologram as hg
@@ -24,6 +25,7 @@ from hologram.backends.cuda import render, worker
 from hologram.errors import CompileError, DeviceError, DTypeError
 from hologram.frontend.graph import Graph
 from hologram.isa import dtypes as dt
+from hologram.isa.builder import ProgramBuilder
 
 pytestmark = pytest.mark.skipif(not worker.triton_installed(),
                                 reason="triton is not installed (pip install 'hologram[cuda]')")
@@ -355,7 +357,43 @@ def _families():
     programs["matmul"] = [_matmul(t) for t in (dt.float32, dt.bfloat16, dt.int32, dt.float64)]
     programs["split"] = [_long_rows(t) for t in (dt.float32, dt.bfloat16, dt.int32, dt.float64,
                                                  dt.int8)]
+    programs["gather"] = [_lookup(dt.float32, dt.int64), _lookup(dt.bfloat16, dt.int32),
+                          _lookup(dt.int8, dt.uint8), _far_gather(),
+                          gathered_rows("sum", 4, 100_000), gathered_rows("argmax", 1, 100_000)]
     return programs
+
+
+def _lookup(t: dt.DType, index: dt.DType):
+    """An embedding lookup (rows of a table picked by an index tensor) with an epilogue."""
+    g = Graph(f"lookup_{t.name}_{index.name}")
+    table = g.input("table", t, (1000, 96))
+    ids = g.input("ids", index, (512,))
+    rows = g.gather(table, (ids.reshape(512, 1), 1), (512, 96))
+    g.output("y", rows * g.input("scale", t, (96,)))
+    return g.program()
+
+
+def _far_gather():
+    """Gathers whose map lies 2**33 elements before the buffer, with bounds past 2**33
+    bringing it back: an i64 operand clamped for real, an i32 one to a constant."""
+    b = ProgramBuilder("far_gather")
+    src = b.input("src", "f32", (4096,))
+    wide, narrow = b.input("wide", "i64", (4096,)), b.input("narrow", "i32", (4096,))
+    y = b.output("y", "f32", (4096,))
+    k = b.kernel((4096,), grid_rank=1)
+    bounds = (2**33, 2**33 + 100)
+    k.store(y, k.add(k.gather(src, k.load(wide), (4096,), -2**33, (0,), bounds),
+                     k.gather(src, k.load(narrow), (4096,), -2**33, (0,), bounds)))
+    return b.build()
+
+
+def test_a_reduction_through_a_gather_is_split(emulate):
+    """Few long rows read through a gather split like any other (the partials' kernel
+    gathers its chunk's terms; run emulated by tests/conformance/test_split_reductions.py
+    with a lowered threshold)."""
+    for rows in (4, 1):
+        names = [k["name"] for k in _kernels(gathered_rows("sum", rows, 100_000))["kernels"]]
+        assert names == ["hg_k0_part", "hg_k0_final"], names
 
 
 def _long_rows(t: dt.DType):

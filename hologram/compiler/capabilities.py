@@ -36,7 +36,9 @@ class Capabilities:
     ieee_minmax: bool = True
     # The data-dependent load ``gather`` (docs/isa.md). A target without it refuses a
     # program that uses it (:func:`require`) instead of miscompiling it; front ends ask
-    # before they lower advanced indexing to it.
+    # before they lower advanced indexing to it. Every built-in backend's renderer has it
+    # (webgpu and cuda set it on their own CAPS); WEBGPU below leaves it off, as it
+    # leaves ieee_minmax to the renderer.
     gather: bool = False
 
     @property
@@ -67,9 +69,9 @@ def require(program, caps: Capabilities) -> None:
                 raise MissingCapabilityError(
                     f"program {program.name}, kernel {kernel.name}, instruction %{pos}: "
                     "gather (the data-dependent load) is not implemented by this target's "
-                    "renderer (its Capabilities have gather=False: today the webgpu and "
-                    "cuda backends); run the program on the cpu or interp backend, or build "
-                    "it without gather")
+                    "renderer (its Capabilities have gather=False; the cpu, webgpu, cuda "
+                    "and interp backends have it); run the program on the cpu or interp "
+                    "backend, or build it without gather")
 
 
 #: 64-bit CPUs (the cpu backend, the interpreter).
