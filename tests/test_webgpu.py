@@ -257,6 +257,34 @@ def test_narrow_dtypes_are_packed_without_clobbering_neighbours(ex, dtype):
     np.testing.assert_array_equal(got, np.maximum(x, x[::-1]))
 
 
+@pytest.mark.parametrize("dtype", ["f16", "i8", "f32"])
+def test_gathers_run_in_the_thread_and_group_modes(dtype):
+    """Embedding lookups from packed narrow tables (one invocation per element, the
+    epilogue fused) and sums of gathered rows (a workgroup per row): the scheduled
+    kernels a front end builds, ids past both ends included, against the interpreter
+    (the conformance suite's gathers are single-kernel programs)."""
+    rng = np.random.default_rng(12)
+    storage = dt.dtype(dtype).storage
+    # Whole numbers: every row sum is exact, so any order of addition gives its bits.
+    table = np.round(rng.standard_normal((1000, 96)) * 20).astype(storage)
+    ids = rng.integers(-1000, 1000, 512).astype(np.int64)
+    ids[:4] = [-2**40, 2**40, -1001, 1000]  # beyond the rows: clamped, still defined
+    g = Graph(f"lookup_{dtype}")
+    t, i = g.input("table", dtype, (1000, 96)), g.input("ids", "i64", (512,))
+    rows = g.gather(t, (i.reshape(512, 1), 1), (512, 96))
+    g.output("y", rows * g.input("scale", dtype, (96,)))
+    g.output("s", g.sum(g.gather(t, (i[:8].reshape(8, 1), 1), (8, 96)), 1))
+    program = g.program()
+    modes = {k["mode"] for k in WebGpuBackend().describe(
+        hologram.build(program, backend="webgpu").data)["kernels"]}
+    assert {"thread", "group"} <= modes, modes
+    scale = np.arange(96).astype(storage)
+    got = hologram.compile(program, backend="webgpu")(table, ids, scale)
+    want = hologram.compile(program, backend="interp")(table, ids, scale)
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 def test_unsupported_dtypes_raise_dtype_error_naming_backend_and_fix(ex):
     a = ex.from_numpy(np.arange(4, dtype=np.float64))
     with pytest.raises(DTypeError, match=r"(?s)'webgpu'.*f64.*(cast to f32|run it on)"):
