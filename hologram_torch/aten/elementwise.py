@@ -147,6 +147,17 @@ def _binary(name: str, op, self, other, alpha=1, out=None, inplace=False,
         entry = program.shortcuts.get(shortcut)
         if entry is not None:
             return program.launch_fresh(entry, (self, other))
+    elif (inplace and alpha == 1 and isinstance(other, torch.Tensor) and not other.is_cpu):
+        # In place on two device tensors (optimizers' add_, mul_, ...): the same kind of
+        # signature finds the kernel that writes self. The registry's kernel wrapper has
+        # already refused overlapping memory (see registry.native_or_cpu).
+        shortcut = ("inplace", name, op, self.dtype, self.shape, self.stride(),
+                    other.dtype, other.shape, other.stride())
+        entry = program.shortcuts.get(shortcut)
+        if entry is not None:
+            address = self.data_ptr()
+            entry.launch((address, other.data_ptr(), address))
+            return self
     common = torch.result_type(self, other)
     result = torch.bool if compare else common
     if floating and not result.is_floating_point:
@@ -163,7 +174,8 @@ def _binary(name: str, op, self, other, alpha=1, out=None, inplace=False,
         out = _fit_out(out, _shape(self, other))
     r = _lowered(name, op, args, None if out is None else (out,))
     if shortcut is not None and r is not NotImplemented:
-        program.remember(shortcut, name, lowered.spec(op, args), args)
+        program.remember(shortcut, name, lowered.spec(op, args), args,
+                         (self,) if inplace else None)
     return r if out is None or r is NotImplemented else out
 
 

@@ -135,16 +135,20 @@ class Shortcuts:
 shortcuts = Shortcuts()
 
 
-def remember(shortcut: tuple, name: str, static: tuple, args: Sequence) -> None:
-    """File the entry :func:`run` just used for ``(name, static, args)`` (device tensors,
-    fresh results) under ``shortcut``, a key the caller forms from its own operands."""
+def remember(shortcut: tuple, name: str, static: tuple, args: Sequence,
+             out: Sequence[torch.Tensor] | None = None) -> None:
+    """File the entry :func:`run` just used for ``(name, static, args)`` (device tensors;
+    fresh results, or ``out``) under ``shortcut``, a key the caller forms from its own
+    operands (and, with ``out``, the layout of ``out``: its launch writes there)."""
     key = [name, static, _state["backend"], False]
     for x in args:
         if not isinstance(x, torch.Tensor) or x.is_cpu:
             return
         key.append((x.dtype, x.shape, x.stride()))
+    if out is not None:
+        key.append(tuple((o.dtype, o.shape, o.stride()) for o in out))
     entry = _LAUNCHES.get(tuple(key))
-    if entry is not None and entry.single:
+    if entry is not None and entry.single and (out is None or entry.launch is not None):
         shortcuts.put(shortcut, entry)
 
 
