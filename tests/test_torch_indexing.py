@@ -258,3 +258,25 @@ def test_gradients(case):
     # (gather) run natively; x[i]'s is index_put_, on the fallback.
     put = case in ("index", "two indices")
     assert ran == (["aten._index_put_impl_.default"] if put else []), ran
+
+
+# --- torch.compile ----------------------------------------------------------------------
+def test_compiled_lookups_are_one_program():
+    """Under torch.compile(backend="hologram") the lookups lower through the same table:
+    indexing with None between index tensors, index_select and an embedding of a table of
+    100 rows join the arithmetic around them in one program."""
+    from hologram_torch.compile import stats
+
+    def f(x, i, j, w, ids):
+        return ((x[i] * 2).sum(0) + x[:, j].sum(1)[:5] + x.index_select(0, i.abs()).mean()
+                + torch.nn.functional.embedding(ids, w).sum(0).sum(0))
+
+    g = torch.Generator().manual_seed(9)
+    args = (torch.randn(6, 5, generator=g), torch.tensor([0, 5, -1, 2]), torch.tensor([4, 0]),
+            torch.randn(100, 5, generator=g), torch.tensor([[3, 99], [0, 0]]))
+    expected = f(*args)
+    stats.reset_compile_stats()
+    got = torch.compile(f, backend="hologram")(*args)
+    torch.testing.assert_close(got, expected)
+    s = stats.compile_stats()
+    assert s["ops_eager"] == 0 and s["programs"] == 1, s
