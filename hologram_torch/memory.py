@@ -110,6 +110,8 @@ def empty(size, dtype: torch.dtype | None = None, stride=None) -> torch.Tensor:
     """A new device tensor (contiguous unless ``stride`` is given)."""
     dtype = dtype or torch.get_default_dtype()
     if stride is None:
+        if _SWAP:  # new()'s path: no set_ through the dispatcher
+            return new(size, None, math.prod(size) * dtype.itemsize, dtype)
         stride = contiguous_strides(size)
         nbytes = math.prod(size) * dtype.itemsize
     else:
