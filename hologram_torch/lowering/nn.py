@@ -6,11 +6,12 @@ Arithmetic runs in opmath (float32 for half types) and results take torch's dtyp
 torch's CPU kernel stores a half-type intermediate, the lowering rounds it too
 (:func:`_rounded`), so half results agree to the last bits that matter.
 
-An embedding lookup is the ISA's ``gather``: each output element reads its row's element,
-O(indices x width). A class in ``nll_loss`` and the embedding's gradient (a sum per row of
-the table over the indices that name it: a scatter, which the ISA has no store for) are
-one-hot: compare an ``arange`` with the index, select the matching value (the others become
--0.0, the identity of the sum), and reduce: O(indices x table) work, exact. Torch's checks
+An embedding lookup and a class in ``nll_loss`` (its forward) are the ISA's ``gather``:
+each output element reads its own element, O(indices x width). ``nll_loss``'s backward and
+the embedding's gradient (a sum per row of the table over the indices that name it: a
+scatter, which the ISA has no store for) are one-hot: compare an ``arange`` with the index,
+select the matching value (the others become -0.0, the identity of the sum), and reduce:
+O(indices x table) work, exact. Torch's checks
 of index *values* (targets and embedding indices in range, BCE probabilities in [0, 1])
 are not part of a lowering: the eager device makes them on the host first; here an
 out-of-range index selects nothing (its loss term is 0) or, in an embedding, reads the
@@ -24,6 +25,7 @@ import math
 import torch
 
 from hologram.frontend import functional
+from hologram.frontend.graph import broadcast_shapes
 from hologram.isa import dtypes as dt
 from hologram_torch.lowering.common import (
     TORCH,
@@ -75,13 +77,21 @@ def _rounded(t, dtype):
 
 
 def pick(g, table, index, axis: int):
-    """``table`` at ``index`` along ``axis`` (negative: counted from the end), one-hot:
-    ``index`` broadcasts against ``table`` with a size-1 ``axis``, and the result drops
-    ``axis``. O(size of the broadcast table) work."""
-    n = table.shape[axis]
-    classes = g.arange(n, dt.int64).reshape(n, *(1,) * (-axis - 1))
-    hit = g.binary("eq", classes, cast(index, dt.int64))
-    return g.reduce("sum", g.where(hit, table, -0.0), axis)
+    """``table`` at ``index`` along ``axis`` (negative: counted from the end), a gather:
+    ``index`` broadcasts against ``table`` with a size-1 ``axis`` (aligned from the
+    right), and the result drops ``axis``. O(result) work. An index out of range reads
+    the gather's clamped element: callers mask what they must ignore."""
+    rank = max(table.ndim, index.ndim)
+    table, index = table._aligned(rank), index._aligned(rank)
+    axis %= rank
+    shape = broadcast_shapes([table.shape[:axis] + (1,) + table.shape[axis + 1:],
+                              index.shape])
+    shape = shape[:axis] + shape[axis + 1:]
+    drop = [d for d in range(rank) if d != axis]
+    at = index._view(tuple(index.shape[d] for d in drop),
+                     tuple(index.strides[d] for d in drop), index.offset)
+    coords = tuple(at if d == axis else d - (d > axis) for d in range(rank))
+    return g.gather(table, coords, shape)
 
 
 def _axis(x, dim: int) -> int:
