@@ -11,11 +11,13 @@ Composite ops need no kernel: ``cross_entropy`` is ``_log_softmax`` + ``nll_loss
 (``nll_loss2d_forward`` for K-dimensional inputs), ``l1_loss`` is ``sub``/``abs``/``mean``,
 and the backward of ``binary_cross_entropy_with_logits`` is elementwise ops.
 
-An embedding row is the ISA's ``gather`` (O(indices x width)). A class in ``nll_loss``
-and the embedding's gradient are one-hot formulations: compare an ``arange`` with the
-index, ``select`` the matching value (the others become -0.0, the identity of the sum),
-and reduce. That costs O(indices x table) work instead of O(indices), and is exact, NaN
-and infinities in unselected entries included. Index values that torch checks
+An embedding row and a class in ``nll_loss`` are the ISA's ``gather`` (O(indices x
+width)). ``nll_loss``'s backward is a one-hot formulation (the embedding's gradient too,
+in its lowering; eagerly it is grouped on the host, see
+:func:`embedding_dense_backward`): compare an ``arange`` with the index, ``select`` the
+matching value (the others become -0.0, the identity of the sum), and reduce. That
+costs O(indices x table) work instead of O(indices), and is exact, NaN and infinities in
+unselected entries included. Index values that torch checks
 (out of range targets and embedding indices, probabilities outside [0, 1]) are checked
 on the host, through a CPU alias of the device memory: a failing check sends the call to
 the CPU fallback, which raises torch's own error.

@@ -305,7 +305,7 @@ def _nll_parts(g, x, target, weight, ignore_index):
     if weight is None:
         return tk, valid, cast(valid, opmath(x.dtype))
     w = cast(weight, opmath(x.dtype))
-    if w.ndim:  # a class-weight vector: weight[target], one-hot
+    if w.ndim:  # a class-weight vector: weight[target]
         w = pick(g, w, t.reshape(*t.shape, 1), -1)
     return tk, valid, g.where(valid, w, 0.0)
 
