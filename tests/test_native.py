@@ -289,3 +289,27 @@ def test_jit_functions_of_buffers_run_natively(ex):
     assert f(a, b=b).shape == (300,)  # keywords: the general path
     g = hg.jit(lambda a: (a + 1, a * 2))  # two results: the general path
     assert len(g(a)) == 2
+
+
+def test_concurrent_first_calls_file_their_own_keywords(ex):
+    # Two threads' first calls of one op with different keywords, each general path
+    # releasing the GIL midway (compiling): each call is filed under its own key.
+    x = RNG.standard_normal((16, 8)).astype(np.float32)
+    buf = ex.from_numpy(x)
+    results, errors = {}, []
+
+    def work(dim):
+        try:
+            for _ in range(CALLS):
+                results[dim] = hg.ops.mean(buf, dim=dim).to_numpy()
+                np.testing.assert_allclose(results[dim], x.mean(dim), rtol=1e-5)
+        except Exception as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(d,)) for d in (0, 1, 0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert results[0].shape == (8,) and results[1].shape == (16,)

@@ -946,11 +946,18 @@ static PyObject *general_call(FastOp *f, PyObject *const *args, size_t nargsf,
     return PyObject_Vectorcall(f->general, args, nargsf, kwnames);
 }
 
-/* The call that the general path is running for a FastOp (see file_pending): the op
- * and its call key, or NULL. */
-static FastOp *pending_op;
-static PyObject *pending_key;
-static Py_ssize_t pending_nargs; /* the call's buffer operands (the key's first items) */
+/* The call that the general path is running for a FastOp on this thread (see
+ * file_pending): the op and its call key, or NULL. Per thread: the general path may
+ * release the GIL (compiling, say), and another thread's call must never be filed with
+ * this one's result. */
+#ifdef _MSC_VER
+#define THREAD_LOCAL __declspec(thread)
+#else
+#define THREAD_LOCAL _Thread_local
+#endif
+static THREAD_LOCAL FastOp *pending_op;
+static THREAD_LOCAL PyObject *pending_key;
+static THREAD_LOCAL Py_ssize_t pending_nargs; /* its operands (the key's first items) */
 
 /* The general path, told which call it runs so that it can file it. */
 static PyObject *general_pending(FastOp *f, PyObject *key, PyObject *const *args,

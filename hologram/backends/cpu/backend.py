@@ -54,6 +54,8 @@ _RAW_KERNEL = ctypes.CFUNCTYPE(None)  # the same function, called with ctypes ob
 _ZERO = ctypes.c_int64(0)
 _HEADER = struct.Struct("<I")
 _POINTER_ARRAYS = 256  # address sets remembered per loaded program
+_ARENAS = Pool()  # programs' scratch memory, one block per call
+_BYTE = np.dtype(np.uint8)
 
 
 class CpuBackend(Backend):
@@ -310,7 +312,9 @@ class _Executable(Executable):
         for slot, address in zip(self.params, handles):
             pointers[slot] = address
         # Scratch memory per call: concurrent calls of one program must not share it.
-        arena = np.empty(self.arena, dtype=np.uint8) if self.arena else None
+        # From a pool of its own: a freshly mapped arena of a few MB (torch.compile's
+        # programs) would pay its page faults on every call; a pool block is reused warm.
+        arena = _ARENAS.alloc((self.arena,), _BYTE) if self.arena else None
         if arena is not None:
             base = arena.ctypes.data
             for slot, offset in self.temps:
