@@ -1163,6 +1163,13 @@ static PyObject *fastop_vectorcall(FastOp *f, PyObject *const *args, size_t narg
     SLOT(buf, off_launch_key) = e->launch_key;
     if (registry_add(reg, buf) < 0)
         goto fail;
+    if (reg->closed) { /* closed meanwhile (a finalizer let another thread run): refuse */
+        Py_CLEAR(buf);
+        Py_DECREF(handle);
+        Py_DECREF(reg);
+        Py_DECREF(e);
+        return general_call(f, args, nargsf, kwnames);
+    }
     addresses[n] = address;
     if (Py_TYPE(e->launch) == &LauncherType) {
         if (launcher_run((Launcher *)e->launch, addresses, n + 1, NULL) < 0)
