@@ -280,3 +280,33 @@ def test_compiled_lookups_are_one_program():
     torch.testing.assert_close(got, expected)
     s = stats.compile_stats()
     assert s["ops_eager"] == 0 and s["programs"] == 1, s
+
+
+@pytest.mark.parametrize(("case", "bad"), [
+    ("embedding", 100), ("embedding", -1), ("index", 6), ("index", -7),
+    ("index_select", 6), ("gather", -7)])
+def test_compiled_lookups_raise_on_indices_out_of_range(case, bad):
+    """A compiled program's gathers clamp (docs/isa.md); the compiled region raises
+    IndexError as eager PyTorch does instead of returning what the clamp read, and the
+    same function with indices in range still computes."""
+    fns = {
+        "embedding": lambda x, w, i: torch.nn.functional.embedding(i, w) * 2,
+        "index": lambda x, w, i: x[i] + 1,
+        "index_select": lambda x, w, i: x.index_select(0, i) - 1,
+        "gather": lambda x, w, i: torch.gather(x, 0, i.reshape(-1, 1).expand(-1, 5)) * 3,
+    }
+    from hologram_torch.compile import stats
+
+    torch._dynamo.reset()
+    stats.reset_compile_stats()
+    f = torch.compile(fns[case], backend="hologram")
+    g = torch.Generator().manual_seed(3)
+    x, w = torch.randn(6, 5, generator=g), torch.randn(100, 4, generator=g)
+    good = torch.tensor([0, 5, 2, 1])
+    torch.testing.assert_close(f(x, w, good), fns[case](x, w, good))
+    with pytest.raises(IndexError, match="out of"):
+        f(x, w, torch.tensor([0, bad, 2, 1]))
+    torch.testing.assert_close(f(x, w, good), fns[case](x, w, good))
+    s = stats.compile_stats()
+    assert s["ops_eager"] == 0 and s["programs"] == 1, s  # the program raised, not eager
+    torch._dynamo.reset()

@@ -40,6 +40,8 @@ from hologram_torch.compile import lowerings, stats
 from hologram_torch.compile.options import Options
 from hologram_torch.lowering.common import ISA, TORCH, Unsupported
 
+aten = torch.ops.aten
+
 log = logging.getLogger(__name__)
 
 #: Signatures kept per partition (each a compiled launch); past it the oldest goes (its
@@ -52,6 +54,7 @@ class _Entry:
     launch: object  # CompiledProgram.launch, or None when every output is empty
     outputs: tuple  # (shape, strides, dtype, contiguous, device or None) of each output
     tensors: tuple  # the positions of the tensor arguments (the program's inputs)
+    checks: tuple = ()  # per trailing 0-d bool output: the IndexError raised when it is set
 
     def __post_init__(self):
         # One ready allocator per output: a launch calls them without re-reading layouts.
@@ -85,6 +88,18 @@ class FusedKernel(torch.nn.Module):
     def _launch(self, entry: _Entry, args):
         addresses = [args[i].data_ptr() for i in entry.tensors]
         outs = [allocate() for allocate in entry.allocators]
+        if entry.checks:
+            self._run(entry, addresses, outs)
+            flags = outs[len(outs) - len(entry.checks):]
+            for flag, message in zip(flags, entry.checks):
+                if flag.item():
+                    raise IndexError(message)
+            del outs[len(outs) - len(entry.checks):]
+        else:
+            self._run(entry, addresses, outs)
+        return outs[0] if self._single else tuple(outs)
+
+    def _run(self, entry: _Entry, addresses: list, outs: list) -> None:
         if entry.launch is not None:
             addresses.extend(o.data_ptr() for o in outs)
             threads = self.options.threads
@@ -97,7 +112,6 @@ class FusedKernel(torch.nn.Module):
                     entry.launch(tuple(addresses))
                 finally:
                     hologram.set_num_threads(previous)
-        return outs[0] if self._single else tuple(outs)
 
     def _build(self, key: tuple, args) -> _Entry | object:
         start = time.perf_counter()
@@ -166,9 +180,11 @@ def build(gm: torch.fx.GraphModule, name: str, args, options: Options) -> _Entry
                                         tuple(a.stride()))
         else:
             env[node] = a
+    checks = []  # (0-d bool: an index is out of range, PyTorch's message)
     for node in gm.graph.nodes:
         if node.op == "call_function":
             env[node] = lower_node(g, node, env)
+            checks += _index_checks(g, node, env)
         elif node.op not in ("placeholder", "output"):
             raise Unsupported(f"{node.op} node {node.name}")
     out = _output_node(gm).args[0]
@@ -190,14 +206,48 @@ def build(gm: torch.fx.GraphModule, name: str, args, options: Options) -> _Entry
         device = meta.device if isinstance(meta, torch.Tensor) else default
         device = None if device is None or device.type == "cpu" else device
         layouts.append((value.shape, strides, dtype, contiguous, device, value))
-    outputs = tuple(layout[:5] for layout in layouts)
     tensors = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
     if all(math.prod(shape) == 0 for shape, *_ in layouts):
-        return _Entry(None, outputs, tensors)
+        return _Entry(None, tuple(layout[:5] for layout in layouts), tensors)
     for j, (_, strides, _, contiguous, _, value) in enumerate(layouts):
         g.output(f"out{j}", value, None if contiguous else strides)
+    for j, (flag, _) in enumerate(checks):
+        g.output(f"check{j}", flag)
+        layouts.append(((), (), torch.bool, True, None))
     compiled = hologram.compile(g.program(), backend, options.compile_options())
-    return _Entry(compiled.launch, outputs, tensors)
+    return _Entry(compiled.launch, tuple(layout[:5] for layout in layouts), tensors,
+                  tuple(message for _, message in checks))
+
+
+def _index_checks(g: Graph, node: torch.fx.Node, env: dict) -> list[tuple[Tensor, str]]:
+    """For a lookup by index (``embedding``, ``index.Tensor``, ``index_select``,
+    ``gather``): per index tensor, a 0-d bool that is set when one of its values is out of
+    range, and the error eager PyTorch raises then. The program's gathers clamp such
+    indices (docs/isa.md); the kernel raises after the launch instead of returning what
+    they read. Other nodes: none."""
+    target, a = node.target, node.args
+    if target is aten.embedding.default:
+        lookups = [(a[1], env[a[0]].shape[0], 0, "index out of range in self")]
+    elif target in (aten.index_select.default, aten.gather.default):
+        src = env[a[0]]
+        dim = a[1] % max(src.ndim, 1)
+        size = src.shape[dim] if src.ndim else 1
+        lookups = [(a[2], size, -size,
+                    f"index out of bounds for dimension {dim} with size {size}")]
+    elif target is aten.index.Tensor:
+        src = env[a[0]]
+        lookups = [(i, src.shape[d], -src.shape[d],
+                    f"index out of bounds for dimension {d} with size {src.shape[d]}")
+                   for d, i in enumerate(a[1]) if i is not None]
+    else:
+        return []
+    checks = []
+    for index, size, low, message in lookups:
+        idx = env.get(index) if isinstance(index, torch.fx.Node) else None
+        if isinstance(idx, Tensor) and math.prod(idx.shape):
+            bad = g.binary("or", g.binary("lt", idx, low), g.binary("ge", idx, size))
+            checks.append((g.reduce("max", bad), message))
+    return checks
 
 
 def _expected_layout(node: torch.fx.Node, value: Tensor) -> tuple[torch.dtype, tuple]:

@@ -9,9 +9,9 @@ The gradient of a lookup into a table of more than :data:`ONE_HOT_MAX_ROWS` rows
 (``embedding_dense_backward``) stays eager too: with no indexed store in the ISA its
 lowering is one-hot, a pass over every row of the table per index, where PyTorch adds one
 row per index. Lookups themselves (``embedding``, ``index``, ``index_select``, ``gather``)
-are the ISA's gather, one row per index, and compile at any size; as in every compiled
-program, index values are not checked (an index out of range reads the gather's clamped
-element), where eager PyTorch raises.
+are the ISA's gather, one row per index, and compile at any size; their programs also
+compute whether an index was out of range, and the region raises IndexError then, as eager
+PyTorch does (:func:`hologram_torch.compile.kernel.build`).
 
 PyTorch's :class:`CapabilityBasedPartitioner` then groups supported nodes into the largest
 regions that keep the graph acyclic; views whose values leave a region are left out
