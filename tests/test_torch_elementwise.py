@@ -230,6 +230,24 @@ def test_remembered_kernels_keep_signatures_apart():
     assert ("exp", (), torch.int64, torch.Size([4, 5]), (5, 1)) in program.shortcuts
 
 
+def test_remembered_kernels_take_numbers_as_values():
+    # x op number remembers its kernel under x's signature and the number's type; each
+    # call passes its own value (and int/float/bool numbers promote as PyTorch's do).
+    from hologram_torch.aten import program
+
+    for dtype in (torch.float32, torch.float16, torch.int64, torch.int8, torch.bool):
+        x = sample((3, 4), dtype)
+        for number in (2, -3, 2.5, -0.5, True, False, 7):
+            for name in ("add", "sub", "mul", "div"):
+                if dtype is torch.bool and name == "sub" or name == "sub" and type(
+                        number) is bool:
+                    continue  # refused by PyTorch itself
+                expected = getattr(torch, name)(x, number)
+                same(getattr(torch, name)(dev(x), number), expected)
+    assert ("mul", torch.ops.aten.mul.Tensor, torch.int8, torch.Size([3, 4]), (4, 1),
+            float) in program.shortcuts
+
+
 # --- the sign of zero in max/min-like ops, bit for bit with PyTorch CPU (issue 16, part 8)
 # PyTorch's CPU rule, observed in torch 2.13 (AVX2 build): its scalar kernels compute
 # std::max/std::min, which give the *first* operand on a tie, so maximum(-0.0, +0.0) is

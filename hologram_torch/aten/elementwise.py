@@ -133,18 +133,30 @@ def _shape(*xs) -> tuple[int, ...]:
 
 # --- binary ops -------------------------------------------------------------------------
 
+def _fresh_key(name: str, op, self, other) -> tuple | None:
+    """The shortcut key of ``op(self, other)`` into a fresh result (see program.shortcuts)
+    when ``self`` is a device tensor and ``other`` one too, or a Python number (``x * 2``:
+    the kernel gets the number's value at launch, and its type with ``self``'s dtype
+    decides the result's dtype). Else None."""
+    if type(other) in program.NUMBERS:
+        return (name, op, self.dtype, self.shape, self.stride(), type(other))
+    if isinstance(other, torch.Tensor) and not other.is_cpu:
+        return (name, op, self.dtype, self.shape, self.stride(),
+                other.dtype, other.shape, other.stride())
+    return None
+
 def _binary(name: str, op, self, other, alpha=1, out=None, inplace=False,
             floating=False, compare=False):
     """``op(self, other)`` (or ``op(self, other, alpha)``) with broadcasting and promotion,
     into a new tensor, ``out``, or ``self`` (in place)."""
     shortcut = None
-    if (out is None and not inplace and alpha == 1 and isinstance(other, torch.Tensor)
-            and isinstance(self, torch.Tensor) and not other.is_cpu and not self.is_cpu):
-        # Two device tensors into a fresh result, the hot case: a signature of the operands
-        # finds the kernel without promotion or the general key (see program.shortcuts).
-        shortcut = (name, op, self.dtype, self.shape, self.stride(),
-                    other.dtype, other.shape, other.stride())
-        entry = program.shortcuts.get(shortcut)
+    if (out is None and not inplace and alpha == 1 and isinstance(self, torch.Tensor)
+            and not self.is_cpu):
+        # A device tensor and a device tensor or a number into a fresh result, the hot
+        # case: a signature of the operands finds the kernel without promotion or the
+        # general key (see program.shortcuts).
+        shortcut = _fresh_key(name, op, self, other)
+        entry = program.shortcuts.get(shortcut) if shortcut is not None else None
         if entry is not None:
             return program.launch_fresh(entry, (self, other))
     elif (inplace and alpha == 1 and isinstance(other, torch.Tensor) and not other.is_cpu):
@@ -220,10 +232,9 @@ def _arithmetic(name: str, floating=False, bool_ok=True, alpha=True):
         # commonest call of all) take the remembered kernel with no other Python frame:
         # after a large kernel has flushed the caches, every frame and lookup costs (this
         # one saves ~6 µs there); the rest goes the general way, then to the CPU fallback.
-        if (alpha == 1 and isinstance(other, torch.Tensor) and isinstance(self, torch.Tensor)
-                and not other.is_cpu and not self.is_cpu):
-            entry = program.shortcuts.get((name, op, self.dtype, self.shape, self.stride(),
-                                           other.dtype, other.shape, other.stride()))
+        if alpha == 1 and isinstance(self, torch.Tensor) and not self.is_cpu:
+            key = _fresh_key(name, op, self, other)
+            entry = program.shortcuts.get(key) if key is not None else None
             if entry is not None:
                 return program.launch_fresh(entry, (self, other))
         if not alpha_arg:  # mul, div: their schema has no alpha

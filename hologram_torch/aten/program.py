@@ -36,6 +36,8 @@ ISA = {getattr(torch, name): t for t, name in dt.FULL_NAMES.items()}  # torch ->
 TORCH = {v: k for k, v in ISA.items()}
 _NUMBER = {bool: (dt.bool_, ctypes.c_bool), int: (dt.int64, ctypes.c_int64),
            float: (dt.float64, ctypes.c_double)}
+#: The Python number types a kernel takes as a runtime value (passed boxed).
+NUMBERS = frozenset(_NUMBER)
 #: A bound for the kernels' own small caches (launches are bounded by the launch cache).
 CACHE_ENTRIES = 16384
 
@@ -142,9 +144,12 @@ def remember(shortcut: tuple, name: str, static: tuple, args: Sequence,
     operands (and, with ``out``, the layout of ``out``: its launch writes there)."""
     key = [name, static, _state["backend"], False]
     for x in args:
-        if not isinstance(x, torch.Tensor) or x.is_cpu:
+        if isinstance(x, torch.Tensor) and not x.is_cpu:
+            key.append((x.dtype, x.shape, x.stride()))
+        elif type(x) in _NUMBER:  # as run() keys a number: by its type
+            key.append(type(x))
+        else:
             return
-        key.append((x.dtype, x.shape, x.stride()))
     if out is not None:
         key.append(tuple((o.dtype, o.shape, o.stride()) for o in out))
     entry = _LAUNCHES.get(tuple(key))
@@ -152,11 +157,17 @@ def remember(shortcut: tuple, name: str, static: tuple, args: Sequence,
         shortcuts.put(shortcut, entry)
 
 
-def launch_fresh(entry: _Entry, args: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Run a remembered entry on device tensors ``args`` into a fresh result."""
+def launch_fresh(entry: _Entry, args: Sequence) -> torch.Tensor:
+    """Run a remembered entry on ``args`` (device tensors, the last of them possibly a
+    number, as :func:`run` takes them) into a fresh result."""
     out = memory.new(*entry.layouts[0])
     if entry.launch is not None:
-        entry.launch((*[x.data_ptr() for x in args], out.data_ptr()))
+        if type(args[-1]) in _NUMBER:  # boxed; the box must outlive the launch
+            box = _NUMBER[type(args[-1])][1](args[-1])
+            entry.launch((*[x.data_ptr() for x in args[:-1]], ctypes.addressof(box),
+                          out.data_ptr()))
+        else:
+            entry.launch((*[x.data_ptr() for x in args], out.data_ptr()))
     return out
 
 
