@@ -90,19 +90,22 @@ def on_storage(st: torch.UntypedStorage, dtype: torch.dtype, size, stride,
     return t
 
 
-def new(size: list[int], stride: list[int], nbytes: int, dtype: torch.dtype) -> torch.Tensor:
-    """A contiguous device tensor (``stride`` must be ``size``'s contiguous strides) of
+def new(size: list[int], stride: list[int] | None, nbytes: int, dtype: torch.dtype
+        ) -> torch.Tensor:
+    """A contiguous device tensor (``stride`` must be ``size``'s contiguous strides, or
+    None for them) of
     ``nbytes``: the kernels' hot path. ``create_empty_tensor(size)`` already has the
     metadata, on a null storage; swapping our block's pointer into that storage costs
     half of a ``set_`` (which goes through the dispatcher)."""
-    if not _SWAP:
-        return on_storage(storage(nbytes), dtype, size, stride)
+    if not _SWAP or not nbytes:  # (create_empty_tensor's strides of (0, 1) are (0, 1))
+        return on_storage(storage(nbytes), dtype, size,
+                          contiguous_strides(size) if stride is None else stride)
     t = _create(size, dtype)
-    if nbytes:  # storage()'s steps, inlined: this is every op's allocation
-        lease = _pool.lease(nbytes)
-        st = t.untyped_storage()
-        st._swap_data_ptr_(_construct(lease.address, DEVICE, nbytes))
-        st._hologram = lease
+    # storage()'s steps, inlined: this is every op's allocation
+    lease = _pool.lease(nbytes)
+    st = t.untyped_storage()
+    st._swap_data_ptr_(_construct(lease.address, DEVICE, nbytes))
+    st._hologram = lease
     return t
 
 
