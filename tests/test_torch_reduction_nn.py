@@ -496,3 +496,20 @@ def test_dropout_modes_and_gradients():
     assert mask.dtype is torch.bool and bool(mask.cpu().all())
     out, mask = torch.native_dropout(_dev(torch.empty(0, 3)), 0.5, True)
     assert out.shape == (0, 3) and mask.dtype is torch.bool
+
+
+def test_whole_sums_and_means_keep_signatures_apart():
+    # x.sum() / x.mean() remember their kernel under x's dtype, shape and strides; the
+    # later calls take it and must still match the CPU (values of each call, not the first).
+    from hologram_torch.aten import program
+
+    for dtype in (torch.float32, torch.float64, torch.int64, torch.bool, torch.float16):
+        for seed in range(3):
+            x = (torch.randn(6, 5, generator=torch.Generator().manual_seed(seed)) * 4).to(dtype)
+            d = x.to("hologram")
+            for view, ref in ((d, x), (d.t(), x.t()), (d[1:, ::2], x[1:, ::2])):
+                torch.testing.assert_close(view.sum().cpu(), ref.sum())
+                if dtype.is_floating_point:
+                    torch.testing.assert_close(view.mean().cpu(), ref.mean())
+    assert (torch.ops.aten.sum.dim_IntList, torch.bool, torch.Size([5, 6]), (1, 5)) \
+        in program.shortcuts

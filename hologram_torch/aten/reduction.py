@@ -80,9 +80,27 @@ def sum_dim(x, dim, keepdim=False, dtype=None):
     return r
 
 
+def _whole(op, general, x, dtype):
+    """``x.sum()`` / ``x.mean()`` (no dim, no dtype) on a device tensor: the kernel
+    remembered under ``x``'s signature, else ``general`` (which files it, see
+    program.shortcuts)."""
+    if dtype is not None or x.is_cpu:
+        return general(x, None, False, dtype=dtype)
+    key = (op, x.dtype, x.shape, x.stride())
+    entry = program.shortcuts.get(key)
+    if entry is not None:
+        return program.launch_fresh(entry, (x,))
+    r = general(x, None, False)
+    axes = _dims(x, None)
+    if axes is not None:
+        program.remember(key, op.__name__.partition(".")[0],
+                         lowered.spec(op, (x,), (axes, False), (("dtype", None),)), (x,))
+    return r
+
+
 @impl("sum")
 def sum_all(x, dtype=None):
-    return sum_dim(x, None, False, dtype=dtype)
+    return _whole(aten.sum.dim_IntList, sum_dim, x, dtype)
 
 
 @impl("mean.dim")
@@ -99,7 +117,7 @@ def mean_dim(x, dim, keepdim=False, dtype=None):
 def mean_all(x, dtype=None):
     if _float_result(x, dtype) is None:
         return run_on_cpu(aten.mean.default, x, dtype=dtype)
-    return mean_dim(x, None, False, dtype=dtype)
+    return _whole(aten.mean.dim, mean_dim, x, dtype)
 
 
 def _reduced_shape(x: torch.Tensor, axes: tuple[int, ...], keepdim: bool) -> tuple[int, ...]:
