@@ -95,12 +95,13 @@ class CompiledOp:
 
 def native_op(op: Op, general: Callable, arity: int) -> Callable:
     """``general`` (the op's Python function) as the op's native callable. A call of
-    exactly ``arity`` buffers (and any hashable keyword values) runs ``general`` the first
-    time; once :func:`run` has validated and compiled it as an allocating call (no out, no
-    n, no Python numbers), later calls with operands of the same launch keys and the same
-    keywords allocate their result and launch in native code (``hologram/csrc/native.c``,
-    about 1 us). Every other call is ``general(*args, **kwargs)``. Nothing is cached but
-    the launch: every call allocates and computes."""
+    exactly ``arity`` operands, buffers or Python numbers (and any hashable keyword
+    values), runs ``general`` the first time; once :func:`run` has validated and compiled
+    it as an allocating call (no out, no n), later calls whose buffers have the same launch
+    keys, whose numbers have the same types and whose keywords are the same allocate their
+    result and launch in native code (``hologram/csrc/native.c``, about 1 us). Every
+    other call is ``general(*args, **kwargs)``. Nothing is cached but the launch: every
+    call allocates and computes, with its own numbers' values."""
     fast = FastOp(general, arity)
     fast.__name__ = fast.__qualname__ = general.__name__
     fast.__doc__ = general.__doc__
