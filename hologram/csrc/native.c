@@ -44,6 +44,18 @@
 static int64_t page_bytes, slab_bytes;
 static int num_slab_classes;
 
+/* The index of the highest set bit of x != 0. */
+static int top_bit(uint64_t x)
+{
+#ifdef _MSC_VER
+    unsigned long index;
+    _BitScanReverse64(&index, x);
+    return (int)index;
+#else
+    return 63 - __builtin_clzll(x);
+#endif
+}
+
 static int64_t class_bytes(int index)
 {
     int octave = MIN_SHIFT + index / 4;
@@ -60,7 +72,7 @@ static int size_class(int64_t nbytes, int64_t *cbytes)
         return 0;
     }
     uint64_t m = (uint64_t)nbytes - 1;
-    int octave = 63 - __builtin_clzll(m);
+    int octave = top_bit(m);
     int shift = octave - 2;
     int64_t step = (int64_t)(m >> shift);
     int index = 4 * (octave - MIN_SHIFT) + (int)step - 3;
@@ -153,9 +165,9 @@ static void clear_mask(PoolCore *p, int i) { p->mask[i >> 6] &= ~((uint64_t)1 <<
 static int highest_mask(PoolCore *p)
 {
     if (p->mask[1])
-        return 64 + 63 - __builtin_clzll(p->mask[1]);
+        return 64 + top_bit(p->mask[1]);
     if (p->mask[0])
-        return 63 - __builtin_clzll(p->mask[0]);
+        return top_bit(p->mask[0]);
     return -1;
 }
 
