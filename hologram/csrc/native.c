@@ -802,6 +802,9 @@ static PyObject *launcher_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     Py_INCREF(executable);
     l->executable = executable;
     l->launch = launch;
+    /* Executables that cannot describe their kernels (interp, device memory) are always
+     * launched through Python. */
+    l->plan = PyObject_HasAttr(executable, str_native_plan) ? 0 : -1;
     return (PyObject *)l;
 }
 
@@ -868,7 +871,7 @@ typedef struct {
     PyObject_HEAD
     PyObject *shape, *dtype, *signature, *launch_key; /* of the result */
     int64_t nbytes;
-    PyObject *launch; /* the program's launch(handles): a Launcher, or any callable */
+    Launcher *launch; /* the program's launch(handles) */
     char scalars[MAX_ARITY]; /* per operand: 0 (a buffer) or the NumPy type character of
                               * the 0-d value a Python number is passed as */
 } Entry;
@@ -1183,27 +1186,8 @@ static PyObject *fastop_vectorcall(FastOp *f, PyObject *const *args, size_t narg
         return general_call(f, args, nargsf, kwnames);
     }
     addresses[n] = address;
-    if (Py_TYPE(e->launch) == &LauncherType) {
-        if (launcher_run((Launcher *)e->launch, addresses, n + 1, NULL) < 0)
-            goto fail;
-    } else {
-        PyObject *handles = PyTuple_New(n + 1);
-        if (handles == NULL)
-            goto fail;
-        for (Py_ssize_t i = 0; i <= n; i++) {
-            PyObject *h = PyLong_FromVoidPtr(addresses[i]);
-            if (h == NULL) {
-                Py_DECREF(handles);
-                goto fail;
-            }
-            PyTuple_SET_ITEM(handles, i, h);
-        }
-        PyObject *r = PyObject_CallOneArg(e->launch, handles);
-        Py_DECREF(handles);
-        if (r == NULL)
-            goto fail;
-        Py_DECREF(r);
-    }
+    if (launcher_run(e->launch, addresses, n + 1, NULL) < 0)
+        goto fail;
     goto done;
 fail:
     Py_CLEAR(buf);
@@ -1225,9 +1209,9 @@ static PyObject *file_pending(PyObject *module, PyObject *args)
     const char *scalars = "";
     Py_ssize_t nscalars = 0;
     long long nbytes;
-    if (!PyArg_ParseTuple(args, "O!O!O!OO!LO|s#", &PyTuple_Type, &natives, &PyTuple_Type,
+    if (!PyArg_ParseTuple(args, "O!O!O!OO!LO!|s#", &PyTuple_Type, &natives, &PyTuple_Type,
                           &keys, &PyTuple_Type, &shape, &dtype, &PyTuple_Type, &launch_key,
-                          &nbytes, &launch, &scalars, &nscalars))
+                          &nbytes, &LauncherType, &launch, &scalars, &nscalars))
         return NULL;
     FastOp *f = pending_op;
     if (f == NULL || nbytes <= 0 || PyTuple_GET_SIZE(keys) != pending_nargs ||
@@ -1253,7 +1237,7 @@ static PyObject *file_pending(PyObject *module, PyObject *args)
     Py_INCREF(launch_key);
     e->launch_key = launch_key;
     Py_INCREF(launch);
-    e->launch = launch;
+    e->launch = (Launcher *)launch;
     e->nbytes = nbytes;
     for (Py_ssize_t i = 0; i < MAX_ARITY; i++) /* '.': a buffer */
         e->scalars[i] = i < nscalars && scalars[i] != '.' ? scalars[i] : 0;
@@ -1280,8 +1264,7 @@ static PyObject *fastop_stats(FastOp *f, PyObject *unused)
     Py_ssize_t planned = 0, pos = 0;
     PyObject *k, *v;
     while (PyDict_Next(f->entries, &pos, &k, &v))
-        planned += Py_TYPE(((Entry *)v)->launch) == &LauncherType &&
-                   ((Launcher *)((Entry *)v)->launch)->plan == 1;
+        planned += ((Entry *)v)->launch->plan == 1;
     return Py_BuildValue("{snsn}", "entries", PyDict_GET_SIZE(f->entries), "planned", planned);
 }
 

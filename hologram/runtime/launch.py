@@ -57,9 +57,9 @@ class CompiledProgram:
         #: Run on device memory: one handle (a host address, on host backends) per
         #: parameter; the caller vouches for sizes and dtypes. The launch path of the SDK
         #: ops, hg.jit and the torch device.
-        # Executables that can say which native kernels a launch calls (native_plan) are
-        # launched by a native Launcher: without Python when the plan is direct.
-        self.launch = Launcher(run) if hasattr(run, "native_plan") else run.launch
+        # A native Launcher: without Python when the executable's native_plan() says the
+        # launch is direct kernel calls, else through run.launch.
+        self.launch = Launcher(run)
         self._host = backends.get(backend).allocator().host_visible
         params = program.params
         self._count = len(params)
