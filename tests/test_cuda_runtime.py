@@ -28,8 +28,12 @@ needs_triton = pytest.mark.skipif(not worker.triton_installed(),
 class FakeDriver:
     """Records calls; memory is host bytes keyed by fake device pointers."""
 
-    def __init__(self, capacity: int = 1 << 20):
+    ordinal = 0
+    stream = 0x5EED
+
+    def __init__(self, capacity: int = 1 << 20, version: int = 12040):
         self.capacity = capacity
+        self.driver_version = version
         self.memory: dict[int, bytearray] = {}
         self.next = 0x7F0000000000
         self.calls: list[tuple] = []
@@ -42,7 +46,14 @@ class FakeDriver:
         return pointer
 
     def mem_free(self, pointer: int) -> None:
+        self.calls.append(("free", pointer))
         del self.memory[pointer]
+
+    def version(self) -> int:
+        return self.driver_version
+
+    def stream_handle(self) -> int:
+        return self.stream
 
     def copy_in(self, pointer: int, source: np.ndarray) -> None:
         self.memory[pointer][: source.nbytes] = source.tobytes()
@@ -69,31 +80,41 @@ class FakeDriver:
 def test_allocation_bookkeeping_and_copies():
     driver = FakeDriver()
     memory = DeviceMemory(driver, memory_limit=4096)
-    a = memory.alloc((100,), np.float32)
-    b = memory.alloc((10,), np.int64)
-    assert memory.stats() == {"allocated_bytes": 480, "peak_allocated_bytes": 480,
-                              "allocations": 2, "num_alloc_calls": 2}
+    a = memory.alloc((100,), np.float32)  # 400 bytes: the 448-byte class
+    b = memory.alloc((10,), np.int64)  # 80 bytes: the 256-byte class
+    assert (a.nbytes, a.size, b.nbytes, b.size) == (400, 448, 80, 256)
+    stats = memory.stats()
+    assert (stats["allocated_bytes"], stats["requested_bytes"], stats["reserved_bytes"]) == (
+        704, 480, 704)
+    assert stats["peak_allocated_bytes"] == 704 and stats["num_driver_allocs"] == 2
+    assert memory.handle(a) == a.pointer and len(driver.memory[a.pointer]) == 448
     x = np.arange(100, dtype=np.float32)
     memory.copy_in(a, x)
     y = np.empty(100, np.float32)
     memory.copy_out(a, y)
     np.testing.assert_array_equal(x, y)
     memory.free(a)
-    assert memory.stats()["allocated_bytes"] == 80 and memory.stats()["peak_allocated_bytes"] == 480
+    stats = memory.stats()
+    assert stats["allocated_bytes"] == 256 and stats["peak_allocated_bytes"] == 704
+    assert stats["cached_bytes"] == 448 and a.pointer in driver.memory  # kept for reuse
     with pytest.raises(DeviceError, match="freed twice"):
         memory.free(a)
+    with pytest.raises(ShapeError, match="which was freed"):
+        memory.copy_out(a, y)
     with pytest.raises(ShapeError, match="does not fit"):
         memory.copy_in(b, np.zeros(11, np.int64))
-    with pytest.raises(OutOfMemoryError, match=r"limit of 4096 \(80 in use\)"):
+    with pytest.raises(OutOfMemoryError, match=r"limit of 4096 bytes \(256 allocated\)"):
         memory.alloc((1025,), np.float32)
     assert not memory.host_visible and memory.dlpack_device_type == 2
 
 
 def test_driver_out_of_memory_names_the_request_and_usage():
     memory = DeviceMemory(FakeDriver(capacity=1000))
-    memory.alloc((200,), np.float32)
-    with pytest.raises(OutOfMemoryError, match="requested 400 bytes, 800 in use"):
+    kept = memory.alloc((200,), np.float32)
+    with pytest.raises(OutOfMemoryError, match="requested 400 bytes, a block of 448; 896 "
+                                               "bytes allocated and 896 reserved"):
         memory.alloc((100,), np.float32)
+    assert kept.end.alive
 
 
 def test_launch_configuration_and_parameters_come_from_the_metadata():
@@ -125,8 +146,8 @@ def test_a_program_built_for_sm90_is_loaded_and_launched_on_the_fake_driver(tmp_
     driver = FakeDriver()
     memory = DeviceMemory(driver)
     program = DeviceProgram(artifact, driver, memory)
-    handles = tuple(memory.alloc((b["size"],), np.uint8) for b in
-                    [{"size": 6 * 300 * 4}, {"size": 6 * 4}, {"size": 6 * 300 * 4}])
+    blocks = [memory.alloc((size,), np.uint8) for size in (6 * 300 * 4, 6 * 4, 6 * 300 * 4)]
+    handles = tuple(map(memory.handle, blocks))
     program.launch(handles)
     launches = [c for c in driver.calls if c[0] == "launch"]
     assert len(launches) == len(header["kernels"]) >= 1
@@ -163,12 +184,14 @@ def test_a_split_reductions_partials_live_in_program_owned_scratch(tmp_path, mon
     driver = FakeDriver(capacity=1 << 22)
     memory = DeviceMemory(driver)
     program = DeviceProgram(artifact, driver, memory)
-    handles = (memory.alloc((2 * 200_000 * 4,), np.uint8), memory.alloc((8,), np.uint8))
+    blocks = (memory.alloc((2 * 200_000 * 4,), np.uint8), memory.alloc((8,), np.uint8))
+    handles = tuple(map(memory.handle, blocks))
     program.launch(handles)
     first, second = [c for c in driver.calls if c[0] == "launch"]
     assert first[2] == (part["grid"], 1, 1) and part["grid"] == 2 * scratch["count"] // 2
     where = program.temps[index]
-    assert where not in handles and len(driver.memory[where]) == scratch["count"] * 4
+    assert where not in handles and program.blocks[index].nbytes == scratch["count"] * 4
+    assert len(driver.memory[where]) == program.blocks[index].size
     assert first[5][part["buffers"].index(int(index))] == where
     assert second[5][final["buffers"].index(int(index))] == where
 
@@ -230,7 +253,7 @@ def test_on_a_gpu_programs_compile_for_its_target_and_launch_through_the_driver(
     launches = [c for c in driver.calls if c[0] == "launch"]
     loads = [c for c in driver.calls if c[0] == "load"]
     assert len(launches) == 1 and len(loads) == 1
-    inputs = [p for p, m in driver.memory.items() if bytes(m) == x.tobytes()]
+    inputs = [p for p, m in driver.memory.items() if bytes(m[: x.nbytes]) == x.tobytes()]
     assert inputs and inputs[0] in launches[0][5]  # the kernel got the copied input
     with hg.Executor("cuda") as ex:  # executors hold device memory from the driver
         before = len(driver.memory)

@@ -9,8 +9,11 @@
 Each executor gets its own allocator from its backend
 (``hologram.backends.get(backend).allocator(memory_limit)``, see
 :class:`hologram.backends.base.Allocator`): on the host backends a 96-class host memory
-pool (:class:`hologram.backends.hostmem.Pool`). So ``memory_stats()``, ``empty_cache()``
-and ``memory_limit`` concern its buffers only, and ``device`` and ``synchronize()`` are
+pool (:class:`hologram.backends.hostmem.Pool`); on a GPU (cuda) a pool of device memory
+in the same classes. So ``memory_stats()``, ``empty_cache()``, ``memory_limit`` and the
+``torch.cuda``-style counters (``memory_allocated()``, ``max_memory_allocated()``,
+``memory_reserved()``, ``max_memory_reserved()``, ``reset_peak_memory_stats()``) concern
+its buffers only, and ``device`` and ``synchronize()`` are
 the allocator's. Compiled kernels are shared by every executor of a backend (the program
 cache is global).
 """
@@ -133,6 +136,33 @@ class Executor:
         """Return cached (free) memory to the OS or device; returns the bytes released."""
         return self.allocator.empty_cache()
 
+    # ``torch.cuda``'s names for the same counters (bytes; blocks are class-rounded).
+    def memory_allocated(self) -> int:
+        """Bytes held by live allocations (``memory_stats()["allocated_bytes"]``)."""
+        return self._counter("allocated_bytes", "memory_allocated")
+
+    def max_memory_allocated(self) -> int:
+        """The peak of :meth:`memory_allocated` since the start or the last
+        :meth:`reset_peak_memory_stats`."""
+        return self._counter("peak_allocated_bytes", "max_memory_allocated")
+
+    def memory_reserved(self) -> int:
+        """Bytes the allocator holds from the OS or device, live and cached."""
+        return self._counter("reserved_bytes", "memory_reserved")
+
+    def max_memory_reserved(self) -> int:
+        """The peak of :meth:`memory_reserved` (device allocators count it; the host pool
+        does not)."""
+        return self._counter("peak_reserved_bytes", "max_memory_reserved")
+
+    def reset_peak_memory_stats(self) -> None:
+        """Start the peaks again from the current values."""
+        reset = getattr(self.allocator, "reset_peak_stats", None)
+        if reset is None:
+            raise DeviceError(f"reset_peak_memory_stats: the {self.backend} backend's memory "
+                              f"({type(self.allocator).__name__}) keeps no peaks to reset")
+        reset()
+
     def set_memory_limit(self, limit: int | None) -> None:
         self.allocator.set_memory_limit(limit)
 
@@ -212,6 +242,14 @@ class Executor:
                     if limit is not None else "")
             raise OutOfMemoryError(f"allocate: {list(shape)} {dtype} ({nbytes} bytes): {exc}"
                                    f"{hint}") from None
+
+    def _counter(self, name: str, where: str) -> int:
+        stats = self.allocator.stats()
+        if name not in stats:
+            raise DeviceError(f"{where}: the {self.backend} backend's memory "
+                              f"({type(self.allocator).__name__}) does not count {name}; "
+                              f"memory_stats() lists what it counts: {', '.join(stats)}")
+        return stats[name]
 
     def _wrap(self, array: np.ndarray, foreign: bool = False) -> Buffer:
         return self.register(Buffer(array, self, foreign=foreign))

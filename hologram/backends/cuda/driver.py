@@ -23,14 +23,19 @@ _OUT_OF_MEMORY = 2  # CUDA_ERROR_OUT_OF_MEMORY
 class Driver:
     """The CUDA driver API, as :mod:`.runtime` uses it (one context on one device)."""
 
-    def __init__(self, device: int = 0):
-        try:
-            # Imported on first use: a machine without the package never loads it.
-            from cuda.bindings import driver as cu
-        except ImportError as err:
-            raise DeviceError("cuda: the cuda-bindings package is not installed (pip "
-                              "install cuda-bindings); it needs an NVIDIA driver") from err
+    def __init__(self, device: int = 0, cu: Any = None):
+        """Start ``device`` (its primary context, one stream). ``cu`` stands for
+        ``cuda.bindings.driver`` (tests pass a fake module to check the probing logic)."""
+        if cu is None:
+            try:
+                # Imported on first use: a machine without the package never loads it.
+                from cuda.bindings import driver as cu
+            except ImportError as err:
+                raise DeviceError("cuda: the cuda-bindings package is not installed (pip "
+                                  "install cuda-bindings); it needs an NVIDIA driver") from err
         self.cu = cu
+        #: The device ordinal (DLPack's device id).
+        self.ordinal = device
         try:
             initialized = cu.cuInit(0)
         except Exception as err:  # cuda-bindings loads libcuda here; without a driver it
@@ -40,7 +45,8 @@ class Driver:
         self.check("cuInit", initialized)
         count = self.check("cuDeviceGetCount", cu.cuDeviceGetCount())
         if count <= device:
-            raise DeviceError(f"cuda: no CUDA device {device} (the driver sees {count})")
+            raise DeviceError(f"cuda: no CUDA device {device} (the driver sees {count}); "
+                              "check nvidia-smi and CUDA_VISIBLE_DEVICES")
         self.device = self.check("cuDeviceGet", cu.cuDeviceGet(device))
         self.context = self.check("cuDevicePrimaryCtxRetain",
                                   cu.cuDevicePrimaryCtxRetain(self.device))
@@ -67,6 +73,15 @@ class Driver:
         minor = self.check("cuDeviceGetAttribute", cu.cuDeviceGetAttribute(
             attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self.device))
         return major, minor
+
+    def version(self) -> int:
+        """The driver's CUDA version (``cuDriverGetVersion``: 12040 for 12.4)."""
+        return int(self.check("cuDriverGetVersion", self.cu.cuDriverGetVersion()))
+
+    def stream_handle(self) -> int:
+        """This driver's stream as an integer (``CUstream``), the ``stream`` a DLPack
+        producer is asked to make its work visible to."""
+        return int(self.stream)
 
     def mem_alloc(self, nbytes: int) -> int:
         return int(self.check("cuMemAlloc", self.cu.cuMemAlloc(nbytes)))

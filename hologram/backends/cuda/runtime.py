@@ -9,14 +9,19 @@ yet**: tested only against a fake driver (tests/test_cuda_runtime.py, docs/cuda.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
+import operator
+import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from hologram.backends.base import Allocator, Executable
-from hologram.errors import DeviceError, OutOfMemoryError, ShapeError
+from hologram.backends.hostmem import CLASS_SIZES, NUM_CLASSES, size_class
+from hologram.errors import DeviceError, HologramError, OutOfMemoryError, ShapeError
 
 #: The largest grid.x of a launch (2**31 - 1).
 MAX_GRID_X = 2**31 - 1
@@ -63,9 +68,40 @@ def parameters(launch: Launch, pointers: dict[int, int], scratch: tuple[int, int
         scratch[1] if launch.profile_scratch else 0]
 
 
+class DeviceBlock:
+    """One allocation of :class:`DeviceMemory`: ``pointer`` (the device address), ``nbytes``
+    asked for, ``size`` (its block's, the size class). When the last reference to it goes
+    (or :meth:`DeviceMemory.free` ends it), its block returns to the pool."""
+
+    __slots__ = ("__weakref__", "end", "nbytes", "pointer", "size")
+
+    def __init__(self, pointer: int, nbytes: int, size: int):
+        self.pointer, self.nbytes, self.size = pointer, nbytes, size
+        self.end: weakref.finalize | None = None
+
+    def __repr__(self) -> str:
+        return f"<cuda block {self.pointer:#x}: {self.nbytes} of {self.size} bytes>"
+
+
 class DeviceMemory(Allocator):
-    """Device allocations through the driver, with ``torch.cuda``-style counters and a
-    limit (``OutOfMemoryError`` naming the request and the usage)."""
+    """Device memory of one executor (or of the programs' temporaries), in the host pool's
+    96 size classes (:func:`hologram.backends.hostmem.size_class`), with its policy:
+
+    * a request is rounded up to its class; a freed block goes back to its class's free
+      list, and the next request of that class takes it without a driver call (one
+      ``cuMemAlloc`` per block, never per request);
+    * requests beyond the largest class get a block of their own, freed to the driver when
+      they end;
+    * the cache stays proportionate: before a new block would make ``reserved_bytes``
+      exceed twice the peak of ``allocated_bytes`` (or the limit), cached blocks go back to
+      the driver, largest class first;
+    * the driver's ``CUDA_ERROR_OUT_OF_MEMORY`` is retried once after every cached block is
+      freed; then :class:`OutOfMemoryError` names the request and the usage;
+    * an optional limit bounds ``allocated_bytes`` (class-rounded), like the host pool's.
+
+    Counters (:meth:`stats`) follow ``torch.cuda``'s: allocated, reserved (cuMemAlloc'd,
+    live and cached) and their peaks, which :meth:`reset_peak_stats` restarts.
+    """
 
     device = "cuda"
     dlpack_device_type = 2  # kDLCUDA
@@ -73,73 +109,199 @@ class DeviceMemory(Allocator):
 
     def __init__(self, driver: Any, memory_limit: int | None = None):
         self.driver = driver
-        self.limit = memory_limit
-        self.sizes: dict[int, int] = {}
-        self.peak = 0
-        self.count = 0
+        #: The CUDA device ordinal (DLPack's device id).
+        self.device_id = driver.ordinal
+        self._limit: int | None = None
+        self._free: list[list[int]] = [[] for _ in range(NUM_CLASSES)]
+        # Reentrant: a block collected while the lock is held (a garbage collection inside
+        # alloc) returns itself through _release on the same thread.
+        self._lock = threading.RLock()
+        self._stats = dict.fromkeys(_COUNTERS, 0)
+        self.set_memory_limit(memory_limit)
 
-    @property
-    def allocated(self) -> int:
-        return sum(self.sizes.values())
-
-    def alloc(self, shape: tuple[int, ...], dtype: np.dtype) -> int:
+    # --- allocations --------------------------------------------------------------------
+    def alloc(self, shape: tuple[int, ...], dtype: np.dtype) -> DeviceBlock:
         nbytes = max(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize, 1)
-        if self.limit is not None and self.allocated + nbytes > self.limit:
-            raise OutOfMemoryError(f"cuda: allocating {nbytes} bytes would pass the memory "
-                                   f"limit of {self.limit} ({self.allocated} in use); free "
-                                   "buffers or raise the limit")
+        index, size = size_class(nbytes)
+        s = self._stats
+        with self._lock:
+            if self._limit is not None and s["allocated_bytes"] + size > self._limit:
+                raise OutOfMemoryError(
+                    f"cuda: allocating {nbytes} bytes (a block of {size}) would pass the "
+                    f"memory limit of {self._limit} bytes ({s['allocated_bytes']} allocated); "
+                    "free buffers or raise the limit (set_memory_limit)")
+            free = self._free[index] if index >= 0 else None
+            if free:
+                pointer = free.pop()
+                s["cached_bytes"] -= size
+                s["pool_hits"] += 1
+            else:
+                pointer = self._new_block(nbytes, size)
+                s["pool_misses" if index >= 0 else "large_allocs"] += 1
+            s["allocated_bytes"] += size
+            s["requested_bytes"] += nbytes
+            s["num_allocs"] += 1
+            s["peak_allocated_bytes"] = max(s["peak_allocated_bytes"], s["allocated_bytes"])
+        block = DeviceBlock(pointer, nbytes, size)
+        block.end = weakref.finalize(block, self._release, pointer, nbytes, size, index)
+        return block
+
+    def _new_block(self, nbytes: int, size: int) -> int:
+        """A fresh block from the driver (the lock held), the cache trimmed first."""
+        s = self._stats
+        used = s["allocated_bytes"] + size
+        target = 2 * max(s["peak_allocated_bytes"], used)
+        if self._limit is not None:
+            target = min(target, self._limit)
+        if s["reserved_bytes"] + size > target:
+            self._trim(target - size)
         try:
-            pointer = self.driver.mem_alloc(nbytes)
+            pointer = self.driver.mem_alloc(size)
         except OutOfMemoryError as err:
-            raise OutOfMemoryError(f"{err} (requested {nbytes} bytes, {self.allocated} in "
-                                   f"use by this allocator)") from err
-        self.sizes[pointer] = nbytes
-        self.count += 1
-        self.peak = max(self.peak, self.allocated)
+            s["num_oom_retries"] += 1
+            self._trim(0)  # every cached block back to the driver, then once more
+            try:
+                pointer = self.driver.mem_alloc(size)
+            except OutOfMemoryError:
+                raise OutOfMemoryError(
+                    f"{err} (requested {nbytes} bytes, a block of {size}; "
+                    f"{s['allocated_bytes']} bytes allocated and {s['reserved_bytes']} "
+                    "reserved by this allocator after freeing its cache); free buffers or "
+                    "use a smaller batch") from None
+        s["reserved_bytes"] += size
+        s["peak_reserved_bytes"] = max(s["peak_reserved_bytes"], s["reserved_bytes"])
+        s["num_driver_allocs"] += 1
         return pointer
 
-    def free(self, allocation: int) -> None:
-        if allocation not in self.sizes:
-            raise DeviceError(f"cuda: {allocation:#x} is not an allocation of this allocator "
+    def _trim(self, target: int) -> int:
+        """Free cached blocks, largest class first, until ``reserved_bytes <= target``;
+        returns the bytes freed."""
+        s, released = self._stats, 0
+        for index in range(NUM_CLASSES - 1, -1, -1):
+            free = self._free[index]
+            while free and s["reserved_bytes"] > target:
+                self.driver.mem_free(free.pop())
+                size = CLASS_SIZES[index]
+                s["reserved_bytes"] -= size
+                s["cached_bytes"] -= size
+                s["num_driver_frees"] += 1
+                released += size
+        return released
+
+    def _release(self, pointer: int, nbytes: int, size: int, index: int) -> None:
+        with self._lock:
+            s = self._stats
+            s["allocated_bytes"] -= size
+            s["requested_bytes"] -= nbytes
+            s["num_frees"] += 1
+            if index < 0:  # a block of its own: straight back to the driver
+                self.driver.mem_free(pointer)
+                s["reserved_bytes"] -= size
+                s["num_driver_frees"] += 1
+                return
+            self._free[index].append(pointer)
+            s["cached_bytes"] += size
+
+    def free(self, allocation: DeviceBlock) -> None:
+        """End ``allocation`` now: its block returns to the pool."""
+        if not allocation.end.alive:
+            raise DeviceError(f"cuda: {allocation!r} was already returned to the pool "
                               "(freed twice?)")
-        self.driver.mem_free(allocation)
-        del self.sizes[allocation]
+        allocation.end()
 
-    def handle(self, allocation: int) -> int:
-        return allocation
+    def handle(self, allocation: DeviceBlock) -> int:
+        return allocation.pointer
 
-    def _check(self, allocation: int, nbytes: int, what: str) -> None:
-        size = self.sizes.get(allocation)
-        if size is None or nbytes > size:
-            raise ShapeError(f"cuda: {what} of {nbytes} bytes does not fit allocation "
-                             f"{allocation:#x} ({size} bytes)")
+    # --- copies -------------------------------------------------------------------------
+    def _check(self, allocation: DeviceBlock, nbytes: int, what: str) -> None:
+        if not allocation.end.alive or nbytes > allocation.nbytes:
+            raise ShapeError(f"cuda: {what} of {nbytes} bytes does not fit {allocation!r}"
+                             + ("" if allocation.end.alive else ", which was freed"))
 
-    def copy_in(self, allocation: int, source: np.ndarray) -> None:
+    def copy_in(self, allocation: DeviceBlock, source: np.ndarray) -> None:
         self._check(allocation, source.nbytes, "copy in")
-        self.driver.copy_in(allocation, source)
+        self.driver.copy_in(allocation.pointer, source)
 
-    def copy_out(self, allocation: int, destination: np.ndarray) -> None:
+    def copy_out(self, allocation: DeviceBlock, destination: np.ndarray) -> None:
         self._check(allocation, destination.nbytes, "copy out")
-        self.driver.copy_out(destination, allocation)
+        self.driver.copy_out(destination, allocation.pointer)
 
     def synchronize(self) -> None:
         self.driver.synchronize()
 
-    def stats(self) -> dict[str, int]:
-        return {"allocated_bytes": self.allocated, "peak_allocated_bytes": self.peak,
-                "allocations": len(self.sizes), "num_alloc_calls": self.count}
+    # --- accounting ---------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """Counters, in bytes or counts: ``allocated_bytes`` (live blocks, class-rounded),
+        ``requested_bytes`` (what their callers asked for), ``reserved_bytes`` (every block
+        the driver gave, live or cached), ``cached_bytes``, ``peak_allocated_bytes``,
+        ``peak_reserved_bytes``, ``pool_hits`` / ``pool_misses`` (class requests served
+        from / not from a free list), ``large_allocs`` (beyond the largest class),
+        ``num_allocs`` / ``num_frees``, ``num_driver_allocs`` / ``num_driver_frees``
+        (``cuMemAlloc`` / ``cuMemFree`` calls), ``num_oom_retries``, ``num_classes``,
+        ``memory_limit``."""
+        with self._lock:
+            return dict(self._stats, num_classes=NUM_CLASSES, memory_limit=self._limit)
+
+    def empty_cache(self) -> int:
+        """Free every cached block to the driver (live ones are untouched); returns the
+        bytes freed."""
+        with self._lock:
+            return self._trim(0)
+
+    def reset_peak_stats(self) -> None:
+        """Start both peaks again from the current allocated and reserved bytes."""
+        with self._lock:
+            s = self._stats
+            s["peak_allocated_bytes"] = s["allocated_bytes"]
+            s["peak_reserved_bytes"] = s["reserved_bytes"]
 
     @property
     def memory_limit(self) -> int | None:
-        return self.limit
+        return self._limit
 
     def set_memory_limit(self, limit: int | None) -> None:
-        self.limit = limit
+        """Bound ``allocated_bytes`` (None: no bound); cached blocks beyond it are freed."""
+        if limit is not None:
+            try:
+                limit = operator.index(limit)
+            except TypeError:
+                raise HologramError(f"cuda: set_memory_limit expects a number of bytes or "
+                                    f"None, got {limit!r}") from None
+            if limit < 0:
+                raise HologramError(f"cuda: set_memory_limit: limit must be >= 0, got {limit}")
+        with self._lock:
+            self._limit = limit
+            if limit is not None:
+                self._trim(max(limit, self._stats["allocated_bytes"]))
+
+
+#: The counters of :meth:`DeviceMemory.stats`.
+_COUNTERS = ("allocated_bytes", "requested_bytes", "reserved_bytes", "cached_bytes",
+             "peak_allocated_bytes", "peak_reserved_bytes", "pool_hits", "pool_misses",
+             "large_allocs", "num_allocs", "num_frees", "num_driver_allocs",
+             "num_driver_frees", "num_oom_retries")
+
+
+#: Modules loaded per driver (one context each), by the cubin's digest: a cubin is loaded
+#: (``cuModuleLoadData``) once per context and process, however many programs hold it.
+_modules: weakref.WeakKeyDictionary[Any, dict[bytes, Any]] = weakref.WeakKeyDictionary()
+_modules_lock = threading.Lock()
+
+
+def module_of(driver: Any, cubin: bytes) -> Any:
+    """The module of ``cubin`` in ``driver``'s context, loaded on first use."""
+    digest = hashlib.sha256(cubin).digest()
+    with _modules_lock:
+        loaded = _modules.setdefault(driver, {})
+        if digest not in loaded:
+            loaded[digest] = driver.load_module(cubin)
+        return loaded[digest]
 
 
 class DeviceProgram(Executable):
-    """A compiled artifact loaded through ``driver``: one module per kernel, temporaries
-    and scratch owned by the program, every kernel launched in order on the stream."""
+    """A compiled artifact loaded through ``driver``: each kernel's module (shared through
+    :func:`module_of`), temporaries and scratch owned by the program, every kernel launched
+    in order on the stream."""
 
     def __init__(self, artifact: bytes, driver: Any, memory: DeviceMemory):
         header = json.loads(artifact)
@@ -153,18 +315,19 @@ class DeviceProgram(Executable):
             raise DeviceError(f"cuda: program {self.name} has kernels the renderer cannot "
                               "express; they run only emulated so far")
         self.launches = [launch_of(k, c) for k, c in zip(header["kernels"], header["compiled"])]
-        self.functions = []
-        for c in header["compiled"]:
-            module = driver.load_module(base64.b64decode(c["cubin"]))
-            self.functions.append(driver.function(module, c["name"]))
-        self.temps = {i: memory.alloc((max(nbytes, 1),), np.uint8)
-                      for i, nbytes in header["temps"].items()}
-        self.scratch = []
+        self.functions = [driver.function(module_of(driver, base64.b64decode(c["cubin"])),
+                                          c["name"]) for c in header["compiled"]]
+        # The blocks are held here: they return to the pool with the program.
+        self.blocks = {i: memory.alloc((max(nbytes, 1),), np.uint8)
+                       for i, nbytes in header["temps"].items()}
+        self.temps = {i: block.pointer for i, block in self.blocks.items()}
+        self.scratch, self.scratch_blocks = [], []
         for launch in self.launches:
             instances = launch.grid[0] * launch.grid[1] * launch.grid[2]
-            self.scratch.append(tuple(
-                memory.alloc((size * instances,), np.uint8) if size else 0
-                for size in (launch.global_scratch, launch.profile_scratch)))
+            blocks = [memory.alloc((size * instances,), np.uint8) if size else None
+                      for size in (launch.global_scratch, launch.profile_scratch)]
+            self.scratch_blocks.append(blocks)
+            self.scratch.append(tuple(b.pointer if b is not None else 0 for b in blocks))
 
     def launch(self, handles: tuple[int, ...]) -> None:
         if len(handles) != len(self.params):
