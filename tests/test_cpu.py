@@ -58,6 +58,7 @@ from hologram.backends.cpu.backend import CpuBackend
 from hologram.backends.cpu.render import (
     MATH_INTERLEAVE,
     PART_WORK,
+    independent_iterations,
     render,
     split_parts,
     unsupported,
@@ -1545,7 +1546,13 @@ def _loop_hints(g: Graph) -> list[str]:
     """The block of each back edge that carries a loop ID, in the rendered (unoptimized) IR."""
     lowered = pipeline.run(g.program())
     ir = render(lowered, {k.name: f"ir_{k.name}" for k in lowered.kernels})
-    hinted = re.findall(r"^(\S+):\n(?:  .*\n)*?  br label %\"\S+\", !llvm.loop !\d+$", ir, re.M)
+    nodes = dict(re.findall(r"^!(\d+) = (.*)$", ir, re.M))
+    loops = re.findall(r"^(\S+):\n(?:  .*\n)*?  br label %\"\S+\", !llvm.loop !(\d+)$", ir, re.M)
+    # Loop IDs carrying more than parallel_accesses (which every loop of a kernel without
+    # dependences through memory has)
+    hinted = [block for block, loop_id in loops
+              if any("parallel_accesses" not in nodes[n]
+                     for n in re.findall(r"!(\d+)", nodes[loop_id])[1:])]
     if hinted:
         assert f'!"llvm.loop.interleave.count", i32 {MATH_INTERLEAVE}' in ir
     return hinted
@@ -1605,6 +1612,56 @@ def test_only_innermost_loops_with_math_ask_for_interleaving():
     # render._blocks) and its tail loop
     lane_loops = 2 * (loops.LANES // loops.VECTOR) + 1
     assert _loop_hints(g) == ["d-2.body", *(f"d-2.body.{i}" for i in range(1, lane_loops + 1))]
+
+
+def test_kernels_without_dependences_through_memory_have_parallel_loops():
+    """Every loop of such a kernel is marked parallel, over one access group holding every
+    load and store, so that LLVM vectorizes it without runtime overlap checks (which an
+    in-place update fails); a kernel that reads a buffer through two addressings, or
+    gathers, is not marked."""
+    def kernels(g: Graph) -> list[bool]:
+        return [independent_iterations(k) for k in pipeline.run(g.program()).kernels]
+
+    g = Graph("flat")
+    a, b = g.input("a", "f32", (64, 100)), g.input("b", "f32", (100,))
+    g.output("y", g.unary("exp", a) * b + 1.0)
+    assert kernels(g) == [True]
+    lowered = pipeline.run(g.program())
+    ir = render(lowered, {k.name: f"ir_{k.name}" for k in lowered.kernels})
+    group = re.search(r"^!(\d+) = distinct !\{\}$", ir, re.M).group(1)
+    accesses = re.findall(r"^  (?:%\S+ = load|store) .*$", ir, re.M)
+    assert accesses and all(line.endswith(f"!llvm.access.group !{group}")
+                            for line in accesses if "i8**" not in line)
+    assert f'!{{ !"llvm.loop.parallel_accesses", !{group} }}' in ir
+
+    g = Graph("transposed")  # x[i, j] and x[j, i]: iterations meet through memory
+    x = g.input("x", "f32", (64, 64))
+    g.output("y", x + x.permute(1, 0))
+    assert kernels(g) == [False]
+    g = Graph("rows")  # a reduction's store writes each row from the row's one point
+    g.output("s", g.sum(g.input("x", "f32", (64, 100)), axes=1))
+    assert kernels(g) == [True]
+    g = Graph("lookup")
+    t, k = g.input("t", "f32", (10, 8)), g.input("k", "i32", (5, 1))
+    g.output("y", g.gather(t, (k, 1), (5, 8)))
+    assert kernels(g) == [False]
+
+
+@pytest.mark.parametrize("shape", [(1,), (7,), (1000,), (257, 129), (3, 0)])
+@pytest.mark.parametrize("op", ["vector_add", "vector_mul", "exp", "relu", "sigmoid"])
+def test_in_place_updates_match_numpy(op, shape):
+    """The parallel loops' premise: an output at an input's address (SDK out=)."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(shape).astype(np.float32)
+    x.flat[:3] = [np.nan, -0.0, np.inf][:x.size]
+    y = rng.standard_normal(shape).astype(np.float32)
+    ex = hologram.Executor("cpu")
+    a, b = ex.from_numpy(x), ex.from_numpy(y)
+    fn = getattr(hologram.ops, op)
+    expected = fn(a, b).to_numpy() if op.startswith("vector") else fn(a).to_numpy()
+    result = fn(a, b, out=a) if op.startswith("vector") else fn(a, out=a)
+    assert result is a
+    np.testing.assert_array_equal(a.to_numpy(), expected)
 
 
 # --- cache and fallback -----------------------------------------------------------------------

@@ -63,7 +63,7 @@ from hologram.codegen.loops import (
 from hologram.errors import CompileError
 from hologram.isa import dtypes as dt
 from hologram.isa.dtypes import DType
-from hologram.isa.ir import FLOAT_UNARY_OPS, Instr, Kernel, Program
+from hologram.isa.ir import FLOAT_UNARY_OPS, MEMORY_OPS, Instr, Kernel, Program
 
 I1, I8, I16, I32, I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
 F32, F64 = ir.FloatType(), ir.DoubleType()
@@ -111,6 +111,41 @@ def render(program: Program, symbols: dict[str, str], target: Target | None = No
     return str(module)
 
 
+class _AccessGroup(ir.MDValue):
+    """An access group: a distinct metadata node without operands (llvmlite writes only
+    debug-info nodes as distinct)."""
+
+    def descr(self, buf) -> None:
+        buf += ("distinct !{}\n",)
+
+
+def independent_iterations(kernel: Kernel) -> bool:
+    """May the kernel's loops run their iterations in any order, as far as memory goes?
+
+    Within a call, buffers either do not overlap or coincide element for element (an
+    in-place update: an output passed at an input's address with its layout; the SDK and
+    the torch device stage every other overlap, docs/architecture.md). So iterations
+    depend on each other through memory only where the kernel itself makes them: a buffer
+    reached through two different addressings (read at one element, written at another),
+    a store that writes one element from several iterations, or a data-dependent access.
+    Where none of these occurs, any two iterations touch either different elements or the
+    same element of the same buffer in the same iteration."""
+    seen: dict[int, tuple] = {}
+    for instr in kernel.body:
+        if instr.op not in MEMORY_OPS:
+            continue
+        if instr.op not in ("load", "store"):
+            return False
+        shape, m = instr.shape, instr.map
+        # How the address moves with each domain index (an extent-1 axis does not move).
+        addressing = (m.offset, tuple(s if n > 1 else 0 for n, s in zip(shape, m.strides)))
+        if seen.setdefault(instr.buffer, addressing) != addressing:
+            return False
+        if instr.op == "store" and not m.is_injective(shape):
+            return False
+    return True
+
+
 def _float_const(t: ir.Type, value: float) -> ir.Constant:
     if math.isnan(value):  # one canonical quiet NaN
         return ir.Constant(t, float("nan"))
@@ -140,6 +175,10 @@ class _KernelRenderer:
         self.local: dict[int, ir.Value] = {}  # values computed inside the current nest
         self.math_calls = 0  # mathlib calls emitted so far
         self.loops_done = 0  # loops emitted so far
+        # The access group of the kernel's loads and stores when its loops carry no
+        # dependence through memory (see independent_iterations), else None.
+        self.group = (_AccessGroup(module, [], name=str(len(module.metadata)))
+                      if independent_iterations(kernel) else None)
 
     # --- structure --------------------------------------------------------------------
     def render(self) -> None:
@@ -213,6 +252,10 @@ class _KernelRenderer:
         following = b.add(i, ir.Constant(I64, step))
         i.add_incoming(following, b.block)
         back = b.branch(head)
+        # Parallel loops are vectorized without runtime overlap checks, which an in-place
+        # update (an output at its input's address) fails: 2-4x slower scalar code.
+        parallel = ([("llvm.loop.parallel_accesses", self.group)]
+                    if self.group is not None and dim >= 0 else [])
         if lanes:
             m = self.module
             unrolled = m.add_metadata([ir.MetaDataString(m, "llvm.loop.unroll.full")])
@@ -222,7 +265,10 @@ class _KernelRenderer:
                  ("llvm.loop.vectorize.followup_vectorized", unrolled)]))
         elif self.math_calls > calls and self.loops_done == loops:
             back.set_metadata("llvm.loop", self._loop_id(
-                [("llvm.loop.interleave.count", ir.Constant(I32, MATH_INTERLEAVE))]))
+                [("llvm.loop.interleave.count", ir.Constant(I32, MATH_INTERLEAVE)),
+                 *parallel]))
+        elif parallel:
+            back.set_metadata("llvm.loop", self._loop_id(parallel))
         self.loops_done += 1
         b.position_at_end(done)
         del self.index[dim]
@@ -339,7 +385,13 @@ class _KernelRenderer:
 
     def _store(self, instr: Instr) -> None:
         value = self._value(instr.args[0])
-        self.b.store(self._to_memory(value, instr.dtype), self._address(instr))
+        self._grouped(self.b.store(self._to_memory(value, instr.dtype), self._address(instr)))
+
+    def _grouped(self, access: ir.Instruction) -> ir.Instruction:
+        """``access`` (a buffer's load or store) in the kernel's access group, if any."""
+        if self.group is not None:
+            access.set_metadata("llvm.access.group", self.group)
+        return access
 
     def _to_memory(self, value: ir.Value, t: DType) -> ir.Value:
         b = self.b
@@ -364,7 +416,7 @@ class _KernelRenderer:
     def _emit(self, instr: Instr) -> ir.Value:
         op, t = instr.op, instr.dtype
         if op == "load":
-            return self._from_memory(self.b.load(self._address(instr)), t)
+            return self._from_memory(self._grouped(self.b.load(self._address(instr))), t)
         if op == "gather":
             return self._from_memory(self.b.load(self._gather_address(instr)), t)
         if op == "const":
