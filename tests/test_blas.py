@@ -24,9 +24,11 @@ def ld(a: np.ndarray) -> int:
     return a.strides[0] // a.itemsize
 
 
-def check(dtype, trans_a, trans_b, m, n, k, alpha=1.0, beta=0.0, pad=0, seed=0):
-    """Run gemm on (possibly padded) sub-blocks and compare with float64 matmul; the
-    padding around C must stay untouched."""
+def check(dtype, trans_a, trans_b, m, n, k, alpha=1.0, beta=0.0, pad=0, seed=0,
+          library=None):
+    """Run gemm (``prepare(..., library)`` when one is named) on (possibly padded)
+    sub-blocks and compare with float64 matmul; the padding around C must stay
+    untouched."""
     rng = np.random.default_rng(seed)
     np_t = DTYPES[dtype]
     a_shape = (k, m) if trans_a else (m, k)
@@ -44,8 +46,12 @@ def check(dtype, trans_a, trans_b, m, n, k, alpha=1.0, beta=0.0, pad=0, seed=0):
     op_a = a.T if trans_a else a
     op_b = b.T if trans_b else b
     expected = alpha * (op_a.astype(np.float64) @ op_b.astype(np.float64)) + beta * c_before
-    blas.gemm(dtype, trans_a, trans_b, m, n, k, alpha, addr(a), ld(a), addr(b), ld(b),
-              beta, addr(c), ld(c))
+    if library is None:
+        blas.gemm(dtype, trans_a, trans_b, m, n, k, alpha, addr(a), ld(a), addr(b), ld(b),
+                  beta, addr(c), ld(c))
+    else:
+        blas.prepare(dtype, trans_a, trans_b, m, n, k, alpha, ld(a), ld(b), beta, ld(c),
+                     library)(addr(a), addr(b), addr(c))
     tol = (2e-6 if dtype == "f32" else 1e-14) * (k + 1) * 4
     np.testing.assert_allclose(c.astype(np.float64), expected, rtol=tol, atol=tol)
     mask = np.ones(c_big.shape, bool)
@@ -128,6 +134,66 @@ def test_blas_threads_round_trip():
         blas.set_blas_threads(before)
     with pytest.raises(Exception, match="integer >= 1"):
         blas.set_blas_threads(0)
+
+
+@pytest.fixture
+def mkl():
+    """PyTorch's MKL (importing torch is what makes it available)."""
+    pytest.importorskip("torch")
+    if blas._mkl() is None:
+        pytest.skip("this PyTorch build exports no MKL sgemm_")
+    return blas._mkl()
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+@pytest.mark.parametrize("trans_a", [False, True])
+@pytest.mark.parametrize("trans_b", [False, True])
+@pytest.mark.parametrize("m,n,k", [(1, 1, 1), (7, 5, 3), (65, 33, 130), (64, 512, 256)])
+def test_mkl_gemm_matches_numpy(mkl, dtype, trans_a, trans_b, m, n, k):
+    check(dtype, trans_a, trans_b, m, n, k, library="mkl")
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+@pytest.mark.parametrize("trans_a,trans_b", [(False, False), (True, True), (False, True)])
+@pytest.mark.parametrize("alpha,beta", [(1.0, 0.0), (-0.5, 3.0)])
+def test_mkl_sub_blocks_alpha_beta(mkl, dtype, trans_a, trans_b, alpha, beta):
+    check(dtype, trans_a, trans_b, 9, 6, 11, alpha=alpha, beta=beta, pad=4, library="mkl")
+
+
+def test_transposed_b_goes_to_mkl_and_keeps_the_threads_setting(mkl, monkeypatch):
+    """With torch imported, ``prepare`` sends transposed-B products to MKL, the rest to
+    OpenBLAS; an MKL call runs on set_blas_threads' count as a setting of the calling
+    thread that it puts back (0: MKL's global count, which PyTorch's own calls use)."""
+    used = []
+    monkeypatch.setattr(blas, "_prepare_mkl",
+                        lambda *args: used.append(args[2:4]) or (lambda a, b, c: None))
+    for trans_a in (False, True):
+        for trans_b in (False, True):
+            blas.prepare("f32", trans_a, trans_b, 4, 4, 4, 1.0, 4, 4, 0.0, 4)
+    assert used == [(False, True), (True, True)]
+    blas.prepare("f32", False, False, 4, 4, 4, 1.0, 4, 4, 0.0, 4, "mkl")
+    assert used[-1] == (False, False)
+    monkeypatch.undo()
+    seen = []
+    set_local = mkl.set_local_threads
+    monkeypatch.setattr(blas, "_mkl_state", blas._Mkl(
+        mkl.path, mkl.sgemm, mkl.dgemm, lambda n: seen.append(n) or set_local(n)))
+    before = blas.blas_threads()
+    try:
+        blas.set_blas_threads(1)
+        check("f32", False, True, 64, 64, 64)
+        assert seen == [1, 0]
+    finally:
+        blas.set_blas_threads(before)
+
+
+def test_library_errors(monkeypatch):
+    with pytest.raises(HologramError, match="'openblas', 'mkl' or None"):
+        blas.prepare("f32", False, True, 2, 2, 2, 1.0, 2, 2, 0.0, 2, "accelerate")
+    monkeypatch.setattr(blas, "_mkl_state", False)
+    with pytest.raises(DeviceError, match="no MKL"):
+        blas.prepare("f32", False, True, 2, 2, 2, 1.0, 2, 2, 0.0, 2, "mkl")
+    check("f32", False, True, 5, 6, 7)  # without MKL, OpenBLAS computes it
 
 
 def test_missing_library_is_a_device_error(monkeypatch):
