@@ -19,12 +19,14 @@ no path reads freed memory.
 Memory the host cannot see (a device backend, ``host_visible`` False) is reached only
 through the allocator: ``to_numpy()`` always returns a copy (``allocator.copy_out``),
 ``from_numpy``, ``Executor.from_numpy`` and ``allocate`` copy in (``allocator.copy_in``),
-ops launch on the allocation's handle, and ``__dlpack__`` raises
-:class:`~hologram.errors.DeviceError` (export to host memory with ``to_numpy()`` first);
-``__dlpack_device__`` names the device. The allocation is released when the last buffer
-viewing it ends.
+ops launch on the allocation's handle, and ``__dlpack__`` exports CUDA memory as a kDLCUDA
+capsule (an allocator with ``export_dlpack``) and raises
+:class:`~hologram.errors.DeviceError` for other device memory (export to host memory with
+``to_numpy()`` first); ``__dlpack_device__`` names the device. The allocation is released
+when the last buffer viewing it (or DLPack consumer of it) ends.
 
-A buffer from ``from_dlpack`` shares the producer's memory (and keeps the producer alive).
+A buffer from ``from_dlpack`` shares the producer's memory (and keeps the producer alive):
+host memory on host executors, memory of the executor's own CUDA device on a cuda one.
 A read-only producer gives a read-only buffer: ops may read it but not write to it.
 """
 
@@ -139,7 +141,8 @@ class Buffer(SdkOperators):
         # validated for one foreign buffer is reused only for memory with the same extent
         # and access.
         self.launch_key = (shape, dtype, executor.token) if not foreign else (
-            shape, dtype, executor.token, self.handle, array.flags.writeable)
+            shape, dtype, executor.token, self.handle,
+            array is None or array.flags.writeable)
 
     # --- metadata -----------------------------------------------------------------------
     @property
@@ -285,22 +288,37 @@ class Buffer(SdkOperators):
         return array.copy() if copy else array
 
     def __dlpack__(self, **kwargs):
-        """DLPack export of host memory (zero-copy); accepts the standard keyword arguments
-        (``stream``, ``max_version``, ``dl_device``, ``copy``). Memory the host cannot see
-        is not exported: :class:`~hologram.errors.DeviceError` (copy it to the host with
-        ``to_numpy()`` and export that)."""
-        if self._array is None:
-            self.check_live("__dlpack__")
+        """DLPack export, zero-copy; accepts the standard keyword arguments (``stream``,
+        ``max_version``, ``dl_device``, ``copy``). Host memory is exported by NumPy. CUDA
+        memory (the cuda backend on a GPU) is exported as a kDLCUDA capsule of this
+        device, which a CUDA consumer (``torch.from_dlpack`` on a CUDA build) takes; work
+        queued on the executor finishes first. Other memory the host cannot see raises
+        :class:`~hologram.errors.DeviceError` (copy it to the host with ``to_numpy()`` and
+        export that)."""
+        if self._array is not None:
+            return self._array.__dlpack__(**kwargs)
+        self.check_live("__dlpack__")
+        export = getattr(self.executor.allocator, "export_dlpack", None)
+        if export is None:
             raise DeviceError(self._not_host(
                 "__dlpack__", "DLPack export of it is not supported; export "
                 "buf.to_numpy() (a host copy) instead"))
-        return self._array.__dlpack__(**kwargs)
+        device = self.__dlpack_device__()
+        wanted = kwargs.get("dl_device")
+        if kwargs.get("copy") or (wanted is not None and tuple(wanted) != device):
+            raise DeviceError(self._not_host(
+                "__dlpack__", f"a copy{f' to device {tuple(wanted)}' if wanted else ''} is "
+                f"not made by export; it is shared in place on device {device}, or copied "
+                "out with buf.to_numpy()"))
+        return export(self.allocation, *self.signature)
 
     def __dlpack_device__(self) -> tuple[int, int]:
-        """``(DLPack device type, device index)`` of the memory (``(1, 0)``: host)."""
+        """``(DLPack device type, device index)`` of the memory (``(1, 0)``: host;
+        ``(2, n)``: CUDA device n)."""
         if self._array is None:
             self.check_live("__dlpack_device__")
-            return (self.executor.allocator.dlpack_device_type, 0)
+            allocator = self.executor.allocator
+            return (allocator.dlpack_device_type, getattr(allocator, "device_id", 0))
         return self._array.__dlpack_device__()
 
     # --- internal API (see the class docstring) -------------------------------------------
@@ -345,7 +363,7 @@ class Buffer(SdkOperators):
             # A view of foreign memory is foreign (its key carries an address).
             return Buffer(view, self.executor, foreign=self.foreign,
                           allocation=self.allocation, handle=self.handle)
-        return Buffer(None, self.executor, allocation=self.allocation,
+        return Buffer(None, self.executor, foreign=self.foreign, allocation=self.allocation,
                       signature=(tuple(shape), self.signature[1]), handle=self.handle)
 
     def _not_host(self, where: str, what: str) -> str:

@@ -97,14 +97,25 @@ class Executor:
         return buf
 
     def from_dlpack(self, obj: object) -> Buffer:
-        """A buffer sharing the memory of ``obj`` (a NumPy array, a torch CPU tensor, any
-        DLPack producer of host memory): no copy. The producer stays alive while the buffer
-        does. Non-contiguous producers are refused (make them contiguous first)."""
+        """A buffer sharing the memory of ``obj``, no copy: on host backends a NumPy array,
+        a torch CPU tensor, any DLPack producer of host memory; on a cuda executor a
+        producer of memory on its own CUDA device (``__dlpack_device__() == (2, n)``, a
+        torch CUDA tensor), other devices refused with :class:`DeviceError` naming both.
+        The producer stays alive while the buffer does. Non-contiguous producers are
+        refused (make them contiguous first)."""
         self._check_open("from_dlpack")
         if isinstance(obj, Buffer):
             obj.check_live("from_dlpack")
             if obj.executor is self:
                 return obj
+        importer = getattr(self.allocator, "import_dlpack", None)
+        if importer is not None:  # device memory the allocator can share (kDLCUDA)
+            allocation, shape, dtype = importer(obj)
+            as_dtype(dtype, "from_dlpack")
+            return self.register(Buffer(None, self, foreign=True, allocation=allocation,
+                                        signature=(shape, dtype),
+                                        handle=self.allocator.handle(allocation)))
+        if isinstance(obj, Buffer):
             array = obj.array("from_dlpack")  # memory the host cannot see raises
         elif not self.allocator.host_visible:
             array = None

@@ -23,6 +23,8 @@ from hologram.backends.base import Allocator, Executable
 from hologram.backends.hostmem import CLASS_SIZES, NUM_CLASSES, size_class
 from hologram.errors import DeviceError, HologramError, OutOfMemoryError, ShapeError
 
+from . import dlpack
+
 #: The largest grid.x of a launch (2**31 - 1).
 MAX_GRID_X = 2**31 - 1
 
@@ -212,6 +214,45 @@ class DeviceMemory(Allocator):
     def handle(self, allocation: DeviceBlock) -> int:
         return allocation.pointer
 
+    # --- DLPack (kDLCUDA) ---------------------------------------------------------------
+    def export_dlpack(self, allocation: DeviceBlock, shape: tuple[int, ...],
+                      dtype: np.dtype) -> Any:
+        """A DLPack capsule of ``allocation``'s first ``shape`` elements (kDLCUDA, this
+        device), keeping the block alive until the consumer's deleter call. Queued work
+        is finished first: the consumer reads on its own stream."""
+        self.driver.synchronize()
+        return dlpack.export(allocation.pointer, shape, dtype,
+                             (dlpack.KDL_CUDA, self.device_id), allocation)
+
+    def import_dlpack(self, producer: Any) -> tuple[DeviceBlock, tuple[int, ...], np.dtype]:
+        """The memory of a DLPack ``producer`` on this device, zero-copy: an allocation
+        (not this pool's) whose end calls the producer's deleter once and releases the
+        producer, with the tensor's shape and dtype. Other devices, strided and read-only
+        tensors are refused."""
+        kind, ordinal = map(int, producer.__dlpack_device__())
+        if (kind, ordinal) != (dlpack.KDL_CUDA, self.device_id):
+            name = dlpack.DEVICE_NAMES.get(kind, f"DLPack device type {kind}")
+            raise DeviceError(
+                f"from_dlpack: {type(producer).__name__} holds {name}:{ordinal} memory and "
+                f"this executor (cuda) keeps buffers on cuda:{self.device_id}; move it there "
+                f"first (torch: t.to('cuda:{self.device_id}')), or copy host data in with "
+                "ex.from_numpy(...)")
+        # The producer orders its pending work before this driver's stream.
+        tensor = dlpack.unpack(producer.__dlpack__(stream=self.driver.stream_handle()),
+                               "from_dlpack")
+        if not tensor.c_contiguous or tensor.read_only:
+            tensor.release()
+            what = ("read-only" if tensor.read_only else
+                    f"not C-contiguous (strides {list(tensor.strides)})")
+            raise ShapeError(f"from_dlpack: {type(producer).__name__} {list(tensor.shape)} "
+                             f"{tensor.dtype} is {what}; buffers are contiguous and writable, "
+                             "so pass a contiguous, writable copy (.contiguous() or .clone() "
+                             "in torch)")
+        nbytes = int(np.prod(tensor.shape, dtype=np.int64)) * tensor.dtype.itemsize
+        block = DeviceBlock(tensor.data, nbytes, nbytes)
+        block.end = weakref.finalize(block, _release_foreign, tensor.release, producer)
+        return block, tensor.shape, tensor.dtype
+
     # --- copies -------------------------------------------------------------------------
     def _check(self, allocation: DeviceBlock, nbytes: int, what: str) -> None:
         if not allocation.end.alive or nbytes > allocation.nbytes:
@@ -273,6 +314,12 @@ class DeviceMemory(Allocator):
             self._limit = limit
             if limit is not None:
                 self._trim(max(limit, self._stats["allocated_bytes"]))
+
+
+def _release_foreign(release: Any, producer: Any) -> None:
+    """The end of an imported tensor: the producer's deleter (``producer`` was held until
+    now to keep its memory alive)."""
+    release()
 
 
 #: The counters of :meth:`DeviceMemory.stats`.

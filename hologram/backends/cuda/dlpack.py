@@ -1,0 +1,217 @@
+"""DLPack capsules of device memory, built and read with ctypes structs of the DLPack ABI
+(``dlpack.h``: ``DLTensor``, ``DLManagedTensor`` and, from DLPack 1.0,
+``DLManagedTensorVersioned``).
+
+Host memory never comes here: NumPy exports and imports it. Device memory has no NumPy
+array, so :class:`~hologram.backends.cuda.runtime.DeviceMemory` exports its blocks with
+:func:`export` (a legacy ``"dltensor"`` capsule, which every consumer takes) and reads a
+producer's capsule with :func:`unpack` (either kind). The layouts are checked against
+NumPy's own capsules and NumPy as a consumer (tests/test_cuda_dlpack.py).
+
+Ownership follows the protocol: a capsule still named ``"dltensor"`` when it is collected
+was never consumed, so its destructor calls the tensor's deleter; a consumer renames it
+(``"used_dltensor"``) and calls the deleter itself when done, exactly once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hologram.errors import DTypeError
+
+KDL_CPU, KDL_CUDA = 1, 2
+#: Device type codes by name, for messages.
+DEVICE_NAMES = {1: "cpu", 2: "cuda", 3: "cuda_host", 4: "opencl", 7: "vulkan", 8: "metal",
+                10: "rocm", 13: "cuda_managed", 14: "oneapi", 15: "webgpu"}
+_READ_ONLY = 1  # DLPACK_FLAG_BITMASK_READ_ONLY
+# DLDataTypeCode: kDLInt, kDLUInt, kDLFloat, kDLBool, by NumPy's dtype kind.
+_CODES = {"i": 0, "u": 1, "f": 2, "b": 6}
+_KINDS = {code: kind for kind, code in _CODES.items()}
+
+
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class DLManagedTensor(ctypes.Structure):
+    pass
+
+
+_DELETER = ctypes.CFUNCTYPE(None, ctypes.POINTER(DLManagedTensor))
+DLManagedTensor._fields_ = [("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_void_p),
+                            ("deleter", _DELETER)]
+
+
+class DLPackVersion(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32)]
+
+
+class DLManagedTensorVersioned(ctypes.Structure):
+    pass
+
+
+_VERSIONED_DELETER = ctypes.CFUNCTYPE(None, ctypes.POINTER(DLManagedTensorVersioned))
+DLManagedTensorVersioned._fields_ = [("version", DLPackVersion),
+                                     ("manager_ctx", ctypes.c_void_p),
+                                     ("deleter", _VERSIONED_DELETER),
+                                     ("flags", ctypes.c_uint64), ("dl_tensor", DLTensor)]
+
+# The capsule API, called with the GIL held (pythonapi is a PyDLL).
+_api = ctypes.pythonapi
+_CAPSULE_DESTRUCTOR = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+_api.PyCapsule_New.restype = ctypes.py_object
+_api.PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, _CAPSULE_DESTRUCTOR]
+_api.PyCapsule_GetName.restype = ctypes.c_char_p
+_api.PyCapsule_GetName.argtypes = [ctypes.py_object]
+_api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+_api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_api.PyCapsule_SetName.restype = ctypes.c_int
+_api.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
+# The destructor gets the capsule as a raw pointer: these take it as one.
+_is_valid = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p)(
+    ("PyCapsule_IsValid", _api))
+_pointer_of = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p)(
+    ("PyCapsule_GetPointer", _api))
+
+# What an exported tensor needs until its deleter runs (its struct, shape, owner), by the
+# struct's address.
+_exported: dict[int, tuple[Any, ...]] = {}
+_exported_lock = threading.Lock()
+
+
+def _delete(managed: Any) -> None:
+    address = ctypes.cast(managed, ctypes.c_void_p).value
+    with _exported_lock:
+        _exported.pop(address, None)
+
+
+def _destroy_capsule(capsule: int) -> None:
+    # Still named "dltensor": no consumer took it, so the producer's deleter runs here.
+    if _is_valid(capsule, b"dltensor"):
+        managed = ctypes.cast(_pointer_of(capsule, b"dltensor"),
+                              ctypes.POINTER(DLManagedTensor))
+        managed.contents.deleter(managed)
+
+
+# Kept for the life of the process: C holds these function pointers.
+_deleter = _DELETER(_delete)
+_capsule_destructor = _CAPSULE_DESTRUCTOR(_destroy_capsule)
+
+
+def dtype_code(dtype: np.dtype) -> tuple[int, int]:
+    """``(DLDataTypeCode, bits)`` of a buffer dtype."""
+    return _CODES[dtype.kind], dtype.itemsize * 8
+
+
+def export(pointer: int, shape: tuple[int, ...], dtype: np.dtype, device: tuple[int, int],
+           owner: object) -> Any:
+    """A ``"dltensor"`` capsule of the C-contiguous ``shape`` elements of ``dtype`` at
+    ``pointer`` on ``device`` (``(device type, id)``); ``owner`` (the allocation) stays
+    alive until the consumer calls the deleter, or the capsule goes unconsumed."""
+    managed = DLManagedTensor()
+    dims = (ctypes.c_int64 * max(len(shape), 1))(*shape)
+    tensor = managed.dl_tensor
+    tensor.data = pointer
+    tensor.device = DLDevice(*device)
+    tensor.ndim = len(shape)
+    code, bits = dtype_code(np.dtype(dtype))
+    tensor.dtype = DLDataType(code, bits, 1)
+    tensor.shape = ctypes.cast(dims, ctypes.POINTER(ctypes.c_int64))
+    tensor.strides = None  # NULL: compact row-major
+    tensor.byte_offset = 0
+    managed.manager_ctx = None
+    managed.deleter = _deleter
+    address = ctypes.addressof(managed)
+    with _exported_lock:
+        _exported[address] = (managed, dims, owner)
+    return _api.PyCapsule_New(address, b"dltensor", _capsule_destructor)
+
+
+def live_exports() -> int:
+    """How many exported tensors are still waiting for their deleter."""
+    with _exported_lock:
+        return len(_exported)
+
+
+@dataclass
+class Tensor:
+    """What a producer's capsule describes; :attr:`release` calls its deleter once (the
+    consumer's duty, taken by :func:`unpack`)."""
+
+    data: int  # the first element's address: the tensor's data plus its byte offset
+    device: tuple[int, int]
+    shape: tuple[int, ...]
+    strides: tuple[int, ...] | None  # in elements; None: compact row-major
+    dtype: np.dtype
+    byte_offset: int
+    read_only: bool
+    release: Callable[[], None]
+
+    @property
+    def c_contiguous(self) -> bool:
+        if self.strides is None:
+            return True
+        expected = 1
+        for n, stride in zip(reversed(self.shape), reversed(self.strides)):
+            if n != 1 and stride != expected:
+                return False
+            expected *= n
+        return True
+
+
+def unpack(capsule: Any, where: str) -> Tensor:
+    """Take ownership of a producer's capsule (renamed ``"used_..."``, as the protocol
+    asks of a consumer) and read its tensor. The caller must call ``release()`` once it no
+    longer uses the memory. ``where`` names the caller in errors."""
+    name = _api.PyCapsule_GetName(capsule)
+    if name not in (b"dltensor", b"dltensor_versioned"):
+        raise DTypeError(f"{where}: the producer's capsule is named {name!r}, not "
+                         "'dltensor' or 'dltensor_versioned' (already consumed?)")
+    versioned = name == b"dltensor_versioned"
+    kind = DLManagedTensorVersioned if versioned else DLManagedTensor
+    address = _api.PyCapsule_GetPointer(capsule, name)
+    managed = kind.from_address(address)
+    if versioned and managed.version.major != 1:
+        raise DTypeError(f"{where}: the producer speaks DLPack {managed.version.major}."
+                         f"{managed.version.minor}; only 1.x is understood here")
+    tensor = managed.dl_tensor
+    dt = tensor.dtype
+    kind_code = _KINDS.get(dt.code)
+    if kind_code is None or dt.lanes != 1 or dt.bits % 8:
+        raise DTypeError(f"{where}: DLPack dtype (code {dt.code}, {dt.bits} bits, {dt.lanes} "
+                         "lanes) has no buffer dtype; convert the tensor first (e.g. to "
+                         "float32)")
+    dtype = np.dtype(f"{kind_code}{dt.bits // 8}") if kind_code != "b" else np.dtype(bool)
+    _api.PyCapsule_SetName(capsule, b"used_dltensor_versioned" if versioned
+                           else b"used_dltensor")
+    ndim = tensor.ndim
+    shape = tuple(tensor.shape[i] for i in range(ndim))
+    strides = tuple(tensor.strides[i] for i in range(ndim)) if tensor.strides else None
+    deleter = managed.deleter
+    pointer = ctypes.cast(address, ctypes.POINTER(kind))
+    done = []
+
+    def release() -> None:
+        if not done and deleter:
+            done.append(True)
+            deleter(pointer)
+
+    return Tensor((tensor.data or 0) + tensor.byte_offset,
+                  (tensor.device.device_type, tensor.device.device_id), shape, strides, dtype,
+                  tensor.byte_offset, versioned and bool(managed.flags & _READ_ONLY), release)

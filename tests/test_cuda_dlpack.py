@@ -1,0 +1,246 @@
+"""DLPack with the CUDA device type (:mod:`hologram.backends.cuda.dlpack`): the ctypes
+structs against NumPy's and PyTorch's own capsules (kDLCPU: their C code is the other
+side), then kDLCUDA export and import through :class:`DeviceMemory` and cuda executors on
+the recording fake driver of tests/test_cuda_runtime.py. No GPU: the pointers are fake
+device addresses, so this proves the capsules' contents and ownership, not a CUDA
+consumer's reads (docs/cuda.md)."""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import weakref
+
+import numpy as np
+import pytest
+import torch
+from test_cuda_runtime import FakeDriver, fake_gpu, needs_triton  # noqa: F401 (a fixture)
+
+import hologram as hg
+from hologram.backends.cuda import dlpack
+from hologram.backends.cuda.runtime import DeviceMemory
+from hologram.errors import DeviceError, DTypeError, ShapeError
+
+_new_capsule = ctypes.pythonapi.PyCapsule_New
+_new_capsule.restype = ctypes.py_object
+_new_capsule.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+
+
+def test_the_structs_have_the_abis_layout():
+    assert ctypes.sizeof(dlpack.DLTensor) == 48
+    assert ctypes.sizeof(dlpack.DLManagedTensor) == 64
+    assert ctypes.sizeof(dlpack.DLManagedTensorVersioned) == 80
+    assert dlpack.DLManagedTensorVersioned.dl_tensor.offset == 32
+
+
+@pytest.mark.parametrize("versioned", [False, True])
+def test_numpys_capsules_read_back_exactly(versioned):
+    base = np.arange(24, dtype=np.int16).reshape(4, 6)
+    view = base[1:, 2:]  # an offset and strides
+    capsule = view.__dlpack__(max_version=(1, 0)) if versioned else view.__dlpack__()
+    tensor = dlpack.unpack(capsule, "test")
+    assert tensor.data == view.ctypes.data and tensor.device == (1, 0)
+    assert tensor.shape == (3, 4) and tensor.strides == (6, 1) and not tensor.c_contiguous
+    assert tensor.dtype == np.int16 and not tensor.read_only
+    with pytest.raises(DTypeError, match="already consumed"):
+        dlpack.unpack(capsule, "test")
+    tensor.release()
+    frozen = np.ones(3, bool)
+    frozen.flags.writeable = False
+    tensor = dlpack.unpack(frozen.__dlpack__(max_version=(1, 0)), "test")
+    assert tensor.read_only and tensor.dtype == np.bool_ and tensor.c_contiguous
+    tensor.release()
+
+
+@pytest.mark.parametrize("consumer", [np.from_dlpack, torch.from_dlpack])
+@pytest.mark.parametrize("dtype", [np.float32, np.int64, np.uint8, np.bool_, np.float16])
+def test_exported_capsules_are_read_by_numpy_and_torch(consumer, dtype):
+    """Host memory exported with kDLCPU (what export writes for kDLCUDA but a device
+    type NumPy and CPU torch read): the consumer sees the values, and the deleter runs
+    once, when the consumer's array goes."""
+    host = np.arange(12).astype(dtype)
+    owner = _Owner()
+    alive = weakref.ref(owner)
+    before = dlpack.live_exports()
+    capsule = dlpack.export(host.ctypes.data, (3, 4), host.dtype, (1, 0), owner)
+    del owner
+    out = consumer(_Producer(capsule, (1, 0)))
+    del capsule
+    gc.collect()
+    assert alive() is not None and dlpack.live_exports() == before + 1
+    np.testing.assert_array_equal(np.asarray(out), host.reshape(3, 4))
+    del out
+    gc.collect()
+    assert alive() is None and dlpack.live_exports() == before
+
+
+def test_an_unconsumed_capsule_releases_its_owner():
+    owner = _Owner()
+    alive = weakref.ref(owner)
+    capsule = dlpack.export(0x1000, (2,), np.dtype(np.float32), (2, 0), owner)
+    del owner, capsule
+    gc.collect()
+    assert alive() is None
+
+
+def test_a_device_block_exports_a_kdlcuda_capsule_that_reimports_exactly():
+    driver = FakeDriver()
+    memory = DeviceMemory(driver)
+    block = memory.alloc((12,), np.float32)
+    pointer = block.pointer
+    capsule = memory.export_dlpack(block, (3, 4), np.dtype(np.float32))
+    assert driver.calls[-1] == ("sync",)  # queued work first: the consumer has its stream
+    del block
+    gc.collect()
+    assert memory.stats()["allocated_bytes"] == 256  # the capsule holds the block
+    tensor = dlpack.unpack(capsule, "test")
+    assert (tensor.data, tensor.device, tensor.shape, tensor.strides) == (
+        pointer, (2, 0), (3, 4), None)
+    assert tensor.dtype == np.float32 and tensor.byte_offset == 0
+    tensor.release()
+    tensor.release()  # the consumer's duty is once: a second call does nothing
+    gc.collect()
+    assert memory.stats()["allocated_bytes"] == 0 and memory.stats()["cached_bytes"] == 256
+
+
+class _Owner:
+    pass
+
+
+class _Producer:
+    """Hands out one capsule, records the stream it was asked for."""
+
+    def __init__(self, capsule, device):
+        self.capsule, self.device, self.streams = capsule, device, []
+
+    def __dlpack__(self, stream=None, **kwargs):
+        self.streams.append(stream)
+        return self.capsule
+
+    def __dlpack_device__(self):
+        return self.device
+
+
+class _Handmade:
+    """A producer of kDLCUDA memory written against dlpack.h alone: its own struct, its
+    own deleter counting calls (stands in for a CUDA torch tensor)."""
+
+    def __init__(self, pointer, shape, dtype=(2, 32), device=(2, 0), strides=None,
+                 byte_offset=0, versioned=False, flags=0):
+        self.deleted = 0
+        kind = dlpack.DLManagedTensorVersioned if versioned else dlpack.DLManagedTensor
+        self.managed = managed = kind()
+        self.shape = (ctypes.c_int64 * len(shape))(*shape)
+        self.strides = (ctypes.c_int64 * len(shape))(*strides) if strides else None
+        t = managed.dl_tensor
+        t.data, t.ndim, t.byte_offset = pointer, len(shape), byte_offset
+        t.device = dlpack.DLDevice(*device)
+        t.dtype = dlpack.DLDataType(dtype[0], dtype[1], 1)
+        t.shape = ctypes.cast(self.shape, ctypes.POINTER(ctypes.c_int64))
+        if self.strides is not None:
+            t.strides = ctypes.cast(self.strides, ctypes.POINTER(ctypes.c_int64))
+        if versioned:
+            managed.version = dlpack.DLPackVersion(1, 0)
+            managed.flags = flags
+        self.deleter = type(managed.deleter)(self._delete)
+        managed.deleter = self.deleter
+        self.name = b"dltensor_versioned" if versioned else b"dltensor"
+        self.device, self.streams = device, []
+
+    def _delete(self, managed):
+        self.deleted += 1
+
+    def __dlpack__(self, stream=None, **kwargs):
+        self.streams.append(stream)
+        return _new_capsule(ctypes.addressof(self.managed), self.name, None)
+
+    def __dlpack_device__(self):
+        return self.device
+
+
+def test_a_handmade_kdlcuda_producer_is_imported_zero_copy_and_deleted_once():
+    driver = FakeDriver()
+    memory = DeviceMemory(driver)
+    producer = _Handmade(0x7E0000001000, (2, 5), dtype=(0, 64), byte_offset=64)
+    alive = weakref.ref(producer)
+    block, shape, dtype = memory.import_dlpack(producer)
+    assert (block.pointer, shape, dtype) == (0x7E0000001000 + 64, (2, 5), np.int64)
+    assert memory.handle(block) == block.pointer and block.nbytes == 80
+    assert producer.streams == [driver.stream]  # asked to order its work before ours
+    assert memory.stats()["allocated_bytes"] == 0  # not the pool's memory
+    del producer
+    gc.collect()
+    assert alive() is not None and alive().deleted == 0  # the block keeps it alive
+    held = alive()
+    memory.free(block)
+    assert held.deleted == 1
+    del block
+    gc.collect()
+    assert held.deleted == 1
+
+
+@pytest.mark.parametrize("device,named", [((2, 1), "cuda:1"), ((1, 0), "cpu:0"),
+                                          ((8, 0), "metal:0")])
+def test_memory_of_another_device_is_refused_naming_both(device, named):
+    producer = _Handmade(0x1000, (4,), device=device)
+    with pytest.raises(DeviceError) as info:
+        DeviceMemory(FakeDriver()).import_dlpack(producer)
+    message = str(info.value)
+    assert named in message and "cuda:0" in message and "t.to('cuda:0')" in message
+    assert producer.streams == [] and producer.deleted == 0  # never asked for a capsule
+
+
+def test_strided_read_only_and_unknown_dtypes_are_refused_and_released():
+    memory = DeviceMemory(FakeDriver())
+    strided = _Handmade(0x1000, (3, 4), strides=(1, 3))
+    with pytest.raises(ShapeError, match=r"not C-contiguous \(strides \[1, 3\]\)"):
+        memory.import_dlpack(strided)
+    assert strided.deleted == 1
+    frozen = _Handmade(0x1000, (3,), versioned=True, flags=1)
+    with pytest.raises(ShapeError, match="read-only"):
+        memory.import_dlpack(frozen)
+    assert frozen.deleted == 1
+    versioned = _Handmade(0x2000, (3, 1), strides=(1, 7), versioned=True)  # size-1 dim
+    block, shape, dtype = memory.import_dlpack(versioned)
+    assert (block.pointer, shape, dtype) == (0x2000, (3, 1), np.float32)
+    bf16 = _Handmade(0x1000, (3,), dtype=(4, 16))
+    with pytest.raises(DTypeError, match="code 4, 16 bits"):
+        memory.import_dlpack(bf16)
+
+
+@needs_triton
+def test_cuda_executors_share_buffers_through_dlpack(fake_gpu):  # noqa: F811 (the fixture)
+    driver = fake_gpu
+    with hg.Executor("cuda") as ex, hg.Executor("cuda") as other:
+        data = np.arange(12, dtype=np.float32).reshape(3, 4)
+        buf = ex.from_numpy(data)
+        assert buf.__dlpack_device__() == (2, 0)
+        shared = other.from_dlpack(buf)  # exported as kDLCUDA, imported zero-copy
+        assert shared.handle == buf.handle and shared.shape == (3, 4)
+        assert shared.dtype == np.float32 and shared.foreign
+        np.testing.assert_array_equal(shared.to_numpy(), data)
+        shared.from_numpy(data * 2)  # one memory: the write shows through the other
+        np.testing.assert_array_equal(buf.to_numpy(), data * 2)
+        assert other.memory_allocated() == 0 and ex.memory_allocated() == 256
+        producer = _Handmade(buf.handle, (12,), dtype=(1, 8))
+        raw = ex.from_dlpack(producer)
+        assert raw.handle == buf.handle and raw.dtype == np.uint8 and raw.foreign
+        assert raw.reshape(3, 4).foreign
+        with pytest.raises(DeviceError, match=r"cpu:0 memory.*cuda:0"):
+            ex.from_dlpack(np.zeros(3, np.float32))
+        with pytest.raises(DeviceError, match=r"copied out with buf\.to_numpy"):
+            buf.__dlpack__(dl_device=(1, 0))
+        assert ex.from_dlpack(buf) is buf
+        pointer = buf.handle
+        buf.free()
+        del buf
+        gc.collect()
+        assert pointer in driver.memory and ex.memory_allocated() == 256  # shared holds it
+        shared.free()
+        del shared
+        gc.collect()
+        assert ex.memory_allocated() == 0
+        raw.free()
+        del raw
+        gc.collect()
+        assert producer.deleted == 1
