@@ -101,6 +101,13 @@ def why_no_gpu() -> str | None:
     return None if gpu() is not None else _GPU["why"]
 
 
+def is_gpu_available() -> bool:
+    """Whether this backend runs on a real GPU here: ``cuda-bindings`` loads the driver,
+    ``cuDeviceGetCount`` is above 0 and the device's compute capability has a target.
+    Never the emulation, whatever ``HOLOGRAM_CUDA_EMULATE`` says."""
+    return gpu() is not None
+
+
 class CudaBackend(Backend):
     name: ClassVar[str] = "cuda"
 
@@ -113,6 +120,21 @@ class CudaBackend(Backend):
         if not worker.triton_installed():
             return False
         return config.get().cuda_emulate or gpu() is not None
+
+    @classmethod
+    def auto_available(cls) -> bool:
+        """Whether ``"auto"`` should pick this backend: on a real GPU only, never
+        emulated (the interpreter is slow, and its runs say nothing about a GPU)."""
+        return (not config.get().cuda_emulate and worker.triton_installed()
+                and is_gpu_available())
+
+    @classmethod
+    def unavailable_reason(cls) -> str:
+        if not worker.triton_installed():
+            return ("triton is not installed: pip install 'hologram[cuda]' "
+                    f"(triton=={worker.TRITON_VERSION})")
+        return (f"{why_no_gpu()}; HOLOGRAM_CUDA_EMULATE=1 runs its kernels in Triton's "
+                "interpreter instead")
 
     @staticmethod
     def _device_target() -> str | None:

@@ -1,0 +1,111 @@
+"""Finding a GPU (:func:`hologram.backends.cuda.backend.gpu`) through the real
+:class:`~hologram.backends.cuda.driver.Driver` code, with a fake ``cuda.bindings.driver``
+module standing in for the NVIDIA driver: the probe's decisions (device count, compute
+capability, driver errors) and what ``auto`` may pick. A fake module, not a GPU: it proves
+the logic of driver.py's probing, not the real driver's answers (docs/cuda.md)."""
+
+from __future__ import annotations
+
+import re
+import types
+
+import pytest
+
+from hologram.backends.cuda import backend as cuda
+from hologram.backends.cuda import driver as driver_module
+from hologram.errors import DeviceError, OutOfMemoryError
+
+SUCCESS, OUT_OF_MEMORY, NO_DEVICE = 0, 2, 100
+_NAMES = {OUT_OF_MEMORY: b"CUDA_ERROR_OUT_OF_MEMORY", NO_DEVICE: b"CUDA_ERROR_NO_DEVICE"}
+
+
+def fake_cu(count=1, capability=(9, 0), init=SUCCESS, version=12040, loads=True):
+    """A stand-in for ``cuda.bindings.driver``: calls answer ``(CUresult, value...)``."""
+    calls = []
+
+    def call(name, *values, result=SUCCESS):
+        def f(*args):
+            calls.append((name, args))
+            if name == "cuInit" and not loads:
+                raise RuntimeError("libcuda.so.1: cannot open shared object file")
+            return (result, *values)
+        return f
+
+    attr = types.SimpleNamespace(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR="major",
+                                 CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR="minor")
+    cu = types.SimpleNamespace(
+        calls=calls, CUdevice_attribute=attr,
+        cuInit=call("cuInit", result=init),
+        cuDeviceGetCount=call("cuDeviceGetCount", count),
+        cuDeviceGet=call("cuDeviceGet", "device-0"),
+        cuDevicePrimaryCtxRetain=call("cuDevicePrimaryCtxRetain", "context"),
+        cuCtxSetCurrent=call("cuCtxSetCurrent"),
+        cuStreamCreate=call("cuStreamCreate", 0x5EED),
+        cuDriverGetVersion=call("cuDriverGetVersion", version),
+        cuMemAlloc=call("cuMemAlloc", 0, result=OUT_OF_MEMORY),
+        cuGetErrorName=lambda err: (SUCCESS, _NAMES.get(err)))
+    cu.cuDeviceGetAttribute = lambda which, device: (
+        SUCCESS, capability[0] if which == "major" else capability[1])
+    return cu
+
+
+@pytest.fixture
+def probe(monkeypatch):
+    """Probe again with a given fake driver module (the real probe runs once a process)."""
+    monkeypatch.delenv("HOLOGRAM_CUDA_EMULATE", raising=False)
+
+    def run(cu):
+        monkeypatch.setattr(cuda, "_GPU", {})
+        monkeypatch.setattr(driver_module, "Driver", lambda: real(cu=cu))
+        return cuda.gpu()
+
+    real = driver_module.Driver
+    return run
+
+
+@pytest.mark.parametrize("capability,target", [((8, 0), "sm_80"), ((8, 6), "sm_80"),
+                                               ((8, 9), "sm_80"), ((9, 0), "sm_90")])
+def test_a_device_with_a_target_is_found(probe, capability, target):
+    cu = fake_cu(capability=capability)
+    found = probe(cu)
+    assert found is not None and found[1] == target and cuda.is_gpu_available()
+    driver = found[0]
+    assert driver.ordinal == 0 and driver.stream_handle() == 0x5EED
+    assert driver.version() == 12040 and cuda.why_no_gpu() is None
+    assert [name for name, _ in cu.calls][:3] == ["cuInit", "cuDeviceGetCount", "cuDeviceGet"]
+
+
+@pytest.mark.parametrize("cu,why", [
+    (fake_cu(count=0), r"no CUDA device 0 \(the driver sees 0\)"),
+    (fake_cu(init=NO_DEVICE), "cuInit failed: CUDA_ERROR_NO_DEVICE"),
+    (fake_cu(loads=False), "no NVIDIA driver library.*libcuda"),
+    (fake_cu(capability=(7, 5)), r"compute capability 7\.5 has no target"),
+    (fake_cu(capability=(10, 0)), r"compute capability 10\.0 has no target"),
+])
+def test_no_usable_device_means_no_gpu_and_says_why(probe, cu, why):
+    assert probe(cu) is None and not cuda.is_gpu_available()
+    assert not cuda.CudaBackend.auto_available()
+    assert re.search(why, cuda.why_no_gpu())
+    if cuda.worker.triton_installed():  # else the reason is triton's absence
+        assert cuda.why_no_gpu() in cuda.CudaBackend.unavailable_reason()
+
+
+def test_driver_errors_name_the_call_and_out_of_memory_is_its_own_error():
+    driver = driver_module.Driver(cu=fake_cu())
+    with pytest.raises(OutOfMemoryError, match="cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY"):
+        driver.mem_alloc(1 << 40)
+    with pytest.raises(DeviceError, match="cuCtxSynchronize failed: CUDA_ERROR_NO_DEVICE"):
+        driver.check("cuCtxSynchronize", (NO_DEVICE,))
+    assert driver.check("cuX", (SUCCESS, 1, 2)) == (1, 2) and driver.check("cuY", SUCCESS) is None
+
+
+def test_auto_may_pick_cuda_only_on_a_real_gpu(probe, monkeypatch):
+    probe(fake_cu(capability=(9, 0)))
+    if not cuda.worker.triton_installed():
+        assert not cuda.CudaBackend.auto_available()  # it cannot compile without triton
+        return
+    assert cuda.CudaBackend.auto_available() and cuda.CudaBackend.is_available()
+    monkeypatch.setenv("HOLOGRAM_CUDA_EMULATE", "1")  # a GPU, but running emulated
+    assert cuda.CudaBackend.is_available() and not cuda.CudaBackend.auto_available()
+    probe(fake_cu(count=0))
+    assert cuda.CudaBackend.is_available() and not cuda.CudaBackend.auto_available()
