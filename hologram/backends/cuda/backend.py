@@ -44,6 +44,7 @@ from hologram.isa.dtypes import DType
 from hologram.isa.ir import Program
 from hologram.isa.text import parse_program, print_program
 
+from . import kernels as kernels_cache
 from . import render as render_module
 from . import worker
 from .render import PRELUDE, render
@@ -282,19 +283,28 @@ def resources(ptxas_report: str, metadata: dict, cuobjdump_report: str = "") -> 
 
 
 def _compile(source: str, kernels: list[dict], arch: int) -> list[dict]:
+    """Every kernel compiled for ``arch``: from the disk cache of compiled kernels
+    (:mod:`.kernels`), the rest by Triton (one request for all of them) and stored."""
+    found = gpu()
+    driver = found[0].version() if found is not None else None
+    keys = [kernels_cache.key(source, k, OPTIONS, arch, driver) for k in kernels]
+    out = [kernels_cache.load(key) for key in keys]
+    missing = [i for i, entry in enumerate(out) if entry is None]
+    if not missing:
+        return out
     request = {"op": "compile", "source": source, "arch": arch, "options": OPTIONS,
-               "kernels": [{"name": k["name"], "signature": k["signature"],
-                            "num_warps": k["num_warps"]} for k in kernels]}
+               "kernels": [{"name": kernels[i]["name"], "signature": kernels[i]["signature"],
+                            "num_warps": kernels[i]["num_warps"]} for i in missing]}
     reply = worker.call("compile", request, source)
-    out = []
-    for c in reply["kernels"]:
+    for i, c in zip(missing, reply["kernels"]):
         md = c["metadata"]
         keep = ("name", "num_warps", "num_ctas", "shared", "global_scratch_size",
                 "profile_scratch_size", "arch", "triton_version", "hash")
-        out.append({"name": c["name"], "ptx": c["ptx"],
-                    "cubin": base64.b64encode(c["cubin"]).decode(),
-                    "metadata": {k: md[k] for k in keep if k in md},
-                    "resources": resources(c["ptxas"], md, c["cuobjdump"])})
+        out[i] = {"name": c["name"], "ptx": c["ptx"],
+                  "cubin": base64.b64encode(c["cubin"]).decode(),
+                  "metadata": {k: md[k] for k in keep if k in md},
+                  "resources": resources(c["ptxas"], md, c["cuobjdump"])}
+        kernels_cache.store(keys[i], out[i])
     return out
 
 
