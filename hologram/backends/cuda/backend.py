@@ -10,9 +10,10 @@ from ``ptxas -v`` on that PTX). Triton runs in a child process (:mod:`.worker`).
 **Run**, on a GPU: where ``cuda-bindings`` finds an NVIDIA GPU of compute capability 8.x
 or 9.0, the backend is available; programs compile for its target (``sm_80`` cubins run on
 every 8.x GPU) and run through the CUDA driver (:mod:`.runtime`, :mod:`.driver`): device
-memory from the driver, every kernel launched in order on one stream. **This path has
-not run on hardware yet** (no machine we had has a GPU; it is tested against a fake
-driver, docs/cuda.md).
+memory from a 96-class pool of driver blocks, every kernel launched in order on one
+stream. Compiled kernels are kept on disk by :mod:`.kernels`, keyed by architecture,
+Triton, toolkit and driver versions. **This path has not run on hardware yet** (no
+machine we had has a GPU; it is tested against a fake driver, docs/cuda.md).
 
 **Run**, emulated: with ``HOLOGRAM_CUDA_EMULATE=1`` the backend is available and runs the
 same generated kernels in Triton's interpreter (``TRITON_INTERPRET=1``) on host memory;

@@ -1,6 +1,8 @@
 """Running compiled (sm_80/sm_90) artifacts through a driver (:mod:`.driver`): device
-memory with accounting, the kernel parameters read from each compiled kernel's metadata,
-launch configuration, and the program that launches every kernel in order.
+memory in the host pool's 96 size classes (with DLPack export and import of kDLCUDA
+memory, :mod:`.dlpack`), the kernel parameters read from each compiled kernel's metadata,
+launch configuration, modules loaded once per cubin and context, and the program that
+launches every kernel in order.
 
 The backend uses it where a GPU is found (:func:`.backend.gpu`). **Not run on hardware
 yet**: tested only against a fake driver (tests/test_cuda_runtime.py, docs/cuda.md).
