@@ -147,7 +147,7 @@ class DeviceMemory(Allocator):
             s["num_allocs"] += 1
             s["peak_allocated_bytes"] = max(s["peak_allocated_bytes"], s["allocated_bytes"])
         block = DeviceBlock(pointer, nbytes, size)
-        block.end = weakref.finalize(block, self._release, pointer, nbytes, size, index)
+        block.end = _ending(block, self._release, pointer, nbytes, size, index)
         return block
 
     def _new_block(self, nbytes: int, size: int) -> int:
@@ -252,7 +252,7 @@ class DeviceMemory(Allocator):
                              "in torch)")
         nbytes = int(np.prod(tensor.shape, dtype=np.int64)) * tensor.dtype.itemsize
         block = DeviceBlock(tensor.data, nbytes, nbytes)
-        block.end = weakref.finalize(block, _release_foreign, tensor.release, producer)
+        block.end = _ending(block, _release_foreign, tensor.release, producer)
         return block, tensor.shape, tensor.dtype
 
     # --- copies -------------------------------------------------------------------------
@@ -316,6 +316,15 @@ class DeviceMemory(Allocator):
             self._limit = limit
             if limit is not None:
                 self._trim(max(limit, self._stats["allocated_bytes"]))
+
+
+def _ending(block: DeviceBlock, release: Any, *args: Any) -> weakref.finalize:
+    """What ends ``block``: ``release(*args)`` once, when it is collected or freed. Not at
+    interpreter exit: the process's end frees device memory, and the driver or a
+    producer's library may already be gone by then."""
+    end = weakref.finalize(block, release, *args)
+    end.atexit = False
+    return end
 
 
 def _release_foreign(release: Any, producer: Any) -> None:
