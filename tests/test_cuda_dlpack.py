@@ -52,17 +52,18 @@ def test_numpys_capsules_read_back_exactly(versioned):
     tensor.release()
 
 
+@pytest.mark.parametrize("version", [None, (1, 0)])
 @pytest.mark.parametrize("consumer", [np.from_dlpack, torch.from_dlpack])
 @pytest.mark.parametrize("dtype", [np.float32, np.int64, np.uint8, np.bool_, np.float16])
-def test_exported_capsules_are_read_by_numpy_and_torch(consumer, dtype):
+def test_exported_capsules_are_read_by_numpy_and_torch(consumer, dtype, version):
     """Host memory exported with kDLCPU (what export writes for kDLCUDA but a device
-    type NumPy and CPU torch read): the consumer sees the values, and the deleter runs
-    once, when the consumer's array goes."""
+    type NumPy and CPU torch read), legacy and versioned: the consumer sees the values,
+    and the deleter runs once, when the consumer's array goes."""
     host = np.arange(12).astype(dtype)
     owner = _Owner()
     alive = weakref.ref(owner)
     before = dlpack.live_exports()
-    capsule = dlpack.export(host.ctypes.data, (3, 4), host.dtype, (1, 0), owner)
+    capsule = dlpack.export(host.ctypes.data, (3, 4), host.dtype, (1, 0), owner, version)
     del owner
     out = consumer(_Producer(capsule, (1, 0)))
     del capsule
@@ -74,21 +75,26 @@ def test_exported_capsules_are_read_by_numpy_and_torch(consumer, dtype):
     assert alive() is None and dlpack.live_exports() == before
 
 
-def test_an_unconsumed_capsule_releases_its_owner():
+@pytest.mark.parametrize("version", [None, (1, 0)])
+def test_an_unconsumed_capsule_releases_its_owner(version):
     owner = _Owner()
     alive = weakref.ref(owner)
-    capsule = dlpack.export(0x1000, (2,), np.dtype(np.float32), (2, 0), owner)
+    capsule = dlpack.export(0x1000, (2,), np.dtype(np.float32), (2, 0), owner, version)
     del owner, capsule
     gc.collect()
     assert alive() is None
 
 
-def test_a_device_block_exports_a_kdlcuda_capsule_that_reimports_exactly():
+@pytest.mark.parametrize("version", [None, (1, 0), (1, 3)])
+def test_a_device_block_exports_a_kdlcuda_capsule_that_reimports_exactly(version):
     driver = FakeDriver()
     memory = DeviceMemory(driver)
     block = memory.alloc((12,), np.float32)
     pointer = block.pointer
-    capsule = memory.export_dlpack(block, (3, 4), np.dtype(np.float32))
+    capsule = memory.export_dlpack(block, (3, 4), np.dtype(np.float32), version)
+    name = ctypes.pythonapi.PyCapsule_GetName
+    name.restype, name.argtypes = ctypes.c_char_p, [ctypes.py_object]
+    assert name(capsule) == (b"dltensor_versioned" if version else b"dltensor")
     assert driver.calls[-1] == ("sync",)  # queued work first: the consumer has its stream
     del block
     gc.collect()
@@ -96,7 +102,7 @@ def test_a_device_block_exports_a_kdlcuda_capsule_that_reimports_exactly():
     tensor = dlpack.unpack(capsule, "test")
     assert (tensor.data, tensor.device, tensor.shape, tensor.strides) == (
         pointer, (2, 0), (3, 4), None)
-    assert tensor.dtype == np.float32 and tensor.byte_offset == 0
+    assert tensor.dtype == np.float32 and tensor.byte_offset == 0 and not tensor.read_only
     tensor.release()
     tensor.release()  # the consumer's duty is once: a second call does nothing
     gc.collect()
@@ -150,7 +156,7 @@ class _Handmade:
     def _delete(self, managed):
         self.deleted += 1
 
-    def __dlpack__(self, stream=None, **kwargs):
+    def __dlpack__(self, stream=None):  # a producer from before DLPack 1.0's max_version
         self.streams.append(stream)
         return _new_capsule(ctypes.addressof(self.managed), self.name, None)
 
@@ -215,7 +221,7 @@ def test_cuda_executors_share_buffers_through_dlpack(fake_gpu):  # noqa: F811 (t
         data = np.arange(12, dtype=np.float32).reshape(3, 4)
         buf = ex.from_numpy(data)
         assert buf.__dlpack_device__() == (2, 0)
-        shared = other.from_dlpack(buf)  # exported as kDLCUDA, imported zero-copy
+        shared = other.from_dlpack(buf)  # exported as kDLCUDA 1.0, imported zero-copy
         assert shared.handle == buf.handle and shared.shape == (3, 4)
         assert shared.dtype == np.float32 and shared.foreign
         np.testing.assert_array_equal(shared.to_numpy(), data)

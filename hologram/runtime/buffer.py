@@ -310,7 +310,7 @@ class Buffer(SdkOperators):
                 "__dlpack__", f"a copy{f' to device {tuple(wanted)}' if wanted else ''} is "
                 f"not made by export; it is shared in place on device {device}, or copied "
                 "out with buf.to_numpy()"))
-        return export(self.allocation, *self.signature)
+        return export(self.allocation, *self.signature, kwargs.get("max_version"))
 
     def __dlpack_device__(self) -> tuple[int, int]:
         """``(DLPack device type, device index)`` of the memory (``(1, 0)``: host;

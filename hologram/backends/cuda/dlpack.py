@@ -4,13 +4,15 @@
 
 Host memory never comes here: NumPy exports and imports it. Device memory has no NumPy
 array, so :class:`~hologram.backends.cuda.runtime.DeviceMemory` exports its blocks with
-:func:`export` (a legacy ``"dltensor"`` capsule, which every consumer takes) and reads a
-producer's capsule with :func:`unpack` (either kind). The layouts are checked against
-NumPy's own capsules and NumPy as a consumer (tests/test_cuda_dlpack.py).
+:func:`export` (a ``"dltensor_versioned"`` capsule for a consumer that asks for DLPack
+1.x with ``max_version``, else a legacy ``"dltensor"`` one) and reads a producer's capsule
+with :func:`unpack` (either kind). The layouts are checked against NumPy's own capsules and
+against NumPy and torch as consumers (tests/test_cuda_dlpack.py).
 
-Ownership follows the protocol: a capsule still named ``"dltensor"`` when it is collected
-was never consumed, so its destructor calls the tensor's deleter; a consumer renames it
-(``"used_dltensor"``) and calls the deleter itself when done, exactly once.
+Ownership follows the protocol: a capsule still named ``"dltensor"`` (or
+``"dltensor_versioned"``) when it is collected was never consumed, so its destructor
+calls the tensor's deleter; a consumer renames it (``"used_..."``) and calls the deleter
+itself when done, exactly once.
 """
 
 from __future__ import annotations
@@ -102,15 +104,17 @@ def _delete(managed: Any) -> None:
 
 
 def _destroy_capsule(capsule: int) -> None:
-    # Still named "dltensor": no consumer took it, so the producer's deleter runs here.
-    if _is_valid(capsule, b"dltensor"):
-        managed = ctypes.cast(_pointer_of(capsule, b"dltensor"),
-                              ctypes.POINTER(DLManagedTensor))
-        managed.contents.deleter(managed)
+    # Still under its first name: no consumer took it, so the producer's deleter runs here.
+    for name, kind in ((b"dltensor", DLManagedTensor),
+                       (b"dltensor_versioned", DLManagedTensorVersioned)):
+        if _is_valid(capsule, name):
+            managed = ctypes.cast(_pointer_of(capsule, name), ctypes.POINTER(kind))
+            managed.contents.deleter(managed)
 
 
 # Kept for the life of the process: C holds these function pointers.
 _deleter = _DELETER(_delete)
+_versioned_deleter = _VERSIONED_DELETER(_delete)
 _capsule_destructor = _CAPSULE_DESTRUCTOR(_destroy_capsule)
 
 
@@ -120,11 +124,13 @@ def dtype_code(dtype: np.dtype) -> tuple[int, int]:
 
 
 def export(pointer: int, shape: tuple[int, ...], dtype: np.dtype, device: tuple[int, int],
-           owner: object) -> Any:
-    """A ``"dltensor"`` capsule of the C-contiguous ``shape`` elements of ``dtype`` at
-    ``pointer`` on ``device`` (``(device type, id)``); ``owner`` (the allocation) stays
-    alive until the consumer calls the deleter, or the capsule goes unconsumed."""
-    managed = DLManagedTensor()
+           owner: object, max_version: tuple[int, int] | None = None) -> Any:
+    """A capsule of the C-contiguous ``shape`` elements of ``dtype`` at ``pointer`` on
+    ``device`` (``(device type, id)``): ``"dltensor_versioned"`` (DLPack 1.0, writable)
+    when ``max_version`` is 1.x or later, else ``"dltensor"``. ``owner`` (the allocation)
+    stays alive until the consumer calls the deleter, or the capsule goes unconsumed."""
+    versioned = max_version is not None and max_version[0] >= 1
+    managed = DLManagedTensorVersioned() if versioned else DLManagedTensor()
     dims = (ctypes.c_int64 * max(len(shape), 1))(*shape)
     tensor = managed.dl_tensor
     tensor.data = pointer
@@ -136,11 +142,17 @@ def export(pointer: int, shape: tuple[int, ...], dtype: np.dtype, device: tuple[
     tensor.strides = None  # NULL: compact row-major
     tensor.byte_offset = 0
     managed.manager_ctx = None
-    managed.deleter = _deleter
+    if versioned:
+        managed.version = DLPackVersion(1, 0)
+        managed.flags = 0  # writable, not a copy
+        managed.deleter = _versioned_deleter
+    else:
+        managed.deleter = _deleter
     address = ctypes.addressof(managed)
     with _exported_lock:
         _exported[address] = (managed, dims, owner)
-    return _api.PyCapsule_New(address, b"dltensor", _capsule_destructor)
+    name = b"dltensor_versioned" if versioned else b"dltensor"
+    return _api.PyCapsule_New(address, name, _capsule_destructor)
 
 
 def live_exports() -> int:

@@ -218,13 +218,14 @@ class DeviceMemory(Allocator):
 
     # --- DLPack (kDLCUDA) ---------------------------------------------------------------
     def export_dlpack(self, allocation: DeviceBlock, shape: tuple[int, ...],
-                      dtype: np.dtype) -> Any:
+                      dtype: np.dtype, max_version: tuple[int, int] | None = None) -> Any:
         """A DLPack capsule of ``allocation``'s first ``shape`` elements (kDLCUDA, this
-        device), keeping the block alive until the consumer's deleter call. Queued work
-        is finished first: the consumer reads on its own stream."""
+        device; versioned when ``max_version`` allows), keeping the block alive until the
+        consumer's deleter call. Queued work is finished first: the consumer reads on its
+        own stream."""
         self.driver.synchronize()
         return dlpack.export(allocation.pointer, shape, dtype,
-                             (dlpack.KDL_CUDA, self.device_id), allocation)
+                             (dlpack.KDL_CUDA, self.device_id), allocation, max_version)
 
     def import_dlpack(self, producer: Any) -> tuple[DeviceBlock, tuple[int, ...], np.dtype]:
         """The memory of a DLPack ``producer`` on this device, zero-copy: an allocation
@@ -239,9 +240,15 @@ class DeviceMemory(Allocator):
                 f"this executor (cuda) keeps buffers on cuda:{self.device_id}; move it there "
                 f"first (torch: t.to('cuda:{self.device_id}')), or copy host data in with "
                 "ex.from_numpy(...)")
-        # The producer orders its pending work before this driver's stream.
-        tensor = dlpack.unpack(producer.__dlpack__(stream=self.driver.stream_handle()),
-                               "from_dlpack")
+        # The producer orders its pending work before this driver's stream. DLPack 1.x
+        # first (it says whether the memory is read-only); producers older than
+        # max_version refuse the keyword.
+        stream = self.driver.stream_handle()
+        try:
+            capsule = producer.__dlpack__(stream=stream, max_version=(1, 0))
+        except TypeError:
+            capsule = producer.__dlpack__(stream=stream)
+        tensor = dlpack.unpack(capsule, "from_dlpack")
         if not tensor.c_contiguous or tensor.read_only:
             tensor.release()
             what = ("read-only" if tensor.read_only else
