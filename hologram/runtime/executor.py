@@ -296,6 +296,7 @@ def default_executor() -> Executor:
 
 
 def from_dlpack(obj: object, executor: Executor | None = None) -> Buffer:
-    """Zero-copy buffer over a DLPack producer's host memory (NumPy arrays, torch CPU
-    tensors); see :meth:`Executor.from_dlpack`."""
+    """Zero-copy buffer over a DLPack producer's memory (host memory: NumPy arrays, torch
+    CPU tensors; on a cuda executor, memory of its CUDA device); see
+    :meth:`Executor.from_dlpack`."""
     return (executor or default_executor()).from_dlpack(obj)
