@@ -12,7 +12,7 @@ import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import hologram_torch
-from hologram_torch.compile import kernel, partition
+from hologram_torch.compile import kernel, lowerings, partition
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -399,3 +399,87 @@ def test_optimizer_step_ops_fma_and_scalar_pow():
             run()
     for p, q in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(p, q)
+
+
+@pytest.fixture
+def blas_products(monkeypatch):
+    """The products compile/lowerings.blas_product made a BLAS call of (a strided
+    matrix-vector product padded to a matrix product), as ("sum" or "mm", m, k, n): a sum
+    multiplies by ones, a broadcast constant."""
+    seen = []
+    original = lowerings.blas_product
+
+    def spy(g, a, b):
+        if lowerings._strided_vector_product(a, b):
+            kind = "sum" if a.strides[1] == 0 else "mm"
+            seen.append((kind, a.shape[0], a.shape[1], b.shape[1]))
+        return original(g, a, b)
+
+    monkeypatch.setattr(lowerings, "blas_product", spy)
+    return seen
+
+
+def compiled_agrees(fn, *inputs):
+    """fn compiled (no grad) gives eager's values, dtype and shape."""
+    expected = fn(*inputs)
+    with torch.no_grad():
+        got = torch.compile(fn, backend="hologram")(*inputs)
+    assert got.shape == expected.shape and got.dtype == expected.dtype
+    torch.testing.assert_close(got, expected)
+    assert stats()["ops_eager"] == 0 and stats()["eager_fallbacks"] == 0
+
+
+@pytest.mark.parametrize("shape,dim,keepdim,dtype,padded", [
+    ((64, 48), [0], False, torch.float32, True),
+    ((64, 48), [-2], True, torch.float64, True),
+    ((4, 8, 40), [0, 1], False, torch.float32, True),
+    ((4, 8, 40), [0, 1], True, torch.float32, True),
+    ((8, 40), [0], False, torch.float32, False),      # too few rows for a BLAS call
+    ((64, 8), [0], False, torch.float32, False),      # too few columns
+    ((64, 48), [1], False, torch.float32, False),     # rows: contiguous, the kernel's
+    ((4, 8, 40), [0, 2], False, torch.float32, False),  # not the leading dimensions
+])
+def test_column_sums_as_products(blas_products, shape, dim, keepdim, dtype, padded):
+    x = torch.randn(shape, dtype=dtype)
+    x[3, 1] = float("inf") if padded else x[3, 1]  # infinities propagate as in a sum
+    compiled_agrees(lambda t: t.sum(dim, keepdim=keepdim) * 2, x)
+    assert bool(blas_products) == padded
+
+
+@pytest.mark.parametrize("make", [
+    lambda x: x.t(),                    # columns contiguous: the table's reduction
+    lambda x: x.to(torch.int64),        # integers: not a BLAS dtype
+    lambda x: x[:, ::2],                # no unit stride: BLAS could not take it
+])
+def test_column_sums_the_table_keeps(blas_products, make):
+    x = torch.randn(64, 80)
+    compiled_agrees(lambda t: make(t).sum(0), x)
+    compiled_agrees(lambda t: t.sum(0, dtype=torch.float64), x)  # a dtype change
+    assert blas_products == []
+
+
+@pytest.mark.parametrize("a_shape,b_shape,transpose_a,transpose_b,padded", [
+    ((1, 32), (32, 40), False, False, True),   # ones @ dy: a column sum
+    ((1, 32), (40, 32), False, True, False),   # b's columns contiguous: a fast kernel
+    ((24, 32), (32, 1), True, False, True),    # dy.T @ x of a layer with one output
+    ((24, 32), (32, 1), False, False, False),  # a's rows contiguous
+    ((1, 8), (8, 40), False, False, False),    # too few terms
+])
+def test_matrix_vector_products_go_to_blas(blas_products, a_shape, b_shape, transpose_a,
+                                           transpose_b, padded):
+    a = torch.randn(a_shape[::-1]).t() if transpose_a else torch.randn(a_shape)
+    b = torch.randn(b_shape).t() if transpose_b else torch.randn(b_shape)
+    compiled_agrees(torch.mm, a, b)
+    assert bool(blas_products) == padded
+
+
+def test_bias_and_one_output_gradients_through_blas(blas_products):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(40, 24), torch.nn.Tanh(),
+                                torch.nn.Linear(24, 1))
+    eager, compiled = run_both(model, torch.randn(32, 40))
+    assert_same(eager, compiled)
+    # the first layer's bias gradient (sum over 32 rows of 24 columns) and the last
+    # layer's weight gradient (1 x 32 @ 32 x 24)
+    assert set(blas_products) == {("sum", 1, 32, 24), ("mm", 1, 32, 24)}
+    assert stats()["ops_eager"] == 0
