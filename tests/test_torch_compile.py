@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import importlib.metadata
+import math
 import warnings
 
 import pytest
@@ -482,4 +483,26 @@ def test_bias_and_one_output_gradients_through_blas(blas_products):
     # the first layer's bias gradient (sum over 32 rows of 24 columns) and the last
     # layer's weight gradient (1 x 32 @ 32 x 24)
     assert set(blas_products) == {("sum", 1, 32, 24), ("mm", 1, 32, 24)}
+    assert stats()["ops_eager"] == 0
+
+
+@pytest.mark.parametrize("shape,affine,dtype,padded", [
+    ((4, 10, 48), True, torch.float32, True),
+    ((40, 24), True, torch.float64, True),
+    ((4, 10, 48), False, torch.float32, False),  # no weight or bias: nothing to sum
+    ((2, 5, 48), True, torch.float32, False),    # 10 rows: the kernel's reduction
+])
+def test_layer_norm_parameter_gradients_through_blas(blas_products, shape, affine, dtype,
+                                                     padded):
+    torch.manual_seed(0)
+    norm = torch.nn.LayerNorm(shape[-1], elementwise_affine=affine, dtype=dtype)
+    if affine:
+        with torch.no_grad():
+            norm.weight.uniform_(0.5, 1.5)
+            norm.bias.uniform_(-0.5, 0.5)
+    x = (torch.randn(shape, dtype=dtype) * 2 + 1).requires_grad_()
+    eager, compiled = run_both(torch.nn.Sequential(norm, torch.nn.Tanh()), x)
+    assert_same(eager, compiled)
+    rows, cols = math.prod(shape[:-1]), shape[-1]
+    assert set(blas_products) == ({("sum", 1, rows, cols)} if padded else set())
     assert stats()["ops_eager"] == 0

@@ -194,23 +194,68 @@ def mm(g, self, other):
     return lowering.lower(aten.mm.default, g, self, other)
 
 
+def column_sum(g, x, lead: int):
+    """``x`` (f32 or f64) summed over its first ``lead`` dimensions as ``ones[1, rows] @
+    x[rows, cols]`` through :func:`blas_product` (summing a column reads it with a stride
+    of ``cols``), or None where that is no BLAS call (small, or laid out so that the
+    kernel's reduction reads contiguously)."""
+    if not 0 < lead < x.ndim or x.dtype.name not in ("f32", "f64"):
+        return None
+    rows, cols = math.prod(x.shape[:lead]), math.prod(x.shape[lead:])
+    ones = full_of(g, (1, rows), 1, lowering.common.TORCH[x.dtype])
+    dense = x.strides == tuple(memory.contiguous_strides(x.shape))
+    # A matrix is read through its strides; more dimensions only when they are a view.
+    matrix = x if x.ndim == 2 else x.reshape(rows, cols) if dense else None
+    if matrix is None or not _strided_vector_product(ones, matrix):
+        return None
+    return blas_product(g, ones, matrix)[0].reshape(*x.shape[lead:])
+
+
 @_register(aten.sum.dim_IntList)
 def sum_dim(g, self, dim, keepdim=False, *, dtype=None):
     """The table's ``sum``, except that a float sum over leading dimensions (a bias
-    gradient, ``sum(dy, [0])``) is ``ones[1, rows] @ x[rows, cols]`` through
-    :func:`blas_product`: summing a column reads it with a stride of ``cols``."""
+    gradient, ``sum(dy, [0])``) is a :func:`column_sum`."""
     from hologram_torch.lowering.reduction import dims, sum_dtype
 
     axes = dims(self, dim) if isinstance(self, Tensor) and self.ndim else None
     lead = len(axes or ())
-    if (lead and axes == tuple(range(lead)) and self.dtype.name in ("f32", "f64")
-            and sum_dtype(self, dtype) is self.dtype):
-        rows, cols = math.prod(self.shape[:lead]), math.prod(self.shape[lead:])
-        ones = full_of(g, (1, rows), 1, lowering.common.TORCH[self.dtype])
-        dense = self.strides == tuple(memory.contiguous_strides(self.shape))
-        # A matrix is read through its strides; more dimensions only when they are a view.
-        x = self if self.ndim == 2 else self.reshape(rows, cols) if dense else None
-        if x is not None and _strided_vector_product(ones, x):
-            total = blas_product(g, ones, x)
+    if lead and axes == tuple(range(lead)) and sum_dtype(self, dtype) is self.dtype:
+        total = column_sum(g, self, lead)
+        if total is not None:
             return total.reshape(*((1,) * lead if keepdim else ()), *self.shape[lead:])
     return lowering.lower(aten.sum.dim_IntList, g, self, dim, keepdim, dtype=dtype)
+
+
+@_register(aten.native_layer_norm_backward.default)
+def layer_norm_backward(g, grad_out, input, normalized_shape, mean, rstd, weight, bias,
+                        output_mask):
+    """The table's, except that the weight's and the bias's gradients, sums over the
+    leading dimensions of ``dy * x_hat`` and ``dy``, are :func:`column_sum` products
+    (the table's reductions read each column with a stride and recompute ``x_hat`` per
+    term: ~0.1 ms per layer norm of 512 x 64 against ~10 µs). ``x_hat`` is rounded as
+    the table rounds it, ``fma(x, rstd, -rstd * mean)``, as torch's CPU kernel does."""
+    op = aten.native_layer_norm_backward.default
+    args = (grad_out, input, normalized_shape, mean, rstd, weight, bias)
+    wanted = (bool(output_mask[1]) and weight is not None,
+              bool(output_mask[2]) and bias is not None)
+    lead = input.ndim - len(normalized_shape) if isinstance(input, Tensor) else 0
+    same = all(isinstance(t, Tensor) and t.dtype is input.dtype
+               for t in (grad_out, mean, rstd, *(t for t in (weight, bias) if t is not None)))
+    if not any(wanted) or lead < 1 or not same or input.dtype.name not in ("f32", "f64"):
+        return lowering.lower(op, g, *args, output_mask)
+    dx = lowering.lower(op, g, *args, [output_mask[0], False, False])[0]
+    dw = db = None
+    if wanted[0]:
+        stats = input.shape[:lead] + (1,) * len(normalized_shape)
+        m, r = mean.reshape(*stats), rstd.reshape(*stats)
+        dw = _lead_sum(g, grad_out * g.fma(input, r, -(r * m)), lead)
+    if wanted[1]:
+        db = _lead_sum(g, grad_out, lead)
+    return dx, dw, db
+
+
+def _lead_sum(g, x, lead: int):
+    """``x`` summed over its first ``lead`` dimensions: a :func:`column_sum` where that is
+    a BLAS call, else the graph's reduction."""
+    total = column_sum(g, x, lead)
+    return total if total is not None else g.reduce("sum", x, tuple(range(lead)))
