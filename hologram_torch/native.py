@@ -36,6 +36,7 @@ import subprocess
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -45,6 +46,9 @@ from torch.utils.file_baton import FileBaton
 from hologram.errors import CompileError
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "hooks.cpp"
+#: The front kernels of the hottest ops (see :func:`register_fast`).
+OPS_SOURCE = SOURCE.with_name("ops.cpp")
+SOURCES = (SOURCE, OPS_SOURCE)
 _CFLAGS = ("-O2",)
 # The longest a process waits for another's build (the lock file's age): a build takes
 # seconds, so a lock older than this was left by a build that was killed.
@@ -54,12 +58,14 @@ _REMEDY = ("install a C++ compiler and ninja (Debian/Ubuntu: apt-get install g++
            "ninja-build) and start Python again: the first import then builds the hooks")
 
 _state: dict = {"active": False, "reason": "not loaded yet"}
+# The library's functions that take Python objects, called with the GIL held (PyDLL).
+_fast: ctypes.PyDLL | None = None
 
 
 @functools.cache
 def _name() -> str:
     """The library's name: a hash of everything its binary depends on."""
-    key = hashlib.sha256(SOURCE.read_bytes())
+    key = hashlib.sha256(b"".join(source.read_bytes() for source in SOURCES))
     for part in (torch.__version__, torch.version.git_version, sys.implementation.cache_tag,
                  platform.machine(), *_CFLAGS):
         key.update(b"\0" + str(part).encode())
@@ -106,7 +112,8 @@ def _compile(path: Path) -> None:
     from torch.utils import cpp_extension  # slow to import: only when building
 
     try:
-        cpp_extension.load(_name(), [str(SOURCE)], extra_cflags=list(_CFLAGS),
+        cpp_extension.load(_name(), [str(source) for source in SOURCES],
+                           extra_cflags=list(_CFLAGS),
                            build_directory=str(path.parent), is_python_module=False)
     except (RuntimeError, OSError, subprocess.SubprocessError) as e:
         log = getattr(e, "output", None) or str(e)  # a failed command's output, if any
@@ -157,11 +164,67 @@ def register() -> bool:
                       RuntimeWarning, stacklevel=2)
         return False
     status = library.hologram_torch_register_hooks()
+    if status == 1:
+        _load_fast(library)
     reasons = {0: "other PrivateUse1 hooks were registered first (torch takes one set per "
                   "process)",
                -1: "torch refused to register the native hooks"}
     _state.update(active=status == 1, reason=reasons.get(status))
     return status == 1
+
+
+def _load_fast(library: ctypes.CDLL) -> None:
+    global _fast
+    fast = ctypes.PyDLL(library._name, handle=library._handle)
+    fast.hologram_torch_fast_register.argtypes = (ctypes.c_char_p, ctypes.py_object)
+    fast.hologram_torch_fast_register.restype = ctypes.c_int
+    fast.hologram_torch_fast_setup.argtypes = (ctypes.py_object,)
+    fast.hologram_torch_fast_setup.restype = None
+    fast.hologram_torch_fast_file.argtypes = (ctypes.py_object,) * 3 + (ctypes.c_int,)
+    fast.hologram_torch_fast_file.restype = ctypes.c_int
+    fast.hologram_torch_fast_clear.argtypes = ()
+    fast.hologram_torch_fast_clear.restype = None
+    fast.hologram_torch_fast_stats.argtypes = ()
+    fast.hologram_torch_fast_stats.restype = ctypes.py_object
+    _fast = fast
+
+
+def register_fast(name: str, kernel: Callable, alloc: Callable) -> bool:
+    """Register ``kernel``, the Python kernel of ``name`` (``"add.Tensor"``), behind a
+    native front kernel (``csrc/ops.cpp``) that serves the calls ``kernel`` files through
+    :func:`file_fast` without running Python; fresh results come from ``alloc(nbytes)``
+    (the pool core's). False when the native library is not loaded, or the op does not
+    return one tensor: the caller registers ``kernel`` itself."""
+    if _fast is None:
+        return False
+    _fast.hologram_torch_fast_setup(alloc)
+    return _fast.hologram_torch_fast_register(name.encode(), kernel) == 1
+
+
+def file_fast(launcher, operands: tuple, result, in_place: bool = False) -> None:
+    """Tell the front kernel running on this thread, if any, that its call launched
+    ``launcher`` on ``operands`` (the program's operands in order: tensors and Python
+    numbers) into ``result`` (fresh, or written in place). It serves the call's signature
+    from then on if the kernel returns ``result``."""
+    if _fast is not None:
+        _fast.hologram_torch_fast_file(launcher, operands, result, int(in_place))
+
+
+def fast_active() -> bool:
+    """Is the native library, with its front kernels, loaded?"""
+    return _fast is not None
+
+
+def clear_fast() -> None:
+    """Forget every call the front kernels filed."""
+    if _fast is not None:
+        _fast.hologram_torch_fast_clear()
+
+
+def fast_stats() -> dict | None:
+    """The front kernels' counters (``hits``, ``misses``, ``filed``, ``entries``), or None
+    without the native library."""
+    return None if _fast is None else _fast.hologram_torch_fast_stats()
 
 
 def active() -> bool:

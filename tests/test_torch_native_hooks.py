@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import hologram_torch  # noqa: F401 (registers the device)
+import hologram_torch
 from hologram.errors import CompileError
 from hologram_torch import native
 
@@ -195,3 +195,132 @@ def test_a_failing_build_warns_once_and_the_device_still_works(tmp_path):
                              "hooks") == 1, done.stderr
     assert "failed (CalledProcessError)" in done.stderr and "--- log ---" in done.stderr
     assert not list(tmp_path.glob("*/hologram_build.lock"))
+
+
+# --- front kernels (csrc/ops.cpp) ------------------------------------------------------
+
+def _served(fn, *args):
+    """``fn(*args)`` twice: the second call must be served by a front kernel. Returns the
+    second result."""
+    fn(*args)
+    before = native.fast_stats()["hits"]
+    result = fn(*args)
+    assert native.fast_stats()["hits"] == before + 1, "not served by the front kernel"
+    return result
+
+
+def _on_device(*tensors):
+    return [t.to("hologram") for t in tensors]
+
+
+FRONT_CASES = {
+    "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
+    "div": lambda a, b: a / b, "add int": lambda a, b: a + 3, "mul float": lambda a, b: a * 2.5,
+    "add bool": lambda a, b: a + True, "relu": lambda a, b: torch.relu(a),
+    "exp": lambda a, b: torch.exp(a), "neg": lambda a, b: -a, "sum": lambda a, b: a.sum(),
+    "mean": lambda a, b: a.mean(), "gelu": lambda a, b: torch.nn.functional.gelu(a),
+}
+
+
+@needs_native
+@pytest.mark.parametrize("case", FRONT_CASES)
+@pytest.mark.parametrize("layout", ["flat", "broadcast", "transposed", "empty", "0-d"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32])
+def test_front_kernels_serve_filed_calls_with_the_cpu_results(case, layout, dtype):
+    fn = FRONT_CASES[case]
+    if dtype is torch.int32 and case in ("exp", "mean", "gelu", "mul float", "add bool"):
+        return  # float-only ops (and int + bool, an int op: the int cases cover it)
+    shapes = {"flat": ((1000,), (1000,)), "broadcast": ((7, 33), (33,)),
+              "transposed": ((33, 7), (33, 7)), "empty": ((0, 5), (5,)), "0-d": ((), ())}
+    a, b = (torch.testing.make_tensor(s, dtype=dtype, device="cpu", low=-9, high=9)
+            for s in shapes[layout])
+    # (PyTorch's vectorized CPU gelu gives NaN at +inf; the device gives the limit, inf)
+    if dtype.is_floating_point and a.numel() >= 4 and case != "gelu":
+        a.view(-1)[:4] = torch.tensor([float("nan"), float("inf"), -0.0, float("-inf")])
+    if layout == "transposed":
+        a, b = a.t(), b.t()
+    if case == "div" and not dtype.is_floating_point:
+        b = b.masked_fill(b == 0, 1)
+    expected = fn(a, b)
+    got = _served(fn, *_on_device(a, b))
+    assert got.device.type == "hologram" and got.dtype == expected.dtype
+    torch.testing.assert_close(got.cpu(), expected, equal_nan=True, rtol=1e-5, atol=1e-6)
+
+
+@needs_native
+def test_front_kernels_write_in_place_and_refuse_partial_overlaps():
+    a, b = torch.randn(64), torch.randn(64)
+    x, y = _on_device(a, b)
+    _served(torch.Tensor.add_, x, y)
+    torch.testing.assert_close(x.cpu(), a + 2 * b)
+    _served(torch.Tensor.mul_, x, x)  # the same tensor twice: element for element
+    torch.testing.assert_close(x.cpu(), (a + 2 * b) ** 4)  # squared twice
+    # Two views of one storage with the filed key's layout, overlapping by one element:
+    # the Python kernel decides, which raises PyTorch's error as the CPU does.
+    base = torch.randn(65, device="hologram")
+    with pytest.raises(RuntimeError, match="memory location") as device_error:
+        base[1:].add_(base[:-1])
+    on_cpu = base.cpu()
+    with pytest.raises(RuntimeError, match="memory location") as cpu_error:
+        on_cpu[1:].add_(on_cpu[:-1])
+    assert str(device_error.value).split("\n")[0] == str(cpu_error.value).split("\n")[0]
+
+
+@needs_native
+def test_front_kernel_results_train_and_free_their_memory():
+    w_cpu = torch.randn(32, requires_grad=True)
+    x_cpu = torch.randn(32)
+    w = w_cpu.detach().to("hologram").requires_grad_()
+    x = x_cpu.to("hologram")
+    for _ in range(3):  # filed on the first pass, served after
+        loss = torch.relu(w * x + 1).sum()
+        loss.backward()
+    loss_cpu = torch.relu(w_cpu * x_cpu + 1).sum()
+    for _ in range(3):
+        loss_cpu.backward(retain_graph=True)
+    torch.testing.assert_close(loss.cpu(), loss_cpu.detach())
+    torch.testing.assert_close(w.grad.cpu(), w_cpu.grad)
+    torch.hologram.synchronize()
+    before = torch.hologram.memory_allocated()
+    results = [_served(torch.add, x, x) for _ in range(4)]
+    assert torch.hologram.memory_allocated() > before
+    del results
+    assert torch.hologram.memory_allocated() == before
+
+
+@needs_native
+def test_front_kernels_raise_pytorchs_errors_and_forget_a_previous_backend():
+    ints = torch.arange(6, device="hologram")
+    with pytest.raises(RuntimeError, match="alpha"):  # the Python kernel's CPU fallback
+        torch.add(ints, ints, alpha=0.5)
+    a = torch.randn(100, device="hologram")
+    _served(torch.neg, a)
+    assert native.fast_stats()["entries"] > 0
+    try:
+        hologram_torch.set_backend("interp")
+        assert native.fast_stats()["entries"] == 0
+        torch.testing.assert_close(torch.neg(a).cpu(), -a.cpu())
+    finally:
+        hologram_torch.set_backend("cpu")
+
+
+@needs_native
+def test_front_kernels_from_several_threads():
+    tensors = [torch.randn(257) for _ in range(4)]
+    on_device = _on_device(*tensors)
+    errors = []
+
+    def work(i):
+        try:
+            for _ in range(200):
+                got = on_device[i] * on_device[(i + 1) % 4] + 1
+                torch.testing.assert_close(got.cpu(), tensors[i] * tensors[(i + 1) % 4] + 1)
+        except Exception as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors

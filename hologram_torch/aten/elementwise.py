@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from hologram.isa import dtypes as dt
+from hologram_torch import native
 from hologram_torch.aten import lowered, program
 from hologram_torch.aten.program import ISA, Unsupported, cast
 from hologram_torch.aten.registry import aten, impl, native_or_cpu, overload
@@ -71,7 +72,7 @@ def _unary_fresh(name: str, op, self: torch.Tensor, static=()):
     r = _lowered(name, op, (self,), static=static)
     if r is not NotImplemented:
         program.remember((name, static, self.dtype, self.shape, self.stride()), name,
-                         lowered.spec(op, (self,), static), (self,))
+                         lowered.spec(op, (self,), static), (self,), r)
     return r
 
 
@@ -169,6 +170,8 @@ def _binary(name: str, op, self, other, alpha=1, out=None, inplace=False,
         if entry is not None:
             address = self.data_ptr()
             entry.launch((address, other.data_ptr(), address))
+            if program.FRONT:  # see program.launch_fresh
+                native.file_fast(entry.launch, (self, other), self, in_place=True)
             return self
     common = torch.result_type(self, other)
     result = torch.bool if compare else common
@@ -187,7 +190,7 @@ def _binary(name: str, op, self, other, alpha=1, out=None, inplace=False,
     r = _lowered(name, op, args, None if out is None else (out,))
     if shortcut is not None and r is not NotImplemented:
         program.remember(shortcut, name, lowered.spec(op, args), args,
-                         (self,) if inplace else None)
+                         self if inplace else r, (self,) if inplace else None)
     return r if out is None or r is NotImplemented else out
 
 
@@ -244,9 +247,10 @@ def _arithmetic(name: str, floating=False, bool_ok=True, alpha=True):
         return run_on_cpu(op, self, other, alpha=alpha) if r is NotImplemented else r
 
     alpha_arg = alpha
-    impl(f"{name}.Tensor")(hot)
+    impl(f"{name}.Tensor", hot=True)(hot)
     native_or_cpu(f"{name}.Scalar")(functional)
-    native_or_cpu(f"{name}_.Tensor", f"{name}_.Scalar")(inplace)
+    native_or_cpu(f"{name}_.Tensor", hot=True)(inplace)
+    native_or_cpu(f"{name}_.Scalar")(inplace)
     native_or_cpu(f"{name}.out")(out_variant)
 
 
@@ -356,7 +360,7 @@ def _unary(name: str, floating: bool, bools: bool = False):
         r = NotImplemented if plan(self) is None else _unary_fresh(name, op, self)
         return run_on_cpu(op, self) if r is NotImplemented else r
 
-    impl(name)(functional)
+    impl(name, hot=True)(functional)
     native_or_cpu(f"{name}_")(inplace)
     native_or_cpu(f"{name}.out")(out_variant)
 
@@ -520,7 +524,7 @@ def _activation(name: str, *, inplace: bool = True, ints: bool = False, defaults
         _check_inplace(f"{name}_", self, self.dtype)
         return _lowered(name, op, (self, *scalars), out=(self,))
 
-    native_or_cpu(name)(functional)
+    native_or_cpu(name, hot=True)(functional)
     if inplace:
         native_or_cpu(f"{name}_")(in_place)
 
@@ -555,7 +559,7 @@ _gelu_backward = lowering_ew.gelu_backward_math
 _GELU = ("none", "tanh")  # torch's approximations (the CPU kernel rejects others)
 
 
-@native_or_cpu("gelu")
+@native_or_cpu("gelu", hot=True)
 def gelu(self, approximate="none"):
     r = _remembered("gelu", self, (approximate,))
     if r is not None:

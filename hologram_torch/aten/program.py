@@ -30,7 +30,7 @@ from hologram.errors import DeviceError, HologramError
 from hologram.frontend.graph import Graph, Tensor
 from hologram.isa import dtypes as dt
 from hologram.runtime.launch import launch_cache
-from hologram_torch import memory
+from hologram_torch import memory, native
 
 ISA = {getattr(torch, name): t for t, name in dt.FULL_NAMES.items()}  # torch -> Atlas
 TORCH = {v: k for k, v in ISA.items()}
@@ -63,6 +63,8 @@ class _Entry:
 #: *operands[, outs])``; shortcuts' are ``(SHORTCUT, key)``.
 _cache = _LAUNCHES = launch_cache()
 _recent = _LAUNCHES.recent  # the hot lookup; a miss falls back to _LAUNCHES.get
+#: Do native front kernels (hologram_torch/csrc/ops.cpp) run the hot ops' calls?
+FRONT = native.fast_active()
 
 
 def _host_backend(name: str) -> str:
@@ -132,16 +134,19 @@ class Shortcuts:
 
     def clear(self) -> None:
         _LAUNCHES.discard(lambda k: k[0] is SHORTCUT)
+        native.clear_fast()  # the front kernels' entries hold the same programs
 
 
 shortcuts = Shortcuts()
 
 
 def remember(shortcut: tuple, name: str, static: tuple, args: Sequence,
-             out: Sequence[torch.Tensor] | None = None) -> None:
+             result: torch.Tensor, out: Sequence[torch.Tensor] | None = None) -> None:
     """File the entry :func:`run` just used for ``(name, static, args)`` (device tensors;
     fresh results, or ``out``) under ``shortcut``, a key the caller forms from its own
-    operands (and, with ``out``, the layout of ``out``: its launch writes there)."""
+    operands (and, with ``out``, the layout of ``out``: its launch writes there), and with
+    the native front kernel running this call, if any (``result``: what the launch
+    produced, :func:`native.file_fast`)."""
     key = [name, static, _state["backend"], False]
     for x in args:
         if isinstance(x, torch.Tensor) and not x.is_cpu:
@@ -155,6 +160,7 @@ def remember(shortcut: tuple, name: str, static: tuple, args: Sequence,
     entry = _LAUNCHES.get(tuple(key))
     if entry is not None and entry.single and (out is None or entry.launch is not None):
         shortcuts.put(shortcut, entry)
+        native.file_fast(entry.launch, tuple(args), result, out is not None)
 
 
 def launch_fresh(entry: _Entry, args: Sequence) -> torch.Tensor:
@@ -168,6 +174,8 @@ def launch_fresh(entry: _Entry, args: Sequence) -> torch.Tensor:
                           out.data_ptr()))
         else:
             entry.launch((*[x.data_ptr() for x in args], out.data_ptr()))
+    if FRONT:  # a front kernel that lost its entries (bounded tables, a new backend)
+        native.file_fast(entry.launch, tuple(args), out)
     return out
 
 

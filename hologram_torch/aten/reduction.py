@@ -94,11 +94,11 @@ def _whole(op, general, x, dtype):
     axes = _dims(x, None)
     if axes is not None:
         program.remember(key, op.__name__.partition(".")[0],
-                         lowered.spec(op, (x,), (axes, False), (("dtype", None),)), (x,))
+                         lowered.spec(op, (x,), (axes, False), (("dtype", None),)), (x,), r)
     return r
 
 
-@impl("sum")
+@impl("sum", hot=True)
 def sum_all(x, dtype=None):
     return _whole(aten.sum.dim_IntList, sum_dim, x, dtype)
 
@@ -113,7 +113,7 @@ def mean_dim(x, dim, keepdim=False, dtype=None):
     return r
 
 
-@impl("mean")
+@impl("mean", hot=True)
 def mean_all(x, dtype=None):
     if _float_result(x, dtype) is None:
         return run_on_cpu(aten.mean.default, x, dtype=dtype)

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import torch
 
-from hologram_torch import memory
+from hologram_torch import memory, native
 
 aten = torch.ops.aten
 _lib = torch.library.Library("aten", "IMPL")
@@ -17,13 +17,16 @@ NATIVE: set[str] = set()
 COMPOSED: set[str] = set()
 
 
-def impl(*names: str) -> Callable:
+def impl(*names: str, hot: bool = False) -> Callable:
     """Register the decorated function as the hologram kernel of each overload ``names``
-    (``"add.Tensor"``; a bare name means its ``.default`` overload)."""
+    (``"add.Tensor"``; a bare name means its ``.default`` overload). ``hot``: behind the
+    native front kernel where the native library is loaded (:func:`native.register_fast`),
+    for kernels that file their calls (``program.remember``)."""
 
     def register(fn: Callable) -> Callable:
         for name in names:
-            _lib.impl(name, fn, "PrivateUse1")
+            if not (hot and native.register_fast(name, fn, memory.pool().try_lease)):
+                _lib.impl(name, fn, "PrivateUse1")
             NATIVE.add(name if "." in name else f"{name}.default")
         return fn
 
@@ -74,7 +77,7 @@ def _unsafe(written: tuple, args: tuple, kwargs: dict) -> bool:
     return False
 
 
-def native_or_cpu(*names: str) -> Callable:
+def native_or_cpu(*names: str, hot: bool = False) -> Callable:
     """Like :func:`impl`, for kernels that handle only some cases: when the kernel returns
     ``NotImplemented``, the call runs through the CPU fallback with its original arguments
     (so PyTorch's own kernel gives the result, or raises PyTorch's error). So does a call
@@ -96,7 +99,7 @@ def native_or_cpu(*names: str) -> Callable:
                     return run_on_cpu(_op, *args, **kwargs)
                 return result
 
-            impl(name)(kernel)
+            impl(name, hot=hot)(kernel)
         return fn
 
     return register

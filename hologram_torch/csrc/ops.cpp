@@ -1,0 +1,500 @@
+// Native front kernels of the hologram device's hottest aten ops (hologram_torch/native.py
+// builds this file with hooks.cpp; docs/performance.md measures it).
+//
+// A device op's Python kernel costs ~3 µs before its kernel starts: torch's dispatch into
+// Python, converting the arguments, the kernel's own lookups and a new tensor made from
+// Python. For an op registered here, the registered kernel is this file's `front`: it
+// makes a key of the call's arguments (every tensor's device, dtype, sizes and strides;
+// every other argument's value) and looks it up among the calls it has filed. A filed
+// call is launched from here: the output's block from the device's pool, the program's
+// launcher (hologram._native.Launcher) called on the operands' addresses, the tensor made
+// in C++. Any other call runs the op's Python kernel, as torch would; when that kernel
+// launched one program whose output is its result (hologram_torch/aten/program.py's
+// `remember`), it files the call through `hologram_torch_fast_file`, and the same key is
+// served here from then on. Nothing is cached but which program a signature runs: every
+// call launches it on its own operands into its own output.
+//
+// The key holds everything the Python kernel's decision depended on, so a filed call is
+// valid for every call with that key; except for in-place calls, whose written tensor may
+// overlap another operand in a way the key cannot show (addresses differ per call): those
+// overlaps are checked per call and sent to the Python kernel, which runs PyTorch's CPU
+// kernel on them. Every function here runs under the GIL (the pool and the launchers are
+// Python objects), which also guards the tables.
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <c10/core/StorageImpl.h>
+#include <c10/core/TensorImpl.h>
+#include <torch/csrc/Dtype.h>
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace {
+
+using Key = std::vector<int64_t>;
+
+struct KeyHash {
+  size_t operator()(const Key& key) const noexcept {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a over the words
+    for (int64_t word : key) {
+      h = (h ^ static_cast<uint64_t>(word)) * 1099511628211ull;
+    }
+    return static_cast<size_t>(h);
+  }
+};
+
+// How a filed call runs.
+struct Entry {
+  PyObject* launcher = nullptr;  // strong; Py_None when there is nothing to compute
+  std::vector<int> operands;     // argument positions, in the launch's order
+  int written = -1;              // the argument written in place, or -1: a fresh result
+  std::vector<int64_t> sizes, strides;  // the fresh result's layout
+  int64_t nbytes = 0;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+};
+
+void clear_entry(Entry& entry) {
+  Py_CLEAR(entry.launcher);
+}
+
+struct Op {
+  c10::OperatorHandle handle;
+  PyObject* kernel;  // the Python kernel (strong)
+  std::unordered_map<Key, Entry, KeyHash> entries;
+};
+
+// A bound on each op's filed calls: past it, the table starts again (shapes that come and
+// go, such as a growing sequence length, must not grow memory without bound).
+constexpr size_t kMaxEntries = 4096;
+
+std::vector<std::unique_ptr<Op>>& ops() {
+  static auto* all = new std::vector<std::unique_ptr<Op>>();  // never destroyed
+  return *all;
+}
+
+PyObject* g_alloc = nullptr;  // the pool core's alloc(nbytes) -> Lease | None
+int64_t g_hits = 0, g_misses = 0, g_filed = 0;
+
+// The call whose Python kernel runs now on this thread (innermost first).
+struct Pending {
+  Op* op;
+  Key key;
+  const c10::IValue* args;
+  size_t nargs;
+  bool keyed;
+  bool filed = false;
+  Entry entry;
+  const c10::TensorImpl* result = nullptr;
+  Pending* outer;
+};
+thread_local Pending* g_pending = nullptr;
+
+bool make_key(const c10::IValue* args, size_t n, Key& key) {
+  key.clear();
+  for (size_t i = 0; i < n; ++i) {
+    const c10::IValue& v = args[i];
+    if (v.isTensor()) {
+      const at::Tensor& t = v.toTensor();
+      if (!t.defined() || t.layout() != c10::kStrided) {
+        return false;
+      }
+      const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+      key.push_back(1);
+      key.push_back(static_cast<int64_t>(t.device().type()));
+      key.push_back(t.device().index());  // -1 on the CPU
+      key.push_back(static_cast<int64_t>(t.scalar_type()));
+      key.push_back(static_cast<int64_t>(impl->is_wrapped_number()) |
+                    (static_cast<int64_t>(t.is_neg()) << 1) |
+                    (static_cast<int64_t>(t.is_conj()) << 2));
+      key.push_back(t.dim());
+      for (int64_t s : t.sizes()) {
+        key.push_back(s);
+      }
+      for (int64_t s : t.strides()) {
+        key.push_back(s);
+      }
+    } else if (v.isNone()) {
+      key.push_back(2);
+    } else if (v.isBool()) {
+      key.push_back(3);
+      key.push_back(v.toBool());
+    } else if (v.isInt()) {
+      key.push_back(4);
+      key.push_back(v.toInt());
+    } else if (v.isDouble()) {
+      double d = v.toDouble();
+      int64_t bits;
+      std::memcpy(&bits, &d, sizeof bits);
+      key.push_back(5);
+      key.push_back(bits);
+    } else if (v.isString()) {
+      const std::string& text = v.toStringRef();
+      key.push_back(6);
+      key.push_back(static_cast<int64_t>(text.size()));
+      for (size_t at = 0; at < text.size(); at += sizeof(int64_t)) {
+        int64_t word = 0;
+        std::memcpy(&word, text.data() + at, std::min(sizeof word, text.size() - at));
+        key.push_back(word);
+      }
+    } else {
+      return false;  // lists, generators...: never filed
+    }
+  }
+  return true;
+}
+
+// The bytes a strided tensor spans, [start, end).
+std::pair<uintptr_t, uintptr_t> extent(const at::Tensor& t) {
+  auto start = reinterpret_cast<uintptr_t>(t.data_ptr());
+  int64_t span = 1;
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.size(d) == 0) {
+      return {start, start};
+    }
+    span += (t.size(d) - 1) * t.stride(d);
+  }
+  return {start, start + static_cast<uintptr_t>(span) * t.element_size()};
+}
+
+// Does writing `out` in place while reading the other tensor operands need the Python
+// kernel (registry.native_or_cpu's overlap rule)? Yes when an operand shares memory with
+// it other than element for element.
+bool overlaps(const at::Tensor& out, const c10::IValue* args, const Entry& entry) {
+  auto [start, end] = extent(out);
+  for (int pos : entry.operands) {
+    if (pos == entry.written || !args[pos].isTensor()) {
+      continue;
+    }
+    const at::Tensor& t = args[pos].toTensor();
+    if (t.is_cpu() || t.is_same(out)) {
+      continue;
+    }
+    auto [t_start, t_end] = extent(t);
+    if (t_start < end && start < t_end &&
+        !(t_start == start && t.sizes() == out.sizes() && t.strides() == out.strides())) {
+      return true;
+    }
+  }
+  return false;
+}
+
+void release_lease(void* lease) {
+  // A tensor may die after the interpreter: its block then goes with the process.
+  if (lease == nullptr || !Py_IsInitialized() || _Py_IsFinalizing()) {
+    return;
+  }
+  PyGILState_STATE state = PyGILState_Ensure();
+  Py_DECREF(static_cast<PyObject*>(lease));
+  PyGILState_Release(state);
+}
+
+// A fresh result of `entry`'s layout on a new pool block; false (no Python error set)
+// when the pool refuses, so that the Python kernel raises its OutOfMemoryError.
+bool fresh(const Entry& entry, at::Tensor& out, PyObject** lease) {
+  void* data = nullptr;
+  *lease = nullptr;
+  if (entry.nbytes > 0) {
+    PyObject* size = PyLong_FromLongLong(entry.nbytes);
+    PyObject* got = size ? PyObject_CallOneArg(g_alloc, size) : nullptr;
+    Py_XDECREF(size);
+    Py_buffer view;
+    if (got == nullptr || got == Py_None ||
+        PyObject_GetBuffer(got, &view, PyBUF_SIMPLE) != 0) {
+      Py_XDECREF(got);
+      PyErr_Clear();
+      return false;
+    }
+    data = view.buf;
+    PyBuffer_Release(&view);
+    *lease = got;
+  }
+  c10::DataPtr ptr(data, *lease, &release_lease,
+                   c10::Device(c10::DeviceType::PrivateUse1, 0));
+  c10::Storage storage(c10::make_intrusive<c10::StorageImpl>(
+      c10::StorageImpl::use_byte_size_t(), entry.nbytes, std::move(ptr), nullptr, false));
+  out = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+      c10::scalarTypeToTypeMeta(entry.dtype));
+  out.unsafeGetTensorImpl()->set_sizes_and_strides(entry.sizes, entry.strides);
+  return true;
+}
+
+// Run a filed call; false when it must go to the Python kernel after all.
+bool launch(const Entry& entry, const c10::IValue* args, at::Tensor& result) {
+  void* out;
+  PyObject* lease = nullptr;
+  if (entry.written >= 0) {
+    result = args[entry.written].toTensor();
+    if (overlaps(result, args, entry)) {
+      return false;
+    }
+    out = result.data_ptr();
+  } else {
+    if (!fresh(entry, result, &lease)) {
+      return false;
+    }
+    out = result.data_ptr();
+  }
+  if (entry.launcher != Py_None) {
+    const auto count = static_cast<Py_ssize_t>(entry.operands.size());
+    PyObject* addresses = PyTuple_New(count + 1);
+    if (addresses == nullptr) {
+      throw pybind11::error_already_set();
+    }
+    for (Py_ssize_t i = 0; i < count; ++i) {
+      PyTuple_SET_ITEM(addresses, i,
+                       PyLong_FromVoidPtr(args[entry.operands[i]].toTensor().data_ptr()));
+    }
+    PyTuple_SET_ITEM(addresses, count, PyLong_FromVoidPtr(out));
+    PyObject* done = PyObject_CallOneArg(entry.launcher, addresses);
+    Py_DECREF(addresses);
+    if (done == nullptr) {
+      throw pybind11::error_already_set();  // the result (and its lease) dies with it
+    }
+    Py_DECREF(done);
+  }
+  return true;
+}
+
+// The Python kernel's arguments: positional ones, and keyword-only ones by name. A dtype
+// argument is a torch.dtype (the stack holds its number).
+std::pair<pybind11::tuple, pybind11::dict> python_arguments(const c10::FunctionSchema& schema,
+                                                            const c10::IValue* args,
+                                                            size_t n) {
+  std::vector<pybind11::object> positional;
+  pybind11::dict keywords;
+  for (size_t i = 0; i < n; ++i) {
+    const c10::Argument& argument = schema.arguments()[i];
+    pybind11::object value;
+    c10::TypePtr type = argument.real_type();
+    if (auto optional = type->cast<c10::OptionalType>()) {
+      type = optional->getElementType();
+    }
+    if (args[i].isInt() && type->kind() == c10::TypeKind::ScalarTypeType) {
+      value = pybind11::reinterpret_borrow<pybind11::object>(reinterpret_cast<PyObject*>(
+          torch::getTHPDtype(static_cast<c10::ScalarType>(args[i].toInt()))));
+    } else {
+      value = torch::jit::toPyObject(args[i]);
+    }
+    if (argument.kwarg_only()) {
+      keywords[pybind11::str(argument.name())] = value;
+    } else {
+      positional.push_back(std::move(value));
+    }
+  }
+  pybind11::tuple tuple(positional.size());
+  for (size_t i = 0; i < positional.size(); ++i) {
+    tuple[i] = positional[i];
+  }
+  return {tuple, keywords};
+}
+
+void front(const c10::OperatorHandle& handle, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  Op* op = nullptr;
+  for (auto& candidate : ops()) {
+    if (candidate->handle == handle) {
+      op = candidate.get();
+      break;
+    }
+  }
+  TORCH_INTERNAL_ASSERT(op != nullptr, "hologram: no front kernel for ", handle.schema().name());
+  const size_t n = handle.schema().arguments().size();
+  const c10::IValue* args = &(*stack)[stack->size() - n];
+  Pending pending{op, {}, args, n, false};
+  pending.keyed = make_key(args, n, pending.key);
+  pybind11::gil_scoped_acquire gil;
+  at::Tensor result;
+  if (pending.keyed) {
+    auto found = op->entries.find(pending.key);
+    if (found != op->entries.end() && launch(found->second, args, result)) {
+      ++g_hits;
+      torch::jit::drop(*stack, n);
+      torch::jit::push(*stack, std::move(result));
+      return;
+    }
+  }
+  ++g_misses;
+  auto [positional, keywords] = python_arguments(handle.schema(), args, n);
+  pending.outer = g_pending;
+  g_pending = &pending;
+  PyObject* got = PyObject_Call(op->kernel, positional.ptr(), keywords.ptr());
+  g_pending = pending.outer;
+  if (got == nullptr) {
+    clear_entry(pending.entry);
+    throw pybind11::error_already_set();
+  }
+  pybind11::object owned = pybind11::reinterpret_steal<pybind11::object>(got);
+  if (!THPVariable_Check(got)) {
+    clear_entry(pending.entry);
+    TORCH_CHECK(false, "hologram: the kernel of ", handle.schema().name(),
+                " returned ", Py_TYPE(got)->tp_name, ", not a tensor");
+  }
+  result = THPVariable_Unpack(got);
+  // Filed only when what the kernel returned is what the filed launch produced.
+  if (pending.filed && result.unsafeGetTensorImpl() == pending.result) {
+    if (op->entries.size() >= kMaxEntries) {
+      for (auto& [key, entry] : op->entries) {
+        clear_entry(entry);
+      }
+      op->entries.clear();
+    }
+    auto [slot, inserted] = op->entries.emplace(std::move(pending.key), pending.entry);
+    if (!inserted) {
+      clear_entry(slot->second);
+      slot->second = pending.entry;
+    }
+    pending.entry.launcher = nullptr;  // moved into the table
+    ++g_filed;
+  } else {
+    clear_entry(pending.entry);
+  }
+  torch::jit::drop(*stack, n);
+  torch::jit::push(*stack, std::move(result));
+}
+
+torch::Library& library() {
+  // Never destroyed: its registrations last as long as the process.
+  static auto* lib = new torch::Library(torch::Library::IMPL, "aten",
+                                        c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  return *lib;
+}
+
+// The argument position of the Python object `obj` among the pending call's arguments:
+// the same tensor, or for a Python number the next wrapped number of its type. -1: none.
+int position(const Pending& pending, PyObject* obj, std::vector<bool>& used) {
+  for (size_t i = 0; i < pending.nargs; ++i) {
+    if (used[i] || !pending.args[i].isTensor()) {
+      continue;
+    }
+    const at::Tensor& t = pending.args[i].toTensor();
+    bool match;
+    if (THPVariable_Check(obj)) {
+      match = THPVariable_Unpack(obj).unsafeGetTensorImpl() == t.unsafeGetTensorImpl();
+    } else {
+      const bool wrapped = t.unsafeGetTensorImpl()->is_wrapped_number();
+      const c10::ScalarType type = t.scalar_type();
+      match = wrapped && ((PyBool_Check(obj) && type == c10::ScalarType::Bool) ||
+                          (PyLong_CheckExact(obj) && type == c10::ScalarType::Long) ||
+                          (PyFloat_CheckExact(obj) && type == c10::ScalarType::Double));
+    }
+    if (match) {
+      used[i] = true;
+      return static_cast<int>(i);
+    }
+  }
+  return -1;
+}
+
+}  // namespace
+
+// Register `fn` (the op's Python kernel) behind a front kernel for `name` ("add.Tensor");
+// 1 on success, 0 when the op's schema does not return one tensor (then the caller
+// registers `fn` itself), -1 with a Python error set.
+extern "C" __attribute__((visibility("default"))) int hologram_torch_fast_register(
+    const char* name, PyObject* fn) {
+  try {
+    std::string full(name);
+    const auto dot = full.find('.');
+    const std::string base = "aten::" + full.substr(0, dot);
+    const std::string overload = dot == std::string::npos ? "" : full.substr(dot + 1);
+    auto handle = c10::Dispatcher::singleton().findSchemaOrThrow(base.c_str(),
+                                                                  overload.c_str());
+    const auto& returns = handle.schema().returns();
+    if (returns.size() != 1 || returns[0].type()->kind() != c10::TypeKind::TensorType) {
+      return 0;
+    }
+    Py_INCREF(fn);
+    ops().push_back(std::make_unique<Op>(Op{handle, fn, {}}));
+    library().impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&front>());
+    return 1;
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return -1;
+  }
+}
+
+// The pool core's alloc, which fresh results come from.
+extern "C" __attribute__((visibility("default"))) void hologram_torch_fast_setup(
+    PyObject* alloc) {
+  Py_XINCREF(alloc);
+  Py_XSETREF(g_alloc, alloc);
+}
+
+// File the pending call on this thread: `launcher` run on `operands` (Python tensors and
+// numbers, the program's operands in order) produced `result`, a fresh tensor, or wrote
+// the operand `result` in place (`in_place`). 1: filed (committed if the kernel returns
+// `result`), 0: no pending call, or one whose arguments cannot express it.
+extern "C" __attribute__((visibility("default"))) int hologram_torch_fast_file(
+    PyObject* launcher, PyObject* operands, PyObject* result, int in_place) {
+  Pending* pending = g_pending;
+  if (pending == nullptr || !pending->keyed || !PyTuple_Check(operands) ||
+      !THPVariable_Check(result)) {
+    return 0;
+  }
+  std::vector<bool> used(pending->nargs, false);
+  Entry entry;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(operands); ++i) {
+    const int pos = position(*pending, PyTuple_GET_ITEM(operands, i), used);
+    if (pos < 0) {
+      return 0;
+    }
+    entry.operands.push_back(pos);
+  }
+  const at::Tensor& out = THPVariable_Unpack(result);
+  if (in_place) {
+    std::vector<bool> any(pending->nargs, false);
+    entry.written = position(*pending, result, any);
+    if (entry.written < 0) {
+      return 0;
+    }
+  } else {
+    if (out.storage_offset() != 0 || !out.is_contiguous() ||
+        out.device().type() != c10::DeviceType::PrivateUse1) {
+      return 0;
+    }
+    entry.sizes.assign(out.sizes().begin(), out.sizes().end());
+    entry.strides.assign(out.strides().begin(), out.strides().end());
+    entry.nbytes = static_cast<int64_t>(out.nbytes());
+    entry.dtype = out.scalar_type();
+  }
+  Py_INCREF(launcher);
+  entry.launcher = launcher;
+  clear_entry(pending->entry);
+  pending->entry = std::move(entry);
+  pending->result = out.unsafeGetTensorImpl();
+  pending->filed = true;
+  return 1;
+}
+
+// Forget every filed call (their programs belong to the previous backend).
+extern "C" __attribute__((visibility("default"))) void hologram_torch_fast_clear() {
+  for (auto& op : ops()) {
+    for (auto& [key, entry] : op->entries) {
+      clear_entry(entry);
+    }
+    op->entries.clear();
+  }
+}
+
+// Counters: calls served here, calls the Python kernels ran, calls filed; and the
+// entries held now.
+extern "C" __attribute__((visibility("default"))) PyObject* hologram_torch_fast_stats() {
+  size_t entries = 0;
+  for (auto& op : ops()) {
+    entries += op->entries.size();
+  }
+  return Py_BuildValue("{s:L,s:L,s:L,s:n}", "hits", static_cast<long long>(g_hits),
+                       "misses", static_cast<long long>(g_misses), "filed",
+                       static_cast<long long>(g_filed), "entries",
+                       static_cast<Py_ssize_t>(entries));
+}
