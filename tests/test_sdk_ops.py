@@ -558,6 +558,35 @@ def test_allocating_fast_path(ex):
         ops.vector_mul(c, d)
 
 
+def test_out_keyword_fast_path(ex):
+    """op(a, b, out=c) again with the same signatures launches without the general path
+    (an entry of the op's native callable, on pool executors): into out, in place element
+    for element, with Python numbers; an out of another executor is still refused."""
+    x, y = rand((5, 3), np.float32, 3), rand((5, 3), np.float32, 4)
+    a, b = ex.from_numpy(x), ex.from_numpy(y)
+    for _ in range(3):
+        c = ex.from_numpy(np.zeros((5, 3), np.float32))
+        assert ops.vector_add(a, b, out=c) is c
+        check(c, x + y)
+        assert ops.vector_mul(a, 2.5, out=c) is c
+        check(c, x * np.float32(2.5))
+    if ex.allocator.host_visible:
+        assert ops.vector_add.fast_stats()["entries"] >= 1
+    acc = ex.from_numpy(x)
+    for i in range(1, 4):
+        assert ops.vector_add(acc, b, out=acc) is acc
+        check(acc, x + i * y, rtol=1e-6)
+    t = ex.from_numpy(np.ascontiguousarray(x.T))  # [3, 5], viewed as [5, 3]: no overlap
+    for _ in range(2):
+        acc = ex.from_numpy(x)
+        ops.vector_add(t.reshape(5, 3), acc, out=acc)
+        check(acc, np.ascontiguousarray(x.T).reshape(5, 3) + x)
+    other = hg.Executor(ex.backend)
+    with pytest.raises(InvalidBufferError, match="another executor"):
+        ops.vector_add(a, b, out=other.from_numpy(np.zeros((5, 3), np.float32)))
+    other.close()
+
+
 def test_readonly_out(ex):
     arr = np.arange(4, dtype=np.float32)
     arr.flags.writeable = False

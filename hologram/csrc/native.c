@@ -874,6 +874,7 @@ typedef struct {
     Launcher *launch; /* the program's launch(handles) */
     char scalars[MAX_ARITY]; /* per operand: 0 (a buffer) or the NumPy type character of
                               * the 0-d value a Python number is passed as */
+    int into_out; /* the result is the call's out= buffer (an elementwise op), not fresh */
 } Entry;
 
 static void entry_dealloc(Entry *e)
@@ -992,8 +993,9 @@ static PyObject *general_pending(FastOp *f, PyObject *key, PyObject *const *args
 }
 
 /* A call's key: the operands' launch keys, then, for keywords, their names and each
- * value with its type (so that 1 and True, or 1 and 1.0, never share an entry). NULL
- * without an exception: not a call this path serves. */
+ * value with its type (so that 1 and True, or 1 and 1.0, never share an entry); a
+ * buffer (out=) by its launch key. NULL without an exception: not a call this path
+ * serves. */
 static PyObject *call_key(FastOp *f, PyObject *const *args, Py_ssize_t n, PyObject *kwnames)
 {
     Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
@@ -1022,8 +1024,15 @@ static PyObject *call_key(FastOp *f, PyObject *const *args, Py_ssize_t n, PyObje
         PyTuple_SET_ITEM(key, n, kwnames);
         for (Py_ssize_t j = 0; j < nkw; j++) {
             PyObject *value = args[n + j];
-            Py_INCREF(Py_TYPE(value));
-            PyTuple_SET_ITEM(key, n + 1 + 2 * j, (PyObject *)Py_TYPE(value));
+            if (Py_TYPE(value) == buffer_type) {
+                value = SLOT(value, off_launch_key);
+                if (value == NULL) { /* freed: the general path says so */
+                    Py_DECREF(key);
+                    return NULL;
+                }
+            }
+            Py_INCREF(Py_TYPE(args[n + j]));
+            PyTuple_SET_ITEM(key, n + 1 + 2 * j, (PyObject *)Py_TYPE(args[n + j]));
             Py_INCREF(value);
             PyTuple_SET_ITEM(key, n + 2 + 2 * j, value);
         }
@@ -1094,6 +1103,48 @@ static int to_scalar(PyObject *value, char code, Scalar *out)
     }
 }
 
+/* An elementwise op into its out= buffer (the one keyword of an into_out entry), which
+ * the call returns. Writing in place is right where out is an operand element for element
+ * (the same address and launch key) or shares no allocation with it (allocations never
+ * partially overlap); any other sharing, or another executor's out, goes to the general
+ * path, which stages or refuses it. */
+static PyObject *launch_into_out(FastOp *f, Entry *e, PyObject *const *args, size_t nargsf,
+                                 PyObject *kwnames, PyObject *executor, void **addresses)
+{
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    PyObject *out = args[n];
+    if (Py_TYPE(out) != buffer_type || SLOT(out, off_executor) != executor)
+        return general_call(f, args, nargsf, kwnames);
+    PyObject *allocation = SLOT(out, off_allocation), *handle = SLOT(out, off_handle);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (e->scalars[i] || SLOT(args[i], off_allocation) != allocation)
+            continue;
+        int same = PyObject_RichCompareBool(SLOT(args[i], off_handle), handle, Py_EQ);
+        if (same < 0)
+            return NULL;
+        if (!same || SLOT(args[i], off_launch_key) != SLOT(out, off_launch_key))
+            return general_call(f, args, nargsf, kwnames);
+    }
+    Registry *reg = (Registry *)PyObject_GetAttr(executor, str_buffers);
+    if (reg == NULL) {
+        PyErr_Clear();
+        return general_call(f, args, nargsf, kwnames);
+    }
+    int open = Py_TYPE(reg) == &RegistryType && !reg->closed;
+    Py_DECREF(reg);
+    if (!open)
+        return general_call(f, args, nargsf, kwnames);
+    if (!as_address(handle, &addresses[n]))
+        return NULL;
+    Py_INCREF(e); /* launching may run Python, which may drop the entry */
+    int err = launcher_run(e->launch, addresses, n + 1, NULL);
+    Py_DECREF(e);
+    if (err < 0)
+        return NULL;
+    Py_INCREF(out);
+    return out;
+}
+
 static PyObject *fastop_vectorcall(FastOp *f, PyObject *const *args, size_t nargsf,
                                    PyObject *kwnames)
 {
@@ -1134,6 +1185,8 @@ static PyObject *fastop_vectorcall(FastOp *f, PyObject *const *args, size_t narg
     }
     if (executor == NULL)
         return general_call(f, args, nargsf, kwnames);
+    if (e->into_out)
+        return launch_into_out(f, e, args, nargsf, kwnames, executor, addresses);
     Registry *reg = (Registry *)PyObject_GetAttr(executor, str_buffers);
     if (reg == NULL) {
         PyErr_Clear();
@@ -1209,9 +1262,10 @@ static PyObject *file_pending(PyObject *module, PyObject *args)
     const char *scalars = "";
     Py_ssize_t nscalars = 0;
     long long nbytes;
-    if (!PyArg_ParseTuple(args, "O!O!O!OO!LO!|s#", &PyTuple_Type, &natives, &PyTuple_Type,
+    int into_out = 0;
+    if (!PyArg_ParseTuple(args, "O!O!O!OO!LO!|s#p", &PyTuple_Type, &natives, &PyTuple_Type,
                           &keys, &PyTuple_Type, &shape, &dtype, &PyTuple_Type, &launch_key,
-                          &nbytes, &LauncherType, &launch, &scalars, &nscalars))
+                          &nbytes, &LauncherType, &launch, &scalars, &nscalars, &into_out))
         return NULL;
     FastOp *f = pending_op;
     if (f == NULL || nbytes <= 0 || PyTuple_GET_SIZE(keys) != pending_nargs ||
@@ -1239,6 +1293,7 @@ static PyObject *file_pending(PyObject *module, PyObject *args)
     Py_INCREF(launch);
     e->launch = (Launcher *)launch;
     e->nbytes = nbytes;
+    e->into_out = into_out;
     for (Py_ssize_t i = 0; i < MAX_ARITY; i++) /* '.': a buffer */
         e->scalars[i] = i < nscalars && scalars[i] != '.' ? scalars[i] : 0;
     if (e->signature == NULL) {
@@ -1372,9 +1427,10 @@ static PyMethodDef module_methods[] = {
      "set_buffer_type(Buffer, numpy.ndarray): the types FastOp makes results of"},
     {"file_pending", file_pending, METH_VARARGS,
      "file_pending(natives, operand launch keys, shape, dtype, result launch key, nbytes, "
-     "launch, scalars='') -> whether the call a FastOp of natives runs was filed; "
-     "scalars: per operand '.' (a buffer) or the type character of a Python number's 0-d "
-     "value"},
+     "launch, scalars='', into_out=False) -> whether the call a FastOp of natives runs was "
+     "filed; scalars: per operand '.' (a buffer) or the type character of a Python "
+     "number's 0-d value; into_out: the result is the call's out= buffer (elementwise "
+     "ops)"},
     {"size_class", size_class_py, METH_O, "size_class(nbytes) -> (index or -1, class bytes)"},
     {NULL},
 };

@@ -117,17 +117,21 @@ def native_op(op: Op, general: Callable, arity: int) -> Callable:
 _NATIVE_SCALARS = frozenset("fd?bhilqBHILQ")
 
 
-def file_native(op: Op, kernel: CompiledOp, operands: tuple, result: Buffer) -> None:
-    """Hand a validated allocating call to the op's native callable that is running it,
-    if one is (see :func:`native_op`). Python numbers are keyed by type: their values are
-    the program's runtime arguments, converted per call as :func:`scalar_array` does."""
+def file_native(op: Op, kernel: CompiledOp, operands: tuple, result: Buffer,
+                into_out: bool = False) -> None:
+    """Hand a validated call to the op's native callable that is running it, if one is
+    (see :func:`native_op`): an allocating call, or with ``into_out`` an elementwise call
+    into its out= buffer ``result`` (the native path checks per call that out overlaps no
+    operand other than element for element). Python numbers are keyed by type: their
+    values are the program's runtime arguments, converted per call as
+    :func:`scalar_array` does."""
     scalars = "".join("." if s is None else s.char for s in kernel.scalars)
     if not set(scalars) <= _NATIVE_SCALARS | {"."}:
         return
     file_pending(op.natives, tuple(x.launch_key if type(x) is Buffer else type(x)
                                    for x in operands),
                  result.signature[0], result.dtype, result.launch_key, result.nbytes,
-                 kernel.by_address, scalars)
+                 kernel.by_address, scalars, into_out)
 
 
 def result_dtype(op: Op, operands: tuple) -> np.dtype:
@@ -211,10 +215,13 @@ def run(op: Op, ex: Executor | None, operands: tuple, out: Buffer | None, n: int
             staged.free()
             return result
         # Foreign (DLPack) memory may alias pool buffers: such calls always take this path.
-        if (op.elementwise and n is None and fitted is out and not kernel.has_scalars
+        if (op.elementwise and n is None and fitted is out
                 and not any(x.foreign for x in (*operands, out) if type(x) is Buffer)):
-            _LAUNCHES.put((op, *(x.launch_key for x in operands), out.launch_key, ex.token),
-                          kernel.by_address)
+            if not kernel.has_scalars:
+                _LAUNCHES.put((op, *(x.launch_key for x in operands), out.launch_key,
+                               ex.token), kernel.by_address)
+            if op.natives and type(ex.allocator) is Pool:
+                file_native(op, kernel, operands, out, into_out=True)
         out = fitted
     if math.prod(kernel.shape) == 0:
         return result
