@@ -1,10 +1,13 @@
 """Advanced indexing on the device against PyTorch on the CPU: ``x[idx]`` (``index.Tensor``
 with one or several index tensors, ``None``/slices between them, broadcasting),
-``index_select``, ``torch.gather`` and ``embedding`` — each one ISA gather. Values bit for
-bit in every dtype (NaN, -0.0 included), int32 and int64 indices, negative ones, empty,
+``index_select``, ``torch.gather`` and ``embedding`` — each one ISA gather — and the
+writes by index — ``index_put_`` (``x[idx] = v``, ``x[idx] += v``, ``x[mask] = v``),
+``scatter``/``scatter_add``/``scatter_reduce``, ``index_add``, ``index_copy``,
+``index_fill``, embedding's gradient — each one ISA scatter. Values bit for bit in every
+dtype (NaN, -0.0 included), int32 and int64 indices, negative ones, duplicates, empty,
 0-d and non-contiguous operands, PyTorch's exceptions and messages for indices out of
-range (raised before anything is launched), embedding's gradient (natively, from the
-index sorted on the host), gradients, and that the calls ran natively."""
+range (raised before anything is launched), gradients, and that the calls ran
+natively."""
 
 from __future__ import annotations
 
@@ -181,38 +184,16 @@ def test_masks_and_cpu_indices_fall_back_correctly():
     assert torch.equal(got.cpu(), x[mask]) and "aten.index.Tensor" in ran
 
 
-@pytest.mark.parametrize("accumulate", [True, False])
-def test_index_put_with_duplicates(accumulate):
-    """index_put_ (``x[i] += v`` with repeated and negative indices, autograd's backward
-    of ``x[i]``) runs on the CPU fallback: a native form (the index grouped on the host,
-    then gathers and additions over every row) measured 2-4x slower than the CPU kernel,
-    which touches only the indexed rows (docs/torch.md)."""
-    x = make((6, 2, 3), torch.float32)
-    i = torch.tensor([[1, 3, 1], [1, -1, 1]], dtype=torch.int32)
-    v = make((2, 3, 2, 3), torch.float32, seed=7)
-    expected = x.clone().index_put_((i.long(),), v, accumulate=accumulate)
-    d = dev(x)
-    with fallbacks() as ran:
-        d.index_put_((dev(i),), dev(v), accumulate=accumulate)
-    assert ran == ["aten._index_put_impl_.default"]
-    if accumulate:
-        torch.testing.assert_close(d.cpu(), expected, equal_nan=True)
-    else:  # which duplicate wins is the CPU kernel's business: compare the other rows
-        keep = torch.tensor([0, 2, 3, 4, 5])
-        same_bits(d[dev(keep)], expected[keep])
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16,
                                    torch.bfloat16], ids=str)
 @pytest.mark.parametrize("padding_idx, scale", [(None, False), (2, False), (None, True),
                                                 (0, True)])
 @pytest.mark.parametrize("frequent", [False, True])
 def test_embedding_backward(dtype, padding_idx, scale, frequent):
-    """Duplicates (up to 16 of an index: natively, the terms added one by one; one index
-    70 times: the CPU fallback, faster there), padding rows, the frequency scaling,
-    against the CPU's embedding_dense_backward in float64 (the CPU adds float16/bfloat16
-    rows in their own precision, the device in float32, so the device's result is the
-    float64 one rounded, within one rounding of the format)."""
+    """Duplicates (one index 70 times too: the rows are added one by one in index order,
+    one ISA scatter, at any multiplicity), padding rows, the frequency scaling, against
+    the CPU's embedding_dense_backward in float64 and in the dtype itself (both add the
+    rows in index order in the dtype: without scaling, the same bits)."""
     g = torch.Generator().manual_seed(8)
     ids = torch.cat([torch.randint(0, 40, (130,), generator=g),
                      torch.full((70 if frequent else 6,), 2)])
@@ -222,13 +203,12 @@ def test_embedding_backward(dtype, padding_idx, scale, frequent):
     expected = torch.ops.aten.embedding_dense_backward(grad.double(), ids, *args).to(dtype)
     with fallbacks() as ran:
         actual = torch.ops.aten.embedding_dense_backward(dev(grad), dev(ids), *args)
-    # (a frequent padding index is dropped before the terms are counted: native)
-    fallback = frequent and padding_idx != 2
-    assert ran == (["aten.embedding_dense_backward.default"] if fallback else [])
-    tol = {torch.float16: (1e-3, 1e-3), torch.bfloat16: (1e-2, 8e-3)}.get(dtype, (1e-5, 1e-5))
-    # (the CPU kernel's half-precision sums of 70 terms: a few roundings off)
-    torch.testing.assert_close(actual.cpu(), expected, atol=tol[0] * (4 if fallback else 1),
-                               rtol=tol[1] * (4 if fallback else 1))
+    assert ran == []
+    tol = {torch.float16: (4e-3, 4e-3), torch.bfloat16: (4e-2, 3e-2)}.get(dtype, (1e-5, 1e-5))
+    # (half-precision sums of up to 76 terms rounded after each: a few roundings off)
+    torch.testing.assert_close(actual.cpu(), expected, atol=tol[0], rtol=tol[1])
+    if not scale:  # the CPU kernel adds in the same order, in the same dtype
+        same_bits(actual, torch.ops.aten.embedding_dense_backward(grad, ids, *args))
     if padding_idx is not None:
         assert not actual.cpu()[padding_idx].any()
 
@@ -254,10 +234,228 @@ def test_gradients(case):
     with fallbacks() as ran:
         (fn(xd, dev(index)) * dev(w)).sum().backward()
     torch.testing.assert_close(xd.grad.cpu(), x.grad)
-    # Backward: embedding_dense_backward, index_add (index_select) and scatter_add
-    # (gather) run natively; x[i]'s is index_put_, on the fallback.
-    put = case in ("index", "two indices")
-    assert ran == (["aten._index_put_impl_.default"] if put else []), ran
+    # Backward: embedding_dense_backward, index_add (index_select), scatter_add (gather)
+    # and index_put_ with accumulate (x[i]) run natively: ISA scatters.
+    assert ran == [], ran
+
+
+# --- writes by index: the ISA's scatter -----------------------------------------------------
+def sequential_put(x, positions, values, accumulate):
+    """``x[positions[k]] = values[k]`` (or ``+=``) one at a time in order, in x's dtype:
+    the device's definition, for duplicates the CPU kernels leave unspecified."""
+    out = x.clone()
+    flat = out.view(-1)
+    for p, v in zip(positions.reshape(-1).tolist(), values.reshape(-1)):
+        flat[p] = flat[p] + v if accumulate else v
+    return out
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_index_put_every_dtype(dtype, accumulate):
+    """``x[i] = v``, ``x[i] += v`` (index_put_ with accumulate), with duplicate and
+    negative indices, one and two index tensors, a slice between, broadcast values and a
+    number: natively, as the CPU computes (ints and bools exactly; floats added in index
+    order in their own precision, as the CPU kernel's serial loop)."""
+    x = make((6, 5, 4), dtype)
+    i = torch.tensor([[1, 3, 1], [-1, 0, 5]])  # duplicates: 1 twice, 5 and -1
+    v = make((2, 3, 5, 4), dtype, seed=5)
+    for values in (v, make((4,), dtype, seed=9)):  # duplicates: compared with the definition
+        with fallbacks() as ran:
+            got = dev(x).index_put_((dev(i),), dev(values), accumulate=accumulate)
+        assert not ran, ran
+        if accumulate:
+            same_bits(got, x.clone().index_put_((i,), values, accumulate=True))
+        pos = (i % 6).reshape(-1, 1) * 20 + torch.arange(20)
+        if not accumulate or not dtype.is_floating_point:
+            same_bits(got, sequential_put(x, pos, values.expand(2, 3, 5, 4), accumulate))
+
+    def put(x, a, b, w):  # x[a, :, b] (+)= w, the index pairs distinct
+        x = x.clone()
+        if accumulate:
+            x[a, :, b] += w
+        else:
+            x[a, :, b] = w
+        return x
+
+    native_same(put, x, torch.tensor([[0, 5, 2], [3, -1, 1]]),
+                torch.tensor([[3, 0, -1], [1, 2, -4]]), make((2, 3, 5), dtype, seed=6))
+    native_same(lambda x, i, j, w: x.index_put((i, j), w, accumulate=accumulate), x,
+                torch.tensor([0, 5, 2]), torch.tensor([3, -1, 4]), make((3, 4), dtype, seed=8))
+    native_same(lambda x, i: x.index_put((i,), torch.tensor(3).to(x.device, x.dtype),
+                                         accumulate=accumulate), x, torch.tensor([4, 0, -1]))
+
+
+def test_index_put_forms_and_masks():
+    """What Python's indexing reaches: ``x[idx] = v``, ``x[idx] += v``, ``x[i, :, j] = v``,
+    ``x[mask] = v`` and ``x[mask] = tensor`` (the mask turned into indices on the host),
+    non-contiguous self, index and values."""
+    x = make((7, 6, 5), torch.float32, seed=11)
+    i = torch.tensor([6, 0, -2, 3, 0])
+    mask = make((7, 6), torch.bool, seed=12)
+
+    def assign(x, i, v):
+        x = x.clone()
+        x[i] = v
+        return x
+
+    def add(x, i, v):
+        x = x.clone()
+        x[i] += v
+        return x
+
+    def strided(x, i, v):
+        x = x.transpose(0, 2).clone().transpose(0, 2)  # non-contiguous self
+        x[i[::2], 1:, i[1::2].abs()] = v[:, ::2]  # strided index and values
+        return x
+
+    native_same(assign, x, i, make((5, 6, 5), torch.float32, seed=13))
+    native_same(add, x, (i[:3].abs() + 1) % 7, make((6, 5), torch.float32, seed=14))
+    native_same(strided, x, torch.tensor([0, 4, 6, 1, 3, 2]), make((3, 10), torch.float32))
+    native_same(assign, x, mask, 2.5)
+    native_same(assign, x, mask, make((int(mask.sum()), 5), torch.float32, seed=15))
+    native_same(lambda x, m, v: assign(x, (slice(None), m), v), x, mask[0],
+                make((7, int(mask[0].sum()), 5), torch.float32, seed=16))
+    native_same(assign, x, torch.tensor([], dtype=torch.int64), 1.0)
+
+
+_WRITE_OPS = {
+    "scatter": lambda x, i, s: x.scatter(1, i, s),
+    "scatter value": lambda x, i, s: x.scatter(1, i, 3),
+    "scatter_add": lambda x, i, s: x.scatter_add(1, i, s),
+    "scatter reduce add": lambda x, i, s: x.scatter(1, i, s, reduce="add"),
+    "scatter reduce multiply": lambda x, i, s: x.scatter(1, i, s, reduce="multiply"),
+    "index_add": lambda x, i, s: x.index_add(0, torch.tensor([4, 0, 4, 1, 0]).to(x.device),
+                                             s.repeat(1, 2)),
+    "index_add dim 1": lambda x, i, s: x.index_add(1, i[0], s[:, :3]),
+    "index_fill": lambda x, i, s: x.index_fill(1, i[0] - 3, 7),
+    **{f"scatter_reduce {r} {inc}": (lambda x, i, s, r=r, inc=inc: x.scatter_reduce(
+        1, i, s, r, include_self=inc)) for r in ("sum", "prod", "mean", "amax", "amin")
+       for inc in (True, False)},
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", list(_WRITE_OPS))
+def test_scatters_every_dtype(name, dtype):
+    """The scatter family with duplicates along ``dim`` (torch's CPU kernels: the last
+    write wins, reductions in index order), natively, against the CPU."""
+    if dtype is torch.bool and ("mean" in name or "multiply" in name or "prod" in name):
+        pytest.skip("torch's CPU kernel has no such bool reduction")
+    x = make((5, 6), dtype, seed=17)
+    if dtype.is_floating_point and ("prod" in name or "multiply" in name):
+        x = x.nan_to_num(1.0, 2.0, -2.0)  # products of infinities and zeros: NaN either way
+    i = torch.randint(0, 6, (5, 3), generator=torch.Generator().manual_seed(18))
+    s = make((5, 3), dtype, seed=19)
+    fn = _WRITE_OPS[name]
+    expected = fn(x, i, s)
+    with fallbacks() as ran:
+        got = fn(*dev((x, i, s)))
+    assert not ran, ran
+    if dtype in (torch.float16, torch.bfloat16) and ("mean" in name or "sum" in name):
+        # torch's scatter_reduce sums half types in float32 (then rounds): within a rounding
+        torch.testing.assert_close(got.cpu(), expected, atol=2e-2, rtol=2e-2, equal_nan=True)
+    elif "amax" in name or "amin" in name:  # only the sign of a zero may differ (docs)
+        torch.testing.assert_close(got.cpu(), expected, atol=0, rtol=0, equal_nan=True)
+    else:
+        same_bits(got, expected)
+
+
+def test_index_copy_and_duplicates_in_order():
+    """index_copy with distinct indices as the CPU; with duplicates, the last copy wins
+    (torch leaves the order unspecified)."""
+    x = make((6, 4), torch.float64, seed=20)
+    src = make((3, 4), torch.float64, seed=21)
+    native_same(lambda x, i, s: x.index_copy(0, i, s), x, torch.tensor([5, 0, 2]), src)
+    native_same(lambda x, i, s: x.index_copy(1, i, s.T), x, torch.tensor([3, 1]),
+                make((2, 6), torch.float64, seed=22))  # a transposed source
+    with fallbacks() as ran:
+        got = dev(x).index_copy(0, dev(torch.tensor([2, 4, 2])), dev(src))
+    assert not ran
+    expected = x.clone()
+    expected[4], expected[2] = src[1], src[2]
+    same_bits(got, expected)
+
+
+@pytest.mark.parametrize("name, fn, args", [
+    ("index_put high", lambda x, i, v: x.index_put_((i,), v), (torch.tensor([0, 4]),
+                                                               torch.tensor(1.0))),
+    ("index_put low", lambda x, i, v: x.index_put_((i,), v, accumulate=True),
+     (torch.tensor([-5]), torch.tensor(1.0))),
+    ("index_put mask", lambda x, i, v: x.index_put_((i,), v), (torch.tensor([True, False]),
+                                                               torch.tensor(1.0))),
+    ("scatter", lambda x, i, v: x.scatter(1, i, v), (torch.tensor([[3]]), torch.ones(1, 1))),
+    ("scatter negative", lambda x, i, v: x.scatter_add(0, i, v), (torch.tensor([[-1]]),
+                                                                  torch.ones(1, 1))),
+    ("scatter_reduce", lambda x, i, v: x.scatter_reduce(0, i, v, "amax"),
+     (torch.tensor([[4]]), torch.ones(1, 1))),
+    ("index_add", lambda x, i, v: x.index_add(0, i, v), (torch.tensor([4]), torch.ones(1, 3))),
+    ("index_copy", lambda x, i, v: x.index_copy(0, i, v), (torch.tensor([-1]),
+                                                           torch.ones(1, 3))),
+    ("index_fill", lambda x, i, v: x.index_fill(1, i, 2.0), (torch.tensor([-4]), None)),
+])
+def test_writes_out_of_range_raise_pytorchs_error(name, fn, args):
+    x = make((4, 3), torch.float32)
+    expected = _error(fn, x.clone(), *args)
+    with fallbacks() as ran:
+        actual = _error(fn, *dev((x, *args)))
+    assert actual == expected
+    assert not ran  # raised by the check before launch, not counted as a fallback
+
+
+@pytest.mark.parametrize("case", ["index_put", "index_put accumulate", "scatter",
+                                  "scatter_add", "index_add", "index_copy", "scatter_reduce"])
+def test_write_gradients(case):
+    """Gradients through the writes (both the written tensor and the values), natively."""
+    i = torch.tensor([[2, 0], [2, 1], [0, 3], [1, 1], [3, 0]])
+    fn, index = {
+        "index_put": (lambda x, v, i: x.index_put((i[:, 0],), v), i),
+        "index_put accumulate": (lambda x, v, i: x.index_put((i[:, 0],), v,
+                                                             accumulate=True), i),
+        "scatter": (lambda x, v, i: x.scatter(1, i, v), i),
+        "scatter_add": (lambda x, v, i: x.scatter_add(1, i, v), i),
+        "index_add": (lambda x, v, i: x.index_add(1, i[:2, 1], v[:, :2].T.contiguous().T,
+                                                  alpha=1.5), i),
+        "index_copy": (lambda x, v, i: x.index_copy(1, torch.tensor([3, 0]).to(x.device),
+                                                    v), i),
+        "scatter_reduce": (lambda x, v, i: x.scatter_reduce(1, i, v, "sum"), i),
+    }[case]
+    x = torch.randn(5, 4, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(5, 2, dtype=torch.float64, requires_grad=True)
+    if case.startswith("index_put"):
+        v = torch.randn(5, 4, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(5, 4, dtype=torch.float64)
+    (fn(x, v, index) * w).sum().backward()
+    xd = x.detach().to(D).requires_grad_()
+    vd = v.detach().to(D).requires_grad_()
+    with fallbacks() as ran:
+        (fn(xd, vd, dev(index)) * dev(w)).sum().backward()
+    torch.testing.assert_close(xd.grad.cpu(), x.grad)
+    torch.testing.assert_close(vd.grad.cpu(), v.grad)
+    assert ran == [], ran
+
+
+def test_large_index_add_and_accumulate():
+    """1e4 rows added into a [1000, 64] table by index_add and by ``x[i] += v`` with
+    accumulate (many duplicates), natively: the rows added one by one in index order (at
+    this size the CPU kernels may group them otherwise: within rounding)."""
+    g = torch.Generator().manual_seed(22)
+    x = torch.randn(1000, 64, generator=g)
+    i = torch.randint(0, 1000, (10000,), generator=g)
+    v = torch.randn(10000, 64, generator=g)
+    in_order = x.clone()
+    for k, row in enumerate(i.tolist()):
+        in_order[row] += v[k]
+    with fallbacks() as ran:
+        added = dev(x).index_add(0, dev(i), dev(v))
+    assert not ran
+    same_bits(added, in_order)
+    torch.testing.assert_close(added.cpu(), x.index_add(0, i, v))
+    with fallbacks() as ran:
+        put = dev(x).index_put((dev(i),), dev(v), accumulate=True)
+    assert not ran
+    same_bits(put, in_order)
+    torch.testing.assert_close(put.cpu(), x.index_put((i,), v, accumulate=True))
 
 
 # --- torch.compile ----------------------------------------------------------------------

@@ -9,7 +9,9 @@ emits anything is the same on every device, and is decided here:
   it varies along no grid dimension from ``d`` on and comes from no reduction), once per
   grid point (``point``), or inside a loop nest over the loop dimensions it varies along
   (``nest [...]``), recomputed there rather than stored;
-- which stores share a loop nest (those varying along the same loop dimensions);
+- which stores share a loop nest (those varying along the same loop dimensions; a
+  ``scatter`` is placed like a store, its nest walking its loop dimensions in index order,
+  which is the order its writes must keep);
 - how each reduction accumulates (:class:`Accumulator`): float sums in lanes of the operand
   precision, blocked, block sums in the target's ``block_sum_dtype``; products, extremes
   and integer sums in one accumulator; argmax indices in the target's ``index_dtype``.
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 
 from hologram.compiler.capabilities import CPU, Capabilities
 from hologram.isa import dtypes as dt
-from hologram.isa.ir import Kernel, Program
+from hologram.isa.ir import WRITE_OPS, Kernel, Program
 
 #: Elements per partial result of a split reduction, and the most partials (see
 #: :func:`split_parts`). Fixed numbers, not the thread count: a split reduction's result
@@ -83,7 +85,7 @@ def split_parts(kernel: Kernel) -> int:
         return 0
     loops = range(len(kernel.domain))
     for x in kernel.body:
-        if x.op == "store" and any(x.shape[d] > 1 for d in loops):
+        if x.op in WRITE_OPS and any(x.shape[d] > 1 for d in loops):
             return 0
     parts = min(MAX_PARTS, kernel.domain[0], math.prod(kernel.domain) // PART_WORK)
     return parts if parts >= 2 else 0
@@ -157,7 +159,8 @@ class KernelPlan:
     loops: tuple[int, ...]  # the loop dimensions' extents
     parts: int  # split_parts
     placement: tuple[str, ...]  # per instruction: "hoist d", "point" or "nest [dims]"
-    store_nests: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]  # (dims, stores)
+    # (dims, stores): the writes (stores and scatters) made in one nest over ``dims``
+    store_nests: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]
     accumulators: tuple[Accumulator, ...]
     unsupported: str | None
     # The placement as data, per instruction: the grid dimension it is hoisted before
@@ -254,7 +257,7 @@ def plan(kernel: Kernel, caps: Capabilities = CPU) -> KernelPlan:
             from_reduction.add(i)
         varying = tuple(d for d in loops if instr.shape[d] > 1)
         varies.append(varying)
-        if instr.op == "store" or varying:
+        if instr.op in WRITE_OPS or varying:
             placement.append(f"nest {list(varying)}")
             hoist.append(None)
             continue
@@ -265,7 +268,7 @@ def plan(kernel: Kernel, caps: Capabilities = CPU) -> KernelPlan:
         placement.append("point" if level is None else f"hoist {level}")
     nests: dict[tuple[int, ...], list[int]] = {}
     for i, instr in enumerate(kernel.body):
-        if instr.op == "store":
+        if instr.op in WRITE_OPS:
             nests.setdefault(varies[i], []).append(i)
     reason = unsupported(kernel)
     return KernelPlan(

@@ -40,6 +40,11 @@ class Capabilities:
     # (webgpu and cuda set it on their own CAPS); WEBGPU below leaves it off, as it
     # leaves ieee_minmax to the renderer.
     gather: bool = False
+    # The data-dependent store ``scatter`` (docs/isa.md): its writes to one element must
+    # happen in index order, which a renderer has to honour (a kernel's loops run it
+    # sequentially; only grid dimensions proven disjoint run in parallel). A target
+    # without it refuses such a program (:func:`require`) rather than reorder writes.
+    scatter: bool = False
 
     @property
     def index_dtype(self) -> str:
@@ -58,23 +63,33 @@ class MissingCapabilityError(CompileError):
     """A program uses an operation its target's renderer does not implement."""
 
 
+#: Per capability-gated opcode: what it is, and the built-in backends whose renderers have it.
+_GATED = {
+    "gather": ("the data-dependent load", "the cpu, webgpu, cuda and interp backends"),
+    "scatter": ("the data-dependent store, its writes in index order",
+                "the cpu and interp backends"),
+}
+
+
 def require(program, caps: Capabilities) -> None:
     """Raise :class:`MissingCapabilityError` if ``program`` (an Atlas ``Program``) uses an
     operation that a target with ``caps`` lacks."""
-    if caps.gather:
+    missing = {op for op in _GATED if not getattr(caps, op)}
+    if not missing:
         return
     for kernel in program.kernels:
         for pos, instr in enumerate(kernel.body):
-            if instr.op == "gather":
+            if instr.op in missing:
+                what, where = _GATED[instr.op]
                 raise MissingCapabilityError(
                     f"program {program.name}, kernel {kernel.name}, instruction %{pos}: "
-                    "gather (the data-dependent load) is not implemented by this target's "
-                    "renderer (its Capabilities have gather=False; the cpu, webgpu, cuda "
-                    "and interp backends have it); run the program on the cpu or interp "
-                    "backend, or build it without gather")
+                    f"{instr.op} ({what}) is not implemented by this target's renderer "
+                    f"(its Capabilities have {instr.op}=False; {where} have it); run the "
+                    f"program on the cpu or interp backend, or build it without "
+                    f"{instr.op}")
 
 
 #: 64-bit CPUs (the cpu backend, the interpreter).
-CPU = Capabilities(gather=True)
+CPU = Capabilities(gather=True, scatter=True)
 #: WebGPU (WGSL): no f64, no i64, 32-bit storage only; f16 with the shader-f16 feature.
 WEBGPU = Capabilities(f64=False, i64=False, narrow_storage=False, ieee_minmax=False)

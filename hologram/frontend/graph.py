@@ -288,6 +288,75 @@ class Graph:
         k.store(out.buffer, value, shape=shape)
         return out
 
+    def scatter(self, x: Tensor, coords: tuple[Tensor | int, ...], values: Tensor | Scalar,
+                shape: tuple[int, ...], mode: str = "replace") -> Tensor:
+        """``x`` with elements at data-dependent coordinates written: a new tensor of
+        ``x``'s shape, ``x``'s values except that for every point ``i`` of ``shape``, in
+        row-major (index) order, element ``x[c_0, ..., c_{n-1}]`` (the coordinates as
+        :meth:`gather` takes them) becomes ``values[i]`` (``mode`` "replace": the last
+        write wins) or ``mode(element, values[i])`` for "add", "mul", "max" or "min" (the
+        ISA's ops, in ``x``'s dtype, one write at a time in index order: deterministic).
+        ``values`` (``x``'s dtype, or a Python number) broadcasts to ``shape``.
+
+        Two kernels: a copy of ``x``, then the ISA's ``scatter`` over ``shape``, O(numel(x)
+        + numel(shape)). Its bounds keep each tensor coordinate's contribution inside the
+        span of the dimensions it indexes, so a scatter along one dimension (torch's
+        ``scatter(dim=...)``) leaves the other dimensions to the parallel grid. A
+        coordinate out of range writes some element of ``x`` (the ISA's clamp): the caller
+        checks bounds where it must raise."""
+        shape = tuple(shape)
+        if len(coords) != x.ndim:
+            raise ShapeError(f"scatter: {len(coords)} coordinates for a {x.ndim}-d tensor")
+        if math.prod(x.shape) == 0 and math.prod(shape):
+            raise ShapeError(f"scatter: {list(shape)} elements into the empty tensor "
+                             f"{list(x.shape)}: every coordinate is out of range")
+        operands = [c for c in coords if not isinstance(c, int)]
+        if isinstance(values, Tensor):
+            if values.dtype is not x.dtype:
+                raise ShapeError(f"scatter: {values.dtype.name} values into a "
+                                 f"{x.dtype.name} tensor (cast them first)")
+            operands.append(values)
+        for c in coords:
+            if isinstance(c, int):
+                continue
+            if not c.dtype.is_int:
+                raise ShapeError(f"scatter: coordinates must be integers, not {c.dtype.name}")
+        for t in operands:
+            if t.ndim > len(shape) or _broadcast([t._aligned(len(shape)).shape,
+                                                  shape]) != shape:
+                raise ShapeError(f"scatter: operand {list(t.shape)} does not broadcast to "
+                                 f"{list(shape)}")
+        out = self.copy(x)  # a fresh contiguous temporary: the scatter's target
+        if math.prod(shape) == 0:
+            return out
+        k = self.builder.kernel(shape)
+        strides = [0] * len(shape)
+        at, low, high = None, 0, 0
+        for d, c in enumerate(coords):
+            n, stride = out.shape[d], out.strides[d]
+            if isinstance(c, int):
+                if not 0 <= c < len(shape) or (shape[c] > n and n != 1):
+                    raise ShapeError(f"scatter: axis {c} of {list(shape)} cannot walk "
+                                     f"dimension {d} of {list(x.shape)}")
+                if n != 1:
+                    strides[c] += stride
+                continue
+            i = self._load(k, c)
+            i = i if i.dtype.name == "i64" else k.cast(i, "i64")
+            if c.dtype.kind == "i":  # negative: counted from the end
+                i = k.select(k.binary("lt", i, 0), k.binary("add", i, n), i)
+            if stride != 1:
+                i = k.binary("mul", i, stride)
+            at = i if at is None else k.binary("add", at, i)
+            high += (n - 1) * stride
+        if at is None:
+            at = k.const(0, "i64")
+        value = self._load(k, values) if isinstance(values, Tensor) else \
+            k.const(values, x.dtype)
+        k.scatter(out.buffer, value, at, mode, shape, out.offset, tuple(strides),
+                  (low, high))
+        return out
+
     def maximum(self, a: Tensor | Scalar, b: Tensor | Scalar) -> Tensor:
         return self.binary("max", a, b)
 

@@ -20,7 +20,7 @@ from dataclasses import replace
 
 from hologram.errors import IRError
 from hologram.isa import dtypes as dt
-from hologram.isa.ir import COMMUTATIVE_OPS, Instr, encode_const
+from hologram.isa.ir import COMMUTATIVE_OPS, WRITE_OPS, Instr, encode_const
 from hologram.isa.verify import infer
 
 
@@ -48,7 +48,7 @@ class Body:
         """Append ``instr`` (or return the identical instruction already there)."""
         if self.canonical and (instr.op in COMMUTATIVE_OPS or instr.op == "fma"):
             instr = self._ordered(instr)
-        if instr.op != "store" and instr in self.interned:
+        if instr.op not in WRITE_OPS and instr in self.interned:  # a write is never merged
             return self.interned[instr]
         self.interned[instr] = self.push(instr)
         return self.interned[instr]

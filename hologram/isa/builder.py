@@ -119,6 +119,27 @@ class KernelBuilder:
             bounds = (-low, buf.size - 1 - high) if high >= low else (0, 0)
         return self.emit("gather", (at,), (buffer, imap, tuple(bounds)), buf.dtype, shape)
 
+    def scatter(self, buffer: int, value: Value, at: Value, mode: str = "replace",
+                shape: tuple[int, ...] | None = None, offset: int = 0,
+                strides: tuple[int, ...] | None = None,
+                bounds: tuple[int, int] | None = None) -> None:
+        """Write ``value`` to ``buffer`` at data-dependent positions: for every point
+        ``i`` of ``shape``, in index order, flat element ``p = offset + sum(i[d] *
+        strides[d]) + clamp(at[i], *bounds)`` becomes ``value[i]`` (``mode`` "replace")
+        or ``mode(buffer[p], value[i])`` ("add", "mul", "max", "min": the binary ops);
+        see docs/isa.md. ``shape`` defaults to the broadcast of ``value``'s and ``at``'s,
+        ``strides`` to zeros, ``bounds`` to the widest that keep every element inside the
+        buffer."""
+        if shape is None:
+            shape = tuple(max(a, b) for a, b in zip(value.shape, at.shape))
+        shape = tuple(shape)
+        imap = IndexMap(offset, (0,) * len(self.domain) if strides is None else tuple(strides))
+        buf = self.program.buffers[buffer]
+        if bounds is None:
+            low, high = imap.extent(shape) if len(imap.strides) == len(shape) else (0, -1)
+            bounds = (-low, buf.size - 1 - high) if high >= low else (0, 0)
+        self.emit("scatter", (value, at), (buffer, imap, tuple(bounds), mode), shape=shape)
+
     def store(self, buffer: int, value: Value, offset: int = 0,
               strides: tuple[int, ...] | None = None,
               shape: tuple[int, ...] | None = None) -> None:

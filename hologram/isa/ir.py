@@ -19,7 +19,9 @@ as tuples: equality and hashing are alpha-equivalence for free. Memory is reache
 over the value's shape) lives at flat element ``offset + sum(i[d] * strides[d])`` of the
 buffer. A stride of 0 broadcasts; negative strides walk backwards. ``gather`` is the one
 data-dependent read: an integer operand, clamped to the instruction's bounds, is added to
-its map's element offset (the bounds keep every element inside the buffer).
+its map's element offset (the bounds keep every element inside the buffer). ``scatter``
+is its write: the same address, a value stored there or combined with what is there
+(``add``, ``mul``, ``max``, ``min``), the writes made in index order.
 
 The IR objects are immutable. Passes build new programs (``dataclasses.replace``).
 """
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
@@ -47,6 +50,7 @@ class Opcode(StrEnum):
     LOAD = "load"
     STORE = "store"
     GATHER = "gather"
+    SCATTER = "scatter"
     CONST = "const"
     INDEX = "index"
     ABS = "abs"
@@ -104,11 +108,16 @@ class Opcode(StrEnum):
 
 
 #: The ops that reach memory, each with ``(buffer_index, IndexMap, ...)`` attrs; ``gather``
-#: adds a data-dependent element offset (an integer operand, clamped to its third
-#: attribute's bounds) to its map's.
-MEMORY_OPS = (Opcode.LOAD, Opcode.STORE, Opcode.GATHER)
-#: The ops that read memory.
+#: and ``scatter`` add a data-dependent element offset (an integer operand, clamped to
+#: their third attribute's bounds) to their map's.
+MEMORY_OPS = (Opcode.LOAD, Opcode.STORE, Opcode.GATHER, Opcode.SCATTER)
+#: The ops that read memory into a value.
 READ_OPS = (Opcode.LOAD, Opcode.GATHER)
+#: The ops that write memory (they occupy a position but have no value).
+WRITE_OPS = (Opcode.STORE, Opcode.SCATTER)
+#: How a scatter writes each element: ``replace`` stores the value; the others store
+#: ``op(element, value)`` with the binary op of that name (docs/isa.md).
+SCATTER_MODES = ("replace", "add", "mul", "max", "min")
 UNARY_OPS = tuple(Opcode(op) for op in (
     "abs", "neg", "not", "sign", "sqrt", "rsqrt", "exp", "exp2", "expm1", "log", "log2",
     "log1p", "tanh", "sigmoid", "erf", "sin", "cos", "floor", "ceil", "round", "trunc",
@@ -181,13 +190,16 @@ class Instr:
       load / store: ``(buffer_index, IndexMap)``
       gather:       ``(buffer_index, IndexMap, (low, high))``: one integer operand, the
                     element offset added to the map's, clamped to ``low .. high``
+      scatter:      ``(buffer_index, IndexMap, (low, high), mode)``: operands ``(value,
+                    offset)``, the offset as a gather's; ``mode`` one of SCATTER_MODES
       const:        ``(value,)`` with floats encoded by ``float.hex`` (so that -0.0 and NaN
                     compare and hash exactly)
       index:        ``(axis,)``
       reduce:       ``(kind, axes)``
       contract:     ``(axes,)``
       others:       ``()``
-    ``dtype``/``shape`` are the result type; for ``store`` they are the stored value's.
+    ``dtype``/``shape`` are the result type; for ``store`` and ``scatter`` they are the
+    written value's dtype and the write's own shape.
     """
 
     op: Opcode
@@ -202,16 +214,20 @@ class Instr:
 
     # Convenience accessors; each is valid only for the opcodes named.
     @property
-    def buffer(self) -> int:  # load, store, gather
+    def buffer(self) -> int:  # load, store, gather, scatter
         return self.attrs[0]
 
     @property
-    def map(self) -> IndexMap:  # load, store, gather
+    def map(self) -> IndexMap:  # load, store, gather, scatter
         return self.attrs[1]
 
     @property
-    def bounds(self) -> tuple[int, int]:  # gather: the operand's clamp
+    def bounds(self) -> tuple[int, int]:  # gather, scatter: the offset operand's clamp
         return self.attrs[2]
+
+    @property
+    def mode(self) -> str:  # scatter
+        return self.attrs[3]
 
     @property
     def value(self) -> bool | int | float:  # const
@@ -228,6 +244,33 @@ class Instr:
     @property
     def axis(self) -> int:  # index
         return self.attrs[0]
+
+
+def scatter_disjoint(instr: Instr, domain: tuple[int, ...], dims: Iterable[int]) -> bool:
+    """Do two points of scatter ``instr`` (in a kernel over ``domain``) that differ in
+    their indices along ``dims`` always write different elements? Such dimensions may
+    run in parallel (a kernel's grid): the writes to one element all come from one grid
+    point, whose loops keep them in index order.
+
+    A sufficient test: one grid point (its indices along ``dims`` fixed) reaches a range
+    of ``C`` elements (the map's span over the other dimensions, widened by the offset's
+    bounds), and the grid points' ranges must not overlap: the map restricted to
+    ``dims``, with one more dimension of stride 1 and extent ``C``, must be injective
+    (:meth:`IndexMap.is_injective`: sorted by stride, each dimension steps over the span
+    of the smaller ones). A dimension of extent 1 is no obstacle; one the scatter is
+    broadcast along (extent 1 in its shape, more in the domain) always is (every index
+    along it makes the same writes again)."""
+    shape, strides = instr.shape, instr.map.strides
+    if 0 in shape:
+        return True
+    dims = [d for d in dims if domain[d] > 1]
+    if any(shape[d] != domain[d] for d in dims):
+        return False
+    low, high = instr.bounds
+    cell = 1 + (high - low) + sum(abs(s) * (n - 1) for e, (n, s) in
+                                  enumerate(zip(shape, strides)) if e not in dims)
+    grid = IndexMap(0, tuple(strides[d] for d in dims) + (1,))
+    return grid.is_injective(tuple(shape[d] for d in dims) + (cell,))
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,17 +322,18 @@ class Kernel:
         return (self.domain, self.grid_rank, self.body)
 
     def reads(self) -> frozenset[int]:
-        """Indices of the buffers this kernel loads or gathers from."""
+        """Indices of the buffers this kernel loads or gathers from, or scatters into
+        (what a scatter leaves in a buffer depends on what the buffer held)."""
         return self._accessed[0]
 
     def writes(self) -> frozenset[int]:
-        """Indices of the buffers this kernel stores."""
+        """Indices of the buffers this kernel stores or scatters into."""
         return self._accessed[1]
 
     @cached_property
     def _accessed(self) -> tuple[frozenset[int], frozenset[int]]:
-        return (frozenset(i.buffer for i in self.body if i.op in READ_OPS),
-                frozenset(i.buffer for i in self.body if i.op == "store"))
+        return (frozenset(i.buffer for i in self.body if i.op in READ_OPS or i.op == "scatter"),
+                frozenset(i.buffer for i in self.body if i.op in WRITE_OPS))
 
 
 @dataclass(frozen=True, eq=False)

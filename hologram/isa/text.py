@@ -83,21 +83,26 @@ def print_instr(program: Program, kernel: Kernel, pos: int) -> str:
     """The text of ``kernel.body[pos]`` (no indentation), as :func:`print_program` shows it."""
     instr = kernel.body[pos]
     operands = [f"%{a}" for a in instr.args]
-    if instr.op in ("load", "store", "gather"):
+    if instr.op in ("load", "store", "gather", "scatter"):
         operands.insert(0, _access(program, instr))
     elif instr.op == "const":
         operands = [_literal(instr)]
     elif instr.op == "index":
         operands = [str(instr.axis)]
-    text = instr.op + (f" {instr.kind}" if instr.op == "reduce" else "")
+    text = instr.op
+    if instr.op == "reduce":
+        text += f" {instr.kind}"
+    elif instr.op == "scatter" and len(instr.attrs) == 4:
+        text += f" {instr.mode}"
     if operands:
         text += " " + ", ".join(operands)
     if instr.op in ("reduce", "contract"):
         text += f" axes {_ints(instr.axes)}"
-    if instr.op == "gather" and len(instr.attrs) == 3 and isinstance(instr.bounds, tuple):
+    if instr.op in ("gather", "scatter") and len(instr.attrs) >= 3 and \
+            isinstance(instr.bounds, tuple):
         text += f" in {_ints(instr.bounds)}"
     text += f" : {_type(instr.dtype, instr.shape)}"
-    return text if instr.op == "store" else f"%{pos} = {text}"
+    return text if instr.op in ("store", "scatter") else f"%{pos} = {text}"
 
 
 def print_program(program: Program) -> str:
@@ -257,7 +262,7 @@ class _Parser:
             if line.accept("}"):
                 line.end()
                 return Kernel(name, domain, tuple(body), grid_rank)
-            if not (line.peek("val") or line.peek() == "store"):
+            if not (line.peek("val") or line.peek() in ("store", "scatter")):
                 raise line.error(f"an instruction or the '}}' closing kernel {name} "
                                  f"(opened on line {head.number})")
             body.append(self.instr(line, values, len(body)))
@@ -272,8 +277,9 @@ class _Parser:
         op = line.take("word", "an opcode")
         if op not in ALL_OPS:
             raise line.fail(f"unknown opcode {op!r}")
-        if (op == "store") != (result is None):
-            raise line.fail("a store has no result" if result else f"{op} needs a result '%N ='")
+        if (op in ("store", "scatter")) != (result is None):
+            raise line.fail(f"a {op} has no result" if result else
+                            f"{op} needs a result '%N ='")
 
         def value() -> int:
             token = line.take("val", "an operand %name")
@@ -284,7 +290,8 @@ class _Parser:
         args: list[int] = []
         attrs: tuple = ()
         literal = None
-        if op in ("load", "store", "gather"):
+        if op in ("load", "store", "gather", "scatter"):
+            mode = line.take("word", "a scatter mode") if op == "scatter" else None
             buffer = self._buffer_name(line)
             if buffer not in self.buffer_index:
                 raise line.fail(f"unknown buffer @{buffer}")
@@ -292,13 +299,18 @@ class _Parser:
             offset = line.integer()
             line.keyword(";")
             attrs = (self.buffer_index[buffer], IndexMap(offset, line.ints()))
-            if op in ("store", "gather"):
+            if op in ("store", "gather", "scatter"):
                 line.keyword(",")
                 args.append(value())
-            if op == "gather":
+            if op == "scatter":  # the value, then the element offset
+                line.keyword(",")
+                args.append(value())
+            if op in ("gather", "scatter"):
                 line.keyword("in")
                 line.keyword("[")
                 attrs += (line.ints(),)
+            if mode is not None:
+                attrs += (mode,)
         elif op == "const":
             literal = line.take(None, "a constant")  # checked once the dtype is known
         elif op == "index":

@@ -18,24 +18,27 @@ from hologram.isa.ir import (
     FLOAT_UNARY_OPS,
     MEMORY_OPS,
     REDUCE_KINDS,
+    SCATTER_MODES,
     UNARY_OPS,
+    WRITE_OPS,
     IndexMap,
     Instr,
     Kernel,
     Program,
     decode_const,
     encode_const,
+    scatter_disjoint,
 )
 
 Type = tuple[DType, tuple[int, ...]]
 
-_ATTR_COUNT = {"load": 2, "store": 2, "gather": 3, "const": 1, "index": 1, "reduce": 2,
-               "contract": 1}
+_ATTR_COUNT = {"load": 2, "store": 2, "gather": 3, "scatter": 4, "const": 1, "index": 1,
+               "reduce": 2, "contract": 1}
 _ARITY = {
     **{op: 1 for op in UNARY_OPS},
     **{op: 2 for op in BINARY_OPS + COMPARE_OPS},
-    "load": 0, "gather": 1, "const": 0, "index": 0, "store": 1, "cast": 1, "reduce": 1,
-    "contract": 2, "fma": 3, "select": 3,
+    "load": 0, "gather": 1, "scatter": 2, "const": 0, "index": 0, "store": 1, "cast": 1,
+    "reduce": 1, "contract": 2, "fma": 3, "select": 3,
 }
 
 
@@ -73,7 +76,9 @@ def infer(op: str, args: list[Type], attrs: tuple, dtype: DType | None,
     ``dtype`` is the declared result dtype; it is required for ``load``, ``gather``,
     ``const``, ``index`` and ``cast`` (which cannot infer it) and checked against the rule
     otherwise. A gather's shape is declared; the one returned is its operand's, which must
-    broadcast to it.
+    broadcast to it. A store's and a scatter's dtype is their value's (``dtype`` None);
+    the shape returned is their operands' broadcast, which must broadcast to the declared
+    one.
     """
     if op not in _ARITY:
         raise IRError(f"unknown opcode {op!r}")
@@ -98,6 +103,14 @@ def infer(op: str, args: list[Type], attrs: tuple, dtype: DType | None,
     if op == "gather":
         need(args[0][0].is_int, "the element offset must be an integer")
         return dtype, args[0][1]
+    if op == "scatter":
+        need(args[1][0].is_int, "the element offset (the second operand) must be an integer")
+        mode = attrs[3]
+        need(mode in SCATTER_MODES, f"unknown scatter mode {mode!r}; one of {SCATTER_MODES}")
+        need(not (args[0][0].is_bool and mode in ("add", "mul")),
+             f"scatter {mode} needs a numeric value (bool: max is or, min is and)")
+        need(dtype is None or dtype is args[0][0], "the dtype is the value's")
+        return args[0][0], broadcast([args[0][1], args[1][1]])
     if op == "const":
         return dtype, ones
     if op == "index":
@@ -157,12 +170,17 @@ def infer(op: str, args: list[Type], attrs: tuple, dtype: DType | None,
     return result, shape
 
 
+_ATTR_SHAPES = {"load": "(buffer, IndexMap)", "store": "(buffer, IndexMap)",
+                "gather": "(buffer, IndexMap, (low, high))",
+                "scatter": "(buffer, IndexMap, (low, high), mode)"}
+
+
 def _check_memory(program: Program, kernel: Kernel, instr: Instr) -> None:
-    gather = instr.op == "gather"
-    if not (isinstance(instr.attrs, tuple) and len(instr.attrs) == 2 + gather
+    indexed = instr.op in ("gather", "scatter")  # a data-dependent offset, clamped
+    if not (isinstance(instr.attrs, tuple) and len(instr.attrs) == _ATTR_COUNT[instr.op]
             and isinstance(instr.attrs[1], IndexMap)):
-        what = "(buffer, IndexMap, (low, high))" if gather else "(buffer, IndexMap)"
-        raise IRError(f"{instr.op} attrs must be {what}, got {instr.attrs!r}")
+        raise IRError(f"{instr.op} attrs must be {_ATTR_SHAPES[instr.op]}, "
+                      f"got {instr.attrs!r}")
     index, imap = instr.attrs[:2]
     if not (isinstance(index, int) and 0 <= index < len(program.buffers)):
         raise IRError(f"{instr.op} of unknown buffer #{index}")
@@ -176,12 +194,12 @@ def _check_memory(program: Program, kernel: Kernel, instr: Instr) -> None:
         raise IRError(f"{instr.op} of {buf.name}: buffer is {buf.dtype.name}, "
                       f"instruction is {instr.dtype.name}")
     low, high = imap.extent(instr.shape)
-    if gather:
+    if indexed:
         bounds = instr.attrs[2]
         if not (isinstance(bounds, tuple) and len(bounds) == 2
                 and all(isinstance(b, int) and not isinstance(b, bool) for b in bounds)
                 and bounds[0] <= bounds[1]):
-            raise IRError(f"gather bounds must be two ints low <= high, got {bounds!r}")
+            raise IRError(f"{instr.op} bounds must be two ints low <= high, got {bounds!r}")
         # The operand is clamped to the bounds: these are the elements it can reach.
         low, high = low + bounds[0], high + bounds[1]
     if high >= low and (low < 0 or high >= buf.size):
@@ -190,12 +208,18 @@ def _check_memory(program: Program, kernel: Kernel, instr: Instr) -> None:
             f"for shape {list(instr.shape)} with offset {imap.offset}, strides "
             f"{list(imap.strides)} (buffer has {buf.size} elements)"
         )
-    if instr.op == "store":
-        if buf.kind == "in":
-            raise IRError(f"store to input buffer {buf.name} (declare it out or inout)")
-        if not imap.is_injective(instr.shape):
-            raise IRError(f"store to {buf.name} writes one element more than once: "
-                          f"strides {list(imap.strides)} over shape {list(instr.shape)}")
+    if instr.op in WRITE_OPS and buf.kind == "in":
+        raise IRError(f"{instr.op} to input buffer {buf.name} (declare it out or inout)")
+    # A scatter's writes to one element are made in index order; the grid runs in
+    # parallel, so it may hold only dimensions whose points never write the same element.
+    if instr.op == "scatter" and not scatter_disjoint(instr, kernel.domain,
+                                                      range(kernel.grid_rank)):
+        raise IRError(f"scatter to {buf.name}: the grid {list(kernel.grid)} is not "
+                          "proven disjoint (two grid points may write one element, whose "
+                          "writes must stay in index order); make its dimensions loops")
+    if instr.op == "store" and not imap.is_injective(instr.shape):
+        raise IRError(f"store to {buf.name} writes one element more than once: "
+                      f"strides {list(imap.strides)} over shape {list(instr.shape)}")
 
 
 def verify_kernel(program: Program, kernel: Kernel) -> None:
@@ -212,8 +236,9 @@ def verify_kernel(program: Program, kernel: Kernel) -> None:
             for a in instr.args:
                 if not 0 <= a < pos:
                     raise IRError(f"operand %{a} is used before it is defined")
-                if kernel.body[a].op == "store":
-                    raise IRError(f"operand %{a} is a store, which has no value")
+                if kernel.body[a].op in WRITE_OPS:
+                    raise IRError(f"operand %{a} is a {kernel.body[a].op}, which has no "
+                                  "value")
             if not isinstance(instr.dtype, DType):
                 raise IRError(f"dtype {instr.dtype!r} is not an Atlas dtype")
             if len(instr.shape) != len(domain) or any(
@@ -222,20 +247,24 @@ def verify_kernel(program: Program, kernel: Kernel) -> None:
                 raise IRError(f"shape {list(instr.shape)} does not fit domain {list(domain)} "
                               "(each extent must be the domain's or 1)")
             args = [(kernel.body[a].dtype, kernel.body[a].shape) for a in instr.args]
-            declared = None if instr.op == "store" else instr.dtype
+            declared = None if instr.op in WRITE_OPS else instr.dtype
             dtype, shape = infer(instr.op, args, instr.attrs, declared, domain,
                                  kernel.grid_rank)
             if instr.op in MEMORY_OPS:
                 _check_memory(program, kernel, instr)
-                if instr.op == "store":
+                if instr.op in WRITE_OPS:
                     stored.add(instr.buffer)
             elif instr.op == "const":
                 _check_const(instr)
-            if instr.op in ("store", "gather"):
+            if instr.op in ("store", "gather", "scatter"):
                 if broadcast([shape, instr.shape]) != instr.shape:
-                    what = "stored value" if instr.op == "store" else "element offset"
+                    what = {"store": "stored value", "gather": "element offset",
+                            "scatter": "value and element offset"}[instr.op]
                     raise IRError(f"{what} {list(shape)} does not broadcast to the "
                                   f"{instr.op}'s shape {list(instr.shape)}")
+                if instr.op == "scatter" and instr.dtype is not dtype:
+                    raise IRError(f"declared dtype {instr.dtype.name} but the value is "
+                                  f"{dtype.name}")
             elif instr.op != "load" and (dtype, shape) != (instr.dtype, instr.shape):
                 raise IRError(f"declared type {instr.dtype.name}{list(instr.shape)} but the "
                               f"operands give {dtype.name}{list(shape)}")
@@ -248,6 +277,12 @@ def verify_kernel(program: Program, kernel: Kernel) -> None:
         # Reading and writing one buffer in a kernel is safe only point-to-point (x += 1):
         # any other overlap makes the result depend on the order grid points run in.
         accesses = [i for i in kernel.body if i.op in MEMORY_OPS and i.buffer == buf]
+        if any(i.op == "scatter" for i in accesses) and len(accesses) > 1:
+            # Where a scatter writes is data: any other access to its buffer in the kernel
+            # (a load, a gather, a store, a second scatter) could meet its writes in an
+            # order the grid does not define.
+            raise IRError(f"kernel {kernel.name} scatters into {program.buffers[buf].name} "
+                          "and also accesses it otherwise; split the kernel")
         if any(i.op == "gather" for i in accesses):
             # Which element a gather reads is known only when it runs: it could be one
             # another grid point writes.

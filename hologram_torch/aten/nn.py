@@ -12,12 +12,10 @@ Composite ops need no kernel: ``cross_entropy`` is ``_log_softmax`` + ``nll_loss
 and the backward of ``binary_cross_entropy_with_logits`` is elementwise ops.
 
 An embedding row and a class in ``nll_loss`` are the ISA's ``gather`` (O(indices x
-width)). ``nll_loss``'s backward is a one-hot formulation (the embedding's gradient too,
-in its lowering; eagerly it is grouped on the host, see
-:func:`embedding_dense_backward`): compare an ``arange`` with the index, ``select`` the
-matching value (the others become -0.0, the identity of the sum), and reduce. That
-costs O(indices x table) work instead of O(indices), and is exact, NaN and infinities in
-unselected entries included. Index values that torch checks
+width)); the embedding's gradient is the ISA's ``scatter`` adding grad rows into the
+table's rows in index order (O(indices x width + table), whatever the multiplicity of an
+index). ``nll_loss``'s backward, dense over its [N, C] result anyway, compares an
+``arange`` of the classes with the target and selects. Index values that torch checks
 (out of range targets and embedding indices, probabilities outside [0, 1]) are checked
 on the host, through a CPU alias of the device memory: a failing check sends the call to
 the CPU fallback, which raises torch's own error.
@@ -33,9 +31,8 @@ from hologram_torch import memory
 from hologram_torch.aten import lowered, program
 from hologram_torch.aten.program import ISA, cast, opmath
 from hologram_torch.aten.registry import aten, impl
-from hologram_torch.aten.shape import cpu_error, in_bounds, index_counts, sorted_groups
+from hologram_torch.aten.shape import cpu_error, in_bounds
 from hologram_torch.fallback import run_on_cpu
-from hologram_torch.lowering.shape import MAX_TERMS, row_sums
 
 OPINFO = ("softmax", "log_softmax", "_softmax_backward_data", "nn.functional.softmin",
           "nn.functional.mse_loss", "nn.functional.cross_entropy", "nn.functional.nll_loss",
@@ -256,44 +253,12 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
     return r
 
 
-#: How much more work than the CPU kernel's the grouped embedding gradient may do and
-#: still run natively: at 4x it measured as fast as the CPU kernel (100 rows, 256 ids),
-#: below it faster (1000 rows, 512 or 4096 ids: 76 against 95 µs, 195 against 303).
-GROUPED_WORK = 4
-
-
-def _embedding_backward_build(g, grad, groups, rows, terms, scale):
-    """grad_weight from grad rows grouped by index (:func:`shape.sorted_groups`)."""
-    count, width = math.prod(grad.shape[:-1]), grad.shape[-1]
-    acc = opmath(grad.dtype)
-    order, starts = groups[:count], groups[count:count + rows]
-    counts = groups[count + rows:]
-    total = row_sums(g, cast(grad, acc).reshape(count, width), order, starts, counts, terms)
-    if scale:  # each row's gradient over its number of occurrences
-        total = total / g.maximum(cast(counts, acc).reshape(rows, 1), 1.0)
-    return cast(total, grad.dtype)
-
-
 @impl("embedding_dense_backward")
 def embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad_by_freq):
     """The gradient of :func:`embedding` for its [num_weights, D] table: the grad rows
-    summed per index, from the indices sorted on the host (:func:`shape.index_counts`,
-    :func:`~hologram_torch.lowering.shape.row_sums`): O(V·D·m) for the largest
-    multiplicity m of an index (rounded up to a power of two). Where that is more than
-    :data:`GROUPED_WORK` times the CPU kernel's O((V + N)·D) for N indices (a frequent
-    token), or m is above ``row_sums``' limit, the CPU fallback runs it: measured
-    faster there (docs/torch.md)."""
-    rows = int(num_weights)
-    if (grad.dim() and tuple(grad.shape[:-1]) == tuple(indices.shape) and indices.numel()
-            and program.supported(grad) and grad.is_floating_point() and not indices.is_cpu
-            and indices.dtype in (torch.int64, torch.int32) and in_bounds(indices, 0, rows)):
-        values, counts, terms = index_counts(indices, rows, int(padding_idx))
-        if terms > MAX_TERMS or rows * terms > GROUPED_WORK * (rows + indices.numel()):
-            return run_on_cpu(aten.embedding_dense_backward.default, grad, indices,
-                              num_weights, padding_idx, scale_grad_by_freq)
-        return program.run("embedding_backward_sorted", _embedding_backward_build,
-                           (grad, sorted_groups(values, counts)),
-                           (rows, terms, bool(scale_grad_by_freq)))
+    added per index in index order, one ISA scatter (its lowering in
+    :mod:`hologram_torch.lowering.nn`), O((V + N)·D) like the CPU kernel's loop, at any
+    multiplicity of an index."""
     r = lowered.call(aten.embedding_dense_backward.default, grad, indices, int(num_weights),
                      int(padding_idx), bool(scale_grad_by_freq), name="embedding_backward")
     if r is NotImplemented:

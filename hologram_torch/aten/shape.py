@@ -27,7 +27,6 @@ Indexing forms the gather does not take run through the fallback too: boolean ma
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch.utils._pytree import tree_map
 
@@ -35,14 +34,16 @@ from hologram_torch import memory
 from hologram_torch.aten import program
 from hologram_torch.aten.linalg import infer, kernels, launch
 from hologram_torch.aten.program import ISA
-from hologram_torch.aten.registry import aten
+from hologram_torch.aten.registry import aten, impl
 from hologram_torch.aten.tensor import clone, copy_into
 from hologram_torch.fallback import cpu_view, run_on_cpu
-from hologram_torch.lowering import Number, lower
+from hologram_torch.lowering import Number, Unsupported, lower
 from hologram_torch.lowering import shape as lowering_shape
 
 OPINFO = ("cat", "stack", "hstack", "vstack", "index_select", "gather", "index_add",
-          "scatter", "scatter_add", "__getitem__")
+          "scatter", "scatter_add", "__getitem__", "index_put", "index_copy", "index_fill",
+          "scatter_reduce.sum", "scatter_reduce.prod", "scatter_reduce.mean",
+          "scatter_reduce.amax", "scatter_reduce.amin")
 
 
 # --- cat --------------------------------------------------------------------------------
@@ -76,38 +77,6 @@ def in_bounds(index: torch.Tensor, low: int, high: int) -> bool:
         return True
     least, most = torch.aminmax(memory.cpu_alias(index))
     return low <= int(least) and int(most) < high
-
-
-def index_counts(index: torch.Tensor, rows: int,
-                 drop: int = -1) -> tuple[np.ndarray, np.ndarray, int]:
-    """The values of ``index`` (a device tensor of values in ``[-rows, rows)``, negative
-    ones counted from the end) as a NumPy array, read through a CPU view, how often each
-    row occurs (row ``drop`` not at all, e.g. an embedding's ``padding_idx``), and the
-    largest count rounded up to a power of two (the terms per row of
-    :func:`hologram_torch.lowering.shape.row_sums`, a program compiled per power)."""
-    values = memory.cpu_alias(index).numpy().reshape(-1).astype(np.int64)
-    values[values < 0] += rows
-    counts = np.bincount(values, minlength=rows)
-    if 0 <= drop < rows:
-        counts[drop] = 0
-    return values, counts, 1 << max(int(counts.max()) - 1, 0).bit_length()
-
-
-def sorted_groups(values: np.ndarray, counts: np.ndarray) -> torch.Tensor:
-    """What :func:`hologram_torch.lowering.shape.row_sums` reads, from
-    :func:`index_counts`: one int64 device tensor holding ``order`` (the positions of
-    ``values`` sorted by value, stably), then each row's ``starts`` and ``counts``.
-    NumPy, not torch: a few µs at a thousand indices, where each small torch call costs
-    several."""
-    n, rows = values.size, counts.size
-    groups = memory.empty((n + 2 * rows,), torch.int64, [1])
-    table = memory.cpu_alias(groups).numpy()
-    table[:n] = np.argsort(values, kind="stable")
-    table[n + rows:] = counts
-    starts = table[n:n + rows]
-    np.cumsum(np.bincount(values, minlength=rows), out=starts)  # dropped rows included
-    starts -= np.bincount(values, minlength=rows)
-    return groups
 
 
 def cpu_error(op, *args, **kwargs):
@@ -206,54 +175,160 @@ def _index(op, self, indices, out=None):
 kernels("index.Tensor", _index)
 
 
-# --- scatters ---------------------------------------------------------------------------
+# --- writes by index: the lowerings' ISA scatter ------------------------------------------
 
-def _scatter_build(g, self, index, src, alpha, dim, mode, dtype, index_add):
-    """The scatter family (:func:`hologram_torch.lowering.shape.scatter_into`): ``src``
-    0-d is a number (a wrapped or Python one); ``alpha`` is index_add's."""
-    src = Number.of(src) if src.ndim == 0 else src
-    return lowering_shape.scatter_into(g, self, dim, index, src, mode, index_add,
-                                       Number.of(alpha) if index_add else 1)
+def _writes_build(g, self, index, src, alpha, dim, how, dtype, kind, include_self, number,
+                  scaled):
+    """The index writes (:mod:`hologram_torch.lowering.shape`): ``src`` a runtime number
+    when ``number`` (a Python one, or a CPU 0-d tensor: torch's wrapped scalar);
+    ``alpha`` index_add's, used when ``scaled`` (else 1: nothing to scale)."""
+    src = Number.of(src) if number else src
+    if kind == "two":
+        return lowering_shape.scatter_reduce_two(g, self, dim, index, src, how,
+                                                 include_self=include_self)
+    slices = kind in ("index_add", "index_copy", "index_fill")
+    alpha = Number.of(alpha) if scaled else 1
+    return lowering_shape.scatter_into(g, self, dim, index, src, how, slices, alpha)
 
 
-def _scatter(mode: str, index_add: bool = False):
-    """A kernel of the scatter family. ``mode``: "add", "replace", or "reduce" (taken
-    from the ``reduce=`` argument: "add" or "multiply")."""
+#: Per kind of index write: the index dtypes torch takes, and whether negative indices
+#: count from the end (else torch raises for them).
+_WRITE_INDEX = {"index_add": (_SELECT_INDEX, False), "index_fill": (_SCATTER_INDEX, True)}
+_REDUCTIONS = {"reduce": ("add", "multiply"), "two": ("sum", "prod", "mean", "amax", "amin")}
 
-    def kernel(op, self, dim, index, src, *, alpha=1, reduce=None, out=None):
-        args = (self, dim, index, src)
-        kwargs = {k: v for k, v in (("alpha", alpha if index_add else None),
-                                    ("reduce", reduce), ("out", out)) if v is not None}
-        how = mode if mode != "reduce" else {"add": "add", "multiply": "multiply"}.get(reduce)
+
+def _writes(kind: str):
+    """The kernel of an index write. ``kind``: "scatter" (``src``/``value``: replace),
+    "reduce" (``scatter(reduce=)``: add or multiply), "add" (``scatter_add``), "two"
+    (``scatter_reduce.two``), "index_add", "index_copy", "index_fill"."""
+    mode = {"scatter": "replace", "add": "add", "index_add": "add",
+            "index_copy": "replace", "index_fill": "replace"}.get(kind)
+    index_dtypes, negative = _WRITE_INDEX.get(kind, (_SCATTER_INDEX, False))
+
+    def kernel(op, self, dim, index, src, reduce=None, *, alpha=1, include_self=True,
+               out=None):
+        args = (self, dim, index, src) + ((reduce,) if kind == "two" else ())
+        kwargs = {k: v for k, v in (("alpha", alpha if kind == "index_add" else None),
+                                    ("reduce", reduce if kind == "reduce" else None),
+                                    ("include_self", include_self if kind == "two" else None),
+                                    ("out", out)) if v is not None}
+        how = mode if mode is not None else (reduce if reduce in _REDUCTIONS[kind] else None)
         tensors = (self, index) + ((src,) if isinstance(src, torch.Tensor) else ())
-        if (not program.supported(*tensors) or how is None or index.dtype not in (
-                _SELECT_INDEX if index_add else _SCATTER_INDEX)
+        if (not program.supported(*tensors) or how is None or index.dtype not in index_dtypes
                 or isinstance(alpha, complex) or isinstance(src, complex)):
             return run_on_cpu(op, *args, **kwargs)
         infer(op, *args, **kwargs)
-        if index.numel() == 0:  # nothing scattered (index may even have another rank)
+        if index.numel() == 0:  # nothing written (index may even have another rank)
             if out is None:
                 return clone(self)
             if out.shape != self.shape:
                 out.resize_(self.shape)
             return copy_into(out, self)
-        dim = dim % self.dim()
-        if not in_bounds(index, 0, self.shape[dim]):
+        dim = dim % max(self.dim(), 1)
+        n = self.shape[dim] if self.dim() else 1
+        if not in_bounds(index, -n if negative else 0, n):
             return cpu_error(op, *args, **kwargs)
         if isinstance(src, torch.Tensor) and src.is_cpu:  # a wrapped number
             src = src.item()
         if not isinstance(src, torch.Tensor) and self.dtype is torch.bool:
             src = bool(src)
-        static = (dim, how, ISA[self.dtype], index_add)
-        return launch(op, args, kwargs, "shape.scatter", _scatter_build,
-                      (self, index, src, alpha), static, out)
+        number = not isinstance(src, torch.Tensor)
+        if kind == "two" and number:
+            return run_on_cpu(op, *args, **kwargs)
+        scaled = kind == "index_add" and not (isinstance(alpha, (bool, int, float))
+                                              and alpha == 1)
+        static = (dim, how, ISA[self.dtype], kind, bool(include_self), number, scaled)
+        try:
+            return launch(op, args, kwargs, f"shape.{kind}", _writes_build,
+                          (self, index, src, alpha if scaled else 1), static, out)
+        except (Unsupported, program.Unsupported):  # shapes the lowering does not take
+            return run_on_cpu(op, *args, **kwargs)
 
     return kernel
 
 
-for _name, _mode in (("scatter.src", "replace"), ("scatter.value", "replace"),
+for _name, _kind in (("scatter.src", "scatter"), ("scatter.value", "scatter"),
                      ("scatter.reduce", "reduce"), ("scatter.value_reduce", "reduce"),
-                     ("scatter_add", "add"), ("index_add", "add")):
-    kernels(_name, _scalars_as_vectors(_scatter(_mode, index_add=_name == "index_add")))
+                     ("scatter_add", "add"), ("scatter_reduce.two", "two"),
+                     ("index_add", "index_add"), ("index_copy", "index_copy"),
+                     ("index_fill.int_Scalar", "index_fill"),
+                     ("index_fill.int_Tensor", "index_fill")):
+    kernels(_name, _writes(_kind))
+
+
+# --- index_put: x[idx] = v, x[idx] += v, x[mask] = v -----------------------------------------
+
+def _index_put_build(g, self, values, *rest):
+    *tensors, present, accumulate, number = rest
+    given = iter(tensors)
+    indices = [next(given) if p else None for p in present]
+    values = Number.of(values) if number else values
+    return lower(aten.index_put.default, g, self, indices, values, accumulate)
+
+
+def _mask_indices(self: torch.Tensor, indices: list) -> list | None:
+    """``indices`` with each boolean mask replaced by the long index tensors of its
+    ``nonzero()`` positions (PyTorch's own expansion), computed on the host through a
+    CPU view; None where a mask's shape does not match the dimensions it indexes (torch
+    raises)."""
+    expanded, d = [], 0
+    for i in indices:
+        if i is None or i.dtype is not torch.bool:
+            expanded.append(i)
+            d += 1
+            continue
+        if i.dim() == 0 or tuple(i.shape) != tuple(self.shape[d:d + i.dim()]):
+            return None
+        found = (memory.cpu_alias(i) if not i.is_cpu else i).nonzero()
+        expanded += [memory.from_cpu(found[:, j].contiguous()) for j in range(i.dim())]
+        d += i.dim()
+    return expanded
+
+
+@impl("_index_put_impl_")
+def _index_put_impl_(self, indices, values, accumulate=False, unsafe=False):
+    """``self[indices] = values`` (``+=`` with ``accumulate``) in place: one ISA scatter
+    (:func:`hologram_torch.lowering.shape.index_put`), duplicates written in index order
+    (the last wins; accumulated in order). Boolean masks become indices on the host first
+    (a host read of the mask, as PyTorch's own expansion does); index values are checked
+    before the launch, an index out of range making PyTorch's CPU kernel raise."""
+    op = aten._index_put_impl_.default
+    indices = list(indices)
+    args = (self, indices, values, accumulate, unsafe)
+    if any(i is not None and i.dtype is torch.bool for i in indices) and \
+            program.supported(self):
+        expanded = _mask_indices(self, indices)
+        if expanded is None:
+            return cpu_error(op, *args)
+        indices = expanded
+    tensors = [i for i in indices if i is not None]
+    value_tensor = isinstance(values, torch.Tensor) and not (values.is_cpu
+                                                             and values.dim() == 0)
+    if (not tensors or self.dim() == 0 or len(indices) > self.dim()
+            or not program.supported(self, *tensors, *([values] if value_tensor else []))
+            or any(t.dtype not in _SELECT_INDEX or t.is_cpu for t in tensors)
+            or (value_tensor and (values.dtype is not self.dtype or values.is_cpu))
+            or memory.internal_overlap(self)):
+        return run_on_cpu(op, *args)
+    for d, i in enumerate(indices):
+        n = self.shape[d]
+        if i is not None and not in_bounds(i, -n, n):
+            return cpu_error(op, *args)
+    if self.numel() == 0:
+        return self
+    if not value_tensor:
+        values = values.item() if isinstance(values, torch.Tensor) else values
+        if self.dtype is torch.bool:
+            values = bool(values)
+        if isinstance(values, complex):
+            return run_on_cpu(op, *args)
+    present = tuple(i is not None for i in indices)
+    try:
+        program.run("shape.index_put", _index_put_build, (self, values, *tensors),
+                    (present, bool(accumulate), not value_tensor), out=(self,))
+    except (Unsupported, program.Unsupported):  # values that do not broadcast: torch raises
+        return run_on_cpu(op, *args)
+    return self
+
 
 __all__ = ["OPINFO"]

@@ -7,11 +7,11 @@ torch's CPU kernel stores a half-type intermediate, the lowering rounds it too
 (:func:`_rounded`), so half results agree to the last bits that matter.
 
 An embedding lookup and a class in ``nll_loss`` (its forward) are the ISA's ``gather``:
-each output element reads its own element, O(indices x width). ``nll_loss``'s backward and
-the embedding's gradient (a sum per row of the table over the indices that name it: a
-scatter, which the ISA has no store for) are one-hot: compare an ``arange`` with the index,
-select the matching value (the others become -0.0, the identity of the sum), and reduce:
-O(indices x table) work, exact. Torch's checks
+each output element reads its own element, O(indices x width). The embedding's gradient
+(a sum per row of the table over the indices that name it) is the ISA's ``scatter``
+adding rows in index order, O(indices x width + table). ``nll_loss``'s backward, dense
+over [N, C] anyway, compares an ``arange`` of the classes with the target (O(N x C), the
+size of its result). Torch's checks
 of index *values* (targets and embedding indices in range, BCE probabilities in [0, 1])
 are not part of a lowering: the eager device makes them on the host first; here an
 out-of-range index selects nothing (its loss term is 0) or, in an embedding, reads the
@@ -449,24 +449,27 @@ def embedding(g, weight, indices, padding_idx=-1, scale_grad_by_freq=False, spar
 @register(aten.embedding_dense_backward.default)
 def embedding_dense_backward(g, grad_output, indices, num_weights, padding_idx,
                              scale_grad_by_freq):
-    """grad_weight[v] = sum of grad rows whose index is v (not padding_idx), one-hot:
-    O(N·V·D) for N indices, V rows, D features."""
+    """grad_weight[v] = the grad rows whose index is v (not padding_idx) added in index
+    order into zeros, in the grad's dtype (torch's CPU loop): one ISA scatter-add of rows,
+    O(N·D + V·D) for N indices, V rows, D features. With ``scale_grad_by_freq`` each row
+    is scaled by one over its index's count (a scatter-add of ones, then a gather)."""
     _floats(grad_output)
     if (indices.dtype not in (dt.int64, dt.int32) or grad_output.ndim == 0
             or tuple(grad_output.shape[:-1]) != tuple(indices.shape)):
         raise Unsupported("embedding_dense_backward arguments")
-    rows = int(num_weights)
-    acc = opmath(grad_output.dtype)
+    rows, t = int(num_weights), grad_output.dtype
     n, width = math.prod(indices.shape), grad_output.shape[-1]
-    idx = cast(indices, dt.int64).reshape(1, n, 1)
-    hit = g.binary("and", g.binary("eq", g.arange(rows).reshape(rows, 1, 1), idx),
-                   g.binary("ne", idx, int(padding_idx)))
-    dy = cast(grad_output, acc).reshape(1, n, width)
-    total = g.reduce("sum", g.where(hit, dy, -0.0), 1)
-    if scale_grad_by_freq:  # each row's gradient over its number of occurrences
-        counts = g.reduce("sum", cast(hit, acc), 1)
-        total = total / g.maximum(counts, 1.0)
-    return cast(total, grad_output.dtype)
+    zeros = cast(g.arange(1), t)[0].broadcast_to((rows, width))
+    if n == 0:
+        return g.copy(zeros)
+    idx = cast(indices, dt.int64).reshape(n, 1)
+    dy = grad_output.reshape(n, width)
+    if scale_grad_by_freq:  # torch: alpha = 1.0 / count (a double) per row
+        counts = g.scatter(cast(zeros[:, 0], dt.int64), (idx,), 1, (n, 1), "add")
+        scale = 1.0 / cast(g.gather(counts, (idx,), (n, 1)), dt.float64)
+        dy = cast(cast(dy, opmath(t)) * cast(scale, opmath(t)), t)
+    dy = g.where(g.binary("ne", idx, int(padding_idx)), dy, 0.0)
+    return g.scatter(zeros, (idx, 1), dy, (n, width), "add")
 
 
 # --- dropout (the backward: the forward draws its mask, an eager op) -----------------------

@@ -1,6 +1,7 @@
-"""Joining and index-based selection: ``cat``, ``index.Tensor`` (advanced indexing),
-``index_select``, ``gather``, ``index_add``, ``scatter`` (``src``, ``value`` and
-``reduce=`` forms) and ``scatter_add``; ``arange``.
+"""Joining and index-based selection and writes: ``cat``, ``index.Tensor`` (advanced
+indexing), ``index_select``, ``gather``; ``index_put``, ``scatter`` (``src``, ``value``
+and ``reduce=`` forms), ``scatter_add``, ``scatter_reduce`` (``.two``), ``index_add``,
+``index_copy``, ``index_fill``; ``arange``.
 
 ``cat`` is one program: a kernel per non-empty input stores it (cast to the promoted
 dtype) into its slice of a temporary; the output kernel writes that to the result.
@@ -8,19 +9,22 @@ dtype) into its slice of a temporary; the output kernel writes that to the resul
 Selections (``index.Tensor``, ``index_select``, ``gather``) are the ISA's ``gather``
 (:meth:`hologram.frontend.graph.Graph.gather`): one kernel over the result reading each
 selected element once, O(numel(out)), exact (-0.0, NaN payloads aside, come back as
-they are). Scatters have no indexed store: they are one-hot, a kernel over the region's
-positions times the ``K`` candidate indices compares ``index == position`` and reduces
-the hits (sum, or max for bool, whose sum does not exist), O(numel(region) * K);
-non-selected candidates are masked out before the sum, so NaN and inf elsewhere never
-leak in. ``scatter`` with duplicate indices keeps the last write along ``dim``, as torch's
-CPU kernel does.
+they are). Writes by index are the ISA's ``scatter``
+(:meth:`hologram.frontend.graph.Graph.scatter`): ``self`` copied, then one kernel over
+the index writing each element once, O(numel(self) + numel(index)), in index order:
+duplicates keep the last write (``scatter``, ``index_put``, ``index_copy``; torch's CPU
+kernels do so along ``dim``), reductions (``scatter_add``, ``index_add``, ``index_put``
+with ``accumulate``, ``scatter_reduce``) combine in order, as torch's CPU kernels loop:
+in self's dtype, except that float16 and bfloat16 accumulate in float32, rounded once at
+the end, in the scatter family and ``index_add`` (``index_put``'s accumulation rounds
+after every step, as its CPU kernel does).
 
 Index *values* are not checked here (torch raises for out-of-range ones; the eager device
 checks them before it launches): negative indices count from the end where torch allows
-them (``index.Tensor``); beyond that a selection reads the gather's clamped element and a
-scatter writes nothing. :class:`Unsupported`: index dtypes torch rejects (and boolean
-masks, whose result's shape is data), a ``reduce`` other than "add"/"multiply", shapes
-torch rejects.
+them (``index.Tensor``, ``index_put``, ``index_fill``); beyond that a selection reads the
+gather's clamped element and a write goes to the scatter's clamped element.
+:class:`Unsupported`: index dtypes torch rejects (and boolean masks, whose positions are
+data: the eager device turns them into indices first), shapes torch rejects.
 """
 
 from __future__ import annotations
@@ -131,13 +135,13 @@ def index_select(g, self, dim, index):
     return r.reshape() if self.ndim == 0 else r
 
 
-@register(aten.index.Tensor)
-def index(g, self, indices):
-    """Advanced indexing, ``self[indices]``: ``indices`` holds an integer tensor or None
-    (the whole dimension) per leading dimension of ``self``. The index tensors broadcast
-    to one shape ``B``; where they index adjacent dimensions ``B`` replaces them in the
-    result, else it comes first (NumPy's and PyTorch's rule). Negative indices count from
-    the end."""
+def _advanced(self, indices):
+    """The positions of advanced indexing, ``self[indices]``: ``(shape, coords)``, the
+    result's shape and one coordinate per dimension of ``self`` as
+    :meth:`~hologram.frontend.graph.Graph.gather` and ``scatter`` take them. ``indices``
+    holds an integer tensor or None (the whole dimension) per leading dimension. The index
+    tensors broadcast to one shape ``B``; where they index adjacent dimensions ``B``
+    replaces them in the result, else it comes first (NumPy's and PyTorch's rule)."""
     indices = list(indices)
     if len(indices) > max(self.ndim, 1) or not any(i is not None for i in indices):
         raise Unsupported("index: more indices than dimensions, or none")  # torch raises
@@ -169,167 +173,230 @@ def index(g, self, indices):
             t = indices[d]._aligned(len(batch))
             coords.append(t._view((1,) * lead + t.shape + (1,) * trail,
                                   (0,) * lead + t.strides + (0,) * trail, t.offset))
-    return g.gather(self, tuple(coords), shape)
+    return shape, tuple(coords)
 
 
-#: The most terms per group :func:`row_sums` adds (one gather and one addition each, in
-#: one elementwise kernel over the result).
-MAX_TERMS = 16
+@register(aten.index.Tensor)
+def index(g, self, indices):
+    """Advanced indexing, ``self[indices]`` (:func:`_advanced`): one gather. Negative
+    indices count from the end."""
+    shape, coords = _advanced(self, indices)
+    return g.gather(self, coords, shape)
 
 
-def row_sums(g, src, order, starts, counts, terms: int):
-    """Sums of rows of ``src`` ([K, D]) grouped by a row index, from the index sorted:
-    ``order`` ([K], int64) lists the rows of ``src`` grouped by their index value,
-    ``starts[v]`` and ``counts[v]`` ([V], int64) say where group ``v`` begins in it and
-    how many it holds (a count of 0 drops a group), and ``terms`` (at most
-    :data:`MAX_TERMS`) bounds the counts. Result ``[V, D]`` in ``src``'s dtype:
-    ``src[order[starts[v]]] + ...`` added in ``order``'s order, one addition at a time
-    into +0.0, as a loop adding into zeros would (a row with no terms is +0.0).
+# --- scatters: the ISA's scatter ---------------------------------------------------------
 
-    A scatter-add with no indexed store in the ISA: ``terms`` gathers and additions per
-    result element, O(V * D * terms), each term's row found once per result row. The
-    caller sorts the index (a host step: eager only) and keeps ``terms`` small (a
-    frequent index makes every row pay for it)."""
-    rows, (count, width) = starts.shape[0], src.shape
-    if count == 0 or not 1 <= terms <= MAX_TERMS:
-        raise Unsupported(f"row sums of {count} rows in groups of up to {terms}")
-    starts, counts = starts.reshape(rows, 1), counts.reshape(rows, 1)
-    total = 0.0
-    for j in range(terms):
-        at = g.gather(order, (starts + j,), (rows, 1))
-        value = g.gather(src, (at, 1), (rows, width))
-        total = g.where(g.binary("gt", counts, j), value + total, total)
-    return total
+#: torch's reduction names -> the ISA's scatter modes.
+_MODES = {"replace": "replace", "add": "add", "sum": "add", "multiply": "mul", "prod": "mul",
+          "amax": "max", "amin": "min"}
 
 
-# --- one-hot scatter ---------------------------------------------------------------------
-
-def along(t, dim: int, shape: tuple[int, ...], extra: int | None = None):
-    """View ``t`` over ``shape + (n,)``: the same element for every position along ``dim``
-    (stride 0), and the last axis walking ``t`` along ``dim`` (``extra`` elements)."""
-    strides = tuple(0 if d == dim else s for d, s in enumerate(t.strides))
-    n = t.shape[dim] if extra is None else extra
-    return t._view(shape + (n,), strides + (t.strides[dim],), t.offset)
-
-
-# --- scatters ---------------------------------------------------------------------------
-
-def _scatter(g, self, index, src, alpha, dim, mode, index_add):
-    """``self`` with a region rewritten from ``src`` (a tensor, or a 0-d value).
-
-    Scatter: the region is ``index.shape`` with ``dim`` widened to ``self``'s; candidate
-    ``k`` of position ``q`` hits when ``index[q with q[dim] := k] == q[dim]`` and brings
-    ``src`` at the same place. ``index_add``: the region is all of ``self``, candidate
-    ``k`` hits when ``index[k] == q[dim]`` and brings ``src[q with q[dim] := k]``.
-    ``mode``: "add"/"multiply" reduce the hits into ``self``; "replace" keeps the last hit
-    along ``dim`` (torch's CPU order)."""
-    dtype = self.dtype
-    math_dtype = opmath(dtype)
-    if index_add:
-        region, count = self.shape, math.prod(index.shape)
-        flat = index.reshape(count) if index.ndim else index.reshape(1)
-        idx = flat._view(region + (count,), (0,) * len(region) + flat.strides, flat.offset)
-    else:
-        region = tuple(self.shape[d] if d == dim else n for d, n in enumerate(index.shape))
-        count = index.shape[dim]
-        idx = along(index, dim, region, count)
-    rank = len(region)
-    base = cast(self[tuple(slice(0, n) for n in region)], math_dtype)
-    candidates = along(src, dim, region, count) if src.ndim else src._aligned(rank + 1)
-
-    # Casts are kernels of their own: made before the kernels that read them.
-    idx, candidates = cast(idx, dt.int64), cast(candidates, math_dtype)
-
-    def kernel():
-        k = g.builder.kernel(region + (count,))
-        hit = k.eq(g._load(k, idx), k.index(dim, dt.int64))
-        return k, hit, g._load(k, candidates)
-
-    def reduced(k, kind, value, neutral, result_dtype):
-        out = g._temp(result_dtype, region)
-        k.store(out.buffer, k.reduce(kind, k.select(
-            value[0], value[1], k.const(neutral, result_dtype)), rank))
-        return out
-
-    boolean = math_dtype is dt.bool_
-    if mode == "replace":
-        k, hit, _ = kernel()
-        last = reduced(k, "max", (hit, k.index(rank, dt.int64)), -1, dt.int64)
-        k, _, value = kernel()
-        pick = k.eq(g._load(k, last._view(region + (1,), last.strides + (0,), 0)),
-                    k.index(rank, dt.int64))
-        values = reduced(k, "max" if boolean else "sum", (pick, value), False if boolean
-                         else 0, math_dtype)
-        updated = g.where(g.binary("ge", last, 0), values, base)
-    else:
-        kind, neutral, combine = {
-            ("add", False): ("sum", 0, "add"), ("multiply", False): ("prod", 1, "mul"),
-            ("add", True): ("max", False, "or"), ("multiply", True): ("min", True, "and"),
-        }[mode, boolean]
-        k, hit, value = kernel()
-        total = reduced(k, kind, (hit, value), neutral, math_dtype)
-        if index_add and not (not isinstance(alpha, Tensor) and alpha == 1):
-            total = g.binary("and" if boolean else "mul", total, cast(alpha, math_dtype))
-        updated = g.binary(combine, base, total)
-    if region == self.shape:
-        return cast(updated, dtype)
-    # Only part of self changes: copy self, then overwrite the region (two writers keep
-    # the temporary materialized).
-    result = g._temp(dtype, self.shape)
-    for source, target in ((self, result), (cast(updated, dtype),
-                                            result[tuple(slice(0, n) for n in region)])):
-        if math.prod(source.shape):
-            k = g.builder.kernel(source.shape)
-            k.store(target.buffer, g._load(k, source), target.offset, target.strides,
-                    target.shape)
-    return g.copy(result)
+def _mode(reduce: str, dtype: dt.DType) -> str:
+    """The ISA's scatter mode for a torch reduction on ``dtype``: on bool, torch's ``+=``
+    is or (the ISA's max) and ``*=`` is and (min)."""
+    mode = _MODES[reduce]
+    if dtype.is_bool and mode in ("add", "mul"):
+        return "max" if mode == "add" else "min"
+    return mode
 
 
-def scatter_into(g, self, dim, index, src, mode: str, index_add: bool = False, alpha=1):
-    """The scatter family's common entry (see :func:`_scatter`): ``src`` a tensor of
-    self's dtype or a number; 0-d operands as 1-element vectors; an empty index leaves
-    ``self`` as it is."""
-    if index.dtype not in (_SELECT_INDEX if index_add else _SCATTER_INDEX):
-        raise Unsupported(f"index of {index.dtype}")  # torch raises
-    if mode not in ("replace", "add", "multiply"):
+def _slices(index, dim: int, region: tuple[int, ...]):
+    """A 1-d (or 0-d) ``index`` viewed over ``region`` walking ``dim`` (the index of
+    ``index_add``, ``index_copy``, ``index_fill``: slice ``i`` of the source goes to slice
+    ``index[i]`` of self)."""
+    count = math.prod(index.shape)
+    flat = index.reshape(count) if index.ndim else index.reshape(1)
+    return flat._view(tuple(count if d == dim else 1 for d in range(len(region))),
+                      tuple(flat.strides[0] if d == dim else 0 for d in range(len(region))),
+                      flat.offset)
+
+
+def _values(self, src, region: tuple[int, ...]):
+    """What a scatter writes: ``src``'s leading ``region`` block (a tensor of self's dtype)
+    or a number (a Python one, or a runtime :class:`Number`) in self's dtype."""
+    if isinstance(src, Tensor) and not is_number(src):
+        if src.dtype is not self.dtype:
+            raise Unsupported("src of another dtype")  # torch raises
+        if src.ndim == 0:  # index_fill's value tensor: one value for every point
+            return src
+        if src.ndim != len(region):
+            raise Unsupported("src of another rank")  # torch raises
+        return src[tuple(slice(0, n) for n in region)]
+    return cast(src, self.dtype)
+
+
+def scatter_into(g, self, dim, index, src, mode: str, slices: bool = False, alpha=1):
+    """The scatter family, one ISA ``scatter`` (:meth:`hologram.frontend.graph.Graph
+    .scatter`): ``self`` copied, then written at ``index`` in index order, O(numel(self)
+    + numel(index)).
+
+    ``slices`` False (``scatter``, ``scatter_add``, ``scatter_reduce``): point ``q`` of
+    ``index`` writes ``src[q]`` to ``self[q with q[dim] := index[q]]``. True
+    (``index_add``, ``index_copy``, ``index_fill``): slice ``i`` of ``src`` along
+    ``dim`` goes to slice ``index[i]`` of ``self`` (``alpha`` scales it, ``index_add``'s).
+    ``src``: a tensor of self's dtype or a number. ``mode``: "replace" (the last write
+    wins, torch's CPU order), or a reduction ("add"/"sum", "multiply"/"prod", "amax",
+    "amin"), each write made in index order in self's dtype, float16 and bfloat16 in
+    float32 rounded once at the end (as torch's CPU kernels of this family compute them).
+    0-d operands are 1-element vectors; an empty index leaves ``self`` as it is."""
+    if mode not in _MODES:
         raise Unsupported(f"reduce={mode!r}")  # torch raises
     dim = _dim(self, dim)
     if math.prod(index.shape) == 0:  # nothing scattered (index may even have another rank)
         return g.copy(self)
-    tensor_src = isinstance(src, Tensor) and not is_number(src)
-    if tensor_src and src.dtype is not self.dtype:
-        raise Unsupported("src of another dtype")  # torch raises
-    if not isinstance(src, Tensor):  # a Python number: a 0-d value of self's dtype
-        zero = cast(g.arange(1), self.dtype)[0]
-        src = g.where(g.binary("eq", zero, zero), cast(src, self.dtype), zero)
     scalar = self.ndim == 0
     if scalar:
         self, index = self.reshape(1), index.reshape(1)
-        src = src.reshape(1) if tensor_src and src.ndim == 0 else src
-    r = _scatter(g, self, index, src, alpha, dim, mode, index_add)
+        if isinstance(src, Tensor) and not is_number(src) and src.ndim == 0:
+            src = src.reshape(1)
+    if slices:
+        if index.ndim > 1:
+            raise Unsupported("an index of more than 1 dimension")  # torch raises
+        region = tuple(math.prod(index.shape) if d == dim else n
+                       for d, n in enumerate(self.shape))
+        coords = tuple(_slices(index, dim, region) if d == dim else d
+                       for d in range(self.ndim))
+    else:
+        if index.ndim != self.ndim:
+            raise Unsupported("an index of another rank")  # torch raises
+        region = tuple(index.shape)
+        coords = tuple(index if d == dim else d for d in range(self.ndim))
+    values = _values(self, src, region)
+    if not (not isinstance(alpha, Tensor) and alpha == 1):  # index_add's alpha
+        if self.dtype.is_bool:
+            values = g.binary("and", values, cast(alpha, dt.bool_))
+        else:
+            acc = opmath(self.dtype)
+            values = cast(cast(values, acc) * cast(alpha, acc), self.dtype)
+    how = _mode(mode, self.dtype)
+    acc = opmath(self.dtype)
+    if how != "replace" and acc is not self.dtype:
+        # torch's CPU kernels of this family accumulate half types in float32 and round
+        # once at the end (index_put's accumulation, below, rounds every step instead)
+        r = cast(g.scatter(cast(self, acc), coords, cast(values, acc), region, how),
+                 self.dtype)
+    else:
+        r = g.scatter(self, coords, values, region, how)
     return r.reshape() if scalar else r
 
 
 @register(aten.scatter.src, aten.scatter.value)
 def scatter(g, self, dim, index, src):
+    if index.dtype not in _SCATTER_INDEX:
+        raise Unsupported(f"index of {index.dtype}")  # torch raises
     return scatter_into(g, self, dim, index, src, "replace")
 
 
 @register(aten.scatter.reduce, aten.scatter.value_reduce)
 def scatter_reduce(g, self, dim, index, src, *, reduce):
+    if index.dtype not in _SCATTER_INDEX or reduce not in ("add", "multiply"):
+        raise Unsupported(f"scatter reduce={reduce!r}, index of {index.dtype}")  # torch raises
     return scatter_into(g, self, dim, index, src, reduce)
 
 
 @register(aten.scatter_add.default)
 def scatter_add(g, self, dim, index, src):
+    if index.dtype not in _SCATTER_INDEX:
+        raise Unsupported(f"index of {index.dtype}")  # torch raises
     return scatter_into(g, self, dim, index, src, "add")
+
+
+#: What ``scatter_reduce(include_self=False)`` first writes where ``src`` will go
+#: (torch's CPU kernel does the same), per reduction: its identity.
+def _identity(reduce: str, t: dt.DType):
+    if reduce in ("sum", "mean"):
+        return 0
+    if reduce == "prod":
+        return 1
+    largest = reduce == "amin"
+    if t.is_bool:
+        return largest
+    if t.is_float:
+        return math.inf if largest else -math.inf
+    return t.max if largest else t.min
+
+
+@register(aten.scatter_reduce.two)
+def scatter_reduce_two(g, self, dim, index, src, reduce, *, include_self=True):
+    """``scatter_reduce``: "sum", "prod", "amax", "amin" are one scatter of that mode (with
+    ``include_self=False`` the reached elements are first set to the reduction's
+    identity); "mean" is the sum over the count of values each element got (itself
+    included), floor-divided for integers, as torch's CPU kernel computes it."""
+    if (index.dtype not in _SCATTER_INDEX or reduce not in ("sum", "prod", "mean", "amax",
+                                                           "amin")
+            or not isinstance(src, Tensor) or is_number(src)
+            or (reduce == "mean" and self.dtype.is_bool)):
+        raise Unsupported(f"scatter_reduce {reduce!r}")  # torch raises (bool mean: its own)
+    if math.prod(index.shape) == 0:
+        return g.copy(self)
+    base = self
+    if not include_self:
+        base = scatter_into(g, self, dim, index, _identity(reduce, self.dtype), "replace")
+    if reduce != "mean":
+        return scatter_into(g, base, dim, index, src, reduce)
+    total = scatter_into(g, base, dim, index, src, "sum")
+    zero = cast(g.arange(1), self.dtype)[0].broadcast_to(self.shape)
+    count = scatter_into(g, cast(zero, self.dtype) + (1 if include_self else 0), dim, index,
+                         1, "sum")
+    count = g.where(g.binary("eq", count, 0), cast(1, self.dtype), count)
+    if self.dtype.is_float:
+        acc = opmath(self.dtype)
+        return cast(cast(total, acc) / cast(count, acc), self.dtype)
+    quotient = g.binary("div", total, count)  # truncated; floor it (count > 0)
+    if self.dtype.kind == "u":
+        return quotient
+    inexact = g.binary("and", g.binary("ne", g.binary("mod", total, count), 0),
+                       g.binary("lt", total, 0))
+    return g.where(inexact, quotient - 1, quotient)
 
 
 @register(aten.index_add.default)
 def index_add(g, self, dim, index, source, *, alpha=1):
-    if index.ndim > 1:
-        raise Unsupported("index_add index of more than 1 dimension")  # torch raises
-    return scatter_into(g, self, dim, index, source, "add", index_add=True, alpha=alpha)
+    if index.dtype not in _SELECT_INDEX:
+        raise Unsupported(f"index of {index.dtype}")  # torch raises
+    return scatter_into(g, self, dim, index, source, "add", slices=True, alpha=alpha)
+
+
+@register(aten.index_copy.default)
+def index_copy(g, self, dim, index, source):
+    """``self`` with slice ``index[i]`` along ``dim`` replaced by ``source``'s slice
+    ``i`` (duplicates: the last wins)."""
+    if index.dtype not in _SCATTER_INDEX:
+        raise Unsupported(f"index of {index.dtype}")  # torch raises
+    return scatter_into(g, self, dim, index, source, "replace", slices=True)
+
+
+@register(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
+def index_fill(g, self, dim, index, value):
+    """``self`` with the slices ``index`` (negative ones counted from the end) along
+    ``dim`` set to ``value``."""
+    if index.dtype not in _SCATTER_INDEX:
+        raise Unsupported(f"index of {index.dtype}")  # torch raises
+    if isinstance(value, Tensor) and not is_number(value):
+        if value.ndim:
+            raise Unsupported("index_fill value with dimensions")  # torch raises
+        value = cast(value, self.dtype)
+    return scatter_into(g, self, dim, index, value, "replace", slices=True)
+
+
+@register(aten.index_put.default)
+def index_put(g, self, indices, values, accumulate=False):
+    """``self[indices] = values`` (``+=`` with ``accumulate``): the positions of advanced
+    indexing (:func:`index`), ``values`` broadcast to them, written in index order (the
+    last duplicate wins; accumulated ones add in order, in self's dtype)."""
+    shape, coords = _advanced(self, indices)
+    if isinstance(values, Tensor) and not is_number(values):
+        if values.dtype is not self.dtype:
+            raise Unsupported("values of another dtype")  # torch raises
+        try:
+            if broadcast_shapes([values.shape, shape]) != shape:
+                raise ShapeError("")
+        except ShapeError:
+            raise Unsupported("values that do not broadcast to the indexed shape") from None
+    else:
+        values = cast(values, self.dtype)
+    return g.scatter(self, coords, values, shape, _mode("add" if accumulate else "replace",
+                                                        self.dtype))
 
 
 # --- creation ---------------------------------------------------------------------------

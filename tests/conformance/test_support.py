@@ -23,7 +23,8 @@ from .numerics import assert_close, both, delegated, elementwise
 def test_the_suite_knows_every_opcode():
     """A new opcode or reduction kind must get conformance tests (and an entry here)."""
     assert set(ALL_OPS) == {
-        "load", "store", "gather", "const", "index", "fma", "select", "cast", "reduce", "contract",
+        "load", "store", "gather", "scatter", "const", "index", "fma", "select", "cast",
+        "reduce", "contract",
         "abs", "neg", "not", "sign", "sqrt", "rsqrt", "exp", "exp2", "expm1", "log", "log2",
         "log1p", "tanh", "sigmoid", "erf", "sin", "cos", "floor", "ceil", "round", "trunc",
         "add", "sub", "mul", "div", "mod", "min", "max", "pow", "and", "or", "xor",

@@ -14,6 +14,11 @@ Inside one grid point the kernel's loop dimensions are structured loops:
   accumulator) or a group of stores (one nest over the dimensions they vary along).
 
 Dependencies are emitted before the nest that uses them, so everything dominates its uses.
+A ``scatter`` is made where a store would be, in its nest's loops, one element at a time in
+index order (load, combine, store for the modes other than replace): the schedule keeps
+every dimension along which two of its writes could meet off the grid, so the loops,
+which LLVM may only transform preserving the order of dependent memory accesses, keep
+the ISA's order.
 A large reduction of a whole domain becomes two functions instead, partials and their
 fold, so that the partials run on all threads (:func:`split_parts`).
 Float sums and contractions accumulate in the operand precision (float32 for f16/bf16) in
@@ -329,12 +334,16 @@ class _KernelRenderer:
         body = self.kernel.body
         for dims, stores in self.plan.store_nests:
             for pos in stores:
-                self._prepare(body[pos].args[0])
+                for a in body[pos].args:  # a store's value; a scatter's, and its offset
+                    self._prepare(a)
 
             def emit(stores=stores) -> None:
                 self.local = {}
                 for pos in stores:
-                    self._store(body[pos])
+                    if body[pos].op == "scatter":
+                        self._scatter(body[pos])
+                    else:
+                        self._store(body[pos])
 
             self._nest(list(dims), emit)
 
@@ -366,17 +375,18 @@ class _KernelRenderer:
         return b.gep(self.bases[instr.buffer], [offset])
 
     def _gather_address(self, instr: Instr) -> ir.Value:
-        """The map's element plus the operand clamped to the gather's bounds (docs/isa.md;
-        the verifier made sure this stays inside the buffer). The clamp is on the
-        operand alone, so where it is invariant along the innermost loop LLVM hoists it
-        and the loads there are contiguous (vectorized)."""
+        """The map's element plus the operand clamped to the gather's (or scatter's)
+        bounds (docs/isa.md; the verifier made sure this stays inside the buffer). The
+        clamp is on the operand alone, so where it is invariant along the innermost loop
+        LLVM hoists it and the accesses there are contiguous (vectorized)."""
         b = self.b
         offset: ir.Value = ir.Constant(I64, instr.map.offset)
         for d, (n, stride) in enumerate(zip(instr.shape, instr.map.strides)):
             if n > 1 and stride:
                 offset = b.add(offset, b.mul(self.index[d], ir.Constant(I64, stride)))
-        at_type = self.kernel.body[instr.args[0]].dtype
-        at = self._int_cast(self._value(instr.args[0]), register_type(at_type), I64,
+        operand = instr.args[-1]  # a gather's only operand; a scatter's second
+        at_type = self.kernel.body[operand].dtype
+        at = self._int_cast(self._value(operand), register_type(at_type), I64,
                             signed=at_type.kind == "i")
         low, high = (ir.Constant(I64, v) for v in instr.bounds)
         at = b.select(b.icmp_signed("<", at, low), low, at)
@@ -392,6 +402,23 @@ class _KernelRenderer:
         if self.group is not None:
             access.set_metadata("llvm.access.group", self.group)
         return access
+
+    def _scatter(self, instr: Instr) -> None:
+        """One write of a scatter at the current point: the value stored at its element,
+        or combined with the element's (add/mul in the register type, f16/bf16 rounded
+        once after f32 arithmetic; max/min as the ISA's ops)."""
+        t = instr.dtype
+        value = self._value(instr.args[0])
+        address = self._gather_address(instr)
+        if instr.mode != "replace":
+            old = self._from_memory(self.b.load(address), t)
+            if instr.mode in ("max", "min"):
+                value = _minmax(self, [old, value], t, t, instr.mode)
+            else:
+                value = self._arith(instr.mode, old, value, t, register_type(t))
+                if t in _NARROW:
+                    value = self._round(value, t)
+        self.b.store(self._to_memory(value, t), address)
 
     def _to_memory(self, value: ir.Value, t: DType) -> ir.Value:
         b = self.b

@@ -7,7 +7,7 @@ and run in body order, every load sees memory as the kernel found it, except tha
 placed after the store of the same buffer (which the verifier allows only through the same
 map, so point to point) sees the stored values, as it would point by point. The allowed
 read-modify-write (``x += 1``: load then store through one map) is a gather followed by a
-scatter.
+scatter. A ``scatter`` instruction makes its writes in index order (:func:`_scatter`).
 
 Temporaries live in one arena of ``program.arena_bytes`` bytes at the byte offsets the
 scheduler planned, so a wrong plan gives wrong results; unplaced temporaries get their own
@@ -18,6 +18,7 @@ reading a temporary before writing it is visible in tests.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -84,6 +85,12 @@ def _gather(instr: Instr, at: np.ndarray, flat: np.ndarray) -> np.ndarray:
     """Element ``i`` is ``flat[offset + sum(i[d] * strides[d]) + clamp(at[i], low,
     high)]`` for the instruction's ``bounds``; the verifier made sure every such element
     is inside the buffer (checked again here: NumPy would wrap a negative index)."""
+    return from_storage(flat[_positions(instr, at, flat)], instr.dtype)
+
+
+def _positions(instr: Instr, at: np.ndarray, flat: np.ndarray) -> np.ndarray:
+    """A gather's or scatter's flat element per point of its shape (``at`` clamped to
+    its bounds and added to the map's element), checked to lie inside ``flat``."""
     index = _indices(instr.map, instr.shape)
     if index.size:
         low, high = instr.bounds
@@ -91,9 +98,39 @@ def _gather(instr: Instr, at: np.ndarray, flat: np.ndarray) -> np.ndarray:
         at = np.clip(np.asarray(at).astype(np.int64), low, high)
         index = index + np.broadcast_to(at, instr.shape)
         if index.min() < 0 or index.max() >= flat.size:
-            raise IRError(f"gather reaches elements {index.min()}..{index.max()} of "
+            raise IRError(f"{instr.op} reaches elements {index.min()}..{index.max()} of "
                           f"{flat.size} (run hologram.isa.verify first)")
-    return from_storage(flat[index], instr.dtype)
+    return index
+
+
+def _scatter(instr: Instr, value: np.ndarray, at: np.ndarray, flat: np.ndarray) -> None:
+    """For every point ``i`` of the scatter's shape in row-major (index) order, element
+    ``p = _positions(...)[i]`` of ``flat`` becomes ``value[i]`` ("replace") or
+    ``mode(flat[p], value[i])`` with the ISA's binary op of that name, so duplicates see
+    the writes before them: replace keeps the last, add accumulates in index order with
+    the dtype's rounding after each step. Vectorized by rounds: round ``r`` applies every
+    element's ``r``-th write (distinct elements, so one NumPy operation each)."""
+    positions = _positions(instr, at, flat).reshape(-1)
+    if not positions.size:
+        return
+    values = np.broadcast_to(value, instr.shape).reshape(-1)
+    order = np.argsort(positions, kind="stable")  # each element's writes, in index order
+    ranked = positions[order]
+    first = np.flatnonzero(np.r_[True, ranked[1:] != ranked[:-1]])
+    counts = np.diff(np.r_[first, ranked.size])
+    rank = np.arange(ranked.size) - np.repeat(first, counts)  # the write's number per element
+    if instr.mode == "replace":
+        last = order[np.r_[first[1:], ranked.size] - 1]
+        flat[positions[last]] = to_storage(values[last], instr.dtype)
+        return
+    combine = Instr(instr.mode, instr.dtype, (1,))
+    for r in range(int(counts.max())):
+        which = order[rank == r]
+        at_r = positions[which]
+        old = from_storage(flat[at_r], instr.dtype)
+        new = evaluate(replace(combine, shape=(which.size,)), [old, values[which]],
+                       (which.size,))
+        flat[at_r] = to_storage(new, instr.dtype)
 
 
 def run_kernel(program: Program, kernel: Kernel, memory: list[np.ndarray]) -> None:
@@ -110,5 +147,9 @@ def run_kernel(program: Program, kernel: Kernel, memory: list[np.ndarray]) -> No
             value = np.broadcast_to(values[instr.args[0]], instr.shape)
             flat[index] = to_storage(value, instr.dtype)
             values.append(None)  # a store has no value
+        elif instr.op == "scatter":
+            value, at = (values[a] for a in instr.args)
+            _scatter(instr, value, at, memory[instr.buffer])
+            values.append(None)
         else:
             values.append(evaluate(instr, [values[a] for a in instr.args], kernel.domain))

@@ -29,11 +29,19 @@ import numpy as np
 from hologram.compiler.options import CompileOptions
 from hologram.isa import dtypes as dt
 from hologram.isa.body import Body
-from hologram.isa.ir import COMMUTATIVE_OPS, MEMORY_OPS, Instr, Kernel, Program, encode_const
+from hologram.isa.ir import (
+    COMMUTATIVE_OPS,
+    MEMORY_OPS,
+    WRITE_OPS,
+    Instr,
+    Kernel,
+    Program,
+    encode_const,
+)
 from hologram.isa.semantics import evaluate
 
 _SWAPPED_COMPARE = {"gt": "lt", "ge": "le"}
-_UNFOLDABLE = ("load", "store", "gather", "index")
+_UNFOLDABLE = ("load", "store", "gather", "scatter", "index")
 
 
 # --- rules -----------------------------------------------------------------------------
@@ -235,7 +243,7 @@ def _rewrite(kernel: Kernel, options: CompileOptions) -> Kernel:
     remap: list[int] = []
     for instr in kernel.body:
         args = tuple(remap[a] for a in instr.args)
-        if instr.op in MEMORY_OPS:  # a gather keeps its declared shape
+        if instr.op in MEMORY_OPS:  # declared shapes (gather, scatter) are kept
             remap.append(body.add(replace(instr, args=args)))
             continue
         # Re-type from the (possibly narrowed) operands.
@@ -251,11 +259,12 @@ def _rewrite(kernel: Kernel, options: CompileOptions) -> Kernel:
 
 
 def _ordered(kernel: Kernel, body: Body, dead: frozenset[int] = frozenset()) -> Kernel:
-    """Drop dead values (and stores to the buffers in ``dead``) and emit loads first, then
-    the stores' operand trees depth-first.
+    """Drop dead values (and writes to the buffers in ``dead``) and emit loads first, then
+    the writes' (stores' and scatters') operand trees depth-first.
 
     Loads go first so that a point-to-point read-modify-write (x += 1) keeps its load
-    before its store; stores to different buffers commute, so sorting them is safe.
+    before its store; writes to different buffers commute (a scattered buffer is accessed
+    by nothing else in its kernel), so sorting them is safe.
     """
     order: list[int] = []
     seen: set[int] = set()
@@ -271,7 +280,7 @@ def _ordered(kernel: Kernel, body: Body, dead: frozenset[int] = frozenset()) -> 
                 stack.append((i, True))
                 stack.extend((a, False) for a in reversed(body.get(i).args))
 
-    stores = [i for i, ins in enumerate(body.instrs) if ins.op == "store"
+    stores = [i for i, ins in enumerate(body.instrs) if ins.op in WRITE_OPS
               and ins.buffer not in dead]
     live: set[int] = set()
     stack = list(stores)
@@ -292,8 +301,8 @@ def _ordered(kernel: Kernel, body: Body, dead: frozenset[int] = frozenset()) -> 
 
 
 def drop_stores(kernel: Kernel, buffers: frozenset[int]) -> Kernel | None:
-    """``kernel`` without its stores to ``buffers`` and what only they used; None if no
-    store is left."""
+    """``kernel`` without its stores and scatters to ``buffers`` and what only they used;
+    None if no write is left."""
     if not kernel.writes() - buffers:
         return None
     body = Body(kernel.domain, kernel.grid_rank)
@@ -303,7 +312,7 @@ def drop_stores(kernel: Kernel, buffers: frozenset[int]) -> Kernel | None:
 
 
 def _drop_dead_buffers(program: Program) -> Program:
-    """Remove stores to temporaries no later kernel reads, empty kernels, unused temps."""
+    """Remove writes to temporaries no later kernel reads, empty kernels, unused temps."""
     kernels: list[Kernel] = []
     read_later: set[int] = set()
     for kernel in reversed(program.kernels):  # one backward pass: what is read later

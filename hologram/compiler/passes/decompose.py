@@ -26,8 +26,12 @@ plainly and every backend computes the same bits:
   giving IEEE 754-2019 minimum/maximum: NaN if either operand is NaN, ``-0.0 < +0.0``
   (the sign of a zero read as the sign of ``1 / x``).
 
-An operation no rewrite can give (``gather`` on a target without the capability) is
-refused with a :class:`~hologram.compiler.capabilities.MissingCapabilityError`.
+An operation no rewrite can give (``gather`` or ``scatter`` on a target without the
+capability) is refused with a :class:`~hologram.compiler.capabilities.MissingCapabilityError`.
+A scatter's combining step (``add``/``mul`` of f16/bf16 elements) is inside the
+instruction: renderers compute it in f32 and round once, which gives the ISA's result
+(f32 holds the exact sum or product of two f16/bf16 values to within a rounding that
+cannot change the second one).
 
 A kernel with nothing to rewrite is returned as it is (a program with nothing to rewrite,
 too); a rewritten kernel is verified. Reductions (their accumulators,
@@ -56,7 +60,8 @@ _OVERFLOW_TIE = {dt.float16: 65520.0, dt.bfloat16: (2 - 2**-8) * 2.0**127}
 def decompose(program: Program, caps: Capabilities = CPU) -> Program:
     """``program`` with every operation ``caps`` lacks rewritten (see the module
     docstring). Raises :class:`~hologram.compiler.capabilities.MissingCapabilityError`
-    for an operation the target cannot run at all (``gather`` without the capability)."""
+    for an operation the target cannot run at all (``gather`` or ``scatter`` without the
+    capability)."""
     require(program, caps)
     kernels = tuple(_kernel(k, caps) for k in program.kernels)
     if all(a is b for a, b in zip(kernels, program.kernels)):

@@ -26,6 +26,15 @@ rows would stop being a parallel grid), or when it is read by a ``gather`` (whic
 elements are read is data, so it cannot be recomputed in the reader's index space). A
 producer's own gathers inline like its loads: their maps are composed the same way. The
 producer's store is kept; the next canonicalize drops it if nothing reads it.
+
+A ``scatter`` is a write whose address is data. Elementwise producers of its value and
+offset inline into its kernel like into any reader; kernels holding a scatter are never
+merged (a merge could put a reduction into a kernel whose scatter keeps it off the
+parallel grid, and the verifier forbids the scattered buffer any other access in the
+kernel anyway). The kernel counts as reading the buffer it scatters into (what is left
+there depends on what was there: ``Kernel.reads``), so the temporary it updates has two
+writers, the one that filled it and the scatter, and stays materialized, and no kernel
+that reads or writes that buffer moves across it.
 """
 
 from __future__ import annotations
@@ -289,8 +298,9 @@ def _clone(producer: Kernel, part: list[int], body: Body, index: tuple[dict, dic
 # --- merge -----------------------------------------------------------------------------
 def _merge_pair(producer: Kernel, consumer: Kernel, t: int) -> Kernel | None:
     """The producer and the reader of ``t`` as one kernel, or None if they do not share an
-    index space."""
-    if t in producer.reads():
+    index space (or one of them scatters: see the module docstring)."""
+    if t in producer.reads() or any(i.op == "scatter" for k in (producer, consumer)
+                                    for i in k.body):
         return None
     rank = max(len(producer.domain), len(consumer.domain))
     producer, consumer = _extend(producer, rank), _extend(consumer, rank)

@@ -1,10 +1,13 @@
 """Scheduling: each kernel's parallel grid, and where temporaries live.
 
 **Grid.** A kernel's grid is the longest prefix of its domain whose dimensions can run in
-any order and in parallel: no reduction or contraction runs over them, and every store
+any order and in parallel: no reduction or contraction runs over them, every store
 writes distinct elements along them (a store that is constant along a dimension would have
-all grid points along it write the same element). The remaining dimensions are the
-kernel's structured loops. Backends split the grid across threads or GPU blocks.
+all grid points along it write the same element), and every scatter is proven to write
+disjoint elements for different indices along them
+(:func:`hologram.isa.ir.scatter_disjoint`: its writes to one element must stay in index
+order, which only a loop keeps). The remaining dimensions are the kernel's structured
+loops. Backends split the grid across threads or GPU blocks.
 
 **Arena.** Temporaries that are live at the same time must not share memory; others may.
 Each temporary's lifetime is the span of kernels that touch it; temporaries are placed
@@ -18,7 +21,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from hologram.compiler.options import CompileOptions
-from hologram.isa.ir import Kernel, Program
+from hologram.isa.ir import Kernel, Program, scatter_disjoint
 
 ALIGNMENT = 64
 
@@ -39,6 +42,9 @@ def grid_rank(kernel: Kernel) -> int:
                 if n != kernel.domain[d]:
                     rank = min(rank, d)
                     break
+        elif instr.op == "scatter":
+            while rank and not scatter_disjoint(instr, kernel.domain, range(rank)):
+                rank -= 1
     return rank
 
 
