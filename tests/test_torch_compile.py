@@ -506,3 +506,16 @@ def test_layer_norm_parameter_gradients_through_blas(blas_products, shape, affin
     rows, cols = math.prod(shape[:-1]), shape[-1]
     assert set(blas_products) == ({("sum", 1, rows, cols)} if padded else set())
     assert stats()["ops_eager"] == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_outer_product_mm(dtype):
+    """mm with k = 1 (a one-output layer's input gradient) is a broadcast multiply: one
+    term per element, so eager's values bit for bit, infinities and NaN included."""
+    a, b = torch.randn(64, 1, dtype=dtype), torch.randn(1, 40, dtype=dtype)
+    a[3, 0], b[0, 5], b[0, 7] = float("inf"), 0.0, float("nan")
+    with torch.no_grad():
+        got = torch.compile(torch.mm, backend="hologram")(a, b)
+    assert torch.equal(got.isnan(), torch.mm(a, b).isnan())
+    torch.testing.assert_close(got, torch.mm(a, b), rtol=0, atol=0, equal_nan=True)
+    assert stats()["ops_eager"] == 0 and stats()["eager_fallbacks"] == 0
