@@ -14,6 +14,7 @@ import pytest
 import hologram as hg
 from hologram import _native
 from hologram.errors import InvalidBufferError, OutOfMemoryError
+from hologram.frontend.graph import Graph
 from hologram.runtime.buffer import Buffer
 
 RNG = np.random.default_rng(7)
@@ -248,6 +249,35 @@ def test_launchers_run_small_programs_natively_after_promotion(ex):
     assert compiled.launch.planned
     np.testing.assert_array_equal(out.to_numpy(), a.to_numpy() - b.to_numpy())
     np.testing.assert_array_equal(r.to_numpy(), a.to_numpy() - b.to_numpy())
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_launchers_split_large_kernels_over_the_workers_natively(ex, threads, monkeypatch):
+    """A kernel whose rows are split over the worker pool is planned too (hg_parallel called
+    from C, threads.native_pieces deciding the pieces); without native workers the same
+    launcher goes through Python."""
+    from hologram.backends.cpu import threads as cpu_threads
+
+    monkeypatch.setenv("HOLOGRAM_NUM_THREADS", str(threads))
+    x, y = arrays(300_001)  # odd: the last piece is short
+    a, b = ex.from_numpy(x), ex.from_numpy(y)
+    g = Graph("split_mul")
+    g.output("out", g.input("a", "f32", x.shape) * g.input("b", "f32", x.shape))
+    compiled = hg.compile(g.program(), "cpu")
+    deadline = time.monotonic() + 60  # promoted on a background thread
+    while not compiled.launch.planned and time.monotonic() < deadline:
+        np.testing.assert_array_equal(compiled(x, y), x * y)
+        threading.Event().wait(0.01)
+    assert compiled.launch.planned
+    assert any(len(step) == 3 for step in compiled.launch.executable.native_plan()[2])
+    for _ in range(3):
+        out = ex.empty(x.shape, np.float32)
+        compiled.launch((a.handle, b.handle, out.handle))
+        np.testing.assert_array_equal(out.to_numpy(), x * y)
+    monkeypatch.setattr(cpu_threads, "_NATIVE", False)  # the pool switched off: Python
+    out = ex.empty(x.shape, np.float32)
+    compiled.launch((a.handle, b.handle, out.handle))
+    np.testing.assert_array_equal(out.to_numpy(), x * y)
 
 
 @pytest.mark.parametrize(("dtype", "number"), [

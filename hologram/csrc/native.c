@@ -677,7 +677,15 @@ typedef struct {
     int slots[MAX_PLAN_BUFFERS];
     kernel_fn steps[MAX_PLAN_STEPS];
     int64_t rows[MAX_PLAN_STEPS];
+    int64_t grains[MAX_PLAN_STEPS]; /* 0: one call on this thread; else split over workers */
 } Launcher;
+
+/* hg_parallel(kernel, pointers, total, count, helpers): the cpu backend's worker pool. */
+typedef int32_t (*parallel_fn)(kernel_fn kernel, void **pointers, int64_t total,
+                               int64_t count, int64_t helpers);
+/* threads.native_pieces(total, grain) -> (hg_parallel's address, count, helpers) | None:
+ * set by the cpu backend (set_parallel); NULL until then. */
+static PyObject *native_pieces;
 
 static int as_address(PyObject *obj, void **out)
 {
@@ -726,14 +734,19 @@ static int refresh_plan(Launcher *l)
     }
     for (Py_ssize_t i = 0; i < nsteps; i++) {
         void *address;
-        long long rows;
-        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(steps, i), "O&L", as_address, &address,
-                              &rows)) {
+        long long rows, grain = 0;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(steps, i), "O&L|L", as_address, &address,
+                              &rows, &grain)) {
             Py_DECREF(plan);
             return -1;
         }
+        if (grain > 0 && native_pieces == NULL) {
+            Py_DECREF(plan);
+            return 0; /* no worker pool to split it over: launched through Python */
+        }
         l->steps[i] = (kernel_fn)address;
         l->rows[i] = rows;
+        l->grains[i] = grain;
     }
     l->nbuffers = nbuffers;
     l->nparams = (int)nparams;
@@ -743,15 +756,45 @@ static int refresh_plan(Launcher *l)
     return 0;
 }
 
-/* Run the plan on the parameters' addresses (l->plan == 1). */
-static void run_plan(Launcher *l, void *const *addresses)
+/* Run the plan on the parameters' addresses (l->plan == 1): 0, or 1 when the launch must
+ * go through Python after all (no native workers now), or -1 with an exception. Split
+ * steps run with the GIL released, as ctypes runs them. */
+static int run_plan(Launcher *l, void *const *addresses)
 {
     void *pointers[MAX_PLAN_BUFFERS];
+    parallel_fn parallel[MAX_PLAN_STEPS];
+    int64_t counts[MAX_PLAN_STEPS], helpers[MAX_PLAN_STEPS];
+    for (int s = 0; s < l->nsteps; s++) { /* asked before any step runs */
+        if (l->grains[s] == 0 || l->rows[s] <= 0)
+            continue;
+        PyObject *pieces = PyObject_CallFunction(native_pieces, "LL", (long long)l->rows[s],
+                                                 (long long)l->grains[s]);
+        if (pieces == NULL)
+            return -1;
+        void *address;
+        long long count, helper_count;
+        int ok = pieces != Py_None && PyArg_ParseTuple(pieces, "O&LL", as_address, &address,
+                                                       &count, &helper_count);
+        Py_DECREF(pieces);
+        if (!ok)
+            return PyErr_Occurred() ? -1 : 1;
+        parallel[s] = (parallel_fn)address;
+        counts[s] = count;
+        helpers[s] = helper_count;
+    }
     memset(pointers, 0, (size_t)l->nbuffers * sizeof(void *));
     for (int i = 0; i < l->nparams; i++)
         pointers[l->slots[i]] = addresses[i];
-    for (int s = 0; s < l->nsteps; s++)
-        l->steps[s](pointers, 0, l->rows[s]);
+    for (int s = 0; s < l->nsteps; s++) {
+        if (l->grains[s] == 0) {
+            l->steps[s](pointers, 0, l->rows[s]);
+        } else if (l->rows[s] > 0) {
+            Py_BEGIN_ALLOW_THREADS
+            parallel[s](l->steps[s], pointers, l->rows[s], counts[s], helpers[s]);
+            Py_END_ALLOW_THREADS
+        }
+    }
+    return 0;
 }
 
 /* Launch on nparams addresses; `handles` (the same as ints, or NULL to make them) is what
@@ -761,8 +804,9 @@ static int launcher_run(Launcher *l, void *const *addresses, Py_ssize_t n, PyObj
     if (l->plan == 0 && refresh_plan(l) < 0)
         return -1;
     if (l->plan == 1 && n == l->nparams) {
-        run_plan(l, addresses);
-        return 0;
+        int done = run_plan(l, addresses);
+        if (done <= 0)
+            return done;
     }
     PyObject *made = NULL;
     if (handles == NULL) {
@@ -828,8 +872,11 @@ static PyObject *launcher_call(Launcher *l, PyObject *args, PyObject *kw)
         for (Py_ssize_t i = 0; i < n; i++)
             if (!as_address(PyTuple_GET_ITEM(handles, i), &addresses[i]))
                 return NULL;
-        run_plan(l, addresses);
-        Py_RETURN_NONE;
+        int done = run_plan(l, addresses);
+        if (done < 0)
+            return NULL;
+        if (done == 0)
+            Py_RETURN_NONE;
     }
     return PyObject_CallOneArg(l->launch, handles);
 }
@@ -1256,6 +1303,13 @@ done:
  * launch): called by the general path once it has validated an allocating
  * call and compiled its kernel. If that call is the one a FastOp of `natives` is running
  * (its operands are these), file it under the call's key; otherwise do nothing. */
+static PyObject *set_parallel(PyObject *module, PyObject *fn)
+{
+    Py_INCREF(fn);
+    Py_XSETREF(native_pieces, fn);
+    Py_RETURN_NONE;
+}
+
 static PyObject *file_pending(PyObject *module, PyObject *args)
 {
     PyObject *natives, *keys, *shape, *dtype, *launch_key, *launch;
@@ -1425,6 +1479,9 @@ static PyObject *size_class_py(PyObject *module, PyObject *arg)
 static PyMethodDef module_methods[] = {
     {"set_buffer_type", set_buffer_type, METH_VARARGS,
      "set_buffer_type(Buffer, numpy.ndarray): the types FastOp makes results of"},
+    {"set_parallel", set_parallel, METH_O,
+     "set_parallel(native_pieces): how launchers split a kernel over the worker pool "
+     "(threads.native_pieces)"},
     {"file_pending", file_pending, METH_VARARGS,
      "file_pending(natives, operand launch keys, shape, dtype, result launch key, nbytes, "
      "launch, scalars='', into_out=False) -> whether the call a FastOp of natives runs was "

@@ -253,7 +253,12 @@ class _Executable(Executable):
 
             direct.call = (address, rows)  # for native_plan
             return direct
-        return lambda pointers, memory: threads.run_kernel(address, pointers, rows, grain)
+
+        def parallel(pointers, memory) -> None:
+            threads.run_kernel(address, pointers, rows, grain)
+
+        parallel.call = (address, rows, grain)  # for native_plan
+        return parallel
 
     def _split_step(self, part: int, final: int, parts: int) -> Callable:
         """A reduction split into ``parts`` partials (see ``render.split_parts``): the
@@ -291,12 +296,15 @@ class _Executable(Executable):
         return run
 
     def native_plan(self) -> tuple | bool | None:
-        """How native code may launch this program without Python (the SDK ops' native
-        allocating path, hologram/csrc/native.c): ``(pointer array length, slot of each
-        parameter, ((kernel address, rows), ...))`` when every step is one call
-        ``kernel(pointers, 0, rows)`` on the calling thread (small kernels), which is what
-        :meth:`launch` would do; ``False`` while this build may still be replaced by a
-        promotion (ask again later); ``None`` when it never will be."""
+        """How native code may launch this program without Python (hologram/csrc/native.c's
+        Launcher, which every launch goes through): ``(pointer array length, slot of each
+        parameter, steps)`` when every step is a kernel call, which is what :meth:`launch`
+        would do: ``(kernel address, rows)``, one call ``kernel(pointers, 0, rows)`` on the
+        calling thread (small kernels), or ``(kernel address, rows, grain)``, the rows
+        split over the worker threads as :func:`threads.run_kernel` splits them (see
+        :func:`threads.native_pieces`); ``False`` while this build may still be replaced
+        by a promotion (ask again later); ``None`` when it never will be (split
+        reductions, GEMMs, interpreted kernels, scratch memory)."""
         if not self._final:
             return False
         calls = tuple(getattr(step, "call", None) for step in self.steps)

@@ -39,7 +39,7 @@ import os
 import threading
 from collections.abc import Callable
 
-from hologram import config
+from hologram import _native, config
 from hologram.backends.cpu import workers
 from hologram.config import available_cores as _available_cores
 from hologram.errors import HologramError
@@ -261,19 +261,37 @@ def min_chunk_work() -> int:
     return 1 << 15 if _NATIVE else 1 << 17
 
 
+def _pieces(total: int, grain: int, n: int) -> tuple[int, int]:
+    """(chunk count, helper workers) of a call on native workers: ``CHUNKS_PER_THREAD``
+    pieces per thread where the work allows (chunk_count(total, grain, n,
+    CHUNKS_PER_THREAD), inlined)."""
+    fits = total // grain
+    return (n * min(CHUNKS_PER_THREAD, fits // n) if fits >= n else max(fits, 1)), n - 1
+
+
+def native_pieces(total: int, grain: int) -> tuple[int, int, int] | None:
+    """How native code runs :func:`run_kernel`'s call itself: ``(hg_parallel's address,
+    chunk count, helper workers)``, the pool sized for it; None without native workers
+    (then the call goes through :func:`run_kernel`)."""
+    if not _NATIVE:
+        return None
+    count, helpers = _pieces(total, grain, num_threads())
+    workers.prepare(helpers)
+    return workers.parallel_address(), count, helpers
+
+
+_native.set_parallel(native_pieces)
+
+
 def run_kernel(kernel: int, pointers: ctypes.Array, total: int, grain: int) -> None:
     """Call the compiled kernel at address ``kernel`` as ``kernel(pointers, start, stop)``
     on the pieces of ``range(total)`` (``grain >= 1``) and return when all are done: on
     native workers, ``CHUNKS_PER_THREAD`` pieces per thread (see :mod:`.workers`), where
     :func:`workers.available`; else the pieces of ``chunks(total, grain, num_threads())``
     through :func:`parallel_for`. Which thread runs a piece never changes its result."""
-    n = num_threads()
     if _NATIVE:
-        fits = total // grain  # chunk_count(total, grain, n, CHUNKS_PER_THREAD), inlined
-        if fits >= n:
-            workers.run(kernel, pointers, total, n * min(CHUNKS_PER_THREAD, fits // n), n - 1)
-        elif total > 0:
-            workers.run(kernel, pointers, total, max(fits, 1), n - 1)
+        if total > 0:
+            workers.run(kernel, pointers, total, *_pieces(total, grain, num_threads()))
         return
     fn = _functions.get(kernel)
     if fn is None:

@@ -475,10 +475,21 @@ def run(kernel: int, pointers: ctypes.Array, total: int, count: int, helpers: in
     """Run ``kernel(pointers, start, stop)`` on the ``count`` chunks of ``range(total)``
     (see :func:`threads.chunks`), on this thread and up to ``helpers`` native workers
     (started on first need)."""
+    prepare(helpers).parallel(kernel, pointers, total, count, helpers)
+
+
+def prepare(helpers: int) -> _Native:
+    """The pool, ready to run calls with ``helpers`` workers (started on first need)."""
     native = _native or _load()
     if helpers != native.helpers:
         _resize(native, helpers)
-    native.parallel(kernel, pointers, total, count, helpers)
+    return native
+
+
+def parallel_address() -> int:
+    """The address of ``hg_parallel(kernel, pointers, total, count, helpers)``, which
+    :func:`run` calls (native launchers call it directly, after :func:`prepare`)."""
+    return _entry_points()["hg_parallel"]
 
 
 def _resize(native: _Native, helpers: int) -> None:
