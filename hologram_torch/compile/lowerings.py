@@ -2,7 +2,10 @@
 AOTAutograd's decompositions leave in a graph (``full``, ``zeros_like``, ``scalar_tensor``,
 ``copy``, ...). Eagerly these ops allocate and fill tensors and never build a program, so
 they are kept here rather than in :mod:`hologram_torch.lowering`, whose table is the one the
-eager device and its tests share. :func:`get` looks here first, then in that table."""
+eager device and its tests share. Also Adam's ``prims.fma`` and ``pow.Scalar``, and forms
+of ``mm``, ``sum`` and layer norm's backward that reach BLAS where the compiler would
+generate a strided, unvectorized kernel (the section "products with a unit dimension").
+:func:`get` looks here first, then in that table."""
 
 from __future__ import annotations
 
@@ -207,10 +210,13 @@ def column_sum(g, x, lead: int):
         return None
     rows, cols = math.prod(x.shape[:lead]), math.prod(x.shape[lead:])
     ones = full_of(g, (1, rows), 1, lowering.common.TORCH[x.dtype])
-    dense = x.strides == tuple(memory.contiguous_strides(x.shape))
-    # A matrix is read through its strides; more dimensions only when they are a view.
-    matrix = x if x.ndim == 2 else x.reshape(rows, cols) if dense else None
-    if matrix is None or not _strided_vector_product(ones, matrix):
+    if x.ndim == 2:
+        matrix = x  # read through its strides
+    elif x.strides == tuple(memory.contiguous_strides(x.shape)):
+        matrix = x.reshape(rows, cols)  # a view
+    else:
+        return None  # the reshape would be a copy
+    if not _strided_vector_product(ones, matrix):
         return None
     return blas_product(g, ones, matrix)[0].reshape(*x.shape[lead:])
 
@@ -243,8 +249,9 @@ def layer_norm_backward(g, grad_out, input, normalized_shape, mean, rstd, weight
     wanted = (bool(output_mask[1]) and weight is not None,
               bool(output_mask[2]) and bias is not None)
     lead = input.ndim - len(normalized_shape) if isinstance(input, Tensor) else 0
+    parameters = [p for p in (weight, bias) if p is not None]
     same = all(isinstance(t, Tensor) and t.dtype is input.dtype
-               for t in (grad_out, mean, rstd, *(t for t in (weight, bias) if t is not None)))
+               for t in (grad_out, mean, rstd, *parameters))
     if not any(wanted) or lead < 1 or not same or input.dtype.name not in ("f32", "f64"):
         return lowering.lower(op, g, *args, output_mask)
     dx = lowering.lower(op, g, *args, [output_mask[0], False, False])[0]
