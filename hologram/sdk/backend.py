@@ -36,11 +36,13 @@ def _available(name: str) -> bool:
 
 
 def is_cuda_available() -> bool:
-    """Can ``Executor("cuda")`` run here? On an NVIDIA GPU of compute capability 8.x or 9.0
-    with ``cuda-bindings`` installed (a path not yet run on hardware, docs/cuda.md), or
-    with ``HOLOGRAM_CUDA_EMULATE=1``, which runs the CUDA backend's kernels in Triton's
-    interpreter on the CPU: True then says nothing about a GPU."""
-    return _available("cuda")
+    """Is there an NVIDIA GPU ``Executor("cuda")`` runs on: the driver loads, a device of
+    compute capability 8.x or 9.0 is found, ``cuda-bindings`` and Triton are installed (a
+    path not yet run on hardware, docs/cuda.md)? Never true for the emulation
+    (``HOLOGRAM_CUDA_EMULATE=1``, Triton's interpreter on the CPU), with which
+    ``Executor("cuda")`` runs all the same: ``"cuda" in list_available_backends()`` says
+    that."""
+    return "cuda" in backends.BUILTIN and backends.backend_class("cuda").auto_available()
 
 
 def is_metal_available() -> bool:
