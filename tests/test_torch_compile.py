@@ -335,6 +335,7 @@ def test_options():
 
 
 def test_benchmark_runs_and_checks_against_eager():
+    from hologram.backends.cpu import blas
     from hologram.bench import compile as bench
 
     # quick: the MLP only (the transformer's rows run the same code; its compiles are slow)
@@ -344,6 +345,9 @@ def test_benchmark_runs_and_checks_against_eager():
     assert all(r["check"] == "ok" and r["ms"]["hologram"] > 0 for r in rows)
     assert rows[1]["hologram"]["programs"] == 2
     assert any("| mlp | training | 1 |" in line for line in bench.markdown(result))
+    # the section names the BLAS the programs called (torch is imported: MKL's where it is)
+    assert any(f"Hologram's BLAS: {blas.describe()}." in line
+               for line in bench.markdown(result))
 
 
 def test_strided_expanded_scalar_empty_and_half_inputs():

@@ -80,7 +80,8 @@ def inductor_status(torch) -> str:
 
 def run(quick: bool = False, plan: Plan | None = None) -> dict:
     """Run the section; returns ``rows`` (one per model, mode and thread count),
-    ``first_calls`` (one per model and mode), ``inductor`` (its status), ``threads``,
+    ``first_calls`` (one per model and mode), ``inductor`` (its status), ``blas`` (the BLAS
+    Hologram's programs call, :func:`hologram.backends.cpu.blas.describe`), ``threads``,
     ``seconds``, or ``skipped`` with the reason when it cannot run."""
     start = time.perf_counter()
     try:
@@ -116,10 +117,20 @@ def run(quick: bool = False, plan: Plan | None = None) -> dict:
             "hologram_backend_warm_s": warm.get(key, {}).get("backend_s"),
             "warm_disk_hits": warm.get(key, {}).get("disk_hits"),
             "inductor_s": row["first_call_s"].get("inductor")})
-    return {"threads": list(plan.threads), "inductor": inductor, "rows": rows,
+    return {"threads": list(plan.threads), "inductor": inductor, "blas": _blas(), "rows": rows,
             "first_calls": first_calls, "warm_process": warm.get("error", "ok" if warm else
                                                                   "not run (quick mode)"),
             "quick": plan.quick, "seconds": round(time.perf_counter() - start, 1)}
+
+
+def _blas() -> str:
+    """The cpu backend's BLAS as the compiled programs use it (with torch imported:
+    transposed-B products on PyTorch's MKL, docs/compile.md)."""
+    try:
+        from hologram.backends.cpu import blas
+    except ImportError:  # a build without the cpu backend
+        return "no cpu backend"
+    return blas.describe()
 
 
 def _timed_rows(torch, plan: Plan, inductor: bool, cache_dir: str) -> list[dict]:
@@ -322,6 +333,7 @@ def notes(section: dict) -> list[str]:
         "fast path off). Training: one step, zero_grad + compiled loss(model(x)) + backward "
         "+ eager Adam. Every compiled side was checked against eager first (check).",
         f"Inductor: {section['inductor']}.",
+        f"Hologram's BLAS: {section.get('blas', 'not recorded')}.",
         "First calls: Hologram's on an empty program cache (every program compiled), then "
         "a second process on that cache directory (warm disk cache; dynamo and AOTAutograd "
         "still trace); Inductor's as measured, with whatever caches of its own this machine "
