@@ -163,7 +163,8 @@ def test_mkl_sub_blocks_alpha_beta(mkl, dtype, trans_a, trans_b, alpha, beta):
 def test_transposed_b_goes_to_mkl_and_keeps_the_threads_setting(mkl, monkeypatch):
     """With torch imported, ``prepare`` sends transposed-B products to MKL, the rest to
     OpenBLAS; an MKL call runs on set_blas_threads' count as a setting of the calling
-    thread that it puts back (0: MKL's global count, which PyTorch's own calls use)."""
+    thread that it puts back (PyTorch's torch.set_num_threads sets it too; 0 is MKL's
+    global count)."""
     used = []
     monkeypatch.setattr(blas, "_prepare_mkl",
                         lambda *args: used.append(args[2:4]) or (lambda a, b, c: None))
@@ -179,11 +180,13 @@ def test_transposed_b_goes_to_mkl_and_keeps_the_threads_setting(mkl, monkeypatch
     monkeypatch.setattr(blas, "_mkl_state", blas._Mkl(
         mkl.path, mkl.sgemm, mkl.dgemm, lambda n: seen.append(n) or set_local(n)))
     before = blas.blas_threads()
+    setting = set_local(3)  # this thread's setting, read by setting another
     try:
         blas.set_blas_threads(1)
         check("f32", False, True, 64, 64, 64)
-        assert seen == [1, 0]
+        assert seen == [1, 3]  # ran on 1, then put back what it found
     finally:
+        set_local(setting)
         blas.set_blas_threads(before)
 
 
