@@ -13,7 +13,7 @@ import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import hologram_torch
-from hologram_torch.compile import kernel, lowerings, partition
+from hologram_torch.compile import kernel, lowerings
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -141,11 +141,10 @@ def test_transformer_encoder_inference():
     assert s["ops_eager"] == 0 and s["partitions"] == 1 and s["programs"] == 1
 
 
-@pytest.mark.parametrize("rows", [partition.ONE_HOT_MAX_ROWS, partition.ONE_HOT_MAX_ROWS + 1])
-def test_embedding_lowered_for_small_tables_only(rows):
-    """A lookup is a gather, compiled at any size; its gradient is one-hot in a program
-    (a pass over the table per index): compiled for small tables, PyTorch's index-add
-    for bigger ones."""
+@pytest.mark.parametrize("rows", [3, 9, 300])
+def test_embedding_and_its_gradient_compile_at_any_table_size(rows):
+    """A lookup is a gather and its gradient a scatter-add, one row per index: both are
+    compiled whatever the table's size (repeated indices add up)."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Embedding(rows, 6), torch.nn.Linear(6, 3),
                                 torch.nn.Tanh())
@@ -153,10 +152,21 @@ def test_embedding_lowered_for_small_tables_only(rows):
     eager, compiled = run_both(model, tokens)
     assert_same(eager, compiled)
     s = stats()
-    lookups = {"aten.embedding_dense_backward.default": 1}
-    assert s["eager_ops"] == ({} if rows <= partition.ONE_HOT_MAX_ROWS else lookups)
+    assert s["eager_ops"] == {} and s["ops_eager"] == 0
     assert s["partitions"] == 2 and s["eager_fallbacks"] == 0
 
+
+
+@pytest.mark.parametrize("op", [
+    lambda x, i, s: x.index_add(0, i, s),
+    lambda x, i, s: x.scatter_add(0, i[:, None].expand(-1, 8), s),
+    lambda x, i, s: x.index_put((i,), s, accumulate=True),
+])
+def test_indexed_stores_compile(op):
+    """Indexed stores (the ISA's scatter) compile; repeated indices add up as in eager."""
+    x, s = torch.randn(10, 8), torch.randn(5, 8)
+    i = torch.tensor([1, 3, 3, 9, 0])
+    compiled_agrees(op, x, i, s)
 
 def test_views_stay_in_regions_unless_their_values_leave():
     model = mlp().eval()

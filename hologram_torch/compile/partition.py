@@ -5,11 +5,9 @@ accepts its arguments: :class:`Support` *tries* the entry on a scratch graph who
 have the node's meta shapes and dtypes (a symbolic size by its hint), so an entry that
 raises :class:`~hologram_torch.lowering.Unsupported` for these arguments (integer ``pow``, a
 complex dtype, a layout it never handles) leaves the node to PyTorch, at compile time.
-The gradient of a lookup into a table of more than :data:`ONE_HOT_MAX_ROWS` rows
-(``embedding_dense_backward``) stays eager too: with no indexed store in the ISA its
-lowering is one-hot, a pass over every row of the table per index, where PyTorch adds one
-row per index. Lookups themselves (``embedding``, ``index``, ``index_select``, ``gather``)
-are the ISA's gather, one row per index, and compile at any size; their programs also
+Lookups (``embedding``, ``index``, ``index_select``, ``gather``) are the ISA's gather and
+their gradients (``embedding_dense_backward``, ``index_put``, ``scatter_add``, ...) its
+scatter, one row per index, so they compile at any size; lookups' programs also
 compute whether an index was out of range, and the region raises IndexError then, as eager
 PyTorch does (:func:`hologram_torch.compile.kernel.build`).
 
@@ -47,10 +45,6 @@ VIEW_OPS = frozenset({
 })
 _VIEW_NAMES = [_get_qualified_name(op) for op in VIEW_OPS]
 
-#: Tables up to this many rows get their lookup's gradient in a program (the one-hot
-#: form's extra work, rows times a scatter's, is then below a kernel launch's worth);
-#: bigger ones stay eager.
-ONE_HOT_MAX_ROWS = 8
 PREFIX = "hologram_"
 
 
@@ -86,8 +80,6 @@ class Support(OperatorSupportBase):
             return False
         if not _tensor_result(node.meta.get("val")):
             return False
-        if _one_hot_rows(node) > ONE_HOT_MAX_ROWS:
-            return False
         try:
             return _trial(node)
         except Exception:  # any failure of a trial means "run it eagerly"
@@ -100,14 +92,6 @@ def _tensor_result(val) -> bool:
     if isinstance(val, (tuple, list)) and val:
         return all(v is None or _tensor_result(v) for v in val)
     return False
-
-
-def _one_hot_rows(node: torch.fx.Node) -> int:
-    """The rows of the table a one-hot lowering passes over per index (0 for other ops:
-    lookups are gathers)."""
-    if node.target is aten.embedding_dense_backward.default:
-        return _hint(node.args[2]) or 0
-    return 0
 
 
 def _trial(node: torch.fx.Node) -> bool:
