@@ -361,6 +361,17 @@ def test_scatters_every_dtype(name, dtype):
         same_bits(got, expected)
 
 
+def test_scatters_take_int32_indices():
+    """torch's scatter family takes int32 indices as well (its meta kernel rejects what
+    its CPU kernel does)."""
+    x = make((5, 6), torch.float32, seed=23)
+    i = torch.randint(0, 6, (5, 3), generator=torch.Generator().manual_seed(24))
+    s = make((5, 3), torch.float32, seed=25)
+    for fn in (lambda x, i, s: x.scatter(1, i, s), lambda x, i, s: x.scatter_add(1, i, s),
+               lambda x, i, s: x.scatter_reduce(1, i, s, "amax")):
+        native_same(fn, x, i.int(), s)
+
+
 def test_index_copy_and_duplicates_in_order():
     """index_copy with distinct indices as the CPU; with duplicates, the last copy wins
     (torch leaves the order unspecified)."""

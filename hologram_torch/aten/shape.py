@@ -193,7 +193,8 @@ def _writes_build(g, self, index, src, alpha, dim, how, dtype, kind, include_sel
 
 #: Per kind of index write: the index dtypes torch takes, and whether negative indices
 #: count from the end (else torch raises for them).
-_WRITE_INDEX = {"index_add": (_SELECT_INDEX, False), "index_fill": (_SCATTER_INDEX, True)}
+_WRITE_INDEX = {"index_add": (_SELECT_INDEX, False), "index_fill": (_SCATTER_INDEX, True),
+                "index_copy": (_SCATTER_INDEX, False)}
 _REDUCTIONS = {"reduce": ("add", "multiply"), "two": ("sum", "prod", "mean", "amax", "amin")}
 
 
@@ -203,7 +204,9 @@ def _writes(kind: str):
     (``scatter_reduce.two``), "index_add", "index_copy", "index_fill"."""
     mode = {"scatter": "replace", "add": "add", "index_add": "add",
             "index_copy": "replace", "index_fill": "replace"}.get(kind)
-    index_dtypes, negative = _WRITE_INDEX.get(kind, (_SCATTER_INDEX, False))
+    # (the scatter family takes int32 indices too: torch's meta kernel rejects what its
+    # CPU kernel does)
+    index_dtypes, negative = _WRITE_INDEX.get(kind, (_SELECT_INDEX, False))
 
     def kernel(op, self, dim, index, src, reduce=None, *, alpha=1, include_self=True,
                out=None):

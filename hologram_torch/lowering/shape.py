@@ -49,7 +49,7 @@ from hologram_torch.lowering.common import (
 )
 
 _SELECT_INDEX = (dt.int64, dt.int32)  # torch's index dtypes for index_select/index_add
-_SCATTER_INDEX = (dt.int64,)  # and for gather/scatter
+_SCATTER_INDEX = (dt.int64,)  # and for gather, index_copy, index_fill (scatters: both)
 
 
 def _dim(x, dim: int) -> int:
@@ -282,21 +282,21 @@ def scatter_into(g, self, dim, index, src, mode: str, slices: bool = False, alph
 
 @register(aten.scatter.src, aten.scatter.value)
 def scatter(g, self, dim, index, src):
-    if index.dtype not in _SCATTER_INDEX:
+    if index.dtype not in _SELECT_INDEX:
         raise Unsupported(f"index of {index.dtype}")  # torch raises
     return scatter_into(g, self, dim, index, src, "replace")
 
 
 @register(aten.scatter.reduce, aten.scatter.value_reduce)
 def scatter_reduce(g, self, dim, index, src, *, reduce):
-    if index.dtype not in _SCATTER_INDEX or reduce not in ("add", "multiply"):
+    if index.dtype not in _SELECT_INDEX or reduce not in ("add", "multiply"):
         raise Unsupported(f"scatter reduce={reduce!r}, index of {index.dtype}")  # torch raises
     return scatter_into(g, self, dim, index, src, reduce)
 
 
 @register(aten.scatter_add.default)
 def scatter_add(g, self, dim, index, src):
-    if index.dtype not in _SCATTER_INDEX:
+    if index.dtype not in _SELECT_INDEX:
         raise Unsupported(f"index of {index.dtype}")  # torch raises
     return scatter_into(g, self, dim, index, src, "add")
 
@@ -322,7 +322,7 @@ def scatter_reduce_two(g, self, dim, index, src, reduce, *, include_self=True):
     ``include_self=False`` the reached elements are first set to the reduction's
     identity); "mean" is the sum over the count of values each element got (itself
     included), floor-divided for integers, as torch's CPU kernel computes it."""
-    if (index.dtype not in _SCATTER_INDEX or reduce not in ("sum", "prod", "mean", "amax",
+    if (index.dtype not in _SELECT_INDEX or reduce not in ("sum", "prod", "mean", "amax",
                                                            "amin")
             or not isinstance(src, Tensor) or is_number(src)
             or (reduce == "mean" and self.dtype.is_bool)):
@@ -379,8 +379,8 @@ def index_fill(g, self, dim, index, value):
     return scatter_into(g, self, dim, index, value, "replace", slices=True)
 
 
-@register(aten.index_put.default)
-def index_put(g, self, indices, values, accumulate=False):
+@register(aten.index_put.default, aten._index_put_impl.default)
+def index_put(g, self, indices, values, accumulate=False, unsafe=False):
     """``self[indices] = values`` (``+=`` with ``accumulate``): the positions of advanced
     indexing (:func:`index`), ``values`` broadcast to them, written in index order (the
     last duplicate wins; accumulated ones add in order, in self's dtype)."""
