@@ -39,14 +39,16 @@ from .render import WORKGROUP, dispatch, render
 #: The artifact format's version (part of the target identity, so old cache entries are
 #: never loaded by a newer runtime).
 FORMAT = "wgsl-1"
-#: WebGPU's capabilities, float min/max left to the renderer (it orders the bits), and
+#: WebGPU's capabilities, float min/max left to the renderer (it orders the bits),
 #: gather (render.py: the operand clamped in its own register, the element summed in
-#: wrapping u32).
-CAPS = replace(WEBGPU, ieee_minmax=True, gather=True)
+#: wrapping u32) and scatter (render.py: one invocation per grid point makes its writes in
+#: index order; the schedule keeps only disjoint dimensions on the grid).
+CAPS = replace(WEBGPU, ieee_minmax=True, gather=True, scatter=True)
 #: i64 is two 32-bit words (low, high): memory (a gather's values and operands too),
 #: casts, reductions, compares, select and the wrapping arithmetic below; no division
 #: (div, mod) and no contraction.
-_I64_OPS = frozenset({"load", "gather", "store", "const", "index", "cast", "reduce", "select",
+_I64_OPS = frozenset({"load", "gather", "store", "scatter", "const", "index", "cast", "reduce",
+                      "select",
                       "add", "sub", "mul", "min", "max", "and", "or", "xor", "not", "neg",
                       "abs", "sign", "eq", "ne", "lt", "le", "gt", "ge"})
 _BIND_GROUPS = 256  # bind groups remembered per kernel

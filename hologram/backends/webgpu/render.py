@@ -32,6 +32,17 @@ the driver cannot fold or reassociate them.
 Reductions accumulate as :mod:`.reduce` says (compensated float sums, float products
 with their own exponent, total-order keys for the extremes); matrix products run tiled
 (:mod:`.tiling`).
+
+A ``scatter`` (docs/isa.md) is written where a store would be, by one invocation per grid
+point walking its nest's loops in order (in the group mode, invocation 0 of the
+workgroup): its writes to one element come from one grid point (the schedule keeps only
+disjoint dimensions on the grid), in index order. Each write loads the element, combines
+(the op's own WGSL, f16/bf16 in f32 rounded once, i64 in two words) and stores it, narrow
+elements through the atomic bit updates stores use (a neighbour in the same word may
+belong to another grid point). A grid point makes at most :data:`MAX_SERIAL_WRITES`
+writes: Mesa's lavapipe (the Vulkan driver the tests run on) ends an invocation's loops
+after 65535 iterations in all, silently, so a longer walk would drop writes; the renderer
+refuses such a kernel with a :class:`CompileError` instead.
 """
 
 from __future__ import annotations
@@ -57,6 +68,8 @@ GROUP_POINTS = 4096
 #: The math functions computed with an exactly rounded fma (:mod:`.mathlib`).
 EXACT_FMA = frozenset({"sin", "cos"})
 MAX_GROUPS = 65535
+#: The most writes one grid point's scatter nest may make (see the module docstring).
+MAX_SERIAL_WRITES = 65535
 
 # i64: two words (low, high), for the few operations the backend declares on it (argmax
 # and argmin results, casts, stores).
@@ -103,7 +116,7 @@ class _Kernel:
         self.local: dict[int, str] = {}
         body = kernel.body
         self.points = math.prod(kernel.grid) if kernel.grid_rank else 1
-        if all(0 in x.shape for x in body if x.op == "store"):
+        if all(0 in x.shape for x in body if x.op in ("store", "scatter")):
             self.points = 0  # it stores nothing (a zero extent): never dispatched
         # A workgroup per grid point only while the points alone are too few to fill the
         # device; with many (a matmul's outputs), one invocation each folds its terms
@@ -118,7 +131,7 @@ class _Kernel:
             self.group, self.points = False, self.tiling.tiles
         self.tiles: set[str] = set()  # the tiled mode's operand arrays, by WGSL type
         self.narrow_out = {x.buffer for x in body
-                           if x.op == "store" and _BYTES[x.dtype.name] < 4}
+                           if x.op in ("store", "scatter") and _BYTES[x.dtype.name] < 4}
 
     # --- text ---------------------------------------------------------------------------
     def line(self, text: str) -> None:
@@ -176,7 +189,8 @@ class _Kernel:
         body = kernel.body
         for dims, stores in plan.store_nests:
             for pos in stores:
-                self.prepare(body[pos].args[0])
+                for a in body[pos].args:  # a store's value; a scatter's, and its offset
+                    self.prepare(a)
             self.store_nest(list(dims), [body[p] for p in stores])
         writes = kernel.writes()
         return {"name": kernel.name, "wgsl": self.source(), "mode": self.mode,
@@ -242,7 +256,10 @@ class _Kernel:
         def emit() -> None:
             self.local = {}
             for s in stores:
-                self.store(s)
+                if s.op == "scatter":
+                    self.scatter(s)
+                else:
+                    self.store(s)
 
         if self.tiling is not None:  # dims is empty (tiling.tiling checks)
             self.block("if (valid)", emit)
@@ -250,6 +267,17 @@ class _Kernel:
             self.serial(dims, emit)
         elif not dims:
             self.block("if (lid == 0u)", emit)
+        elif any(s.op == "scatter" for s in stores):  # its writes in index order: one walker
+            self.block("if (lid == 0u)", lambda: self.serial(dims, emit))
+        if any(s.op == "scatter" for s in stores):
+            writes = math.prod(self.kernel.domain[d] for d in dims)
+            if writes > MAX_SERIAL_WRITES:
+                raise CompileError(
+                    f"webgpu: kernel {self.kernel.name}: a scatter makes {writes} writes per "
+                    f"grid point in index order, more than the {MAX_SERIAL_WRITES} loop "
+                    "iterations an invocation may run (lavapipe ends longer loops "
+                    "silently); run the program on the cpu or interp backend, or split the "
+                    "scatter")
         else:
             self.strided(dims, emit)
 
@@ -317,8 +345,8 @@ class _Kernel:
         element, however far the map's own terms or the operand run outside it. A
         constant part is folded here, in Python: WGSL rejects a constant expression
         that overflows."""
-        operand = self.kernel.body[instr.args[0]].dtype
-        k = self.value(instr.args[0])
+        operand = self.kernel.body[instr.args[-1]].dtype  # a scatter's second operand
+        k = self.value(instr.args[-1])
         low, high = instr.bounds
         kmin, kmax = ((-2**63, 2**63 - 1) if operand.name == "i64"
                       else _INT_RANGE[operand.name])
@@ -379,10 +407,30 @@ class _Kernel:
             return self.bind(t, self.call("hg_f16_to_f32", raw))
         return self.bind(t, f"bitcast<f32>({raw} << 16u)")  # bf16
 
-    def store(self, instr: Instr) -> None:
-        t, buf = instr.dtype.name, instr.buffer
+    def scatter(self, instr: Instr) -> None:
+        """One write of a scatter at the current point (see the module docstring)."""
+        t = instr.dtype
         value = self.value(instr.args[0])
-        at = self.address(instr)
+        at = self.gather_address(instr)
+        if instr.mode != "replace":
+            old = self.load(instr, at)
+            if t.name == "i64":
+                value = self.bind(t.name, self.wide(instr.mode, [old, value]))
+            elif instr.mode in ("max", "min"):
+                value = self.bind(t.name, self.minmax([old, value], t, instr.mode == "max"))
+            else:
+                value = self.bind("f32" if t.is_float else t.name,
+                                  getattr(self, f"op_{instr.mode}")([old, value], t, t))
+                if t.name in ("f16", "bf16"):
+                    value = self.bind(t.name, self.call(f"hg_round_{t.name}", value))
+        self.store(instr, at, value)
+
+    def store(self, instr: Instr, at: str | None = None, value: str | None = None) -> None:
+        """A store of its operand at its map's element, or (a scatter's) ``value`` at
+        ``at``."""
+        t, buf = instr.dtype.name, instr.buffer
+        value = self.value(instr.args[0]) if value is None else value
+        at = self.address(instr) if at is None else at
         size = _BYTES[t]
         if size == 4:
             self.line(f"b{buf}[{at}] = bitcast<u32>({value});")
