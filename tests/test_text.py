@@ -159,8 +159,28 @@ def odd_names() -> Program:
     return b.build()
 
 
+def scatters() -> Program:
+    """``scatter`` in every mode, offsets of every integer dtype, a value of every dtype
+    (bool: replace, max and min only)."""
+    b = ProgramBuilder("scatters")
+    for t in dt.ALL:
+        x = b.buffer(f"x_{t.name}", t, (6, 4), "inout")
+        modes = ("replace", "max", "min") if t.is_bool else ("replace", "add", "mul", "max",
+                                                              "min")
+        for mode in modes:
+            ints = [o for o in dt.ALL if o.is_int]
+            offset = ints[len(b.kernels) % len(ints)]
+            ix = b.input(f"ix_{t.name}_{mode}", offset, (3,))
+            k = b.kernel((3, 4))
+            value = k.const(True if t.is_bool else 1, t)
+            k.scatter(x, value, k.load(ix, (3, 1), 0, (1, 0)), mode, (3, 4), 2, (0, 1),
+                      (-2, 17))
+    return b.build()
+
+
 ALL_PROGRAMS = {
     **{f"every_op_{t.name}": (lambda t=t: every_op_for(t)) for t in dt.ALL},
+    "scatters": scatters,
     "reductions": reductions,
     "rank0": rank0,
     "empty": empty,
@@ -207,7 +227,8 @@ def test_every_opcode_and_dtype_is_covered() -> None:
     expected = set()
     for t in dt.ALL:
         expected |= {(op, "", t) for op in ("load", "store", "const", "select", "cast")}
-        expected |= {("index", "", t), ("gather", "", t)} if t.is_int else set()
+        expected |= {("index", "", t), ("gather", "", t), ("scatter", "", t)} if t.is_int \
+            else set()
         for op in UNARY_OPS + BINARY_OPS + COMPARE_OPS + ("fma", "contract"):
             arity = 1 if op in UNARY_OPS else 3 if op == "fma" else 2
             if accepts(op, [t] * arity, ((1,),) if op == "contract" else ()):

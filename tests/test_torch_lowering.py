@@ -402,6 +402,17 @@ case(aten.index_add.default, I, 1, torch.tensor([4, 4], dtype=torch.int32), ints
      alpha=3)
 case(aten.index_add.default, H, 1, torch.tensor([1]), randn(4, 1, dtype=torch.float16),
      alpha=0.5, tol=_HTOL)
+case(aten.index_copy.default, X, 0, torch.tensor([2, 0]), randn(2, 5, seed=46))
+case(aten.index_fill.int_Scalar, I, 1, torch.tensor([4, -1, 0]), -3)
+case(aten.index_fill.int_Tensor, X, 0, torch.tensor([1]), torch.tensor(2.5))
+case(aten.index_put.default, X, [torch.tensor([2, -1, 0])], randn(3, 5, seed=47))
+case(aten.index_put.default, I, [None, torch.tensor([4, 4, 1])], ints(4, 3, seed=48),
+     True)
+case(aten._index_put_impl.default, X, [torch.tensor([[1], [0]]), torch.tensor([3, -2])],
+     torch.tensor(-1.0), True)
+for _r in ("sum", "prod", "mean", "amax", "amin"):
+    case(aten.scatter_reduce.two, X, 1, _GI, _SRC, _r, tol=_TOL)
+    case(aten.scatter_reduce.two, I, 1, _GI, ints(3, 5, seed=49), _r, include_self=False)
 
 case(aten.arange.default, 7)
 case(aten.arange.start, 2, 9, dtype=torch.float16)
