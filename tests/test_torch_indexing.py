@@ -519,3 +519,48 @@ def test_compiled_lookups_raise_on_indices_out_of_range(case, bad):
     s = stats.compile_stats()
     assert s["ops_eager"] == 0 and s["programs"] == 1, s  # the program raised, not eager
     torch._dynamo.reset()
+
+
+WRITES = {
+    "scatter": (lambda x, i, v: x.scatter(0, i.reshape(-1, 1).expand(-1, 5), v) * 2,
+                RuntimeError),
+    "scatter_add": (lambda x, i, v: x.scatter_add(0, i.reshape(-1, 1).expand(-1, 5), v) + 1,
+                    RuntimeError),
+    "scatter_reduce": (lambda x, i, v: x.scatter_reduce(
+        0, i.reshape(-1, 1).expand(-1, 5), v, "amax") - 1, RuntimeError),
+    "index_add": (lambda x, i, v: x.index_add(0, i, v) * 3, RuntimeError),
+    "index_copy": (lambda x, i, v: x.index_copy(0, i, v) * 3, IndexError),
+    "index_fill": (lambda x, i, v: x.index_fill(0, i, 2.5) + 1, IndexError),
+    "index_put": (lambda x, i, v: x.index_put((i,), v, accumulate=True) * 2, IndexError),
+}
+
+
+@pytest.mark.parametrize(("case", "bad"), [
+    (case, bad) for case in WRITES for bad in (6, -7)] + [("index_fill", -6), ("index_put", -6)])
+def test_compiled_writes_raise_on_indices_out_of_range(case, bad):
+    """A compiled program's scatters clamp (docs/isa.md); the compiled region raises the
+    error eager PyTorch raises (its type) instead of returning what the clamp wrote; an
+    index eager takes from the end (index_fill, index_put) computes as in eager."""
+    fn, error = WRITES[case]
+    from hologram_torch.compile import stats
+
+    torch._dynamo.reset()
+    stats.reset_compile_stats()
+    f = torch.compile(fn, backend="hologram")
+    g = torch.Generator().manual_seed(4)
+    x, v = torch.randn(6, 5, generator=g), torch.randn(4, 5, generator=g)
+    good = torch.tensor([0, 5, 2, 1])
+    with torch.no_grad():
+        torch.testing.assert_close(f(x, good, v), fn(x, good, v))
+        indices = torch.tensor([0, bad, 2, 1])
+        try:
+            expected = fn(x, indices, v)
+        except (IndexError, RuntimeError) as e:
+            assert isinstance(e, error)
+            with pytest.raises(error, match="out of"):
+                f(x, indices, v)
+        else:
+            torch.testing.assert_close(f(x, indices, v), expected)
+    s = stats.compile_stats()
+    assert s["ops_eager"] == 0, s  # the program raised, not eager
+    torch._dynamo.reset()

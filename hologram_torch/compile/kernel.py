@@ -54,7 +54,7 @@ class _Entry:
     launch: object  # CompiledProgram.launch, or None when every output is empty
     outputs: tuple  # (shape, strides, dtype, contiguous, device or None) of each output
     tensors: tuple  # the positions of the tensor arguments (the program's inputs)
-    checks: tuple = ()  # per trailing 0-d bool output: the IndexError raised when it is set
+    checks: tuple = ()  # per trailing 0-d bool output: the error raised when it is set
 
     def __post_init__(self):
         # One ready allocator per output: a launch calls them without re-reading layouts.
@@ -91,9 +91,9 @@ class FusedKernel(torch.nn.Module):
         if entry.checks:
             self._run(entry, addresses, outs)
             flags = outs[len(outs) - len(entry.checks):]
-            for flag, message in zip(flags, entry.checks):
+            for flag, (error, message) in zip(flags, entry.checks):
                 if flag.item():
-                    raise IndexError(message)
+                    raise error(message)
             del outs[len(outs) - len(entry.checks):]
         else:
             self._run(entry, addresses, outs)
@@ -180,7 +180,7 @@ def build(gm: torch.fx.GraphModule, name: str, args, options: Options) -> _Entry
                                         tuple(a.stride()))
         else:
             env[node] = a
-    checks = []  # (0-d bool: an index is out of range, PyTorch's message)
+    checks = []  # (0-d bool: an index is out of range, PyTorch's error)
     for node in gm.graph.nodes:
         if node.op == "call_function":
             env[node] = lower_node(g, node, env)
@@ -216,37 +216,59 @@ def build(gm: torch.fx.GraphModule, name: str, args, options: Options) -> _Entry
         layouts.append(((), (), torch.bool, True, None))
     compiled = hologram.compile(g.program(), backend, options.compile_options())
     return _Entry(compiled.launch, tuple(layout[:5] for layout in layouts), tensors,
-                  tuple(message for _, message in checks))
+                  tuple(error for _, error in checks))
 
 
-def _index_checks(g: Graph, node: torch.fx.Node, env: dict) -> list[tuple[Tensor, str]]:
+#: Writes by index whose index (argument 2) must lie in [0, size) along ``dim`` (argument
+#: 1), and the error eager PyTorch raises otherwise.
+_WRITES_ALONG_DIM = {
+    **dict.fromkeys((aten.scatter.src, aten.scatter.value, aten.scatter.reduce,
+                     aten.scatter.value_reduce, aten.scatter_add.default,
+                     aten.scatter_reduce.two, aten.index_add.default), RuntimeError),
+    aten.index_copy.default: IndexError,
+}
+#: Those whose index may also count from the end ([-size, size)).
+_FROM_THE_END = (aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
+
+
+def _index_checks(g: Graph, node: torch.fx.Node, env: dict) -> list[tuple[Tensor, tuple]]:
     """For a lookup by index (``embedding``, ``index.Tensor``, ``index_select``,
-    ``gather``): per index tensor, a 0-d bool that is set when one of its values is out of
-    range, and the error eager PyTorch raises then. The program's gathers clamp such
-    indices (docs/isa.md); the kernel raises after the launch instead of returning what
-    they read. Other nodes: none."""
+    ``gather``) or a write by index (the scatter family, ``index_add``, ``index_copy``,
+    ``index_fill``, ``index_put``): per index tensor, a 0-d bool that is set when one of
+    its values is out of range, and the error eager PyTorch raises then (its type and
+    message). The program's
+    gathers and scatters clamp such indices (docs/isa.md); the kernel raises after the
+    launch instead of returning what they read or wrote. Other nodes: none."""
     target, a = node.target, node.args
-    if target is aten.embedding.default:
-        lookups = [(a[1], env[a[0]].shape[0], 0, "index out of range in self")]
-    elif target in (aten.index_select.default, aten.gather.default):
+
+    def along(dim_arg: int, index_arg: int, counts_from_end: bool, error: type):
         src = env[a[0]]
-        dim = a[1] % max(src.ndim, 1)
+        dim = a[dim_arg] % max(src.ndim, 1)
         size = src.shape[dim] if src.ndim else 1
-        lookups = [(a[2], size, -size,
-                    f"index out of bounds for dimension {dim} with size {size}")]
-    elif target is aten.index.Tensor:
+        return [(a[index_arg], size, -size if counts_from_end else 0,
+                 (error, f"index out of bounds for dimension {dim} with size {size}"))]
+
+    if target is aten.embedding.default:
+        lookups = [(a[1], env[a[0]].shape[0], 0, (IndexError, "index out of range in self"))]
+    elif target in (aten.index_select.default, aten.gather.default):
+        lookups = along(1, 2, True, IndexError)
+    elif target in _WRITES_ALONG_DIM:
+        lookups = along(1, 2, False, _WRITES_ALONG_DIM[target])
+    elif target in _FROM_THE_END:
+        lookups = along(1, 2, True, IndexError)
+    elif target in (aten.index.Tensor, aten.index_put.default, aten._index_put_impl.default):
         src = env[a[0]]
-        lookups = [(i, src.shape[d], -src.shape[d],
-                    f"index out of bounds for dimension {d} with size {src.shape[d]}")
+        lookups = [(i, src.shape[d], -src.shape[d], (IndexError,
+                    f"index out of bounds for dimension {d} with size {src.shape[d]}"))
                    for d, i in enumerate(a[1]) if i is not None]
     else:
         return []
     checks = []
-    for index, size, low, message in lookups:
+    for index, size, low, error in lookups:
         idx = env.get(index) if isinstance(index, torch.fx.Node) else None
-        if isinstance(idx, Tensor) and math.prod(idx.shape):
+        if isinstance(idx, Tensor) and idx.dtype.is_int and math.prod(idx.shape):
             bad = g.binary("or", g.binary("lt", idx, low), g.binary("ge", idx, size))
-            checks.append((g.reduce("max", bad), message))
+            checks.append((g.reduce("max", bad), error))
     return checks
 
 
