@@ -56,6 +56,7 @@ from hologram.backends.cpu import backend as interpreted
 from hologram.backends.cpu import gemm, llvm, threads
 from hologram.backends.cpu.backend import CpuBackend
 from hologram.backends.cpu.render import (
+    EXTREMUM_INTERLEAVE,
     MATH_INTERLEAVE,
     PART_WORK,
     independent_iterations,
@@ -1612,6 +1613,20 @@ def test_only_innermost_loops_with_math_ask_for_interleaving():
     # render._blocks) and its tail loop
     lane_loops = 2 * (loops.LANES // loops.VECTOR) + 1
     assert _loop_hints(g) == ["d-2.body", *(f"d-2.body.{i}" for i in range(1, lane_loops + 1))]
+
+
+def test_float_max_and_min_reductions_keep_more_vectors_in_flight():
+    """Their innermost loop asks LLVM for EXTREMUM_INTERLEAVE vectors per iteration; an
+    integer max and a sum do not (the sum's lanes are its own, see _blocks)."""
+    def interleaved(kind: str, dtype: str) -> bool:
+        g = Graph(f"{kind}_{dtype}")
+        g.output("r", g.reduce(kind, g.input("x", dtype, (64, 1000)), axes=1))
+        lowered = pipeline.run(g.program())
+        ir = render(lowered, {k.name: f"ir_{k.name}" for k in lowered.kernels})
+        return f'!"llvm.loop.interleave.count", i32 {EXTREMUM_INTERLEAVE}' in ir
+
+    assert interleaved("max", "f32") and interleaved("min", "f64")
+    assert not interleaved("max", "i32") and not interleaved("sum", "f32")
 
 
 def test_kernels_without_dependences_through_memory_have_parallel_loops():
