@@ -248,42 +248,10 @@ class Graph:
         caller checks bounds where it must raise. One kernel; its ``gather`` reads only
         the elements it returns, a row contiguously where one index picks it."""
         shape = tuple(shape)
-        if len(coords) != x.ndim:
-            raise ShapeError(f"gather: {len(coords)} coordinates for a {x.ndim}-d tensor")
-        if math.prod(x.shape) == 0 and math.prod(shape):
-            raise ShapeError(f"gather: {list(shape)} elements from the empty tensor "
-                             f"{list(x.shape)}: every coordinate is out of range")
-        for d, c in enumerate(coords):  # all checked before the kernel is begun
-            n = x.shape[d]
-            if isinstance(c, int):
-                if not 0 <= c < len(shape) or (shape[c] > n and n != 1):
-                    raise ShapeError(f"gather: axis {c} of {list(shape)} cannot walk "
-                                     f"dimension {d} of {list(x.shape)}")
-            elif not c.dtype.is_int:
-                raise ShapeError(f"gather: coordinates must be integers, not {c.dtype.name}")
-            elif c.ndim > len(shape) or _broadcast([c._aligned(len(shape)).shape,
-                                                    shape]) != shape:
-                raise ShapeError(f"gather: coordinates {list(c.shape)} do not broadcast to "
-                                 f"{list(shape)}")
+        self._check_coordinates("gather", x, coords, shape)
         k = self.builder.kernel(shape)
-        strides = [0] * len(shape)
-        at = None
-        for d, c in enumerate(coords):
-            n, stride = x.shape[d], x.strides[d]
-            if isinstance(c, int):
-                if n != 1:
-                    strides[c] += stride
-                continue
-            i = self._load(k, c)
-            i = i if i.dtype.name == "i64" else k.cast(i, "i64")
-            if c.dtype.kind == "i":  # negative: counted from the end
-                i = k.select(k.binary("lt", i, 0), k.binary("add", i, n), i)
-            if stride != 1:
-                i = k.binary("mul", i, stride)
-            at = i if at is None else k.binary("add", at, i)
-        if at is None:
-            at = k.const(0, "i64")
-        value = k.gather(x.buffer, at, shape, x.offset, tuple(strides))
+        at, strides, _ = self._coordinate_offset(k, x, coords, shape)
+        value = k.gather(x.buffer, at, shape, x.offset, strides)
         out = self._temp(value.dtype, shape)
         k.store(out.buffer, value, shape=shape)
         return out
@@ -305,39 +273,60 @@ class Graph:
         coordinate out of range writes some element of ``x`` (the ISA's clamp): the caller
         checks bounds where it must raise."""
         shape = tuple(shape)
-        if len(coords) != x.ndim:
-            raise ShapeError(f"scatter: {len(coords)} coordinates for a {x.ndim}-d tensor")
-        if math.prod(x.shape) == 0 and math.prod(shape):
-            raise ShapeError(f"scatter: {list(shape)} elements into the empty tensor "
-                             f"{list(x.shape)}: every coordinate is out of range")
-        operands = [c for c in coords if not isinstance(c, int)]
+        self._check_coordinates("scatter", x, coords, shape)
         if isinstance(values, Tensor):
             if values.dtype is not x.dtype:
                 raise ShapeError(f"scatter: {values.dtype.name} values into a "
                                  f"{x.dtype.name} tensor (cast them first)")
-            operands.append(values)
-        for c in coords:
-            if isinstance(c, int):
-                continue
-            if not c.dtype.is_int:
-                raise ShapeError(f"scatter: coordinates must be integers, not {c.dtype.name}")
-        for t in operands:
-            if t.ndim > len(shape) or _broadcast([t._aligned(len(shape)).shape,
-                                                  shape]) != shape:
-                raise ShapeError(f"scatter: operand {list(t.shape)} does not broadcast to "
-                                 f"{list(shape)}")
+            if values.ndim > len(shape) or _broadcast(
+                    [values._aligned(len(shape)).shape, shape]) != shape:
+                raise ShapeError(f"scatter: values {list(values.shape)} do not broadcast "
+                                 f"to {list(shape)}")
         out = self.copy(x)  # a fresh contiguous temporary: the scatter's target
         if math.prod(shape) == 0:
             return out
         k = self.builder.kernel(shape)
-        strides = [0] * len(shape)
-        at, low, high = None, 0, 0
+        at, strides, high = self._coordinate_offset(k, out, coords, shape)
+        value = self._load(k, values) if isinstance(values, Tensor) else \
+            k.const(values, x.dtype)
+        k.scatter(out.buffer, value, at, mode, shape, out.offset, strides, (0, high))
+        return out
+
+    def _check_coordinates(self, op: str, x: Tensor, coords: tuple[Tensor | int, ...],
+                           shape: tuple[int, ...]) -> None:
+        """:meth:`gather`'s and :meth:`scatter`'s checks of ``coords`` into ``x`` over
+        ``shape``, all made before a kernel is begun."""
+        if len(coords) != x.ndim:
+            raise ShapeError(f"{op}: {len(coords)} coordinates for a {x.ndim}-d tensor")
+        if math.prod(x.shape) == 0 and math.prod(shape):
+            raise ShapeError(f"{op}: {list(shape)} elements at the empty tensor "
+                             f"{list(x.shape)}: every coordinate is out of range")
         for d, c in enumerate(coords):
-            n, stride = out.shape[d], out.strides[d]
+            n = x.shape[d]
             if isinstance(c, int):
                 if not 0 <= c < len(shape) or (shape[c] > n and n != 1):
-                    raise ShapeError(f"scatter: axis {c} of {list(shape)} cannot walk "
+                    raise ShapeError(f"{op}: axis {c} of {list(shape)} cannot walk "
                                      f"dimension {d} of {list(x.shape)}")
+            elif not c.dtype.is_int:
+                raise ShapeError(f"{op}: coordinates must be integers, not {c.dtype.name}")
+            elif c.ndim > len(shape) or _broadcast([c._aligned(len(shape)).shape,
+                                                    shape]) != shape:
+                raise ShapeError(f"{op}: coordinates {list(c.shape)} do not broadcast to "
+                                 f"{list(shape)}")
+
+    def _coordinate_offset(self, k: KernelBuilder, x: Tensor,
+                           coords: tuple[Tensor | int, ...], shape: tuple[int, ...]
+                           ) -> tuple[Value, tuple[int, ...], int]:
+        """In kernel ``k`` over ``shape``: the data-dependent part of ``coords``' element
+        offset into ``x`` (each tensor coordinate, negative ones counted from the end,
+        times its dimension's stride, summed in int64), the strides by which the result's
+        axes walk ``x``'s dimensions (int coordinates), and the largest offset the tensor
+        coordinates reach in range."""
+        strides = [0] * len(shape)
+        at, high = None, 0
+        for d, c in enumerate(coords):
+            n, stride = x.shape[d], x.strides[d]
+            if isinstance(c, int):
                 if n != 1:
                     strides[c] += stride
                 continue
@@ -349,13 +338,7 @@ class Graph:
                 i = k.binary("mul", i, stride)
             at = i if at is None else k.binary("add", at, i)
             high += (n - 1) * stride
-        if at is None:
-            at = k.const(0, "i64")
-        value = self._load(k, values) if isinstance(values, Tensor) else \
-            k.const(values, x.dtype)
-        k.scatter(out.buffer, value, at, mode, shape, out.offset, tuple(strides),
-                  (low, high))
-        return out
+        return (k.const(0, "i64") if at is None else at), tuple(strides), high
 
     def maximum(self, a: Tensor | Scalar, b: Tensor | Scalar) -> Tensor:
         return self.binary("max", a, b)
