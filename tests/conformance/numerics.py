@@ -21,6 +21,7 @@ Every run also checks that the backend ran every kernel itself
 from __future__ import annotations
 
 import contextlib
+import importlib
 import math
 import zlib
 
@@ -31,6 +32,8 @@ import hologram
 from hologram import backends
 from hologram.backends.base import unsupported_pairs
 from hologram.backends.interp import interpreter
+from hologram.compiler import capabilities
+from hologram.compiler.capabilities import MissingCapabilityError
 from hologram.errors import DTypeError, IRError
 from hologram.isa import dtypes as dt
 from hologram.isa.builder import ProgramBuilder
@@ -139,6 +142,33 @@ def _interpreter_calls(backend: str):
             mp.setattr(interpreter, name, counted)
         yield calls
 
+
+
+def declares(backend: str, capability: str) -> bool:
+    """Whether the backend's target declares ``capability`` (a field of
+    :class:`~hologram.compiler.capabilities.Capabilities`): its module's ``CAPS`` (webgpu,
+    cuda), else the host CPU's (the cpu backend's targets); the interpreter is the ISA's
+    definition and runs every opcode."""
+    if backend == "interp":
+        return True
+    module = importlib.import_module(type(backends.get(backend)).__module__)
+    return getattr(getattr(module, "CAPS", capabilities.CPU), capability)
+
+
+def both_or_refused(program: Program, backend: str, inputs: list[np.ndarray],
+                    capability: str, words: tuple[str, ...] = (),
+                    delegation_ok: bool = False):
+    """:func:`both` where the backend declares ``capability``; else the backend must refuse
+    the program at compile time naming the capability, the program, the backends that
+    run it and ``words`` (checked, then the test is skipped)."""
+    if declares(backend, capability) or unsupported_pairs(backends.get(backend), program):
+        # (both() skips a declared dtype refusal)
+        return both(program, backend, inputs, delegation_ok)
+    with pytest.raises(MissingCapabilityError) as error:
+        hologram.compile(program, backend=backend)
+    for word in (capability, program.name, "cpu or interp", *words):
+        assert word in str(error.value), (word, str(error.value))
+    pytest.skip(f"{backend} declares no {capability} capability (refused, as it must be)")
 
 def both(program: Program, backend: str, inputs: list[np.ndarray],
          delegation_ok: bool = False) -> tuple[list[np.ndarray], list[np.ndarray]]:

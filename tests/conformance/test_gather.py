@@ -11,48 +11,21 @@ compute something else). Both are checked on every registered backend.
 
 from __future__ import annotations
 
-import importlib
+import functools
 
 import numpy as np
 import pytest
 from util import same_bits
 
-import hologram
-from hologram import backends
-from hologram.backends.base import unsupported_pairs
-from hologram.compiler import capabilities
-from hologram.compiler.capabilities import MissingCapabilityError
 from hologram.isa import dtypes as dt
 from hologram.isa.builder import ProgramBuilder
 from hologram.isa.ir import Program
 
-from .numerics import both, seed_of, storage, values
+from .numerics import both_or_refused, seed_of, storage, values
 
 OFFSET_DTYPES = [t for t in dt.ALL if t.is_int]
-
-
-def declares_gather(backend: str) -> bool:
-    """The capability the backend's target declares: its module's ``CAPS`` (webgpu,
-    cuda), else the host CPU's (the cpu backend's targets); the interpreter is the ISA's
-    definition and runs every opcode."""
-    if backend == "interp":
-        return True
-    module = importlib.import_module(type(backends.get(backend)).__module__)
-    return getattr(module, "CAPS", capabilities.CPU).gather
-
-
-def gathered(program: Program, backend: str, inputs: list[np.ndarray],
-             delegation_ok: bool = False):
-    """(backend's outputs, the interpreter's); a backend without the capability must
-    refuse at compile time (then the test is skipped, the refusal checked)."""
-    if declares_gather(backend) or unsupported_pairs(backends.get(backend), program):
-        # (both() skips a declared dtype refusal)
-        return both(program, backend, inputs, delegation_ok)
-    with pytest.raises(MissingCapabilityError) as error:
-        hologram.compile(program, backend=backend)
-    for words in ("gather", program.name, "cpu or interp"):
-        assert words in str(error.value), (words, str(error.value))
-    pytest.skip(f"{backend} declares no gather capability (refused, as it must be)")
+# (backend's outputs, the interpreter's), or the backend's refusal checked and skipped
+gathered = functools.partial(both_or_refused, capability="gather")
 
 
 def lookup(t: dt.DType, offset: dt.DType, rows: int, width: int, n: int) -> Program:

@@ -14,7 +14,7 @@ so the interpreter itself is checked against the ISA's definition.
 
 from __future__ import annotations
 
-import importlib
+import functools
 
 import numpy as np
 import pytest
@@ -22,16 +22,13 @@ from util import same_bits
 
 import hologram
 import hologram.errors
-from hologram import backends
-from hologram.backends.base import unsupported_pairs
-from hologram.compiler import capabilities, pipeline
-from hologram.compiler.capabilities import MissingCapabilityError
+from hologram.compiler import pipeline
 from hologram.isa import dtypes as dt
 from hologram.isa.builder import ProgramBuilder
 from hologram.isa.ir import SCATTER_MODES, Instr, Program
 from hologram.isa.semantics import evaluate, from_storage, to_storage
 
-from .numerics import both, seed_of, storage, values
+from .numerics import both_or_refused, seed_of, storage, values
 
 OFFSET_DTYPES = [t for t in dt.ALL if t.is_int]
 
@@ -39,30 +36,8 @@ OFFSET_DTYPES = [t for t in dt.ALL if t.is_int]
 def modes_of(t: dt.DType) -> list[str]:
     """The modes the ISA defines on ``t`` (no add/mul of bool: max is or, min is and)."""
     return [m for m in SCATTER_MODES if not (t.is_bool and m in ("add", "mul"))]
-
-
-def declares_scatter(backend: str) -> bool:
-    """The capability the backend's target declares: its module's ``CAPS`` (webgpu,
-    cuda), else the host CPU's (the cpu backend's targets); the interpreter is the ISA's
-    definition and runs every opcode."""
-    if backend == "interp":
-        return True
-    module = importlib.import_module(type(backends.get(backend)).__module__)
-    return getattr(module, "CAPS", capabilities.CPU).scatter
-
-
-def scattered(program: Program, backend: str, inputs: list[np.ndarray],
-              delegation_ok: bool = False):
-    """(backend's outputs, the interpreter's); a backend without the capability must
-    refuse at compile time (then the test is skipped, the refusal checked)."""
-    if declares_scatter(backend) or unsupported_pairs(backends.get(backend), program):
-        # (both() skips a declared dtype refusal)
-        return both(program, backend, inputs, delegation_ok)
-    with pytest.raises(MissingCapabilityError) as error:
-        hologram.compile(program, backend=backend)
-    for words in ("scatter", program.name, "cpu or interp", "index order"):
-        assert words in str(error.value), (words, str(error.value))
-    pytest.skip(f"{backend} declares no scatter capability (refused, as it must be)")
+# (backend's outputs, the interpreter's), or the backend's refusal checked and skipped
+scattered = functools.partial(both_or_refused, capability="scatter", words=("index order",))
 
 
 def sequential(buffer: np.ndarray, positions: np.ndarray, vals: np.ndarray, t: dt.DType,
