@@ -17,10 +17,18 @@ from conformance.numerics import ulp_distance
 import hologram
 import hologram as hg
 from hologram import backends
+from hologram.backends.webgpu import backend as webgpu_backend
 from hologram.backends.webgpu import device as devices
 from hologram.backends.webgpu import memory
 from hologram.backends.webgpu.backend import WebGpuBackend
-from hologram.backends.webgpu.render import GROUP_POINTS, MAX_GROUPS, WORKGROUP
+from hologram.backends.webgpu.render import (
+    EMULATED_LOOP_LIMIT,
+    GROUP_POINTS,
+    MAX_GROUPS,
+    WORKGROUP,
+    render,
+)
+from hologram.compiler import pipeline
 from hologram.errors import CompileError, DeviceError, DTypeError, OutOfMemoryError
 from hologram.frontend.graph import Graph
 from hologram.isa import dtypes as dt
@@ -241,6 +249,30 @@ def test_grids_beyond_65535_workgroups_are_folded(ex):
     rows = MAX_GROUPS * 2 + 10  # row sums: one invocation per row (many rows)
     m = np.random.default_rng(9).integers(-9, 9, (rows, 3)).astype(np.float32)
     np.testing.assert_array_equal(hg.ops.sum(ex.from_numpy(m), dim=1).to_numpy(), m.sum(1))
+
+
+def test_loops_past_an_emulated_adapters_limit_are_refused_not_wrong(ex):
+    """lavapipe silently ends an invocation's loops after 65,535 iterations in all (a sum of
+    2^22 ones came back as 131,070): the renderer counts each kernel's iterations per
+    invocation, and on a CPU-emulated adapter a kernel over the limit is refused."""
+    at_limit = WORKGROUP * (EMULATED_LOOP_LIMIT - 7)  # + the tree's 6 and the store's 1
+    for n in (at_limit, at_limit + 1, 1 << 22):
+        g = Graph(f"sum_{n}")
+        g.output("y", g.sum(g.input("x", "f32", (n,))))
+        program = pipeline.for_target(g.program(), webgpu_backend.CAPS)
+        counted = render(program, program.kernels[0], webgpu_backend.CAPS)["iterations"]
+        assert counted == -(-n // WORKGROUP) + 6 + 1
+        x = np.ones(n, np.float32)
+        if devices.get("webgpu").is_hardware or counted <= EMULATED_LOOP_LIMIT:
+            assert hg.ops.sum(ex.from_numpy(x)).to_numpy() == n  # exact: small integers
+        else:
+            with pytest.raises(CompileError, match=r"65535 in all.*cpu backend"):
+                hg.ops.sum(ex.from_numpy(x))
+    g = Graph("rows")  # nested loops: their trips multiply
+    g.output("y", g.sum(g.input("x", "f32", (3, 100, 200)), axes=(1, 2)))
+    program = pipeline.for_target(g.program(), webgpu_backend.CAPS)
+    assert render(program, program.kernels[0], webgpu_backend.CAPS)["iterations"] >= \
+        -(-100 * 200 // WORKGROUP)
 
 
 # --- dtypes ----------------------------------------------------------------------------------

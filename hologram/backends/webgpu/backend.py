@@ -34,7 +34,7 @@ from hologram.isa.ir import Program
 
 from . import device as devices
 from . import memory
-from .render import WORKGROUP, dispatch, render
+from .render import EMULATED_LOOP_LIMIT, WORKGROUP, dispatch, render
 
 #: The artifact format's version (part of the target identity, so old cache entries are
 #: never loaded by a newer runtime).
@@ -162,6 +162,14 @@ class _Executable(Executable):
 
     def _pipeline(self, kernel: dict) -> Any:
         device = self.dev.device
+        if not self.dev.is_hardware and kernel["iterations"] > EMULATED_LOOP_LIMIT:
+            raise CompileError(
+                f"webgpu: kernel {kernel['name']} of {self.header['program']} runs up to "
+                f"{kernel['iterations']} loop iterations per invocation; this adapter "
+                f"({self.dev.summary}) is a CPU emulation that silently ends an "
+                f"invocation's loops after {EMULATED_LOOP_LIMIT} in all, so its results "
+                "would be wrong. Run the program on the cpu backend or on a GPU adapter, or "
+                "make it smaller", source=kernel["wgsl"])
         limit = self.dev.limits.get("max-storage-buffers-per-shader-stage", 8)
         if len(kernel["bindings"]) > limit:
             raise CompileError(

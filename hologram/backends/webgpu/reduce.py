@@ -23,6 +23,17 @@ def shared_array(wgsl_type: str) -> str:
     return "hg_sh_" + wgsl_type.replace("<", "_").replace(">", "")
 
 
+def tree(r, level) -> None:
+    """The loop over a workgroup tree's levels, ``level()`` for the invocations below ``s``
+    at each, a barrier after each."""
+    def step() -> None:
+        r.block("if (lid < s)", level)
+        r.line("workgroupBarrier();")
+
+    r.loop(f"for (var s = {r.workgroup // 2}u; s > 0u; s = s >> 1u)",
+           r.workgroup.bit_length() - 1, step)
+
+
 class Accumulator:
     """One reduction's accumulator in a renderer: its variables, how a term is folded in,
     and (shared) the tree over the workgroup."""
@@ -132,12 +143,7 @@ class Accumulator:
             r.line("hg_sh_f32[lid] = p.m;")
             r.line("hg_sh_i32[lid] = p.e;")
 
-        r.line(f"for (var s = {r.workgroup // 2}u; s > 0u; s = s >> 1u) {{")
-        r.depth += 1
-        r.block("if (lid < s)", level)
-        r.line("workgroupBarrier();")
-        r.depth -= 1
-        r.line("}")
+        tree(r, level)
         out = r.bind("HgProd", "HgProd(hg_sh_f32[0], hg_sh_i32[0])")
         r.line("workgroupBarrier();")
         return out
@@ -202,12 +208,7 @@ class Accumulator:
             else:
                 r.line(f"{a} = {a} * {b};")
 
-        r.line(f"for (var s = {r.workgroup // 2}u; s > 0u; s = s >> 1u) {{")
-        r.depth += 1
-        r.block("if (lid < s)", level)
-        r.line("workgroupBarrier();")
-        r.depth -= 1
-        r.line("}")
+        tree(r, level)
         out = r.bind(vtype, f"{values}[0]")
         best = r.bind("i32", "hg_sh_i32[0]") if self.best is not None else None
         r.line("workgroupBarrier();")  # everyone has read before the arrays are reused

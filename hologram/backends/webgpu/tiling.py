@@ -111,7 +111,7 @@ def emit_contract(r, instr: Instr, t: Tiling, accumulator) -> str:
         del r.index[t.k]
 
     def chunk() -> None:
-        r.block(f"for (var j: i32 = 0; j < {DEPTH // TILE}; j++)", load)
+        r.loop(f"for (var j: i32 = 0; j < {DEPTH // TILE}; j++)", DEPTH // TILE, load)
         r.line("workgroupBarrier();")
 
         def fold() -> None:
@@ -121,10 +121,11 @@ def emit_contract(r, instr: Instr, t: Tiling, accumulator) -> str:
             acc.fold(product, "0")
 
         last = f"min({DEPTH}, {extent_k} - k0)"
-        r.block(f"for (var kk: i32 = 0; kk < {last}; kk++)", fold)
+        r.loop(f"for (var kk: i32 = 0; kk < {last}; kk++)", DEPTH, fold)
         r.line("workgroupBarrier();")
 
-    r.block(f"for (var k0: i32 = 0; k0 < {extent_k}; k0 += {DEPTH})", chunk)
+    r.loop(f"for (var k0: i32 = 0; k0 < {extent_k}; k0 += {DEPTH})", -(-extent_k // DEPTH),
+           chunk)
     r.index[t.m], r.index[t.n] = row, col
     r.local = saved
     return acc.finish(False, empty=False)
