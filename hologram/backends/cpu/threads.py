@@ -39,7 +39,8 @@ import os
 import threading
 from collections.abc import Callable
 
-from hologram import _native, config
+from hologram import config
+from hologram._native import set_parallel
 from hologram.backends.cpu import workers
 from hologram.config import available_cores as _available_cores
 from hologram.errors import HologramError
@@ -280,7 +281,7 @@ def native_pieces(total: int, grain: int) -> tuple[int, int, int] | None:
     return workers.parallel_address(), count, helpers
 
 
-_native.set_parallel(native_pieces)
+set_parallel(native_pieces)
 
 
 def run_kernel(kernel: int, pointers: ctypes.Array, total: int, grain: int) -> None:
