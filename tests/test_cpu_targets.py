@@ -155,6 +155,18 @@ def gather_case(t: DType) -> Program:
     return g.program()
 
 
+def scatter_case(t: DType) -> Program:
+    """Rows written by i32 indices with duplicates (the last write wins, or combined in
+    index order), a row's columns in parallel; add where ``t`` has one, else max."""
+    g = Graph("scatter_" + t.name)
+    table, rows = g.input("table", t, (37, 24)), g.input("r32", "i32", (19,))
+    values = g.input("values", t, (19, 24))
+    g.output("replaced", g.scatter(table, (rows.reshape(19, 1), 1), values, (19, 24)))
+    g.output("combined", g.scatter(table, (rows.reshape(19, 1), 1), values, (19, 24),
+                                   "max" if t.is_bool else "add"))
+    return g.program()
+
+
 NUMERIC = [t for t in ALL if not t.is_bool]
 
 
@@ -162,7 +174,7 @@ def conformance_programs() -> list[Program]:
     programs = []
     for t in ALL:
         programs += [elementwise_case(t)[0], cast_case(t)[0], reduce_case(t)[0],
-                     gather_case(t)]
+                     gather_case(t), scatter_case(t)]
         if not t.is_bool:
             programs.append(matmul_case(t))
     return programs
@@ -247,6 +259,22 @@ def test_gathers_on_every_runnable_target(monkeypatch, target, name):
     inputs = [table, r32, r64.reshape(5, 3)]
     for g, w in zip(run_cpu(program, inputs), run_interp(program, inputs)):
         assert_close(g, w, t, 0, what=f"gather {name} on {target}")
+
+
+@pytest.mark.parametrize("name", [t.name for t in ALL])
+@pytest.mark.parametrize("target", EXECUTED)
+def test_scatters_on_every_runnable_target(monkeypatch, target, name):
+    _use(monkeypatch, target)
+    t = dt.dtype(name)
+    program = scatter_case(t)
+    rng = np.random.default_rng(seed_of("target scatters", name))
+    table, _, values = (random_array(p, rng) for p in program.params if p.kind == "in")
+    # duplicates, negative (counted from the end) and beyond both ends (the ISA's clamp)
+    rows = np.array([3, 3, -1, 36, 0, -37, 40, -50, 3, 12, 12, 5, 6, 7, 8, 9, 10, 11, 3],
+                    np.int32)
+    inputs = [table, rows, values]
+    for g, w in zip(run_cpu(program, inputs), run_interp(program, inputs)):
+        assert_close(g, w, t, 0, what=f"scatter {name} on {target}")
 
 
 # --- compiled --------------------------------------------------------------------------------
