@@ -144,6 +144,27 @@ def _interpreter_calls(backend: str):
 
 
 
+def far_cases(offset: dt.DType, n: int, rng: np.random.Generator) -> list[tuple]:
+    """Data-dependent accesses (gather, scatter) through operands of dtype ``offset``:
+    ``(map offset, stride, bounds, buffer size, n operand values)`` for bounds a narrow
+    operand cannot reach on either side (nothing to clamp), and maps 2**33 before or
+    after a 300-element buffer brought back into it by bounds beyond the 32-bit range (an
+    i64 operand near the bound, and the 64-bit extremes)."""
+    lo, hi = int(offset.min), int(offset.max)
+    cases = []
+    if offset.bits <= 16:  # a buffer past both ends of the operand's range
+        size = hi - lo + 7
+        cases.append((3 - lo, 0, (lo - 3, hi + 3), size, values(offset, n, rng)[:n]))
+    for sign in (1, -1):
+        far = sign * 2**33
+        at = values(offset, n, rng)[:n]
+        if offset.name == "i64":  # around the bound, and the 64-bit extremes
+            at = (-far + rng.integers(-50, 150, n)).astype(np.int64)
+            at[:4] = [-2**63, 2**63 - 1, -far, 0]
+        cases.append((far + 5, 1, (-far, -far + 300 - 5 - n), 300, at))
+    return cases
+
+
 def declares(backend: str, capability: str) -> bool:
     """Whether the backend's target declares ``capability`` (a field of
     :class:`~hologram.compiler.capabilities.Capabilities`): its module's ``CAPS`` (webgpu,

@@ -21,7 +21,7 @@ from hologram.isa import dtypes as dt
 from hologram.isa.builder import ProgramBuilder
 from hologram.isa.ir import Program
 
-from .numerics import both_or_refused, seed_of, storage, values
+from .numerics import both_or_refused, far_cases, seed_of, storage, values
 
 OFFSET_DTYPES = [t for t in dt.ALL if t.is_int]
 # (backend's outputs, the interpreter's), or the backend's refusal checked and skipped
@@ -111,19 +111,8 @@ def test_bounds_beyond_the_operand_and_maps_far_outside(backend, offset):
     fewer than 64 bits must get each one exactly."""
     rng = np.random.default_rng(seed_of("gather far", offset.name))
     n = 200
-    lo, hi = int(offset.min), int(offset.max)
-    cases = []  # (map offset, stride, bounds, buffer size, operand values)
-    if offset.bits <= 16:  # a buffer past both ends of the operand's range
-        size = hi - lo + 7
-        cases.append((3 - lo, 0, (lo - 3, hi + 3), size, values(offset, n, rng)[:n]))
-    for sign in (1, -1):
-        far = sign * 2**33
-        at = values(offset, n, rng)[:n]
-        if offset.name == "i64":  # around the bound, and the 64-bit extremes
-            at = (-far + rng.integers(-50, 150, n)).astype(np.int64)
-            at[:4] = [-2**63, 2**63 - 1, -far, 0]
-        cases.append((far + 5, 1, (-far, -far + 300 - 5 - n), 300, at))
-    for case, (map_offset, stride, bounds, size, at) in enumerate(cases):
+    for case, (map_offset, stride, bounds, size, at) in enumerate(
+            far_cases(offset, n, rng)):
         b = ProgramBuilder(f"far_{offset.name}_{case}")
         src = b.input("src", "i32", (size,))
         ids = b.input("at", offset, (n,))
