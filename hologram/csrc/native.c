@@ -1150,6 +1150,22 @@ static int to_scalar(PyObject *value, char code, Scalar *out)
     }
 }
 
+/* The executor's buffer registry while the executor is open (a new reference), else NULL
+ * without an exception: the general path then says what is wrong. */
+static Registry *open_registry(PyObject *executor)
+{
+    Registry *reg = (Registry *)PyObject_GetAttr(executor, str_buffers);
+    if (reg == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    if (Py_TYPE(reg) != &RegistryType || reg->closed) {
+        Py_DECREF(reg);
+        return NULL;
+    }
+    return reg;
+}
+
 /* An elementwise op into its out= buffer (the one keyword of an into_out entry), which
  * the call returns. Writing in place is right where out is an operand element for element
  * (the same address and launch key) or shares no allocation with it (allocations never
@@ -1172,15 +1188,10 @@ static PyObject *launch_into_out(FastOp *f, Entry *e, PyObject *const *args, siz
         if (!same || SLOT(args[i], off_launch_key) != SLOT(out, off_launch_key))
             return general_call(f, args, nargsf, kwnames);
     }
-    Registry *reg = (Registry *)PyObject_GetAttr(executor, str_buffers);
-    if (reg == NULL) {
-        PyErr_Clear();
+    Registry *reg = open_registry(executor);
+    if (reg == NULL)
         return general_call(f, args, nargsf, kwnames);
-    }
-    int open = Py_TYPE(reg) == &RegistryType && !reg->closed;
     Py_DECREF(reg);
-    if (!open)
-        return general_call(f, args, nargsf, kwnames);
     if (!as_address(handle, &addresses[n]))
         return NULL;
     Py_INCREF(e); /* launching may run Python, which may drop the entry */
@@ -1234,12 +1245,10 @@ static PyObject *fastop_vectorcall(FastOp *f, PyObject *const *args, size_t narg
         return general_call(f, args, nargsf, kwnames);
     if (e->into_out)
         return launch_into_out(f, e, args, nargsf, kwnames, executor, addresses);
-    Registry *reg = (Registry *)PyObject_GetAttr(executor, str_buffers);
-    if (reg == NULL) {
-        PyErr_Clear();
+    Registry *reg = open_registry(executor);
+    if (reg == NULL)
         return general_call(f, args, nargsf, kwnames);
-    }
-    if (Py_TYPE(reg) != &RegistryType || reg->closed || reg->pool == NULL) {
+    if (reg->pool == NULL) {
         Py_DECREF(reg);
         return general_call(f, args, nargsf, kwnames);
     }
