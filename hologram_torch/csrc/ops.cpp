@@ -231,20 +231,18 @@ bool fresh(const Entry& entry, at::Tensor& out, PyObject** lease) {
 
 // Run a filed call; false when it must go to the Python kernel after all.
 bool launch(const Entry& entry, const c10::IValue* args, at::Tensor& result) {
-  void* out;
-  PyObject* lease = nullptr;
   if (entry.written >= 0) {
     result = args[entry.written].toTensor();
     if (overlaps(result, args, entry)) {
       return false;
     }
-    out = result.data_ptr();
   } else {
+    PyObject* lease;  // owned by the result's storage from here
     if (!fresh(entry, result, &lease)) {
       return false;
     }
-    out = result.data_ptr();
   }
+  void* out = result.data_ptr();
   if (entry.launcher != Py_None) {
     const auto count = static_cast<Py_ssize_t>(entry.operands.size());
     PyObject* addresses = PyTuple_New(count + 1);
