@@ -276,16 +276,14 @@ class _KernelRenderer:
                 [("llvm.loop.vectorize.enable", ir.Constant(I1, 1)),
                  ("llvm.loop.unroll.disable", None),
                  ("llvm.loop.vectorize.followup_vectorized", unrolled)]))
-        elif self.math_calls > calls and self.loops_done == loops:
-            back.set_metadata("llvm.loop", self._loop_id(
-                [("llvm.loop.interleave.count", ir.Constant(I32, MATH_INTERLEAVE)),
-                 *parallel]))
-        elif self.extremum and self.loops_done == loops:
-            back.set_metadata("llvm.loop", self._loop_id(
-                [("llvm.loop.interleave.count", ir.Constant(I32, EXTREMUM_INTERLEAVE)),
-                 *parallel]))
-        elif parallel:
-            back.set_metadata("llvm.loop", self._loop_id(parallel))
+        else:
+            innermost = self.loops_done == loops
+            interleave = (MATH_INTERLEAVE if innermost and self.math_calls > calls else
+                          EXTREMUM_INTERLEAVE if innermost and self.extremum else None)
+            hints = [("llvm.loop.interleave.count", ir.Constant(I32, interleave))] \
+                if interleave else []
+            if hints or parallel:
+                back.set_metadata("llvm.loop", self._loop_id([*hints, *parallel]))
         self.loops_done += 1
         b.position_at_end(done)
         del self.index[dim]
