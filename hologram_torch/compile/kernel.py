@@ -236,9 +236,9 @@ def _index_checks(g: Graph, node: torch.fx.Node, env: dict) -> list[tuple[Tensor
     ``gather``) or a write by index (the scatter family, ``index_add``, ``index_copy``,
     ``index_fill``, ``index_put``): per index tensor, a 0-d bool that is set when one of
     its values is out of range, and the error eager PyTorch raises then (its type and
-    message). The program's
-    gathers and scatters clamp such indices (docs/isa.md); the kernel raises after the
-    launch instead of returning what they read or wrote. Other nodes: none."""
+    message). The program's gathers and scatters clamp such indices (docs/isa.md); the
+    kernel raises after the launch instead of returning what they read or wrote. Other
+    nodes: none."""
     target, a = node.target, node.args
 
     def along(dim_arg: int, index_arg: int, counts_from_end: bool, error: type):
