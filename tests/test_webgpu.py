@@ -196,7 +196,7 @@ def test_build_gives_wgsl_without_a_device(monkeypatch):
     monkeypatch.setattr(devices, "get", no_device)
     artifact = hologram.build(softmax_program(), backend="webgpu")
     meta = artifact.metadata
-    assert meta["format"] == "wgsl-1" and meta["interpreted"] == []
+    assert meta["format"] == webgpu_backend.FORMAT and meta["interpreted"] == []
     (kernel,) = meta["kernels"]
     assert "@compute @workgroup_size" in kernel["wgsl"] and "workgroupBarrier" in kernel["wgsl"]
     assert kernel["mode"] == "group" and kernel["dispatch"] == [64, 1, 1]
@@ -254,25 +254,36 @@ def test_grids_beyond_65535_workgroups_are_folded(ex):
 def test_loops_past_an_emulated_adapters_limit_are_refused_not_wrong(ex):
     """lavapipe silently ends an invocation's loops after 65,535 iterations in all (a sum of
     2^22 ones came back as 131,070): the renderer counts each kernel's iterations per
-    invocation, and on a CPU-emulated adapter a kernel over the limit is refused."""
-    at_limit = WORKGROUP * (EMULATED_LOOP_LIMIT - 7)  # + the tree's 6 and the store's 1
-    for n in (at_limit, at_limit + 1, 1 << 22):
-        g = Graph(f"sum_{n}")
-        g.output("y", g.sum(g.input("x", "f32", (n,))))
-        program = pipeline.for_target(g.program(), webgpu_backend.CAPS)
-        counted = render(program, program.kernels[0], webgpu_backend.CAPS)["iterations"]
-        assert counted == -(-n // WORKGROUP) + 6 + 1
-        x = np.ones(n, np.float32)
+    invocation, and on a CPU-emulated adapter a kernel over the limit is refused. Whole
+    sums are split over workgroups (tests/test_webgpu_split.py); a long row whose result
+    is used along the row again (``x - sum(x)``: a store nest) is not, nor is a scatter."""
+    # two strided loops and the tree's 6 levels, each loop's last test counted
+    at_limit = WORKGROUP * ((EMULATED_LOOP_LIMIT - 9) // 2)
+    for n in (at_limit, at_limit + 1):
+        g = Graph(f"center_{n}")
+        x = g.input("x", "f32", (n,))
+        g.output("y", x - g.sum(x, 0, keepdim=True))
+        (shader,) = hologram.build(g.program(), backend="webgpu").metadata["kernels"]
+        counted = shader["iterations"]  # the sum's strided loop, the tree, the store nest's
+        assert counted == 2 * (-(-n // WORKGROUP) + 1) + 6 + 1
+        data = np.ones(n, np.float32)
         if devices.get("webgpu").is_hardware or counted <= EMULATED_LOOP_LIMIT:
-            assert hg.ops.sum(ex.from_numpy(x)).to_numpy() == n  # exact: small integers
+            got = hologram.compile(g.program(), backend="webgpu")(data)
+            np.testing.assert_array_equal(got, data - n)  # exact: small integers
         else:
             with pytest.raises(CompileError, match=r"65535 in all.*cpu backend"):
-                hg.ops.sum(ex.from_numpy(x))
+                hologram.compile(g.program(), backend="webgpu")(data)
     g = Graph("rows")  # nested loops: their trips multiply
     g.output("y", g.sum(g.input("x", "f32", (3, 100, 200)), axes=(1, 2)))
     program = pipeline.for_target(g.program(), webgpu_backend.CAPS)
-    assert render(program, program.kernels[0], webgpu_backend.CAPS)["iterations"] >= \
+    assert render(program, program.kernels[0], webgpu_backend.CAPS)[-1]["iterations"] >= \
         -(-100 * 200 // WORKGROUP)
+    b = ProgramBuilder("long_scatter")  # one grid point's writes, in index order
+    dst = b.buffer("dst", "f32", (10,), "inout")
+    k = b.kernel((EMULATED_LOOP_LIMIT + 1,))
+    k.scatter(dst, k.const(1.0, "f32"), k.index(0, "i32"), "add")
+    with pytest.raises(CompileError, match="more than the 65535"):
+        hologram.compile(b.build(), backend="webgpu")
 
 
 # --- dtypes ----------------------------------------------------------------------------------

@@ -34,11 +34,12 @@ from hologram.isa.ir import Program
 
 from . import device as devices
 from . import memory
+from . import render as render_module
 from .render import EMULATED_LOOP_LIMIT, WORKGROUP, dispatch, render
 
 #: The artifact format's version (part of the target identity, so old cache entries are
 #: never loaded by a newer runtime).
-FORMAT = "wgsl-1"
+FORMAT = "wgsl-2"
 #: WebGPU's capabilities, float min/max left to the renderer (it orders the bits),
 #: gather (render.py: the operand clamped in its own register, the element summed in
 #: wrapping u32) and scatter (render.py: one invocation per grid point makes its writes in
@@ -52,6 +53,7 @@ _I64_OPS = frozenset({"load", "gather", "store", "scatter", "const", "index", "c
                       "add", "sub", "mul", "min", "max", "and", "or", "xor", "not", "neg",
                       "abs", "sign", "eq", "ne", "lt", "le", "gt", "ge"})
 _BIND_GROUPS = 256  # bind groups remembered per kernel
+_SPLIT_WORK = render_module.SPLIT_WORK  # the default split threshold
 
 
 class WebGpuBackend(Backend):
@@ -83,7 +85,12 @@ class WebGpuBackend(Backend):
         if name not in (None, "wgsl"):
             raise DeviceError(f"{self.name}: unknown target {name!r}; the one target is "
                               "'wgsl' (shaders are compiled by the driver when loaded)")
-        return f"{FORMAT} workgroup {WORKGROUP}"
+        text = f"{FORMAT} workgroup {WORKGROUP}"
+        # Tests lower the split threshold (render.SPLIT_WORK): the target string, part of
+        # every cache key, names it, so artifacts split differently never mix.
+        if render_module.SPLIT_WORK != _SPLIT_WORK:
+            text += f" split-work-{render_module.SPLIT_WORK}"
+        return text
 
     def supports(self, op: str, dtype: DType) -> bool:
         if dtype is dt.float64:
@@ -100,16 +107,23 @@ class WebGpuBackend(Backend):
         self.target(target)
         program = pipeline.for_target(program, CAPS)
         kernels = []
+        buffers = [{"name": b.name, "kind": b.kind, "nbytes": b.nbytes}
+                   for b in program.buffers]
         for kernel in program.kernels:
-            shader = render(program, kernel, CAPS)
-            shader["dispatch"] = dispatch(shader["points"], shader["mode"])
-            pipeline.dump(program.name, f"{kernel.name}.wgsl", shader["wgsl"])
-            kernels.append(shader)
+            for shader in render(program, kernel, CAPS, scratch=len(buffers)):
+                # A split reduction's partial states: a temporary after the program's
+                # buffers, written by the first shader and read by the second.
+                scratch = shader.pop("scratch", None)
+                if scratch is not None:
+                    buffers.append({"name": shader["name"], "kind": "temp",
+                                    "nbytes": scratch["nbytes"]})
+                shader["dispatch"] = dispatch(shader["points"], shader["mode"])
+                pipeline.dump(program.name, f"{shader['name']}.wgsl", shader["wgsl"])
+                kernels.append(shader)
         header = {
             "format": FORMAT,
             "program": program.name,
-            "buffers": [{"name": b.name, "kind": b.kind, "nbytes": b.nbytes}
-                        for b in program.buffers],
+            "buffers": buffers,
             "params": [i for i, b in enumerate(program.buffers) if b.kind != "temp"],
             "kernels": kernels,
         }

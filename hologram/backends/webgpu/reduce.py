@@ -97,14 +97,7 @@ class Accumulator:
     def fold(self, value: str, flat: str) -> None:
         r = self.r
         if self.keyed:
-            k = r.bind("u32", self.key(value))
-            better = self.better(k, self.acc)
-            if self.best is not None:  # in order: strictly better only (first wins)
-                r.line(f"if ({better}) {{ {self.acc} = {k}; {self.best} = {flat}; }}")
-            elif self.wide:
-                r.line(f"{self.acc} = select({self.acc}, {k}, {better});")
-            else:
-                r.line(f"{self.acc} = {'max' if self.largest else 'min'}({self.acc}, {k});")
+            self.fold_key(r.bind("u32", self.key(value)), flat)
         elif self.wide:
             combine = "hg_add64" if self.kind == "sum" else "hg_mul64lo"
             r.line(f"{self.acc} = {combine}({self.acc}, {value});")
@@ -120,6 +113,17 @@ class Accumulator:
             r.line(f"{self.acc} = {self.sum_expr(self.acc, value)};")
         else:
             r.line(f"{self.acc} = {self.prod_expr(self.acc, value)};")
+
+    def fold_key(self, k: str, flat: str) -> None:
+        """Fold in the term whose key is ``k`` (its flat index ``flat``: argmax/argmin)."""
+        r = self.r
+        better = self.better(k, self.acc)
+        if self.best is not None:  # in order: strictly better only (first wins)
+            r.line(f"if ({better}) {{ {self.acc} = {k}; {self.best} = {flat}; }}")
+        elif self.wide:
+            r.line(f"{self.acc} = select({self.acc}, {k}, {better});")
+        else:
+            r.line(f"{self.acc} = {'max' if self.largest else 'min'}({self.acc}, {k});")
 
     def better(self, a: str, b: str) -> str:
         """Whether key ``a`` is strictly better than key ``b``."""
@@ -172,14 +176,25 @@ class Accumulator:
         r = self.r
         if empty and self.kind == "sum":
             return "0.0f" if self.t.is_float else self.acc
-        mine = self.partial()
         if self.float_prod:
-            mine = self.product(shared)
-            return r.bind("f32", f"hg_prod_value({mine}, hg_k)")
+            return r.bind("f32", f"hg_prod_value({self.product(shared)}, hg_k)")
         if not shared:
+            mine = self.partial()
             return self.unkey(mine) if self.kind in ("max", "min") else (
                 self.best if self.best is not None else mine)
-        vtype = "u32" if (self.keyed and not self.wide) or self.reg == "bool" else self.reg
+        out, best = self.combined()
+        if best is not None:
+            return best
+        if self.keyed:
+            return self.unkey(out)
+        return f"({out} != 0u)" if self.reg == "bool" else out
+
+    def combined(self) -> tuple[str, str | None]:
+        """The workgroup's result through the tree in workgroup memory: the value (a key
+        for max/min, a bool as a u32), and the index of argmax/argmin (else None)."""
+        r = self.r
+        mine = self.partial()
+        vtype = self.vtype
         r.shared.add(vtype)
         values = shared_array(vtype)
         stored = f"select(0u, 1u, {mine})" if self.reg == "bool" and not self.keyed else mine
@@ -212,8 +227,49 @@ class Accumulator:
         out = r.bind(vtype, f"{values}[0]")
         best = r.bind("i32", "hg_sh_i32[0]") if self.best is not None else None
         r.line("workgroupBarrier();")  # everyone has read before the arrays are reused
+        return out, best
+
+    @property
+    def vtype(self) -> str:
+        """The WGSL type of the values the tree combines (keys: u32; bool: u32)."""
+        if (self.keyed and not self.wide) or self.reg == "bool":
+            return "u32"
+        return self.reg
+
+    # --- split reductions: a workgroup's partial state as 32-bit words ---------------------
+    def state_words(self) -> int:
+        """How many u32 words a partial state takes (:meth:`state`)."""
+        words = 2 if self.wide or self.float_prod else 1
+        return words + (self.best is not None)
+
+    def state(self) -> list[str]:
+        """The workgroup's partial state after the tree, as u32 expressions: a float sum's
+        (compensated) f32, a float product's significand and exponent, a max/min key
+        (not the value: keys fold again as they are), integers as their bits (i64: low
+        word, high word), then argmax/argmin's flat index."""
+        if self.float_prod:
+            p = self.product(True)
+            return [f"bitcast<u32>({p}.m)", f"bitcast<u32>({p}.e)"]
+        out, best = self.combined()
+        words = [f"{out}.x", f"{out}.y"] if self.wide else [
+            out if self.vtype == "u32" else f"bitcast<u32>({out})"]
         if best is not None:
-            return best
+            words.append(f"bitcast<u32>({best})")
+        return words
+
+    def fold_state(self, words: list[str]) -> None:
+        """Fold in a partial state (:meth:`state`'s words, read back) as one term."""
+        r = self.r
+        value = f"vec2<u32>({words[0]}, {words[1]})" if self.wide else words[0]
         if self.keyed:
-            return self.unkey(out)
-        return f"({out} != 0u)" if self.reg == "bool" else out
+            flat = f"bitcast<i32>({words[-1]})" if self.best is not None else "0"
+            self.fold_key(r.bind("u32", value), flat)
+        elif self.float_prod:
+            r.line(f"{self.acc} = hg_prod_mul({self.acc}, HgProd(bitcast<f32>({words[0]}), "
+                   f"bitcast<i32>({words[1]})));")
+        elif self.wide or self.reg == "u32":
+            self.fold(r.bind(self.reg, value), "0")
+        elif self.reg == "bool":
+            self.fold(r.bind("bool", f"{value} != 0u"), "0")
+        else:  # f32 (a sum: compensated again), i32
+            self.fold(r.bind(self.reg, f"bitcast<{self.reg}>({value})"), "0")

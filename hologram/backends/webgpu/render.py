@@ -44,17 +44,20 @@ writes: Mesa's lavapipe (the Vulkan driver the tests run on) ends an invocation'
 after 65535 iterations in all, silently, so a longer walk would drop writes; the renderer
 refuses such a kernel with a :class:`CompileError` instead.
 
-That limit holds for every loop: a sum of 2^22 terms (65,536 per invocation) came back as
-131,070 from lavapipe. So the renderer counts the loop iterations one invocation runs at
-most (``iterations`` in a kernel's artifact: every loop's trips times those of the loops
-around it), and on a CPU-emulated adapter a kernel over :data:`EMULATED_LOOP_LIMIT` is
-refused when it is loaded (:mod:`.backend`); GPUs have no such limit.
+That limit holds for every loop: a sum of 2^22 terms (65,536 per invocation) in one
+workgroup came back as 131,070 from lavapipe. So the renderer counts the loop iterations
+one invocation runs at most (``iterations`` in a kernel's artifact: every loop's trips
+and its last test, times the trips of the loops around it), and on a CPU-emulated
+adapter a kernel over :data:`EMULATED_LOOP_LIMIT` is refused when it is loaded
+(:mod:`.backend`); GPUs have no such limit. Long reductions of few outputs are split
+over workgroups (:func:`split`), which keeps each invocation's share under the limit.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from hologram.codegen import loops
 from hologram.codegen import mathlib as shared_math
@@ -77,9 +80,26 @@ MAX_GROUPS = 65535
 #: The most writes one grid point's scatter nest may make (see the module docstring).
 MAX_SERIAL_WRITES = 65535
 #: The most loop iterations one invocation may run in all on a CPU-emulated adapter
-#: (lavapipe): measured, a sum whose invocations ran 65,528 strided iterations, the
-#: tree's 6 and the store's 1 came out right, one more term per invocation did not.
+#: (lavapipe), each loop's last test counted as one (``trips + 1`` per loop entry).
+#: Measured on lavapipe: loops whose trips and tests came to 65,536 in all (a strided loop
+#: of 65,528 trips and the tree's 6, or two strided loops of 32,763 and the tree) came
+#: out right, 65,537 did not (the last trip of the last loop was dropped); the limit
+#: stays one below.
 EMULATED_LOOP_LIMIT = 65535
+#: Split reductions (:func:`split`): a group-mode kernel whose one reduction is long is
+#: rendered as two shaders, partial states of chunks of each row (one workgroup per
+#: (row, chunk)) and their combination, so that many workgroups share a long reduction
+#: (one workgroup per output keeps one SM/CU busy) and each invocation's loops stay under
+#: :data:`EMULATED_LOOP_LIMIT`. A chunk holds at least ``SPLIT_WORK`` terms (the
+#: partials' traffic and the second dispatch stay small beside the reads), a row is cut
+#: into only as many as it takes to give ``SPLIT_GROUPS`` workgroups, and into as many as
+#: it takes to keep a chunk within ``MAX_CHUNK`` terms. Fixed numbers, not the adapter's:
+#: a result is the same bits on every adapter.
+SPLIT_WORK = 1 << 14
+SPLIT_GROUPS = 256
+#: The most terms of one chunk: its strided loop, the tree's levels and the partial's
+#: store stay within :data:`EMULATED_LOOP_LIMIT` iterations per invocation.
+MAX_CHUNK = WORKGROUP * (EMULATED_LOOP_LIMIT - 64)
 
 # i64: two words (low, high), for the few operations the backend declares on it (argmax
 # and argmin results, casts, stores).
@@ -104,17 +124,68 @@ def dispatch(points: int, mode: str) -> tuple[int, int, int]:
     return x, y, 1
 
 
-def render(program: Program, kernel: Kernel, caps: Capabilities) -> dict:
-    """The shader of ``kernel`` and what its launch needs: ``{"name", "wgsl", "mode",
-    "points", "bindings"}`` (``bindings``: program buffer indices, in binding order)."""
-    return _Kernel(program, kernel, caps).render()
+def split(kernel: Kernel, caps: Capabilities) -> tuple[int, int]:
+    """``(parts, chunk)``: into how many partials of ``chunk`` flat reduced indices each
+    row of ``kernel``'s reduction is split (``(0, 0)``: not split).
+
+    Split: a kernel that runs in the group mode (a workgroup per grid point), whose one
+    reduction (not a matrix product) is computed once per grid point, whose stores are
+    all made once per grid point (no loop nest, no scatter), with at least two chunks of
+    :data:`SPLIT_WORK` terms per row, or a row longer than :data:`MAX_CHUNK`. ``chunk``
+    is a whole number of :data:`WORKGROUP` terms (each invocation of a partial's
+    workgroup takes as many) and no partial is empty."""
+    plan = loops.plan(kernel, caps)
+    body = kernel.body
+    reductions = [i for i, x in enumerate(body) if x.op in ("reduce", "contract")]
+    points = math.prod(kernel.grid) if kernel.grid_rank else 1
+    if (plan.unsupported or 0 in kernel.domain or len(reductions) != 1
+            or plan.in_nest(reductions[0]) or points >= GROUP_POINTS
+            or any(dims for dims, _ in plan.store_nests)
+            or any(x.op == "scatter" for x in body)
+            or tiling.tiling(kernel, plan) is not None):
+        return 0, 0
+    total = math.prod(kernel.domain[a] for a in body[reductions[0]].axes)
+    parts = min(total // SPLIT_WORK, -(-SPLIT_GROUPS // points))
+    parts = max(parts, -(-total // MAX_CHUNK))
+    if parts < 2:
+        return 0, 0
+    chunk = -(-total // (parts * WORKGROUP)) * WORKGROUP
+    return -(-total // chunk), chunk
+
+
+def render(program: Program, kernel: Kernel, caps: Capabilities,
+           scratch: int = 0) -> list[dict]:
+    """The shaders of ``kernel`` and what each launch needs: ``{"name", "wgsl", "mode",
+    "points", "iterations", "bindings", "writable"}`` (``bindings``: buffer indices, in
+    binding order). One shader, or two for a split reduction (:func:`split`): the
+    partials into buffer ``scratch`` (past the program's; the first shader's
+    ``"scratch"`` gives its size, ``{"index", "nbytes"}``), then their combination and
+    the rest of the kernel, dispatched in that order."""
+    parts, chunk = split(kernel, caps)
+    if not parts:
+        return [_Kernel(program, kernel, caps).render()]
+    return [_Kernel(program, kernel, caps, _Split(parts, chunk, scratch, first)).render()
+            for first in (True, False)]
+
+
+@dataclass(frozen=True)
+class _Split:
+    """A split reduction's shape (:func:`split`), and which of its two shaders is
+    rendered: the partials (``first``) or their combination."""
+
+    parts: int
+    chunk: int
+    scratch: int  # the buffer of the partial states: (row * parts + part) * words + word
+    first: bool
 
 
 class _Kernel:
     workgroup = WORKGROUP  # invocations per workgroup (the reduction trees' width)
 
-    def __init__(self, program: Program, kernel: Kernel, caps: Capabilities):
+    def __init__(self, program: Program, kernel: Kernel, caps: Capabilities,
+                 split: _Split | None = None):
         self.program, self.kernel = program, kernel
+        self.split = split
         self.plan = loops.plan(kernel, caps)
         self.lines: list[str] = []
         self.depth = 1
@@ -144,6 +215,12 @@ class _Kernel:
         self.tiles: set[str] = set()  # the tiled mode's operand arrays, by WGSL type
         self.narrow_out = {x.buffer for x in body
                            if x.op in ("store", "scatter") and _BYTES[x.dtype.name] < 4}
+        self.writes = kernel.writes()
+        self.rows = self.points  # grid points (the partials' shader: rows * parts)
+        if split is not None and split.first:  # it reads the kernel's inputs only
+            self.points *= split.parts
+            self.narrow_out, self.writes = set(), set()
+        self.state_words = 0  # a split reduction's partial state, in u32 words
 
     # --- text ---------------------------------------------------------------------------
     def line(self, text: str) -> None:
@@ -174,8 +251,9 @@ class _Kernel:
 
     def loop(self, head: str, trips: int, body: Callable[[], None]) -> None:
         """:meth:`block` for a loop that runs at most ``trips`` times per entry, counted in
-        :attr:`iterations`."""
-        self.iterations += self.trips * trips
+        :attr:`iterations` with its last test (``trips + 1`` per entry: lavapipe counts
+        it, see :data:`EMULATED_LOOP_LIMIT`)."""
+        self.iterations += self.trips * (trips + 1)
         outer, self.trips = self.trips, self.trips * trips
         self.block(head, body)
         self.trips = outer
@@ -198,25 +276,53 @@ class _Kernel:
         else:  # uniform: a workgroup leaves as a whole
             self.line("let g = wid.x + wid.y * nwg.x;")
         self.line(f"if (g >= {self.points}u) {{ return; }}")
+        row = "g"
+        if self.split is not None and self.split.first:
+            self.line(f"let part = g % {self.split.parts}u;")
+            self.line(f"let row = g / {self.split.parts}u;")
+            row = "row"
         if self.tiling is not None:
             tiling.emit_indices(self, self.tiling)
         stride = 1
         for d in reversed(range(kernel.grid_rank) if self.tiling is None else ()):
             n = kernel.domain[d]
             if n > 1:
-                self.index[d] = self.bind("i32", f"i32((g / {stride}u) % {n}u)")
+                self.index[d] = self.bind("i32", f"i32(({row} / {stride}u) % {n}u)")
             stride *= n
+        if self.split is not None and self.split.first:
+            return self.render_partials()
         body = kernel.body
         for dims, stores in plan.store_nests:
             for pos in stores:
                 for a in body[pos].args:  # a store's value; a scatter's, and its offset
                     self.prepare(a)
             self.store_nest(list(dims), [body[p] for p in stores])
-        writes = kernel.writes()
-        return {"name": kernel.name, "wgsl": self.source(), "mode": self.mode,
+        return self.shader(kernel.name)
+
+    def shader(self, name: str) -> dict:
+        """The rendered shader and its launch (:func:`render`)."""
+        return {"name": name, "wgsl": self.source(), "mode": self.mode,
                 "points": self.points, "iterations": self.iterations,
                 "bindings": self.bindings(),
-                "writable": [b in writes for b in self.bindings()]}
+                "writable": [b in self.writes for b in self.bindings()]}
+
+    def render_partials(self) -> dict:
+        """The first shader of a split reduction: workgroup ``g`` folds chunk ``g %
+        parts`` of row ``g / parts`` of the reduction and invocation 0 stores its partial
+        state (:meth:`.reduce.Accumulator.state`) at ``g * words`` of the scratch
+        buffer."""
+        split = self.split
+        position = next(i for i, x in enumerate(self.kernel.body)
+                        if x.op in ("reduce", "contract"))
+        instr = self.kernel.body[position]
+        for a in instr.args:
+            self.prepare(a)
+        self.reduce(instr, shared=True)
+        self.writes = {split.scratch}
+        shader = self.shader(f"{self.kernel.name}_part")
+        shader["scratch"] = {"index": split.scratch,
+                             "nbytes": 4 * self.state_words * self.points}
+        return shader
 
     @property
     def mode(self) -> str:
@@ -230,11 +336,12 @@ class _Kernel:
 
     def bindings(self) -> list[int]:
         k = self.kernel
-        return sorted(k.reads() | k.writes())
+        scratch = {self.split.scratch} if self.split is not None else set()
+        return sorted(k.reads() | self.writes | scratch)
 
     def source(self) -> str:
         decls = []
-        writes = self.kernel.writes()
+        writes = self.writes
         for slot, buf in enumerate(self.bindings()):
             if buf in self.narrow_out:
                 decls.append(f"@group(0) @binding({slot}) var<storage, read_write> b{buf}: "
@@ -282,15 +389,8 @@ class _Kernel:
                 else:
                     self.store(s)
 
-        if self.tiling is not None:  # dims is empty (tiling.tiling checks)
-            self.block("if (valid)", emit)
-        elif not self.group:
-            self.serial(dims, emit)
-        elif not dims:
-            self.block("if (lid == 0u)", emit)
-        elif any(s.op == "scatter" for s in stores):  # its writes in index order: one walker
-            self.block("if (lid == 0u)", lambda: self.serial(dims, emit))
-        if any(s.op == "scatter" for s in stores):
+        scatter = any(s.op == "scatter" for s in stores)
+        if scatter:
             writes = math.prod(self.kernel.domain[d] for d in dims)
             if writes > MAX_SERIAL_WRITES:
                 raise CompileError(
@@ -299,6 +399,14 @@ class _Kernel:
                     "iterations an invocation may run (lavapipe ends longer loops "
                     "silently); run the program on the cpu or interp backend, or split the "
                     "scatter")
+        if self.tiling is not None:  # dims is empty (tiling.tiling checks)
+            self.block("if (valid)", emit)
+        elif not self.group:
+            self.serial(dims, emit)
+        elif not dims:
+            self.block("if (lid == 0u)", emit)
+        elif scatter:  # its writes in index order: one walker
+            self.block("if (lid == 0u)", lambda: self.serial(dims, emit))
         else:
             self.strided(dims, emit)
 
@@ -317,10 +425,13 @@ class _Kernel:
         self.loop(f"for (var {name}: i32 = 0; {name} < {n}; {name}++)", n, inner)
         del self.index[d]
 
-    def strided(self, dims: list[int], body: Callable[[], None], flat: str = "f") -> None:
+    def strided(self, dims: list[int], body: Callable[[], None], flat: str = "f",
+                span: tuple[str, str, int] | None = None) -> None:
         """One loop over the flat index of ``dims``, invocation ``lid`` taking every
-        :data:`WORKGROUP`-th, around ``body``."""
+        :data:`WORKGROUP`-th, around ``body``; over ``span``'s ``[start, end)`` only, of
+        at most its ``count`` indices, where given."""
         total = math.prod(self.kernel.domain[d] for d in dims)
+        start, end, count = span if span is not None else ("0", str(total), total)
 
         def inner() -> None:
             stride = 1
@@ -332,8 +443,8 @@ class _Kernel:
             for d in dims:
                 del self.index[d]
 
-        self.loop(f"for (var {flat}: i32 = i32(lid); {flat} < {total}; {flat} += "
-                  f"{WORKGROUP})", -(-total // WORKGROUP), inner)
+        self.loop(f"for (var {flat}: i32 = {start} + i32(lid); {flat} < {end}; {flat} += "
+                  f"{WORKGROUP})", -(-count // WORKGROUP), inner)
 
     # --- values ---------------------------------------------------------------------------
     def value(self, i: int) -> str:
@@ -748,7 +859,34 @@ class _Kernel:
             if t.is_bool:
                 return self.bind(t.name, self.const(kind == "min", t))
             return self.bind(t.name, self.const(t.max if kind == "min" else t.min, t))
-        if shared:
+        split = self.split
+        if split is not None and split.first:  # this workgroup's chunk of the row
+            flat = f"r{position}"
+            start = self.bind("i32", f"i32(part) * {split.chunk}")
+            end = f"min({start} + {split.chunk}, {count})"
+            self.strided(axes, lambda: term(flat), flat=flat, span=(start, end, split.chunk))
+            self.local = saved
+            self.state_words = acc.state_words()
+            words = acc.state()
+            at = self.bind("u32", f"g * {self.state_words}u")
+
+            def store() -> None:
+                for n, word in enumerate(words):
+                    self.line(f"b{split.scratch}[{at} + {n}u] = {word};")
+
+            self.block("if (lid == 0u)", store)
+            return ""
+        if split is not None:  # the row's partials, in order, as its terms
+            self.state_words = acc.state_words()
+
+            def partial() -> None:
+                at = self.bind("u32", f"(g * {split.parts}u + u32(p)) * {self.state_words}u")
+                acc.fold_state([f"b{split.scratch}[{at} + {n}u]"
+                                for n in range(self.state_words)])
+
+            self.loop(f"for (var p: i32 = i32(lid); p < {split.parts}; p += {WORKGROUP})",
+                      -(-split.parts // WORKGROUP), partial)
+        elif shared:
             flat = f"r{position}"  # the strided loop's flat index over the axes
             self.strided(axes, lambda: term(flat), flat=flat)
         else:
