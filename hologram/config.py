@@ -127,6 +127,14 @@ def num_threads() -> int:
     return _threads_seen[1]
 
 
+def num_threads_source() -> tuple[dict | None, bytes | None]:
+    """Where :func:`num_threads` reads ``HOLOGRAM_NUM_THREADS``: the environment's raw
+    mapping and the variable's key in it, (None, None) where ``os.environ`` has none. A
+    new value is a new object there, so native code can tell that the value changed by
+    identity alone."""
+    return _RAW, _THREADS_KEY
+
+
 @functools.cache
 def available_cores() -> int:
     """Cores this process may run on (its affinity mask at first use, as OpenMP reads it

@@ -153,6 +153,57 @@ def _expected(total: int, grain: int, n: int,
     return want
 
 
+class _OneSplitStep:
+    """An executable whose plan is one call of ``kernel`` split over the pool, for
+    ``hologram._native.Launcher``; a launch through Python records its handles."""
+
+    def __init__(self, kernel: int, rows: int, grain: int) -> None:
+        self.plan = (1, (0,), ((kernel, rows, grain),))
+        self.launched: list[tuple] = []
+
+    def native_plan(self):
+        return self.plan
+
+    def launch(self, handles) -> None:
+        self.launched.append(handles)
+
+
+def test_native_launchers_follow_every_change_of_the_thread_count(mark, monkeypatch):
+    """Launchers split steps in C by the thread count they last learnt from
+    threads.native_pieces: a new HOLOGRAM_NUM_THREADS value, set_num_threads and the pool
+    switched off must each reach them."""
+    from hologram._native import Launcher
+
+    total, grain = 10_007, 64
+    exe = _OneSplitStep(mark, total, grain)
+    launch = Launcher(exe)
+
+    def chunked_as(n: int) -> None:
+        out = np.full(total, -1, np.int64)
+        launch((out.ctypes.data,))
+        np.testing.assert_array_equal(out, _expected(total, grain, n))
+
+    threads.set_num_threads(None)
+    try:
+        for n in (1, 3, 3, 2):  # a new value each time, the same number included
+            monkeypatch.setenv("HOLOGRAM_NUM_THREADS", str(n))
+            chunked_as(n)
+            chunked_as(n)
+        threads.set_num_threads(4)
+        chunked_as(4)
+        threads.set_num_threads(None)
+        chunked_as(2)
+        monkeypatch.delenv("HOLOGRAM_NUM_THREADS")
+        chunked_as(threads.num_threads())
+        assert not exe.launched
+        threads.use_native_workers(False)
+        launch((12345,))
+        assert exe.launched == [(12345,)]
+    finally:
+        threads.use_native_workers(True)
+        threads.set_num_threads(None)
+
+
 @pytest.mark.parametrize("total", [1, 2, 7, 100, 1001, 65_537])
 @pytest.mark.parametrize("n", [1, 2, 3, 8])
 def test_chunks_match_the_python_pool(mark, total, n):

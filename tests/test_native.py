@@ -274,10 +274,13 @@ def test_launchers_split_large_kernels_over_the_workers_natively(ex, threads, mo
         out = ex.empty(x.shape, np.float32)
         compiled.launch((a.handle, b.handle, out.handle))
         np.testing.assert_array_equal(out.to_numpy(), x * y)
-    monkeypatch.setattr(cpu_threads, "_NATIVE", False)  # the pool switched off: Python
-    out = ex.empty(x.shape, np.float32)
-    compiled.launch((a.handle, b.handle, out.handle))
-    np.testing.assert_array_equal(out.to_numpy(), x * y)
+    cpu_threads.use_native_workers(False)  # the pool switched off: Python
+    try:
+        out = ex.empty(x.shape, np.float32)
+        compiled.launch((a.handle, b.handle, out.handle))
+        np.testing.assert_array_equal(out.to_numpy(), x * y)
+    finally:
+        cpu_threads.use_native_workers(True)
 
 
 @pytest.mark.parametrize(("dtype", "number"), [

@@ -683,14 +683,78 @@ typedef struct {
 /* hg_parallel(kernel, pointers, total, count, helpers): the cpu backend's worker pool. */
 typedef int32_t (*parallel_fn)(kernel_fn kernel, void **pointers, int64_t total,
                                int64_t count, int64_t helpers);
-/* threads.native_pieces(total, grain) -> (hg_parallel's address, count, helpers) | None:
- * set by the cpu backend (set_parallel); NULL until then. */
-static PyObject *native_pieces;
-
 static int as_address(PyObject *obj, void **out)
 {
     *out = PyLong_AsVoidPtr(obj);
     return !(*out == NULL && PyErr_Occurred());
+}
+
+/* threads.native_pieces(total, grain) -> (hg_parallel's address, count, helpers) | None:
+ * set by the cpu backend (set_parallel); NULL until then. */
+static PyObject *native_pieces;
+
+/* What native_pieces last answered, so that a launch splits its steps without calling
+ * Python (~0.4 µs a call): the thread count it ran with (0: nothing known), hg_parallel's
+ * address, and the value HOLOGRAM_NUM_THREADS had then (os.environ's raw mapping and key,
+ * given to set_parallel; Py_None while unset). The answer holds while that value is the
+ * same object and threads.py has not said otherwise (forget_pieces: set_num_threads, a
+ * fork, the pool stopped or switched off). */
+static int64_t pieces_threads, pieces_chunks;
+static parallel_fn pieces_parallel;
+static PyObject *pieces_environ, *pieces_key, *pieces_seen;
+
+/* threads._pieces, for a known thread count n. */
+static void split(int64_t total, int64_t grain, int64_t n, int64_t *count)
+{
+    int64_t fits = total / grain;
+    *count = fits >= n ? n * (pieces_chunks < fits / n ? pieces_chunks : fits / n)
+                       : (fits > 1 ? fits : 1);
+}
+
+/* How a step of `total` rows and `grain` runs on the pool: 0 with *fn, *count, *helpers
+ * set; 1 when it must go through Python (no native workers); -1 with an exception. */
+static int pieces(int64_t total, int64_t grain, parallel_fn *fn, int64_t *count,
+                  int64_t *helpers)
+{
+    PyObject *now = NULL;
+    if (pieces_environ != NULL) {
+        now = PyDict_GetItemWithError(pieces_environ, pieces_key);
+        if (now == NULL && PyErr_Occurred())
+            return -1;
+        if (now == NULL)
+            now = Py_None;
+        if (pieces_threads > 0 && now == pieces_seen) {
+            *fn = pieces_parallel;
+            *helpers = pieces_threads - 1;
+            split(total, grain, pieces_threads, count);
+            return 0;
+        }
+    }
+    PyObject *answer = PyObject_CallFunction(native_pieces, "LL", (long long)total,
+                                             (long long)grain);
+    if (answer == NULL)
+        return -1;
+    void *address;
+    long long c, h;
+    int ok = answer != Py_None && PyArg_ParseTuple(answer, "O&LL", as_address, &address,
+                                                   &c, &h);
+    Py_DECREF(answer);
+    if (!ok)
+        return PyErr_Occurred() ? -1 : 1;
+    *fn = (parallel_fn)address;
+    *count = c;
+    *helpers = h;
+    if (now != NULL) {
+        int64_t mine;
+        split(total, grain, h + 1, &mine);
+        if (mine == c) { /* the same rule here as there: remember it */
+            pieces_parallel = *fn;
+            pieces_threads = h + 1;
+            Py_INCREF(now);
+            Py_XSETREF(pieces_seen, now);
+        }
+    }
+    return 0;
 }
 
 /* Ask the executable for its plan: (pointer array length, parameter slots, ((kernel
@@ -767,20 +831,9 @@ static int run_plan(Launcher *l, void *const *addresses)
     for (int s = 0; s < l->nsteps; s++) { /* asked before any step runs */
         if (l->grains[s] == 0 || l->rows[s] <= 0)
             continue;
-        PyObject *pieces = PyObject_CallFunction(native_pieces, "LL", (long long)l->rows[s],
-                                                 (long long)l->grains[s]);
-        if (pieces == NULL)
-            return -1;
-        void *address;
-        long long count, helper_count;
-        int ok = pieces != Py_None && PyArg_ParseTuple(pieces, "O&LL", as_address, &address,
-                                                       &count, &helper_count);
-        Py_DECREF(pieces);
-        if (!ok)
-            return PyErr_Occurred() ? -1 : 1;
-        parallel[s] = (parallel_fn)address;
-        counts[s] = count;
-        helpers[s] = helper_count;
+        int done = pieces(l->rows[s], l->grains[s], &parallel[s], &counts[s], &helpers[s]);
+        if (done != 0)
+            return done;
     }
     memset(pointers, 0, (size_t)l->nbuffers * sizeof(void *));
     for (int i = 0; i < l->nparams; i++)
@@ -1308,16 +1361,39 @@ done:
     return buf;
 }
 
+static PyObject *forget_pieces(PyObject *module, PyObject *unused)
+{
+    pieces_threads = 0;
+    Py_CLEAR(pieces_seen);
+    Py_RETURN_NONE;
+}
+
+static PyObject *set_parallel(PyObject *module, PyObject *args)
+{
+    PyObject *fn, *environ, *key;
+    long long chunks;
+    if (!PyArg_ParseTuple(args, "OOOL", &fn, &environ, &key, &chunks))
+        return NULL;
+    if (environ != Py_None && !PyDict_Check(environ)) {
+        PyErr_SetString(PyExc_TypeError, "set_parallel: the environment must be a dict");
+        return NULL;
+    }
+    if (chunks < 1) {
+        PyErr_SetString(PyExc_ValueError, "set_parallel: chunks per thread must be >= 1");
+        return NULL;
+    }
+    Py_INCREF(fn);
+    Py_XSETREF(native_pieces, fn);
+    Py_XSETREF(pieces_environ, environ == Py_None ? NULL : Py_NewRef(environ));
+    Py_XSETREF(pieces_key, Py_NewRef(key));
+    pieces_chunks = chunks;
+    return forget_pieces(module, NULL);
+}
+
 /* file_pending(natives, operand launch keys, shape, dtype, result launch key, nbytes,
  * launch): called by the general path once it has validated an allocating
  * call and compiled its kernel. If that call is the one a FastOp of `natives` is running
  * (its operands are these), file it under the call's key; otherwise do nothing. */
-static PyObject *set_parallel(PyObject *module, PyObject *fn)
-{
-    Py_INCREF(fn);
-    Py_XSETREF(native_pieces, fn);
-    Py_RETURN_NONE;
-}
 
 static PyObject *file_pending(PyObject *module, PyObject *args)
 {
@@ -1488,9 +1564,13 @@ static PyObject *size_class_py(PyObject *module, PyObject *arg)
 static PyMethodDef module_methods[] = {
     {"set_buffer_type", set_buffer_type, METH_VARARGS,
      "set_buffer_type(Buffer, numpy.ndarray): the types FastOp makes results of"},
-    {"set_parallel", set_parallel, METH_O,
-     "set_parallel(native_pieces): how launchers split a kernel over the worker pool "
-     "(threads.native_pieces)"},
+    {"set_parallel", set_parallel, METH_VARARGS,
+     "set_parallel(native_pieces, environ, key, chunks_per_thread): how launchers split a "
+     "kernel over the worker pool (threads.native_pieces, whose answer holds while "
+     "environ[key] is the same object; environ None: ask every time)"},
+    {"forget_pieces", forget_pieces, METH_NOARGS,
+     "forget_pieces(): ask native_pieces again on the next split launch (the thread count "
+     "or the pool changed)"},
     {"file_pending", file_pending, METH_VARARGS,
      "file_pending(natives, operand launch keys, shape, dtype, result launch key, nbytes, "
      "launch, scalars='', into_out=False) -> whether the call a FastOp of natives runs was "

@@ -40,7 +40,7 @@ import threading
 from collections.abc import Callable
 
 from hologram import config
-from hologram._native import set_parallel
+from hologram._native import forget_pieces, set_parallel
 from hologram.backends.cpu import workers
 from hologram.config import available_cores as _available_cores
 from hologram.errors import HologramError
@@ -65,6 +65,7 @@ def set_num_threads(n: int | None) -> None:
     """Use ``n`` threads (``n >= 1``) from now on; ``None`` goes back to the environment
     default. The pool grows or shrinks on the next :func:`parallel_for`, not here."""
     global _override
+    forget_pieces()  # native launchers split by the thread count they last learnt
     if n is None:
         _override = None
         return
@@ -281,7 +282,15 @@ def native_pieces(total: int, grain: int) -> tuple[int, int, int] | None:
     return workers.parallel_address(), count, helpers
 
 
-set_parallel(native_pieces)
+set_parallel(native_pieces, *config.num_threads_source(), CHUNKS_PER_THREAD)
+
+
+def use_native_workers(use: bool) -> None:
+    """Run split kernels on the native worker pool (the default where it is
+    :func:`workers.available`) or, ``False``, on Python threads (tests)."""
+    global _NATIVE
+    _NATIVE = use and workers.available()
+    forget_pieces()
 
 
 def run_kernel(kernel: int, pointers: ctypes.Array, total: int, grain: int) -> None:

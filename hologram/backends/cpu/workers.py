@@ -65,6 +65,7 @@ from functools import cache
 import llvmlite.binding as binding
 from llvmlite import ir
 
+from hologram._native import forget_pieces
 from hologram.backends.cpu import llvm
 from hologram.backends.cpu import target as targets
 from hologram.backends.cpu.llvm import PROCESS_SYMBOLS
@@ -524,12 +525,14 @@ def _shutdown() -> None:
     if _native is not None:
         _native.stop()
         _native.started = _native.helpers = 0
+        forget_pieces()  # native launchers would split over the stopped pool
 
 
 def _after_fork_in_child() -> None:
     if _native is not None:
         _native.forget()
         _native.started = _native.helpers = 0
+        forget_pieces()
 
 
 if hasattr(os, "register_at_fork"):
