@@ -195,20 +195,22 @@ class ProgramCache:
             obj.promote_when_hot(full)
         return kept
 
-    def artifact(self, key: CacheKey, build: Callable[[], bytes]) -> bytes:
+    def artifact(self, key: CacheKey, build: Callable[[], bytes], counted: bool = True) -> bytes:
         """The artifact bytes for ``key``: the disk copy if a valid one exists, else
         ``build()``'s, written to disk. Nothing is loaded (nor kept in memory): the
-        artifact may be for a machine other than this one (:func:`hologram.build`)."""
+        artifact may be for a machine other than this one (:func:`hologram.build`).
+        ``counted=False``: not counted in :meth:`info`'s hits and misses (a backend's own
+        support code, which is not a program)."""
         digest = key.digest()
         if self.directory is not None:
             payload = self._read(digest)
             if payload is not None:
                 with self._lock:
-                    self._disk_hits += 1
+                    self._disk_hits += counted
                 return payload
         payload = _checked(build())
         with self._lock:
-            self._misses += 1
+            self._misses += counted
         if self.directory is not None:
             self._write(digest, payload)
         return payload

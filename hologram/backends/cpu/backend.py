@@ -124,7 +124,8 @@ class CpuBackend(Backend):
             dump("cpu.ll", ir)
             if tier != "full" and llvm.same_bits_at_every_tier(ir):
                 header["tier"] = tier
-            obj = llvm.compile_ir(ir, target, dump=dump, tier=header["tier"])
+            obj = llvm.compile_ir(ir, target, dump=dump, tier=header["tier"],
+                                   cached=False)  # the artifact is cached
         data = json.dumps(header).encode()
         return _HEADER.pack(len(data)) + data + obj
 
