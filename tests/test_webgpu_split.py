@@ -20,7 +20,13 @@ import hologram
 import hologram as hg
 from hologram.backends.webgpu import render as render_module
 from hologram.backends.webgpu.backend import CAPS, WebGpuBackend
-from hologram.backends.webgpu.render import EMULATED_LOOP_LIMIT, WORKGROUP, split
+from hologram.backends.webgpu.render import (
+    EMULATED_LOOP_LIMIT,
+    MAX_CHUNK,
+    SPLIT_WORK,
+    WORKGROUP,
+    split,
+)
 from hologram.compiler import pipeline
 from hologram.frontend.graph import Graph
 from hologram.isa import dtypes as dt
@@ -191,3 +197,22 @@ def test_split_rows_of_any_axes_match_the_interpreter(small_split, shape, axes, 
     got = np.asarray(hologram.compile(program, backend="webgpu")(data))
     want = np.asarray(hologram.compile(program, backend="interp")(data))
     assert_same(got, want, dt.int64 if kind.startswith("arg") else dt.float32)
+
+
+@pytest.mark.parametrize("rows, terms", [(1, MAX_CHUNK), (1, MAX_CHUNK + 1), (1, 1 << 30),
+                                         (7, 3 * MAX_CHUNK + 5), (4095, 70_000),
+                                         (1, 2 * SPLIT_WORK - 1), (300, 2 * SPLIT_WORK)])
+def test_split_chunks_cover_rows_within_the_loop_limit(rows, terms):
+    """The split's arithmetic, without a device: as many workgroups per row as the
+    thresholds say, chunks short enough for the loop limit however long the row."""
+    g = Graph("shape")
+    g.output("y", g.sum(g.input("x", "f32", (rows, terms)), 1))
+    kernels = shaders(g.program())
+    if terms < 2 * SPLIT_WORK or (rows * 2 > render_module.SPLIT_GROUPS
+                                  and terms <= MAX_CHUNK):
+        assert len(kernels) == 1  # short rows, or enough of them
+    else:
+        assert len(kernels) == 2 and kernels[0]["points"] % rows == 0
+        parts = kernels[0]["points"] // rows
+        assert parts >= 2 and parts * MAX_CHUNK >= terms
+    assert all(k["iterations"] <= EMULATED_LOOP_LIMIT for k in kernels)

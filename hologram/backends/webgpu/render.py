@@ -216,7 +216,6 @@ class _Kernel:
         self.narrow_out = {x.buffer for x in body
                            if x.op in ("store", "scatter") and _BYTES[x.dtype.name] < 4}
         self.writes = kernel.writes()
-        self.rows = self.points  # grid points (the partials' shader: rows * parts)
         if split is not None and split.first:  # it reads the kernel's inputs only
             self.points *= split.parts
             self.narrow_out, self.writes = set(), set()
