@@ -30,7 +30,7 @@ $(VENV_PY):
 BUILD_NATIVE_HOOKS := $(VENV_PY) -c "import hologram_torch.native as n; n.report()"
 
 # setup.py and the C source: pip compiles hologram/csrc/native.c into hologram/_native*.so.
-NATIVE_SOURCES := setup.py hologram/csrc/native.c
+NATIVE_SOURCES := setup.py hologram/csrc/native.c hologram/csrc/native_api.h
 
 $(STAMP_TEST): pyproject.toml constraints.txt $(NATIVE_SOURCES) | $(VENV_PY) system-packages
 	$(PIP_INSTALL) -e ".[test]"

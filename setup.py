@@ -6,4 +6,5 @@ them on Debian)."""
 from setuptools import Extension, setup
 
 setup(ext_modules=[Extension("hologram._native", ["hologram/csrc/native.c"],
+                             depends=["hologram/csrc/native_api.h"],
                              extra_compile_args=["-O2", "-Wall"])])

@@ -43,12 +43,15 @@ import torch
 from torch import _appdirs
 from torch.utils.file_baton import FileBaton
 
+from hologram import _native
 from hologram.errors import CompileError
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "hooks.cpp"
 #: The front kernels of the hottest ops (see :func:`register_fast`).
 OPS_SOURCE = SOURCE.with_name("ops.cpp")
 SOURCES = (SOURCE, OPS_SOURCE)
+#: hologram._native's C API (the pool's allocation, Launcher calls), which ops.cpp includes.
+API_HEADER = Path(_native.__file__).resolve().parent / "csrc" / "native_api.h"
 _CFLAGS = ("-O2",)
 # The longest a process waits for another's build (the lock file's age): a build takes
 # seconds, so a lock older than this was left by a build that was killed.
@@ -65,7 +68,7 @@ _fast: ctypes.PyDLL | None = None
 @functools.cache
 def _name() -> str:
     """The library's name: a hash of everything its binary depends on."""
-    key = hashlib.sha256(b"".join(source.read_bytes() for source in SOURCES))
+    key = hashlib.sha256(b"".join(source.read_bytes() for source in (*SOURCES, API_HEADER)))
     for part in (torch.__version__, torch.version.git_version, sys.implementation.cache_tag,
                  platform.machine(), *_CFLAGS):
         key.update(b"\0" + str(part).encode())
@@ -114,6 +117,7 @@ def _compile(path: Path) -> None:
     try:
         cpp_extension.load(_name(), [str(source) for source in SOURCES],
                            extra_cflags=list(_CFLAGS),
+                           extra_include_paths=[str(API_HEADER.parent)],
                            build_directory=str(path.parent), is_python_module=False)
     except (RuntimeError, OSError, subprocess.SubprocessError) as e:
         log = getattr(e, "output", None) or str(e)  # a failed command's output, if any
@@ -178,8 +182,8 @@ def _load_fast(library: ctypes.CDLL) -> None:
     fast = ctypes.PyDLL(library._name, handle=library._handle)
     fast.hologram_torch_fast_register.argtypes = (ctypes.c_char_p, ctypes.py_object)
     fast.hologram_torch_fast_register.restype = ctypes.c_int
-    fast.hologram_torch_fast_setup.argtypes = (ctypes.py_object,)
-    fast.hologram_torch_fast_setup.restype = None
+    fast.hologram_torch_fast_setup.argtypes = (ctypes.py_object,) * 2
+    fast.hologram_torch_fast_setup.restype = ctypes.c_int
     fast.hologram_torch_fast_file.argtypes = (ctypes.py_object,) * 3 + (ctypes.c_int,)
     fast.hologram_torch_fast_file.restype = ctypes.c_int
     fast.hologram_torch_fast_clear.argtypes = ()
@@ -189,15 +193,15 @@ def _load_fast(library: ctypes.CDLL) -> None:
     _fast = fast
 
 
-def register_fast(name: str, kernel: Callable, alloc: Callable) -> bool:
+def register_fast(name: str, kernel: Callable, pool) -> bool:
     """Register ``kernel``, the Python kernel of ``name`` (``"add.Tensor"``), behind a
     native front kernel (``csrc/ops.cpp``) that serves the calls ``kernel`` files through
-    :func:`file_fast` without running Python; fresh results come from ``alloc(nbytes)``
-    (the pool core's). False when the native library is not loaded, or the op does not
+    :func:`file_fast` without running Python; fresh results come from ``pool`` (the device
+    pool's native core). False when the native library is not loaded, or the op does not
     return one tensor: the caller registers ``kernel`` itself."""
     if _fast is None:
         return False
-    _fast.hologram_torch_fast_setup(alloc)
+    _fast.hologram_torch_fast_setup(pool, _native.C_API)
     return _fast.hologram_torch_fast_register(name.encode(), kernel) == 1
 
 

@@ -45,7 +45,7 @@ from __future__ import annotations
 import ctypes
 import math
 import operator
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -201,11 +201,12 @@ class Pool(Allocator):
         np.copyto(raw, allocation.reshape(-1).view(np.uint8)[: raw.size])
 
     @property
-    def try_lease(self) -> Callable[[int], Lease | None]:
-        """The native allocation behind :meth:`lease`: ``try_lease(nbytes)`` is a lease, or
-        None at the limit (MemoryError when the system refuses), without lease's messages.
-        For native callers that send a refusal to a path which calls :meth:`lease`."""
-        return self._core.alloc
+    def core(self) -> PoolCore:
+        """The native pool behind :meth:`lease`: its ``alloc(nbytes)`` is a lease, or None
+        at the limit (MemoryError when the system refuses), without lease's messages. For
+        native callers (hologram/csrc/native_api.h) that send a refusal to a path which
+        calls :meth:`lease`."""
+        return self._core
 
     def lease(self, nbytes: int) -> Lease:
         """A block of at least ``nbytes`` (> 0) bytes, owned by the returned

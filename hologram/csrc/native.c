@@ -26,6 +26,8 @@
 #include <errno.h>
 #include <string.h>
 
+#include "native_api.h"
+
 #ifdef _WIN32
 #include <windows.h>
 #else
@@ -1561,6 +1563,30 @@ static PyObject *size_class_py(PyObject *module, PyObject *arg)
     return Py_BuildValue("(iL)", index, (long long)cbytes);
 }
 
+/* The C API (native_api.h). */
+static PyObject *api_alloc(PyObject *pool, int64_t nbytes, void **data)
+{
+    if (!PyObject_TypeCheck(pool, &PoolCoreType) || nbytes <= 0) {
+        PyErr_SetString(PyExc_TypeError, "C_API alloc: a PoolCore and nbytes > 0");
+        return NULL;
+    }
+    Lease *lease = new_lease((PoolCore *)pool, nbytes);
+    if (lease != NULL)
+        *data = lease->block->addr;
+    return (PyObject *)lease;
+}
+
+static int api_launch(PyObject *launcher, void *const *addresses, Py_ssize_t n)
+{
+    if (!PyObject_TypeCheck(launcher, &LauncherType)) {
+        PyErr_SetString(PyExc_TypeError, "C_API launch: a Launcher");
+        return -1;
+    }
+    return launcher_run((Launcher *)launcher, addresses, n, NULL);
+}
+
+static HologramNativeAPI c_api = {HOLOGRAM_NATIVE_API_VERSION, api_alloc, api_launch};
+
 static PyMethodDef module_methods[] = {
     {"set_buffer_type", set_buffer_type, METH_VARARGS,
      "set_buffer_type(Buffer, numpy.ndarray): the types FastOp makes results of"},
@@ -1621,6 +1647,13 @@ PyMODINIT_FUNC PyInit__native(void)
         PyModule_AddIntConstant(m, "PAGE_BYTES", (long)page_bytes) < 0 ||
         PyModule_AddIntConstant(m, "SLAB_BYTES", (long)slab_bytes) < 0 ||
         PyModule_AddIntConstant(m, "NUM_SLAB_CLASSES", num_slab_classes) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    PyObject *capsule = PyCapsule_New(&c_api, "hologram._native.C_API", NULL);
+    int added = capsule == NULL ? -1 : PyModule_AddObjectRef(m, "C_API", capsule);
+    Py_XDECREF(capsule);
+    if (added < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -25,7 +25,7 @@ def impl(*names: str, hot: bool = False) -> Callable:
 
     def register(fn: Callable) -> Callable:
         for name in names:
-            if not (hot and native.register_fast(name, fn, memory.pool().try_lease)):
+            if not (hot and native.register_fast(name, fn, memory.pool().core)):
                 _lib.impl(name, fn, "PrivateUse1")
             NATIVE.add(name if "." in name else f"{name}.default")
         return fn

@@ -23,6 +23,7 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <c10/util/SmallVector.h>
 #include <c10/core/StorageImpl.h>
 #include <c10/core/TensorImpl.h>
 #include <torch/csrc/Dtype.h>
@@ -30,6 +31,8 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/library.h>
+
+#include "native_api.h"  // hologram/csrc: the pool's allocation and Launcher calls
 
 #include <algorithm>
 #include <cstdint>
@@ -82,7 +85,8 @@ std::vector<std::unique_ptr<Op>>& ops() {
   return *all;
 }
 
-PyObject* g_alloc = nullptr;  // the pool core's alloc(nbytes) -> Lease | None
+PyObject* g_pool = nullptr;  // the device pool's core (strong): fresh results come from it
+const HologramNativeAPI* g_api = nullptr;  // hologram._native's C API
 int64_t g_hits = 0, g_misses = 0, g_filed = 0;
 
 // The call whose Python kernel runs now on this thread (innermost first).
@@ -204,19 +208,11 @@ bool fresh(const Entry& entry, at::Tensor& out, PyObject** lease) {
   void* data = nullptr;
   *lease = nullptr;
   if (entry.nbytes > 0) {
-    PyObject* size = PyLong_FromLongLong(entry.nbytes);
-    PyObject* got = size ? PyObject_CallOneArg(g_alloc, size) : nullptr;
-    Py_XDECREF(size);
-    Py_buffer view;
-    if (got == nullptr || got == Py_None ||
-        PyObject_GetBuffer(got, &view, PyBUF_SIMPLE) != 0) {
-      Py_XDECREF(got);
+    *lease = g_api->alloc(g_pool, entry.nbytes, &data);
+    if (*lease == nullptr) {
       PyErr_Clear();
       return false;
     }
-    data = view.buf;
-    PyBuffer_Release(&view);
-    *lease = got;
   }
   c10::DataPtr ptr(data, *lease, &release_lease,
                    c10::Device(c10::DeviceType::PrivateUse1, 0));
@@ -244,22 +240,15 @@ bool launch(const Entry& entry, const c10::IValue* args, at::Tensor& result) {
   }
   void* out = result.data_ptr();
   if (entry.launcher != Py_None) {
-    const auto count = static_cast<Py_ssize_t>(entry.operands.size());
-    PyObject* addresses = PyTuple_New(count + 1);
-    if (addresses == nullptr) {
-      throw pybind11::error_already_set();
+    c10::SmallVector<void*, 8> addresses;
+    for (int pos : entry.operands) {
+      addresses.push_back(args[pos].toTensor().data_ptr());
     }
-    for (Py_ssize_t i = 0; i < count; ++i) {
-      PyTuple_SET_ITEM(addresses, i,
-                       PyLong_FromVoidPtr(args[entry.operands[i]].toTensor().data_ptr()));
-    }
-    PyTuple_SET_ITEM(addresses, count, PyLong_FromVoidPtr(out));
-    PyObject* done = PyObject_CallOneArg(entry.launcher, addresses);
-    Py_DECREF(addresses);
-    if (done == nullptr) {
+    addresses.push_back(out);
+    if (g_api->launch(entry.launcher, addresses.data(),
+                      static_cast<Py_ssize_t>(addresses.size())) < 0) {
       throw pybind11::error_already_set();  // the result (and its lease) dies with it
     }
-    Py_DECREF(done);
   }
   return true;
 }
@@ -421,11 +410,25 @@ extern "C" __attribute__((visibility("default"))) int hologram_torch_fast_regist
   }
 }
 
-// The pool core's alloc, which fresh results come from.
-extern "C" __attribute__((visibility("default"))) void hologram_torch_fast_setup(
-    PyObject* alloc) {
-  Py_XINCREF(alloc);
-  Py_XSETREF(g_alloc, alloc);
+// The pool core fresh results come from, and hologram._native's C API capsule: 1, or 0
+// with a Python error set (a capsule of another version).
+extern "C" __attribute__((visibility("default"))) int hologram_torch_fast_setup(
+    PyObject* pool, PyObject* capsule) {
+  auto* api = static_cast<const HologramNativeAPI*>(
+      PyCapsule_GetPointer(capsule, "hologram._native.C_API"));
+  if (api == nullptr) {
+    return 0;
+  }
+  if (api->version != HOLOGRAM_NATIVE_API_VERSION) {
+    PyErr_Format(PyExc_ImportError, "hologram._native's C API is version %d; the device's "
+                 "front kernels were built for %d (reinstall hologram)", api->version,
+                 HOLOGRAM_NATIVE_API_VERSION);
+    return 0;
+  }
+  g_api = api;
+  Py_INCREF(pool);
+  Py_XSETREF(g_pool, pool);
+  return 1;
 }
 
 // File the pending call on this thread: `launcher` run on `operands` (Python tensors and
