@@ -289,6 +289,29 @@ def test_front_kernel_results_train_and_free_their_memory():
 
 
 @needs_native
+def test_front_kernels_at_the_memory_limit_raise_the_pools_error():
+    """A served signature whose result the pool refuses (its limit) goes to the Python
+    kernel, which raises the pool's OutOfMemoryError; nothing is launched or kept."""
+    from hologram.errors import OutOfMemoryError
+    from hologram_torch import memory
+
+    a = torch.randn(4096, device="hologram")
+    _served(torch.neg, a)
+    torch.hologram.synchronize()
+    before = torch.hologram.memory_allocated()
+    memory.pool().set_memory_limit(before + 1024)
+    try:
+        misses = native.fast_stats()["misses"]
+        with pytest.raises(OutOfMemoryError, match="memory limit"):
+            torch.neg(a)
+        assert native.fast_stats()["misses"] == misses + 1
+        assert torch.hologram.memory_allocated() == before
+    finally:
+        memory.pool().set_memory_limit(None)
+    torch.testing.assert_close(_served(torch.neg, a).cpu(), -a.cpu())
+
+
+@needs_native
 def test_front_kernels_raise_pytorchs_errors_and_forget_a_previous_backend():
     ints = torch.arange(6, device="hologram")
     with pytest.raises(RuntimeError, match="alpha"):  # the Python kernel's CPU fallback
