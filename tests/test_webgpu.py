@@ -253,26 +253,25 @@ def test_grids_beyond_65535_workgroups_are_folded(ex):
 
 def test_loops_past_an_emulated_adapters_limit_are_refused_not_wrong(ex):
     """lavapipe silently ends an invocation's loops after 65,535 iterations in all (a sum of
-    2^22 ones came back as 131,070): the renderer counts each kernel's iterations per
-    invocation, and on a CPU-emulated adapter a kernel over the limit is refused. Whole
-    sums are split over workgroups (tests/test_webgpu_split.py); a long row whose result
-    is used along the row again (``x - sum(x)``: a store nest) is not, nor is a scatter."""
-    # two strided loops and the tree's 6 levels, each loop's last test counted
-    at_limit = WORKGROUP * ((EMULATED_LOOP_LIMIT - 9) // 2)
-    for n in (at_limit, at_limit + 1):
-        g = Graph(f"center_{n}")
-        x = g.input("x", "f32", (n,))
-        g.output("y", x - g.sum(x, 0, keepdim=True))
+    2^22 ones in one workgroup came back as 131,070): the renderer counts each kernel's
+    iterations per invocation (each loop's trips and its last test), and on a
+    CPU-emulated adapter a kernel over the limit is refused. Long reductions of few rows
+    are split over workgroups (tests/test_webgpu_split.py); many long rows (one
+    invocation each) are not, nor is a scatter's walk."""
+    rows = GROUP_POINTS  # one invocation per row; the rows are broadcast, not stored
+    for n in (EMULATED_LOOP_LIMIT - 1, EMULATED_LOOP_LIMIT):
+        g = Graph(f"outer_{n}")
+        a, b = g.input("a", "f32", (rows, 1)), g.input("b", "f32", (1, n))
+        g.output("y", g.sum(a + b, 1))
         (shader,) = hologram.build(g.program(), backend="webgpu").metadata["kernels"]
-        counted = shader["iterations"]  # the sum's strided loop, the tree, the store nest's
-        assert counted == 2 * (-(-n // WORKGROUP) + 1) + 6 + 1
-        data = np.ones(n, np.float32)
-        if devices.get("webgpu").is_hardware or counted <= EMULATED_LOOP_LIMIT:
-            got = hologram.compile(g.program(), backend="webgpu")(data)
-            np.testing.assert_array_equal(got, data - n)  # exact: small integers
+        assert shader["mode"] == "thread" and shader["iterations"] == n + 1
+        args = np.ones((rows, 1), np.float32), np.ones((1, n), np.float32)
+        if devices.get("webgpu").is_hardware or n + 1 <= EMULATED_LOOP_LIMIT:
+            got = hologram.compile(g.program(), backend="webgpu")(*args)
+            np.testing.assert_array_equal(got, np.full(rows, 2 * n, np.float32))  # exact
         else:
             with pytest.raises(CompileError, match=r"65535 in all.*cpu backend"):
-                hologram.compile(g.program(), backend="webgpu")(data)
+                hologram.compile(g.program(), backend="webgpu")(*args)
     g = Graph("rows")  # nested loops: their trips multiply
     g.output("y", g.sum(g.input("x", "f32", (3, 100, 200)), axes=(1, 2)))
     program = pipeline.for_target(g.program(), webgpu_backend.CAPS)

@@ -115,6 +115,7 @@ class WebGpuBackend(Backend):
                 # buffers, written by the first shader and read by the second.
                 scratch = shader.pop("scratch", None)
                 if scratch is not None:
+                    assert scratch["index"] == len(buffers)
                     buffers.append({"name": shader["name"], "kind": "temp",
                                     "nbytes": scratch["nbytes"]})
                 shader["dispatch"] = dispatch(shader["points"], shader["mode"])

@@ -126,27 +126,31 @@ def dispatch(points: int, mode: str) -> tuple[int, int, int]:
 
 def split(kernel: Kernel, caps: Capabilities) -> tuple[int, int]:
     """``(parts, chunk)``: into how many partials of ``chunk`` flat reduced indices each
-    row of ``kernel``'s reduction is split (``(0, 0)``: not split).
+    row of ``kernel``'s reductions is split (``(0, 0)``: not split).
 
-    Split: a kernel that runs in the group mode (a workgroup per grid point), whose one
-    reduction (not a matrix product) is computed once per grid point, whose stores are
-    all made once per grid point (no loop nest, no scatter), with at least two chunks of
-    :data:`SPLIT_WORK` terms per row, or a row longer than :data:`MAX_CHUNK`. ``chunk``
-    is a whole number of :data:`WORKGROUP` terms (each invocation of a partial's
-    workgroup takes as many) and no partial is empty."""
+    Split: a kernel that runs in the group mode (a workgroup per grid point), whose
+    reductions (no matrix product) are all computed once per grid point over the same
+    axes, with no scatter, and with at least two chunks of :data:`SPLIT_WORK` terms per
+    row, or a row longer than :data:`MAX_CHUNK`. A reduction may use another's result (a
+    softmax's sum of ``exp(x - max)``), and stores may run in loop nests (the softmax's
+    quotients): those nests are cut into ``parts`` chunks as well. ``chunk`` is a whole
+    number of :data:`WORKGROUP` terms (each invocation of a partial's workgroup takes as
+    many) and no partial is empty."""
     plan = loops.plan(kernel, caps)
     body = kernel.body
     reductions = [i for i, x in enumerate(body) if x.op in ("reduce", "contract")]
     points = math.prod(kernel.grid) if kernel.grid_rank else 1
-    if (plan.unsupported or 0 in kernel.domain or len(reductions) != 1
-            or plan.in_nest(reductions[0]) or points >= GROUP_POINTS
-            or any(dims for dims, _ in plan.store_nests)
+    if (plan.unsupported or 0 in kernel.domain or not reductions
+            or any(plan.in_nest(i) for i in reductions) or points >= GROUP_POINTS
+            or len({body[i].axes for i in reductions}) != 1
             or any(x.op == "scatter" for x in body)
             or tiling.tiling(kernel, plan) is not None):
         return 0, 0
     total = math.prod(kernel.domain[a] for a in body[reductions[0]].axes)
+    nest = max((math.prod(kernel.domain[d] for d in dims) for dims, _ in plan.store_nests),
+               default=1)
     parts = min(total // SPLIT_WORK, -(-SPLIT_GROUPS // points))
-    parts = max(parts, -(-total // MAX_CHUNK))
+    parts = max(parts, -(-total // MAX_CHUNK), -(-nest // MAX_CHUNK))
     if parts < 2:
         return 0, 0
     chunk = -(-total // (parts * WORKGROUP)) * WORKGROUP
@@ -157,26 +161,36 @@ def render(program: Program, kernel: Kernel, caps: Capabilities,
            scratch: int = 0) -> list[dict]:
     """The shaders of ``kernel`` and what each launch needs: ``{"name", "wgsl", "mode",
     "points", "iterations", "bindings", "writable"}`` (``bindings``: buffer indices, in
-    binding order). One shader, or two for a split reduction (:func:`split`): the
-    partials into buffer ``scratch`` (past the program's; the first shader's
-    ``"scratch"`` gives its size, ``{"index", "nbytes"}``), then their combination and
-    the rest of the kernel, dispatched in that order."""
+    binding order). One shader, or for a split reduction (:func:`split`) one per
+    reduction, in the kernel's order, then the rest of the kernel, dispatched in that
+    order: shader ``j`` stores reduction ``j``'s partial states into buffer ``scratch +
+    j`` (past the program's; its ``"scratch"`` gives the size, ``{"index", "nbytes"}``),
+    combining the partials of the reductions before it where it needs their results; the
+    last combines them all and makes the kernel's stores."""
     parts, chunk = split(kernel, caps)
     if not parts:
         return [_Kernel(program, kernel, caps).render()]
-    return [_Kernel(program, kernel, caps, _Split(parts, chunk, scratch, first)).render()
-            for first in (True, False)]
+    reductions = tuple(i for i, x in enumerate(kernel.body) if x.op in ("reduce", "contract"))
+    return [_Kernel(program, kernel, caps, _Split(parts, chunk, scratch, reductions,
+                                                  target)).render()
+            for target in (*reductions, None)]
 
 
 @dataclass(frozen=True)
 class _Split:
-    """A split reduction's shape (:func:`split`), and which of its two shaders is
-    rendered: the partials (``first``) or their combination."""
+    """A split reduction's shape (:func:`split`), and which of its shaders is rendered:
+    the partials of reduction ``target`` (a body position), or (None) the last."""
 
     parts: int
     chunk: int
-    scratch: int  # the buffer of the partial states: (row * parts + part) * words + word
-    first: bool
+    scratch: int  # reduction j's partial states: buffer scratch + j, at (row * parts +
+    #               part) * words + word
+    reductions: tuple[int, ...]
+    target: int | None
+
+    def buffer(self, position: int) -> int:
+        """The scratch buffer of the reduction at body ``position``."""
+        return self.scratch + self.reductions.index(position)
 
 
 class _Kernel:
@@ -216,8 +230,14 @@ class _Kernel:
         self.narrow_out = {x.buffer for x in body
                            if x.op in ("store", "scatter") and _BYTES[x.dtype.name] < 4}
         self.writes = kernel.writes()
-        if split is not None and split.first:  # it reads the kernel's inputs only
+        self.scratch_reads: set[int] = set()  # the scratch buffers of combined partials
+        # A split kernel's shaders run a workgroup per (row, part): the partials' always,
+        # the last one where it has store nests to cut (else a workgroup per row).
+        self.spread = split is not None and (
+            split.target is not None or any(dims for dims, _ in self.plan.store_nests))
+        if self.spread:
             self.points *= split.parts
+        if split is not None and split.target is not None:  # reads the inputs only
             self.narrow_out, self.writes = set(), set()
         self.state_words = 0  # a split reduction's partial state, in u32 words
 
@@ -275,11 +295,10 @@ class _Kernel:
         else:  # uniform: a workgroup leaves as a whole
             self.line("let g = wid.x + wid.y * nwg.x;")
         self.line(f"if (g >= {self.points}u) {{ return; }}")
-        row = "g"
-        if self.split is not None and self.split.first:
+        row = self.row
+        if self.spread:
             self.line(f"let part = g % {self.split.parts}u;")
             self.line(f"let row = g / {self.split.parts}u;")
-            row = "row"
         if self.tiling is not None:
             tiling.emit_indices(self, self.tiling)
         stride = 1
@@ -288,7 +307,7 @@ class _Kernel:
             if n > 1:
                 self.index[d] = self.bind("i32", f"i32(({row} / {stride}u) % {n}u)")
             stride *= n
-        if self.split is not None and self.split.first:
+        if self.split is not None and self.split.target is not None:
             return self.render_partials()
         body = kernel.body
         for dims, stores in plan.store_nests:
@@ -305,22 +324,26 @@ class _Kernel:
                 "bindings": self.bindings(),
                 "writable": [b in self.writes for b in self.bindings()]}
 
+    @property
+    def row(self) -> str:
+        """The WGSL name of this workgroup's grid point."""
+        return "row" if self.spread else "g"
+
     def render_partials(self) -> dict:
-        """The first shader of a split reduction: workgroup ``g`` folds chunk ``g %
-        parts`` of row ``g / parts`` of the reduction and invocation 0 stores its partial
-        state (:meth:`.reduce.Accumulator.state`) at ``g * words`` of the scratch
+        """A partials' shader of a split reduction: workgroup ``g`` folds chunk ``g %
+        parts`` of row ``g / parts`` of the target reduction (the reductions it uses
+        combined from their partials first) and invocation 0 stores its partial state
+        (:meth:`.reduce.Accumulator.state`) at ``g * words`` of the target's scratch
         buffer."""
         split = self.split
-        position = next(i for i, x in enumerate(self.kernel.body)
-                        if x.op in ("reduce", "contract"))
-        instr = self.kernel.body[position]
+        instr = self.kernel.body[split.target]
         for a in instr.args:
             self.prepare(a)
         self.reduce(instr, shared=True)
-        self.writes = {split.scratch}
-        shader = self.shader(f"{self.kernel.name}_part")
-        shader["scratch"] = {"index": split.scratch,
-                             "nbytes": 4 * self.state_words * self.points}
+        buffer = split.buffer(split.target)
+        self.writes = {buffer}
+        shader = self.shader(f"{self.kernel.name}_part{split.reductions.index(split.target)}")
+        shader["scratch"] = {"index": buffer, "nbytes": 4 * self.state_words * self.points}
         return shader
 
     @property
@@ -335,8 +358,7 @@ class _Kernel:
 
     def bindings(self) -> list[int]:
         k = self.kernel
-        scratch = {self.split.scratch} if self.split is not None else set()
-        return sorted(k.reads() | self.writes | scratch)
+        return sorted(k.reads() | self.writes | self.scratch_reads)
 
     def source(self) -> str:
         decls = []
@@ -402,10 +424,16 @@ class _Kernel:
             self.block("if (valid)", emit)
         elif not self.group:
             self.serial(dims, emit)
-        elif not dims:
-            self.block("if (lid == 0u)", emit)
+        elif not dims:  # spread: the row's first workgroup stores it
+            self.block("if (lid == 0u && part == 0u)" if self.spread else "if (lid == 0u)",
+                       emit)
         elif scatter:  # its writes in index order: one walker
             self.block("if (lid == 0u)", lambda: self.serial(dims, emit))
+        elif self.spread:  # this workgroup's chunk of the nest
+            total = math.prod(self.kernel.domain[d] for d in dims)
+            chunk = -(-total // (self.split.parts * WORKGROUP)) * WORKGROUP
+            start = self.bind("i32", f"i32(part) * {chunk}")
+            self.strided(dims, emit, span=(start, f"min({start} + {chunk}, {total})", chunk))
         else:
             self.strided(dims, emit)
 
@@ -859,7 +887,8 @@ class _Kernel:
                 return self.bind(t.name, self.const(kind == "min", t))
             return self.bind(t.name, self.const(t.max if kind == "min" else t.min, t))
         split = self.split
-        if split is not None and split.first:  # this workgroup's chunk of the row
+        buffer = split.buffer(position) if split is not None else None
+        if split is not None and position == split.target:  # this workgroup's chunk
             flat = f"r{position}"
             start = self.bind("i32", f"i32(part) * {split.chunk}")
             end = f"min({start} + {split.chunk}, {count})"
@@ -871,20 +900,21 @@ class _Kernel:
 
             def store() -> None:
                 for n, word in enumerate(words):
-                    self.line(f"b{split.scratch}[{at} + {n}u] = {word};")
+                    self.line(f"b{buffer}[{at} + {n}u] = {word};")
 
             self.block("if (lid == 0u)", store)
             return ""
         if split is not None:  # the row's partials, in order, as its terms
-            self.state_words = acc.state_words()
+            words = acc.state_words()
+            self.scratch_reads.add(buffer)
+            loop = f"p{position}"
 
             def partial() -> None:
-                at = self.bind("u32", f"(g * {split.parts}u + u32(p)) * {self.state_words}u")
-                acc.fold_state([f"b{split.scratch}[{at} + {n}u]"
-                                for n in range(self.state_words)])
+                at = self.bind("u32", f"({self.row} * {split.parts}u + u32({loop})) * {words}u")
+                acc.fold_state([f"b{buffer}[{at} + {n}u]" for n in range(words)])
 
-            self.loop(f"for (var p: i32 = i32(lid); p < {split.parts}; p += {WORKGROUP})",
-                      -(-split.parts // WORKGROUP), partial)
+            self.loop(f"for (var {loop}: i32 = i32(lid); {loop} < {split.parts}; "
+                      f"{loop} += {WORKGROUP})", -(-split.parts // WORKGROUP), partial)
         elif shared:
             flat = f"r{position}"  # the strided loop's flat index over the axes
             self.strided(axes, lambda: term(flat), flat=flat)
