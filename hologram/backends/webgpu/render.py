@@ -50,7 +50,8 @@ one invocation runs at most (``iterations`` in a kernel's artifact: every loop's
 and its last test, times the trips of the loops around it), and on a CPU-emulated
 adapter a kernel over :data:`EMULATED_LOOP_LIMIT` is refused when it is loaded
 (:mod:`.backend`); GPUs have no such limit. Long reductions of few outputs are split
-over workgroups (:func:`split`), which keeps each invocation's share under the limit.
+over workgroups (:func:`split`: partial states per chunk of a row, combined in a later
+shader of the same launch), which keeps each invocation's share under the limit.
 """
 
 from __future__ import annotations
@@ -86,19 +87,21 @@ MAX_SERIAL_WRITES = 65535
 #: out right, 65,537 did not (the last trip of the last loop was dropped); the limit
 #: stays one below.
 EMULATED_LOOP_LIMIT = 65535
-#: Split reductions (:func:`split`): a group-mode kernel whose one reduction is long is
-#: rendered as two shaders, partial states of chunks of each row (one workgroup per
-#: (row, chunk)) and their combination, so that many workgroups share a long reduction
-#: (one workgroup per output keeps one SM/CU busy) and each invocation's loops stay under
-#: :data:`EMULATED_LOOP_LIMIT`. A chunk holds at least ``SPLIT_WORK`` terms (the
-#: partials' traffic and the second dispatch stay small beside the reads), a row is cut
-#: into only as many as it takes to give ``SPLIT_GROUPS`` workgroups, and into as many as
-#: it takes to keep a chunk within ``MAX_CHUNK`` terms. Fixed numbers, not the adapter's:
-#: a result is the same bits on every adapter.
+#: Split reductions (:func:`split`): a group-mode kernel whose reductions are long is
+#: rendered as a shader per reduction, partial states of chunks of each row (one
+#: workgroup per (row, chunk)), and a last one that combines them, so that many
+#: workgroups share a long reduction (one workgroup per output keeps one SM/CU busy) and
+#: each invocation's loops stay under :data:`EMULATED_LOOP_LIMIT`. A chunk holds at
+#: least ``SPLIT_WORK`` terms (the partials' traffic and the extra dispatches stay small
+#: beside the reads), a row is cut into only as many as it takes to give
+#: ``SPLIT_GROUPS`` workgroups, and into as many as it takes to keep a chunk within
+#: ``MAX_CHUNK`` terms. Fixed numbers, not the adapter's: a result is the same bits on
+#: every adapter.
 SPLIT_WORK = 1 << 14
 SPLIT_GROUPS = 256
-#: The most terms of one chunk: its strided loop, the tree's levels and the partial's
-#: store stay within :data:`EMULATED_LOOP_LIMIT` iterations per invocation.
+#: The most terms of one chunk: its strided loop, the tree's levels and the loops that
+#: combine earlier reductions' partials stay within :data:`EMULATED_LOOP_LIMIT`
+#: iterations per invocation (the backend checks the count when it loads a shader).
 MAX_CHUNK = WORKGROUP * (EMULATED_LOOP_LIMIT - 64)
 
 # i64: two words (low, high), for the few operations the backend declares on it (argmax
