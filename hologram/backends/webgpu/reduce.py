@@ -8,6 +8,11 @@ over a workgroup (:mod:`.render` decides where each reduction runs).
   the first index;
 - integer sums and products wrap (i64: ``hg_add64``, ``hg_mul64lo``); bool sum is ``or``,
   bool product ``and``.
+
+A split reduction (:func:`.render.split`) stores each workgroup's result as a partial
+state of 32-bit words (:meth:`Accumulator.state`) and folds the partials back in as
+terms of the same kind (:meth:`Accumulator.fold_state`), so the rules above hold across
+the chunks.
 """
 
 from __future__ import annotations
