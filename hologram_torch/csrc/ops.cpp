@@ -297,12 +297,14 @@ void front(const c10::OperatorHandle& handle, c10::DispatchKeySet, torch::jit::S
   TORCH_INTERNAL_ASSERT(op != nullptr, "hologram: no front kernel for ", handle.schema().name());
   const size_t n = handle.schema().arguments().size();
   const c10::IValue* args = &(*stack)[stack->size() - n];
-  Pending pending{op, {}, args, n, false};
-  pending.keyed = make_key(args, n, pending.key);
+  // The key is made in this thread's scratch vector (no allocation once it has grown) and
+  // copied only for a miss, whose Python kernel may run other front kernels meanwhile.
+  thread_local Key scratch;
+  const bool keyed = make_key(args, n, scratch);
   pybind11::gil_scoped_acquire gil;
   at::Tensor result;
-  if (pending.keyed) {
-    auto found = op->entries.find(pending.key);
+  if (keyed) {
+    auto found = op->entries.find(scratch);
     if (found != op->entries.end() && launch(found->second, args, result)) {
       ++g_hits;
       torch::jit::drop(*stack, n);
@@ -311,6 +313,7 @@ void front(const c10::OperatorHandle& handle, c10::DispatchKeySet, torch::jit::S
     }
   }
   ++g_misses;
+  Pending pending{op, keyed ? scratch : Key(), args, n, keyed};
   auto [positional, keywords] = python_arguments(handle.schema(), args, n);
   pending.outer = g_pending;
   g_pending = &pending;
