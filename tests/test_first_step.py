@@ -98,3 +98,27 @@ def test_object_needing_a_symbol_not_allowed_is_refused(cache_dir) -> None:
     assert llvm.compile_ir(ir, targets.host(), allowed={"hg_elsewhere"})
     with pytest.raises(CompileError, match="hg_elsewhere"):
         llvm.compile_ir(ir, targets.host(), allowed=())
+
+
+@pytest.mark.parametrize("text", [
+    "%y = fadd float %a, %b", "%y = fadd fast float %a, %b", "%y = add nsw i64 %a, 1",
+    "call float @llvm.fmuladd.f32(float %a, float %b, float %c)", "@fastest_kernel",
+    "%nsw_sum = add i64 %a, 1", "attributes #0 = { \"unsafe-fp-math\"=\"true\" }",
+    "%y = or disjoint i64 %a, %b", "; exactly", "%x = fmul contract float %a, %b", "",
+])
+def test_tier_check_agrees_with_its_pattern(text: str) -> None:
+    # The substring pre-check only skips the regex where it cannot match.
+    assert llvm.same_bits_at_every_tier(text) == (llvm._TIER_SENSITIVE.search(text) is None)
+
+
+def test_shard_directory_is_made_when_missing(tmp_path: Path) -> None:
+    store = cache_mod.ProgramCache(tmp_path / "store")
+    key = cache_mod.CacheKey("p", "cpu", "t", "o", "v")
+    assert store.get(key, lambda: b"first", bytes) == b"first"
+    for shard in (tmp_path / "store").iterdir():  # removed behind the cache's back
+        for entry in shard.iterdir():
+            entry.unlink()
+        shard.rmdir()
+    store._write(key.digest(), b"again")
+    assert cache_mod.ProgramCache(tmp_path / "store").get(key, lambda: b"rebuilt", bytes) \
+        == b"again"
