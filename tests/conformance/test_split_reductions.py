@@ -4,9 +4,10 @@ the cuda backend's few-rows ones, docs/cuda.md). The ISA's rules must hold acros
 chunks: the first index of a repeated extreme and of the first NaN, -0.0 only when every
 term is, integer wraparound, bool any/all, and float sums within the bound.
 
-The cuda backend splits from ``SPLIT_WORK`` terms per chunk (tens of thousands, for a
-GPU); here its threshold is lowered so that rows of a few thousand terms split, which the
-emulation runs in seconds. The cache keys name the lowered threshold (its target string).
+The cuda and webgpu backends split from ``SPLIT_WORK`` terms per chunk (thousands, for a
+GPU; docs/cuda.md, docs/webgpu.md); here their thresholds are lowered so that rows of a
+few thousand terms split, which the emulations run in seconds. The cache keys name the
+lowered threshold (their target strings).
 """
 
 from __future__ import annotations
@@ -34,15 +35,17 @@ from .test_reductions import kinds_for, terms_of, tie_values
 #: (shape, reduced axes): two rows, one row (no grid), three rows of two axes, and a
 #: reduction over the leading axis. Rows are 2100-3100 terms: three 1024-term chunks.
 CASES = [((2, 3000), (1,)), ((3100,), (0,)), ((3, 40, 60), (1, 2)), ((2100, 2), (0,))]
-#: The cuda backend's split threshold here (terms per chunk, at least; docs/cuda.md).
+#: The cuda and webgpu backends' split threshold here (terms per chunk, at least).
 SPLIT_WORK = 256
 
 
 @pytest.fixture(autouse=True)
 def _lower_the_split_threshold(monkeypatch):
-    from hologram.backends.cuda import render
+    from hologram.backends.cuda import render as cuda_render
+    from hologram.backends.webgpu import render as webgpu_render
 
-    monkeypatch.setattr(render, "SPLIT_WORK", SPLIT_WORK)
+    monkeypatch.setattr(cuda_render, "SPLIT_WORK", SPLIT_WORK)
+    monkeypatch.setattr(webgpu_render, "SPLIT_WORK", SPLIT_WORK)
 
 
 def split_program(t: dt.DType, kinds: list[str]):
