@@ -43,6 +43,11 @@ def fake_cu(count=1, capability=(9, 0), init=SUCCESS, version=12040, loads=True)
         cuStreamCreate=call("cuStreamCreate", 0x5EED),
         cuDriverGetVersion=call("cuDriverGetVersion", version),
         cuMemAlloc=call("cuMemAlloc", 0, result=OUT_OF_MEMORY),
+        CUevent_flags=types.SimpleNamespace(CU_EVENT_DISABLE_TIMING=2),
+        cuEventCreate=call("cuEventCreate", "event"),
+        cuEventRecord=call("cuEventRecord"),
+        cuStreamWaitEvent=call("cuStreamWaitEvent"),
+        CUstream=lambda handle: ("CUstream", handle),
         cuGetErrorName=lambda err: (SUCCESS, _NAMES.get(err)))
     cu.cuDeviceGetAttribute = lambda which, device: (
         SUCCESS, capability[0] if which == "major" else capability[1])
@@ -97,6 +102,26 @@ def test_driver_errors_name_the_call_and_out_of_memory_is_its_own_error():
     with pytest.raises(DeviceError, match="cuCtxSynchronize failed: CUDA_ERROR_NO_DEVICE"):
         driver.check("cuCtxSynchronize", (NO_DEVICE,))
     assert driver.check("cuX", (SUCCESS, 1, 2)) == (1, 2) and driver.check("cuY", SUCCESS) is None
+
+
+def test_stream_ordering_records_one_untimed_event_and_waits_on_the_consumers_stream():
+    """driver.py's calls behind DLPack's stream semantics: one event, created without
+    timing on first use and recorded again on our stream each time; the consumer's stream
+    handle (1 and 2: the default streams) wrapped as a CUstream for cuStreamWaitEvent."""
+    cu = fake_cu()
+    driver = driver_module.Driver(cu=cu)
+    cu.calls.clear()
+    for consumer in (1, 2, 0x7E57AB1E):
+        driver.wait_event(consumer, driver.record_event())
+    assert cu.calls == [("cuEventCreate", (2,)), ("cuEventRecord", ("event", 0x5EED)),
+                        ("cuStreamWaitEvent", (("CUstream", 1), "event", 0)),
+                        ("cuEventRecord", ("event", 0x5EED)),
+                        ("cuStreamWaitEvent", (("CUstream", 2), "event", 0)),
+                        ("cuEventRecord", ("event", 0x5EED)),
+                        ("cuStreamWaitEvent", (("CUstream", 0x7E57AB1E), "event", 0))]
+    cu.cuStreamWaitEvent = lambda *args: (NO_DEVICE,)
+    with pytest.raises(DeviceError, match="cuStreamWaitEvent failed: CUDA_ERROR_NO_DEVICE"):
+        driver.wait_event(1, "event")
 
 
 def test_auto_may_pick_cuda_only_on_a_real_gpu(probe, monkeypatch):

@@ -95,7 +95,8 @@ def test_a_device_block_exports_a_kdlcuda_capsule_that_reimports_exactly(version
     name = ctypes.pythonapi.PyCapsule_GetName
     name.restype, name.argtypes = ctypes.c_char_p, [ctypes.py_object]
     assert name(capsule) == (b"dltensor_versioned" if version else b"dltensor")
-    assert driver.calls[-1] == ("sync",)  # queued work first: the consumer has its stream
+    # no stream named: the legacy default stream waits for the work queued on ours
+    assert driver.calls == [("record", "event", driver.stream), ("wait", 1, "event")]
     del block
     gc.collect()
     assert memory.stats()["allocated_bytes"] == 256  # the capsule holds the block
@@ -107,6 +108,77 @@ def test_a_device_block_exports_a_kdlcuda_capsule_that_reimports_exactly(version
     tensor.release()  # the consumer's duty is once: a second call does nothing
     gc.collect()
     assert memory.stats()["allocated_bytes"] == 0 and memory.stats()["cached_bytes"] == 256
+
+
+@pytest.mark.parametrize("stream,waits", [
+    (None, 1),  # the consumer did not say: the legacy default stream (the protocol)
+    (1, 1),  # the legacy default stream (CU_STREAM_LEGACY)
+    (2, 2),  # the consumer thread's default stream (CU_STREAM_PER_THREAD)
+    (0x7E57AB1E, 0x7E57AB1E),  # a stream handle (torch: current_stream().cuda_stream)
+    (np.int64(0x7E57AB1E), 0x7E57AB1E),
+    (-1, None),  # the consumer asked for no synchronization
+    (FakeDriver.stream, None),  # our own stream: already in order
+])
+def test_export_orders_our_stream_before_the_consumers_with_an_event(stream, waits):
+    """DLPack's stream semantics: the work queued on our stream is ordered before the
+    consumer's stream by an event recorded on ours that the consumer's waits for (no host
+    synchronization), none for -1 or for our own stream."""
+    driver = FakeDriver()
+    memory = DeviceMemory(driver)
+    block = memory.alloc((4,), np.float32)
+    capsule = memory.export_dlpack(block, (4,), np.dtype(np.float32), (1, 0), stream=stream)
+    expected = [] if waits is None else [("record", "event", driver.stream),
+                                         ("wait", waits, "event")]
+    assert driver.calls == expected
+    dlpack.unpack(capsule, "test").release()
+
+
+@pytest.mark.parametrize("stream", [0, -2, 1.5, "1", True])
+def test_streams_outside_the_protocol_are_refused_before_anything_is_exported(stream):
+    driver = FakeDriver()
+    memory = DeviceMemory(driver)
+    block = memory.alloc((4,), np.float32)
+    before = dlpack.live_exports()
+    with pytest.raises(DeviceError, match=r"not a CUDA stream of the DLPack protocol.*-1 "
+                                          r"\(no synchronization\); 0 is ambiguous"):
+        memory.export_dlpack(block, (4,), np.dtype(np.float32), None, stream=stream)
+    assert driver.calls == [] and dlpack.live_exports() == before
+
+
+class _Exporter:
+    """A producer of a block of another driver's memory (another stream), through its
+    :meth:`DeviceMemory.export_dlpack`."""
+
+    def __init__(self, memory, block):
+        self.memory, self.block, self.streams = memory, block, []
+
+    def __dlpack__(self, stream=None, max_version=None):
+        self.streams.append(stream)
+        return self.memory.export_dlpack(self.block, (4,), np.dtype(np.float32), max_version,
+                                         stream=stream)
+
+    def __dlpack_device__(self):
+        return (2, 0)
+
+
+def test_an_import_orders_our_stream_after_the_producers():
+    """The importer passes its own stream, the producer records an event on its stream
+    and makes the importer's wait for it; the importer calls nothing itself. An importer
+    on the NULL stream (handle 0) names it 1, the legacy default stream."""
+    theirs, ours = FakeDriver(), FakeDriver()
+    theirs.stream = 0xB0B
+    memory = DeviceMemory(theirs)
+    producer = _Exporter(memory, memory.alloc((4,), np.float32))
+    block, shape, dtype = DeviceMemory(ours).import_dlpack(producer)
+    assert producer.streams == [ours.stream]
+    assert theirs.calls == [("record", "event", 0xB0B), ("wait", ours.stream, "event")]
+    assert ours.calls == [] and (block.pointer, shape, dtype) == (producer.block.pointer, (4,),
+                                                                  np.float32)
+    on_null = FakeDriver()
+    on_null.stream = 0
+    theirs.calls.clear()
+    DeviceMemory(on_null).import_dlpack(producer)
+    assert producer.streams[-1] == 1 and theirs.calls[-1] == ("wait", 1, "event")
 
 
 class _Owner:
@@ -221,7 +293,10 @@ def test_cuda_executors_share_buffers_through_dlpack(fake_gpu):  # noqa: F811 (t
         data = np.arange(12, dtype=np.float32).reshape(3, 4)
         buf = ex.from_numpy(data)
         assert buf.__dlpack_device__() == (2, 0)
+        driver.calls.clear()
         shared = other.from_dlpack(buf)  # exported as kDLCUDA 1.0, imported zero-copy
+        # one process, one driver, one stream: in order already, nothing to wait for
+        assert not [c for c in driver.calls if c[0] in ("record", "wait", "sync")]
         assert shared.handle == buf.handle and shared.shape == (3, 4)
         assert shared.dtype == np.float32 and shared.foreign
         np.testing.assert_array_equal(shared.to_numpy(), data)
@@ -236,6 +311,13 @@ def test_cuda_executors_share_buffers_through_dlpack(fake_gpu):  # noqa: F811 (t
             ex.from_dlpack(np.zeros(3, np.float32))
         with pytest.raises(DeviceError, match=r"copied out with buf\.to_numpy"):
             buf.__dlpack__(dl_device=(1, 0))
+        driver.calls.clear()
+        for stream in (0x7E57AB1E, -1, None):  # a consumer's stream reaches the export
+            dlpack.unpack(buf.__dlpack__(stream=stream), "test").release()
+        assert driver.calls == [("record", "event", driver.stream), ("wait", 0x7E57AB1E, "event"),
+                                ("record", "event", driver.stream), ("wait", 1, "event")]
+        with pytest.raises(DeviceError, match="stream=0 is not a CUDA stream"):
+            buf.__dlpack__(stream=0)
         assert ex.from_dlpack(buf) is buf
         pointer = buf.handle
         buf.free()

@@ -76,6 +76,13 @@ class FakeDriver:
     def synchronize(self) -> None:
         self.calls.append(("sync",))
 
+    def record_event(self):
+        self.calls.append(("record", "event", self.stream))
+        return "event"
+
+    def wait_event(self, stream: int, event) -> None:
+        self.calls.append(("wait", stream, event))
+
 
 def test_allocation_bookkeeping_and_copies():
     driver = FakeDriver()

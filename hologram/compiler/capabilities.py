@@ -44,8 +44,8 @@ class Capabilities:
     # happen in index order, which a renderer has to honour (a kernel's loops run it
     # sequentially; only grid dimensions proven disjoint run in parallel). A target
     # without it refuses such a program (:func:`require`) rather than reorder writes.
-    # The cpu and webgpu renderers have it (webgpu sets it on its own CAPS); cuda's
-    # does not yet.
+    # The cpu, webgpu and cuda renderers have it (webgpu and cuda set it on their own
+    # CAPS).
     scatter: bool = False
 
     @property
@@ -69,7 +69,7 @@ class MissingCapabilityError(CompileError):
 _GATED = {
     "gather": ("the data-dependent load", "the cpu, webgpu, cuda and interp backends"),
     "scatter": ("the data-dependent store, its writes in index order",
-                "the cpu, webgpu and interp backends"),
+                "the cpu, webgpu, cuda and interp backends"),
 }
 
 

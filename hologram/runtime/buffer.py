@@ -292,7 +292,9 @@ class Buffer(SdkOperators):
         ``max_version``, ``dl_device``, ``copy``). Host memory is exported by NumPy. CUDA
         memory (the cuda backend on a GPU) is exported as a kDLCUDA capsule of this
         device, which a CUDA consumer (``torch.from_dlpack`` on a CUDA build) takes; work
-        queued on the executor finishes first. Other memory the host cannot see raises
+        queued on the executor is ordered before the consumer's ``stream`` (DLPack's
+        values: None or 1 the legacy default stream, 2 the per-thread one, a stream
+        handle, -1 no synchronization). Other memory the host cannot see raises
         :class:`~hologram.errors.DeviceError` (copy it to the host with ``to_numpy()`` and
         export that)."""
         if self._array is not None:
@@ -310,7 +312,8 @@ class Buffer(SdkOperators):
                 "__dlpack__", f"a copy{f' to device {tuple(wanted)}' if wanted else ''} is "
                 f"not made by export; it is shared in place on device {device}, or copied "
                 "out with buf.to_numpy()"))
-        return export(self.allocation, *self.signature, kwargs.get("max_version"))
+        return export(self.allocation, *self.signature, kwargs.get("max_version"),
+                      stream=kwargs.get("stream"))
 
     def __dlpack_device__(self) -> tuple[int, int]:
         """``(DLPack device type, device index)`` of the memory (``(1, 0)``: host;

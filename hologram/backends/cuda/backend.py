@@ -55,8 +55,10 @@ FORMAT = "triton-1"
 #: What the generated code uses: f16/bf16 arithmetic through f32 (rounded after each
 #: operation by the decompose pass; their fma through f64 steps); float min/max built from
 #: compares; gather (render.py: the operand clamped in its own width, the element summed
-#: in wrapping int32).
-CAPS = Capabilities(f64=True, i64=True, narrow_storage=True, ieee_minmax=False, gather=True)
+#: in wrapping int32); scatter (render.py: one program instance makes a grid point's
+#: writes, in index order, in rounds of writes to distinct elements).
+CAPS = Capabilities(f64=True, i64=True, narrow_storage=True, ieee_minmax=False, gather=True,
+                    scatter=True)
 #: Named targets: compute capability of each.
 TARGETS = {"sm_80": 80, "sm_90": 90}
 #: The target whose cubins a GPU runs, by compute capability (a cubin runs on its own
@@ -67,9 +69,9 @@ _FLOAT_ONLY = frozenset({"sqrt", "rsqrt", "floor", "ceil", "round", "trunc",
                          *shared_math.FUNCTIONS})
 _INT_ONLY = frozenset({"and", "or", "xor", "not"})
 _NUMERIC = frozenset({"div", "mod", "sign", "fma", "contract"})  # not bool
-_ANY = frozenset({"load", "gather", "store", "const", "index", "cast", "select", "add",
-                  "sub", "mul", "min", "max", "abs", "neg", "eq", "ne", "lt", "le", "gt", "ge",
-                  "reduce"})
+_ANY = frozenset({"load", "gather", "store", "scatter", "const", "index", "cast", "select",
+                  "add", "sub", "mul", "min", "max", "abs", "neg", "eq", "ne", "lt", "le", "gt",
+                  "ge", "reduce"})
 _SPLIT_WORK = render_module.SPLIT_WORK  # the default split threshold
 #: Triton compile options: never contract a*b+c to an FMA (one rounding, not two).
 OPTIONS = {"enable_fp_fusion": False, "num_stages": 1}

@@ -9,6 +9,14 @@ array, so :class:`~hologram.backends.cuda.runtime.DeviceMemory` exports its bloc
 with :func:`unpack` (either kind). The layouts are checked against NumPy's own capsules and
 against NumPy and torch as consumers (tests/test_cuda_dlpack.py).
 
+Streams follow the protocol too (:func:`consumer_stream`): a consumer names the CUDA
+stream it will use the tensor on with ``__dlpack__(stream=...)``, and the producer orders
+its queued work before that stream (:meth:`DeviceMemory.export_dlpack
+<hologram.backends.cuda.runtime.DeviceMemory.export_dlpack>`: an event recorded on the
+producer's stream, waited on by the consumer's), or does nothing for ``stream=-1``. An
+importer passes its own stream (:func:`stream_argument`), so the producer orders its work
+before it.
+
 Ownership follows the protocol: a capsule still named ``"dltensor"`` (or
 ``"dltensor_versioned"``) when it is collected was never consumed, so its destructor
 calls the tensor's deleter; a consumer renames it (``"used_..."``) and calls the deleter
@@ -25,9 +33,14 @@ from typing import Any
 
 import numpy as np
 
-from hologram.errors import DTypeError
+from hologram.errors import DeviceError, DTypeError
 
 KDL_CPU, KDL_CUDA = 1, 2
+#: ``__dlpack__``'s ``stream`` values with a meaning of their own for CUDA (DLPack, the
+#: Python array API): no synchronization; the legacy default stream; the calling thread's
+#: default stream. The driver takes 1 and 2 as the same streams' handles
+#: (``CU_STREAM_LEGACY``, ``CU_STREAM_PER_THREAD``).
+NO_SYNC, LEGACY_STREAM, PER_THREAD_STREAM = -1, 1, 2
 #: Device type codes by name, for messages.
 DEVICE_NAMES = {1: "cpu", 2: "cuda", 3: "cuda_host", 4: "opencl", 7: "vulkan", 8: "metal",
                 10: "rocm", 13: "cuda_managed", 14: "oneapi", 15: "webgpu"}
@@ -116,6 +129,33 @@ def _destroy_capsule(capsule: int) -> None:
 _deleter = _DELETER(_delete)
 _versioned_deleter = _VERSIONED_DELETER(_delete)
 _capsule_destructor = _CAPSULE_DESTRUCTOR(_destroy_capsule)
+
+
+def consumer_stream(stream: object) -> int | None:
+    """The CUDA stream a consumer's ``__dlpack__(stream=...)`` names, as a driver handle,
+    or None where it asks for no synchronization.
+
+    Per the protocol: None (the consumer did not say) and 1 are the legacy default stream
+    (handle 1); 2 is the per-thread default stream (handle 2); a larger integer is a
+    stream's handle; -1 means no synchronization. 0 is refused (the protocol disallows
+    it: it could mean any of the default streams), and so are other values."""
+    if stream is None:
+        return LEGACY_STREAM
+    if isinstance(stream, bool) or not isinstance(stream, (int, np.integer)) or stream == 0 \
+            or stream < NO_SYNC:
+        raise DeviceError(f"__dlpack__: stream={stream!r} is not a CUDA stream of the DLPack "
+                          "protocol; pass None or 1 (the legacy default stream), 2 (the "
+                          "per-thread default stream), a stream handle (an int above 2, "
+                          "e.g. torch.cuda.current_stream().cuda_stream) or -1 (no "
+                          "synchronization); 0 is ambiguous")
+    return None if stream == NO_SYNC else int(stream)
+
+
+def stream_argument(handle: int) -> int:
+    """What an importer passes as ``__dlpack__(stream=...)`` for its stream ``handle``:
+    the handle, except that the NULL stream (0) is the legacy default stream, which the
+    protocol names 1."""
+    return LEGACY_STREAM if handle == 0 else handle
 
 
 def dtype_code(dtype: np.dtype) -> tuple[int, int]:

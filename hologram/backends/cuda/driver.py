@@ -52,6 +52,7 @@ class Driver:
                                   cu.cuDevicePrimaryCtxRetain(self.device))
         self.check("cuCtxSetCurrent", cu.cuCtxSetCurrent(self.context))
         self.stream = self.check("cuStreamCreate", cu.cuStreamCreate(0))
+        self._event: Any = None  # record_event's, created on first use
 
     def check(self, call: str, result: Any) -> Any:
         """The value(s) of a ``cuda.bindings`` call, or the error it reports."""
@@ -82,6 +83,26 @@ class Driver:
         """This driver's stream as an integer (``CUstream``), the ``stream`` a DLPack
         producer is asked to make its work visible to."""
         return int(self.stream)
+
+    def record_event(self) -> Any:
+        """Record this driver's event on its stream (``cuEventRecord``) and return it: the
+        event completes when the work queued on the stream so far has. One event, created
+        on first use without timing (``CU_EVENT_DISABLE_TIMING``), is recorded again each
+        time: a wait already queued on it keeps the record it was queued after."""
+        cu = self.cu
+        if self._event is None:
+            self._event = self.check("cuEventCreate", cu.cuEventCreate(
+                cu.CUevent_flags.CU_EVENT_DISABLE_TIMING))
+        self.check("cuEventRecord", cu.cuEventRecord(self._event, self.stream))
+        return self._event
+
+    def wait_event(self, stream: int, event: Any) -> None:
+        """Make work queued on ``stream`` from now on wait for ``event``
+        (``cuStreamWaitEvent``). ``stream`` is a ``CUstream`` handle as an integer; 1 and
+        2 are the driver's own names for the legacy and the calling thread's default
+        streams (``CU_STREAM_LEGACY``, ``CU_STREAM_PER_THREAD``), as in DLPack."""
+        self.check("cuStreamWaitEvent", self.cu.cuStreamWaitEvent(self.cu.CUstream(stream),
+                                                                  event, 0))
 
     def mem_alloc(self, nbytes: int) -> int:
         return int(self.check("cuMemAlloc", self.cu.cuMemAlloc(nbytes)))

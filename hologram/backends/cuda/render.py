@@ -27,6 +27,16 @@ are compiled with ``enable_fp_fusion=False`` (a multiply and an add are never co
 to an FMA, which would round once instead of twice). The transcendental
 functions are the shared algorithms of :mod:`hologram.codegen.mathlib`, written out by
 :class:`.mathlib.TritonEmitter`: the same bits as the cpu backend's.
+
+A ``scatter`` (docs/isa.md) is written where a store would be (:meth:`_Kernel.scatter`).
+Its writes to one element all come from one grid point (the schedule keeps only disjoint
+dimensions on the grid), so the rows of a tile write different elements; one grid
+point's writes along its nest are taken ``RBLOCK`` at a time, in index order, and applied
+in *rounds*: a write's round is the number of earlier writes of its tile to the same
+element (an ``[XBLOCK, RBLOCK, RBLOCK]`` comparison), so one round writes distinct
+elements, in parallel, and every element sees its writes in index order. A barrier
+follows each round (the next one may read what another thread of the program wrote). A
+``replace`` tile is one round: only each element's last write in the tile is made.
 """
 
 from __future__ import annotations
@@ -63,6 +73,9 @@ MATMUL_DEPTH = 32
 SPLIT_WORK = 1 << 14
 MAX_PARTS = 256
 SPLIT_PROGRAMS = 256
+#: A scatter nest's writes per tile row at most: its rounds compare every write of a row
+#: with every other, an ``[XBLOCK, RBLOCK, RBLOCK]`` tile of at most ``TILE`` elements.
+SCATTER_RBLOCK = 64
 #: The Triton pointer type of each buffer dtype (bf16 as its bits, bool as a byte).
 POINTER = {"f64": "*fp64", "f32": "*fp32", "f16": "*fp16", "bf16": "*i16", "i64": "*i64",
            "i32": "*i32", "i16": "*i16", "i8": "*i8", "u8": "*u8", "bool": "*u8"}
@@ -232,10 +245,17 @@ def f32_bits(value: float) -> int:
 
 def blocks(kernel: Kernel) -> tuple[int, int]:
     """``(XBLOCK, RBLOCK)`` of a kernel: rows of grid points per program instance, and
-    the flat loop index's tile (1 when it has no loop dimensions)."""
+    the flat loop index's tile (1 when it has no loop dimensions). A kernel that scatters
+    along its loop dimensions takes at most ``SCATTER_RBLOCK`` writes per row and keeps
+    ``XBLOCK * RBLOCK**2`` within ``TILE`` (its rounds' comparisons)."""
     loop_extent = math.prod(kernel.domain[kernel.grid_rank:])
     rblock = min(pow2(loop_extent), MAX_RBLOCK) if loop_extent > 1 else 1
     points = math.prod(kernel.grid)
+    rank = len(kernel.domain)
+    if any(x.op == "scatter" and any(x.shape[d] > 1 for d in range(kernel.grid_rank, rank))
+           for x in kernel.body):
+        rblock = min(rblock, SCATTER_RBLOCK)
+        return min(pow2(points), max(1, TILE // (rblock * rblock)), 1024), rblock
     return min(pow2(points), TILE // rblock, 1024), rblock
 
 
@@ -316,6 +336,7 @@ class _Kernel:
         self.local: dict[int, str] = {}
         self.mask = "xmask"
         self.zero = "xzero"  # an int32 zero tile of the mask's shape
+        self.width = 1  # the flat loop index's tile in the current store nest (1: none)
 
     # --- text ---------------------------------------------------------------------------
     def line(self, text: str) -> None:
@@ -344,8 +365,9 @@ class _Kernel:
         body = kernel.body
         for dims, stores in plan.store_nests:
             for pos in stores:
-                self.prepare(body[pos].args[0])
-            self.nest(list(dims), lambda stores=stores: [self.store(body[p]) for p in stores])
+                for arg in body[pos].args:  # a store's value; a scatter's, and its offset
+                    self.prepare(arg)
+            self.nest(list(dims), lambda stores=stores: [self.write(body[p]) for p in stores])
         buffers = self.buffers()
         signature = {f"b{i}": POINTER[program_dtype(self.program, i)] for i in buffers}
         for index, reg in (self.partials or {}).values():
@@ -513,11 +535,11 @@ class _Kernel:
         ``dims``, RBLOCK at a time."""
         self.local = {}
         if not dims:
-            self.mask, self.zero = "xmask", "xzero"
+            self.mask, self.zero, self.width = "xmask", "xzero", 1
             body()
             return
         total = math.prod(self.kernel.domain[d] for d in dims)
-        rblock = min(pow2(total), self.rblock)
+        rblock = self.width = min(pow2(total), self.rblock)
         self.names += 1
         r0, flat = f"r{self.names}", f"f{self.names}"
         self.line(f"for {r0} in range(0, {total}, {rblock}):")
@@ -557,8 +579,8 @@ class _Kernel:
         return " + ".join(terms)
 
     def gather_address(self, instr: Instr) -> str:
-        """A gather's element (docs/isa.md): the map's element plus the operand clamped to
-        the instruction's bounds, in int32 like every other address.
+        """A gather's (or scatter's) element (docs/isa.md): the map's element plus the
+        operand clamped to the instruction's bounds, in int32 like every other address.
 
         The bounds are cut to the operand dtype's range here, so the clamp is exact in
         the operand's own width (int32 for the narrow ones, int64 for i64) and skips a
@@ -569,8 +591,8 @@ class _Kernel:
         modulo 2**32 is that element even where the map's own terms or the bounds lie
         outside 32 bits (constants are wrapped here, so no literal widens the sum to
         int64)."""
-        operand = self.kernel.body[instr.args[0]].dtype
-        k = self.value(instr.args[0])
+        operand = self.kernel.body[instr.args[-1]].dtype  # a scatter's second operand
+        k = self.value(instr.args[-1])
         low, high = instr.bounds
         kmin, kmax = _LIMITS[_TL[operand.name]]
         lo, hi = max(low, kmin), min(high, kmax)
@@ -591,13 +613,15 @@ class _Kernel:
                 terms.append(f"{self.index[d]} * {_wrap32(stride)}")
         return " + ".join(terms)
 
-    def load(self, instr: Instr, address: str | None = None) -> str:
-        """A load's value, or a gather's (``address``: :meth:`gather_address`)."""
+    def load(self, instr: Instr, address: str | None = None, mask: str | None = None) -> str:
+        """A load's value, or a gather's (``address``: :meth:`gather_address`), or the
+        element a scatter combines with (``mask``: the writes of its round)."""
         t, buf = instr.dtype.name, instr.buffer
         if 0 in instr.shape:  # nothing to read (the loop plan places it per grid point)
             return self.const(0, instr.dtype)
         address = self.address(instr) if address is None else address
-        raw = self.bind(f"tl.load(b{buf} + ({address}), mask={self.mask}, other=0)")
+        mask = self.mask if mask is None else mask
+        raw = self.bind(f"tl.load(b{buf} + ({address}), mask={mask}, other=0)")
         if t == "bool":
             return self.bind(f"{raw} != 0")
         if t == "f16":
@@ -606,16 +630,96 @@ class _Kernel:
             return self.bind(f"hg_bf16_to_f32({raw})")
         return raw
 
-    def store(self, instr: Instr) -> None:
+    def write(self, instr: Instr) -> None:
+        if instr.op == "scatter":
+            self.scatter(instr)
+        else:
+            self.store(instr)
+
+    def store(self, instr: Instr, address: str | None = None, value: str | None = None,
+              mask: str | None = None) -> None:
+        """A store of its operand at its map's element, or (a scatter's) ``value`` at
+        ``address`` where ``mask``."""
         t, buf = instr.dtype.name, instr.buffer
-        value = self.value(instr.args[0])
+        value = self.value(instr.args[0]) if value is None else value
+        address = self.address(instr) if address is None else address
+        mask = self.mask if mask is None else mask
         if t == "bool":
             value = f"{value}.to(tl.uint8)"
         elif t == "f16":
             value = f"{value}.to(tl.float16)"
         elif t == "bf16":
             value = f"hg_f32_to_bf16({value})"
-        self.line(f"tl.store(b{buf} + ({self.address(instr)}), {value}, mask={self.mask})")
+        self.line(f"tl.store(b{buf} + ({address}), {value}, mask={mask})")
+
+    def scatter(self, instr: Instr) -> None:
+        """The writes of a scatter in the current nest's tile (see the module docstring).
+
+        Rows (grid points) write disjoint elements. Along a nest, column ``j`` of a row is
+        its tile's ``j``-th write in index order; its round is the number of earlier
+        writes of the row to the same element, so a round's writes are to distinct
+        elements and each element gets its writes in index order, each combined with what
+        the one before left (a load, the mode's operation, a store; f16/bf16 computed in
+        f32 and rounded once). A barrier after each round makes its writes visible to every
+        thread of the program before the next round (or tile) reads them. ``replace``
+        needs one round: each element's last write in the tile."""
+        value = self.value(instr.args[0])
+        address = self.bind(self.gather_address(instr))
+        if self.width == 1:  # one write per grid point: the rows' elements are disjoint
+            self.combine_write(instr, address, value, self.mask)
+            return
+        # [row, j, k]: write k of the row is made and reaches write j's element
+        same = self.bind(f"({address}[:, :, None] == {address}[:, None, :]) & "
+                         f"{self.mask}[:, None, :]")
+        j = self.bind(f"tl.arange(0, {self.width})")
+        k_vs_j = f"{j}[None, None, :] {{}} {j}[None, :, None]"
+        if instr.mode == "replace":
+            later = self.bind(f"tl.sum(({same} & ({k_vs_j.format('>')})).to(tl.int32), 2)")
+            self.store(instr, address, value, self.bind(f"{self.mask} & ({later} == 0)"))
+            self.line("tl.debug_barrier()")
+            return
+        rank = self.bind(f"tl.sum(({same} & ({k_vs_j.format('<')})).to(tl.int32), 2)")
+        rounds = self.bind(f"tl.max(tl.where({self.mask}, {rank}, 0))")
+        self.names += 1
+        step = f"q{self.names}"
+        self.line(f"for {step} in range(0, {rounds} + 1):")
+        self.depth += 1
+        self.combine_write(instr, address, value, self.bind(f"{self.mask} & ({rank} == {step})"))
+        self.line("tl.debug_barrier()")
+        self.depth -= 1
+
+    def combine_write(self, instr: Instr, address: str, value: str, mask: str) -> None:
+        """One write of a scatter per element of ``address`` where ``mask`` (distinct
+        elements): ``value`` itself, or the mode's operation on the element and
+        ``value``."""
+        t = instr.dtype
+        if instr.mode != "replace":
+            old = self.load(instr, address, mask)
+            if instr.mode in ("max", "min"):
+                value = self.extreme(old, value, t, instr.mode == "max")
+            else:
+                value = self.rounded(self.bind(f"{old} {'+' if instr.mode == 'add' else '*'} "
+                                               f"{value}"), t)
+        self.store(instr, address, value, mask)
+
+    def extreme(self, a: str, b: str, t: DType, largest: bool) -> str:
+        """The ISA's ``max``/``min`` of ``a`` and ``b`` (bool: or/and): for floats NaN if
+        either is NaN, and ``-0.0 < +0.0``, whatever the hardware's min/max does with
+        them."""
+        if t.is_bool:
+            return self.bind(f"{a} | {b}" if largest else f"{a} & {b}")
+        if not t.is_float:
+            return self.bind(f"tl.{'maximum' if largest else 'minimum'}({a}, {b})")
+        bits, _ = _BITS[_TL[t.name]]
+        negative = self.bind(f"{a}.to({bits}, bitcast=True) < 0")
+        # On a tie (equal values: the zeros differ in sign only) a is kept unless it is
+        # -0.0 (max) or +0.0 (min).
+        if largest:
+            pick = self.bind(f"({a} > {b}) | (({a} == {b}) & ~{negative})")
+        else:
+            pick = self.bind(f"({a} < {b}) | (({a} == {b}) & {negative})")
+        nan = self.bind(f"({a} != {a}) | ({b} != {b})")
+        return self.bind(f"tl.where({nan}, {a} + {b}, tl.where({pick}, {a}, {b}))")
 
     def const(self, value, t: DType) -> str:
         if t.is_bool:

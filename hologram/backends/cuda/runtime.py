@@ -218,20 +218,31 @@ class DeviceMemory(Allocator):
 
     # --- DLPack (kDLCUDA) ---------------------------------------------------------------
     def export_dlpack(self, allocation: DeviceBlock, shape: tuple[int, ...],
-                      dtype: np.dtype, max_version: tuple[int, int] | None = None) -> Any:
+                      dtype: np.dtype, max_version: tuple[int, int] | None = None,
+                      stream: object = None) -> Any:
         """A DLPack capsule of ``allocation``'s first ``shape`` elements (kDLCUDA, this
         device; versioned when ``max_version`` allows), keeping the block alive until the
-        consumer's deleter call. Queued work is finished first: the consumer reads on its
-        own stream."""
-        self.driver.synchronize()
+        consumer's deleter call.
+
+        ``stream`` is the consumer's (``__dlpack__``'s argument, :func:`.dlpack.
+        consumer_stream`): the work queued on this driver's stream is ordered before it,
+        without waiting on the host: an event recorded on our stream, which the
+        consumer's stream waits for. Nothing where it is our own stream, or for -1 (the
+        consumer asked for no synchronization)."""
+        consumer = dlpack.consumer_stream(stream)
+        ours = dlpack.stream_argument(self.driver.stream_handle())
+        if consumer is not None and consumer != ours:
+            self.driver.wait_event(consumer, self.driver.record_event())
         return dlpack.export(allocation.pointer, shape, dtype,
                              (dlpack.KDL_CUDA, self.device_id), allocation, max_version)
 
     def import_dlpack(self, producer: Any) -> tuple[DeviceBlock, tuple[int, ...], np.dtype]:
         """The memory of a DLPack ``producer`` on this device, zero-copy: an allocation
         (not this pool's) whose end calls the producer's deleter once and releases the
-        producer, with the tensor's shape and dtype. Other devices, strided and read-only
-        tensors are refused."""
+        producer, with the tensor's shape and dtype. The producer is given this driver's
+        stream (``__dlpack__(stream=...)``), so it orders its queued work before ours, as
+        the protocol asks of it. Other devices, strided and read-only tensors are
+        refused."""
         kind, ordinal = map(int, producer.__dlpack_device__())
         if (kind, ordinal) != (dlpack.KDL_CUDA, self.device_id):
             name = dlpack.DEVICE_NAMES.get(kind, f"DLPack device type {kind}")
@@ -240,10 +251,11 @@ class DeviceMemory(Allocator):
                 f"this executor (cuda) keeps buffers on cuda:{self.device_id}; move it there "
                 f"first (torch: t.to('cuda:{self.device_id}')), or copy host data in with "
                 "ex.from_numpy(...)")
-        # The producer orders its pending work before this driver's stream. DLPack 1.x
-        # first (it says whether the memory is read-only); producers older than
-        # max_version refuse the keyword.
-        stream = self.driver.stream_handle()
+        # The producer orders its pending work before this driver's stream (DLPack's
+        # stream argument: a producer on another stream makes ours wait for an event).
+        # DLPack 1.x first (it says whether the memory is read-only); producers older
+        # than max_version refuse the keyword.
+        stream = dlpack.stream_argument(self.driver.stream_handle())
         try:
             capsule = producer.__dlpack__(stream=stream, max_version=(1, 0))
         except TypeError:
