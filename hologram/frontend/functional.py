@@ -81,17 +81,20 @@ def cross_entropy(logits: Tensor, target: Tensor, reduction: str = "mean") -> Te
     g = logits.graph
     if logits.ndim != 2:
         raise ShapeError(f"cross_entropy: logits must be [N, C], got {list(logits.shape)}")
-    logp = log_softmax(logits, 1)
     if target.dtype.is_float:
         _same_shape("cross_entropy", logits, target)
-        loss = -g.sum(logp * target, 1)
+        loss = -g.sum(log_softmax(logits, 1) * target, 1)
     else:
-        if target.shape != logits.shape[:1]:
-            raise ShapeError(f"cross_entropy: class indices must be [{logits.shape[0]}], got "
+        n = logits.shape[0]
+        if target.shape != (n,):
+            raise ShapeError(f"cross_entropy: class indices must be [{n}], got "
                              f"{list(target.shape)}")
-        classes = g.arange(logits.shape[1], target.dtype)
-        picked = g.where(g.binary("eq", classes, target.reshape(logits.shape[0], 1)), logp, 0.0)
-        loss = -g.sum(picked, 1)
+        # log_softmax at the target only: one read of the target's logit per row, not a
+        # pass over the row. Indices are not checked: one out of range reads some
+        # element of logits (the ISA's gather clamps), as documented for gather.
+        top = g.max(logits, 1, keepdim=True)
+        lse = g.unary("log", g.sum(g.unary("exp", logits - top), 1)) + top.reshape(n)
+        loss = lse - g.gather(logits, (0, target), (n,))
     return _reduce(loss, reduction)
 
 
