@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hologram.backends.cpu import llvm
+from hologram.backends.cpu import llvm, loader
 from hologram.backends.cpu import target as targets
 from hologram.compiler import cache as cache_mod
 from hologram.errors import CompileError
@@ -122,3 +122,107 @@ def test_shard_directory_is_made_when_missing(tmp_path: Path) -> None:
     store._write(key.digest(), b"again")
     assert cache_mod.ProgramCache(tmp_path / "store").get(key, lambda: b"rebuilt", bytes) \
         == b"again"
+
+
+# --- loading objects without MCJIT (backends/cpu/loader.py) -----------------------------
+
+def _module(i: int) -> str:
+    """A function using what kernels use: constants from memory, a call within the
+    object, memset from the process; and a counter in writable data."""
+    return f"""
+@calls_{i} = global i64 0
+declare void @llvm.memset.p0.i64(ptr, i8, i64, i1)
+define internal double @scale_{i}(double %x) noinline {{
+  %y = fmul double %x, {i + 0.5:e}
+  ret double %y
+}}
+define double @f_{i}(double %x, ptr %buf) {{
+  call void @llvm.memset.p0.i64(ptr %buf, i8 {i % 200 + 1}, i64 4096, i1 false)
+  %n = load i64, ptr @calls_{i}
+  %m = add i64 %n, 1
+  store i64 %m, ptr @calls_{i}
+  %a = fadd double %x, 0x400921FB54442D18
+  %b = call double @scale_{i}(double %a)
+  ret double %b
+}}
+"""
+
+
+def _check_call(address: int, i: int, times: int = 1) -> None:
+    fn = ctypes.CFUNCTYPE(ctypes.c_double, ctypes.c_double, ctypes.c_void_p)(address)
+    for _ in range(times):
+        buf = (ctypes.c_uint8 * 4096)()
+        assert fn(1.0, ctypes.addressof(buf)) == (1.0 + 3.141592653589793) * (i + 0.5)
+        assert bytes(buf) == bytes([i % 200 + 1]) * 4096
+
+
+needs_loader = pytest.mark.skipif(not loader.supported(), reason="x86-64 Linux only")
+
+
+@needs_loader
+@pytest.mark.parametrize("tier", llvm.TIERS)
+def test_loader_runs_what_mcjit_runs(tier: str, monkeypatch) -> None:
+    host = targets.host()
+    for i, own in ((1, True), (2, False)):
+        monkeypatch.setattr(llvm, "use_own_loader", own)
+        obj = llvm.compile_ir(_module(i), host, tier=tier, cached=False)
+        _check_call(llvm.load_object(obj, [f"f_{i}"])[f"f_{i}"], i, times=3)
+
+
+@needs_loader
+def test_loader_many_objects_from_several_threads() -> None:
+    import threading
+
+    host = targets.host()
+    objects = {i: llvm.compile_ir(_module(i), host, tier=llvm.TIERS[i % 2], cached=False)
+               for i in range(10, 50)}
+    errors: list[BaseException] = []
+
+    def work(part: int) -> None:
+        try:
+            for i in list(objects)[part::4]:
+                _check_call(llvm.load_object(objects[i], [f"f_{i}"])[f"f_{i}"], i)
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+
+    workers = [threading.Thread(target=work, args=(part,)) for part in range(4)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert not errors
+    # Every one still runs once all are loaded (none was overwritten by a later one).
+    for i, obj in objects.items():
+        _check_call(llvm.load_object(obj, [f"f_{i}"])[f"f_{i}"], i)
+
+
+@needs_loader
+def test_loader_refuses_what_it_does_not_handle() -> None:
+    with pytest.raises(loader.Unsupported):
+        loader.load(b"not an object", [], llvm._process_symbol)
+    foreign = llvm.compile_ir(_module(3), targets.named("neoverse-v1"), cached=False)
+    with pytest.raises(loader.Unsupported):
+        loader.load(foreign, ["f_3"], llvm._process_symbol)
+
+
+@needs_loader
+def test_unsupported_objects_go_to_mcjit(monkeypatch) -> None:
+    def refuse(obj, names, resolve):
+        raise loader.Unsupported("a test")
+
+    monkeypatch.setattr(loader, "load", refuse)
+    obj = llvm.compile_ir(_module(4), targets.host(), cached=False)
+    _check_call(llvm.load_object(obj, ["f_4"])["f_4"], 4)
+
+
+@needs_loader
+def test_loader_errors_name_what_is_missing() -> None:
+    host = targets.host()
+    obj = llvm.compile_ir(_module(5), host, cached=False)
+    with pytest.raises(CompileError, match="f_missing"):
+        llvm.load_object(obj, ["f_5", "f_missing"])
+    ir = ("declare void @hg_nowhere()\n"
+          "define void @g() {\n  call void @hg_nowhere()\n  ret void\n}\n")
+    obj = llvm.compile_ir(ir, host, allowed={"hg_nowhere"}, cached=False)
+    with pytest.raises(CompileError, match="hg_nowhere"):
+        llvm.load_object(obj, ["g"], allowed={"hg_nowhere"})

@@ -201,7 +201,8 @@ def _row(case, hologram, hologram_ms, baseline, cpu_ms, check, note, fallbacks, 
          best_us):
     return {"case": case, "hologram": hologram, "hologram_ms": round(hologram_ms, 3),
             "baseline": baseline, "cpu_ms": round(cpu_ms, 3),
-            "ratio": round(cpu_ms / hologram_ms, 3),
+            # three significant digits: ratios far below 1 keep their precision too
+            "ratio": float(f"{cpu_ms / hologram_ms:.3g}"),
             "best_ms": [round(us / 1e3, 3) for us in best_us], "check": check, "note": note,
             "fallbacks": fallbacks, "kernel_calls": kernels}
 
