@@ -16,6 +16,7 @@ import multiprocessing.queues
 
 import torch
 
+from hologram.errors import OutOfMemoryError
 from hologram.isa.ir import IndexMap
 from hologram.runtime import Pool
 from hologram_torch.constants import CPU_KEYS, NAME
@@ -49,11 +50,23 @@ def empty_cache() -> None:
     _pool.empty_cache()
 
 
+class DeviceOutOfMemoryError(OutOfMemoryError, torch.OutOfMemoryError):
+    """The device's pool cannot give a block: PyTorch's ``torch.OutOfMemoryError`` (what
+    code written for CUDA catches) and Hologram's :class:`OutOfMemoryError`."""
+
+
+def _lease(nbytes: int):
+    try:
+        return _pool.lease(nbytes)
+    except OutOfMemoryError as e:
+        raise DeviceOutOfMemoryError(f"{NAME}:0 is out of memory. {e}") from None
+
+
 def storage(nbytes: int) -> torch.UntypedStorage:
     """A new device storage of ``nbytes`` uninitialized bytes."""
     if nbytes == 0:
         return _construct(0, DEVICE, 0)
-    lease = _pool.lease(nbytes)
+    lease = _lease(nbytes)
     st = _construct(lease.address, DEVICE, nbytes)
     st._hologram = lease  # the block returns to the pool when the storage dies
     return st
@@ -102,7 +115,7 @@ def new(size: list[int], stride: list[int] | None, nbytes: int, dtype: torch.dty
                           contiguous_strides(size) if stride is None else stride)
     t = _create(size, dtype)
     # storage()'s steps, inlined: this is every op's allocation
-    lease = _pool.lease(nbytes)
+    lease = _lease(nbytes)
     st = t.untyped_storage()
     st._swap_data_ptr_(_construct(lease.address, DEVICE, nbytes))
     st._hologram = lease
