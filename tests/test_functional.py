@@ -84,6 +84,20 @@ def test_losses(backend, reduction):
                                                reduction=reduction).numpy(), atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [np.int64, np.int32])
+def test_cross_entropy_class_indices_outside_the_classes_contribute_zero(backend, dtype):
+    rng = np.random.default_rng(2)
+    logits = rng.standard_normal((6, 9)).astype(np.float32) * 3
+    labels = np.array([0, 8, 9, -1, -9, 4], dtype)  # in range at both ends, then outside
+    valid = (labels >= 0) & (labels < 9)
+    want = TF.cross_entropy(torch.from_numpy(logits),
+                            torch.from_numpy(np.where(valid, labels, 0).astype(np.int64)),
+                            reduction="none").numpy() * valid
+    got = _run(backend, lambda a, b: F.cross_entropy(a, b, "none"), logits, labels)
+    _close(got, want, atol=1e-5)
+    assert np.all(np.asarray(got).reshape(-1)[~valid] == 0)
+
+
 def test_bad_arguments_name_the_problem():
     g = Graph("bad")
     x, t = g.input("x", "f32", (4, 3)), g.input("t", "i64", (5,))

@@ -233,11 +233,11 @@ def test_file_pending_files_only_the_running_call(ex):
 
 def test_launchers_run_small_programs_natively_after_promotion(ex):
     a, b = (ex.from_numpy(x) for x in arrays(64))
-    launch = None
     for _ in range(CALLS):
         r = hg.ops.vector_sub(a, b)
-        launch = hg.ops.vector_sub.op.kernels
-    compiled = next(iter(launch.values())).compiled
+    # this signature's entry (other tests may have compiled vector_sub at other shapes)
+    compiled = next(entry.compiled for entry in hg.ops.vector_sub.op.kernels.values()
+                    if entry.shape == (64,))
     assert type(compiled.launch) is _native.Launcher
     deadline = time.monotonic() + 60  # the promotion runs on a background thread (slow
     while time.monotonic() < deadline:  # when the machine is busy)
@@ -249,6 +249,61 @@ def test_launchers_run_small_programs_natively_after_promotion(ex):
     assert compiled.launch.planned
     np.testing.assert_array_equal(out.to_numpy(), a.to_numpy() - b.to_numpy())
     np.testing.assert_array_equal(r.to_numpy(), a.to_numpy() - b.to_numpy())
+
+
+def test_launchers_give_each_call_its_own_scratch(ex):
+    """A program whose kernels pass temporaries (a row max and sum, then the loss) is
+    planned with its arena: each native call takes a scratch block from the arena pool,
+    so calls from several threads at once never share one; at the pool's limit the call
+    goes through Python, which raises the pool's error."""
+    from hologram.backends.cpu import backend as cpu_backend
+
+    rng = np.random.default_rng(3)
+    rows = [(rng.standard_normal((50, 300)).astype(np.float32) * 4,
+             rng.integers(0, 300, 50).astype(np.int64)) for _ in range(4)]
+    want = [torch_free_cross_entropy(x, t) for x, t in rows]
+    bufs = [(ex.from_numpy(x), ex.from_numpy(t)) for x, t in rows]
+    op = hg.ops.cross_entropy_loss
+    deadline = time.monotonic() + 60  # promoted on a background thread
+    compiled = None
+    while time.monotonic() < deadline:
+        op(*bufs[0])
+        compiled = next(entry.compiled for key, entry in op.op.kernels.items()
+                        if key[2][0][0] == (50, 300))
+        if compiled.launch.planned:
+            break
+        threading.Event().wait(0.01)
+    assert compiled.launch.planned
+    assert compiled.launch.executable.native_plan()[3][0] > 0  # an arena
+    errors = []
+
+    def work(i):
+        try:
+            for _ in range(300):
+                np.testing.assert_allclose(float(op(*bufs[i]).to_numpy()), want[i],
+                                           rtol=1e-5)
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    workers = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert not errors, errors
+    arenas = cpu_backend._ARENAS
+    arenas.set_memory_limit(arenas.stats()["allocated_bytes"])
+    try:
+        with pytest.raises(OutOfMemoryError):
+            op(*bufs[0])
+    finally:
+        arenas.set_memory_limit(None)
+
+
+def torch_free_cross_entropy(x: np.ndarray, t: np.ndarray) -> float:
+    z = x.astype(np.float64)
+    z = z - z.max(1, keepdims=True)
+    return float(np.mean(np.log(np.exp(z).sum(1)) - z[np.arange(len(t)), t]))
 
 
 @pytest.mark.parametrize("threads", [1, 2])

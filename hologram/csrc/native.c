@@ -680,6 +680,13 @@ typedef struct {
     kernel_fn steps[MAX_PLAN_STEPS];
     int64_t rows[MAX_PLAN_STEPS];
     int64_t grains[MAX_PLAN_STEPS]; /* 0: one call on this thread; else split over workers */
+    /* Scratch memory per call (the program's temporaries): a block of arena_bytes from
+     * arena_pool, temporary i at its offset temp_offsets[i] in pointer slot temp_slots[i]. */
+    PoolCore *arena_pool;
+    int64_t arena_bytes;
+    int ntemps;
+    int temp_slots[MAX_PLAN_BUFFERS];
+    int64_t temp_offsets[MAX_PLAN_BUFFERS];
 } Launcher;
 
 /* hg_parallel(kernel, pointers, total, count, helpers): the cpu backend's worker pool. */
@@ -776,12 +783,46 @@ static int refresh_plan(Launcher *l)
         Py_DECREF(plan);
         return 0;
     }
-    PyObject *slots, *steps;
+    PyObject *slots, *steps, *arena = Py_None;
     int nbuffers;
-    if (!PyArg_ParseTuple(plan, "iO!O!", &nbuffers, &PyTuple_Type, &slots, &PyTuple_Type,
-                          &steps)) {
+    if (!PyArg_ParseTuple(plan, "iO!O!|O", &nbuffers, &PyTuple_Type, &slots, &PyTuple_Type,
+                          &steps, &arena)) {
         Py_DECREF(plan);
         return -1;
+    }
+    if (arena != Py_None) {
+        PyObject *temps, *pool;
+        long long nbytes;
+        if (!PyArg_ParseTuple(arena, "LO!O!", &nbytes, &PyTuple_Type, &temps, &PoolCoreType,
+                              &pool)) {
+            Py_DECREF(plan);
+            return -1;
+        }
+        Py_ssize_t ntemps = PyTuple_GET_SIZE(temps);
+        if (ntemps > nbuffers || nbytes <= 0) {
+            Py_DECREF(plan);
+            PyErr_SetString(PyExc_ValueError, "native_plan: a bad arena");
+            return -1;
+        }
+        for (Py_ssize_t i = 0; i < ntemps; i++) {
+            int slot;
+            long long offset;
+            if (!PyArg_ParseTuple(PyTuple_GET_ITEM(temps, i), "iL", &slot, &offset)) {
+                Py_DECREF(plan);
+                return -1;
+            }
+            if (slot < 0 || slot >= nbuffers || offset < 0 || offset >= nbytes) {
+                Py_DECREF(plan);
+                PyErr_SetString(PyExc_ValueError, "native_plan: a temporary out of range");
+                return -1;
+            }
+            l->temp_slots[i] = slot;
+            l->temp_offsets[i] = offset;
+        }
+        Py_INCREF(pool);
+        Py_XSETREF(l->arena_pool, (PoolCore *)pool);
+        l->arena_bytes = nbytes;
+        l->ntemps = (int)ntemps;
     }
     Py_ssize_t nparams = PyTuple_GET_SIZE(slots), nsteps = PyTuple_GET_SIZE(steps);
     if (nbuffers > MAX_PLAN_BUFFERS || nparams > nbuffers || nsteps > MAX_PLAN_STEPS) {
@@ -840,6 +881,16 @@ static int run_plan(Launcher *l, void *const *addresses)
     memset(pointers, 0, (size_t)l->nbuffers * sizeof(void *));
     for (int i = 0; i < l->nparams; i++)
         pointers[l->slots[i]] = addresses[i];
+    /* This call's scratch (concurrent calls must not share one); at the pool's limit the
+     * launch goes through Python, which raises the pool's error. */
+    Lease *arena = NULL;
+    if (l->arena_bytes > 0) {
+        arena = new_lease(l->arena_pool, l->arena_bytes);
+        if (arena == NULL)
+            return PyErr_Occurred() ? -1 : 1;
+        for (int i = 0; i < l->ntemps; i++)
+            pointers[l->temp_slots[i]] = (char *)arena->block->addr + l->temp_offsets[i];
+    }
     for (int s = 0; s < l->nsteps; s++) {
         if (l->grains[s] == 0) {
             l->steps[s](pointers, 0, l->rows[s]);
@@ -849,6 +900,7 @@ static int run_plan(Launcher *l, void *const *addresses)
             Py_END_ALLOW_THREADS
         }
     }
+    Py_XDECREF(arena);
     return 0;
 }
 
@@ -911,6 +963,7 @@ static void launcher_dealloc(Launcher *l)
 {
     Py_XDECREF(l->executable);
     Py_XDECREF(l->launch);
+    Py_XDECREF(l->arena_pool);
     Py_TYPE(l)->tp_free((PyObject *)l);
 }
 

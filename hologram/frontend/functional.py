@@ -90,11 +90,12 @@ def cross_entropy(logits: Tensor, target: Tensor, reduction: str = "mean") -> Te
             raise ShapeError(f"cross_entropy: class indices must be [{n}], got "
                              f"{list(target.shape)}")
         # log_softmax at the target only: one read of the target's logit per row, not a
-        # pass over the row. Indices are not checked: one out of range reads some
-        # element of logits (the ISA's gather clamps), as documented for gather.
+        # pass over the row. A class index outside [0, C) contributes 0 (the gather
+        # would read some other logit there).
         top = g.max(logits, 1, keepdim=True)
         lse = g.unary("log", g.sum(g.unary("exp", logits - top), 1)) + top.reshape(n)
-        loss = lse - g.gather(logits, (0, target), (n,))
+        valid = g.binary("and", g.binary("ge", target, 0), g.binary("lt", target, logits.shape[1]))
+        loss = g.where(valid, lse - g.gather(logits, (0, target), (n,)), 0.0)
     return _reduce(loss, reduction)
 
 

@@ -303,15 +303,19 @@ class _Executable(Executable):
         would do: ``(kernel address, rows)``, one call ``kernel(pointers, 0, rows)`` on the
         calling thread (small kernels), or ``(kernel address, rows, grain)``, the rows
         split over the worker threads as :func:`threads.run_kernel` splits them (see
-        :func:`threads.native_pieces`); ``False`` while this build may still be replaced
-        by a promotion (ask again later); ``None`` when it never will be (split
-        reductions, GEMMs, interpreted kernels, scratch memory)."""
+        :func:`threads.native_pieces`); then, for a program with temporaries, ``(arena
+        bytes, ((slot, offset), ...), pool core)``: each call's scratch, a block of that
+        pool, as :meth:`_launch` takes it. ``False`` while this build may still be
+        replaced by a promotion (ask again later); ``None`` when it never will be (split
+        reductions, GEMMs, interpreted kernels)."""
         if not self._final:
             return False
         calls = tuple(getattr(step, "call", None) for step in self.steps)
-        if self.arena or not calls or None in calls:
+        if not calls or None in calls:
             return None
-        return max(self.nbuffers, 1), tuple(self.params), calls
+        arena = (self.arena, tuple(map(tuple, self.temps)), _ARENAS.core) if self.arena \
+            else None
+        return max(self.nbuffers, 1), tuple(self.params), calls, arena
 
     def launch(self, handles: tuple[int, ...]) -> None:  # replaced per instance in __init__
         self._launch(handles)

@@ -125,7 +125,7 @@ def _cross_entropy(logits: Tensor, target: Tensor, reduction: str) -> Tensor:
         raise DTypeError("targets are class indices (integers) or probabilities (floats), "
                          "not bool")
     if not target.dtype.is_float and target.dtype is not dt.int64:
-        # class indices are compared with arange(C) in their dtype: int8/uint8 would wrap
+        # class indices are compared with C in their dtype: int8/uint8 would wrap
         target = g.cast(target, dt.int64)
     if logits.ndim == 1:  # one sample, as torch accepts: reduction "none" gives a 0-d loss
         logits = logits.reshape(1, logits.shape[0])
