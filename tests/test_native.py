@@ -300,6 +300,55 @@ def test_launchers_give_each_call_its_own_scratch(ex):
         arenas.set_memory_limit(None)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_launchers_run_split_reductions_natively(ex, threads, monkeypatch):
+    """Whole-array reductions split into partials (a partial function over the workers,
+    then the final one) are planned too, their partials on the calling thread's stack:
+    the same results as the Python launch, from several threads at once."""
+    from hologram.backends.cpu import threads as cpu_threads
+
+    monkeypatch.setenv("HOLOGRAM_NUM_THREADS", str(threads))
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal(1 << 20).astype(np.float32)
+    x[[5, 700_001]] = np.float32(9.5)  # a repeated maximum: the first index wins
+    g = Graph("split_sum_argmax")
+    inp = g.input("x", "f32", x.shape)
+    g.output("sum", g.sum(inp))
+    g.output("arg", g.reduce("argmax", inp, (0,), keepdim=False))
+    compiled = hg.compile(g.program(), "cpu")
+    deadline = time.monotonic() + 60  # promoted on a background thread
+    while not compiled.launch.planned and time.monotonic() < deadline:
+        compiled(x)
+        threading.Event().wait(0.01)
+    assert compiled.launch.planned
+    steps = compiled.launch.executable.native_plan()[2]
+    assert any(len(step) == 4 for step in steps), steps  # a split step
+    cpu_threads.use_native_workers(False)  # the Python launch, for reference
+    try:
+        want = [o.copy() for o in compiled(x)]
+    finally:
+        cpu_threads.use_native_workers(True)
+    assert want[1] == 5
+    a = ex.from_numpy(x)
+    errors = []
+
+    def work():
+        try:
+            for _ in range(20):
+                s, i = ex.empty((), np.float32), ex.empty((), np.int64)
+                compiled.launch((a.handle, s.handle, i.handle))
+                assert s.to_numpy() == want[0] and i.to_numpy() == want[1]
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    workers = [threading.Thread(target=work) for _ in range(3)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert not errors, errors
+
+
 def torch_free_cross_entropy(x: np.ndarray, t: np.ndarray) -> float:
     z = x.astype(np.float64)
     z = z - z.max(1, keepdims=True)

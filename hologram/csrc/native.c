@@ -40,6 +40,7 @@
 #define HUGE_PAGE (2 << 20)
 #define MAX_PLAN_BUFFERS 64
 #define MAX_PLAN_STEPS 8
+#define MAX_SPLIT_PARTS 256 /* a split reduction's partials (codegen.loops.MAX_PARTS) */
 #define MAX_ARITY 8
 #define MAX_ENTRIES 512
 
@@ -680,6 +681,9 @@ typedef struct {
     kernel_fn steps[MAX_PLAN_STEPS];
     int64_t rows[MAX_PLAN_STEPS];
     int64_t grains[MAX_PLAN_STEPS]; /* 0: one call on this thread; else split over workers */
+    /* A split reduction's final function (NULL: none): the step computes its `rows`
+     * partials into scratch (pointer slot nbuffers), then finals[s](pointers, 0, 1). */
+    kernel_fn finals[MAX_PLAN_STEPS];
     /* Scratch memory per call (the program's temporaries): a block of arena_bytes from
      * arena_pool, temporary i at its offset temp_offsets[i] in pointer slot temp_slots[i]. */
     PoolCore *arena_pool;
@@ -840,20 +844,22 @@ static int refresh_plan(Launcher *l)
         l->slots[i] = slot;
     }
     for (Py_ssize_t i = 0; i < nsteps; i++) {
-        void *address;
+        void *address, *final = NULL;
         long long rows, grain = 0;
-        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(steps, i), "O&L|L", as_address, &address,
-                              &rows, &grain)) {
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(steps, i), "O&L|LO&", as_address, &address,
+                              &rows, &grain, as_address, &final)) {
             Py_DECREF(plan);
             return -1;
         }
-        if (grain > 0 && native_pieces == NULL) {
+        if ((grain > 0 && native_pieces == NULL) ||
+            (final != NULL && (grain != 1 || rows > MAX_SPLIT_PARTS))) {
             Py_DECREF(plan);
-            return 0; /* no worker pool to split it over: launched through Python */
+            return 0; /* no worker pool, or more partials than fit: launched through Python */
         }
         l->steps[i] = (kernel_fn)address;
         l->rows[i] = rows;
         l->grains[i] = grain;
+        l->finals[i] = (kernel_fn)final;
     }
     l->nbuffers = nbuffers;
     l->nparams = (int)nparams;
@@ -868,7 +874,7 @@ static int refresh_plan(Launcher *l)
  * steps run with the GIL released, as ctypes runs them. */
 static int run_plan(Launcher *l, void *const *addresses)
 {
-    void *pointers[MAX_PLAN_BUFFERS];
+    void *pointers[MAX_PLAN_BUFFERS + 1]; /* + a split reduction's partials */
     parallel_fn parallel[MAX_PLAN_STEPS];
     int64_t counts[MAX_PLAN_STEPS], helpers[MAX_PLAN_STEPS];
     for (int s = 0; s < l->nsteps; s++) { /* asked before any step runs */
@@ -891,6 +897,10 @@ static int run_plan(Launcher *l, void *const *addresses)
         for (int i = 0; i < l->ntemps; i++)
             pointers[l->temp_slots[i]] = (char *)arena->block->addr + l->temp_offsets[i];
     }
+    /* The partials of split reductions (16 bytes each: an accumulator and an index),
+     * this call's own. */
+    int64_t partials[2 * MAX_SPLIT_PARTS];
+    pointers[l->nbuffers] = partials;
     for (int s = 0; s < l->nsteps; s++) {
         if (l->grains[s] == 0) {
             l->steps[s](pointers, 0, l->rows[s]);
@@ -899,6 +909,8 @@ static int run_plan(Launcher *l, void *const *addresses)
             parallel[s](l->steps[s], pointers, l->rows[s], counts[s], helpers[s]);
             Py_END_ALLOW_THREADS
         }
+        if (l->finals[s] != NULL)
+            l->finals[s](pointers, 0, 1);
     }
     Py_XDECREF(arena);
     return 0;

@@ -294,6 +294,7 @@ class _Executable(Executable):
                 threads.run_kernel(part, extended, parts, 1)
             final_fn(extended, _ZERO, one)
 
+        run.call = (part, parts, 1, final)  # for native_plan
         return run
 
     def native_plan(self) -> tuple | bool | None:
@@ -303,11 +304,13 @@ class _Executable(Executable):
         would do: ``(kernel address, rows)``, one call ``kernel(pointers, 0, rows)`` on the
         calling thread (small kernels), or ``(kernel address, rows, grain)``, the rows
         split over the worker threads as :func:`threads.run_kernel` splits them (see
-        :func:`threads.native_pieces`); then, for a program with temporaries, ``(arena
-        bytes, ((slot, offset), ...), pool core)``: each call's scratch, a block of that
-        pool, as :meth:`_launch` takes it. ``False`` while this build may still be
-        replaced by a promotion (ask again later); ``None`` when it never will be (split
-        reductions, GEMMs, interpreted kernels)."""
+        :func:`threads.native_pieces`), or ``(partial address, parts, 1, final
+        address)``, a split reduction (:meth:`_split_step`: its partials into scratch at
+        pointer ``nbuffers``, then the final function); then, for a program with
+        temporaries, ``(arena bytes, ((slot, offset), ...), pool core)``: each call's
+        scratch, a block of that pool, as :meth:`_launch` takes it. ``False`` while this
+        build may still be replaced by a promotion (ask again later); ``None`` when it
+        never will be (GEMMs, interpreted kernels)."""
         if not self._final:
             return False
         calls = tuple(getattr(step, "call", None) for step in self.steps)
