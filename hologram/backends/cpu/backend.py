@@ -46,10 +46,14 @@ from hologram.backends.cpu import target as targets
 from hologram.backends.cpu.render import render, split_parts, unsupported
 from hologram.backends.hostmem import Pool
 from hologram.codegen import loops
+from hologram.codegen.mathlib import FUNCTIONS as MATH_FUNCTIONS
 from hologram.compiler import pipeline
 from hologram.compiler.passes import library_calls
 from hologram.isa.ir import Program
 
+#: One element's work in a math function (exp, log, tanh...: range reduction and a
+#: polynomial), in adds: how the worker pool's grain weighs rows with loops.
+MATH_WORK = 8
 _RAW_KERNEL = ctypes.CFUNCTYPE(None)  # the same function, called with ctypes objects only
 _ZERO = ctypes.c_int64(0)
 _HEADER = struct.Struct("<I")
@@ -100,7 +104,7 @@ class CpuBackend(Backend):
                 "symbol": symbols.get(kernel.name),
                 "reason": reason,
                 "rows": kernel.domain[0] if kernel.grid_rank else 1,
-                "row_work": math.prod(kernel.domain[1:]) if kernel.grid_rank else 1,
+                "row_work": _row_work(kernel),
                 "parallel": kernel.grid_rank > 0,
                 "parts": split_parts(kernel) if reason is None else 0,
             })
@@ -180,6 +184,19 @@ def _split(artifact: bytes) -> tuple[dict, bytes]:
 def artifact_tier(artifact: bytes) -> str:
     """The LLVM tier (``llvm.TIERS``) an artifact's object code was compiled at."""
     return _split(artifact)[0].get("tier", "full")
+
+
+def _row_work(kernel) -> int:
+    """The work of one row (a point of the first grid dimension) for the worker pool's
+    grain: the points and iterations below it, times ``1 + MATH_WORK`` per math function
+    where the kernel loops (softmax's or cross-entropy's rows: ~10k terms of exponentials
+    are worth splitting over threads, ~10k adds are not)."""
+    if not kernel.grid_rank:
+        return 1
+    work = math.prod(kernel.domain[1:])
+    if len(kernel.domain) > kernel.grid_rank:
+        work *= 1 + MATH_WORK * sum(instr.op in MATH_FUNCTIONS for instr in kernel.body)
+    return work
 
 
 def _target(name: str | None) -> targets.Target:
