@@ -229,6 +229,35 @@ def test_views_share_memory_with_base():
     assert x[1:]._base is x
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16,
+                                   torch.int64, torch.int8, torch.bool, torch.complex64])
+def test_zero_fills_are_memsets_and_keep_every_other_value(dtype):
+    """Contiguous zero fills up to MEMSET_BYTES clear memory without a program; the rest
+    (views, larger tensors, -0.0 and other values) run the fill program: each as the CPU
+    does."""
+    import hologram
+    from hologram_torch.aten import tensor as aten_tensor
+
+    base = torch.testing.make_tensor((6, 50), dtype=dtype, device="cpu")
+    x = base.to("hologram")
+    compiled = hologram.cache_info()["misses"]
+    x[1].zero_()  # contiguous: a memset
+    x[2:4].fill_(False if dtype is torch.bool else 0)
+    assert hologram.cache_info()["misses"] == compiled  # no program compiled
+    x[:, 7].zero_()  # a strided view: the fill program
+    ref = base.clone()
+    ref[1].zero_()
+    ref[2:4].fill_(False if dtype is torch.bool else 0)
+    ref[:, 7].zero_()
+    torch.testing.assert_close(x.cpu(), ref, rtol=0, atol=0)
+    if dtype.is_floating_point or dtype.is_complex:
+        x[4].fill_(-0.0)  # not all-zero bits: the program keeps the sign
+        assert torch.signbit(x[4].cpu().real if dtype.is_complex else x[4].cpu()).all()
+    big = torch.ones(aten_tensor.MEMSET_BYTES // 2 + 1, dtype=torch.int16, device="hologram")
+    big.zero_()  # one byte past MEMSET_BYTES: the fill program, split over the workers
+    assert not big.cpu().any()
+
+
 # --- autograd and modules ---------------------------------------------------------------
 
 def test_mlp_forward_backward_matches_cpu():

@@ -9,6 +9,9 @@ included).
 
 from __future__ import annotations
 
+import ctypes
+import math
+
 import torch
 
 from hologram_torch import memory
@@ -182,9 +185,27 @@ def _fill_build(g, value, shape, dtype):
     return cast(value, dtype).broadcast_to(shape)
 
 
+#: Contiguous zero fills up to this size are a memset: the device's memory is host memory,
+#: one thread clears it at cache speed, and no program is compiled per shape (a first
+#: training step's state buffers, zeros_like). Larger ones run the fill program, which
+#: splits over the worker threads.
+MEMSET_BYTES = 1 << 20
+
+
+def _is_zero_bits(value) -> bool:
+    """Is ``value`` stored as all-zero bits in every dtype (0, 0.0, 0j, False; not -0.0)?"""
+    if isinstance(value, complex):
+        return _is_zero_bits(value.real) and _is_zero_bits(value.imag)
+    return value == 0 and not (isinstance(value, float) and math.copysign(1.0, value) < 0)
+
+
 @impl("fill_.Scalar")
 def fill_(self, value):
     if self.numel() == 0:
+        return self
+    nbytes = self.numel() * self.element_size()
+    if nbytes <= MEMSET_BYTES and _is_zero_bits(value) and self.is_contiguous():
+        ctypes.memset(self.data_ptr(), 0, nbytes)
         return self
     if self.dtype not in ISA or memory.internal_overlap(self):
         # an expanded tensor: PyTorch fills it (every element sharing a location gets the
