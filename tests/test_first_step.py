@@ -5,6 +5,7 @@ import ctypes
 from pathlib import Path
 
 import pytest
+from util import errors_in_threads
 
 from hologram.backends.cpu import llvm, loader
 from hologram.backends.cpu import target as targets
@@ -171,26 +172,16 @@ def test_loader_runs_what_mcjit_runs(tier: str, monkeypatch) -> None:
 
 @needs_loader
 def test_loader_many_objects_from_several_threads() -> None:
-    import threading
-
     host = targets.host()
     objects = {i: llvm.compile_ir(_module(i), host, tier=llvm.TIERS[i % 2], cached=False)
                for i in range(10, 50)}
-    errors: list[BaseException] = []
 
     def work(part: int) -> None:
-        try:
-            for i in list(objects)[part::4]:
-                _check_call(llvm.load_object(objects[i], [f"f_{i}"])[f"f_{i}"], i)
-        except BaseException as exc:  # reported by the main thread
-            errors.append(exc)
+        for i in list(objects)[part::4]:
+            _check_call(llvm.load_object(objects[i], [f"f_{i}"])[f"f_{i}"], i)
 
-    workers = [threading.Thread(target=work, args=(part,)) for part in range(4)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
-    assert not errors
+    errors = errors_in_threads(work, 4)
+    assert not errors, errors
     # Every one still runs once all are loaded (none was overwritten by a later one).
     for i, obj in objects.items():
         _check_call(llvm.load_object(obj, [f"f_{i}"])[f"f_{i}"], i)

@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 import pytest
+from util import errors_in_threads
 
 import hologram as hg
 from hologram import _native
@@ -160,23 +161,15 @@ def test_results_of_dead_buffers_go_back_to_the_pool(ex):
 def test_concurrent_threads_get_their_own_results(ex):
     data = arrays(3000, count=4)
     bufs = [ex.from_numpy(x) for x in data]
-    errors = []
 
     def work(i):
-        try:
-            x, y = bufs[i], bufs[(i + 1) % 4]
-            want = data[i] * data[(i + 1) % 4]
-            for _ in range(300):
-                np.testing.assert_array_equal(hg.ops.vector_mul(x, y).to_numpy(), want)
-        except Exception as exc:  # reported below
-            errors.append(exc)
+        x, y = bufs[i], bufs[(i + 1) % 4]
+        want = data[i] * data[(i + 1) % 4]
+        for _ in range(300):
+            np.testing.assert_array_equal(hg.ops.vector_mul(x, y).to_numpy(), want)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    errors = errors_in_threads(work, 4)
+    assert not errors, errors
 
 
 def test_registry_keeps_only_live_buffers():
@@ -275,21 +268,12 @@ def test_launchers_give_each_call_its_own_scratch(ex):
         threading.Event().wait(0.01)
     assert compiled.launch.planned
     assert compiled.launch.executable.native_plan()[3][0] > 0  # an arena
-    errors = []
 
     def work(i):
-        try:
-            for _ in range(300):
-                np.testing.assert_allclose(float(op(*bufs[i]).to_numpy()), want[i],
-                                           rtol=1e-5)
-        except Exception as e:  # reported below
-            errors.append(e)
+        for _ in range(300):
+            np.testing.assert_allclose(float(op(*bufs[i]).to_numpy()), want[i], rtol=1e-5)
 
-    workers = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
+    errors = errors_in_threads(work, 4)
     assert not errors, errors
     arenas = cpu_backend._ARENAS
     arenas.set_memory_limit(arenas.stats()["allocated_bytes"])
@@ -330,22 +314,14 @@ def test_launchers_run_split_reductions_natively(ex, threads, monkeypatch):
         cpu_threads.use_native_workers(True)
     assert want[1] == 5
     a = ex.from_numpy(x)
-    errors = []
 
-    def work():
-        try:
-            for _ in range(20):
-                s, i = ex.empty((), np.float32), ex.empty((), np.int64)
-                compiled.launch((a.handle, s.handle, i.handle))
-                assert s.to_numpy() == want[0] and i.to_numpy() == want[1]
-        except Exception as e:  # reported below
-            errors.append(e)
+    def work(_):
+        for _ in range(20):
+            s, i = ex.empty((), np.float32), ex.empty((), np.int64)
+            compiled.launch((a.handle, s.handle, i.handle))
+            assert s.to_numpy() == want[0] and i.to_numpy() == want[1]
 
-    workers = [threading.Thread(target=work) for _ in range(3)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
+    errors = errors_in_threads(work, 3)
     assert not errors, errors
 
 

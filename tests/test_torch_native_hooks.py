@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from util import errors_in_threads
 
 import hologram_torch
 from hologram.errors import CompileError
@@ -333,19 +334,11 @@ def test_front_kernels_raise_pytorchs_errors_and_forget_a_previous_backend():
 def test_front_kernels_from_several_threads():
     tensors = [torch.randn(257) for _ in range(4)]
     on_device = _on_device(*tensors)
-    errors = []
 
     def work(i):
-        try:
-            for _ in range(200):
-                got = on_device[i] * on_device[(i + 1) % 4] + 1
-                torch.testing.assert_close(got.cpu(), tensors[i] * tensors[(i + 1) % 4] + 1)
-        except Exception as e:
-            errors.append(e)
+        for _ in range(200):
+            got = on_device[i] * on_device[(i + 1) % 4] + 1
+            torch.testing.assert_close(got.cpu(), tensors[i] * tensors[(i + 1) % 4] + 1)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = errors_in_threads(work, 4)
     assert not errors, errors

@@ -1,9 +1,10 @@
 """Helpers shared by the tests: random inputs with edge values, running a program on the
-reference interpreter, and bit-level comparison."""
+reference interpreter, bit-level comparison, and work on several threads at once."""
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -69,6 +70,25 @@ def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     if a.dtype == np.uint16:  # bf16 bit patterns: compare as floats for the NaN rule
         return same_bits(dt.from_bf16_bits(a), dt.from_bf16_bits(b))
     return np.array_equal(a, b)
+
+
+def errors_in_threads(work: Callable[[int], None], count: int) -> list[BaseException]:
+    """Run ``work(0)`` ... ``work(count - 1)`` on threads of their own, all at once, and
+    return what they raised (empty when every one returned)."""
+    errors: list[BaseException] = []
+
+    def run_one(i: int) -> None:
+        try:
+            work(i)
+        except BaseException as exc:  # reported to the caller
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run_one, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors
 
 
 def in_forked_child(check: Callable[[], bool], seconds: float, what: str) -> int:
