@@ -770,9 +770,12 @@ static int pieces(int64_t total, int64_t grain, parallel_fn *fn, int64_t *count,
     return 0;
 }
 
-/* Ask the executable for its plan: (pointer array length, parameter slots, ((kernel
- * address, rows), ...)) when every step is one direct call of a native kernel; False: not
- * yet (a build that may still be replaced); None: never. */
+/* Ask the executable for its plan (backends/cpu/backend.py, _Executable.native_plan):
+ * (pointer array length, parameter slots, steps, arena) when every step is a call of
+ * native kernels: (kernel address, rows) on this thread, (address, rows, grain) over the
+ * worker pool, (partial address, parts, 1, final address) a split reduction; arena None
+ * or (bytes, ((slot, offset), ...), pool core). False: not yet (a build that may still
+ * be replaced); None: never. */
 static int refresh_plan(Launcher *l)
 {
     PyObject *plan = PyObject_CallMethodNoArgs(l->executable, str_native_plan);
@@ -1461,7 +1464,6 @@ static PyObject *set_parallel(PyObject *module, PyObject *args)
  * launch): called by the general path once it has validated an allocating
  * call and compiled its kernel. If that call is the one a FastOp of `natives` is running
  * (its operands are these), file it under the call's key; otherwise do nothing. */
-
 static PyObject *file_pending(PyObject *module, PyObject *args)
 {
     PyObject *natives, *keys, *shape, *dtype, *launch_key, *launch;
