@@ -16,7 +16,6 @@ Every kernel body is built through :class:`Body`, by the compiler's passes and, 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import replace
 
 from hologram.errors import IRError
 from hologram.isa import dtypes as dt
@@ -65,7 +64,7 @@ class Body:
         # fma(a, b, c) = a*b + c: only the two factors commute.
         n = 2 if instr.op == "fma" else len(instr.args)
         head = tuple(sorted(instr.args[:n], key=lambda a: self.digests[a]))
-        return replace(instr, args=head + instr.args[n:])
+        return instr.with_args(head + instr.args[n:])
 
     def make(self, op: str, args: tuple[int, ...], attrs: tuple = (),
              dtype: dt.DType | None = None, shape: tuple[int, ...] | None = None) -> int:

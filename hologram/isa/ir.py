@@ -212,6 +212,14 @@ class Instr:
         if type(self.op) is not Opcode and self.op in _OPCODES:  # given as a string
             object.__setattr__(self, "op", _OPCODES[self.op])  # (verify rejects unknown ones)
 
+    def with_args(self, args: tuple[int, ...]) -> Instr:
+        """This instruction with operands ``args``: itself when they are its own, else a
+        new one (a few times cheaper than ``dataclasses.replace``, which introspects the
+        fields on every call: the passes' most frequent rebuild)."""
+        if args == self.args:
+            return self
+        return Instr(self.op, self.dtype, self.shape, args, self.attrs)
+
     # Convenience accessors; each is valid only for the opcodes named.
     @property
     def buffer(self) -> int:  # load, store, gather, scatter

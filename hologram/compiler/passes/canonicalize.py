@@ -238,22 +238,13 @@ RULES: tuple[Rule, ...] = (
 
 
 # --- the engine ------------------------------------------------------------------------
-def _with_args(instr: Instr, args: tuple[int, ...]) -> Instr:
-    """``replace(instr, args=args)``, a few times cheaper (the passes' most frequent
-    rebuild: dataclasses.replace introspects the fields on every call), and ``instr``
-    itself when ``args`` are its own."""
-    if args == instr.args:
-        return instr
-    return Instr(instr.op, instr.dtype, instr.shape, args, instr.attrs)
-
-
 def _rewrite(kernel: Kernel, options: CompileOptions) -> Kernel:
     body = Body(kernel.domain, kernel.grid_rank, options)
     remap: list[int] = []
     for instr in kernel.body:
         args = tuple(remap[a] for a in instr.args)
         if instr.op in MEMORY_OPS:  # declared shapes (gather, scatter) are kept
-            remap.append(body.add(_with_args(instr, args)))
+            remap.append(body.add(instr.with_args(args)))
             continue
         # Re-type from the (possibly narrowed) operands.
         instr = body.get(body.make(instr.op, args, instr.attrs, instr.dtype))
@@ -303,7 +294,7 @@ def _ordered(kernel: Kernel, body: Body, dead: frozenset[int] = frozenset()) -> 
     for i in sorted(stores, key=body.digests.__getitem__):
         visit(i)
     position = {old: new for new, old in enumerate(order)}
-    instrs = tuple(_with_args(body.get(i), tuple(position[a] for a in body.get(i).args))
+    instrs = tuple(body.get(i).with_args(tuple(position[a] for a in body.get(i).args))
                    for i in order)
     return replace(kernel, body=instrs)
 

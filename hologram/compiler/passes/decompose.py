@@ -99,7 +99,7 @@ def _kernel(kernel: Kernel, caps: Capabilities) -> Kernel:
         if _rewritten(instr, caps):
             new.append(rewriter.rewrite(instr, args))
         else:
-            new.append(body.push(replace(instr, args=args)))
+            new.append(body.push(instr.with_args(args)))
     return replace(kernel, body=tuple(body.instrs))
 
 

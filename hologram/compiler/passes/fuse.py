@@ -220,8 +220,7 @@ def _inline_into(producer: Kernel, part: list[int], store: Instr, consumer: Kern
 def _copy(body: Body, instr: Instr, args: tuple[int, ...]) -> int:
     """Add ``instr`` with new operands, re-typed: an operand may now be narrower."""
     if instr.op in MEMORY_OPS:  # declared shapes; a gather's operand may narrow
-        return body.add(instr if args == instr.args else
-                        Instr(instr.op, instr.dtype, instr.shape, args, instr.attrs))
+        return body.add(instr.with_args(args))
     return body.make(instr.op, args, instr.attrs, instr.dtype)
 
 
