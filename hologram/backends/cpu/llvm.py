@@ -178,21 +178,27 @@ def compile_ir(ir: str, target: Target | None = None,
         raise CompileError(f"unknown LLVM tier {tier!r}; known: {', '.join(TIERS)}")
     allowed = frozenset(allowed)
     if not cached or dump is not None:
-        return _compile_ir(ir, target, allowed, dump, tier)
+        obj = _compile_ir(ir, target, allowed, dump, tier)
+    else:
+        obj = _cached_object(ir, target, allowed, tier)
+    check_object(obj, target, allowed)  # fresh, or read back from disk
+    return obj
+
+
+def _cached_object(ir: str, target: Target, allowed: frozenset[str], tier: str) -> bytes:
+    """:func:`_compile_ir`'s object through the program cache's directory."""
     key = programs.CacheKey(
         hashlib.sha256(ir.encode()).hexdigest(), "cpu", target.identity,
         f"llvm-object;tier={tier};allowed={','.join(sorted(allowed))}",
         f"{programs.compiler_version()};llvm={'.'.join(map(str, llvm.llvm_version_info))}")
-    obj = programs.default_cache().artifact(
+    return programs.default_cache().artifact(
         key, lambda: _compile_ir(ir, target, allowed, None, tier), counted=False)
-    check_object(obj, target, allowed)  # read back from disk: checked again
-    return obj
 
 
 def _compile_ir(ir: str, target: Target, allowed: frozenset[str],
                 dump: Callable[[str, str | Callable[[], str]], None] | None,
                 tier: str) -> bytes:
-    """:func:`compile_ir` without the cache."""
+    """:func:`compile_ir` without the cache or the object's check."""
     module = optimize_ir(ir, target, tier)
     with _lock:
         optimized = str(module) if dump is not None else ""
@@ -201,7 +207,6 @@ def _compile_ir(ir: str, target: Target, allowed: frozenset[str],
         if dump is not None:  # code generation may rewrite the module: the assembly of a copy
             dump("cpu.opt.ll", optimized)
             dump("cpu.s", lambda: emitter.emit_assembly(llvm.parse_assembly(optimized)))
-    check_object(obj, target, allowed)
     return obj
 
 
