@@ -156,8 +156,14 @@ def split(kernel: Kernel, caps: Capabilities) -> tuple[int, int]:
     parts = max(parts, -(-total // MAX_CHUNK), -(-nest // MAX_CHUNK))
     if parts < 2:
         return 0, 0
-    chunk = -(-total // (parts * WORKGROUP)) * WORKGROUP
+    chunk = _chunk(total, parts)
     return -(-total // chunk), chunk
+
+
+def _chunk(total: int, parts: int) -> int:
+    """The indices of one part when ``total`` are cut into ``parts``: a whole number of
+    :data:`WORKGROUP` (each invocation of a part's workgroup takes as many)."""
+    return -(-total // (parts * WORKGROUP)) * WORKGROUP
 
 
 def render(program: Program, kernel: Kernel, caps: Capabilities,
@@ -434,7 +440,7 @@ class _Kernel:
             self.block("if (lid == 0u)", lambda: self.serial(dims, emit))
         elif self.spread:  # this workgroup's chunk of the nest
             total = math.prod(self.kernel.domain[d] for d in dims)
-            chunk = -(-total // (self.split.parts * WORKGROUP)) * WORKGROUP
+            chunk = _chunk(total, self.split.parts)
             start = self.bind("i32", f"i32(part) * {chunk}")
             self.strided(dims, emit, span=(start, f"min({start} + {chunk}, {total})", chunk))
         else:
