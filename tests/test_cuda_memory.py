@@ -167,7 +167,8 @@ def _artifact(*cubins: bytes) -> bytes:
     names = [f"k{i}" for i in range(len(cubins))]
     return json.dumps({
         "program": "p", "params": [0], "interpreted": [], "temps": {"1": 100},
-        "kernels": [{"name": n, "grid": 4, "buffers": [0, 1]} for n in names],
+        "kernels": [{"name": n, "kernel": i, "grid": 4, "buffers": [0, 1]}
+                    for i, n in enumerate(names)],
         "compiled": [{"name": n, "cubin": base64.b64encode(c).decode(),
                       "metadata": {"name": n, "num_warps": 4, "shared": 0}}
                      for n, c in zip(names, cubins)]}).encode()

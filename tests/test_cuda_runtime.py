@@ -67,7 +67,8 @@ class FakeDriver:
         self.calls.append(("load", len(cubin)))
         return ("module", len(self.calls))
 
-    def function(self, module, name: str):
+    def function(self, module, name: str, shared: int = 0):
+        self.calls.append(("function", name, shared))
         return ("function", name)
 
     def launch(self, function, grid, block, shared, params):

@@ -208,8 +208,8 @@ class CudaBackend(Backend):
                   "params": [i for i, b in enumerate(program.buffers) if b.kind != "temp"],
                   "temps": temps, "scratch": scratch, "allow_tf32": tf32,
                   "interpreted": delegated, "text": print_program(program)}
-        if target is not None and kernels:
-            header["compiled"] = _compile(source, kernels, TARGETS[target])
+        if target is not None:
+            header["compiled"] = _compile(source, kernels, TARGETS[target]) if kernels else []
         return json.dumps(header).encode()
 
     def describe(self, artifact: bytes) -> dict[str, Any]:

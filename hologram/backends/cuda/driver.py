@@ -18,6 +18,7 @@ import numpy as np
 from hologram.errors import DeviceError, OutOfMemoryError
 
 _OUT_OF_MEMORY = 2  # CUDA_ERROR_OUT_OF_MEMORY
+_DEFAULT_SHARED = 48 * 1024  # dynamic shared memory a kernel gets without opting in
 
 
 class Driver:
@@ -110,19 +111,34 @@ class Driver:
     def mem_free(self, pointer: int) -> None:
         self.check("cuMemFree", self.cu.cuMemFree(pointer))
 
+    # Host memory is passed by address: cuda-bindings reads a 0-d NumPy array as a number
+    # (its value, converted by __int__), not as a buffer. Arrays are C-contiguous here.
     def copy_in(self, pointer: int, source: np.ndarray) -> None:
-        self.check("cuMemcpyHtoD", self.cu.cuMemcpyHtoD(pointer, source, source.nbytes))
+        source = np.ascontiguousarray(source)
+        if source.nbytes:  # a copy of 0 bytes is CUDA_ERROR_INVALID_VALUE
+            self.check("cuMemcpyHtoD", self.cu.cuMemcpyHtoD(pointer, source.ctypes.data,
+                                                            source.nbytes))
 
     def copy_out(self, destination: np.ndarray, pointer: int) -> None:
-        self.check("cuMemcpyDtoH", self.cu.cuMemcpyDtoH(destination, pointer,
-                                                        destination.nbytes))
+        if destination.nbytes:
+            self.check("cuMemcpyDtoH", self.cu.cuMemcpyDtoH(destination.ctypes.data, pointer,
+                                                            destination.nbytes))
 
     def load_module(self, cubin: bytes) -> Any:
         return self.check("cuModuleLoadData", self.cu.cuModuleLoadData(cubin))
 
-    def function(self, module: Any, name: str) -> Any:
-        return self.check("cuModuleGetFunction",
-                          self.cu.cuModuleGetFunction(module, name.encode()))
+    def function(self, module: Any, name: str, shared: int = 0) -> Any:
+        """The kernel ``name`` of ``module``, allowed ``shared`` bytes of dynamic shared
+        memory: past the default 48 KiB a kernel must opt in
+        (``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES``), as Triton's launcher does."""
+        cu = self.cu
+        function = self.check("cuModuleGetFunction", cu.cuModuleGetFunction(module,
+                                                                           name.encode()))
+        if shared > _DEFAULT_SHARED:
+            self.check("cuFuncSetAttribute", cu.cuFuncSetAttribute(
+                function, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                shared))
+        return function
 
     def launch(self, function: Any, grid: tuple[int, int, int], block: tuple[int, int, int],
                shared: int, params: list[int]) -> None:

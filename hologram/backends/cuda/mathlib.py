@@ -84,7 +84,18 @@ class TritonEmitter(MathEmitter):
                                         f"({self.bits(b)} & {self.sign})"))
 
     def floor(self, a):
-        return self.bind(f"tl.floor({a})")
+        r = self.bind(f"tl.floor({a})")
+        if self.fmt is F64:
+            return r
+        # Triton links libdevice with flushing f32 subnormals to zero (__CUDA_FTZ), so on a
+        # GPU floorf(-subnormal) is -0.0, not -1.0.
+        tiny = self.c(-1.1754943508222875e-38)  # -FLT_MIN
+        return self.bind(f"tl.where(({a} < 0.0) & ({a} > {tiny}), {self.c(-1.0)}, {r})")
+
+    def ceil(self, a):
+        # -floor(-a), exact: shares floor's subnormal fix (ceil(subnormal) is 1.0).
+        return self.neg(self.floor(self.neg(a))) if self.fmt is F32 else \
+            self.bind(f"tl.ceil({a})")
 
     def rint(self, a):
         # |a| + 2^mant - 2^mant rounds |a| to an integer, ties to even, when |a| < 2^mant;

@@ -99,8 +99,13 @@ PRELUDE = '''import triton
 import triton.language as tl
 
 HG_INF = tl.constexpr(float("inf"))
-HG_NEG_ZERO = tl.constexpr(-0.0)
 HG_NAN = tl.constexpr(float("nan"))
+
+
+@triton.jit
+def hg_neg_zero():
+    # From the bits: a -0.0 literal compiles to +0.0 for a GPU (the interpreter keeps it).
+    return tl.full([1, 1], -2147483648, tl.int32).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -790,10 +795,10 @@ class _Kernel:
         return self.op_div(["1.0", root], a, t)  # +-0 -> +-inf
 
     def op_floor(self, args, a, t):
-        return f"tl.floor({args[0]})"
+        return self.math(a).floor(args[0])
 
     def op_ceil(self, args, a, t):
-        return f"tl.ceil({args[0]})"
+        return self.math(a).ceil(args[0])
 
     def op_trunc(self, args, a, t):
         e = self.math(a)
@@ -955,7 +960,7 @@ class _Kernel:
             v = self.bind(f"{v} * {self.value(instr.args[1])}")
         m = self.mask
         if kind == "sum" and t.is_float:  # Kahan: comp holds what each addition lost
-            y = self.bind(f"tl.where({m}, {v}, HG_NEG_ZERO) - {comp}")
+            y = self.bind(f"tl.where({m}, {v}, hg_neg_zero()) - {comp}")
             s = self.bind(f"{acc} + {y}")
             self.line(f"{comp} = tl.where(tl.abs({s}) < HG_INF, ({s} - {acc}) - {y}, 0.0)")
             self.line(f"{acc} = {s}")
@@ -997,7 +1002,7 @@ class _Kernel:
                                f"{s}, {s} - {c})")
             # -0.0 exactly when every term is -0.0 (the lane folds may drop the sign).
             neg_zero = self.bind(f"tl.max({signed}, 1)[:, None] == 0")
-            result = self.bind(f"tl.where({neg_zero}, HG_NEG_ZERO, {total_} + 0.0)")
+            result = self.bind(f"tl.where({neg_zero}, hg_neg_zero(), {total_} + 0.0)")
             return {"value": (result, reg)} if part else self.rounded(result, t)
         if kind == "sum":
             value = self.bind(f"tl.sum({acc}, 1)[:, None].to({_TL[t.name]})")
@@ -1062,12 +1067,12 @@ class _Kernel:
         elif kind == "sum":
             v = load("value")
             bits, sign = _BITS[_TL[t.name]]
-            wide = self.bind(f"tl.where({m}, {v}, HG_NEG_ZERO).to(tl.float64)")
+            wide = self.bind(f"tl.where({m}, {v}, hg_neg_zero()).to(tl.float64)")
             s = self.bind(f"tl.sum({wide}, 1)[:, None]")
             # the fold may drop -0.0's sign: -0.0 exactly when every partial is -0.0
             nz = self.bind(f"tl.max(({m} & ({v}.to({bits}, bitcast=True) != {sign}))"
                            ".to(tl.int32), 1)[:, None]")
-            s = self.bind(f"tl.where({nz} == 0, HG_NEG_ZERO, {s} + 0.0)")
+            s = self.bind(f"tl.where({nz} == 0, hg_neg_zero(), {s} + 0.0)")
             result = self.narrowed(s, t)
         elif kind == "prod":
             v = self.bind(f"tl.where({m}, {load('value')}, 1.0)")

@@ -15,6 +15,7 @@ import hashlib
 import json
 import operator
 import threading
+import warnings
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,7 @@ import numpy as np
 from hologram.backends.base import Allocator, Executable
 from hologram.backends.hostmem import CLASS_SIZES, NUM_CLASSES, size_class
 from hologram.errors import DeviceError, HologramError, OutOfMemoryError, ShapeError
+from hologram.isa.text import parse_program
 
 from . import dlpack
 
@@ -375,6 +377,10 @@ def module_of(driver: Any, cubin: bytes) -> Any:
         return loaded[digest]
 
 
+#: The reasons already warned about when a kernel ran on the interpreter.
+_warned: set[str] = set()
+
+
 class DeviceProgram(Executable):
     """A compiled artifact loaded through ``driver``: each kernel's module (shared through
     :func:`module_of`), temporaries and scratch owned by the program, every kernel launched
@@ -388,12 +394,17 @@ class DeviceProgram(Executable):
         self.driver, self.memory = driver, memory
         self.name = header["program"]
         self.params = header["params"]
-        if header["interpreted"]:
-            raise DeviceError(f"cuda: program {self.name} has kernels the renderer cannot "
-                              "express; they run only emulated so far")
+        # Kernels the renderer cannot express run on the reference interpreter, in their
+        # place among the launches (a stable sort keeps a split kernel's parts in order).
+        self.delegated = header["interpreted"]
+        self.program = parse_program(header["text"]) if self.delegated else None
+        self.steps = sorted([(k["kernel"], j) for j, k in enumerate(header["kernels"])] +
+                            [(d["kernel"], d) for d in self.delegated],
+                            key=operator.itemgetter(0))
         self.launches = [launch_of(k, c) for k, c in zip(header["kernels"], header["compiled"])]
         self.functions = [driver.function(module_of(driver, base64.b64decode(c["cubin"])),
-                                          c["name"]) for c in header["compiled"]]
+                                          c["name"], launch.shared)
+                          for c, launch in zip(header["compiled"], self.launches)]
         # The blocks are held here: they return to the pool with the program.
         self.blocks = {i: memory.alloc((max(nbytes, 1),), np.uint8)
                        for i, nbytes in header["temps"].items()}
@@ -412,8 +423,33 @@ class DeviceProgram(Executable):
                              f"got {len(handles)}")
         pointers = {int(i): p for i, p in self.temps.items()}
         pointers.update(zip(self.params, handles))
-        for launch, function, scratch in zip(self.launches, self.functions, self.scratch):
+        for index, step in self.steps:
+            if not isinstance(step, int):
+                self._interpret(index, step["reason"], pointers)
+                continue
+            launch = self.launches[step]
             if launch.grid[0] == 0:
                 continue
-            self.driver.launch(function, launch.grid, launch.block, launch.shared,
-                               parameters(launch, pointers, scratch))
+            self.driver.launch(self.functions[step], launch.grid, launch.block, launch.shared,
+                               parameters(launch, pointers, self.scratch[step]))
+
+    def _interpret(self, index: int, reason: str, pointers: dict[int, int]) -> None:
+        """Kernel ``index`` on the interpreter: the program's buffers copied to the host
+        (the copies wait for the queued launches), the kernel run, what it writes copied
+        back. Slow, and warned about once per reason."""
+        from hologram.backends.interp.interpreter import run_kernel
+
+        if reason not in _warned:
+            _warned.add(reason)
+            warnings.warn(f"the cuda backend runs a kernel on the reference interpreter: "
+                          f"{reason}", stacklevel=4)
+        program, kernel = self.program, self.program.kernels[index]
+        self.driver.synchronize()
+        memory = []
+        for i, buf in enumerate(program.buffers):
+            host = np.empty(buf.nbytes, np.uint8)
+            self.driver.copy_out(host, pointers[i])
+            memory.append(host.view(buf.dtype.storage))
+        run_kernel(program, kernel, memory)
+        for i in sorted(kernel.writes()):
+            self.driver.copy_in(pointers[i], memory[i])
