@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -188,7 +189,7 @@ def test_few_long_rows_are_split_by_size(emulate):
 
     work = render.SPLIT_WORK
     # at most MAX_PARTS chunks, each a whole number of 1024-term tiles
-    (part, parts), final = split((10_000_000,), (0,))
+    (part, parts), final = split((100_000_000,), (0,))
     assert part == "part" and render.MAX_PARTS - 8 <= parts <= render.MAX_PARTS
     assert final == ("final", 1)
     (part, programs), final = split((4, 100_000), (1,))  # one row per program instance
@@ -234,12 +235,31 @@ def test_split_reductions_at_the_default_threshold(emulate):
     assert got[2] == got[4] == 30 and np.isnan(got[6]) and np.isnan(got[0])
 
 
+def test_f16_and_bf16_matmuls_take_the_tensor_cores(emulate, monkeypatch, tmp_path):
+    """f16 operands go to tl.dot as f16 (exact: they are f16 values), bf16 ones through
+    TF32 (exact too), both accumulated in f32; the sm_90 PTX has the tensor cores'
+    instructions (wgmma or mma) where f32's IEEE dot has none. Their values:
+    tests/conformance/test_matmul.py, emulated and on a GPU."""
+    monkeypatch.setenv("HOLOGRAM_CACHE_DIR", str(tmp_path))
+    impl = backends.builder("cuda")
+    for t, kind in ((dt.float16, "f16"), (dt.bfloat16, "tf32"), (dt.float32, None)):
+        artifact = hologram.build(_matmul(t), backend="cuda", target="sm_90")
+        ptx = "".join(cuda.ptx(artifact.data, k["name"])
+                      for k in impl.describe(artifact.data)["kernels"])
+        tensor_cores = re.findall(r"\b(wgmma\.mma_async\S*|mma\.sync\S*)", ptx)
+        if kind is None:
+            assert not tensor_cores
+        else:
+            assert tensor_cores and all(f".{kind}" in i for i in tensor_cores), tensor_cores
+
+
 def test_tf32_is_an_opt_in_for_f32_matmuls(emulate, monkeypatch, tmp_path):
     """HOLOGRAM_CUDA_ALLOW_TF32=1 (torch.backends.cuda.matmul.allow_tf32): f32 matmuls'
-    tl.dot rounds its operands to TF32; off by default; in the cache key; f64 and bf16
-    products stay IEEE. The interpreter ignores input_precision (np.matmul in f32), so an
-    emulated run can only check the TF32 tolerance, not TF32's rounding; the sm_80 PTX
-    shows the TF32 tensor-core instruction."""
+    tl.dot rounds its operands to TF32; off by default; in the cache key; f64 products
+    stay IEEE, bf16 ones take TF32 either way (bf16 values are exact in TF32). The
+    interpreter ignores input_precision (np.matmul in f32), so an emulated run can only
+    check the TF32 tolerance, not TF32's rounding; the sm_80 PTX shows the TF32
+    tensor-core instruction."""
     monkeypatch.setenv("HOLOGRAM_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("HOLOGRAM_DISABLE_DISK_CACHE")  # the keys must keep them apart
     impl = backends.builder("cuda")
@@ -252,8 +272,9 @@ def test_tf32_is_an_opt_in_for_f32_matmuls(emulate, monkeypatch, tmp_path):
         assert a.key != b.key
         assert not impl.describe(a.data)["allow_tf32"] and impl.describe(b.data)["allow_tf32"]
     sources = [impl.describe(a.data)["source"] for a in ieee + tf32]
-    assert all('input_precision="ieee"' in s and "tf32" not in s for s in sources[:3])
-    assert 'input_precision="tf32"' in sources[3] and '"ieee"' not in sources[3]
+    assert all('input_precision="ieee"' in s and "tf32" not in s for s in sources[:2])
+    assert all('input_precision="tf32"' in s and '"ieee"' not in s
+               for s in (sources[2], sources[3]))
     assert sources[4:] == sources[1:3]  # f64, bf16: unchanged
 
     def ptx(artifact):

@@ -69,6 +69,14 @@ fn hg_key_f32(x: f32, nan_top: bool) -> u32 {
 fn hg_unkey_f32(k: u32) -> f32 {
   return bitcast<f32>(select(~k, k & 0x7fffffffu, (k & 0x80000000u) != 0u));
 }""",
+    # C's remainder of i32s from their magnitudes' u32 remainder: NVIDIA's Vulkan driver
+    # (580, H100) computes the signed remainder WGSL's % becomes as an unsigned one
+    # (-7 % 2 gave 1). The divisor is never 0 or -1 (decompose guards them).
+    "hg_mod_i32": """\
+fn hg_mod_i32(x: i32, y: i32) -> i32 {
+  let r = select(u32(x), 0u - u32(x), x < 0) % select(u32(y), 0u - u32(y), y < 0);
+  return select(i32(r), i32(0u - r), x < 0);
+}""",
     # Exact fmod (the result of C's fmodf): long division of the significands.
     "hg_fmod": """\
 fn hg_fmod(x: f32, y: f32) -> f32 {

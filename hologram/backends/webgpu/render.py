@@ -726,6 +726,8 @@ class _Kernel:
     def op_mod(self, args, a, t):
         if a.is_float:
             return self.call("hg_fmod", *args)
+        if a.name in ("i8", "i16", "i32"):
+            return self.wrap(self.call("hg_mod_i32", *args), a)
         return self.arith("%", args, a)
 
     def minmax(self, args, a, largest: bool) -> str:
