@@ -7,8 +7,10 @@ the logic of driver.py's probing, not the real driver's answers (docs/cuda.md)."
 from __future__ import annotations
 
 import re
+import sys
 import types
 
+import numpy as np
 import pytest
 
 from hologram.backends.cuda import backend as cuda
@@ -48,6 +50,12 @@ def fake_cu(count=1, capability=(9, 0), init=SUCCESS, version=12040, loads=True)
         cuEventRecord=call("cuEventRecord"),
         cuStreamWaitEvent=call("cuStreamWaitEvent"),
         CUstream=lambda handle: ("CUstream", handle),
+        CUfunction_attribute=types.SimpleNamespace(
+            CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES="max-dynamic-shared"),
+        cuModuleGetFunction=call("cuModuleGetFunction", "function"),
+        cuFuncSetAttribute=call("cuFuncSetAttribute"),
+        cuMemcpyHtoD=call("cuMemcpyHtoD"),
+        cuMemcpyDtoH=call("cuMemcpyDtoH"),
         cuGetErrorName=lambda err: (SUCCESS, _NAMES.get(err)))
     cu.cuDeviceGetAttribute = lambda which, device: (
         SUCCESS, capability[0] if which == "major" else capability[1])
@@ -59,8 +67,9 @@ def probe(monkeypatch):
     """Probe again with a given fake driver module (the real probe runs once a process)."""
     monkeypatch.delenv("HOLOGRAM_CUDA_EMULATE", raising=False)
 
-    def run(cu):
+    def run(cu, nodes=("/dev/null",)):  # a device node that exists: the driver is asked
         monkeypatch.setattr(cuda, "_GPU", {})
+        monkeypatch.setattr(cuda, "_DEVICE_NODES", nodes)
         monkeypatch.setattr(driver_module, "Driver", lambda: real(cu=cu))
         return cuda.gpu()
 
@@ -95,6 +104,33 @@ def test_no_usable_device_means_no_gpu_and_says_why(probe, cu, why):
         assert cuda.why_no_gpu() in cuda.CudaBackend.unavailable_reason()
 
 
+def test_without_a_device_node_the_driver_is_not_loaded(probe):
+    """On Linux a machine without /dev/nvidia* (or WSL's /dev/dxg) has no NVIDIA GPU: the
+    probe says so without loading the driver (it runs on every "auto")."""
+    cu = fake_cu()
+    if sys.platform != "linux":
+        pytest.skip("the device nodes are Linux's")
+    assert probe(cu, nodes=("/nonexistent/nvidiactl",)) is None and cu.calls == []
+    assert "/nonexistent/nvidiactl" in cuda.why_no_gpu()
+    assert not cuda.CudaBackend.auto_available()
+
+
+def test_auto_takes_cuda_on_a_gpu_and_the_cpu_otherwise(probe, monkeypatch):
+    """The registry's "auto": cuda first, where CudaBackend.auto_available says so (a real
+    GPU, triton installed, not emulated); webgpu never (docs/webgpu.md)."""
+    from hologram import backends
+
+    monkeypatch.setenv("HOLOGRAM_BACKEND", "auto")
+    probe(fake_cu(capability=(9, 0)))
+    assert backends.resolve("auto") == ("cuda" if cuda.worker.triton_installed() else "cpu")
+    monkeypatch.setenv("HOLOGRAM_CUDA_EMULATE", "1")
+    assert backends.resolve("auto") == "cpu"
+    monkeypatch.delenv("HOLOGRAM_CUDA_EMULATE")
+    probe(fake_cu(count=0))
+    assert backends.resolve("auto") == "cpu"
+    assert not backends.backend_class("webgpu").auto_available()
+
+
 def test_driver_errors_name_the_call_and_out_of_memory_is_its_own_error():
     driver = driver_module.Driver(cu=fake_cu())
     with pytest.raises(OutOfMemoryError, match="cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY"):
@@ -102,6 +138,29 @@ def test_driver_errors_name_the_call_and_out_of_memory_is_its_own_error():
     with pytest.raises(DeviceError, match="cuCtxSynchronize failed: CUDA_ERROR_NO_DEVICE"):
         driver.check("cuCtxSynchronize", (NO_DEVICE,))
     assert driver.check("cuX", (SUCCESS, 1, 2)) == (1, 2) and driver.check("cuY", SUCCESS) is None
+
+
+def test_kernels_past_48_kib_of_shared_memory_opt_in_and_copies_pass_host_addresses():
+    """What the first run on an H100 needed: a kernel asking for more than 48 KiB of
+    dynamic shared memory sets CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES first;
+    host memory goes to cuMemcpy by address (cuda-bindings reads a 0-d array as the
+    number it holds), and a copy of 0 bytes is not made (CUDA_ERROR_INVALID_VALUE)."""
+    cu = fake_cu()
+    driver = driver_module.Driver(cu=cu)
+    cu.calls.clear()
+    driver.function("module", "small", 48 * 1024)
+    driver.function("module", "large", 48 * 1024 + 1)
+    assert cu.calls == [("cuModuleGetFunction", ("module", b"small")),
+                        ("cuModuleGetFunction", ("module", b"large")),
+                        ("cuFuncSetAttribute", ("function", "max-dynamic-shared", 49153))]
+    cu.calls.clear()
+    scalar, empty = np.array(7.5, np.float32), np.empty(0, np.float32)
+    driver.copy_in(0xD0, scalar)
+    driver.copy_out(scalar, 0xD0)
+    driver.copy_in(0xD0, empty)
+    driver.copy_out(empty, 0xD0)
+    assert cu.calls == [("cuMemcpyHtoD", (0xD0, scalar.ctypes.data, 4)),
+                        ("cuMemcpyDtoH", (scalar.ctypes.data, 0xD0, 4))]
 
 
 def test_stream_ordering_records_one_untimed_event_and_waits_on_the_consumers_stream():

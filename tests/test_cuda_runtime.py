@@ -16,10 +16,11 @@ import hologram
 import hologram as hg
 from hologram import backends
 from hologram.backends.cuda import backend as cuda
-from hologram.backends.cuda import worker
+from hologram.backends.cuda import runtime, worker
 from hologram.backends.cuda.runtime import DeviceMemory, DeviceProgram, launch_of, parameters
 from hologram.errors import DeviceError, OutOfMemoryError, ShapeError
 from hologram.frontend.graph import Graph
+from hologram.isa.builder import ProgramBuilder
 
 needs_triton = pytest.mark.skipif(not worker.triton_installed(),
                                   reason="triton is not installed (pip install 'hologram[cuda]')")
@@ -284,3 +285,27 @@ def test_on_a_gpu_an_artifact_for_another_target_is_refused_naming_both(fake_gpu
             artifact = artifact.data
         with pytest.raises(DeviceError, match=f"built for {built}.*GPU \\(sm_90\\)"):
             backends.get("cuda").load(artifact)
+
+
+@needs_triton
+def test_on_a_gpu_a_kernel_the_renderer_cannot_express_runs_on_the_interpreter(fake_gpu,
+                                                                              monkeypatch):
+    """A delegated kernel (a row of sums reduced again per grid point) runs in its place:
+    the queued launches are waited for, the program's buffers copied to the host, the
+    interpreter runs the kernel, and what it writes is copied back (the fake driver's
+    memory then holds the interpreter's values); warned about once."""
+    driver = fake_gpu
+    monkeypatch.setattr(runtime, "_warned", set())
+    b = ProgramBuilder("delegated")
+    x = b.input("x", "f32", (4, 5, 6))
+    m = b.output("m", "f32", (4,))
+    k = b.kernel((4, 5, 6))
+    rows = k.reduce("sum", k.mul(k.load(x), 2.0), 2)
+    k.store(m, k.reduce("max", k.mul(rows, rows), 1), strides=(1, 0, 0), shape=(4, 1, 1))
+    x0 = np.random.default_rng(3).standard_normal(120).astype(np.float32)
+    with pytest.warns(UserWarning, match="reference interpreter"):
+        got = hologram.compile(b.build(), backend="cuda")(x0)
+    want = ((x0.reshape(4, 5, 6).astype(np.float64) * 2).sum(2) ** 2).max(1)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    assert not [c for c in driver.calls if c[0] == "launch"]
+    assert ("sync",) in driver.calls

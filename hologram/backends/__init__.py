@@ -26,16 +26,17 @@ from hologram import config
 from hologram.backends.base import Backend, Executable
 from hologram.errors import DeviceError
 
-#: name -> "module:Class", in order of preference for "auto".
+#: name -> "module:Class", in order of preference for "auto" (each class's
+#: ``auto_available`` decides whether "auto" may take it here).
 BUILTIN: dict[str, str] = {
+    # First: "auto" takes it on a real NVIDIA GPU only, never emulated (docs/cuda.md).
+    "cuda": "hologram.backends.cuda.backend:CudaBackend",
     "cpu": "hologram.backends.cpu.backend:CpuBackend",
     "interp": "hologram.backends.interp.backend:InterpBackend",
-    # After the cpu: "auto" does not take webgpu (docs/webgpu.md, "Names").
+    # "auto" does not take webgpu yet (docs/webgpu.md, "Names").
     "webgpu": "hologram.backends.webgpu.backend:WebGpuBackend",
     "metal": "hologram.backends.webgpu.backend:MetalBackend",
     "vulkan": "hologram.backends.webgpu.backend:VulkanBackend",
-    # Available only emulated (HOLOGRAM_CUDA_EMULATE=1) so far; never picked by "auto".
-    "cuda": "hologram.backends.cuda.backend:CudaBackend",
 }
 #: Names reserved for backends that are not implemented yet.
 PLANNED: tuple[str, ...] = ()
@@ -143,8 +144,8 @@ def resolve(name: str) -> str:
         configured = config.get().backend
         if configured != "auto":
             return configured
-        # The first that runs here: later ones (GPU probes) are not even asked.
-        return next(n for n in names() if backend_class(n).is_available())
+        # The first that "auto" may take here: later ones are not even asked.
+        return next(n for n in names() if backend_class(n).auto_available())
     return name
 
 

@@ -177,6 +177,12 @@ class Backend(ABC):
         """Can this backend run on this machine (drivers, devices, libraries present)?"""
         return True
 
+    @classmethod
+    def auto_available(cls) -> bool:
+        """May ``"auto"`` pick this backend here? By default when it is available; a
+        backend that runs emulated or not yet reliably says no."""
+        return cls.is_available()
+
     @abstractmethod
     def target(self, name: str | None = None) -> str:
         """Identity of the target called ``name`` (``None``: the one this process runs),

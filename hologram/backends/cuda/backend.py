@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
+import sys
 import warnings
 from typing import Any, ClassVar
 
@@ -81,6 +83,10 @@ OPTIONS = {"enable_fp_fusion": False, "num_stages": 1}
 _GPU: dict[str, Any] = {}
 
 
+#: Linux's NVIDIA device nodes (``/dev/dxg``: WSL 2's GPU).
+_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg")
+
+
 def gpu() -> tuple[Any, str] | None:
     """This machine's GPU as ``(driver, target)``, or None: no ``cuda-bindings``, no NVIDIA
     driver or device, or a compute capability no target is built for (:func:`why_no_gpu`
@@ -89,6 +95,10 @@ def gpu() -> tuple[Any, str] | None:
         from .driver import Driver
 
         try:
+            if sys.platform == "linux" and not any(map(os.path.exists, _DEVICE_NODES)):
+                # Cheap, and asked by every "auto": loading the driver costs ~40 ms.
+                raise DeviceError("cuda: no NVIDIA device here (none of "
+                                  f"{', '.join(_DEVICE_NODES)} exists)")
             driver = Driver()
             capability = driver.capability()
             if capability not in _TARGET_OF:
