@@ -188,9 +188,22 @@ def test_quick_bench_writes_every_artifact(tmp_path):
     assert all(r["verified"] for r in data["results"])
     report = (out / "report.md").read_text()
     assert "All 9 cases verified" in report and "![speedup.png](speedup.png)" in report
+    # PyTorch's device is named (the GPU's for the cuda backend where PyTorch has one)
+    assert data["system"]["pytorch_device"] == "cpu" and "PyTorch runs on the CPU" in report
+    assert {r["pytorch_device"] for r in data["results"]} == {"cpu"}
     assert data["torch_compile"] == {"skipped": "--no-torch-compile"}
     assert "Not run: --no-torch-compile." in report
     assert "data:image/png;base64," in (out / "report.html").read_text()
+
+
+def test_pytorch_runs_on_cuda_against_the_cuda_backend_only_where_it_has_a_gpu(monkeypatch):
+    from hologram.bench.runners import torch_device
+
+    cuda_executor = type("Ex", (), {"backend": "cuda"})()
+    for has_gpu in (False, True):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda has_gpu=has_gpu: has_gpu)
+        assert torch_device(cuda_executor) == ("cuda" if has_gpu else "cpu")
+        assert torch_device(hg.Executor("cpu")) == "cpu" and torch_device(None) == "cpu"
 
 
 # --- GEMM verification: the forward error bound, not a fixed atol ----------------------------

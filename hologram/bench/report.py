@@ -16,7 +16,8 @@ from hologram.bench.results import create_summary_table, frame
 
 METHOD = (
     "Each case is verified against PyTorch (rtol/atol per case, listed in results.csv) "
-    "before it is timed. Then PyTorch and Hologram are timed interleaved in one process "
+    "before it is timed. PyTorch runs on {device}. Then PyTorch and Hologram are timed "
+    "interleaved in one process "
     "(alternating order each round) after {warmup} warm-up calls, {timing} timed calls each, "
     "one call per sample, synchronous. Before each sample the same call runs untimed for a "
     "few tens of ms so neither library's spinning thread pool slows the other. Times are "
@@ -77,7 +78,9 @@ def write_report(records: list[dict], system: dict, plots: list[str], out_dir: s
     summary = create_summary_table(df)
     table = results_table(df)
     system_df = pd.DataFrame({"key": list(system), "value": [_fmt(v) for v in system.values()]})
-    method = METHOD.format(warmup=warmup, timing=timing)
+    device = system.get("pytorch_device", "cpu")
+    method = METHOD.format(warmup=warmup, timing=timing,
+                           device="the GPU (CUDA)" if device == "cuda" else "the CPU")
     heads = headline(df)
 
     md = ["# Hologram vs PyTorch benchmark report", ""]

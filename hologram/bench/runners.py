@@ -105,7 +105,9 @@ def compare(name: str, size: int, torch_fn: Callable, hologram_fn: Callable,
 
     # The device path needs no SDK executor: don't create one.
     ex = executor or (default_executor() if hologram_device is None else None)
-    tensors = tuple(torch.from_numpy(a) for a in arrays)
+    where = torch_device(ex)
+    tensors = tuple(torch.from_numpy(a).to(where) for a in arrays)
+    torch_sync = torch.cuda.synchronize if where == "cuda" else None
     if hologram_device is None:
         operands = tuple(ex.from_numpy(a) for a in arrays)
         sync = ex.synchronize
@@ -118,6 +120,7 @@ def compare(name: str, size: int, torch_fn: Callable, hologram_fn: Callable,
         "dtype": str(arrays[0].dtype), "backend": str(ex.backend) if hologram_device is None
         else str(hologram_device), "hologram_threads": hg.get_num_threads(),
         "torch_threads": torch.get_num_threads(), "rtol": rtol, "atol": atol,
+        "pytorch_device": where,
     }
     bound = contraction_bound(arrays[0], arrays[1]) if contraction else None
     expected = torch_fn(*tensors)
@@ -139,12 +142,13 @@ def compare(name: str, size: int, torch_fn: Callable, hologram_fn: Callable,
     except Exception as exc:  # a failing Hologram call is a result to report, not a crash
         record.update(verified=False, max_abs_err=math.nan, max_rel_err=math.nan,
                       error=f"{name}[{size}]: {type(exc).__name__}: {exc}")
-        result = time_pair([lambda: torch_fn(*tensors)], warmup, timing, ["pytorch"])[0]
+        result = time_pair([lambda: torch_fn(*tensors)], warmup, timing, ["pytorch"],
+                           [torch_sync])[0]
         record.update(result.summary("pytorch_"))
         record.update(_nan_summary("hologram_"), speedup=math.nan)
         return record
     fns = [lambda: torch_fn(*tensors), lambda: hologram_fn(*operands)]
-    names, syncs = ["pytorch", "hologram"], [None, sync]
+    names, syncs = ["pytorch", "hologram"], [torch_sync, sync]
     if compiled_fn is not None:
         check = verify_correctness(compiled_fn(*tensors), expected, rtol=rtol, atol=atol,
                                    name=f"{name}[{size}] torch.compile", raise_on_error=False,
@@ -152,7 +156,7 @@ def compare(name: str, size: int, torch_fn: Callable, hologram_fn: Callable,
         record["torch_compile_verified"] = check.ok
         fns.append(lambda: compiled_fn(*tensors))
         names.append("torch_compile")
-        syncs.append(None)
+        syncs.append(torch_sync)
     if warm_s is None:
         warm_s = default_warm_s(family)
     results = time_pair(fns, warmup, timing, names, syncs, warm_s=warm_s)
@@ -162,6 +166,15 @@ def compare(name: str, size: int, torch_fn: Callable, hologram_fn: Callable,
     if compiled_fn is not None:
         record["speedup_vs_compile"] = results[2].median_ms / results[1].median_ms
     return record
+
+
+def torch_device(executor: hg.Executor | None) -> str:
+    """Where PyTorch runs against ``executor``: on CUDA for the cuda backend when PyTorch
+    has a GPU (a GPU timed against PyTorch's CPU kernels would say little), else the CPU."""
+    import torch
+
+    on_gpu = executor is not None and str(executor.backend) == "cuda"
+    return "cuda" if on_gpu and torch.cuda.is_available() else "cpu"
 
 
 def default_warm_s(family: str) -> float:

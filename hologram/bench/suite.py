@@ -147,7 +147,7 @@ def run_bench(config: BenchConfig, command: str = "") -> dict:
     import torch
 
     import hologram as hg
-    from hologram.bench.runners import run_suite
+    from hologram.bench.runners import run_suite, torch_device
     from hologram.bench.sysinfo import collect_system_info
 
     existed = os.path.lexists(target)
@@ -161,6 +161,7 @@ def run_bench(config: BenchConfig, command: str = "") -> dict:
         system = collect_system_info()
         ex = hg.Executor(backend=config.backend)
         system["hologram_backend"] = str(ex.backend)
+        system["pytorch_device"] = torch_device(ex)
         system.update(quick=config.quick, warmup_runs=config.warmup, timing_runs=timing)
         # Quick runs warm for less before each sample (see runners.default_warm_s).
         warm_s = config.warm_s if config.warm_s is not None else (0.02 if config.quick
