@@ -595,3 +595,16 @@ def test_compile_section_flags_a_cache_the_second_process_could_not_use(monkeypa
         monkeypatch.setattr(compile_bench, "_warm_process",
                             lambda plan, cache, v=version: {**warm, "compiler_version": v})
         assert compile_bench.run(plan=plan)["warm_process"].startswith(expected)
+
+
+def test_the_gpu_benchmark_runs_its_rows_checked_where_there_is_no_gpu():
+    """hologram.bench.dev.cuda (docs/cuda.md's H100 table) on the cpu backend at small
+    sizes: every row computes, checks against PyTorch and times; on a GPU the same rows
+    run on the cuda backend against PyTorch CUDA."""
+    from hologram.bench.dev import cuda as cuda_bench
+
+    result = cuda_bench.run(backend="cpu")
+    assert result["torch_device"] == "cpu" and len(result["rows"]) == 14
+    assert all(row["check"] == "ok" for row in result["rows"]), result["rows"]
+    assert all(row["ratio"] > 0 for row in result["rows"] if row["case"] != "dlpack")
+    assert "| matmul |" in cuda_bench.table(result)
