@@ -1605,14 +1605,24 @@ def test_only_innermost_loops_with_math_ask_for_interleaving():
     g.output("y", a * b + 1.0)
     assert _loop_hints(g) == []
 
-    g = Graph("rows")  # softmax's denominator: the grid over rows, exp summed along a row
-    x = g.input("x", "f32", (64, 1000))
-    g.output("s", g.sum(g.unary("exp", x), axes=1))
-    # the sum's lane loops (hinted to vectorize: one per vector of loops.LANES in whole
-    # blocks and again in the short block, plus one for its further vectors, see
-    # render._blocks) and its tail loop
-    lane_loops = 2 * (loops.LANES // loops.VECTOR) + 1
-    assert _loop_hints(g) == ["d-2.body", *(f"d-2.body.{i}" for i in range(1, lane_loops + 1))]
+    def rows(n: int) -> list[str]:  # softmax's denominator: exp summed along rows of n
+        g = Graph("rows")
+        g.output("s", g.sum(g.unary("exp", g.input("x", "f32", (64, n))), axes=1))
+        return _loop_hints(g)
+
+    # A row of a whole block and 1000 more terms: the sum's lane loops (hinted to
+    # vectorize: one per vector of loops.LANES in whole blocks and again in the short
+    # block, plus one for its further vectors, see render._blocks) and its tail loop
+    groups = loops.LANES // loops.VECTOR
+    assert rows(loops.BLOCK + 1000) == [
+        "d-2.body", *(f"d-2.body.{i}" for i in range(1, 2 * groups + 2))]
+    # A constant row has only the loops its terms reach: no whole block in 1000 terms
+    # (1000 % LANES = 40: one further vector and a tail), no further vector in 970 (15
+    # groups and a tail of 10), no short block's groups nor vector in BLOCK + 10.
+    assert rows(1000) == ["d-2.body", *(f"d-2.body.{i}" for i in range(1, groups + 2))]
+    assert rows(970) == ["d-2.body", *(f"d-2.body.{i}" for i in range(1, groups + 1))]
+    assert rows(loops.BLOCK + 10) == [
+        "d-2.body", *(f"d-2.body.{i}" for i in range(1, groups + 1))]
 
 
 def test_float_max_and_min_reductions_keep_more_vectors_in_flight():

@@ -50,7 +50,8 @@ def test_executor_backends_that_run_here(name, monkeypatch):
 
 @pytest.mark.parametrize("name", ["cuda", hg.backend.BackendType.CUDA])
 def test_unavailable_backends_raise_device_error_naming_the_available(name):
-    # cuda runs only emulated so far (HOLOGRAM_CUDA_EMULATE=1, docs/cuda.md)
+    # cuda runs on an NVIDIA GPU or emulated (HOLOGRAM_CUDA_EMULATE=1, docs/cuda.md); CI has
+    # neither
     with pytest.raises(DeviceError) as info:
         hg.Executor(backend=name)
     message = str(info.value)

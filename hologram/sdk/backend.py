@@ -8,8 +8,8 @@ The names a user may ask for are :class:`BackendType`'s values, declared once in
 registry (:mod:`hologram.backends`). A name is *known* when it is one of them and
 *available* when its backend can run on this machine: ``webgpu`` where wgpu finds an
 adapter (Mesa's lavapipe included), ``metal`` and ``vulkan`` only on a GPU adapter of that
-kind, ``cuda`` so far only emulated (``HOLOGRAM_CUDA_EMULATE=1``: its Triton kernels in
-Triton's interpreter on the CPU; docs/cuda.md).
+kind, ``cuda`` on an NVIDIA GPU (8.x or 9.0) or emulated (``HOLOGRAM_CUDA_EMULATE=1``:
+its Triton kernels in Triton's interpreter on the CPU; docs/cuda.md).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ class _BackendName(str, Enum):
 
 
 #: The names a user may ask for, as an enum (``BackendType.CPU == "cpu"``), derived from
-#: the registry (:data:`hologram.backends.KNOWN`): AUTO, CPU, INTERP, WEBGPU, METAL, VULKAN, CUDA.
+#: the registry (:data:`hologram.backends.KNOWN`): AUTO, CUDA, CPU, INTERP, WEBGPU, METAL, VULKAN.
 BackendType = _BackendName("BackendType", [(name.upper(), name) for name in backends.KNOWN],
                            module=__name__)
 

@@ -12,14 +12,14 @@ or 9.0, the backend is available; programs compile for its target (``sm_80`` cub
 every 8.x GPU) and run through the CUDA driver (:mod:`.runtime`, :mod:`.driver`): device
 memory from a 96-class pool of driver blocks, every kernel launched in order on one
 stream. Compiled kernels are kept on disk by :mod:`.kernels`, keyed by architecture,
-Triton, toolkit and driver versions. **This path has not run on hardware yet** (no
-machine we had has a GPU; it is tested against a fake driver, docs/cuda.md).
+Triton, toolkit and driver versions. It ran once on an H100 (the conformance suite passes
+there, docs/cuda.md "On an H100"); CI tests it against a fake driver.
 
 **Run**, emulated: with ``HOLOGRAM_CUDA_EMULATE=1`` the backend is available and runs the
 same generated kernels in Triton's interpreter (``TRITON_INTERPRET=1``) on host memory;
 this is *not* a GPU run. A kernel the renderer cannot express (a reduction whose result
 varies along a loop dimension) runs on the reference interpreter, declared in the
-artifact (``interpreted``); on a GPU such a program is refused.
+artifact (``interpreted``), emulated and on a GPU alike.
 """
 
 from __future__ import annotations

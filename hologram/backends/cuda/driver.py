@@ -1,8 +1,8 @@
 """The one module that calls the CUDA driver (``cuda-bindings``: ``cuda.bindings.driver``).
 
 Everything above it (:mod:`.runtime`) takes a driver object with these methods, so its
-logic is unit-tested with a fake one. **This module has never run on a GPU**: no machine
-we have had one when it was written (docs/cuda.md).
+logic is unit-tested with a fake one; this module's calls ran on an H100 once (docs/cuda.md,
+"On an H100"), and a fake ``cuda.bindings.driver`` tests them in CI.
 
 Every call checks its ``CUresult``: out of memory raises :class:`OutOfMemoryError`, any
 other failure :class:`DeviceError` naming the call and the driver's error name.

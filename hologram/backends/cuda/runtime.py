@@ -4,8 +4,8 @@ memory, :mod:`.dlpack`), the kernel parameters read from each compiled kernel's 
 launch configuration, modules loaded once per cubin and context, and the program that
 launches every kernel in order.
 
-The backend uses it where a GPU is found (:func:`.backend.gpu`). **Not run on hardware
-yet**: tested only against a fake driver (tests/test_cuda_runtime.py, docs/cuda.md).
+The backend uses it where a GPU is found (:func:`.backend.gpu`). It ran on an H100 once
+(docs/cuda.md, "On an H100"); CI tests it against a fake driver (tests/test_cuda_runtime.py).
 """
 
 from __future__ import annotations
@@ -437,6 +437,7 @@ class DeviceProgram(Executable):
         """Kernel ``index`` on the interpreter: the program's buffers copied to the host
         (the copies wait for the queued launches), the kernel run, what it writes copied
         back. Slow, and warned about once per reason."""
+        # Lazy: only programs with a delegated kernel need the interpreter.
         from hologram.backends.interp.interpreter import run_kernel
 
         if reason not in _warned:

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from hologram.isa.dtypes import DType
 
+from .mathlib import f32_literal
+
 #: The WGSL type of i64 values: (low word, high word).
 WIDE = "vec2<u32>"
 
@@ -64,14 +66,16 @@ class Accumulator:
             self.acc = r.var(init, "u32")
             self.best = r.var("0", "i32") if kind.startswith("arg") else None
         elif self.float_sum:
-            self.acc = r.var("-0.0f", "f32")
+            # -0.0 (the sum's identity) opaque to the compiler: a -0.0f it can see may be
+            # folded to +0.0 (Triton's did so for NVIDIA GPUs; mathlib.f32_literal).
+            self.acc = r.var(f32_literal(-0.0), "f32")
             self.comp = r.var("0.0f", "f32")
         elif self.float_prod:
             r.used.add("hg_prod")
             self.acc = r.var("HgProd(1.0f, 0)", "HgProd")
         else:
             one = kind == "prod"
-            init = {"f32": "1.0f" if one else "-0.0f", "i32": "1" if one else "0",
+            init = {"f32": "1.0f" if one else f32_literal(-0.0), "i32": "1" if one else "0",
                     "u32": "1u" if one else "0u", "bool": "true" if one else "false"}[reg]
             self.acc = r.var(init, reg)
 
