@@ -6,6 +6,7 @@ the logic of driver.py's probing, not the real driver's answers (docs/cuda.md)."
 
 from __future__ import annotations
 
+import ctypes
 import re
 import sys
 import types
@@ -161,6 +162,32 @@ def test_kernels_past_48_kib_of_shared_memory_opt_in_and_copies_pass_host_addres
     driver.copy_out(empty, 0xD0)
     assert cu.calls == [("cuMemcpyHtoD", (0xD0, scalar.ctypes.data, 4)),
                         ("cuMemcpyDtoH", (scalar.ctypes.data, 0xD0, 4))]
+
+
+def test_a_launch_passes_each_parameter_by_address_in_a_reused_block():
+    """cuLaunchKernel gets the address of an array of pointers, each to one 64-bit value
+    (the kernel's pointer parameters in order); the block is made once per parameter
+    count and refilled for each launch (the driver reads it during the call)."""
+    cu = fake_cu()
+    seen, count = [], [0]
+
+    def launch(function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        pointers = (ctypes.c_void_p * count[0]).from_address(params)
+        values = [ctypes.c_uint64.from_address(p).value for p in pointers]
+        seen.append((function, (gx, gy, gz), (bx, by, bz), shared, stream, params, values))
+        return (SUCCESS,)
+
+    cu.cuLaunchKernel = launch
+    driver = driver_module.Driver(cu=cu)
+    for params in ([0xA0, 0xB0, 0xC0], [1, 2, 3], [5, 4, 3, 2, 1]):
+        count[0] = len(params)
+        driver.launch("f", (7, 1, 1), (128, 1, 1), 64, params)
+        assert seen[-1][:5] == ("f", (7, 1, 1), (128, 1, 1), 64, 0x5EED)
+        assert seen[-1][6] == params
+    assert seen[0][5] == seen[1][5] != seen[2][5]  # one block per parameter count
+    cu.cuLaunchKernel = lambda *args: (NO_DEVICE,)
+    with pytest.raises(DeviceError, match="cuLaunchKernel failed: CUDA_ERROR_NO_DEVICE"):
+        driver.launch("f", (1, 1, 1), (32, 1, 1), 0, [0])
 
 
 def test_stream_ordering_records_one_untimed_event_and_waits_on_the_consumers_stream():

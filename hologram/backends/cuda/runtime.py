@@ -10,9 +10,11 @@ The backend uses it where a GPU is found (:func:`.backend.gpu`). It ran on an H1
 
 from __future__ import annotations
 
+import atexit
 import base64
 import hashlib
 import json
+import math
 import operator
 import threading
 import warnings
@@ -74,6 +76,39 @@ def parameters(launch: Launch, pointers: dict[int, int], scratch: tuple[int, int
         scratch[1] if launch.profile_scratch else 0]
 
 
+class End:
+    """What ends a :class:`DeviceBlock`: ``release(*args)``, once, when the block is freed
+    (``end()``) or collected. Not at interpreter exit: the process's end frees device
+    memory, and the driver or a producer's library may already be gone by then. (A
+    ``weakref.finalize`` did this at ~5 µs an allocation, most of an op's host time.)"""
+
+    __slots__ = ("_state",)
+
+    def __init__(self, release: Any, *args: Any):
+        self._state = [(release, args)]
+
+    @property
+    def alive(self) -> bool:
+        return bool(self._state)
+
+    def __call__(self) -> None:
+        try:
+            release, args = self._state.pop()  # atomic: one caller wins
+        except IndexError:
+            return
+        if not _exiting:
+            release(*args)
+
+
+_exiting = False
+
+
+@atexit.register
+def _at_exit() -> None:
+    global _exiting
+    _exiting = True
+
+
 class DeviceBlock:
     """One allocation of :class:`DeviceMemory`: ``pointer`` (the device address), ``nbytes``
     asked for, ``size`` (its block's, the size class). When the last reference to it goes
@@ -83,7 +118,11 @@ class DeviceBlock:
 
     def __init__(self, pointer: int, nbytes: int, size: int):
         self.pointer, self.nbytes, self.size = pointer, nbytes, size
-        self.end: weakref.finalize | None = None
+        self.end: End | None = None
+
+    def __del__(self) -> None:
+        if self.end is not None:
+            self.end()
 
     def __repr__(self) -> str:
         return f"<cuda block {self.pointer:#x}: {self.nbytes} of {self.size} bytes>"
@@ -127,7 +166,7 @@ class DeviceMemory(Allocator):
 
     # --- allocations --------------------------------------------------------------------
     def alloc(self, shape: tuple[int, ...], dtype: np.dtype) -> DeviceBlock:
-        nbytes = max(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize, 1)
+        nbytes = max(math.prod(shape) * np.dtype(dtype).itemsize, 1)
         index, size = size_class(nbytes)
         s = self._stats
         with self._lock:
@@ -149,7 +188,7 @@ class DeviceMemory(Allocator):
             s["num_allocs"] += 1
             s["peak_allocated_bytes"] = max(s["peak_allocated_bytes"], s["allocated_bytes"])
         block = DeviceBlock(pointer, nbytes, size)
-        block.end = _ending(block, self._release, pointer, nbytes, size, index)
+        block.end = End(self._release, pointer, nbytes, size, index)
         return block
 
     def _new_block(self, nbytes: int, size: int) -> int:
@@ -273,7 +312,7 @@ class DeviceMemory(Allocator):
                              "in torch)")
         nbytes = int(np.prod(tensor.shape, dtype=np.int64)) * tensor.dtype.itemsize
         block = DeviceBlock(tensor.data, nbytes, nbytes)
-        block.end = _ending(block, _release_foreign, tensor.release, producer)
+        block.end = End(_release_foreign, tensor.release, producer)
         return block, tensor.shape, tensor.dtype
 
     # --- copies -------------------------------------------------------------------------
@@ -337,15 +376,6 @@ class DeviceMemory(Allocator):
             self._limit = limit
             if limit is not None:
                 self._trim(max(limit, self._stats["allocated_bytes"]))
-
-
-def _ending(block: DeviceBlock, release: Any, *args: Any) -> weakref.finalize:
-    """What ends ``block``: ``release(*args)`` once, when it is collected or freed. Not at
-    interpreter exit: the process's end frees device memory, and the driver or a
-    producer's library may already be gone by then."""
-    end = weakref.finalize(block, release, *args)
-    end.atexit = False
-    return end
 
 
 def _release_foreign(release: Any, producer: Any) -> None:
@@ -416,22 +446,38 @@ class DeviceProgram(Executable):
                       for size in (launch.global_scratch, launch.profile_scratch)]
             self.scratch_blocks.append(blocks)
             self.scratch.append(tuple(b.pointer if b is not None else 0 for b in blocks))
+        # Each launch's parameters, worked out once: the temporaries' and scratch pointers
+        # in place, and the positions the caller's buffers go to (patched per call).
+        slot = {b: k for k, b in enumerate(self.params)}
+        known = {**{int(i): p for i, p in self.temps.items()}, **dict.fromkeys(slot, 0)}
+        self.templates = [
+            (parameters(launch, known, scratch),
+             tuple((i, slot[b]) for i, b in enumerate(launch.buffers) if b in slot))
+            for launch, scratch in zip(self.launches, self.scratch)]
 
     def launch(self, handles: tuple[int, ...]) -> None:
         if len(handles) != len(self.params):
             raise ShapeError(f"cuda program {self.name}: takes {len(self.params)} buffers, "
                              f"got {len(handles)}")
-        pointers = {int(i): p for i, p in self.temps.items()}
-        pointers.update(zip(self.params, handles))
         for index, step in self.steps:
             if not isinstance(step, int):
-                self._interpret(index, step["reason"], pointers)
+                self._interpret(index, step["reason"], self._pointers(handles))
                 continue
             launch = self.launches[step]
             if launch.grid[0] == 0:
                 continue
+            template, patches = self.templates[step]
+            params = template.copy()
+            for i, k in patches:
+                params[i] = handles[k]
             self.driver.launch(self.functions[step], launch.grid, launch.block, launch.shared,
-                               parameters(launch, pointers, self.scratch[step]))
+                               params)
+
+    def _pointers(self, handles: tuple[int, ...]) -> dict[int, int]:
+        """Every buffer's device address, by its index in the program."""
+        pointers = {int(i): p for i, p in self.temps.items()}
+        pointers.update(zip(self.params, handles))
+        return pointers
 
     def _interpret(self, index: int, reason: str, pointers: dict[int, int]) -> None:
         """Kernel ``index`` on the interpreter: the program's buffers copied to the host
