@@ -1,16 +1,21 @@
 """What a first training step leans on: support objects cached on disk by
-``llvm.compile_ir`` (docs/performance.md, "First step")."""
+``llvm.compile_ir``, each module compiled once per process (docs/performance.md, "First
+step")."""
 
 import ctypes
+from collections import OrderedDict
 from pathlib import Path
 
+import numpy as np
 import pytest
 from util import errors_in_threads
 
+import hologram
 from hologram.backends.cpu import llvm, loader
 from hologram.backends.cpu import target as targets
 from hologram.compiler import cache as cache_mod
 from hologram.errors import CompileError
+from hologram.frontend.graph import Graph
 
 IR = """
 define i64 @twice(i64 %x) {
@@ -29,9 +34,11 @@ def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture
 def builds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The tiers of the objects LLVM actually compiles from here on."""
+    """The tiers of the objects LLVM actually compiles from here on (none compiled before
+    in this process)."""
     made: list[str] = []
     real = llvm._compile_ir
+    monkeypatch.setattr(llvm, "_objects", OrderedDict())
 
     def counting(ir, target, allowed, dump, tier):
         made.append(tier)
@@ -41,11 +48,17 @@ def builds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return made
 
 
+def _new_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a later process starts from: a new cache object on the same directory, no
+    object compiled yet."""
+    monkeypatch.setattr(cache_mod, "_default", None)
+    llvm._objects.clear()
+
+
 def test_compile_ir_reads_objects_back_from_disk(cache_dir, builds, monkeypatch) -> None:
     before = cache_mod.cache_info()
     first = llvm.compile_ir(IR)
-    # A later process: a new cache object on the same directory.
-    monkeypatch.setattr(cache_mod, "_default", None)
+    _new_process(monkeypatch)
     assert llvm.compile_ir(IR) == first
     assert builds == ["full"]
     # Support code is not a program: the program counts do not move.
@@ -65,18 +78,51 @@ def test_compile_ir_keys_tier_and_allowed_symbols(cache_dir, builds) -> None:
     assert len(builds) == 4
 
 
-def test_compile_ir_uncached_and_dumped_builds_compile(cache_dir, builds) -> None:
-    llvm.compile_ir(IR, cached=False)
-    llvm.compile_ir(IR, cached=False)
+def test_compile_ir_uncached_builds_once_per_process_and_dumped_ones_compile(
+        cache_dir, builds, monkeypatch) -> None:
+    first = llvm.compile_ir(IR, cached=False)
+    assert llvm.compile_ir(IR, cached=False) == first
+    assert builds == ["full"]
     stages = {}
     llvm.compile_ir(IR, dump=lambda stage, text: stages.setdefault(stage, text))
-    assert builds == ["full"] * 3
+    assert builds == ["full"] * 2
     assert "cpu.opt.ll" in stages
+    _new_process(monkeypatch)
+    llvm.compile_ir(IR, cached=False)
+    assert builds == ["full"] * 3
+
+
+def test_compile_ir_keeps_the_latest_objects(cache_dir, builds, monkeypatch) -> None:
+    monkeypatch.setattr(llvm, "OBJECTS_KEPT", 2)
+    modules = [IR + f"\n; module {i}\n" for i in range(3)]
+    for ir in modules + modules[1:]:
+        llvm.compile_ir(ir, cached=False)
+    assert len(builds) == 3
+    llvm.compile_ir(modules[0], cached=False)  # the oldest, dropped
+    assert len(builds) == 4
+
+
+def test_programs_that_render_alike_compile_one_module(cache_dir, builds) -> None:
+    """An elementwise op on tensors of other shapes with as many elements renders the
+    same IR (whatever the program's name): its kernels are named after the IR, and LLVM
+    compiles the module once."""
+    results = []
+    for shape in ((4, 16), (64,), (2, 2, 16)):
+        g = Graph(f"sqrt_{len(shape)}")
+        x = g.input("x", "f32", shape)
+        g.output("y", g.unary("sqrt", x))
+        compiled = hologram.compile(g.program(), backend="cpu")
+        results.append(compiled(np.arange(64, dtype=np.float32).reshape(shape)))
+    assert len(builds) == 1
+    for got in results:
+        np.testing.assert_array_equal(got.reshape(-1), np.sqrt(np.arange(64, dtype=np.float32)))
 
 
 def test_compile_ir_without_disk_cache(cache_dir, builds, monkeypatch) -> None:
     monkeypatch.setenv("HOLOGRAM_DISABLE_DISK_CACHE", "1")
-    assert llvm.compile_ir(IR) == llvm.compile_ir(IR)
+    first = llvm.compile_ir(IR)
+    _new_process(monkeypatch)
+    assert llvm.compile_ir(IR) == first
     assert builds == ["full", "full"]
 
 
@@ -86,7 +132,7 @@ def test_damaged_cached_object_is_rebuilt(cache_dir, builds, monkeypatch) -> Non
         data = bytearray(path.read_bytes())
         data[-1] ^= 0xFF
         path.write_bytes(bytes(data))
-    monkeypatch.setattr(cache_mod, "_default", None)
+    _new_process(monkeypatch)
     assert llvm.compile_ir(IR) == obj
     assert builds == ["full", "full"]
 

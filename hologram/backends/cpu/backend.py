@@ -27,6 +27,7 @@ import atexit
 import contextlib
 import ctypes
 import gc
+import hashlib
 import json
 import math
 import os
@@ -60,6 +61,9 @@ _HEADER = struct.Struct("<I")
 _POINTER_ARRAYS = 256  # address sets remembered per loaded program
 _ARENAS = Pool()  # programs' scratch memory, one block per call
 _BYTE = np.dtype(np.uint8)
+# Kernel symbols' prefix while rendering, replaced by one named after the IR (not hex: no
+# real prefix or other name in the IR contains it).
+_UNNAMED = "hg_unnamed_"
 
 
 class CpuBackend(Backend):
@@ -87,7 +91,6 @@ class CpuBackend(Backend):
             return self._compile(program, target, tier)
 
     def _compile(self, program: Program, target: str | None, tier: str) -> bytes:
-        prefix = f"hg_{program.fingerprint()[:16]}_"
         target = _target(target)
         program = pipeline.for_target(program, target.capabilities)
         program, gemms = gemm.split(program)
@@ -97,7 +100,7 @@ class CpuBackend(Backend):
             steps += [{"gemm": g.to_json()} for g in gemms.get(index, ())]
             reason = unsupported(kernel)
             if reason is None:
-                symbols[kernel.name] = prefix + kernel.name
+                symbols[kernel.name] = _UNNAMED + kernel.name
             fallback |= reason is not None
             steps.append({
                 "kernel": index,
@@ -124,12 +127,23 @@ class CpuBackend(Backend):
                 pipeline.dump(program.name, stage, text)
 
             dump("loops", lambda: loops.dump(program, target.capabilities))
-            ir = render(program, symbols, target)
+            # Symbols named after the IR, which does not name the program: programs that
+            # render alike (an elementwise op on tensors of other shapes with as many
+            # elements) make the same module, which llvm.compile_ir compiles once per
+            # process.
+            ir = render(program, symbols, target, name="kernels")
+            prefix = f"hg_{hashlib.sha256(ir.encode()).hexdigest()[:16]}_"
+            ir = ir.replace(_UNNAMED, prefix)
+            for step in steps:
+                if step.get("symbol"):
+                    step["symbol"] = prefix + step["symbol"][len(_UNNAMED):]
             dump("cpu.ll", ir)
             if tier != "full" and llvm.same_bits_at_every_tier(ir):
                 header["tier"] = tier
-            obj = llvm.compile_ir(ir, target, dump=dump, tier=header["tier"],
-                                   cached=False)  # the artifact is cached
+            # Without a dump directory no dump: the optimized IR would be printed for it.
+            dumping = config.get().dump_dir is not None
+            obj = llvm.compile_ir(ir, target, dump=dump if dumping else None,
+                                  tier=header["tier"], cached=False)  # the artifact is cached
         data = json.dumps(header).encode()
         return _HEADER.pack(len(data)) + data + obj
 

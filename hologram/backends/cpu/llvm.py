@@ -36,6 +36,7 @@ import hashlib
 import os
 import re
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from functools import cache
 
@@ -51,6 +52,13 @@ from hologram.errors import CompileError
 _lock = threading.RLock()  # llvmlite objects are not thread-safe
 _loaded: dict[str, dict[str, int]] = {}
 _engines: list[llvm.ExecutionEngine] = []  # never collected: their code stays callable
+#: Objects :func:`compile_ir` made in this process, most recent last, by IR, target, allowed
+#: symbols and tier: the same module is compiled once (a model's elementwise ops on tensors
+#: of different shapes with as many elements render alike: 39 of the 102 modules of a
+#: transformer's first training step).
+OBJECTS_KEPT = 256
+_objects: OrderedDict[tuple, bytes] = OrderedDict()
+_objects_lock = threading.Lock()  # not _lock, which a background compile holds for long
 
 #: Symbols a kernel object may take from the process: libc's memory functions, which LLVM
 #: calls for loops it recognises as a copy or a fill (``bzero`` on Darwin). Each is resolved
@@ -177,11 +185,23 @@ def compile_ir(ir: str, target: Target | None = None,
     if tier not in TIERS:
         raise CompileError(f"unknown LLVM tier {tier!r}; known: {', '.join(TIERS)}")
     allowed = frozenset(allowed)
-    if not cached or dump is not None:
+    if dump is not None:  # the dumps come from a compile
         obj = _compile_ir(ir, target, allowed, dump, tier)
-    else:
-        obj = _cached_object(ir, target, allowed, tier)
+        check_object(obj, target, allowed)
+        return obj
+    key = (hashlib.sha256(ir.encode()).digest(), target.identity, allowed, tier)
+    with _objects_lock:
+        obj = _objects.get(key)
+        if obj is not None:
+            _objects.move_to_end(key)
+            return obj
+    obj = _compile_ir(ir, target, allowed, None, tier) if not cached else \
+        _cached_object(ir, target, allowed, tier)
     check_object(obj, target, allowed)  # fresh, or read back from disk
+    with _objects_lock:
+        _objects[key] = obj
+        while len(_objects) > OBJECTS_KEPT:
+            _objects.popitem(last=False)
     return obj
 
 

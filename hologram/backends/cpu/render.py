@@ -102,12 +102,14 @@ def register_type(t: DType) -> ir.Type:
     return _REGISTER[t.name]
 
 
-def render(program: Program, symbols: dict[str, str], target: Target | None = None) -> str:
+def render(program: Program, symbols: dict[str, str], target: Target | None = None,
+           name: str | None = None) -> str:
     """LLVM IR for the kernels named in ``symbols`` (kernel name -> function symbol); a
     kernel that :func:`split_parts` splits gets ``symbol`` and ``symbol + "_final"``.
-    ``target`` (default: the current one) decides which operations need our own IR."""
+    ``target`` (default: the current one) decides which operations need our own IR.
+    ``name``: the module's (default: the program's)."""
     target = target or targets.current()
-    module = ir.Module(name=program.name)
+    module = ir.Module(name=program.name if name is None else name)
     module.triple = ""  # the target machine decides
     for kernel in program.kernels:
         if kernel.name in symbols:
