@@ -637,10 +637,13 @@ class _KernelRenderer:
         def lane(j: int, k: ir.Value) -> ir.Value:
             return b.gep(arrays[j], [zero, k])
 
+        # Arrays are cleared and read whole (one aggregate store or load each, which SROA
+        # splits into the lanes): a sixth of the IR lane by lane took to render and compile.
+        cleared = ir.Constant(arrays[0].type.pointee, [_float_const(lane_type, -0.0)] * VECTOR)
+
         def clear(js: range) -> None:
             for j in js:
-                for k in range(VECTOR):
-                    b.store(_float_const(lane_type, -0.0), lane(j, ir.Constant(I64, k)))
+                b.store(cleared, arrays[j])
 
         def add_vector(j: int, first: ir.Value) -> None:  # array j += terms [first, +VECTOR)
             def add(k: ir.Value) -> None:
@@ -649,7 +652,8 @@ class _KernelRenderer:
             self._loop(ir.Constant(I64, VECTOR), add, dim=-2, lanes=True)
 
         def tree(js: range) -> ir.Value:
-            sums = [b.load(lane(j, ir.Constant(I64, k))) for j in js for k in range(VECTOR)]
+            loaded = [b.load(arrays[j]) for j in js]
+            sums = [b.extract_value(array, k) for array in loaded for k in range(VECTOR)]
             while len(sums) > 1:
                 half = len(sums) // 2
                 sums = [b.fadd(sums[k], sums[k + half]) for k in range(half)]
