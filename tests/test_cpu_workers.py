@@ -317,6 +317,29 @@ def test_concurrent_callers_get_their_own_results(mark):
     assert results == {k: None for k in range(4)}
 
 
+def test_pool_is_compiled_quickly_and_the_same_at_every_tier(tmp_path):
+    """The pool's module carries nothing that could differ between LLVM's tiers, and a
+    process without its cached object compiles it at the quick one (POOL_TIER)."""
+    assert workers.POOL_TIER == "quick"
+    assert llvm.same_bits_at_every_tier(str(workers._Module().m))
+    code = (
+        "from hologram.backends.cpu import llvm, workers\n"
+        "tiers = []\n"
+        "real = llvm._compile_ir\n"
+        "def counting(ir, target, allowed, dump, tier):\n"
+        "    tiers.append(tier)\n"
+        "    return real(ir, target, allowed, dump, tier)\n"
+        "llvm._compile_ir = counting\n"
+        "workers._entry_points()\n"
+        "print(tiers)\n")
+    env = {**os.environ, "HOLOGRAM_CACHE_DIR": str(tmp_path)}
+    env.pop("HOLOGRAM_DISABLE_DISK_CACHE", None)
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["['quick']"]
+
+
 def test_idle_workers_sleep():
     # After the spin window the workers block in the kernel: an idle process burns no CPU.
     threads.set_num_threads(2)
