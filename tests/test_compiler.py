@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import weakref
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ from util import execute, inputs_for, same_bits
 
 from hologram import backends
 from hologram.compiler import CompileOptions, canonicalize, pipeline
+from hologram.compiler.passes import canonicalize as canonicalize_pass
 from hologram.compiler.passes.schedule import grid_rank
 from hologram.errors import CompileError, ShapeError
 from hologram.frontend.graph import Graph
@@ -82,12 +84,31 @@ def test_load_order_and_buffer_names_do_not_matter():
     assert p != q  # names are kept; only the structure is compared
 
 
-def test_canonicalize_is_idempotent_and_pure():
+def test_canonicalize_is_idempotent_and_pure(monkeypatch):
     p = _elementwise(lambda k, a, b, c: k.add(k.mul(a, b), k.mul(b, a)))
     before = str(p)
     c = _canon(p)
+    assert _canon(c) is c  # known canonical: handed back as it is
+    # and it is: another pass over it, not knowing, changes nothing
+    monkeypatch.setattr(canonicalize_pass, "_CANONICAL", weakref.WeakKeyDictionary())
     assert _canon(c) == c
     assert str(p) == before
+
+
+def test_a_canonical_form_is_known_only_under_its_options():
+    p = _elementwise(lambda k, a, b, c: k.add(k.mul(a, b), 0.0))
+    exact = _canon(p)
+    assert _ops(exact).count("add") == 1
+    fast = _canon(exact, fast_math=True)  # x + 0.0 -> x is allowed now
+    assert fast is not exact and "add" not in _ops(fast)
+
+
+def test_fusion_with_nothing_to_fuse_keeps_the_program():
+    """The same object, which the canonicalization after fusion then knows."""
+    p = pipeline.canonical_form(_elementwise(lambda k, a, b, c: k.add(a, b)))
+    fused = pipeline.run(p, start="fuse", stop="fuse")
+    assert fused is p
+    assert pipeline.run(p, start="fuse", stop="canonicalize.fused") is p
 
 
 def test_common_subexpressions_merge():

@@ -21,6 +21,7 @@ Every rule is exact under IEEE 754: results, including NaN, ±inf and -0.0, do n
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -342,12 +343,27 @@ def _drop_dead_buffers(program: Program) -> Program:
 def canonicalize(program: Program, options: CompileOptions | None = None) -> Program:
     """The canonical form of ``program`` (a pure function; the input is not modified)."""
     options = options or CompileOptions()
+    if options in _CANONICAL.get(program, ()):
+        return program
     for _ in range(8):  # rules can enable each other; a few rounds reach the fixpoint
         kernels = tuple(_rewrite(k, options) for k in program.kernels)
         result = _drop_dead_buffers(replace(program, kernels=kernels))
         if result == program:
+            converged = True
             break
         program = result
+    else:
+        converged = False
     names = iter(range(len(program.kernels)))
-    return replace(program, kernels=tuple(replace(k, name=f"k{next(names)}")
-                                          for k in program.kernels))
+    program = replace(program, kernels=tuple(replace(k, name=f"k{next(names)}")
+                                             for k in program.kernels))
+    if converged:  # a fixpoint (the rules ignore kernel names): canonical as it is
+        _CANONICAL.setdefault(program, set()).add(options)
+    return program
+
+
+# Canonical forms made in this process, with the options they are canonical under: the
+# pipeline canonicalizes again after fusion, which leaves most programs as they were
+# (a kernel each), and a second pass over them would only confirm the fixpoint.
+_CANONICAL: weakref.WeakKeyDictionary[Program, set[CompileOptions]] = \
+    weakref.WeakKeyDictionary()

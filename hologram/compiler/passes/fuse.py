@@ -75,7 +75,10 @@ class _Fusion:
         # then the one before it, and so on (linear, not quadratic, in the chain length).
         while self._sweep(self._inline, temps[::-1]) or self._sweep(self._merge, temps[::-1]):
             pass
-        return replace(self.program, kernels=tuple(k for k in self.kernels if k is not None))
+        kernels = tuple(k for k in self.kernels if k is not None)
+        if kernels == self.program.kernels:
+            return self.program  # the same object: still canonical (canonicalize knows it)
+        return replace(self.program, kernels=kernels)
 
     def _set(self, k: int, kernel: Kernel | None) -> None:
         old = self.kernels[k]
