@@ -26,6 +26,7 @@ import numpy as np
 
 import hologram as hg
 from hologram.bench.dev import cpu
+from hologram.bench.verify import to_numpy, verify_correctness
 
 
 def _timed(fn, sync, iters: int, rounds: int = 3) -> list[float]:
@@ -77,14 +78,14 @@ class _Bench:
         return row
 
 
-def _error(got, want, relative_to=None) -> str:
-    a = np.asarray(got.to_numpy(), np.float64)
-    b = want.detach().cpu().numpy().astype(np.float64)
-    if a.shape != b.shape:
-        return f"shape {a.shape}, PyTorch's {b.shape}"
-    scale = 1.0 if relative_to is None else max(float(np.abs(b).max()), 1.0)
-    worst = float(np.abs(a - b).max()) / scale if a.size else 0.0
-    return "" if worst <= (relative_to or 1e-6) else f"max error {worst:.3g}"
+def _error(got, want, tolerance: float = 1e-6, relative: bool = False) -> str:
+    """``""`` when no element of ``got`` is further than ``tolerance`` from PyTorch's
+    ``want`` (``relative``: times the largest ``|want|``, at least 1), else what differs
+    (the suite's comparison, :func:`~hologram.bench.verify.verify_correctness`)."""
+    scale = max(float(np.abs(to_numpy(want)).max(initial=0.0)), 1.0) if relative else 1.0
+    check = verify_correctness(got, want, rtol=0.0, atol=tolerance * scale,
+                               raise_on_error=False)
+    return "" if check.ok else check.message
 
 
 def _vectors(bench: _Bench, n: int, rng) -> None:
@@ -106,9 +107,9 @@ def _vectors(bench: _Bench, n: int, rng) -> None:
     bench.case("relu(a*b+c)", 16 * n, lambda: fused(a, b, c),
                lambda: torch.relu(ta * tb + tc), _error, iters, 2.0, elements=n)
     bench.case("sum", 4 * n, lambda: hg.ops.sum(a), lambda: torch.sum(ta),
-               lambda g, w: _error(g, w, 1e-5), iters, 0.9, elements=n)
+               lambda g, w: _error(g, w, 1e-5, relative=True), iters, 0.9, elements=n)
     bench.case("max", 4 * n, lambda: hg.ops.max(a), lambda: torch.max(ta),
-               lambda g, w: _error(g, w, 1e-5), iters, 0.9, elements=n)
+               lambda g, w: _error(g, w, 1e-5, relative=True), iters, 0.9, elements=n)
 
 
 def _softmax(bench: _Bench, rows: int, cols: int, rng) -> None:
@@ -124,7 +125,8 @@ def _matmul(bench: _Bench, dtype, n: int, rng) -> None:
     ta, tb = (bench.tensor(v) for v in m)
     tolerance = 1e-2 if dtype is np.float16 else 1e-4  # relative to the largest output
     row = bench.case("matmul", 0, lambda: hg.ops.matmul(ha, hb),
-                     lambda: bench.torch.matmul(ta, tb), lambda g, w: _error(g, w, tolerance),
+                     lambda: bench.torch.matmul(ta, tb),
+                     lambda g, w: _error(g, w, tolerance, relative=True),
                      5 if n >= 4096 else 20, 0.7 if dtype is np.float16 and n == 4096 else None,
                      shape=f"{n}^3", dtype=np.dtype(dtype).name)
     if "hologram_us" in row:
