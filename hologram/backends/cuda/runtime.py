@@ -426,10 +426,10 @@ class DeviceProgram(Executable):
         self.params = header["params"]
         # Kernels the renderer cannot express run on the reference interpreter, in their
         # place among the launches (a stable sort keeps a split kernel's parts in order).
-        self.delegated = header["interpreted"]
-        self.program = parse_program(header["text"]) if self.delegated else None
+        delegated = header["interpreted"]
+        self.program = parse_program(header["text"]) if delegated else None
         self.steps = sorted([(k["kernel"], j) for j, k in enumerate(header["kernels"])] +
-                            [(d["kernel"], d) for d in self.delegated],
+                            [(d["kernel"], d) for d in delegated],
                             key=operator.itemgetter(0))
         self.launches = [launch_of(k, c) for k, c in zip(header["kernels"], header["compiled"])]
         self.functions = [driver.function(module_of(driver, base64.b64decode(c["cubin"])),
