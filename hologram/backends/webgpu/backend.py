@@ -13,9 +13,10 @@ pass and submits it; bind groups are cached per set of buffers.
 
 Names: ``webgpu`` runs on wgpu's high-performance adapter, whatever it is (on a machine
 without a GPU, Mesa's lavapipe); ``metal`` and ``vulkan`` only on an adapter with that
-backend. ``"auto"`` never takes them: its programs are called on NumPy arrays (host
-memory) by ``hologram.compile(...)(x)`` and the torch device, which device memory cannot
-serve yet.
+backend. ``"auto"`` may take ``webgpu`` on a GPU adapter, never on a CPU emulation
+(:meth:`WebGpuBackend.auto_available`). A driver that flushes f32 subnormals to zero
+(WGSL allows it) is found by a probe when the device opens
+(:meth:`WebGpuBackend.flushes_subnormals`).
 """
 
 from __future__ import annotations
@@ -59,12 +60,23 @@ _SPLIT_WORK = render_module.SPLIT_WORK  # the default split threshold
 class WebGpuBackend(Backend):
     name: ClassVar[str] = "webgpu"
     _available: ClassVar[dict[str, bool]] = {}
+    _auto: ClassVar[dict[str, bool]] = {}
 
     @classmethod
     def auto_available(cls) -> bool:
-        # Not yet: on an NVIDIA GPU (Vulkan) f32 subnormals flush to zero and some NaN
-        # results differ from the reference (docs/webgpu.md, "On a GPU").
-        return False
+        """Whether ``"auto"`` may take this backend: its adapter is a GPU. Never a CPU
+        emulation (lavapipe, llvmpipe, SwiftShader), which the cpu backend outruns many
+        times over; where no GPU device node exists, no driver is even loaded."""
+        if cls.name not in cls._auto:
+            cls._auto[cls.name] = (devices.gpu_may_exist() and cls.is_available()
+                                   and devices.is_hardware(dict(devices.adapter(cls.name).info)))
+        return cls._auto[cls.name]
+
+    def flushes_subnormals(self) -> bool:
+        """Whether this backend's device flushes f32 subnormals to zero (and so bf16's),
+        in arithmetic and comparisons: a deviation from the ISA that WGSL allows a driver,
+        found by a probe shader when the device opened (docs/webgpu.md)."""
+        return devices.get(self.name).flushes_subnormals
 
     @classmethod
     def is_available(cls) -> bool:

@@ -65,6 +65,12 @@ fn hg_key_f32(x: f32, nan_top: bool) -> u32 {
   if ((b & 0x7fffffffu) > 0x7f800000u) { return select(0u, 0xffffffffu, nan_top); }
   return select(b | 0x80000000u, ~b, (b & 0x80000000u) != 0u);
 }""",
+    # f32 bits as an i32 that orders like the values (-0.0 and +0.0: 0; not for NaN).
+    "hg_ord_f32": """\
+fn hg_ord_f32(x: f32) -> i32 {
+  let b = bitcast<i32>(x);
+  return select(b, -(b & 0x7fffffff), b < 0);
+}""",
     "hg_unkey_f32": """\
 fn hg_unkey_f32(k: u32) -> f32 {
   return bitcast<f32>(select(~k, k & 0x7fffffffu, (k & 0x80000000u) != 0u));
@@ -140,7 +146,7 @@ fn hg_f32_to_u32(x: f32, hi: f32, hi_u: u32) -> u32 {
 }""",
     # Float products as a significand in [1, 2) and an exponent, so that no partial
     # product over- or underflows: each multiplication rounds once, relative u, and the
-    # value is scaled once at the end (k: 0 at run time, a barrier to reassociation).
+    # value is assembled once at the end, on the bits.
     "hg_prod": """\
 struct HgProd { m: f32, e: i32 }
 fn hg_prod_norm(p: HgProd) -> HgProd {
@@ -155,22 +161,32 @@ fn hg_prod_mul(a: HgProd, b: HgProd) -> HgProd {
 fn hg_prod_of(v: f32) -> HgProd {
   let b = bitcast<u32>(v);
   if ((b & 0x7f800000u) == 0u && (b & 0x7fffffffu) != 0u) {
-    return hg_prod_norm(HgProd(v * 0x1p+24f, -24));
+    // A subnormal is its significand's integer times 2^-149, normalized exactly by the
+    // conversion: no float operation sees it (a driver may flush subnormals).
+    let m = bitcast<u32>(f32(b & 0x7fffffu)) | (b & 0x80000000u);
+    return hg_prod_norm(HgProd(bitcast<f32>(m), -149));
   }
   return hg_prod_norm(HgProd(v, 0));
 }
-fn hg_pow2(n: i32) -> f32 { return bitcast<f32>(u32(n + 127) << 23u); }
-fn hg_prod_value(p: HgProd, k: u32) -> f32 {
-  let m = p.m;
-  let x = (bitcast<u32>(m) >> 23u) & 0xffu;
-  if (x == 0u || x == 0xffu) { return m; }
-  let e = clamp(p.e, -300, 300);
-  let a = select(max(e, -126), min(e, 127), e >= 0);
-  let first = bitcast<f32>(bitcast<u32>(m * hg_pow2(a)) ^ k);
-  let rest = e - a;
-  if (rest > 127) { return first * hg_pow2(127) * 2.0f; }
-  if (rest < -126) { return first * hg_pow2(-126) * 0x1p-30f; }
-  return first * hg_pow2(rest);
+fn hg_prod_value(p: HgProd) -> f32 {
+  // m * 2^e on the bits: exact for normal results, rounded once to nearest even for
+  // subnormal ones, overflow to inf, underflow to a zero of the product's sign, whatever
+  // a driver does with subnormal floats.
+  let b = bitcast<u32>(p.m);
+  let x = (b >> 23u) & 0xffu;
+  if (x == 0u || x == 0xffu) { return p.m; }
+  let sign = b & 0x80000000u;
+  let e = p.e + i32(x) - 127;
+  if (e > 127) { return bitcast<f32>(sign | 0x7f800000u); }
+  if (e >= -126) { return bitcast<f32>(sign | (u32(e + 127) << 23u) | (b & 0x7fffffu)); }
+  if (e < -150) { return bitcast<f32>(sign); }
+  let m = (b & 0x7fffffu) | 0x800000u;
+  let shift = u32(-126 - e);
+  let kept = m >> shift;
+  let rest = m & ((1u << shift) - 1u);
+  let half = 1u << (shift - 1u);
+  let up = rest > half || (rest == half && (kept & 1u) == 1u);
+  return bitcast<f32>(sign | (kept + select(0u, 1u, up)));
 }""",
     # 64-bit unsigned integers as vec2<u32>(low, high), for hg_fma. Shifts take any
     # amount (WGSL's own take it modulo 32).
@@ -247,12 +263,23 @@ fn hg_fma(a: f32, b: f32, c: f32) -> f32 {
   let xa = (ba >> 23u) & 0xffu;
   let xb = (bb >> 23u) & 0xffu;
   let xc = (bc >> 23u) & 0xffu;
-  if (xc == 0xffu && xa != 0xffu && xb != 0xffu) { return c; }  // a finite product
-  if (xa == 0xffu || xb == 0xffu || xc == 0xffu || (ba & 0x7fffffffu) == 0u
-      || (bb & 0x7fffffffu) == 0u) {
-    return a * b + c;  // inf, NaN, or an exact zero product: one rounding at most
+  let sp = (ba ^ bb) & 0x80000000u;
+  let sc = bc & 0x80000000u;
+  let za = (ba & 0x7fffffffu) == 0u;
+  let zb = (bb & 0x7fffffffu) == 0u;
+  if (xa == 0xffu || xb == 0xffu || xc == 0xffu || za || zb) {
+    // inf, NaN or an exact zero product, decided on the bits: a driver that flushes
+    // subnormals would make inf * subnormal NaN and drop a subnormal c.
+    if ((ba & 0x7fffffffu) > 0x7f800000u || (bb & 0x7fffffffu) > 0x7f800000u
+        || (bc & 0x7fffffffu) > 0x7f800000u) { return hg_f32_bits(0x7fc00000u); }
+    if (xa == 0xffu || xb == 0xffu) {
+      if (za || zb || (xc == 0xffu && sc != sp)) { return hg_f32_bits(0x7fc00000u); }
+      return bitcast<f32>(sp | 0x7f800000u);
+    }
+    if (xc == 0xffu || (bc & 0x7fffffffu) != 0u) { return c; }
+    return bitcast<f32>(sp & sc);  // 0 + 0: -0.0 only when both are
   }
-  if ((bc & 0x7fffffffu) == 0u) { return a * b; }  // a nonzero product keeps its sign
+  // c = 0 too goes the integer way: the product rounded once, its sign kept
   let ma = select((ba & 0x7fffffu) | 0x800000u, ba & 0x7fffffu, xa == 0u);
   let mb = select((bb & 0x7fffffu) | 0x800000u, bb & 0x7fffffu, xb == 0u);
   let mc = select((bc & 0x7fffffu) | 0x800000u, bc & 0x7fffffu, xc == 0u);
@@ -270,8 +297,6 @@ fn hg_fma(a: f32, b: f32, c: f32) -> f32 {
   let eq = ec - i32(shift_q);
   let e = max(ep, eq);
   if (ep < eq) { p = hg_jam64(p, u32(eq - ep)); } else { q = hg_jam64(q, u32(ep - eq)); }
-  let sp = (ba ^ bb) & 0x80000000u;
-  let sc = bc & 0x80000000u;
   var sign = sp;
   var r: vec2<u32>;
   if (sp == sc) {

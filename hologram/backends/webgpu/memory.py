@@ -146,7 +146,8 @@ class WebGpuAllocator(Allocator):
     # --- accounting -------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
         with self._lock:
-            return dict(self._stats, adapter=self.dev.summary)
+            return dict(self._stats, adapter=self.dev.summary,
+                        flushes_subnormals=self.dev.flushes_subnormals)
 
     def empty_cache(self) -> int:
         with self._lock:

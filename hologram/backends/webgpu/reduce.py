@@ -176,9 +176,13 @@ class Accumulator:
         r = self.r
         if self.float_sum:
             s, c = self.acc, self.comp
-            # The plain sum where nothing was lost (keeps -0.0) or it is not finite.
-            return r.bind("f32", f"select({s} + {c}, {s}, {c} == 0.0f || "
-                                 f"(bitcast<u32>({s}) & 0x7f800000u) == 0x7f800000u)")
+            # The plain sum where nothing was lost (keeps -0.0) or it is not finite, both
+            # tested on the bits, and s + c opaque: a driver that may ignore the sign of
+            # zero could otherwise fold select(s + c, s, c == 0) into s + c, which
+            # turns a -0.0 sum into +0.0.
+            total = r.bind("f32", f"{s} + {c}")
+            return r.bind("f32", f"select({total}, {s}, (bitcast<u32>({c}) & 0x7fffffffu) "
+                                 f"== 0u || (bitcast<u32>({s}) & 0x7f800000u) == 0x7f800000u)")
         return self.acc
 
     def finish(self, shared: bool, empty: bool) -> str:
@@ -186,7 +190,7 @@ class Accumulator:
         if empty and self.kind == "sum":
             return "0.0f" if self.t.is_float else self.acc
         if self.float_prod:
-            return r.bind("f32", f"hg_prod_value({self.product(shared)}, hg_k)")
+            return r.bind("f32", f"hg_prod_value({self.product(shared)})")
         if not shared:
             mine = self.partial()
             return self.unkey(mine) if self.kind in ("max", "min") else (

@@ -688,8 +688,12 @@ class _Kernel:
         if op == "pow":  # the shared f32 pow works in f64, which WGSL lacks
             return pow_f32(WGSLEmitter(self.bind, self.used, False), *args)
         if op in shared_math.FUNCTIONS:
-            return shared_math.emit(WGSLEmitter(self.bind, self.used, op in EXACT_FMA), op,
-                                   args[0])
+            y = shared_math.emit(WGSLEmitter(self.bind, self.used, op in EXACT_FMA), op,
+                                 args[0])
+            # NaN in, NaN out, tested on the bits: the algorithms clamp with selects on
+            # float comparisons, which a driver may turn into a min/max that drops the
+            # NaN (WGSL allows it; NVIDIA's Vulkan driver gave exp(NaN) = 0).
+            return self.bind(t.name, f"select({y}, {args[0]}, hg_isnan({args[0]}))")
         if (src.name == "i64" and op != "cast") or (op == "select" and t.name == "i64"):
             return self.bind(t.name, self.wide(op, args))
         handler = getattr(self, f"op_{op}", None)
@@ -759,11 +763,15 @@ class _Kernel:
         x, y = args
         if a.is_bool and op not in ("eq", "ne"):
             x, y = f"select(0u, 1u, {x})", f"select(0u, 1u, {y})"
-        if a.is_float:  # NaN tested on the bits: drivers may assume floats are not NaN
+        if a.is_float:
+            # On the bits: NaN tested (drivers may assume floats are not NaN), the values
+            # as ordered integers (-0.0 and +0.0 one key), so that a driver that flushes
+            # subnormals to zero still orders them (WGSL allows the flush).
             nan = f"(hg_isnan({x}) || hg_isnan({y}))"
+            kx, ky = self.call("hg_ord_f32", x), self.call("hg_ord_f32", y)
             if op == "ne":
-                return f"{nan} || ({x} != {y})"
-            return f"!{nan} && ({x} {_CMP[op]} {y})"
+                return f"{nan} || ({kx} != {ky})"
+            return f"!{nan} && ({kx} {_CMP[op]} {ky})"
         return f"{x} {_CMP[op]} {y}"
 
     def op_abs(self, args, a, t):
@@ -785,8 +793,9 @@ class _Kernel:
 
     def op_sign(self, args, a, t):
         (x,) = args
-        if a.is_float:
-            return f"select(select({x}, -1.0f, {x} < 0.0f), 1.0f, {x} > 0.0f)"
+        if a.is_float:  # on the bits: ±0.0 and NaN are kept, subnormals give ±1
+            return (f"select(bitcast<f32>((bitcast<u32>({x}) & 0x80000000u) | 0x3f800000u), "
+                    f"{x}, (bitcast<u32>({x}) & 0x7fffffffu) == 0u || hg_isnan({x}))")
         if a.kind == "u":
             return f"select(0u, 1u, {x} > 0u)"
         return f"select(select(0, -1, {x} < 0), 1, {x} > 0)"
@@ -808,9 +817,10 @@ class _Kernel:
             return x
         if "i64" in (a.name, t.name):
             return self.cast_i64(x, a, t)
-        if t.is_bool:
-            zero = {"f32": "0.0f", "i32": "0", "u32": "0u"}[_REG[a.name]]
-            return f"!({x} == {zero})" if a.is_float else f"{x} != {zero}"
+        if t.is_bool:  # a float on the bits: a subnormal is true (NaN too)
+            if a.is_float:
+                return f"(bitcast<u32>({x}) & 0x7fffffffu) != 0u"
+            return f"{x} != {'0u' if _REG[a.name] == 'u32' else '0'}"
         if a.is_bool:
             return {"f32": f"select(0.0f, 1.0f, {x})", "i32": f"select(0, 1, {x})",
                     "u32": f"select(0u, 1u, {x})"}[_REG[t.name]]
