@@ -65,6 +65,8 @@ def _program():
     k.store(b.output("product", "f32", (8,)), k.mul(a, c))
     k.store(b.output("less", "bool", (8,)), k.lt(k.const(0.0, "f32"), a))
     k.store(b.output("half", "bf16", (8,)), k.mul(e, e))
+    # a product that underflows, scaled back into the normal range: 0 where it flushed
+    k.store(b.output("scaled", "f32", (8,)), k.mul(k.mul(a, c), k.const(2.0 ** 40, "f32")))
     return b.build()
 
 
@@ -86,7 +88,7 @@ def _device_that_flushes(program, inputs):
     h = _flushed(dt.from_bf16_bits(inputs[2]))
     with np.errstate(all="ignore"):
         return [_flushed(x + y), _flushed(x * y), x > 0.0,
-                dt.to_bf16_bits(_flushed(h * h))]
+                dt.to_bf16_bits(_flushed(h * h)), _flushed(_flushed(x * y) * 2.0 ** 40)]
 
 
 def test_forgiven_are_exactly_the_differences_that_flushing_explains():
@@ -96,7 +98,8 @@ def test_forgiven_are_exactly_the_differences_that_flushing_explains():
     assert any(not np.array_equal(g.view(np.uint8), w.view(np.uint8))
                for g, w in zip(got, want))  # the cases do differ
     forgiven = numerics.forgive_flushing(program, inputs, got, want)
-    types = (dt.float32, dt.float32, dt.bool_, dt.bfloat16)
+    types = (dt.float32, dt.float32, dt.bool_, dt.bfloat16, dt.float32)
+    assert not np.array_equal(got[4], want[4])  # 2^-127 * 2^40 = 2^-87, not 0
     for t, g, w in zip(types, forgiven, want):
         numerics.assert_close(g, w, t)
     # any other difference stays: a wrong sum, a wrong sign of zero, a wrong comparison,
@@ -122,7 +125,8 @@ def test_both_forgives_only_a_backend_that_declares_flushing(monkeypatch):
         assert numerics.flushes_subnormals("webgpu")
         program, inputs = _program(), _inputs()
         got, want = numerics.both(program, "webgpu", inputs)
-        for t, g, w in zip((dt.float32, dt.float32, dt.bool_, dt.bfloat16), got, want):
+        for t, g, w in zip((dt.float32, dt.float32, dt.bool_, dt.bfloat16, dt.float32), got,
+                           want):
             numerics.assert_close(g, w, t)
 
 

@@ -327,6 +327,92 @@ fn hg_fma(a: f32, b: f32, c: f32) -> f32 {
   if (top > 127) { return bitcast<f32>(sign | 0x7f800000u); }
   return bitcast<f32>(sign | (u32(top + 127) << 23u) | (keep & 0x7fffffu));
 }""",
+    # A finite nonzero f32 magnitude (bits) as k 2^(e - 23), k in [2^23, 2^24). A
+    # subnormal's bits are its value in units of 2^-149, an integer below 2^23 that
+    # converts to f32 exactly: no float operation sees the subnormal (a driver may flush).
+    "hg_sig": """\
+struct HgSig { k: u32, e: i32 }
+fn hg_sig(a: u32) -> HgSig {
+  if (a >= 0x00800000u) { return HgSig((a & 0x7fffffu) | 0x800000u, i32(a >> 23u) - 127); }
+  let b = bitcast<u32>(f32(a));
+  return HgSig((b & 0x7fffffu) | 0x800000u, i32(b >> 23u) - 276);
+}""",
+    # k 2^(e - 23), k in [2^23, 2^24], plus what lies below k's last bit (half: at least
+    # half of it; sticky: anything but exactly 0 or exactly half), rounded once to nearest
+    # even into an f32: subnormal results on their own grid, overflow to inf.
+    "hg_round_pack": """\
+fn hg_round_pack(sign: u32, e: i32, k: u32, half: bool, sticky: bool) -> f32 {
+  var x = e;
+  var kk = k;
+  if (kk >= 0x1000000u) { kk = kk >> 1u; x = x + 1; }
+  let k2 = (kk << 1u) | select(0u, 1u, half);
+  var shift = 1u;
+  if (x < -126) { shift = 1u + u32(min(-126 - x, 26)); }
+  let kept = k2 >> shift;
+  let rest = k2 & ((1u << shift) - 1u);
+  let halfway = 1u << (shift - 1u);
+  let up = rest > halfway || (rest == halfway && (sticky || (kept & 1u) == 1u));
+  var m = kept + select(0u, 1u, up);
+  if (x < -126) { return bitcast<f32>(sign | m); }
+  if (m >= 0x1000000u) { m = m >> 1u; x = x + 1; }
+  if (x > 127) { return bitcast<f32>(sign | 0x7f800000u); }
+  return bitcast<f32>(sign | (u32(x + 127) << 23u) | (m & 0x7fffffu));
+}""",
+    # x / y rounded once. WGSL allows a division 2.5 ulp off (NVIDIA's Vulkan driver
+    # computes x * (1/y): inf / 3e38 is NaN there, the reciprocal a flushed subnormal). So
+    # the significands' quotient v = mx / my in [1, 2) is k = floor(v 2^23) with the
+    # remainder r = mx 2^23 - k my in [0, my), from the driver's estimate corrected on the
+    # integers; r says whether v is past the midpoint above k. The integers wrap: r is
+    # small, so its low 32 bits are r. IEEE's special cases on the bits.
+    "hg_div": """\
+fn hg_div(x: f32, y: f32) -> f32 {
+  let bx = bitcast<u32>(x);
+  let by = bitcast<u32>(y);
+  let ax = bx & 0x7fffffffu;
+  let ay = by & 0x7fffffffu;
+  let sign = (bx ^ by) & 0x80000000u;
+  if (ax > 0x7f800000u || ay > 0x7f800000u || (ax == ay && (ax == 0u || ax == 0x7f800000u))) {
+    return hg_f32_bits(0x7fc00000u);
+  }
+  if (ax == 0x7f800000u || ay == 0u) { return bitcast<f32>(sign | 0x7f800000u); }
+  if (ax == 0u || ay == 0x7f800000u) { return bitcast<f32>(sign); }
+  let sx = hg_sig(ax);
+  let sy = hg_sig(ay);
+  let my = sy.k;
+  var mx = sx.k;
+  var e = sx.e - sy.e;
+  if (mx < my) { mx = mx << 1u; e = e - 1; }
+  let top = mx << 23u;
+  var k = u32(f32(mx) / f32(my) * 0x1p23f);
+  var r = bitcast<i32>(top - k * my);
+  k = u32(i32(k) + i32(floor(f32(r) / f32(my))));
+  r = bitcast<i32>(top - k * my);
+  if (r < 0) { k = k - 1u; r = r + i32(my); }
+  if (r >= i32(my)) { k = k + 1u; r = r - i32(my); }
+  let twice = u32(r) << 1u;
+  return hg_round_pack(sign, e, k, twice >= my, r != 0 && twice != my);
+}""",
+    # sqrt(x) rounded once, the same way: m 2^-23 in [1, 4) (an even exponent), v =
+    # sqrt(m 2^-23) in [1, 2), k = floor(v 2^23) with r = m 2^23 - k^2 in [0, 2k]; v is
+    # past the midpoint above k where r > k (m 2^23 >= (k + 1/2)^2 = k^2 + k + 1/4).
+    "hg_sqrt": """\
+fn hg_sqrt(x: f32) -> f32 {
+  let bx = bitcast<u32>(x);
+  if ((bx & 0x7fffffffu) == 0u || bx == 0x7f800000u) { return x; }
+  if (bx > 0x7f800000u) { return hg_f32_bits(0x7fc00000u); }
+  let s = hg_sig(bx);
+  let odd = (s.e & 1) != 0;
+  let m = select(s.k, s.k << 1u, odd);
+  let e = (s.e - select(0, 1, odd)) >> 1u;
+  let top = m << 23u;
+  var k = u32(sqrt(f32(m) * 0x1p-23f) * 0x1p23f);
+  var r = bitcast<i32>(top - k * k);
+  k = u32(i32(k) + i32(floor(f32(r) / f32(2u * k))));
+  r = bitcast<i32>(top - k * k);
+  if (r < 0) { k = k - 1u; r = bitcast<i32>(top - k * k); }
+  if (r > i32(2u * k)) { k = k + 1u; r = bitcast<i32>(top - k * k); }
+  return hg_round_pack(0u, e, k, r > i32(k), r != 0);
+}""",
     # i64 values as vec2<u32>(low, high) words: only casts and stores (indices, labels).
     # f32 -> i64 saturating, NaN -> 0 (the ISA's float-to-integer cast).
     "hg_f32_to_i64": """\
@@ -381,6 +467,8 @@ fn hg_i64_to_f32(v: vec2<u32>, odd: bool) -> f32 {
 
 #: What each helper calls.
 NEEDS: dict[str, tuple[str, ...]] = {
+    "hg_div": ("hg_sig", "hg_round_pack"),
+    "hg_sqrt": ("hg_sig", "hg_round_pack"),
     "hg_round_f16": ("hg_f16_to_f32", "hg_f32_to_f16"),
     "hg_round_bf16": ("hg_f32_to_bf16",),
     "hg_fma": ("hg_u64",),

@@ -100,7 +100,9 @@ class WGSLEmitter(MathEmitter):
         return self._f(f"{a} * {self._other(a, b)}")
 
     def div(self, a, b):
-        return self._f(f"{a} / {self._other(a, b)}")
+        # WGSL's division may be 2.5 ulp off; the algorithms assume one rounding.
+        self.used.add("hg_div")
+        return self._f(f"hg_div({a}, {b})")
 
     def _other(self, a, b):
         # x - x, x / x: the compiler folds an operation on one value twice (to 0, 1) also
@@ -368,3 +370,4 @@ def pow_f32(e: MathEmitter, x, y):
                       e.not_(e.ine(ay_bits, ci(_INF_BITS))))
     res = e.sel(e.or_(unit_inf, x_one), one, res)
     return e.sel(y_zero, one, res)
+

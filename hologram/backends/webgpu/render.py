@@ -725,6 +725,8 @@ class _Kernel:
         return self.arith("*", args, a)
 
     def op_div(self, args, a, t):
+        if a.is_float:  # WGSL's division may be 2.5 ulp off; the ISA rounds once
+            return self.call("hg_div", *args)
         return self.arith("/", args, a)
 
     def op_mod(self, args, a, t):
@@ -800,8 +802,11 @@ class _Kernel:
             return f"select(0u, 1u, {x} > 0u)"
         return f"select(select(0, -1, {x} < 0), 1, {x} > 0)"
 
-    def op_rsqrt(self, args, a, t):
-        return f"1.0f / sqrt({args[0]})"
+    def op_sqrt(self, args, a, t):  # WGSL's sqrt may be inexact; the ISA rounds once
+        return self.call("hg_sqrt", args[0])
+
+    def op_rsqrt(self, args, a, t):  # two correctly rounded steps: within 1 ulp
+        return self.call("hg_div", f32_literal(1.0), self.call("hg_sqrt", args[0]))
 
     def op_fma(self, args, a, t):
         if a.is_float:  # WGSL's fma() may round twice
@@ -965,7 +970,7 @@ class _Kernel:
         return value
 
 
-_UNARY_FLOAT_FNS = {"sqrt": "sqrt", "floor": "floor", "ceil": "ceil", "trunc": "trunc",
+_UNARY_FLOAT_FNS = {"floor": "floor", "ceil": "ceil", "trunc": "trunc",
                     "round": "round"}
 
 for _op in _CMP:
