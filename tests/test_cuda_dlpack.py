@@ -284,6 +284,12 @@ def test_strided_read_only_and_unknown_dtypes_are_refused_and_released():
     bf16 = _Handmade(0x1000, (3,), dtype=(4, 16))
     with pytest.raises(DTypeError, match="code 4, 16 bits"):
         memory.import_dlpack(bf16)
+    # A view 4 bytes into an allocation: the kernels are compiled for 16-byte alignment.
+    view = _Handmade(0x3000, (3,), byte_offset=4)
+    with pytest.raises(ShapeError, match=r"starts at 0x3004, not on a 16-byte boundary.*"
+                                         r"\.clone\(\)"):
+        memory.import_dlpack(view)
+    assert view.deleted == 1
 
 
 @needs_triton

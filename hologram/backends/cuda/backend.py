@@ -76,7 +76,7 @@ _ANY = frozenset({"load", "gather", "store", "scatter", "const", "index", "cast"
                   "ge", "reduce"})
 _SPLIT_WORK = render_module.SPLIT_WORK  # the default split threshold
 #: Triton compile options: never contract a*b+c to an FMA (one rounding, not two).
-OPTIONS = {"enable_fp_fusion": False, "num_stages": 1}
+OPTIONS = {"enable_fp_fusion": False}
 
 
 #: This process's GPU, probed once (:func:`gpu`).
@@ -307,7 +307,8 @@ def _compile(source: str, kernels: list[dict], arch: int) -> list[dict]:
         return out
     request = {"op": "compile", "source": source, "arch": arch, "options": OPTIONS,
                "kernels": [{"name": kernels[i]["name"], "signature": kernels[i]["signature"],
-                            "num_warps": kernels[i]["num_warps"]} for i in missing]}
+                            "num_warps": kernels[i]["num_warps"],
+                            "num_stages": kernels[i]["num_stages"]} for i in missing]}
     reply = worker.call("compile", request, source)
     for i, c in zip(missing, reply["kernels"]):
         md = c["metadata"]

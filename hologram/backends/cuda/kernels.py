@@ -72,7 +72,8 @@ def key(source: str, kernel: dict, options: dict, arch: int, driver: int | None)
     """The digest naming one kernel's entry (everything its cubin depends on)."""
     parts = {"format": _FORMAT, "source": source, "name": kernel["name"],
              "signature": kernel["signature"], "num_warps": kernel["num_warps"],
-             "options": options, "arch": arch, "triton": worker.TRITON_VERSION,
+             "num_stages": kernel["num_stages"], "options": options, "arch": arch,
+             "triton": worker.TRITON_VERSION,
              "toolkit": toolkit_version(), "driver": driver}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 

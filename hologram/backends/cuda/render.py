@@ -57,10 +57,18 @@ from .mathlib import F32, F64, TritonEmitter
 #: Elements of one tile (XBLOCK * RBLOCK) at most, and the widest RBLOCK.
 TILE = 4096
 MAX_RBLOCK = 1024
-#: Matrix products: outputs per side of a program instance's tile, and indices of k per
-#: ``tl.dot`` (each at least 16, Triton's smallest dot).
-MATMUL_TILE = 64
-MATMUL_DEPTH = 32
+#: Matrix products: ``(BM, BN, BK)``, outputs per side of a program instance's tile and
+#: indices of k per ``tl.dot`` (each at least 16, Triton's smallest dot), with the software
+#: pipeline's depth and the warps. Tensor-core products (f16, bf16, TF32) take Hopper's and
+#: Ampere's usual tile, their operand loads pipelined ``MATMUL_STAGES`` deep; IEEE f32 (FMA
+#: units) a smaller one. Program instances are numbered in groups of ``MATMUL_GROUP`` rows
+#: of tiles, so neighbours share operand tiles in L2.
+MATMUL_TENSOR_CORES = (128, 128, 64)
+MATMUL_IEEE = (64, 64, 32)
+MATMUL_STAGES = 3
+MATMUL_IEEE_STAGES = 1
+MATMUL_WARPS = 8
+MATMUL_GROUP = 8
 #: Split reductions (:func:`split`): a kernel that reduces long rows into few outputs is
 #: rendered as two kernels, partials over chunks of each row and their combination, so
 #: that the whole GPU works on it. Chunks hold at least ``SPLIT_WORK`` terms (16 or more
@@ -299,7 +307,7 @@ def render(program: Program, kernel: Kernel, caps: Capabilities,
            scratch: int = 0, tf32: bool = False) -> list[dict]:
     """The Triton functions of ``kernel`` and what compiling and launching each needs:
     ``{"name", "source", "signature", "buffers", "writes", "grid", "xblock", "rblock",
-    "num_warps", "scratch"}`` (``buffers``: buffer indices, one per pointer argument;
+    "num_warps", "num_stages", "scratch"}`` (``buffers``: buffer indices, one per pointer argument;
     ``writes``: those it stores to). One function, or two for a split reduction
     (:func:`split`): partials into scratch buffers numbered from ``scratch`` (past the
     program's buffers; ``scratch`` lists them as ``{"index", "dtype", "count"}``, a
@@ -344,6 +352,8 @@ class _Kernel:
         self.mask = "xmask"
         self.zero = "xzero"  # an int32 zero tile of the mask's shape
         self.width = 1  # the flat loop index's tile in the current store nest (1: none)
+        self.stages = 1  # Triton's software pipeline: only matrix products' loads gain
+        self.warps: int | None = None  # by the tile's size unless a matrix product sets it
 
     # --- text ---------------------------------------------------------------------------
     def line(self, text: str) -> None:
@@ -390,7 +400,9 @@ class _Kernel:
         return {"name": name, "source": source, "signature": signature,
                 "buffers": buffers, "writes": writes, "grid": grid,
                 "xblock": self.xblock, "rblock": self.rblock,
-                "num_warps": 4 if tile <= 2048 else 8, "scratch": scratch}
+                "num_warps": self.warps or (4 if tile <= 2048 else 8),
+                "num_stages": self.stages,
+                "scratch": scratch}
 
     def render_partials(self) -> dict:
         """The first kernel of a split reduction: program instance ``pid`` reduces chunk
@@ -449,21 +461,33 @@ class _Kernel:
     def matmul(self, mm: loops.MatmulDims) -> int:
         """A matrix product (:func:`hologram.codegen.loops.matmul`): each program instance
         computes a ``[BM, BN]`` tile of outputs over chunks of ``BK`` indices of ``k``.
-        Floats use ``tl.dot`` (IEEE f32 products and sums; f32 operands rounded to TF32
-        only with ``tf32``, ``HOLOGRAM_CUDA_ALLOW_TF32``) and add the chunks' sums with
-        compensation, so the error stays within the ISA's float-sum bound (a
-        chunk's dot product costs at most ``BK`` roundings, the compensated sum of the
-        chunks about two); a sum of -0.0 products comes out +0.0, as from BLAS. Integers
-        (which ``tl.dot`` takes only as i8) sum broadcast products, wrapping. The epilogue
-        then runs on the tile, ``xmask`` its valid outputs. Returns the number of program
-        instances."""
+
+        f16 operands go to ``tl.dot`` as f16 and bf16 ones as TF32 (both exact), f32 as
+        TF32 only with ``tf32`` (``HOLOGRAM_CUDA_ALLOW_TF32``): these take the tensor cores
+        and accumulate in f32 as cuBLAS does (the dot-product bound of library calls,
+        docs/isa.md). IEEE f32 (FMA units) adds the chunks' sums with compensation, which
+        keeps its error within the ISA's float-sum bound (a chunk costs at most ``BK``
+        roundings, the compensated sum of the chunks about two). A sum of -0.0 products
+        comes out +0.0, as from BLAS. Integers (which ``tl.dot`` takes only as i8) sum
+        broadcast products, wrapping. Sizes are static: edges are masked only where a
+        tile passes them. The epilogue then runs on the tile, ``xmask`` its valid
+        outputs. Returns the number of program instances."""
         kernel, domain = self.kernel, self.kernel.domain
         instr = kernel.body[mm.position]
         t = kernel.body[instr.args[0]].dtype
-        side, depth = (MATMUL_TILE, MATMUL_DEPTH) if t.is_float else (32, 16)
-        bm, bn = (min(side, max(16, pow2(domain[d]))) for d in (mm.m, mm.n))
+        tensor_cores = t in (dt.float16, dt.bfloat16) or (self.tf32 and t is dt.float32)
+        if t.is_float:
+            side_m, side_n, depth = MATMUL_TENSOR_CORES if tensor_cores else MATMUL_IEEE
+        else:
+            side_m, side_n, depth = 32, 32, 16
+        bm, bn = (min(side, max(16, pow2(domain[d])))
+                  for side, d in ((side_m, mm.m), (side_n, mm.n)))
         bk = min(depth, max(16, pow2(domain[mm.k])))
         self.xblock, self.rblock = bm * bn, bk
+        if tensor_cores:
+            self.stages, self.warps = MATMUL_STAGES, MATMUL_WARPS
+        elif t.is_float:
+            self.stages = MATMUL_IEEE_STAGES
         tiles_m, tiles_n = -(-domain[mm.m] // bm), -(-domain[mm.n] // bn)
         self.line("pid = tl.program_id(0)")
         stride = tiles_m * tiles_n
@@ -471,43 +495,65 @@ class _Kernel:
             if domain[d] > 1:
                 self.index[d] = self.bind(f"(pid // {stride}) % {domain[d]}")
             stride *= domain[d]
-        rows = self.bind(f"((pid // {tiles_n}) % {tiles_m}) * {bm} + "
-                         f"tl.arange(0, {bm})[:, None]")
-        cols = self.bind(f"(pid % {tiles_n}) * {bn} + tl.arange(0, {bn})[None, :]")
-        row_ok, col_ok = (self.bind(f"{v} < {domain[d]}")
-                          for v, d in ((rows, mm.m), (cols, mm.n)))
+        tile = self.bind(f"pid % {tiles_m * tiles_n}")
+        group = min(MATMUL_GROUP, tiles_m)
+        if group > 1 and tiles_n > 1:
+            # Tile i of a group of ``group`` rows of tiles: down its column first.
+            first = self.bind(f"({tile} // {group * tiles_n}) * {group}")
+            size = group if tiles_m % group == 0 else \
+                self.bind(f"tl.minimum({tiles_m} - {first}, {group})")
+            within = self.bind(f"{tile} % {group * tiles_n}")
+            tile_m, tile_n = f"({first} + {within} % {size})", f"({within} // {size})"
+        else:
+            tile_m, tile_n = f"({tile} // {tiles_n})", f"({tile} % {tiles_n})"
+        rows = self.bind(f"{tile_m} * {bm} + tl.arange(0, {bm})[:, None]")
+        cols = self.bind(f"{tile_n} * {bn} + tl.arange(0, {bn})[None, :]")
+
+        def inside(v: str, d: int, block: int) -> str | None:
+            return self.bind(f"{v} < {domain[d]}") if domain[d] % block else None
+
+        row_ok, col_ok = inside(rows, mm.m, bm), inside(cols, mm.n, bn)
         acc_t = _TL[t.name]
         acc, comp = self.bind(f"tl.zeros([{bm}, {bn}], {acc_t})"), f"comp{mm.position}"
-        if t.is_float:
+        compensated = t.is_float and not tensor_cores
+        if compensated:
             self.line(f"{comp} = tl.zeros([{bm}, {bn}], {acc_t})")
         self.line(f"for k0 in range(0, {domain[mm.k]}, {bk}):")
         self.depth += 1
 
-        def operand(arg: int, index: dict[int, str], ok: str, k: str) -> str:
-            # Positions past the matrices' edges are computed, then zeroed.
+        def operand(arg: int, index: dict[int, str], ok: str | None, k: str,
+                    shape: tuple[int, int]) -> str:
+            # Positions past the matrices' edges are computed, then zeroed (a load there
+            # reads 0 already).
             self.index.pop(mm.m, None), self.index.pop(mm.n, None)
             self.index.update(index)
-            self.mask = self.bind(f"{ok} & ({k} < {domain[mm.k]})")
-            self.zero = self.bind(f"{ok}.to(tl.int32) * 0 + {k} * 0")
-            self.local = {}
-            return self.bind(f"tl.where({self.mask}, {self.value(arg)}, 0)")
+            masks = [m for m in (ok, inside(k, mm.k, bk)) if m is not None]
+            self.mask = self.bind(" & ".join(masks)) if masks else None
+            self.zero, self.local = None, {}
+            source = kernel.body[arg]
+            if source.op == "load" and t is dt.float16:
+                # Straight from memory to the dot: the pipeline copies it to shared memory.
+                value = self.load(source, raw=True)
+            else:
+                value = self.value(arg)
+                if t is dt.float16:
+                    value = f"({value}).to(tl.float16)"
+                if self.mask is not None and source.op != "load":
+                    value = f"tl.where({self.mask}, {value}, 0)"
+            return self.bind(f"tl.broadcast_to({value}, {list(shape)})")
 
         ka = self.bind(f"k0 + tl.arange(0, {bk})[None, :]")
-        a = operand(instr.args[0], {mm.m: rows, mm.k: ka}, row_ok, ka)
+        a = operand(instr.args[0], {mm.m: rows, mm.k: ka}, row_ok, ka, (bm, bk))
         kb = self.bind(f"k0 + tl.arange(0, {bk})[:, None]")
-        b = operand(instr.args[1], {mm.n: cols, mm.k: kb}, col_ok, kb)
-        if t.is_float:
-            if t is dt.float16:
-                # f16 values are exact in f16 (the registers hold them in f32): the tensor
-                # cores take them, with exact products and f32 sums.
-                dot = f"tl.dot({a}.to(tl.float16), {b}.to(tl.float16), out_dtype=tl.float32)"
-            else:
-                # bf16 values are exact in TF32 (8 exponent bits, 10 of significand), so
-                # bf16 takes the tensor cores through TF32 (Triton's interpreter has no
-                # bf16 dot); f32 only where asked for (as torch's allow_tf32).
-                tf32 = t is dt.bfloat16 or (self.tf32 and t is dt.float32)
-                dot = f"tl.dot({a}, {b}, input_precision=\"{'tf32' if tf32 else 'ieee'}\")"
-            y = self.bind(f"{dot} - {comp}")
+        b = operand(instr.args[1], {mm.n: cols, mm.k: kb}, col_ok, kb, (bk, bn))
+        if t is dt.float16:
+            self.line(f"{acc} = tl.dot({a}, {b}, {acc}, out_dtype=tl.float32)")
+        elif tensor_cores:
+            # bf16 values are exact in TF32 (8 exponent bits, 10 of significand), so bf16
+            # takes the tensor cores through TF32 (Triton's interpreter has no bf16 dot).
+            self.line(f"{acc} = tl.dot({a}, {b}, {acc}, input_precision=\"tf32\")")
+        elif compensated:
+            y = self.bind(f"tl.dot({a}, {b}, input_precision=\"ieee\") - {comp}")
             total = self.bind(f"{acc} + {y}")
             self.line(f"{comp} = tl.where(tl.abs({total}) < HG_INF, "
                       f"({total} - {acc}) - {y}, 0.0)")
@@ -519,12 +565,17 @@ class _Kernel:
         self.depth -= 1
         del self.index[mm.k]
         self.index[mm.m], self.index[mm.n] = rows, cols
-        self.line(f"xmask = {row_ok} & {col_ok}")
-        self.line("xzero = xmask.to(tl.int32) * 0")
+        masks = [m for m in (row_ok, col_ok) if m is not None]
+        self.line(f"xmask = {' & '.join(masks)}" if len(masks) == 2 else
+                  f"xmask = tl.broadcast_to({masks[0]}, [{bm}, {bn}])" if masks else
+                  f"xmask = tl.full([{bm}, {bn}], 1, tl.int1)")
+        self.line(f"xzero = tl.zeros([{bm}, {bn}], tl.int32)")
         self.mask, self.zero, self.local = "xmask", "xzero", {}
+        if compensated:
+            acc = self.bind(f"tl.where(({comp} == 0.0) | ~(tl.abs({acc}) < HG_INF), "
+                            f"{acc}, {acc} - {comp})")
         if t.is_float:
-            acc = self.rounded(self.bind(f"tl.where(({comp} == 0.0) | ~(tl.abs({acc}) < "
-                                         f"HG_INF), {acc}, {acc} - {comp})"), t)
+            acc = self.rounded(acc, t)
         self.point[mm.position] = acc
         return mm.batch * tiles_m * tiles_n
 
@@ -586,7 +637,7 @@ class _Kernel:
         return self.local[i]
 
     def address(self, instr: Instr) -> str:
-        terms = [self.zero, str(instr.map.offset)]
+        terms = [self.zero, str(instr.map.offset)] if self.zero else [str(instr.map.offset)]
         for d, (n, stride) in enumerate(zip(instr.shape, instr.map.strides)):
             if n > 1 and stride and d in self.index:
                 terms.append(f"{self.index[d]} * {stride}")
@@ -610,7 +661,7 @@ class _Kernel:
         low, high = instr.bounds
         kmin, kmax = _LIMITS[_TL[operand.name]]
         lo, hi = max(low, kmin), min(high, kmax)
-        constant, terms = instr.map.offset, [self.zero]
+        constant, terms = instr.map.offset, [self.zero] if self.zero else []
         if lo >= hi:  # every operand value clamps to one bound
             constant += high if high <= kmin else low
         else:
@@ -627,22 +678,27 @@ class _Kernel:
                 terms.append(f"{self.index[d]} * {_wrap32(stride)}")
         return " + ".join(terms)
 
-    def load(self, instr: Instr, address: str | None = None, mask: str | None = None) -> str:
+    def load(self, instr: Instr, address: str | None = None, mask: str | None = None,
+             raw: bool = False) -> str:
         """A load's value, or a gather's (``address``: :meth:`gather_address`), or the
-        element a scatter combines with (``mask``: the writes of its round)."""
+        element a scatter combines with (``mask``: the writes of its round); ``raw``: the
+        storage type's value (f16 as f16). No mask: every element is inside."""
         t, buf = instr.dtype.name, instr.buffer
         if 0 in instr.shape:  # nothing to read (the loop plan places it per grid point)
             return self.const(0, instr.dtype)
         address = self.address(instr) if address is None else address
         mask = self.mask if mask is None else mask
-        raw = self.bind(f"tl.load(b{buf} + ({address}), mask={mask}, other=0)")
+        masked = "" if mask is None else f", mask={mask}, other=0"
+        value = self.bind(f"tl.load(b{buf} + ({address}){masked})")
+        if raw:
+            return value
         if t == "bool":
-            return self.bind(f"{raw} != 0")
+            return self.bind(f"{value} != 0")
         if t == "f16":
-            return self.bind(f"{raw}.to(tl.float32)")
+            return self.bind(f"{value}.to(tl.float32)")
         if t == "bf16":
-            return self.bind(f"hg_bf16_to_f32({raw})")
-        return raw
+            return self.bind(f"hg_bf16_to_f32({value})")
+        return value
 
     def write(self, instr: Instr) -> None:
         if instr.op == "scatter":

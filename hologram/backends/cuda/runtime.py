@@ -33,6 +33,11 @@ from . import dlpack
 
 #: The largest grid.x of a launch (2**31 - 1).
 MAX_GRID_X = 2**31 - 1
+#: Every buffer's address is a multiple of this: kernels are compiled with their pointers
+#: so marked (Triton's ``tt.divisibility``), which their vector loads and the matrix
+#: products' pipelined copies need. The driver's allocations are 256-byte aligned;
+#: imported memory is checked.
+ALIGNMENT = 16
 
 
 @dataclass(frozen=True)
@@ -282,8 +287,8 @@ class DeviceMemory(Allocator):
         (not this pool's) whose end calls the producer's deleter once and releases the
         producer, with the tensor's shape and dtype. The producer is given this driver's
         stream (``__dlpack__(stream=...)``), so it orders its queued work before ours, as
-        the protocol asks of it. Other devices, strided and read-only tensors are
-        refused."""
+        the protocol asks of it. Other devices, strided and read-only tensors, and memory
+        not aligned to :data:`ALIGNMENT` bytes are refused."""
         kind, ordinal = map(int, producer.__dlpack_device__())
         if (kind, ordinal) != (dlpack.KDL_CUDA, self.device_id):
             name = dlpack.DEVICE_NAMES.get(kind, f"DLPack device type {kind}")
@@ -310,6 +315,13 @@ class DeviceMemory(Allocator):
                              f"{tensor.dtype} is {what}; buffers are contiguous and writable, "
                              "so pass a contiguous, writable copy (.contiguous() or .clone() "
                              "in torch)")
+        if tensor.data % ALIGNMENT:
+            tensor.release()
+            raise ShapeError(f"from_dlpack: {type(producer).__name__} {list(tensor.shape)} "
+                             f"{tensor.dtype} starts at {tensor.data:#x}, not on a "
+                             f"{ALIGNMENT}-byte boundary (a view into a larger tensor?); "
+                             "the kernels' vector loads assume it, so pass a copy "
+                             "(.clone() in torch)")
         nbytes = int(np.prod(tensor.shape, dtype=np.int64)) * tensor.dtype.itemsize
         block = DeviceBlock(tensor.data, nbytes, nbytes)
         block.end = End(_release_foreign, tensor.release, producer)
