@@ -1,6 +1,8 @@
 """The f32 math functions on the webgpu backend against float64 NumPy rounded to f32: the
 largest error in ulps stays within what docs/webgpu.md reports (measured there with
-``SAMPLES = 1 << 16``; CI runs fewer)."""
+``SAMPLES = 1 << 16``; CI runs fewer). On an adapter that flushes subnormals (its probe
+says so), a result may instead be the function's value at the input flushed to a zero
+of its sign: functions lose subnormal inputs there (docs/webgpu.md)."""
 
 from __future__ import annotations
 
@@ -9,10 +11,11 @@ import os
 
 import numpy as np
 import pytest
-from conformance.numerics import float_edges, ulp_distance
+from conformance.numerics import float_edges, flush, ulp_distance
 
 import hologram
 import hologram as hg
+from hologram.backends.webgpu import device as devices
 from hologram.backends.webgpu.backend import WebGpuBackend
 from hologram.isa import dtypes as dt
 from hologram.isa.builder import ProgramBuilder
@@ -78,6 +81,11 @@ def test_math_function_error_in_ulps(ex, name):
     got = yb.to_numpy()
     with np.errstate(all="ignore"):
         want = reference(x.astype(np.float64)).astype(np.float32)
+        if devices.get("webgpu").flushes_subnormals:
+            flushed = reference(flush(x, dt.float32).astype(np.float64)).astype(np.float32)
+            closer = ulp_distance(got, flushed, dt.float32) < ulp_distance(got, want,
+                                                                          dt.float32)
+            want = np.where(closer & np.isfinite(flushed), flushed, want)
     normal = np.isfinite(want) & (np.abs(want) >= np.finfo(np.float32).tiny)
     ulps = ulp_distance(got[normal], want[normal], dt.float32)
     worst = int(ulps.argmax())

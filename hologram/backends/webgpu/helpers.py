@@ -358,6 +358,14 @@ fn hg_round_pack(sign: u32, e: i32, k: u32, half: bool, sticky: bool) -> f32 {
   if (x > 127) { return bitcast<f32>(sign | 0x7f800000u); }
   return bitcast<f32>(sign | (u32(x + 127) << 23u) | (m & 0x7fffffu));
 }""",
+    # p 2^n rounded once (MathEmitter.scale), on the integers; NaN, inf and 0 unchanged.
+    "hg_scale": """\
+fn hg_scale(p: f32, n: i32) -> f32 {
+  let b = bitcast<u32>(p);
+  if ((b & 0x7f800000u) == 0x7f800000u || (b & 0x7fffffffu) == 0u) { return p; }
+  let s = hg_sig(b & 0x7fffffffu);
+  return hg_round_pack(b & 0x80000000u, s.e + n, s.k, false, false);
+}""",
     # x / y rounded once. WGSL allows a division 2.5 ulp off (NVIDIA's Vulkan driver
     # computes x * (1/y): inf / 3e38 is NaN there, the reciprocal a flushed subnormal). So
     # the significands' quotient v = mx / my in [1, 2) is k = floor(v 2^23) with the
@@ -469,6 +477,7 @@ fn hg_i64_to_f32(v: vec2<u32>, odd: bool) -> f32 {
 NEEDS: dict[str, tuple[str, ...]] = {
     "hg_div": ("hg_sig", "hg_round_pack"),
     "hg_sqrt": ("hg_sig", "hg_round_pack"),
+    "hg_scale": ("hg_sig", "hg_round_pack"),
     "hg_round_f16": ("hg_f16_to_f32", "hg_f32_to_f16"),
     "hg_round_bf16": ("hg_f32_to_bf16",),
     "hg_fma": ("hg_u64",),

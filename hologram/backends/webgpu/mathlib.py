@@ -112,6 +112,12 @@ class WGSLEmitter(MathEmitter):
     def fast_recip(self, a):
         return self._f(f"1.0f / {a}")
 
+    def scale(self, p, n):
+        # On the integers (hg_scale): a driver that flushes subnormals (WGSL allows it)
+        # would flush the default's last multiplication where the result is subnormal.
+        self.used.add("hg_scale")
+        return self._f(f"hg_scale({p}, {n})")
+
     def neg(self, a):
         return self._f(f"bitcast<f32>(bitcast<u32>({a}) ^ 0x80000000u)")
 
