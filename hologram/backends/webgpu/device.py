@@ -99,12 +99,13 @@ def is_hardware(info: dict) -> bool:
 
 def gpu_may_exist() -> bool:
     """False where there can be no GPU adapter, known without loading a driver: a Linux
-    machine with no GPU device node (``/dev/dri/renderD*``, ``/dev/nvidia*``, ``/dev/kfd``),
-    where wgpu could find only a CPU emulation. True elsewhere."""
+    machine with no GPU device node (``/dev/dri/renderD*``, ``/dev/nvidia[0-9]*``,
+    ``/dev/kfd``, WSL's ``/dev/dxg``), where wgpu could find only a CPU emulation. True
+    elsewhere."""
     if not sys.platform.startswith("linux"):
         return True
     return any(glob.glob(pattern) for pattern in ("/dev/dri/renderD*", "/dev/nvidia[0-9]*",
-                                                  "/dev/kfd"))
+                                                  "/dev/kfd", "/dev/dxg"))
 
 
 def adapter(kind: str = "webgpu") -> Any:
