@@ -5,7 +5,9 @@ works in f64, which WGSL lacks, is :func:`pow_f32` here, on double-f32 words.
 
 Bit-level primitives (``fabs``, ``neg``, ``copysign``, ``isnan``) work on the bits, not on
 WGSL's float operators: WGSL lets an implementation assume finite values in float
-operations, but never in integer ones. Float constants are bit patterns
+operations, but never in integer ones. ``div`` and ``scale`` are the helpers' integer
+routines (``hg_div``, ``hg_scale``): WGSL's division may be 2.5 ulp off, and a driver may
+flush a subnormal result to zero. Float constants are bit patterns
 the compiler cannot fold (:func:`f32_literal`): a constant expression that is inf or NaN
 is a shader-creation error, and drivers fold known constants with fast-math rules.
 """
@@ -376,4 +378,3 @@ def pow_f32(e: MathEmitter, x, y):
                       e.not_(e.ine(ay_bits, ci(_INF_BITS))))
     res = e.sel(e.or_(unit_inf, x_one), one, res)
     return e.sel(y_zero, one, res)
-
