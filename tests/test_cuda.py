@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conformance import test_split_reductions as split_reductions
 from conformance.numerics import elementwise, pairs
 from conformance.test_reductions import reduce_program
 from conformance.test_scatter import rows_program
@@ -184,22 +185,32 @@ def test_few_long_rows_are_split_by_size(emulate):
     def split(shape, axes, kind="sum"):
         g = Graph("s")
         g.output("y", g.reduce(kind, g.input("x", "f32", shape), axes, keepdim=False))
-        kernels = _kernels(g.program())["kernels"]
-        return [(k["name"].rsplit("_", 1)[-1], k["grid"]) for k in kernels]
+        (kernel,) = _kernels(g.program())["kernels"]
+        return kernel["parts"], kernel["grid"]
 
     work = render.SPLIT_WORK
-    # at most MAX_PARTS chunks, each a whole number of 1024-term tiles
-    (part, parts), final = split((100_000_000,), (0,))
-    assert part == "part" and render.MAX_PARTS - 8 <= parts <= render.MAX_PARTS
-    assert final == ("final", 1)
-    (part, programs), final = split((4, 100_000), (1,))  # one row per program instance
-    assert part == "part" and programs % 4 == 0 and 2 <= programs // 4 <= 100_000 // work
-    assert split((3, 2 * work - 1), (1,)) == [("k0", 1)]  # under two chunks
-    assert split((4096, 100_000), (1,))[0][0] == "k0"  # rows enough to fill the GPU
-    assert split((7, 50_000), (1,), "argmin")[0][0] == "part"
+    # at most MAX_PARTS chunks, each a whole number of RBLOCK-term tiles
+    parts, programs = split((100_000_000,), (0,))
+    assert render.MAX_PARTS - 8 <= parts <= render.MAX_PARTS and programs == parts
+    parts, programs = split((4, 100_000), (1,))  # one row per program instance
+    assert programs == 4 * parts and 2 <= parts <= 100_000 // work
+    assert split((3, 2 * work - 1), (1,))[0] == 0  # under two chunks
+    assert split((4096, 100_000), (1,))[0] == 0  # rows enough to fill the GPU
+    assert split((7, 50_000), (1,), "argmin")[0] == 3
     g = Graph("mm")
     g.output("y", g.input("a", "f32", (2, 100_000)) @ g.input("b", "f32", (100_000, 3)))
-    assert all("part" not in k["name"] for k in _kernels(g.program())["kernels"])
+    assert all(k["parts"] == 0 for k in _kernels(g.program())["kernels"])
+
+
+def test_the_conformance_suites_long_rows_split_into_several_chunks(emulate, monkeypatch):
+    """tests/conformance/test_split_reductions.py checks the rules that cross chunks: its
+    rows (2100-3100 terms, its lowered threshold) must really be cut into several, with a
+    tile no wider than a chunk."""
+    monkeypatch.setattr(render, "SPLIT_WORK", split_reductions.SPLIT_WORK)
+    program, _ = split_reductions.split_program(dt.float32, ["sum"])
+    kernels = _kernels(program)["kernels"]
+    assert len(kernels) == len(split_reductions.CASES)
+    assert all(k["parts"] >= 5 and k["rblock"] <= 512 for k in kernels), kernels
 
 
 def test_split_reductions_at_the_default_threshold(emulate):
@@ -215,7 +226,7 @@ def test_split_reductions_at_the_default_threshold(emulate):
         g.output(f"x_{kind}", g.reduce(kind, x, (0,), keepdim=False))
         g.output(f"i_{kind}", g.reduce(kind, i, (1,), keepdim=False))
     program = g.program()
-    assert sum("part" in k["name"] for k in _kernels(program)["kernels"]) == 8
+    assert sum(k["parts"] == 2 for k in _kernels(program)["kernels"]) == 8
     rng = np.random.default_rng(5)
     xs = rng.standard_normal(n).astype(np.float32) * 1e3
     xs[[10, n - 10]] = 1e4  # ties in the first and last chunks
@@ -457,12 +468,13 @@ def _far_gather():
 
 
 def test_a_reduction_through_a_gather_is_split(emulate):
-    """Few long rows read through a gather split like any other (the partials' kernel
+    """Few long rows read through a gather split like any other (each program instance
     gathers its chunk's terms; run emulated by tests/conformance/test_split_reductions.py
     with a lowered threshold)."""
     for rows in (4, 1):
-        names = [k["name"] for k in _kernels(gathered_rows("sum", rows, 100_000))["kernels"]]
-        assert names == ["hg_k0_part", "hg_k0_final"], names
+        described = _kernels(gathered_rows("sum", rows, 100_000))
+        (kernel,) = described["kernels"]
+        assert kernel["grid"] > rows and "tl.atomic_add" in described["source"]
 
 
 def _long_rows(t: dt.DType):

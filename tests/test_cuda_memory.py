@@ -166,7 +166,7 @@ class _Length:
 def _artifact(*cubins: bytes) -> bytes:
     names = [f"k{i}" for i in range(len(cubins))]
     return json.dumps({
-        "program": "p", "params": [0], "interpreted": [], "temps": {"1": 100},
+        "program": "p", "params": [0], "interpreted": [], "temps": {"1": 100}, "scratch": {},
         "kernels": [{"name": n, "kernel": i, "grid": 4, "buffers": [0, 1]}
                     for i, n in enumerate(names)],
         "compiled": [{"name": n, "cubin": base64.b64encode(c).decode(),

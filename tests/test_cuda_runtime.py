@@ -177,32 +177,43 @@ def test_a_program_built_for_sm90_is_loaded_and_launched_on_the_fake_driver(tmp_
 
 
 @needs_triton
-def test_a_split_reductions_partials_live_in_program_owned_scratch(tmp_path, monkeypatch):
-    """The partials' kernel writes scratch memory the program allocates (sized from the
-    artifact), and the combining kernel reads the same allocation."""
+def test_a_split_reduction_keeps_partials_and_zeroed_counters_in_program_owned_scratch(
+        tmp_path, monkeypatch):
+    """A split reduction is one launch: its partials and its rows' counters live in
+    scratch memory the program allocates (sized from the artifact). The counters are
+    zeroed once, when the program is loaded (every launch leaves them zero: the row's last
+    program instance clears its counter), even in a reused block of the pool."""
     monkeypatch.setenv("HOLOGRAM_CACHE_DIR", str(tmp_path))
     g = Graph("long_sum")
     g.output("s", g.sum(g.input("x", "f32", (2, 200_000)), 1))
     artifact = hologram.build(g.program(), backend="cuda", target="sm_90").data
     header = json.loads(artifact)
-    part, final = header["kernels"]
-    assert part["name"].endswith("_part") and final["name"].endswith("_final")
-    (index, scratch), = header["scratch"].items()
-    assert part["writes"] == [int(index)] and int(index) in final["buffers"]
-    assert header["temps"][index] == scratch["count"] * 4 and scratch["dtype"] == "f4"
+    (kernel,) = header["kernels"]
+    (partials, counters) = (header["scratch"][i] for i in sorted(header["scratch"], key=int))
+    assert partials["dtype"] == "f4" and not partials["zeroed"]
+    assert (counters["dtype"], counters["count"], counters["zeroed"]) == ("i4", 2, True)
+    assert kernel["writes"] == [1, partials["index"], counters["index"]]
+    assert kernel["grid"] == partials["count"]  # one program instance per (row, chunk)
+    assert "tl.atomic_add" in header["source"]
+    for s in (partials, counters):
+        assert header["temps"][str(s["index"])] == s["count"] * 4
     driver = FakeDriver(capacity=1 << 22)
     memory = DeviceMemory(driver)
+    dirty = memory.alloc((8,), np.uint8)
+    memory.copy_in(dirty, np.full(8, 0xFF, np.uint8))
+    memory.free(dirty)  # the counters' block comes back from the pool, dirty
     program = DeviceProgram(artifact, driver, memory)
+    where = {i: program.temps[str(s["index"])] for i, s in enumerate((partials, counters))}
+    assert bytes(driver.memory[where[1]][:8]) == bytes(8)
     blocks = (memory.alloc((2 * 200_000 * 4,), np.uint8), memory.alloc((8,), np.uint8))
     handles = tuple(map(memory.handle, blocks))
     program.launch(handles)
-    first, second = [c for c in driver.calls if c[0] == "launch"]
-    assert first[2] == (part["grid"], 1, 1) and part["grid"] == 2 * scratch["count"] // 2
-    where = program.temps[index]
-    assert where not in handles and program.blocks[index].nbytes == scratch["count"] * 4
-    assert len(driver.memory[where]) == program.blocks[index].size
-    assert first[5][part["buffers"].index(int(index))] == where
-    assert second[5][final["buffers"].index(int(index))] == where
+    (launch,) = [c for c in driver.calls if c[0] == "launch"]
+    assert launch[2] == (kernel["grid"], 1, 1)
+    assert set(where.values()).isdisjoint(handles)
+    params = launch[5]
+    assert params[kernel["buffers"].index(partials["index"])] == where[0]
+    assert params[kernel["buffers"].index(counters["index"])] == where[1]
 
 
 @needs_triton

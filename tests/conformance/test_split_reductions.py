@@ -33,7 +33,8 @@ from .numerics import (
 from .test_reductions import kinds_for, terms_of, tie_values
 
 #: (shape, reduced axes): two rows, one row (no grid), three rows of two axes, and a
-#: reduction over the leading axis. Rows are 2100-3100 terms: three 1024-term chunks.
+#: reduction over the leading axis. Rows are 2100-3100 terms: several chunks (on cuda five
+#: or six of 512 terms; tests/test_cuda.py checks that they split).
 CASES = [((2, 3000), (1,)), ((3100,), (0,)), ((3, 40, 60), (1, 2)), ((2100, 2), (0,))]
 #: The cuda and webgpu backends' split threshold here (terms per chunk, at least).
 SPLIT_WORK = 256
@@ -61,7 +62,7 @@ def split_program(t: dt.DType, kinds: list[str]):
 
 
 def _crafted(t: dt.DType, n: int, rng: np.random.Generator, label: str) -> np.ndarray:
-    """Inputs whose answer depends on rules that cross chunks (1024 terms each)."""
+    """Inputs whose answer depends on rules that cross chunks (512-1024 terms each)."""
     if label == "late extremes":  # the extreme repeats in later chunks: first one wins
         x = tie_values(t, n, rng) if t.is_bool else random_array_like(t, n, rng)
         if t.is_float:

@@ -53,7 +53,7 @@ from . import worker
 from .render import PRELUDE, render
 from .runtime import DeviceMemory, DeviceProgram
 
-FORMAT = "triton-1"
+FORMAT = "triton-2"
 #: What the generated code uses: f16/bf16 arithmetic through f32 (rounded after each
 #: operation by the decompose pass; their fma through f64 steps); float min/max built from
 #: compares; gather (render.py: the operand clamped in its own width, the element summed
@@ -204,10 +204,10 @@ class CudaBackend(Backend):
                 delegated.append({"kernel": index, "reason": plan.unsupported})
                 continue
             pipeline.dump(program.name, f"{kernel.name}.loops", plan.dump())
-            for k in render(program, kernel, CAPS, len(program.buffers) + len(scratch), tf32):
-                k["kernel"] = index
-                scratch.update({str(s["index"]): s for s in k.pop("scratch")})
-                kernels.append(k)
+            k = render(program, kernel, CAPS, len(program.buffers) + len(scratch), tf32)
+            k["kernel"] = index
+            scratch.update({str(s["index"]): s for s in k.pop("scratch")})
+            kernels.append(k)
         source = PRELUDE + "".join(f"\n\n{k.pop('source')}" for k in kernels)
         pipeline.dump(program.name, "triton.py", source)
         temps = {str(i): b.nbytes for i, b in enumerate(program.buffers) if b.kind == "temp"}
@@ -359,8 +359,9 @@ class _Emulated(Executable):
         for index in sorted(map(int, self.header.get("scratch", {}))):
             s = self.header["scratch"][str(index)]
             assert index == len(memory), "scratch buffers follow the program's, in order"
-            size = s["count"] * np.dtype(s["dtype"]).itemsize  # all written before read
-            memory.append(np.full(size, 0xFF, np.uint8).view(s["dtype"]))
+            size = s["count"] * np.dtype(s["dtype"]).itemsize  # else written before read
+            memory.append(np.full(size, 0 if s["zeroed"] else 0xFF, np.uint8)
+                          .view(s["dtype"]))
         for how, index, step in self.steps:
             if how == "interp":
                 self._interpret(index, step["reason"], memory)

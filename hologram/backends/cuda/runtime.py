@@ -451,6 +451,9 @@ class DeviceProgram(Executable):
         self.blocks = {i: memory.alloc((max(nbytes, 1),), np.uint8)
                        for i, nbytes in header["temps"].items()}
         self.temps = {i: block.pointer for i, block in self.blocks.items()}
+        for i, s in header["scratch"].items():  # split reductions' counters start at 0
+            if s["zeroed"]:
+                driver.copy_in(self.temps[i], np.zeros(header["temps"][i], np.uint8))
         self.scratch, self.scratch_blocks = [], []
         for launch in self.launches:
             instances = launch.grid[0] * launch.grid[1] * launch.grid[2]
