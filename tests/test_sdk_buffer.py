@@ -76,7 +76,7 @@ def test_backend_module():
     assert hg.backend.is_cuda_available() is False  # no driver runtime yet: false with a GPU
     assert hg.backend.is_metal_available() is False
     available = hg.backend.list_available_backends()
-    assert available[:2] == ["cpu", "interp"]
+    assert available[-2:] == ["cpu", "interp"]  # after the GPU backends found here
     assert hg.backend.validate_backend("CPU") == "cpu"
     assert hg.backend.validate_backend(bt.INTERP) == "interp"
     for name in ("cuda", "metal", "webgpu", "vulkan", "nope"):

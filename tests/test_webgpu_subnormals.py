@@ -196,9 +196,6 @@ def test_cuda_comes_before_webgpu_for_auto():
     assert order.index("cuda") < order.index("webgpu")
 
 
-@pytest.mark.xfail(list(backends.BUILTIN).index("cpu") < list(backends.BUILTIN).index("webgpu"),
-                   strict=True, reason="the registry (hologram/backends/__init__.py) lists cpu "
-                                       "ahead of webgpu, so auto takes cpu first")
 def test_auto_takes_a_gpu_adapter_before_the_cpu_backend(fake_adapter, monkeypatch):
     """The selection logic only: no cuda, a (faked) GPU adapter: "auto" is webgpu."""
     fake_adapter(_FakeAdapter("DiscreteGPU"))

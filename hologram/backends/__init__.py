@@ -31,12 +31,12 @@ from hologram.errors import DeviceError
 BUILTIN: dict[str, str] = {
     # First: "auto" takes it on a real NVIDIA GPU only, never emulated (docs/cuda.md).
     "cuda": "hologram.backends.cuda.backend:CudaBackend",
-    "cpu": "hologram.backends.cpu.backend:CpuBackend",
-    "interp": "hologram.backends.interp.backend:InterpBackend",
-    # "auto" does not take webgpu yet (docs/webgpu.md, "Names").
+    # Then a GPU adapter through wgpu, never a CPU-emulated one (docs/webgpu.md, "Names").
     "webgpu": "hologram.backends.webgpu.backend:WebGpuBackend",
     "metal": "hologram.backends.webgpu.backend:MetalBackend",
     "vulkan": "hologram.backends.webgpu.backend:VulkanBackend",
+    "cpu": "hologram.backends.cpu.backend:CpuBackend",
+    "interp": "hologram.backends.interp.backend:InterpBackend",
 }
 #: Names reserved for backends that are not implemented yet.
 PLANNED: tuple[str, ...] = ()
