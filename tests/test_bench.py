@@ -427,6 +427,23 @@ def _contents(out: str) -> dict[str, bytes]:
     return {name: open(os.path.join(out, name), "rb").read() for name in os.listdir(out)}
 
 
+def test_the_report_names_a_gpu_backends_adapter(fake_suite, tmp_path):
+    """On webgpu the System table says which adapter ran (lavapipe here, whose numbers say
+    nothing about a GPU) and whether it flushes subnormals."""
+    from hologram.cli import main
+
+    if "webgpu" not in hg.backend.list_available_backends():
+        pytest.skip("no Vulkan driver (apt-get install mesa-vulkan-drivers libvulkan1)")
+    out = tmp_path / "wg"
+    assert main([*fake_suite, "--backend", "webgpu", "--out", str(out)]) == 0
+    system = json.loads((out / "results.json").read_text())["system"]
+    with hg.Executor("webgpu") as ex:
+        stats = ex.memory_stats()
+    assert system["hologram_backend"] == "webgpu" and system["adapter"] == stats["adapter"]
+    assert system["flushes_subnormals"] == stats["flushes_subnormals"]
+    assert stats["adapter"] in (out / "report.md").read_text()
+
+
 def test_bench_replaces_the_previous_output_as_a_whole(fake_suite, tmp_path, capsys):
     out, _ = _old_output(tmp_path)
     status, _ = _cli([*fake_suite, "--out", out], capsys)

@@ -162,6 +162,9 @@ def run_bench(config: BenchConfig, command: str = "") -> dict:
         ex = hg.Executor(backend=config.backend)
         system["hologram_backend"] = str(ex.backend)
         system["pytorch_device"] = torch_device(ex)
+        stats = ex.memory_stats()  # a GPU backend's device: which adapter, what it flushes
+        system.update({key: stats[key] for key in ("adapter", "flushes_subnormals")
+                       if key in stats})
         system.update(quick=config.quick, warmup_runs=config.warmup, timing_runs=timing)
         # Quick runs warm for less before each sample (see runners.default_warm_s).
         warm_s = config.warm_s if config.warm_s is not None else (0.02 if config.quick
