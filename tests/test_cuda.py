@@ -534,6 +534,24 @@ def test_conformance_kernels_compile_for_sm80_and_sm90_without_spills(target, mo
     assert compiled >= 10
 
 
+@pytest.mark.parametrize("t", [dt.float16, dt.bfloat16], ids=lambda t: t.name)
+def test_large_matmul_tiles_fit_an_sm80_block(t, monkeypatch, tmp_path):
+    """The tiles a GPU runs at 4096^3 (f16 128x256x64, bf16 through TF32 128x128x64, both
+    pipelined 3 deep) compile for sm_80, the smaller target (at most 163 KiB of shared
+    memory per block on an A100), without spills."""
+    monkeypatch.setenv("HOLOGRAM_CACHE_DIR", str(tmp_path))
+    g = Graph(f"large_{t.name}")
+    g.output("c", g.input("a", t, (4096, 4096)) @ g.input("b", t, (4096, 4096)))
+    info = backends.builder("cuda").describe(
+        hologram.build(g.program(), backend="cuda", target="sm_80").data)
+    (kernel,), (compiled,) = info["kernels"], info["compiled"]
+    wide = t is dt.float16
+    assert kernel["xblock"] == 128 * (256 if wide else 128) and kernel["rblock"] == 64
+    assert kernel["num_stages"] == 3 and kernel["num_warps"] == 8
+    r = compiled["resources"]
+    assert r["spill_stores"] == r["spill_loads"] == 0 and r["shared"] <= 163 * 1024, r
+
+
 def _scatter_kernel(program):
     kernel = pipeline.lower(pipeline.for_target(program, cuda.CAPS)).kernels[-1]
     info = _kernels(program)
