@@ -85,7 +85,7 @@ MATMUL_GROUP = 8
 #: a row is cut into at most ``MAX_PARTS`` of them, only as many as it takes
 #: to give ``SPLIT_PROGRAMS`` program instances (about eight per SM of an H100's 132, ten
 #: of an A100's 108: on an H100 a 1e8-term sum read 1.0 TB/s with 256, 2.4 with 1024).
-#: ``MAX_PARTS`` is also the widest tile of the final kernel (``MAX_RBLOCK``). Fixed
+#: ``MAX_PARTS`` is also the widest tile of their combination (``MAX_RBLOCK``). Fixed
 #: numbers, not the device's: the result is the same bits on every GPU.
 #: Tests lower ``SPLIT_WORK`` (the backend's target string then names it, so cached
 #: artifacts never mix).
@@ -353,8 +353,9 @@ class _Kernel:
         self.xblock, self.rblock = blocks(kernel)
         if split is not None:  # one row per program instance, its chunk's tile
             self.xblock, self.rblock = 1, rblock
-        # A split reduction: (parts, chunk, first scratch buffer); the partials' kernel
-        # fills ``partials`` (name -> (buffer, register type)), the second reads them.
+        # A split reduction: (parts, chunk, first scratch buffer); ``partials`` names the
+        # scratch buffer of each field of the partial state (name -> (buffer, register
+        # type)), written by every chunk's program instance, read by the row's last.
         self.split = split
         self.partials: dict[str, tuple[int, str]] | None = None
         self.lines: list[str] = []
