@@ -217,6 +217,13 @@ class Backend(ABC):
         :class:`~hologram.errors.DTypeError` for every other."""
         return True
 
+    def flushes_subnormals(self) -> bool:
+        """Whether this backend's device flushes f32 subnormals to zero (and so bf16's): a
+        deviation from the ISA a device may impose (WGSL allows it a driver). The
+        conformance suite forgives exactly the differences flushing explains. Default:
+        no."""
+        return False
+
     def delegated(self, artifact: bytes) -> list[int]:
         """Indices of the kernels that ``artifact`` runs somewhere other than this
         backend's device (e.g. on the reference interpreter): the ``"interpreted"`` entry

@@ -217,11 +217,10 @@ FLUSHED = {"f32": (np.uint32, 0x7F800000, 0x80000000), "bf16": (np.uint16, 0x7F8
 
 
 def flushes_subnormals(backend: str) -> bool:
-    """Whether ``backend``'s device flushes f32 subnormals to zero: the backend says so
-    with a ``flushes_subnormals()`` method (webgpu: a probe of the driver); without one,
-    it does not."""
-    probe = getattr(backends.get(backend), "flushes_subnormals", None)
-    return bool(probe()) if probe is not None else False
+    """Whether ``backend``'s device flushes f32 subnormals to zero
+    (:meth:`hologram.backends.Backend.flushes_subnormals`; webgpu: a probe of the
+    driver)."""
+    return backends.get(backend).flushes_subnormals()
 
 
 def flush(a: np.ndarray, t: DType) -> np.ndarray:
