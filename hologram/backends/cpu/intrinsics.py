@@ -11,9 +11,8 @@ function here asks LLVM whether the target has the operation
 
 from __future__ import annotations
 
-from llvmlite import ir
-
 from hologram.backends.cpu import llvm, softfloat
+from hologram.backends.cpu import textir as ir
 from hologram.backends.cpu.target import Target
 
 I16 = ir.IntType(16)
@@ -28,7 +27,7 @@ def declare(module: ir.Module, name: str, ret: ir.Type, args: list[ir.Type]) -> 
     full = f"llvm.{name}"
     fn = module.globals.get(full)
     if fn is None:
-        fn = ir.Function(module, ir.FunctionType(ret, args), full)
+        fn = ir.namespace(module).Function(module, ir.FunctionType(ret, args), full)
     return fn
 
 

@@ -17,11 +17,10 @@ elsewhere two multiplications by powers of two.
 
 from __future__ import annotations
 
-from llvmlite import ir
-
 from hologram.backends.cpu import intrinsics
 from hologram.backends.cpu import llvm as _llvm
 from hologram.backends.cpu import target as _targets
+from hologram.backends.cpu import textir as ir
 from hologram.backends.cpu.target import Target
 from hologram.codegen import mathlib as _shared
 from hologram.codegen.mathlib import FORMATS, FUNCTIONS, Format, MathEmitter
@@ -186,7 +185,8 @@ class LLVMEmitter(MathEmitter):
         name = f"llvm.ldexp.{self.fmt.name}.i32"
         fn = self.b.module.globals.get(name)
         if fn is None:
-            fn = ir.Function(self.b.module, ir.FunctionType(self.ty, [self.ty, i32]), name)
+            fn = ir.namespace(self.b.module).Function(
+                self.b.module, ir.FunctionType(self.ty, [self.ty, i32]), name)
         if self.ity.width != 32:
             n = self.b.trunc(n, i32)
         return self.b.call(fn, [p, n])
@@ -211,11 +211,12 @@ def get(module: ir.Module, name: str, ty: ir.Type, target: Target | None = None
     existing = module.globals.get(fname)
     if existing is not None:
         return existing
-    fn = ir.Function(module, ir.FunctionType(ty, [ty] * _shared.arity(name)), fname)
+    new = ir.namespace(module)  # (tests also emit into llvmlite modules)
+    fn = new.Function(module, ir.FunctionType(ty, [ty] * _shared.arity(name)), fname)
     fn.linkage = "internal"
     fn.attributes.add("alwaysinline")
     fn.attributes.add("nounwind")
-    builder = ir.IRBuilder(fn.append_basic_block("entry"))
+    builder = new.IRBuilder(fn.append_basic_block("entry"))
     emitter = LLVMEmitter(builder, fmt, target or _targets.current())
     builder.ret(_shared.emit(emitter, name, *fn.args))
     return fn

@@ -47,10 +47,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from llvmlite import ir
-
 from hologram.backends.cpu import intrinsics, mathlib
 from hologram.backends.cpu import target as targets
+from hologram.backends.cpu import textir as ir
 from hologram.backends.cpu.target import Target
 from hologram.codegen.loops import (
     BLOCK,

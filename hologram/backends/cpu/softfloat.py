@@ -54,7 +54,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from llvmlite import ir
+from hologram.backends.cpu import textir as ir
 
 FUNCTIONS = ("fma", "floor", "ceil", "trunc", "rint", "fmod", "f16_to_f32", "f16_to_f64",
              "f32_to_f16", "f64_to_f16")
@@ -104,7 +104,8 @@ class _Emitter:
         name = f"llvm.{base}.{self.f.suffix}"
         fn = module.globals.get(name)
         if fn is None:
-            fn = ir.Function(module, ir.FunctionType(self.f.ty, [self.f.ty] * len(args)), name)
+            fn = ir.namespace(module).Function(
+                module, ir.FunctionType(self.f.ty, [self.f.ty] * len(args)), name)
         return self.b.call(fn, args)
 
     # float arithmetic (no fast-math flags: every step is the IEEE operation)
@@ -495,10 +496,11 @@ def get(module: ir.Module, name: str, ty: ir.Type) -> ir.Function:
     existing = module.globals.get(fname)
     if existing is not None:
         return existing
-    fn = ir.Function(module, ir.FunctionType(ret_ty, [arg_ty] * nargs), fname)
+    new = ir.namespace(module)  # (tests also emit into llvmlite modules)
+    fn = new.Function(module, ir.FunctionType(ret_ty, [arg_ty] * nargs), fname)
     fn.linkage = "internal"
     fn.attributes.add("alwaysinline")
     fn.attributes.add("nounwind")
-    builder = ir.IRBuilder(fn.append_basic_block("entry"))
+    builder = new.IRBuilder(fn.append_basic_block("entry"))
     builder.ret(build(_Emitter(builder, fmt), *fn.args))
     return fn
