@@ -95,6 +95,91 @@ def test_canonicalize_is_idempotent_and_pure(monkeypatch):
     assert str(p) == before
 
 
+def _lerp(shape):
+    """Adam's lerp, as the torch device spells it, on tensors of ``shape``."""
+    g = Graph("lerp")
+    x0, x1 = g.input("x0", F32, shape), g.input("x1", F32, shape)
+    s = g.cast(g.input("w", dt.float64, ()), F32)
+    g.output("out0", g.where(g.binary("lt", abs(s), 0.5), x0 + (x1 - x0) * s,
+                             x1 - (x1 - x0) * (1.0 - s)))
+    return g.program()
+
+
+def _without_extents(program):
+    """Each kernel body with the shapes, maps and bounds left out."""
+    return [[(i.op, i.dtype, i.args, (i.attrs[0], i.attrs[3:]) if i.op in
+              ("load", "store", "gather", "scatter") else i.attrs) for i in k.body]
+            for k in program.kernels]
+
+
+def test_the_canonical_order_does_not_depend_on_extents():
+    """Operands and loads are ordered by the expression tree without its extents first,
+    so one operation on tensors of other shapes lowers to the same kernel (one LLVM
+    module); the order is canonical still (the spelling does not matter)."""
+    lowered = [pipeline.lower(pipeline.canonical_form(_lerp(shape)))
+               for shape in [(2048,), (64, 192), (12288,), (3, 5, 7)]]
+    first = _without_extents(lowered[0])
+    assert all(_without_extents(p) == first for p in lowered[1:])
+    from hologram.backends.cpu import render
+
+    assert len({render.render(p, {"k0": "f"}, name="m") for p in lowered[:3]}) == 1
+
+
+def test_canonicalization_stops_at_a_round_that_only_ordered(monkeypatch):
+    """A round in which no rule applied and nothing was dropped is the last; its result is
+    the fixpoint a confirming round would find (programs after fusion, with the dead stores
+    of inlined producers, included)."""
+    programs = [_elementwise(lambda k, a, b, c: k.add(k.mul(b, a), k.exp(c))),
+                _lerp((8, 4)),
+                pipeline.run(pipeline.canonical_form(_lerp((8, 4))), start="fuse",
+                             stop="fuse")]
+    rounds = []
+    real = canonicalize_pass._rewrite
+
+    def counted(kernel, options):
+        rounds.append(kernel.name)
+        return real(kernel, options)
+
+    monkeypatch.setattr(canonicalize_pass, "_rewrite", counted)
+    for p in programs:
+        monkeypatch.setattr(canonicalize_pass, "_CANONICAL", weakref.WeakKeyDictionary())
+        c = _canon(p)
+        monkeypatch.setattr(canonicalize_pass, "_CANONICAL", weakref.WeakKeyDictionary())
+        rounds.clear()
+        assert _canon(c) == c
+        assert len(rounds) == len(c.kernels)  # one round, which changed nothing
+
+
+def test_verification_is_remembered_per_object_not_per_equal_program(monkeypatch):
+    import importlib
+
+    from hologram.errors import IRError
+    from hologram.isa.ir import Instr, Program
+
+    verify_mod = importlib.import_module("hologram.isa.verify")  # (the package exports verify)
+
+    p = _elementwise(lambda k, a, b: k.lt(a, b), names="ab")  # verified when built
+    checked = []
+    real = verify_mod._verify
+    monkeypatch.setattr(verify_mod, "_verify", lambda q: checked.append(q) or real(q))
+    assert verify(p) is p and not checked  # the builder's check is remembered
+    # An equal program with a bool constant encoded as 1 (1 == True): not valid, and not
+    # taken for the one verified.
+    b = ProgramBuilder("ew")
+    x = b.input("a", F32, (16,))
+    y = b.output("y", dt.bool_, (16,))
+    k = b.kernel((16,))
+    k.store(y, k.and_(k.lt(k.load(x), 0.0), k.const(True, "bool")))
+    good = b.build()
+    kernel = good.kernels[0]
+    body = tuple(Instr(i.op, i.dtype, i.shape, i.args, (1,))
+                 if i.op == "const" and i.dtype is dt.bool_ else i for i in kernel.body)
+    bad = Program(good.name, good.buffers, (kernel.evolve(body=body),))
+    assert bad == good
+    with pytest.raises(IRError, match="not an encoded bool"):
+        verify(bad)
+
+
 def test_a_canonical_form_is_known_only_under_its_options():
     p = _elementwise(lambda k, a, b, c: k.add(k.mul(a, b), 0.0))
     exact = _canon(p)

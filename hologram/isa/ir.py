@@ -329,6 +329,15 @@ class Kernel:
     def key(self) -> tuple:
         return (self.domain, self.grid_rank, self.body)
 
+    def evolve(self, *, name: str | None = None, domain: tuple[int, ...] | None = None,
+               body: tuple[Instr, ...] | None = None, grid_rank: int | None = None) -> Kernel:
+        """This kernel with the fields given changed (``dataclasses.replace``, without its
+        introspection of the fields on every call: the passes rebuild kernels often)."""
+        return Kernel(self.name if name is None else name,
+                      self.domain if domain is None else domain,
+                      self.body if body is None else body,
+                      self.grid_rank if grid_rank is None else grid_rank)
+
     def reads(self) -> frozenset[int]:
         """Indices of the buffers this kernel loads or gathers from, or scatters into
         (what a scatter leaves in a buffer depends on what the buffer held)."""
@@ -368,6 +377,13 @@ class Program:
     @cached_property
     def _hash(self) -> int:
         return hash(self._fields)
+
+    def evolve(self, *, name: str | None = None, buffers: tuple[BufferDecl, ...] | None = None,
+               kernels: tuple[Kernel, ...] | None = None) -> Program:
+        """This program with the fields given changed (see :meth:`Kernel.evolve`)."""
+        return Program(self.name if name is None else name,
+                       self.buffers if buffers is None else buffers,
+                       self.kernels if kernels is None else kernels)
 
     @property
     def params(self) -> tuple[BufferDecl, ...]:

@@ -8,6 +8,8 @@ kernel, the instruction (index and text) and the reason.
 
 from __future__ import annotations
 
+import weakref
+
 from hologram.errors import IRError
 from hologram.isa import dtypes as dt
 from hologram.isa.dtypes import DType
@@ -222,8 +224,15 @@ def _check_memory(program: Program, kernel: Kernel, instr: Instr) -> None:
                       f"strides {list(imap.strides)} over shape {list(instr.shape)}")
 
 
-def verify_kernel(program: Program, kernel: Kernel) -> None:
-    """Check one kernel against ``program``'s buffers (what :func:`verify` does per kernel)."""
+def verify_kernel(program: Program, kernel: Kernel, typed: bool = False) -> None:
+    """Check one kernel against ``program``'s buffers (what :func:`verify` does per kernel).
+
+    ``typed``: the kernel's body was built through :class:`~hologram.isa.body.Body`, whose
+    ``make`` types every instruction but the memory accesses by :func:`infer` as it is
+    made (operands defined before use, shapes fitting the domain, dtypes by the rules), so
+    only the memory accesses and the kernel-wide rules on accessed buffers are checked
+    (fusion's legality test of the kernels it makes; the pipeline's final verification
+    checks the whole program again)."""
     domain = kernel.domain
     if not all(isinstance(n, int) and n >= 0 for n in domain):
         raise IRError(f"kernel {kernel.name}: domain {domain} must be non-negative ints")
@@ -232,6 +241,8 @@ def verify_kernel(program: Program, kernel: Kernel) -> None:
                       f"0..{len(domain)}")
     stored: set[int] = set()
     for pos, instr in enumerate(kernel.body):
+        if typed and instr.op not in MEMORY_OPS:
+            continue
         try:
             for a in instr.args:
                 if not 0 <= a < pos:
@@ -327,9 +338,44 @@ def _render(program: Program, kernel: Kernel, pos: int) -> str:
 
 
 def verify(program: Program) -> Program:
-    """Check ``program`` and return it unchanged; raise :class:`IRError` if ill-formed."""
+    """Check ``program`` and return it unchanged; raise :class:`IRError` if ill-formed.
+
+    A program object checked before in this process is not checked again (programs are
+    immutable): the graph builder verifies what it builds, and the pipeline's first stage
+    then gets that same object. Only the object itself counts, not an equal one (equality
+    does not see every difference the checks do: an attribute ``1`` equals ``True``)."""
     if not isinstance(program, Program):
         raise IRError(f"expected a Program, got {type(program).__name__}")
+    if _VERIFIED.get(id(program), _gone)() is program:
+        return program
+    _verify(program)
+    if type(program.buffers) is tuple and type(program.kernels) is tuple and all(
+            type(k.body) is tuple for k in program.kernels):  # (not a list changed later)
+        _remember(program)
+    return program
+
+
+def _gone() -> None:
+    return None
+
+
+# Programs verified in this process, by identity: id -> a weak reference to the program
+# (an entry leaves with its program, so a later object at the same address is not taken
+# for it). Races between threads can only lose an entry: the program is checked again.
+_VERIFIED: dict[int, weakref.ref] = {}
+
+
+def _remember(program: Program) -> None:
+    key = id(program)
+
+    def forget(ref: weakref.ref) -> None:
+        if _VERIFIED.get(key) is ref:
+            _VERIFIED.pop(key, None)
+
+    _VERIFIED[key] = weakref.ref(program, forget)
+
+
+def _verify(program: Program) -> None:
     names = set()
     for buf in program.buffers:
         if buf.kind not in BUFFER_KINDS:
@@ -348,7 +394,6 @@ def verify(program: Program) -> Program:
         kernel_names.add(kernel.name)
         verify_kernel(program, kernel)
     _check_arena(program)
-    return program
 
 
 def _check_arena(program: Program) -> None:

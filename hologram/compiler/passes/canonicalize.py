@@ -239,24 +239,27 @@ RULES: tuple[Rule, ...] = (
 
 
 # --- the engine ------------------------------------------------------------------------
-def _rewrite(kernel: Kernel, options: CompileOptions) -> Kernel:
+def _rewrite(kernel: Kernel, options: CompileOptions) -> tuple[Kernel, bool]:
+    """The kernel rebuilt through the rules, and whether any rule applied."""
     body = Body(kernel.domain, kernel.grid_rank, options)
     remap: list[int] = []
+    fired = False
     for instr in kernel.body:
         args = tuple(remap[a] for a in instr.args)
         if instr.op in MEMORY_OPS:  # declared shapes (gather, scatter) are kept
             remap.append(body.add(instr.with_args(args)))
             continue
-        # Re-type from the (possibly narrowed) operands.
-        instr = body.get(body.make(instr.op, args, instr.attrs, instr.dtype))
+        # Re-typed where an operand was narrowed.
+        instr = body.get(body.copy(instr, args, kernel.body))
         result = None
         for rule in RULES:
             result = rule(body, instr)
             if result is not None:
                 assert body.get(result).dtype is instr.dtype, (rule, instr)
+                fired = True
                 break
         remap.append(body.interned[instr] if result is None else result)
-    return _ordered(kernel, body)
+    return _ordered(kernel, body), fired
 
 
 def _ordered(kernel: Kernel, body: Body, dead: frozenset[int] = frozenset()) -> Kernel:
@@ -290,14 +293,14 @@ def _ordered(kernel: Kernel, body: Body, dead: frozenset[int] = frozenset()) -> 
         if i not in live:
             live.add(i)
             stack.extend(body.get(i).args)
-    for i in sorted((i for i in live if body.get(i).op == "load"), key=body.digests.__getitem__):
+    for i in sorted((i for i in live if body.get(i).op == "load"), key=body.digest):
         visit(i)
-    for i in sorted(stores, key=body.digests.__getitem__):
+    for i in sorted(stores, key=body.digest):
         visit(i)
     position = {old: new for new, old in enumerate(order)}
     instrs = tuple(body.get(i).with_args(tuple(position[a] for a in body.get(i).args))
                    for i in order)
-    return replace(kernel, body=instrs)
+    return kernel.evolve(body=instrs)
 
 
 def drop_stores(kernel: Kernel, buffers: frozenset[int]) -> Kernel | None:
@@ -312,20 +315,25 @@ def drop_stores(kernel: Kernel, buffers: frozenset[int]) -> Kernel | None:
 
 
 def _drop_dead_buffers(program: Program) -> Program:
-    """Remove writes to temporaries no later kernel reads, empty kernels, unused temps."""
+    """Remove writes to temporaries no later kernel reads, empty kernels, unused temps
+    (``program`` itself when there are none)."""
     kernels: list[Kernel] = []
     read_later: set[int] = set()
+    changed = False
     for kernel in reversed(program.kernels):  # one backward pass: what is read later
         dead = frozenset(b for b in kernel.writes()
                          if program.buffers[b].kind == "temp" and b not in read_later)
         if dead:
             kernel = drop_stores(kernel, dead)
+            changed = True
         if kernel is not None:
             kernels.append(kernel)
             read_later |= kernel.reads()
     kernels.reverse()
     used = set().union(*(k.reads() | k.writes() for k in kernels))
     keep = [i for i, b in enumerate(program.buffers) if b.kind != "temp" or i in used]
+    if not changed and len(keep) == len(program.buffers):
+        return program
     new_index = {old: new for new, old in enumerate(keep)}
 
     def renumber(instr: Instr) -> Instr:
@@ -333,10 +341,9 @@ def _drop_dead_buffers(program: Program) -> Program:
             return instr
         return replace(instr, attrs=(new_index[instr.buffer], *instr.attrs[1:]))
 
-    return replace(
-        program,
+    return program.evolve(
         buffers=tuple(program.buffers[i] for i in keep),
-        kernels=tuple(replace(k, body=tuple(map(renumber, k.body))) for k in kernels),
+        kernels=tuple(k.evolve(body=tuple(map(renumber, k.body))) for k in kernels),
     )
 
 
@@ -345,17 +352,29 @@ def canonicalize(program: Program, options: CompileOptions | None = None) -> Pro
     options = options or CompileOptions()
     if options in _CANONICAL.get(program, ()):
         return program
+    # Dead stores first (fusion leaves its producers' stores to temporaries it inlined):
+    # the first round then often changes nothing but the order, and is the last.
+    program = _drop_dead_buffers(program)
     for _ in range(8):  # rules can enable each other; a few rounds reach the fixpoint
-        kernels = tuple(_rewrite(k, options) for k in program.kernels)
-        result = _drop_dead_buffers(replace(program, kernels=kernels))
+        rewritten = [_rewrite(k, options) for k in program.kernels]
+        built = program.evolve(kernels=tuple(k for k, _ in rewritten))
+        result = _drop_dead_buffers(built)
         if result == program:
             converged = True
             break
         program = result
+        if result is built and not any(fired for _, fired in rewritten):
+            # No rule applied and nothing was dropped: the round only ordered the bodies
+            # and merged equal instructions, which a next round would find as they are
+            # (the order is a function of the instructions, and the rules already saw each
+            # instruction with its operands in that order): a fixpoint, without a round
+            # to confirm it.
+            converged = True
+            break
     else:
         converged = False
     names = iter(range(len(program.kernels)))
-    program = replace(program, kernels=tuple(replace(k, name=f"k{next(names)}")
+    program = program.evolve(kernels=tuple(k.evolve(name=f"k{next(names)}")
                                              for k in program.kernels))
     if converged:  # a fixpoint (the rules ignore kernel names): canonical as it is
         _CANONICAL.setdefault(program, set()).add(options)

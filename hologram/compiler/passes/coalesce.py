@@ -11,14 +11,12 @@ changes no result.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from hologram.compiler.options import CompileOptions
 from hologram.isa.ir import MEMORY_OPS, IndexMap, Instr, Kernel, Program
 
 
 def coalesce(program: Program, options: CompileOptions | None = None) -> Program:
-    return replace(program, kernels=tuple(_coalesce(k) for k in program.kernels))
+    return program.evolve(kernels=tuple(_coalesce(k) for k in program.kernels))
 
 
 def _coalesce(kernel: Kernel) -> Kernel:
@@ -65,7 +63,7 @@ def _merge(kernel: Kernel, d: int) -> Kernel:
         elif instr.op in ("reduce", "contract"):
             axes = tuple(a - (a > d) for a in instr.axes)
             attrs = (instr.kind, axes) if instr.op == "reduce" else (axes,)
-        return replace(instr, shape=merged(instr.shape), attrs=attrs)
+        return Instr(instr.op, instr.dtype, merged(instr.shape), instr.args, attrs)
 
-    return replace(kernel, domain=merged(kernel.domain), body=tuple(map(rewrite, kernel.body)),
-                   grid_rank=kernel.grid_rank - 1)
+    return kernel.evolve(domain=merged(kernel.domain), body=tuple(map(rewrite, kernel.body)),
+                         grid_rank=kernel.grid_rank - 1)

@@ -41,8 +41,6 @@ loop plan and the renderer.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from hologram.compiler.capabilities import CPU, Capabilities, require
 from hologram.isa import dtypes as dt
 from hologram.isa.body import Body
@@ -69,7 +67,7 @@ def decompose(program: Program, caps: Capabilities = CPU) -> Program:
     for old, new in zip(program.kernels, kernels):
         if new is not old:  # what the renderer gets must be valid IR
             verify_kernel(program, new)
-    return replace(program, kernels=kernels)
+    return program.evolve(kernels=kernels)
 
 
 def native_narrow(t: dt.DType, caps: Capabilities) -> bool:
@@ -100,7 +98,7 @@ def _kernel(kernel: Kernel, caps: Capabilities) -> Kernel:
             new.append(rewriter.rewrite(instr, args))
         else:
             new.append(body.push(instr.with_args(args)))
-    return replace(kernel, body=tuple(body.instrs))
+    return kernel.evolve(body=tuple(body.instrs))
 
 
 class _Rewriter:

@@ -78,7 +78,7 @@ class _Fusion:
         kernels = tuple(k for k in self.kernels if k is not None)
         if kernels == self.program.kernels:
             return self.program  # the same object: still canonical (canonicalize knows it)
-        return replace(self.program, kernels=kernels)
+        return self.program.evolve(kernels=kernels)
 
     def _set(self, k: int, kernel: Kernel | None) -> None:
         old = self.kernels[k]
@@ -95,8 +95,9 @@ class _Fusion:
                 self.writers[b].add(k)
 
     def _valid(self, kernel: Kernel) -> bool:
+        # Kernels made here come out of Body, which typed all but their memory accesses.
         try:
-            verify_kernel(self.program, kernel)
+            verify_kernel(self.program, kernel, typed=True)
         except IRError:  # e.g. a merged kernel reading and writing one buffer differently
             return False
         return True
@@ -216,14 +217,19 @@ def _inline_into(producer: Kernel, part: list[int], store: Instr, consumer: Kern
                 return None
             remap.append(_clone(producer, part, body, index))
         else:
-            remap.append(_copy(body, instr, tuple(remap[a] for a in instr.args)))
-    return replace(consumer, body=tuple(body.instrs))
+            remap.append(_copy(body, instr, tuple(remap[a] for a in instr.args),
+                               consumer.body))
+    return consumer.evolve(body=tuple(body.instrs))
 
 
-def _copy(body: Body, instr: Instr, args: tuple[int, ...]) -> int:
-    """Add ``instr`` with new operands, re-typed: an operand may now be narrower."""
+def _copy(body: Body, instr: Instr, args: tuple[int, ...],
+          source: tuple[Instr, ...] | None = None) -> int:
+    """Add ``instr`` with new operands, re-typed where one may now be narrower (always,
+    unless ``source``, its kernel's body, is over the domain of ``body``)."""
     if instr.op in MEMORY_OPS:  # declared shapes; a gather's operand may narrow
         return body.add(instr.with_args(args))
+    if source is not None:
+        return body.copy(instr, args, source)
     return body.make(instr.op, args, instr.attrs, instr.dtype)
 
 
@@ -317,13 +323,15 @@ def _merge_pair(producer: Kernel, consumer: Kernel, t: int) -> Kernel | None:
         return None
     body = Body(domain)
     remap: list[int] = []
+    same = producer.body if producer.domain == domain else None
     for instr in producer.body:
-        remap.append(_copy(body, instr, tuple(remap[a] for a in instr.args)))
+        remap.append(_copy(body, instr, tuple(remap[a] for a in instr.args), same))
     # Loads in a kernel see memory as it was when the kernel started, so the reader must
     # take every buffer the producer writes from the producer's values, not from memory.
     stored = {i.buffer: i for i in producer.body if i.op == "store"}
     remap_store = {b: remap[i.args[0]] for b, i in stored.items()}
     remap = []
+    same = consumer.body if consumer.domain == domain else None
     for instr in consumer.body:
         if instr.op == "gather" and instr.buffer in stored:
             return None  # it would read values the merged kernel has not stored yet
@@ -333,7 +341,7 @@ def _merge_pair(producer: Kernel, consumer: Kernel, t: int) -> Kernel | None:
                 return None
             remap.append(remap_store[instr.buffer])
         else:
-            remap.append(_copy(body, instr, tuple(remap[a] for a in instr.args)))
+            remap.append(_copy(body, instr, tuple(remap[a] for a in instr.args), same))
     return Kernel(consumer.name, domain, tuple(body.instrs))
 
 

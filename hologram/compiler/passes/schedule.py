@@ -27,8 +27,8 @@ ALIGNMENT = 64
 
 
 def schedule(program: Program, options: CompileOptions | None = None) -> Program:
-    kernels = tuple(replace(k, grid_rank=grid_rank(k)) for k in program.kernels)
-    return plan_arena(replace(program, kernels=kernels))
+    kernels = tuple(k.evolve(grid_rank=grid_rank(k)) for k in program.kernels)
+    return plan_arena(program.evolve(kernels=kernels))
 
 
 def grid_rank(kernel: Kernel) -> int:
@@ -67,4 +67,4 @@ def plan_arena(program: Program) -> Program:
         replace(buf, offset=offsets.get(i)) if buf.kind == "temp" else buf
         for i, buf in enumerate(program.buffers)
     )
-    return replace(program, buffers=buffers)
+    return program.evolve(buffers=buffers)
