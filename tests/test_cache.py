@@ -629,3 +629,48 @@ def test_the_quick_key_differs_from_the_full_one() -> None:
     assert key.quick().digest() != key.digest()
     assert key.quick().options.startswith(key.options)
     assert key.quick().program == key.program
+
+
+# Deferred writes (the torch device's compiles): on a background thread, in order.
+def test_deferred_writes_are_found_before_they_land_and_flushed(tmp_path: Path,
+                                                                 monkeypatch) -> None:
+    gate = threading.Event()
+    real = ProgramCache._write
+    written: list[str] = []
+
+    def slow(self, digest: str, payload: bytes) -> None:
+        gate.wait(10)
+        real(self, digest, payload)
+        written.append(digest)
+
+    monkeypatch.setattr(ProgramCache, "_write", slow)
+    keys = [make_key(f"p{i}") for i in range(3)]
+    cache = ProgramCache(tmp_path)
+    with cache_mod.deferred_writes():
+        for i, key in enumerate(keys):
+            assert cache.get(key, Builder(b"x%d" % i), identity) == b"x%d" % i
+    assert not written and not entry_path(tmp_path, keys[0]).exists()  # not yet on disk
+    # Another cache on the directory (a lookup after the memory LRU forgot) finds them.
+    again = ProgramCache(tmp_path)
+    assert again.get(keys[1], Builder(b"rebuilt"), identity) == b"x1"
+    gate.set()
+    assert cache.flush(10)
+    assert written == [k.digest() for k in keys]  # in order
+    for i, key in enumerate(keys):
+        assert entry_path(tmp_path, key).read_bytes() == cache_mod._pack(key.digest(),
+                                                                         b"x%d" % i)
+    # Outside the block, writes happen before get() returns.
+    cache.get(make_key("p9"), Builder(), identity)
+    assert entry_path(tmp_path, make_key("p9")).exists()
+
+
+def test_info_and_clear_wait_for_deferred_writes(tmp_path: Path) -> None:
+    cache = ProgramCache(tmp_path)
+    with cache_mod.deferred_writes():
+        for i in range(5):
+            cache.get(make_key(f"q{i}"), Builder(), identity)
+    assert cache.info()["disk_entries"] == 5
+    with cache_mod.deferred_writes():
+        cache.get(make_key("q9"), Builder(), identity)
+    cache.clear()
+    assert cache.info()["disk_entries"] == 0

@@ -23,6 +23,13 @@ key is inside the checksummed body because a file name proves nothing: a file co
 under another entry's name (a bad sync, a manual copy) would otherwise pass the checksum
 and run the wrong program. Files of the old format fail on the magic and are rebuilt.
 
+Writes may be deferred (:func:`deferred_writes`: the torch device's kernels, compiled
+while a training step waits): the entry is then written on a background thread, in the
+order the writes were made, and until it is, lookups in this process find it in memory
+(reads of its path see the pending payload). :meth:`ProgramCache.flush` waits for them;
+:meth:`ProgramCache.info` and :meth:`ProgramCache.clear` flush first, and so does the
+process at exit. A fork's child leaves the parent's pending writes to the parent.
+
 An entry's path is only ever opened if it is a regular file (symlinks followed) of at
 most :data:`MAX_ENTRY_BYTES`, and never more than its size is read: a FIFO there would
 block the read forever, and a device such as ``/dev/zero`` or a huge file would exhaust
@@ -32,6 +39,7 @@ memory. Anything else at the path, or any error reading or parsing it other than
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import hashlib
@@ -41,9 +49,9 @@ import stat
 import struct
 import tempfile
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
-from dataclasses import astuple, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -87,13 +95,17 @@ class CacheKey:
         return replace(self, options=f"{self.options};tier=quick")
 
     def digest(self) -> str:
-        """sha256 hex over all fields; length prefixes keep ("ab", "c") != ("a", "bc")."""
-        h = hashlib.sha256(b"hologram-cache-key-v1\0")
-        for value in astuple(self):
-            data = value.encode("utf-8")
-            h.update(struct.pack("<Q", len(data)))
-            h.update(data)
-        return h.hexdigest()
+        """sha256 hex over all fields; length prefixes keep ("ab", "c") != ("a", "bc").
+        Made once per key (a lookup asks for it several times)."""
+        digest = self.__dict__.get("_digest")
+        if digest is None:
+            h = hashlib.sha256(b"hologram-cache-key-v1\0")
+            for value in (self.program, self.backend, self.target, self.options, self.version):
+                data = value.encode("utf-8")
+                h.update(struct.pack("<Q", len(data)))
+                h.update(data)
+            digest = self.__dict__["_digest"] = h.hexdigest()  # (frozen: not via setattr)
+        return digest
 
 
 class ProgramCache:
@@ -159,7 +171,7 @@ class ProgramCache:
         # Load before writing so an artifact that cannot be loaded is never persisted.
         obj = load(payload)
         if self.directory is not None:
-            self._write(digest, payload)
+            self._store(digest, payload)
         return self._remember(digest, obj, disk_hit=False)
 
     def _get_quick(self, key: CacheKey, build: Callable[[], bytes], load: Callable[[bytes], T],
@@ -179,7 +191,7 @@ class ProgramCache:
             payload = _checked(payload)
             obj = load(payload)
             if self.directory is not None:
-                self._write(digest if final else quick_digest, payload)
+                self._store(digest if final else quick_digest, payload)
         kept = self._remember(digest, obj, disk_hit=disk_hit)
         if kept is obj and not final:
 
@@ -187,6 +199,8 @@ class ProgramCache:
                 artifact = _checked(build())
                 promoted = load(artifact)
                 if self.directory is not None:
+                    # The quick entry's deferred write, if any, lands before it goes.
+                    _writer.flush()
                     self._write(digest, artifact)
                     with contextlib.suppress(OSError):  # found after the full one anyway
                         self._path(quick_digest).unlink()
@@ -233,12 +247,16 @@ class ProgramCache:
         return self.directory / digest[:2] / f"{digest}.bin"
 
     def _note_disk_error(self, message: str) -> None:
-        with self._lock:
-            self._last_disk_error = message
+        # One attribute store (atomic): no lock, which the writer thread would otherwise
+        # take, and a fork could leave held in the child.
+        self._last_disk_error = message
 
     def _read(self, digest: str) -> bytes | None:
         """Return the verified payload, or None if the entry is absent or damaged."""
         path = self._path(digest)
+        pending = _writer.pending(path)
+        if pending is not None:  # written soon (deferred_writes): as good as on disk
+            return pending
         try:
             data = _read_entry_file(path)
             payload = None if data is None else _unpack(data, digest)
@@ -262,6 +280,18 @@ class ProgramCache:
         # overwrites it, or fails to and records why.
         with contextlib.suppress(OSError):
             self._path(digest).unlink()
+
+    def _store(self, digest: str, payload: bytes) -> None:
+        """Write the entry now, or on the background thread inside :func:`deferred_writes`."""
+        if _deferring.on:
+            _writer.submit(self, self._path(digest), digest, payload)
+        else:
+            self._write(digest, payload)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every deferred write (:func:`deferred_writes`) is on disk; False if
+        ``timeout`` seconds passed first."""
+        return _writer.flush(timeout)
 
     def _write(self, digest: str, payload: bytes) -> None:
         path = self._path(digest)
@@ -310,7 +340,9 @@ class ProgramCache:
             self._note_disk_error(f"scanning {self.directory}: {exc}")
 
     def info(self) -> dict[str, Any]:
-        """Counters since creation (or the last clear) and the current disk usage."""
+        """Counters since creation (or the last clear) and the current disk usage (deferred
+        writes are waited for first)."""
+        _writer.flush()
         disk_entries = disk_bytes = 0
         for path in self._disk_files():
             try:
@@ -333,6 +365,7 @@ class ProgramCache:
 
     def clear(self, disk: bool = True) -> None:
         """Forget every entry (and, if ``disk``, delete this cache's files) and reset counters."""
+        _writer.flush()
         with self._lock:
             self._memory.clear()
             self._reset_counters()
@@ -342,6 +375,92 @@ class ProgramCache:
                     path.unlink()
             # Shard directories stay: removing one could race with a writer that just
             # created it, and empty directories cost nothing.
+
+
+class _Deferring(threading.local):
+    on = False
+
+
+_deferring = _Deferring()
+
+
+@contextlib.contextmanager
+def deferred_writes():
+    """Inside this block (on this thread), entries the program cache makes are written to
+    disk on a background thread instead of before the compile returns: the torch device
+    compiles each kernel while a training step waits for it, and a first step writes a
+    hundred entries (~0.3 ms each on a busy disk). See the module docstring."""
+    before = _deferring.on
+    _deferring.on = True
+    try:
+        yield
+    finally:
+        _deferring.on = before
+
+
+class _Writer:
+    """The background thread of deferred writes: entries written in the order submitted;
+    ``pending`` maps each path to the payload not yet written there (the latest one)."""
+
+    def __init__(self) -> None:
+        self.forget()
+
+    def forget(self) -> None:
+        """No thread and nothing pending: in a forked child (the parent writes its own)."""
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._queue: deque = deque()
+        self._pending: dict[Path, tuple[int, bytes]] = {}
+        self._submitted = self._done = 0
+        self._thread: threading.Thread | None = None
+
+    def submit(self, cache: ProgramCache, path: Path, digest: str, payload: bytes) -> None:
+        with self._lock:
+            self._submitted += 1
+            self._pending[path] = (self._submitted, payload)
+            self._queue.append((self._submitted, cache, path, digest, payload))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="hologram-cache-writer",
+                                                daemon=True)
+                self._thread.start()
+            self._changed.notify_all()
+
+    def pending(self, path: Path) -> bytes | None:
+        if not self._pending:  # (the usual case: no lock)
+            return None
+        with self._lock:
+            entry = self._pending.get(path)
+        return entry[1] if entry is not None else None
+
+    def flush(self, timeout: float | None = None) -> bool:
+        with self._lock:
+            if self._thread is None or self._thread is threading.current_thread():
+                return True
+            target = self._submitted
+            return self._changed.wait_for(lambda: self._done >= target, timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._queue:
+                    self._changed.wait()
+                number, cache, path, digest, payload = self._queue.popleft()
+            try:
+                cache._write(digest, payload)
+            except Exception as exc:  # never the thread's end: later writes still happen
+                cache._note_disk_error(f"writing {path}: {exc!r}")
+            finally:
+                with self._lock:
+                    if self._pending.get(path, (None,))[0] == number:
+                        del self._pending[path]
+                    self._done = number
+                    self._changed.notify_all()
+
+
+_writer = _Writer()
+atexit.register(_writer.flush)  # registered first: runs after the promotions' stop
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_writer.forget)
 
 
 def _checked(payload: Any) -> bytes:

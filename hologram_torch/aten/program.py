@@ -26,6 +26,7 @@ import torch
 
 import hologram
 from hologram import backends
+from hologram.compiler.cache import deferred_writes
 from hologram.errors import DeviceError, HologramError
 from hologram.frontend.graph import Graph, Tensor
 from hologram.isa import dtypes as dt
@@ -273,7 +274,9 @@ def _compile(name: str, build: Callable, args: Sequence, static: tuple,
     for j, (r, (_, dtype, strides)) in enumerate(zip(results, layouts)):
         r = r if r.dtype is dtype else g.cast(r, dtype)
         g.output(f"out{j}", r, strides)
-    compiled = hologram.compile(g.program(), backend())
+    # The op waits for its kernel: the cache entry is written on a background thread.
+    with deferred_writes():
+        compiled = hologram.compile(g.program(), backend())
     return _Entry(compiled.launch, outs, single)
 
 

@@ -190,9 +190,21 @@ def _gc_paused():
 
 
 def _split(artifact: bytes) -> tuple[dict, bytes]:
-    """(header, object code) of an artifact."""
+    """(header, object code) of an artifact. The header of the artifact parsed last is
+    kept (by identity): a fresh compile's is read three times (its tier, the load, the
+    loaded program), and nothing changes it."""
+    global _last_split
+    last = _last_split
+    if last is not None and last[0] is artifact:
+        return last[1]
     (size,) = _HEADER.unpack_from(artifact)
-    return json.loads(artifact[_HEADER.size : _HEADER.size + size]), artifact[_HEADER.size + size :]
+    parts = (json.loads(artifact[_HEADER.size : _HEADER.size + size]),
+             artifact[_HEADER.size + size :])
+    _last_split = (artifact, parts)  # one store: safe between threads
+    return parts
+
+
+_last_split: tuple[bytes, tuple[dict, bytes]] | None = None
 
 
 def artifact_tier(artifact: bytes) -> str:

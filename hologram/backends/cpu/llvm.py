@@ -339,10 +339,13 @@ def load_object(obj: bytes, names: list[str], allowed: Iterable[str] = PROCESS_S
     a disk cache): the target must run here, and every symbol the object needs must be
     ``allowed`` and resolvable in this process."""
     key = hashlib.sha256(obj).hexdigest()
+    # Checked on every call: the same bytes may have been loaded for another target (code
+    # that uses nothing particular to a CPU compiles alike for all of them), and a target
+    # this machine cannot run is refused all the same.
+    target = target or targets.current()
+    target.check_runnable()
     with _lock:
         if key not in _loaded:
-            target = target or targets.current()
-            target.check_runnable()
             check_object(obj, target, allowed)
             if use_own_loader:
                 try:
