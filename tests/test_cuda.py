@@ -382,9 +382,9 @@ def test_a_triton_failure_is_a_compile_error_with_source_and_log():
     source = "import triton\n\n@triton.jit\ndef broken(x):\n    tl.nope(x)\n"
     with pytest.raises(CompileError) as info:
         worker.call("compile", {"op": "compile", "source": source, "arch": 90,
-                                "options": cuda.OPTIONS,
+                                "options": cuda.OPTIONS, "alignment": 16,
                                 "kernels": [{"name": "broken", "signature": {"x": "*fp32"},
-                                             "num_warps": 4}]}, source)
+                                             "num_warps": 4, "num_stages": 1}]}, source)
     text = str(info.value)
     assert "def broken" in text and "tl" in text
 

@@ -9,8 +9,9 @@ Debian's libLLVM-15). So this script imports Triton first and Hologram never.
 Protocol: length-prefixed pickles on stdin/stdout. Requests are dicts with ``"op"``:
 
 - ``compile``: ``source`` (a Triton module), ``kernels`` (``[{"name", "signature",
-  "num_warps", "num_stages"}]``), ``arch`` (80, 90), ``options``; answers per kernel
-  the PTX, the cubin, Triton's metadata and ``ptxas -v``'s report on the PTX.
+  "num_warps", "num_stages"}]``), ``arch`` (80, 90), ``options``, ``alignment`` (bytes
+  every pointer argument is a multiple of); answers per kernel the PTX, the cubin,
+  Triton's metadata and ``ptxas -v``'s report on the PTX.
 - ``run`` (interpret mode): ``source``, ``name``, ``grid``, ``arrays`` (NumPy arrays, one
   per pointer argument); answers the arrays after the run.
 """
@@ -94,7 +95,8 @@ def compile_kernels(request: dict) -> dict:
         fn = getattr(module, k["name"])
         options = dict(request["options"], num_warps=k["num_warps"],
                        num_stages=k["num_stages"])
-        attrs = {(i,): [["tt.divisibility", 16]] for i in range(len(k["signature"]))}
+        attrs = {(i,): [["tt.divisibility", request["alignment"]]]
+                 for i in range(len(k["signature"]))}
         compiled = triton.compile(ASTSource(fn=fn, signature=k["signature"], constexprs={},
                                             attrs=attrs),
                                   target=target, options=options)

@@ -51,7 +51,7 @@ from . import kernels as kernels_cache
 from . import render as render_module
 from . import worker
 from .render import PRELUDE, render
-from .runtime import DeviceMemory, DeviceProgram
+from .runtime import ALIGNMENT, DeviceMemory, DeviceProgram
 
 FORMAT = "triton-2"
 #: What the generated code uses: f16/bf16 arithmetic through f32 (rounded after each
@@ -306,6 +306,7 @@ def _compile(source: str, kernels: list[dict], arch: int) -> list[dict]:
     if not missing:
         return out
     request = {"op": "compile", "source": source, "arch": arch, "options": OPTIONS,
+               "alignment": ALIGNMENT,
                "kernels": [{"name": kernels[i]["name"], "signature": kernels[i]["signature"],
                             "num_warps": kernels[i]["num_warps"],
                             "num_stages": kernels[i]["num_stages"]} for i in missing]}
