@@ -8,6 +8,7 @@ import pytest
 import hologram as hg
 from hologram.backends.cpu import llvm
 from hologram.backends.cpu import target as targets
+from hologram.compiler import pipeline
 from hologram.errors import HologramError
 from hologram.frontend.graph import Graph
 from hologram.isa import dtypes as dt
@@ -36,12 +37,28 @@ def test_cpu_artifacts_for_other_machines(name):
 
 
 def test_build_is_cached_and_compile_shares_the_entry(tmp_path, monkeypatch):
-    program = _program()
+    g = Graph("row_max")
+    x = g.input("x", dt.float32, (3, 50))
+    g.output("y", g.max(g.unary("exp", x), 1))
+    program = g.program()
     first = hg.build(program, backend="cpu")
     again = hg.build(program, backend="cpu")
     assert first.key == again.key and first.data == again.data
     compiled = hg.compile(program, backend="cpu")
     assert compiled.key == first.key
+    data = np.linspace(-3, 3, 150, dtype=np.float32).reshape(3, 50)
+    np.testing.assert_allclose(compiled(data), np.exp(data).max(1), rtol=2e-6)
+
+
+def test_an_elementwise_program_is_built_at_its_own_length():
+    """compile runs an elementwise program's template (docs/compiler.md, "Generic
+    lengths"); build's artifact is the program itself, to load anywhere."""
+    program = _program()
+    built = hg.build(program, backend="cpu")
+    assert built.metadata["steps"][0]["rows"] == 150
+    compiled = hg.compile(program, backend="cpu")
+    canonical = pipeline.canonical_form(program)
+    assert built.key.program == canonical.fingerprint() != compiled.key.program
     x = np.linspace(-3, 3, 150, dtype=np.float32).reshape(3, 50)
     np.testing.assert_allclose(compiled(x), np.exp(x) * 2, rtol=2e-6)
 

@@ -123,6 +123,12 @@ class Executable(ABC):
     def launch(self, handles: tuple[int, ...]) -> None:
         """Run the program on the parameters at ``handles``."""
 
+    def resized(self, length: int) -> Executable | None:
+        """This program, compiled at a template length (:mod:`hologram.compiler.generic`),
+        run at ``length`` elements instead, sharing the code; None where the code depends on
+        the length (the default: backends opt in with :attr:`Backend.generic_lengths`)."""
+        return None
+
 
 def host_arrays(params: Sequence[BufferDecl], addresses: Sequence[int]) -> list[np.ndarray]:
     """Flat NumPy views of host memory at ``addresses``, one per parameter declaration
@@ -171,6 +177,9 @@ def _check(param: BufferDecl, array: object, where: str) -> np.ndarray:
 
 class Backend(ABC):
     name: ClassVar[str]
+    #: Do this backend's executables run an elementwise program's code at other lengths
+    #: (:meth:`Executable.resized`)? Then such programs compile once for every length.
+    generic_lengths: ClassVar[bool] = False
 
     @classmethod
     def is_available(cls) -> bool:

@@ -1,7 +1,7 @@
-"""Hologram's compiler: pure ``Program -> Program`` passes (see :mod:`.pipeline`) and the
-program cache (:mod:`.cache`). Compiling for a backend and running the result is the
-runtime's part (:mod:`hologram.runtime.launch`): the compiler imports no backend and no
-runtime module."""
+"""Hologram's compiler: pure ``Program -> Program`` passes (see :mod:`.pipeline`), the
+program cache (:mod:`.cache`) and elementwise programs' templates (:mod:`.generic`).
+Compiling for a backend and running the result is the runtime's part
+(:mod:`hologram.runtime.launch`): the compiler imports no backend and no runtime module."""
 
 from hologram.compiler.options import CompileOptions
 from hologram.compiler.passes.canonicalize import canonicalize

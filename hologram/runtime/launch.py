@@ -22,10 +22,11 @@ evicts the least recently used entries (two generations, see the class).
 from __future__ import annotations
 
 import functools
+import math
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -34,7 +35,7 @@ from hologram import backends, config
 from hologram._native import Launcher
 from hologram.backends.base import check_arrays, check_supported
 from hologram.backends.hostmem import address, default_pool
-from hologram.compiler import pipeline
+from hologram.compiler import generic, pipeline
 from hologram.compiler.cache import CacheKey, compiler_version, default_cache
 from hologram.compiler.options import CompileOptions
 from hologram.isa.ir import BufferDecl, Program
@@ -52,7 +53,7 @@ class CompiledProgram:
     def __init__(self, program: Program, backend: str, key: CacheKey, run):
         self.program = program  # as given (parameters define the calling convention)
         self.backend = backend
-        self.key = key
+        self.key = key  # of the artifact it runs (an elementwise program: its template)
         self.executable = run
         #: Run on device memory: one handle (a host address, on host backends) per
         #: parameter; the caller vouches for sizes and dtypes. The launch path of the SDK
@@ -342,20 +343,20 @@ def build(program: Program, backend: str = "auto", target: str | None = None,
     options = options or CompileOptions.from_env()
     backend = backends.resolve(backend)
     impl = backends.builder(backend)
-    key, lowered = _build_plan(program, backend, impl, target, options)
+    key, _, lowered = _build_plan(program, backend, impl, target, options)
     data = default_cache().artifact(key, lambda: impl.compile(lowered(), target))
     return Artifact(program.name, backend, key.target, key, data)
 
 
 def _build_plan(program: Program, backend: str, impl: backends.Backend, target: str | None,
                 options: CompileOptions):
-    """The cache key of ``program`` built for ``target``, and the function that lowers it
-    for the backend's compiler (once)."""
+    """The cache key of ``program`` built for ``target``, its canonical form, and the
+    function that lowers it for the backend's compiler (once)."""
     check_supported(impl, program, _others(backend))
     canonical = pipeline.canonical_form(program, options)
     key = CacheKey(canonical.fingerprint(), backend, impl.target(target), options.key(),
                    compiler_version())
-    return key, functools.cache(lambda: pipeline.lower(canonical, options))
+    return key, canonical, functools.cache(lambda: pipeline.lower(canonical, options))
 
 
 def _others(backend: str):
@@ -379,17 +380,41 @@ def compile(program: Program, backend: str = "auto",
         if memo_key in _memo:
             _memo.move_to_end(memo_key)
             return _memo[memo_key]
-    key, lowered = _build_plan(program, backend, impl, None, options)
-    # A backend with a quick compile (cpu: docs/compiler.md, "Tiers") serves a miss with it.
-    quick = getattr(impl, "compile_quick", None) if config.get().quick_compile else None
-    run = default_cache().get(key, build=lambda: impl.compile(lowered()), load=impl.load,
-                              quick=quick and (lambda: quick(lowered())))
+    key, canonical, lowered = _build_plan(program, backend, impl, None, options)
+    resized = _resized(canonical, key, impl, options) if impl.generic_lengths else None
+    key, run = resized or (key, _load(key, impl, lowered))
     compiled = CompiledProgram(program, backend, key, run)
     with _memo_lock:
         _memo[memo_key] = compiled
         while len(_memo) > config.get().cache_size:
             _memo.popitem(last=False)
     return compiled
+
+
+def _load(key: CacheKey, impl: backends.Backend, lowered: Callable[[], Program]):
+    """The executable of ``key`` through the program cache, ``lowered()`` compiled on a
+    miss."""
+    # A backend with a quick compile (cpu: docs/compiler.md, "Tiers") serves a miss with it.
+    quick = getattr(impl, "compile_quick", None) if config.get().quick_compile else None
+    return default_cache().get(key, build=lambda: impl.compile(lowered()), load=impl.load,
+                               quick=quick and (lambda: quick(lowered())))
+
+
+def _resized(canonical: Program, key: CacheKey, impl: backends.Backend,
+             options: CompileOptions):
+    """For an elementwise program (:mod:`hologram.compiler.generic`): the key of its
+    template, compiled once for every length, and the template's executable run at the
+    program's length; None for other programs, or where the backend's code for the
+    template depends on the length."""
+    shape = generic.elementwise_shape(canonical)
+    if shape is None:
+        return None
+    template = generic.resize(canonical, shape, generic.TEMPLATE_LENGTH)
+    template_key = replace(key, program=template.fingerprint())
+    lowered = functools.cache(
+        lambda: pipeline.lower(pipeline.canonical_form(template, options), options))
+    run = _load(template_key, impl, lowered).resized(math.prod(shape))
+    return None if run is None else (template_key, run)
 
 
 def clear_memo() -> None:

@@ -16,9 +16,12 @@ list of steps): a call already running finishes on the old code, which stays loa
 
 **Load** (:meth:`CpuBackend.load`): the object file is added to the process's JIT (no
 re-parsing or re-verifying of the program unless an interpreted kernel needs it), and a
-callable is returned. A call binds one pointer per buffer (parameters, and temporaries in
-one arena allocated per call) and runs the kernels in order; each kernel's first grid
-dimension is split across the worker pool when there is enough work per thread.
+callable is returned. An elementwise program's code, which never states the length
+of its one flat dimension, also runs at other lengths (:meth:`_Executable.resized`,
+:mod:`hologram.compiler.generic`). A call binds one pointer per buffer (parameters,
+and temporaries in one arena allocated per call) and runs the kernels in order; each
+kernel's first grid dimension is split across the worker pool when there is enough work
+per thread.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import queue
 import struct
 import threading
 import warnings
+import weakref
 from collections import Counter
 from collections.abc import Callable
 
@@ -60,6 +64,7 @@ _ZERO = ctypes.c_int64(0)
 _HEADER = struct.Struct("<I")
 _POINTER_ARRAYS = 256  # address sets remembered per loaded program
 _ARENAS = Pool()  # programs' scratch memory, one block per call
+_RESIZED = threading.Lock()  # an executable's resized ones against its promotion
 _BYTE = np.dtype(np.uint8)
 # Kernel symbols' prefix while rendering, replaced by one named after the IR (not hex: no
 # real prefix or other name in the IR contains it).
@@ -68,6 +73,7 @@ _UNNAMED = "hg_unnamed_"
 
 class CpuBackend(Backend):
     name = "cpu"
+    generic_lengths = True
 
     @classmethod
     def is_available(cls) -> bool:
@@ -113,6 +119,7 @@ class CpuBackend(Backend):
             })
         steps += [{"gemm": g.to_json()} for g in gemms.get(len(program.kernels), ())]
         header = {
+            "length": _generic_length(program, gemms, fallback),
             "buffers": len(program.buffers),
             "params": [i for i, b in enumerate(program.buffers) if b.kind != "temp"],
             "temps": [[i, b.offset] for i, b in enumerate(program.buffers) if b.kind == "temp"],
@@ -212,6 +219,28 @@ def artifact_tier(artifact: bytes) -> str:
     return _split(artifact)[0].get("tier", "full")
 
 
+def _generic_length(program: Program, gemms: dict, fallback: bool) -> int | None:
+    """The length of the program's one flat dimension where its code does not depend on
+    it (:meth:`_Executable.resized`), else None: every kernel a 1-D grid over that length
+    (the renderer's caller range: it never states the extent) or a single point, with no
+    index, gather, scatter, reduction or contraction, no split, no temporaries (their arena
+    would be sized by it), no library call and nothing interpreted."""
+    if fallback or gemms or program.temps:
+        return None
+    lengths = set()
+    for kernel in program.kernels:
+        if kernel.domain:
+            if kernel.grid_rank != 1 or len(kernel.domain) != 1 or split_parts(kernel):
+                return None
+            lengths.add(kernel.domain[0])
+        if any(i.op in _LENGTH_BOUND for i in kernel.body):
+            return None
+    return lengths.pop() if len(lengths) == 1 else None
+
+
+_LENGTH_BOUND = frozenset(("index", "gather", "scatter", "reduce", "contract"))
+
+
 def _row_work(kernel) -> int:
     """The work of one row (a point of the first grid dimension) for the worker pool's
     grain: the points and iterations below it, times ``1 + MATH_WORK`` per math function
@@ -234,6 +263,7 @@ class _Executable(Executable):
     """A loaded program (see :class:`hologram.backends.base.Executable`)."""
 
     def __init__(self, header: dict, addresses: dict[str, int]):
+        self._header, self._addresses = header, addresses
         self.nbuffers = header["buffers"]
         self.params = header["params"]
         self.temps = header["temps"]
@@ -252,6 +282,26 @@ class _Executable(Executable):
         self.launch = self._launch_cached if native and not self.arena else self._launch
         # False while promote_when_hot may still replace this build's code.
         self._final = True
+        self._count: Callable | None = None  # promote_when_hot's counting step
+        self._resized: list[tuple[weakref.ref, int]] = []  # adopt()s with this one's
+
+    def resized(self, length: int) -> _Executable | None:
+        """This program's code run over ``length`` points of its one flat dimension, where
+        the artifact says the code does not depend on it (``_generic_length``). Until this
+        build is promoted, calls of the resized one count towards its promotion, and the
+        promotion replaces both."""
+        if self._header.get("length") is None:
+            return None
+        steps = [dict(s, rows=length) if s.get("parallel") else s
+                 for s in self._header["steps"]]
+        other = _Executable(dict(self._header, steps=steps), self._addresses)
+        with _RESIZED:
+            if not self._final:
+                other._final = False
+                if self._count is not None and self.steps[0] is self._count:
+                    other.steps = [self._count, *other.steps]
+                self._resized.append((weakref.ref(other), length))
+        return other
 
     def promote_when_hot(self, full: Callable[[], _Executable]) -> None:
         """After ``HOLOGRAM_PROMOTE_AFTER`` more calls, have ``full()`` (the full build of
@@ -267,13 +317,21 @@ class _Executable(Executable):
                 self.steps = steps
                 _promoter.submit(self, full)
 
+        self._count = count
         self.steps = [count, *steps]
 
     def adopt(self, other: _Executable) -> None:
-        """Run ``other``'s code from now on (the same program compiled again)."""
+        """Run ``other``'s code from now on (the same program compiled again), and so do
+        the executables :meth:`resized` made of this one."""
         self.steps = other.steps  # one store: a running call keeps iterating the old list
         self.tier = other.tier
-        self._final = True  # after the steps: native_plan must not see the old ones
+        with _RESIZED:
+            self._final = True  # after the steps: native_plan must not see the old ones
+            resized, self._resized = self._resized, []
+        for ref, length in resized:
+            mine = ref()
+            if mine is not None:
+                mine.adopt(other.resized(length) or mine)
 
     def _step(self, step: dict, addresses: dict[str, int]) -> Callable:
         if "gemm" in step:
