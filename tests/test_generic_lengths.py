@@ -54,8 +54,11 @@ def canonical(program):
 # --- which programs qualify -------------------------------------------------------------
 
 def test_elementwise_programs_have_a_shape():
-    assert generic.elementwise_shape(canonical(lerp((192, 64)))) == (192, 64)
-    assert generic.elementwise_shape(canonical(lerp((7,)))) == (7,)
+    """As the graph builder makes them (what hologram.compile looks at) and canonical."""
+    for program in (lerp((192, 64)), lerp((7,)), chain((5, 3), "i8")):
+        shape = program.buffers[0].shape
+        assert generic.elementwise_shape(program) == shape
+        assert generic.elementwise_shape(canonical(program)) == shape
 
 
 def _broadcast_row():

@@ -11,9 +11,9 @@ applied to ``prod(S)`` or ``prod(S')`` elements in a row, so a backend whose cod
 not depend on that count compiles it once (an optimizer's elementwise updates on each
 parameter of a model: one compile per op instead of one per parameter size).
 
-:func:`elementwise_shape` recognizes such a canonical program and :func:`resize` states
-it at another flat length: :func:`hologram.runtime.launch.compile` keys the compile of
-``resize(canonical, shape, TEMPLATE_LENGTH)`` (the *template*) and runs its code at the
+:func:`elementwise_shape` recognizes such a program and :func:`resize` states it at
+another flat length: :func:`hologram.runtime.launch.compile` compiles
+``resize(program, shape, TEMPLATE_LENGTH)`` (the *template*) and runs its code at the
 program's own length, where the backend says its code allows that
 (:meth:`hologram.backends.base.Executable.resized`).
 """

@@ -26,7 +26,7 @@ import math
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -39,6 +39,7 @@ from hologram.compiler import generic, pipeline
 from hologram.compiler.cache import CacheKey, compiler_version, default_cache
 from hologram.compiler.options import CompileOptions
 from hologram.isa.ir import BufferDecl, Program
+from hologram.isa.verify import verify
 
 POOL_THRESHOLD = 1 << 20  # bytes
 
@@ -314,6 +315,8 @@ def launch_cache() -> LaunchCache:
 
 
 _memo: OrderedDict[tuple, CompiledProgram] = OrderedDict()
+#: Elementwise programs' templates -> their cache key and lowering (``_resized``).
+_templates: OrderedDict[tuple, tuple] = OrderedDict()
 _memo_lock = threading.Lock()
 
 
@@ -343,20 +346,20 @@ def build(program: Program, backend: str = "auto", target: str | None = None,
     options = options or CompileOptions.from_env()
     backend = backends.resolve(backend)
     impl = backends.builder(backend)
-    key, _, lowered = _build_plan(program, backend, impl, target, options)
+    key, lowered = _build_plan(program, backend, impl, target, options)
     data = default_cache().artifact(key, lambda: impl.compile(lowered(), target))
     return Artifact(program.name, backend, key.target, key, data)
 
 
 def _build_plan(program: Program, backend: str, impl: backends.Backend, target: str | None,
                 options: CompileOptions):
-    """The cache key of ``program`` built for ``target``, its canonical form, and the
-    function that lowers it for the backend's compiler (once)."""
+    """The cache key of ``program`` built for ``target``, and the function that lowers it
+    for the backend's compiler (once)."""
     check_supported(impl, program, _others(backend))
     canonical = pipeline.canonical_form(program, options)
     key = CacheKey(canonical.fingerprint(), backend, impl.target(target), options.key(),
                    compiler_version())
-    return key, canonical, functools.cache(lambda: pipeline.lower(canonical, options))
+    return key, functools.cache(lambda: pipeline.lower(canonical, options))
 
 
 def _others(backend: str):
@@ -380,9 +383,11 @@ def compile(program: Program, backend: str = "auto",
         if memo_key in _memo:
             _memo.move_to_end(memo_key)
             return _memo[memo_key]
-    key, canonical, lowered = _build_plan(program, backend, impl, None, options)
-    resized = _resized(canonical, key, impl, options) if impl.generic_lengths else None
-    key, run = resized or (key, _load(key, impl, lowered))
+    resized = _resized(program, backend, impl, options) if impl.generic_lengths else None
+    if resized is None:
+        key, lowered = _build_plan(program, backend, impl, None, options)
+        resized = key, _load(key, impl, lowered)
+    key, run = resized
     compiled = CompiledProgram(program, backend, key, run)
     with _memo_lock:
         _memo[memo_key] = compiled
@@ -400,23 +405,32 @@ def _load(key: CacheKey, impl: backends.Backend, lowered: Callable[[], Program])
                                quick=quick and (lambda: quick(lowered())))
 
 
-def _resized(canonical: Program, key: CacheKey, impl: backends.Backend,
+def _resized(program: Program, backend: str, impl: backends.Backend,
              options: CompileOptions):
     """For an elementwise program (:mod:`hologram.compiler.generic`): the key of its
     template, compiled once for every length, and the template's executable run at the
     program's length; None for other programs, or where the backend's code for the
-    template depends on the length."""
-    shape = generic.elementwise_shape(canonical)
+    template depends on the length. Templates seen before skip the passes."""
+    verify(program)  # what canonicalizing would check first (once per program object)
+    shape = generic.elementwise_shape(program)
     if shape is None:
         return None
-    template = generic.resize(canonical, shape, generic.TEMPLATE_LENGTH)
-    template_key = replace(key, program=template.fingerprint())
-    lowered = functools.cache(
-        lambda: pipeline.lower(pipeline.canonical_form(template, options), options))
-    run = _load(template_key, impl, lowered).resized(math.prod(shape))
-    return None if run is None else (template_key, run)
+    template = generic.resize(program, shape, generic.TEMPLATE_LENGTH)
+    memo_key = (template, backend, impl.target(), options)
+    with _memo_lock:
+        plan = _templates.get(memo_key)
+    if plan is None:
+        plan = _build_plan(template, backend, impl, None, options)
+        with _memo_lock:
+            _templates[memo_key] = plan
+            while len(_templates) > config.get().cache_size:
+                _templates.popitem(last=False)
+    key, lowered = plan
+    run = _load(key, impl, lowered).resized(math.prod(shape))
+    return None if run is None else (key, run)
 
 
 def clear_memo() -> None:
     with _memo_lock:
         _memo.clear()
+        _templates.clear()

@@ -37,6 +37,7 @@ import os
 import queue
 import struct
 import threading
+import time
 import warnings
 import weakref
 from collections import Counter
@@ -93,6 +94,7 @@ class CpuBackend(Backend):
         """The artifact of ``program`` for ``target`` (see the module docstring), its LLVM
         module compiled at ``tier`` (``llvm.TIERS``) where that gives the same bits as the
         full tier, else at the full tier; :func:`artifact_tier` says which."""
+        _promoter.note_busy()
         with _gc_paused():
             return self._compile(program, target, tier)
 
@@ -161,6 +163,7 @@ class CpuBackend(Backend):
         return artifact, artifact_tier(artifact) == "full"
 
     def load(self, artifact: bytes) -> Executable:
+        _promoter.note_busy()
         header, obj = _split(artifact)
         names = []
         for step in header["steps"]:
@@ -283,24 +286,25 @@ class _Executable(Executable):
         # False while promote_when_hot may still replace this build's code.
         self._final = True
         self._count: Callable | None = None  # promote_when_hot's counting step
-        self._resized: list[tuple[weakref.ref, int]] = []  # adopt()s with this one's
+        self.length = header.get("length")  # of the one flat dimension, if generic
+        self._resized: weakref.WeakSet = weakref.WeakSet()  # adopt() with this one
 
     def resized(self, length: int) -> _Executable | None:
         """This program's code run over ``length`` points of its one flat dimension, where
         the artifact says the code does not depend on it (``_generic_length``). Until this
         build is promoted, calls of the resized one count towards its promotion, and the
         promotion replaces both."""
-        if self._header.get("length") is None:
+        if self.length is None:
             return None
         steps = [dict(s, rows=length) if s.get("parallel") else s
                  for s in self._header["steps"]]
-        other = _Executable(dict(self._header, steps=steps), self._addresses)
+        other = _Executable(dict(self._header, steps=steps, length=length), self._addresses)
         with _RESIZED:
             if not self._final:
                 other._final = False
                 if self._count is not None and self.steps[0] is self._count:
                     other.steps = [self._count, *other.steps]
-                self._resized.append((weakref.ref(other), length))
+                self._resized.add(other)
         return other
 
     def promote_when_hot(self, full: Callable[[], _Executable]) -> None:
@@ -327,11 +331,9 @@ class _Executable(Executable):
         self.tier = other.tier
         with _RESIZED:
             self._final = True  # after the steps: native_plan must not see the old ones
-            resized, self._resized = self._resized, []
-        for ref, length in resized:
-            mine = ref()
-            if mine is not None:
-                mine.adopt(other.resized(length) or mine)
+            resized, self._resized = list(self._resized), weakref.WeakSet()
+        for mine in resized:
+            mine.adopt(other.resized(mine.length) or mine)
 
     def _step(self, step: dict, addresses: dict[str, int]) -> Callable:
         if "gemm" in step:
@@ -483,11 +485,35 @@ class _Promoter:
     """The background thread that makes full builds of hot quickly compiled programs, one
     at a time (LLVM holds one lock anyway). Started at the first promotion; at exit it
     finishes the build under way and drops the rest (their quick artifacts are on disk,
-    so nothing is lost): LLVM must not be in use while the process tears it down."""
+    so nothing is lost): LLVM must not be in use while the process tears it down.
+
+    A build waits until no other thread has compiled or loaded a program for
+    :data:`QUIET` seconds (at most :data:`PATIENCE`): while a model's first step compiles
+    its kernels or loads them from the disk cache, a promotion would hold LLVM's lock and
+    the GIL between them, and the step waits for each of them."""
+
+    QUIET = 0.05
+    PATIENCE = 2.0
 
     def __init__(self) -> None:
         self.stats = {"promoted": 0, "failed": 0, "last_error": None}
+        self._last_busy = 0.0  # time.monotonic() of the last compile or load elsewhere
         self.forget()
+
+    def note_busy(self) -> None:
+        """A compile or load starts on the calling thread (one store; the promotions' own
+        are not counted)."""
+        if threading.current_thread() is not self._thread:
+            self._last_busy = time.monotonic()
+
+    def _wait_for_quiet(self) -> None:
+        deadline = time.monotonic() + self.PATIENCE
+        while not self._stopping:
+            now = time.monotonic()
+            wait = min(self._last_busy + self.QUIET, deadline) - now
+            if wait <= 0:
+                return
+            time.sleep(wait)
 
     def forget(self) -> None:
         """No thread and nothing queued: in a forked child, which has the parent's state
@@ -519,6 +545,7 @@ class _Promoter:
                 return
             executable, full = item
             try:
+                self._wait_for_quiet()
                 with self._busy:
                     if not self._stopping:
                         executable.adopt(full())
