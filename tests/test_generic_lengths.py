@@ -184,7 +184,10 @@ def test_resized_programs_count_towards_and_share_the_templates_promotion(monkey
     assert cpu.wait_for_promotions(60)
     assert small.executable.tier == large.executable.tier == "full"
     assert small.executable.native_plan() is not False
-    for n, compiled in ((10, small), (5000, large)):
+    later = hologram.compile(lerp((77,)), backend="cpu")  # after the promotion: full
+    assert later.executable.tier == "full" and later.executable.native_plan() is not False
+    data[77] = [np.linspace(-2, 5, 77, dtype=np.float32), np.full(77, -1, np.float32)]
+    for n, compiled in ((10, small), (5000, large), (77, later)):
         a, b = data[n]
         assert same_bits(compiled(a, b, np.array(0.5)), a + (b - a) * np.float32(0.5))
     assert cpu.promotion_stats()["failed"] == 0

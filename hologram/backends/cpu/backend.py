@@ -329,6 +329,7 @@ class _Executable(Executable):
         the executables :meth:`resized` made of this one."""
         self.steps = other.steps  # one store: a running call keeps iterating the old list
         self.tier = other.tier
+        self._header, self._addresses = other._header, other._addresses  # for resized()
         with _RESIZED:
             self._final = True  # after the steps: native_plan must not see the old ones
             resized, self._resized = list(self._resized), weakref.WeakSet()
