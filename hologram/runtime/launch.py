@@ -390,10 +390,16 @@ def compile(program: Program, backend: str = "auto",
     key, run = resized
     compiled = CompiledProgram(program, backend, key, run)
     with _memo_lock:
-        _memo[memo_key] = compiled
-        while len(_memo) > config.get().cache_size:
-            _memo.popitem(last=False)
+        _remember(_memo, memo_key, compiled)
     return compiled
+
+
+def _remember(memo: OrderedDict, key: tuple, value: Any) -> None:
+    """File ``value`` under ``key`` in one of the in-process memos (the caller holds
+    ``_memo_lock``), dropping the least recently used past ``HOLOGRAM_CACHE_SIZE``."""
+    memo[key] = value
+    while len(memo) > config.get().cache_size:
+        memo.popitem(last=False)
 
 
 def _load(key: CacheKey, impl: backends.Backend, lowered: Callable[[], Program]):
@@ -419,12 +425,12 @@ def _resized(program: Program, backend: str, impl: backends.Backend,
     memo_key = (template, backend, impl.target(), options)
     with _memo_lock:
         plan = _templates.get(memo_key)
+        if plan is not None:
+            _templates.move_to_end(memo_key)
     if plan is None:
         plan = _build_plan(template, backend, impl, None, options)
         with _memo_lock:
-            _templates[memo_key] = plan
-            while len(_templates) > config.get().cache_size:
-                _templates.popitem(last=False)
+            _remember(_templates, memo_key, plan)
     key, lowered = plan
     run = _load(key, impl, lowered).resized(math.prod(shape))
     return None if run is None else (key, run)

@@ -286,8 +286,13 @@ class _Executable(Executable):
         # False while promote_when_hot may still replace this build's code.
         self._final = True
         self._count: Callable | None = None  # promote_when_hot's counting step
-        self.length = header.get("length")  # of the one flat dimension, if generic
         self._resized: weakref.WeakSet = weakref.WeakSet()  # adopt() with this one
+
+    @property
+    def length(self) -> int | None:
+        """The length of the one flat dimension the code runs over, where it runs at any
+        (``_generic_length``)."""
+        return self._header.get("length")
 
     def resized(self, length: int) -> _Executable | None:
         """This program's code run over ``length`` points of its one flat dimension, where
