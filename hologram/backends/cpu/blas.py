@@ -45,8 +45,8 @@ import numpy as np
 
 from hologram.errors import DeviceError, DTypeError, HologramError, ShapeError
 
-__all__ = ["available", "blas_threads", "describe", "gemm", "prepare", "prepare_batched",
-           "set_blas_threads"]
+__all__ = ["Entry", "available", "blas_threads", "describe", "entry", "gemm", "prepare",
+           "prepare_batched", "set_blas_threads", "set_openblas_threads"]
 
 # CBLAS enum values (cblas.h).
 _ROW_MAJOR = 101
@@ -293,6 +293,14 @@ def thread_setter() -> Callable[[int], None]:
     return _mkl_threads_only
 
 
+def set_openblas_threads(n: int) -> None:
+    """OpenBLAS's thread count only (``n >= 1``, unchecked; MKL's products keep theirs); a
+    no-op without the library's setter."""
+    lib = _load()
+    if isinstance(lib, _Library) and lib.set_threads is not None:
+        lib.set_threads(n)
+
+
 def _mkl_threads_only(n: int) -> None:
     """No OpenBLAS thread count to set: only the one MKL's products run on."""
     _mkl_threads[0] = n
@@ -369,13 +377,8 @@ def prepare(dtype: str, trans_a: bool, trans_b: bool, m: int, n: int, k: int,
     if ldb < b_cols:
         raise ShapeError(f"gemm: ldb={ldb} < {b_cols}: B is stored {b_rows} x {b_cols}, "
                          f"row-major; pass its row stride in elements")
-    if library not in (None, "openblas", "mkl"):
-        raise HologramError(f"gemm: library {library!r}: expected 'openblas', 'mkl' or None")
-    mkl = _mkl() if library != "openblas" and (trans_b or library == "mkl") else None
-    if library == "mkl" and mkl is None:
-        raise DeviceError("gemm: no MKL in this process (it comes with an imported torch "
-                          "whose libtorch_cpu exports sgemm_)")
-    if mkl is not None and max(m, n, k, lda, ldb, ldc) <= _INT32_MAX:
+    mkl = _choose_mkl(library, trans_b, max(m, n, k, lda, ldb, ldc))
+    if mkl is not None:
         return _prepare_mkl(mkl, dtype, trans_a, trans_b, m, n, k, alpha, lda, ldb, beta, ldc)
     fn = lib.sgemm if dtype == "f32" else lib.dgemm
     # The same function without a prototype, called with ctypes objects only (addresses as
@@ -395,6 +398,48 @@ def prepare(dtype: str, trans_a: bool, trans_b: bool, m: int, n: int, k: int,
         raw(*head, pointer(a), lda_, pointer(b), ldb_, beta_, pointer(c), ldc_)
 
     return call
+
+
+def _choose_mkl(library: str | None, trans_b: bool, largest: int) -> _Mkl | None:
+    """The MKL that a product with these flags goes to (see the module docstring), or None
+    for OpenBLAS; ``largest``: its largest size or leading dimension (MKL's are 32-bit)."""
+    if library not in (None, "openblas", "mkl"):
+        raise HologramError(f"gemm: library {library!r}: expected 'openblas', 'mkl' or None")
+    mkl = _mkl() if library != "openblas" and (trans_b or library == "mkl") else None
+    if library == "mkl" and mkl is None:
+        raise DeviceError("gemm: no MKL in this process (it comes with an imported torch "
+                          "whose libtorch_cpu exports sgemm_)")
+    return mkl if mkl is not None and largest <= _INT32_MAX else None
+
+
+@dataclass(frozen=True)
+class Entry:
+    """The gemm entry :func:`prepare` calls, for native code that calls it itself
+    (:mod:`.parallel_gemm`). ``abi``: ``"cblas"`` (row-major CBLAS, arguments by value,
+    64-bit integers when ``int64``) or ``"fortran"`` (MKL's LP64 Fortran entry, every
+    argument by reference, with ``set_local_threads`` the address of its
+    ``MKL_Set_Num_Threads_Local``; 0 for ``"cblas"``)."""
+
+    abi: str
+    address: int
+    int64: bool
+    set_local_threads: int
+
+
+def entry(dtype: str, trans_b: bool, largest: int, library: str | None = None) -> Entry:
+    """The :class:`Entry` of the products :func:`prepare` makes for ``dtype`` and
+    ``trans_b`` whose largest size or leading dimension is ``largest`` (the caller has
+    checked them with :func:`prepare`)."""
+    lib = _load()
+    if not isinstance(lib, _Library):
+        raise DeviceError(f"gemm: {lib}")
+    mkl = _choose_mkl(library, trans_b, largest)
+    address = ctypes.c_void_p
+    if mkl is not None:
+        return Entry("fortran", mkl.sgemm if dtype == "f32" else mkl.dgemm, False,
+                     ctypes.cast(mkl.set_local_threads, address).value)
+    fn = lib.sgemm if dtype == "f32" else lib.dgemm
+    return Entry("cblas", ctypes.cast(fn, address).value, lib.int64, 0)
 
 
 def _prepare_mkl(mkl: _Mkl, dtype: str, trans_a: bool, trans_b: bool, m: int, n: int,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from hologram.backends.cpu import blas, threads
+from hologram.backends.cpu import blas, parallel_gemm, threads
 from hologram.compiler.passes import library_calls
 from hologram.compiler.passes.library_calls import Gemm, Matrix
 from hologram.isa.ir import Program
@@ -24,15 +24,20 @@ def split(program: Program) -> tuple[Program, dict[int, list[Gemm]]]:
 
 def step(g: dict) -> Callable:
     """The program step of one GEMM (``Gemm.to_json()``): ``run(pointers, memory)`` computes
-    ``C = A @ B`` for every batch index in one call of :func:`.blas.prepare_batched`, from the
-    buffers' addresses in ``pointers`` (``memory`` is unused), on the process's thread
-    count. Sizes and strides are checked once, here."""
+    ``C = A @ B`` from the buffers' addresses in ``pointers`` (``memory`` is unused), on the
+    process's thread count: a batch in one call of :func:`.blas.prepare_batched`, a single
+    product in pieces on the worker pool (:mod:`.parallel_gemm`). Sizes and strides are
+    checked once, here."""
     itemsize = 4 if g["dtype"] == "f32" else 8
     (a, a_off, a_bs, a_t, lda), (b, b_off, b_bs, b_t, ldb), (c, c_off, c_bs, _, ldc) = (
         g["a"], g["b"], g["c"])
-    product = blas.prepare_batched(g["dtype"], a_t, b_t, g["m"], g["n"], g["k"], lda, ldb,
-                                   ldc, tuple(g["batch"]), tuple(a_bs), tuple(b_bs),
-                                   tuple(c_bs))
+    if g["batch"]:
+        product = blas.prepare_batched(g["dtype"], a_t, b_t, g["m"], g["n"], g["k"], lda,
+                                       ldb, ldc, tuple(g["batch"]), tuple(a_bs), tuple(b_bs),
+                                       tuple(c_bs))
+    else:
+        product = parallel_gemm.prepare(g["dtype"], a_t, b_t, g["m"], g["n"], g["k"], lda,
+                                        ldb, ldc)
     da, db, dc = a_off * itemsize, b_off * itemsize, c_off * itemsize
     set_threads = blas.thread_setter()
 

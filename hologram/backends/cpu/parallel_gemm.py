@@ -1,0 +1,215 @@
+"""GEMMs cut into pieces that the cpu backend's worker threads run.
+
+BLAS libraries thread a product themselves with a static split: each of their threads
+gets its share up front and the caller waits for the slowest. When another thread holds
+a core (a background compile, a data loader, another process), a share whose thread has
+no core waits for a scheduler time slice: on a 2-core machine, products that take 30-60 µs
+took 3-28 ms each during a model's first training step, whose compiles run beside it.
+The worker pool (:mod:`.threads`, :mod:`.workers`) hands pieces out as threads come for
+them and the caller runs what no worker took, so a busy core costs at most one piece.
+
+So :func:`prepare` cuts C into pieces of whole rows (or of whole columns, when C has more
+columns than rows), each computed by one single-threaded call of the library entry
+:func:`.blas.prepare` would call, and runs them with :func:`threads.run_kernel` through a
+small native trampoline: one function per calling convention and dtype, compiled once per
+process (cached on disk, like the pool). The pieces depend only on the sizes and the
+thread count, never on which thread runs them, so a product's bits are the same from one
+call to the next; they may differ in the last place from one whole-product call (the
+library's kernels for a piece's edge tiles are its own), as a library's threads' do.
+Products too small to share, and every product on one thread, make one call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Callable
+from functools import cache
+
+from llvmlite import ir
+
+from hologram.backends.cpu import blas, llvm, threads
+from hologram.backends.cpu import target as targets
+from hologram.errors import HologramError
+
+__all__ = ["BLOCK", "MIN_PIECE_FLOPS", "prepare", "trampoline_ir", "trampoline_name"]
+
+#: Rows (or columns) of C a piece holds a multiple of: BLAS kernels compute tiles of 4 to
+#: 16 rows, so a piece boundary inside a tile would cost a partial tile on both sides.
+BLOCK = 16
+#: Floating-point operations below which a piece is not worth handing to another thread
+#: (~5 µs on one core; a hand-off costs ~1 µs).
+MIN_PIECE_FLOPS = 1 << 18
+
+# The job: the words the trampoline reads.
+_WORDS = ("fn", "set_local", "trans_a", "trans_b", "m", "n", "k", "lda", "ldb", "ldc", "a",
+          "b", "c", "columns")
+_AT = {name: i for i, name in enumerate(_WORDS)}
+_JOB = ctypes.c_int64 * len(_WORDS)
+_I8, _I32, _I64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
+_PTR = _I8.as_pointer()
+# CBLAS enum values (cblas.h).
+_ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
+
+
+def prepare(dtype: str, trans_a: bool, trans_b: bool, m: int, n: int, k: int, lda: int,
+            ldb: int, ldc: int, library: str | None = None) -> Callable[[int, int, int], None]:
+    """:func:`.blas.prepare` of ``C = op(A) @ op(B)`` (alpha 1, beta 0; ``library`` as
+    there), run on the process's threads (:func:`threads.num_threads`) as pieces of C,
+    each one single-threaded library call; checked once, like :func:`.blas.prepare`."""
+    single = blas.prepare(dtype, trans_a, trans_b, m, n, k, 1.0, lda, ldb, 0.0, ldc, library)
+    columns = n > m
+    extent, other = (n, m) if columns else (m, n)
+    work = 2 * BLOCK * other * k  # per block of rows (or columns)
+    if work == 0:  # an empty product, or C set to 0
+        return single
+    blocks = -(-extent // BLOCK)
+    grain = max(1, -(-MIN_PIECE_FLOPS // work))
+    if blocks < 2 * grain:  # too small to share
+        return single
+    found = blas.entry(dtype, trans_b, max(m, n, k, lda, ldb, ldc), library)
+    kernel = _trampoline(found.abi, found.int64, dtype)
+    words = dict(fn=found.address, set_local=found.set_local_threads, trans_a=int(trans_a),
+                 trans_b=int(trans_b), m=m, n=n, k=k, lda=lda, ldb=ldb, ldc=ldc, a=0, b=0,
+                 c=0, columns=int(columns))
+    template = _JOB(*(words[name] for name in _WORDS))
+    one_thread = _openblas_threads if found.abi == "cblas" else None
+    at_a, at_b, at_c = _AT["a"], _AT["b"], _AT["c"]
+
+    def call(a: int, b: int, c: int) -> None:
+        count = threads.num_threads()
+        if count == 1:
+            single(a, b, c)
+            return
+        if not (a and b and c):
+            raise HologramError("gemm: A, B or C is a null address")
+        job = _JOB.from_buffer_copy(template)  # a copy per call: calls may be concurrent
+        job[at_a], job[at_b], job[at_c] = a, b, c
+        if one_thread is None:  # MKL: the trampoline sets its threads' own count
+            threads.run_kernel(kernel, job, blocks, grain)
+            return
+        with one_thread:
+            threads.run_kernel(kernel, job, blocks, grain)
+
+    return call
+
+
+class _OpenblasThreads:
+    """OpenBLAS's thread count is the process's (its per-thread setting only reaches
+    OpenMP builds): one while any caller runs pieces, then :func:`threads.num_threads`
+    again, the count the cpu backend's other products set (and NumPy's matmul shares)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._inside = 0
+
+    def __enter__(self) -> None:
+        with self._lock:
+            if self._inside == 0:
+                blas.set_openblas_threads(1)
+            self._inside += 1
+
+    def __exit__(self, *exc) -> None:
+        with self._lock:
+            self._inside -= 1
+            if self._inside == 0:
+                blas.set_openblas_threads(threads.num_threads())
+
+
+_openblas_threads = _OpenblasThreads()
+
+
+@cache
+def _trampoline(abi: str, int64: bool, dtype: str) -> int:
+    """The address of the trampoline for one calling convention and dtype, compiled for
+    this machine on first use, alone (a model uses one or two of the six) and at the quick
+    tier, like the pool: the library call is the work."""
+    host = targets.host()
+    name = trampoline_name(abi, int64, dtype)
+    obj = llvm.compile_ir(trampoline_ir(abi, int64, dtype, host.triple), host, allowed=(),
+                          tier="quick")
+    return llvm.load_object(obj, [name], allowed=(), target=host)[name]
+
+
+def trampoline_name(abi: str, int64: bool, dtype: str) -> str:
+    return f"hg_gemm_{abi}{64 if int64 else 32}_{dtype}"
+
+
+def trampoline_ir(abi: str, int64: bool, dtype: str, triple: str) -> str:
+    """The LLVM IR of the trampoline :func:`prepare` runs for entries of calling convention
+    ``abi`` (:class:`.blas.Entry`) and ``dtype``, for ``triple``: it calls only the entry
+    whose address the job holds, so it compiles for any target."""
+    module = ir.Module("hologram_gemm_pieces")
+    module.triple = triple
+    _define(module, trampoline_name(abi, int64, dtype), abi, ir.IntType(64 if int64 else 32),
+            ir.FloatType() if dtype == "f32" else ir.DoubleType(), 4 if dtype == "f32" else 8)
+    return str(module)
+
+
+def _define(module: ir.Module, name: str, abi: str, integer: ir.IntType, real: ir.Type,
+            itemsize: int) -> None:
+    """``name(job, start, stop)``: the product's blocks ``[start, stop)`` of rows (or
+    columns) of C, in one call of the job's entry."""
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [_PTR.as_pointer(), _I64, _I64]),
+                     name)
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    words = b.bitcast(fn.args[0], _I64.as_pointer())
+    w = {name: b.load(b.gep(words, [ir.Constant(_I64, i)]), name=name)
+         for i, name in enumerate(_WORDS)}
+    columns = b.icmp_unsigned("!=", w["columns"], ir.Constant(_I64, 0))
+    extent = b.select(columns, w["n"], w["m"])
+    first = b.mul(fn.args[1], ir.Constant(_I64, BLOCK))
+    end = b.mul(fn.args[2], ir.Constant(_I64, BLOCK))
+    end = b.select(b.icmp_signed("<", end, extent), end, extent)
+    count = b.sub(end, first)
+    zero = ir.Constant(_I64, 0)
+    trans_a = b.icmp_unsigned("!=", w["trans_a"], zero)
+    trans_b = b.icmp_unsigned("!=", w["trans_b"], zero)
+    size = ir.Constant(_I64, itemsize)
+    # A piece of rows starts `first` rows into A (a column, when A is stored transposed)
+    # and into C; a piece of columns `first` columns into B (a row, when transposed) and C.
+    a_skip = b.select(trans_a, first, b.mul(first, w["lda"]))
+    b_skip = b.select(trans_b, b.mul(first, w["ldb"]), first)
+    c_skip = b.select(columns, first, b.mul(first, w["ldc"]))
+    a = b.add(w["a"], b.select(columns, zero, b.mul(a_skip, size)))
+    b_ = b.add(w["b"], b.select(columns, b.mul(b_skip, size), zero))
+    c = b.add(w["c"], b.mul(c_skip, size))
+    m = b.select(columns, w["m"], count)
+    n = b.select(columns, count, w["n"])
+    alpha, beta = ir.Constant(real, 1.0), ir.Constant(real, 0.0)
+    ints = {key: b.trunc(w[key], integer) if integer.width < 64 else w[key]
+            for key in ("k", "lda", "ldb", "ldc")}
+    m, n = (b.trunc(v, integer) if integer.width < 64 else v for v in (m, n))
+    pointers = [b.inttoptr(v, _PTR) for v in (a, b_, c)]
+    if abi == "cblas":
+        flag = {False: ir.Constant(_I32, _NO_TRANS), True: ir.Constant(_I32, _TRANS)}
+        kind = ir.FunctionType(ir.VoidType(), [_I32, _I32, _I32, integer, integer, integer,
+                                               real, _PTR, integer, _PTR, integer, real,
+                                               _PTR, integer])
+        entry = b.inttoptr(w["fn"], kind.as_pointer())
+        b.call(entry, [ir.Constant(_I32, _ROW_MAJOR),
+                       b.select(trans_a, flag[True], flag[False]),
+                       b.select(trans_b, flag[True], flag[False]), m, n, ints["k"], alpha,
+                       pointers[0], ints["lda"], pointers[1], ints["ldb"], beta,
+                       pointers[2], ints["ldc"]])
+    else:
+        # Column-major: row-major C = op(A) @ op(B) is C.T = op(B).T @ op(A).T, the same
+        # memory with the operands swapped. Every argument by reference.
+        def ref(value: ir.Value) -> ir.Value:
+            slot = b.alloca(value.type)
+            b.store(value, slot)
+            return b.bitcast(slot, _PTR)
+
+        letter = {False: ir.Constant(_I8, ord("N")), True: ir.Constant(_I8, ord("T"))}
+        kind = ir.FunctionType(ir.VoidType(), [_PTR] * 13)
+        entry = b.inttoptr(w["fn"], kind.as_pointer())
+        set_local = b.inttoptr(w["set_local"],
+                               ir.FunctionType(_I32, [_I32]).as_pointer())
+        previous = b.call(set_local, [ir.Constant(_I32, 1)])  # MKL: one thread, here
+        b.call(entry, [ref(b.select(trans_b, letter[True], letter[False])),
+                       ref(b.select(trans_a, letter[True], letter[False])), ref(n), ref(m),
+                       ref(ints["k"]), ref(alpha), pointers[1], ref(ints["ldb"]),
+                       pointers[0], ref(ints["lda"]), ref(beta), pointers[2],
+                       ref(ints["ldc"])])
+        b.call(set_local, [previous])
+    b.ret_void()

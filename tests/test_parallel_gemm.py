@@ -1,0 +1,174 @@
+"""GEMMs cut into pieces for the worker threads (hologram.backends.cpu.parallel_gemm),
+against a float64 NumPy reference, through both library entries and both pools."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import torch  # noqa: F401  (its MKL is the entry of transposed-B products)
+
+from hologram.backends.cpu import blas, llvm, parallel_gemm, threads
+from hologram.backends.cpu import target as targets
+from hologram.errors import HologramError
+
+pytestmark = pytest.mark.skipif(not blas.available(), reason=blas.describe())
+
+DTYPES = {"f32": np.float32, "f64": np.float64}
+# Row pieces, column pieces (n > m), sizes that are no multiple of the block, a product
+# of one row, and ones too small to share.
+SHAPES = [(512, 64, 64), (64, 512, 64), (100, 37, 129), (33, 300, 70), (1, 1000, 300),
+          (300, 1, 70), (5, 5, 5), (40, 40, 40)]
+
+
+def operands(dtype, trans_a, trans_b, m, n, k, pad=0, seed=0):
+    """A, B (stored transposed when asked) and C filled with NaN, as views with row
+    strides ``pad`` elements wider than their rows; C's padding holds 7."""
+    rng = np.random.default_rng(seed)
+    t = DTYPES[dtype]
+
+    def view(rows, cols, fill=None):
+        big = rng.uniform(-1, 1, (rows, cols + pad)).astype(t) if fill is None else \
+            np.full((rows, cols + pad), fill, t)
+        return big, big[:, :cols]
+
+    _, a = view(*((k, m) if trans_a else (m, k)))
+    _, b = view(*((n, k) if trans_b else (k, n)))
+    c_big, c = view(m, n, np.nan)
+    c_big[:, n:] = 7
+    return a, b, c_big, c
+
+
+def stride(x):
+    return x.strides[0] // x.itemsize
+
+
+def run(dtype, trans_a, trans_b, m, n, k, library=None, pad=0, seed=0):
+    a, b, c_big, c = operands(dtype, trans_a, trans_b, m, n, k, pad, seed)
+    call = parallel_gemm.prepare(dtype, trans_a, trans_b, m, n, k, stride(a), stride(b),
+                                 stride(c), library)
+    call(a.ctypes.data, b.ctypes.data, c.ctypes.data)
+    op_a, op_b = (a.T if trans_a else a), (b.T if trans_b else b)
+    expected = op_a.astype(np.float64) @ op_b.astype(np.float64)
+    tol = (2e-6 if dtype == "f32" else 1e-14) * (k + 1) * 4
+    np.testing.assert_allclose(c.astype(np.float64), expected, rtol=tol, atol=tol)
+    assert (c_big[:, n:] == 7).all()  # nothing written past a row of C
+    return c.copy()
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+@pytest.mark.parametrize("trans_a", [False, True])
+@pytest.mark.parametrize("trans_b", [False, True])
+@pytest.mark.parametrize("library", ["openblas", None])
+def test_products_match_numpy(dtype, trans_a, trans_b, library):
+    """Every shape, through OpenBLAS's CBLAS entry and through the default choice (MKL's
+    Fortran entry for transposed B, where torch brought one), with wider row strides."""
+    for m, n, k in SHAPES:
+        run(dtype, trans_a, trans_b, m, n, k, library)
+        run(dtype, trans_a, trans_b, m, n, k, library, pad=3)
+
+
+def test_both_entries_are_exercised():
+    """The products above reach the trampolines of both calling conventions (a product
+    of transposed B through MKL when this process has it)."""
+    assert blas.entry("f32", False, 64).abi == "cblas"
+    expected = "fortran" if blas._mkl() is not None else "cblas"
+    assert blas.entry("f32", True, 64).abi == expected
+    assert blas.entry("f32", True, 64, "openblas").abi == "cblas"
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+def test_the_pieces_are_the_same_on_every_pool_and_every_call(dtype):
+    """Which thread runs a piece never changes the result: the native pool, Python
+    threads and repeated calls give the same bits; one thread, a whole-product call."""
+    shape = (dtype, False, True, 200, 96, 64)
+    first = run(*shape)
+    assert np.array_equal(run(*shape), first)
+    threads.use_native_workers(False)
+    try:
+        assert np.array_equal(run(*shape), first)
+    finally:
+        threads.use_native_workers(True)
+    before = threads.num_threads()
+    try:
+        threads.set_num_threads(1)
+        a, b, _, c = operands(*shape)
+        blas.prepare(*shape, 1.0, stride(a), stride(b), 0.0, stride(c))(
+            a.ctypes.data, b.ctypes.data, c.ctypes.data)
+        assert np.array_equal(run(*shape), c)
+    finally:
+        threads.set_num_threads(before)
+
+
+def test_openblas_runs_pieces_on_one_thread_then_gets_the_process_count_back():
+    before = threads.num_threads()
+    try:
+        threads.set_num_threads(2)
+        blas.set_blas_threads(2)
+        seen = []
+        original = blas.set_openblas_threads
+        blas.set_openblas_threads = lambda n: (seen.append(n), original(n))
+        try:
+            run("f32", False, False, 256, 64, 64, "openblas")
+        finally:
+            blas.set_openblas_threads = original
+        assert seen == [1, 2] and blas.blas_threads() == 2
+    finally:
+        threads.set_num_threads(before)
+
+
+def test_concurrent_callers_of_one_product():
+    """Two Python threads call one prepared product on their own operands at once: each
+    gets its own product (a job per call)."""
+    m, n, k = 256, 64, 64
+    call = parallel_gemm.prepare("f32", False, False, m, n, k, k, n, n)
+    errors = []
+
+    def worker(seed):
+        try:
+            for _ in range(20):
+                a, b, _, c = operands("f32", False, False, m, n, k, seed=seed)
+                call(a.ctypes.data, b.ctypes.data, c.ctypes.data)
+                expected = a.astype(np.float64) @ b.astype(np.float64)
+                np.testing.assert_allclose(c, expected, rtol=1e-4, atol=1e-4)
+        except BaseException as err:  # reported by the main thread
+            errors.append(err)
+
+    pool = [threading.Thread(target=worker, args=(seed,)) for seed in (1, 2)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    assert not errors, errors
+
+
+def test_a_null_address_is_refused():
+    call = parallel_gemm.prepare("f32", False, False, 256, 64, 64, 64, 64, 64)
+    x = np.zeros(256 * 64, np.float32)
+    with pytest.raises(HologramError, match="null address"):
+        call(x.ctypes.data, 0, x.ctypes.data)
+
+
+def test_empty_and_k_zero_products():
+    c = np.full((64, 64), np.nan, np.float32)
+    parallel_gemm.prepare("f32", False, False, 64, 64, 0, 1, 64, 64)(1, 1, c.ctypes.data)
+    assert (c == 0).all()  # beta 0 with nothing to add: zeros, as BLAS
+    parallel_gemm.prepare("f32", False, False, 0, 64, 8, 8, 64, 64)(1, 1, c.ctypes.data)
+
+
+@pytest.mark.parametrize("triple, cpu", [(None, "host"), (None, "x86-64"),
+                                         ("aarch64-unknown-linux-gnu", "neoverse-v1"),
+                                         ("arm64-apple-macosx", "apple-m1")])
+@pytest.mark.parametrize("abi,int64", [("cblas", True), ("cblas", False),
+                                       ("fortran", False)])
+def test_the_trampolines_compile_for_other_machines(triple, cpu, abi, int64):
+    """Every trampoline compiles to an object (ELF, Mach-O) that calls nothing from
+    outside, only the entry whose address its job holds, here and for machines this one
+    cannot run."""
+    tgt = targets.named(cpu) if triple is None else \
+        targets.Target("test", triple, cpu, "", frozenset())
+    for dtype in ("f32", "f64"):
+        obj = llvm.compile_ir(parallel_gemm.trampoline_ir(abi, int64, dtype, tgt.triple),
+                              tgt, allowed=(), tier="quick", cached=False)
+        assert not set(llvm.undefined_symbols(obj)) - {"_GLOBAL_OFFSET_TABLE_"}
