@@ -101,18 +101,15 @@ def test_the_pieces_are_the_same_on_every_pool_and_every_call(dtype):
         threads.set_num_threads(before)
 
 
-def test_openblas_runs_pieces_on_one_thread_then_gets_the_process_count_back():
+def test_openblas_runs_pieces_on_one_thread_then_gets_the_process_count_back(monkeypatch):
     before = threads.num_threads()
     try:
         threads.set_num_threads(2)
         blas.set_blas_threads(2)
         seen = []
         original = blas.set_openblas_threads
-        blas.set_openblas_threads = lambda n: (seen.append(n), original(n))
-        try:
-            run("f32", False, False, 256, 64, 64, "openblas")
-        finally:
-            blas.set_openblas_threads = original
+        monkeypatch.setattr(blas, "set_openblas_threads", lambda n: (seen.append(n), original(n)))
+        run("f32", False, False, 256, 64, 64, "openblas")
         assert seen == [1, 2] and blas.blas_threads() == 2
     finally:
         threads.set_num_threads(before)
