@@ -54,11 +54,19 @@ class Staging:
     """The CPU tensors of one call, and the steps to run once gloo has finished with
     them (copying widened results back, dividing for AVG). ``needed`` says whether the
     caller's tensors differ from what gloo saw (then the call's ``Work`` must report the
-    caller's tensors, and run the steps)."""
+    caller's tensors, and run the steps). ``handed``: the tensors made for gloo, which
+    the process group keeps referenced after the call (see
+    :class:`~hologram_torch.distributed.process_group.ProcessGroupHologram`)."""
 
     def __init__(self) -> None:
         self.after: list[Callable[[], None]] = []
         self.needed = False
+        self.handed: list[torch.Tensor] = []
+
+    def _hand(self, t: torch.Tensor, original: torch.Tensor) -> torch.Tensor:
+        if t is not original:
+            self.handed.append(t)
+        return t
 
     def moved(self, t: torch.Tensor) -> torch.Tensor:
         """``t`` for an op that only moves its bytes."""
@@ -66,12 +74,12 @@ class Staging:
         if c is not t:
             self.needed = True
         if c.dtype in GLOO_DTYPES:
-            return c
+            return self._hand(c, t)
         twin = _BIT_TWIN.get(c.element_size())
         if twin is None or c.is_complex():
             raise UnsupportedError(f"torch.distributed on {NAME}: cannot move {c.dtype} "
                                    "tensors through gloo")
-        return c.view(twin)
+        return self._hand(c.view(twin), t)
 
     def reduced(self, t: torch.Tensor, op: ReduceOp.RedOpType, output: bool = True
                 ) -> torch.Tensor:
@@ -80,9 +88,9 @@ class Staging:
         if c is not t:
             self.needed = True
         if c.dtype in GLOO_DTYPES:
-            return c
+            return self._hand(c, t)
         if c.dtype == torch.uint64 and op in _SIGN_FREE:
-            return c.view(torch.int64)
+            return self._hand(c.view(torch.int64), t)
         wider = _WIDER.get(c.dtype)
         if wider is None:
             raise UnsupportedError(
@@ -93,7 +101,7 @@ class Staging:
         wide = c.to(wider)
         if output:
             self.after.append(lambda: c.copy_(wide))
-        return wide
+        return self._hand(wide, t)
 
     def finish(self) -> None:
         for step in self.after:

@@ -95,6 +95,8 @@ class ProcessGroupHologram(dist.ProcessGroup):
         super().__init__(rank, size)
         self._gloo = gloo
         self._coalesced: list | None = None  # works issued inside _start/_end_coalescing
+        self._held: list[tuple] = []  # (work, tensors handed to gloo): see _hold
+        self._held_lock = threading.Lock()  # DDP calls from the autograd engine's thread
         # gloo is this group's backend for both devices as torch sees them: the CPU one
         # for object collectives and barrier, the device's for init_process_group's
         # device_id (torch asks it whether it can split); every collective still comes
@@ -114,13 +116,27 @@ class ProcessGroupHologram(dist.ProcessGroup):
     def _work(self, work, staging: Staging, result: list[torch.Tensor]):
         """``work`` (gloo's) as the caller's ``Work`` (see the module's docstring)."""
         if not staging.needed:
-            return self._track(work)
-        return self._track(HologramWork([work], result, staging.finish))
+            return self._track(work, staging)
+        return self._track(HologramWork([work], result, staging.finish), staging)
 
-    def _track(self, work):
+    def _track(self, work, staging: Staging | None = None):
         if self._coalesced is not None:
             self._coalesced.append(work)
+        if staging is not None and staging.handed:
+            self._hold(work, staging.handed)
         return work
+
+    def _hold(self, work, tensors: list[torch.Tensor]) -> None:
+        """Keep the Python references of the tensors a call made for gloo until a later
+        call finds its ``work`` completed. gloo's thread drops a call's tensors after
+        running it, holding the group's lock; a tensor whose Python object was already
+        gone is then freed there, which takes the GIL. A group torn down in that window
+        (its destructor, which waits for that lock, runs with the GIL held: the last
+        reference is often DDP's reducer, freed by Python) hung the process for good.
+        Referenced from Python, the tensors are only counted down on gloo's thread."""
+        with self._held_lock:
+            self._held = [(w, t) for w, t in self._held if not w.is_completed()]
+            self._held.append((work, tensors))
 
     # --- reductions --------------------------------------------------------------------
 
@@ -144,7 +160,7 @@ class ProcessGroupHologram(dist.ProcessGroup):
         works = [self._gloo.allreduce_coalesced(same, opts) for same in by_dtype.values()]
         if len(works) == 1:
             return self._work(works[0], staging, tensors)
-        return self._track(HologramWork(works, tensors, staging.finish))
+        return self._track(HologramWork(works, tensors, staging.finish), staging)
 
     def reduce(self, tensors, opts=None):
         opts = opts or ReduceOptions()
@@ -260,17 +276,17 @@ class ProcessGroupHologram(dist.ProcessGroup):
     def send(self, tensors, dst_rank, tag):
         staging = Staging()
         return self._track(self._gloo.send([staging.moved(t) for t in tensors], dst_rank,
-                                           tag))
+                                           tag), staging)
 
     def recv(self, tensors, src_rank, tag):
         staging = Staging()
         return self._track(self._gloo.recv([staging.moved(t) for t in tensors], src_rank,
-                                           tag))
+                                           tag), staging)
 
     def recv_anysource(self, tensors, tag):
         staging = Staging()
         return self._track(self._gloo.recv_anysource([staging.moved(t) for t in tensors],
-                                                     tag))
+                                                     tag), staging)
 
     # --- coalescing --------------------------------------------------------------------
     # _coalescing_manager(group, device) brackets ordinary calls with these two; gloo
