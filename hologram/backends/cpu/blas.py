@@ -48,10 +48,10 @@ from hologram.errors import DeviceError, DTypeError, HologramError, ShapeError
 __all__ = ["Entry", "available", "blas_threads", "describe", "entry", "gemm", "prepare",
            "prepare_batched", "set_blas_threads", "set_openblas_threads"]
 
-# CBLAS enum values (cblas.h).
-_ROW_MAJOR = 101
-_NO_TRANS = 111
-_TRANS = 112
+#: CBLAS enum values (cblas.h); also the trampolines' constants (:mod:`.parallel_gemm`).
+ROW_MAJOR = 101
+NO_TRANS = 111
+TRANS = 112
 
 # (prefix, suffix) pairs, most likely first; NumPy's configuration may move one forward.
 _NAMINGS = [("scipy_", "64_"), ("scipy_", ""), ("", "64_"), ("", "")]
@@ -386,8 +386,8 @@ def prepare(dtype: str, trans_a: bool, trans_b: bool, m: int, n: int, k: int,
     raw = _RAW(ctypes.cast(fn, ctypes.c_void_p).value)
     integer = ctypes.c_int64 if lib.int64 else ctypes.c_int32
     real = ctypes.c_float if dtype == "f32" else ctypes.c_double
-    head = (ctypes.c_int(_ROW_MAJOR), ctypes.c_int(_TRANS if trans_a else _NO_TRANS),
-            ctypes.c_int(_TRANS if trans_b else _NO_TRANS), integer(m), integer(n), integer(k),
+    head = (ctypes.c_int(ROW_MAJOR), ctypes.c_int(TRANS if trans_a else NO_TRANS),
+            ctypes.c_int(TRANS if trans_b else NO_TRANS), integer(m), integer(n), integer(k),
             real(alpha))
     lda_, ldb_, beta_, ldc_ = integer(lda), integer(ldb), real(beta), integer(ldc)
     pointer = ctypes.c_void_p

@@ -48,8 +48,6 @@ _AT = {name: i for i, name in enumerate(_WORDS)}
 _JOB = ctypes.c_int64 * len(_WORDS)
 _I8, _I32, _I64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
 _PTR = _I8.as_pointer()
-# CBLAS enum values (cblas.h).
-_ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 
 
 def prepare(dtype: str, trans_a: bool, trans_b: bool, m: int, n: int, k: int, lda: int,
@@ -182,12 +180,12 @@ def _define(module: ir.Module, name: str, abi: str, integer: ir.IntType, real: i
     m, n = (b.trunc(v, integer) if integer.width < 64 else v for v in (m, n))
     pointers = [b.inttoptr(v, _PTR) for v in (a, b_, c)]
     if abi == "cblas":
-        flag = {False: ir.Constant(_I32, _NO_TRANS), True: ir.Constant(_I32, _TRANS)}
+        flag = {False: ir.Constant(_I32, blas.NO_TRANS), True: ir.Constant(_I32, blas.TRANS)}
         kind = ir.FunctionType(ir.VoidType(), [_I32, _I32, _I32, integer, integer, integer,
                                                real, _PTR, integer, _PTR, integer, real,
                                                _PTR, integer])
         entry = b.inttoptr(w["fn"], kind.as_pointer())
-        b.call(entry, [ir.Constant(_I32, _ROW_MAJOR),
+        b.call(entry, [ir.Constant(_I32, blas.ROW_MAJOR),
                        b.select(trans_a, flag[True], flag[False]),
                        b.select(trans_b, flag[True], flag[False]), m, n, ints["k"], alpha,
                        pointers[0], ints["lda"], pointers[1], ints["ldb"], beta,
