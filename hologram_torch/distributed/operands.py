@@ -54,19 +54,11 @@ class Staging:
     """The CPU tensors of one call, and the steps to run once gloo has finished with
     them (copying widened results back, dividing for AVG). ``needed`` says whether the
     caller's tensors differ from what gloo saw (then the call's ``Work`` must report the
-    caller's tensors, and run the steps). ``handed``: the tensors made for gloo, which
-    the process group keeps referenced after the call (see
-    :class:`~hologram_torch.distributed.process_group.ProcessGroupHologram`)."""
+    caller's tensors, and run the steps)."""
 
     def __init__(self) -> None:
         self.after: list[Callable[[], None]] = []
         self.needed = False
-        self.handed: list[torch.Tensor] = []
-
-    def _hand(self, t: torch.Tensor, original: torch.Tensor) -> torch.Tensor:
-        if t is not original:
-            self.handed.append(t)
-        return t
 
     def moved(self, t: torch.Tensor) -> torch.Tensor:
         """``t`` for an op that only moves its bytes."""
@@ -74,12 +66,12 @@ class Staging:
         if c is not t:
             self.needed = True
         if c.dtype in GLOO_DTYPES:
-            return self._hand(c, t)
+            return c
         twin = _BIT_TWIN.get(c.element_size())
         if twin is None or c.is_complex():
             raise UnsupportedError(f"torch.distributed on {NAME}: cannot move {c.dtype} "
                                    "tensors through gloo")
-        return self._hand(c.view(twin), t)
+        return c.view(twin)
 
     def reduced(self, t: torch.Tensor, op: ReduceOp.RedOpType, output: bool = True
                 ) -> torch.Tensor:
@@ -88,9 +80,9 @@ class Staging:
         if c is not t:
             self.needed = True
         if c.dtype in GLOO_DTYPES:
-            return self._hand(c, t)
+            return c
         if c.dtype == torch.uint64 and op in _SIGN_FREE:
-            return self._hand(c.view(torch.int64), t)
+            return c.view(torch.int64)
         wider = _WIDER.get(c.dtype)
         if wider is None:
             raise UnsupportedError(
@@ -101,7 +93,7 @@ class Staging:
         wide = c.to(wider)
         if output:
             self.after.append(lambda: c.copy_(wide))
-        return self._hand(wide, t)
+        return wide
 
     def finish(self) -> None:
         for step in self.after:

@@ -21,6 +21,7 @@ registered for both devices, so ``group_name``, object collectives, ``barrier`` 
 from __future__ import annotations
 
 import threading
+import time
 from datetime import timedelta
 
 import torch
@@ -80,6 +81,39 @@ def _then_divide(tensors, size: int, staging: Staging) -> None:
     staging.after.append(lambda: [t.div_(size) for t in tensors])
 
 
+# gloo Works a later call may drop: [work, when a call first saw it completed (or None)].
+_KEPT: list[list] = []
+_KEPT_LOCK = threading.Lock()  # DDP's reducer calls from the autograd engine's thread
+# How long after a call first finds a Work completed it stays kept: gloo's thread lets go
+# of it microseconds after completing it; this is the margin for that thread being
+# descheduled in between.
+_KEEP_AFTER_S = 0.1
+
+
+def _keep(works) -> None:
+    """Keep gloo's ``works`` referenced from Python until a later call, at least
+    :data:`_KEEP_AFTER_S` after one first found them completed, lets go of them.
+
+    Why: a gloo call's tensors (the CPU views made for it, or the caller's tensors) have
+    Python objects, and torch 2.13 takes the GIL when a C++ reference to such a tensor
+    goes and leaves it with one. gloo's thread drops its reference to a call after
+    completing it; were that the last reference, the call's tensors would go there, taking
+    the GIL. A group's destructor waits for that thread with the GIL held (its last
+    reference is often DDP's reducer, freed by Python), so a group torn down in that
+    window hung the process for good. Kept here (not by the group, whose Python object may
+    go before its C++ one), a call is let go on a Python thread, after gloo's."""
+    now = time.monotonic()
+    with _KEPT_LOCK:
+        kept = []
+        for entry in _KEPT:
+            if entry[1] is None and entry[0].is_completed():
+                entry[1] = now
+            if entry[1] is None or now - entry[1] < _KEEP_AFTER_S:
+                kept.append(entry)
+        kept.extend([work, None] for work in works)
+        _KEPT[:] = kept
+
+
 def _flatten(lists) -> list[torch.Tensor]:
     return [t for inner in lists for t in inner]
 
@@ -116,27 +150,16 @@ class ProcessGroupHologram(dist.ProcessGroup):
     def _work(self, work, staging: Staging, result: list[torch.Tensor]):
         """``work`` (gloo's) as the caller's ``Work`` (see the module's docstring)."""
         if not staging.needed:
-            return self._track(work, staging)
-        return self._track(HologramWork([work], result, staging.finish), staging)
+            return self._track(work)
+        return self._track(HologramWork([work], result, staging.finish))
 
-    def _track(self, work, staging: Staging | None = None):
+    def _track(self, work):
+        """``work`` (gloo's, or a :class:`HologramWork` of gloo's), kept (:func:`_keep`)
+        and counted for :meth:`_end_coalescing`."""
         if self._coalesced is not None:
             self._coalesced.append(work)
-        if staging is not None and staging.handed:
-            self._hold(work, staging.handed)
+        _keep(work._works if isinstance(work, HologramWork) else [work])
         return work
-
-    def _hold(self, work, tensors: list[torch.Tensor]) -> None:
-        """Keep the Python references of the tensors a call made for gloo until a later
-        call finds its ``work`` completed. gloo's thread drops a call's tensors after
-        running it, holding the group's lock; a tensor whose Python object was already
-        gone is then freed there, which takes the GIL. A group torn down in that window
-        (its destructor, which waits for that lock, runs with the GIL held: the last
-        reference is often DDP's reducer, freed by Python) hung the process for good.
-        Referenced from Python, the tensors are only counted down on gloo's thread."""
-        with self._held_lock:
-            self._held = [(w, t) for w, t in self._held if not w.is_completed()]
-            self._held.append((work, tensors))
 
     # --- reductions --------------------------------------------------------------------
 
@@ -160,7 +183,7 @@ class ProcessGroupHologram(dist.ProcessGroup):
         works = [self._gloo.allreduce_coalesced(same, opts) for same in by_dtype.values()]
         if len(works) == 1:
             return self._work(works[0], staging, tensors)
-        return self._track(HologramWork(works, tensors, staging.finish), staging)
+        return self._track(HologramWork(works, tensors, staging.finish))
 
     def reduce(self, tensors, opts=None):
         opts = opts or ReduceOptions()
@@ -276,17 +299,17 @@ class ProcessGroupHologram(dist.ProcessGroup):
     def send(self, tensors, dst_rank, tag):
         staging = Staging()
         return self._track(self._gloo.send([staging.moved(t) for t in tensors], dst_rank,
-                                           tag), staging)
+                                           tag))
 
     def recv(self, tensors, src_rank, tag):
         staging = Staging()
         return self._track(self._gloo.recv([staging.moved(t) for t in tensors], src_rank,
-                                           tag), staging)
+                                           tag))
 
     def recv_anysource(self, tensors, tag):
         staging = Staging()
         return self._track(self._gloo.recv_anysource([staging.moved(t) for t in tensors],
-                                                     tag), staging)
+                                                     tag))
 
     # --- coalescing --------------------------------------------------------------------
     # _coalescing_manager(group, device) brackets ordinary calls with these two; gloo
