@@ -86,7 +86,8 @@ _KEPT: list[list] = []
 _KEPT_LOCK = threading.Lock()  # DDP's reducer calls from the autograd engine's thread
 # How long after a call first finds a Work completed it stays kept: gloo's thread lets go
 # of it microseconds after completing it; this is the margin for that thread being
-# descheduled in between.
+# descheduled in between. (The memory kept that way is at most what gloo moved in that
+# time: the calls run in turn.)
 _KEEP_AFTER_S = 0.1
 
 
@@ -129,8 +130,6 @@ class ProcessGroupHologram(dist.ProcessGroup):
         super().__init__(rank, size)
         self._gloo = gloo
         self._coalesced: list | None = None  # works issued inside _start/_end_coalescing
-        self._held: list[tuple] = []  # (work, tensors handed to gloo): see _hold
-        self._held_lock = threading.Lock()  # DDP calls from the autograd engine's thread
         # gloo is this group's backend for both devices as torch sees them: the CPU one
         # for object collectives and barrier, the device's for init_process_group's
         # device_id (torch asks it whether it can split); every collective still comes
