@@ -157,7 +157,7 @@ def test_groups_set_up_used_and_torn_down_in_a_loop_never_hang():
     """Group setups, DDP steps and teardowns, the DDP model freed only after its group is
     destroyed (its reducer then frees the group, with the GIL held, while gloo's thread
     may be letting go of the last call): before gloo's calls were kept until gloo's thread
-    let go of them, about one run in four of 300 such teardowns hung. Also: the calls
+    let go of them, about one run in three of 300 such teardowns hung. Also: the calls
     kept stay few."""
     results, _ = _launch("teardowns", 2, init="file")
     _ranks_printed(results, f"teardowns: {TEARDOWNS} done")
