@@ -18,6 +18,7 @@ Values are read at call time, so tests and users can change the environment at r
 | ``HOLOGRAM_PROMOTE_AFTER`` | calls before a quick compile is redone in full | ``16`` |
 | ``HOLOGRAM_CUDA_EMULATE`` | ``1``: ``cuda`` runs in Triton's interpreter (docs/cuda.md) | ``0`` |
 | ``HOLOGRAM_CUDA_ALLOW_TF32`` | ``1``: ``cuda`` f32 matmuls may use TF32 (docs/cuda.md) | ``0`` |
+| ``HOLOGRAM_SHARE_OPENMP`` | ``1``: CPU kernels use the process's OpenMP threads, if any | ``1`` |
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ class Settings:
     cuda_allow_tf32: bool = False
     quick_compile: bool = True
     promote_after: int = 16
+    # In a process with an OpenMP runtime loaded (PyTorch's), parallel CPU kernels run on
+    # its threads instead of the cpu backend's own workers (hologram/backends/cpu/workers.py).
+    share_openmp: bool = True
 
 
 def _flag(name: str) -> bool:
@@ -86,7 +90,7 @@ _VARIABLES = (
     "HOLOGRAM_DISABLE_DISK_CACHE", "HOLOGRAM_CACHE_SIZE", "HOLOGRAM_DUMP_DIR",
     "HOLOGRAM_FAST_MATH", "HOLOGRAM_BENCH_QUICK", "HOLOGRAM_CPU_TARGET", "HOLOGRAM_CUDA_EMULATE",
     "HOLOGRAM_CUDA_ALLOW_TF32",
-    "HOLOGRAM_QUICK_COMPILE", "HOLOGRAM_PROMOTE_AFTER",
+    "HOLOGRAM_QUICK_COMPILE", "HOLOGRAM_PROMOTE_AFTER", "HOLOGRAM_SHARE_OPENMP",
     "XDG_CACHE_HOME",
     "HOME",
 )
@@ -161,4 +165,5 @@ def _read() -> Settings:
         cuda_allow_tf32=_flag("HOLOGRAM_CUDA_ALLOW_TF32"),
         quick_compile=_flag_default("HOLOGRAM_QUICK_COMPILE", True),
         promote_after=_int("HOLOGRAM_PROMOTE_AFTER", 16, 1),
+        share_openmp=_flag_default("HOLOGRAM_SHARE_OPENMP", True),
     )

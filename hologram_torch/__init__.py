@@ -29,6 +29,12 @@ from hologram_torch.device import register
 
 register()
 
+# Parallel CPU kernels run on PyTorch's OpenMP threads rather than a second pool beside them
+# (hologram/backends/cpu/workers.py); a pool loaded before torch was imported switches now.
+from hologram.backends.cpu import workers as _workers  # noqa: E402
+
+_workers.share_openmp()
+
 # Kernels, fallback, compatibility patches and the torch.distributed backend register on
 # import; functional and nn are the autograd API (examples/ and
 # notebooks/pytorch_vs_hologram_torch.ipynb use them).

@@ -160,20 +160,22 @@ def test_mkl_sub_blocks_alpha_beta(mkl, dtype, trans_a, trans_b, alpha, beta):
     check(dtype, trans_a, trans_b, 9, 6, 11, alpha=alpha, beta=beta, pad=4, library="mkl")
 
 
-def test_transposed_b_goes_to_mkl_and_keeps_the_threads_setting(mkl, monkeypatch):
-    """With torch imported, ``prepare`` sends transposed-B products to MKL, the rest to
-    OpenBLAS; an MKL call runs on set_blas_threads' count as a setting of the calling
-    thread that it puts back (PyTorch's torch.set_num_threads sets it too; 0 is MKL's
-    global count)."""
+def test_products_go_to_mkl_and_keep_the_threads_setting(mkl, monkeypatch):
+    """With torch imported, ``prepare`` sends every product to MKL unless asked for
+    OpenBLAS, and products too large for MKL's 32-bit sizes to OpenBLAS; an MKL call runs
+    on set_blas_threads' count as a setting of the calling thread that it puts back
+    (PyTorch's torch.set_num_threads sets it too; 0 is MKL's global count)."""
     used = []
     monkeypatch.setattr(blas, "_prepare_mkl",
                         lambda *args: used.append(args[2:4]) or (lambda a, b, c: None))
     for trans_a in (False, True):
         for trans_b in (False, True):
             blas.prepare("f32", trans_a, trans_b, 4, 4, 4, 1.0, 4, 4, 0.0, 4)
-    assert used == [(False, True), (True, True)]
-    blas.prepare("f32", False, False, 4, 4, 4, 1.0, 4, 4, 0.0, 4, "mkl")
-    assert used[-1] == (False, False)
+    assert used == [(False, False), (False, True), (True, False), (True, True)]
+    blas.prepare("f32", False, True, 4, 4, 4, 1.0, 4, 4, 0.0, 4, "openblas")
+    assert len(used) == 4
+    assert blas._choose_mkl(None, 2**31 - 1) is mkl
+    assert blas._choose_mkl(None, 2**31) is None
     monkeypatch.undo()
     seen = []
     set_local = mkl.set_local_threads

@@ -119,6 +119,21 @@ def _arrive(b, array, start, stop):
         _wait_until(b, state, want)
 
 
+@pytest.fixture(params=["own", "openmp"])
+def pool(request, monkeypatch) -> str:
+    """Jobs on the pool's own workers, or on the threads of the process's OpenMP runtime
+    (PyTorch's libgomp, which importing torch loads)."""
+    if request.param == "openmp":
+        pytest.importorskip("torch")
+    else:
+        monkeypatch.setenv("HOLOGRAM_SHARE_OPENMP", "0")
+    workers.prepare(0)  # loaded
+    assert workers.share_openmp() == (request.param == "openmp")
+    yield request.param
+    monkeypatch.undo()
+    workers.share_openmp()
+
+
 @pytest.fixture(scope="module")
 def mark() -> int:
     return _compile("test_workers_mark", _mark)
@@ -206,14 +221,14 @@ def test_native_launchers_follow_every_change_of_the_thread_count(mark, monkeypa
 
 @pytest.mark.parametrize("total", [1, 2, 7, 100, 1001, 65_537])
 @pytest.mark.parametrize("n", [1, 2, 3, 8])
-def test_chunks_match_the_python_pool(mark, total, n):
+def test_chunks_match_the_python_pool(pool, mark, total, n):
     threads.set_num_threads(n)
     out = np.full(total, -1, np.int64)
     threads.run_kernel(mark, _pointers(out), total, 1)
     np.testing.assert_array_equal(out, _expected(total, 1, n))
 
 
-def test_grain_limits_the_pieces(mark):
+def test_grain_limits_the_pieces(pool, mark):
     threads.set_num_threads(8)
     out = np.full(1000, -1, np.int64)
     threads.run_kernel(mark, _pointers(out), 1000, 300)  # 3 pieces, not 8
@@ -232,16 +247,17 @@ def test_zero_work_runs_nothing(mark):
 
 
 @pytest.mark.parametrize("n", [2, 4])
-def test_chunks_run_at_the_same_time(meet, n):
+def test_chunks_run_at_the_same_time(pool, meet, n):
     threads.set_num_threads(n)
     count = np.array([0, n], np.int64)
     out = np.zeros(n, np.int64)
     threads.run_kernel(meet, _pointers(count, out), n, 1)
     assert out.tolist() == [n] * n
-    assert workers.started() >= n - 1
+    if pool == "own":
+        assert workers.started() >= n - 1
 
 
-def test_back_to_back_jobs_run_every_element_once(count):
+def test_back_to_back_jobs_run_every_element_once(pool, count):
     # Jobs of different sizes and chunk counts on different buffers, one right after the
     # other, with more threads than cores (workers get descheduled mid-claim): a claim
     # that straddled two jobs would run an element twice, or one job's chunk on the
@@ -272,7 +288,7 @@ def test_one_thread_alternates_the_direction_of_its_chunks(arrive):
     assert orders[2].tolist() == orders[0].tolist()
 
 
-def test_each_thread_starts_on_its_home_run_in_the_direction_of_the_call(arrive):
+def test_each_thread_starts_on_its_home_run_in_the_direction_of_the_call(pool, arrive):
     # 2 threads, 8 chunks each: the caller's home run is chunks 0-7, the worker's 8-15.
     # Each starts at the near end of its run in the call's direction (the first two
     # chunks to start wait for each other, so neither thread can take both), and
@@ -291,7 +307,7 @@ def test_each_thread_starts_on_its_home_run_in_the_direction_of_the_call(arrive)
     assert firsts[0] != firsts[1] and firsts[0] == firsts[2] and firsts[1] == firsts[3]
 
 
-def test_concurrent_callers_get_their_own_results(mark):
+def test_concurrent_callers_get_their_own_results(pool, mark):
     # One caller owns the workers; the others run their chunks on their own thread.
     threads.set_num_threads(2)
     results, errors = {}, []
@@ -385,7 +401,7 @@ def test_interpreter_exit_with_spinning_workers():
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
-def test_fork_child_starts_its_own_workers(meet):
+def test_fork_child_starts_its_own_workers(pool, meet):
     threads.set_num_threads(2)
     count = np.array([0, 2], np.int64)
     out = np.zeros(2, np.int64)
@@ -396,7 +412,71 @@ def test_fork_child_starts_its_own_workers(meet):
         threads.run_kernel(meet, _pointers(count, out), 2, 1)
         return out.tolist() == [2, 2]
 
+    # The child has none of the parent's threads, its own workers nor OpenMP's.
     assert in_forked_child(child, 30, "run_kernel") == 0
     count[:] = [0, 2]
     threads.run_kernel(meet, _pointers(count, out), 2, 1)  # and the parent's still work
     assert out.tolist() == [2, 2]
+
+
+_SHARED = """
+import os
+import sys
+import threading
+import torch
+sys.path.insert(0, "tests")
+import test_cpu_workers as t
+from hologram.backends.cpu import threads, workers
+
+def tasks():
+    return set(map(int, os.listdir("/proc/self/task")))
+
+def helper_thread():
+    order, tid = t._arrivals(arrive, 2, 2)  # two chunks that run at the same time
+    assert sorted(order.tolist()) == [0, 1]
+    assert tid[0] != tid[1]
+    return int(tid[tid != threading.get_native_id()][0])
+
+torch.set_num_threads(2)
+threads.set_num_threads(2)
+workers.prepare(1)  # loads the pool, which finds PyTorch's runtime (and links `syscall`)
+arrive = t._compile("shared_arrive", t._arrive)
+assert workers.sharing_openmp() and workers.started() == 0
+before = tasks()
+torch.ones(1 << 22).mul_(3)  # a parallel PyTorch op starts OpenMP's second thread
+openmp = tasks() - before
+assert len(openmp) == 1, openmp
+for _ in range(20):  # every job's second chunk runs on PyTorch's thread, none of ours
+    assert helper_thread() in openmp
+    torch.ones(1 << 22).mul_(3)
+assert workers.started() == 0 and tasks() - before == openmp
+os.environ["HOLOGRAM_SHARE_OPENMP"] = "0"
+assert not workers.share_openmp()
+own = helper_thread()
+assert own not in openmp and workers.started() == 1
+print("ok")
+"""
+
+
+def test_jobs_run_on_pytorchs_openmp_threads():
+    """In a process with PyTorch, a job's chunks run on the OpenMP threads PyTorch's own
+    parallel ops use and the pool starts no thread of its own; with HOLOGRAM_SHARE_OPENMP=0
+    they run on a worker of the pool's."""
+    pytest.importorskip("torch")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("HOLOGRAM_SHARE_OPENMP", "HOLOGRAM_NUM_THREADS", "OMP_NUM_THREADS")}
+    proc = subprocess.run([sys.executable, "-c", _SHARED], cwd=ROOT, timeout=120, env=env,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["ok"]
+
+
+def test_without_an_openmp_runtime_jobs_stay_on_the_pools_workers():
+    """A process that never loaded an OpenMP runtime (no torch) uses the own workers."""
+    code = ("from hologram.backends.cpu import workers\n"
+            "workers.prepare(1)\n"
+            "print(workers._openmp_runtime(), workers.sharing_openmp(), workers.started())")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, timeout=120,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["None", "False", "1"]

@@ -125,7 +125,7 @@ def run(quick: bool = False, plan: Plan | None = None) -> dict:
 
 def _blas() -> str:
     """The cpu backend's BLAS as the compiled programs use it (with torch imported:
-    transposed-B products on PyTorch's MKL, docs/compile.md)."""
+    PyTorch's MKL, docs/compile.md)."""
     try:
         from hologram.backends.cpu import blas
     except ImportError:  # a build without the cpu backend

@@ -1,4 +1,4 @@
-"""Matrix multiply through the OpenBLAS that NumPy wheels ship.
+"""Matrix multiply through the OpenBLAS that NumPy wheels ship, or PyTorch's MKL.
 
 NumPy 2.x wheels bundle OpenBLAS (``numpy.libs/libscipy_openblas64_-<hash>.so`` on Linux,
 ``numpy/.dylibs`` on macOS) with prefixed, ILP64 symbols such as ``scipy_cblas_sgemm64_``.
@@ -11,14 +11,17 @@ The symbol prefix and suffix are found by probing the library (NumPy's build
 configuration only orders the guesses); the integer width is 64 bits when the suffix says
 so or when ``openblas_get_config()`` reports ``USE64BITINT``.
 
-Products whose B is transposed (``x @ W.T``, ``nn.Linear``'s layout) go to the MKL inside
-PyTorch's ``libtorch_cpu`` when this process has already loaded it (``torch`` imported;
-this module never imports it): OpenBLAS's row-major ``NT`` sgemm is ~25% slower than its
-``NN`` one at the shapes of small models' layers (64 x 512 x 512: 437 µs against 345,
-one thread, 0.3.31 SkylakeX), where MKL's runs at the ``NN`` speed (352 µs), and no choice
-of operand order or CBLAS flags reaches OpenBLAS's fast path without copying an operand
-(``C = A @ B.T`` is ``C.T = B @ A.T``, transposed B again). Everything else stays on
-OpenBLAS, which is as fast or faster there.
+Products go to the MKL inside PyTorch's ``libtorch_cpu`` when this process has already
+loaded it (``torch`` imported; this module never imports it). On a 2-core Intel Xeon
+(Sapphire Rapids, one thread) its sgemm took 20-30% less time than OpenBLAS's (0.3.31
+SkylakeX) at every shape of small models' layers: 64 x 512 x 512 174 µs against 228,
+transposed A 512 x 512 x 64 182 against 222, transposed B 64 x 512 x 256 101 against 146.
+On a 2-core AMD EPYC it ran at OpenBLAS's speed except for transposed B, where OpenBLAS's
+row-major ``NT`` kernel is ~25% slower than its ``NN`` one and MKL's is not (64 x 512 x 512:
+352 µs against 437), and no choice of operand order or CBLAS flags reaches OpenBLAS's fast
+path without copying an operand. MKL also runs its threads on PyTorch's OpenMP threads,
+which the cpu backend's own parallel kernels share in such a process (:mod:`.workers`).
+Without torch, every product goes to OpenBLAS.
 
 What is promised: :func:`gemm` computes ``C = alpha * op(A) @ op(B) + beta * C`` on
 row-major matrices at raw addresses, with BLAS semantics (``beta == 0`` overwrites C
@@ -263,7 +266,7 @@ def describe() -> str:
     core = f" {lib.core}" if lib.core else ""
     naming = f"{lib.prefix}openblas{lib.suffix}"
     mkl = _mkl()
-    also = f"; transposed-B products: MKL ({os.path.basename(mkl.path)})" if mkl else ""
+    also = f"; products on MKL ({os.path.basename(mkl.path)})" if mkl else ""
     return f"{lib.version}{core} ({naming}, {os.path.basename(lib.path)}){also}"
 
 
@@ -350,7 +353,8 @@ def prepare(dtype: str, trans_a: bool, trans_b: bool, m: int, n: int, k: int,
     passes ready ctypes objects instead of converting 14 arguments each time.
 
     ``library``: ``"openblas"``, ``"mkl"`` (PyTorch's; :class:`DeviceError` when the
-    process has none) or None, the faster for these flags (see the module's docstring)."""
+    process has none) or None: MKL where the process has it, else OpenBLAS (see the
+    module's docstring)."""
     if dtype not in ("f32", "f64"):
         raise DTypeError(f"gemm: dtype {dtype!r} is not supported by BLAS; use 'f32' or 'f64'")
     if m < 0 or n < 0 or k < 0:
@@ -377,7 +381,7 @@ def prepare(dtype: str, trans_a: bool, trans_b: bool, m: int, n: int, k: int,
     if ldb < b_cols:
         raise ShapeError(f"gemm: ldb={ldb} < {b_cols}: B is stored {b_rows} x {b_cols}, "
                          f"row-major; pass its row stride in elements")
-    mkl = _choose_mkl(library, trans_b, max(m, n, k, lda, ldb, ldc))
+    mkl = _choose_mkl(library, max(m, n, k, lda, ldb, ldc))
     if mkl is not None:
         return _prepare_mkl(mkl, dtype, trans_a, trans_b, m, n, k, alpha, lda, ldb, beta, ldc)
     fn = lib.sgemm if dtype == "f32" else lib.dgemm
@@ -400,12 +404,12 @@ def prepare(dtype: str, trans_a: bool, trans_b: bool, m: int, n: int, k: int,
     return call
 
 
-def _choose_mkl(library: str | None, trans_b: bool, largest: int) -> _Mkl | None:
-    """The MKL that a product with these flags goes to (see the module docstring), or None
-    for OpenBLAS; ``largest``: its largest size or leading dimension (MKL's are 32-bit)."""
+def _choose_mkl(library: str | None, largest: int) -> _Mkl | None:
+    """The MKL that a product goes to (see the module docstring), or None for OpenBLAS;
+    ``largest``: its largest size or leading dimension (MKL's are 32-bit)."""
     if library not in (None, "openblas", "mkl"):
         raise HologramError(f"gemm: library {library!r}: expected 'openblas', 'mkl' or None")
-    mkl = _mkl() if library != "openblas" and (trans_b or library == "mkl") else None
+    mkl = _mkl() if library != "openblas" else None
     if library == "mkl" and mkl is None:
         raise DeviceError("gemm: no MKL in this process (it comes with an imported torch "
                           "whose libtorch_cpu exports sgemm_)")
@@ -426,14 +430,14 @@ class Entry:
     set_local_threads: int
 
 
-def entry(dtype: str, trans_b: bool, largest: int, library: str | None = None) -> Entry:
-    """The :class:`Entry` of the products :func:`prepare` makes for ``dtype`` and
-    ``trans_b`` whose largest size or leading dimension is ``largest`` (the caller has
-    checked them with :func:`prepare`)."""
+def entry(dtype: str, largest: int, library: str | None = None) -> Entry:
+    """The :class:`Entry` of the products :func:`prepare` makes for ``dtype`` whose largest
+    size or leading dimension is ``largest`` (the caller has checked them with
+    :func:`prepare`)."""
     lib = _load()
     if not isinstance(lib, _Library):
         raise DeviceError(f"gemm: {lib}")
-    mkl = _choose_mkl(library, trans_b, largest)
+    mkl = _choose_mkl(library, largest)
     address = ctypes.c_void_p
     if mkl is not None:
         return Entry("fortran", mkl.sgemm if dtype == "f32" else mkl.dgemm, False,

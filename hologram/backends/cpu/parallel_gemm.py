@@ -65,7 +65,7 @@ def prepare(dtype: str, trans_a: bool, trans_b: bool, m: int, n: int, k: int, ld
     grain = max(1, -(-MIN_PIECE_FLOPS // work))
     if blocks < 2 * grain:  # too small to share
         return single
-    found = blas.entry(dtype, trans_b, max(m, n, k, lda, ldb, ldc), library)
+    found = blas.entry(dtype, max(m, n, k, lda, ldb, ldc), library)
     kernel = _trampoline(found.abi, found.int64, dtype)
     words = dict(fn=found.address, set_local=found.set_local_threads, trans_a=int(trans_a),
                  trans_b=int(trans_b), m=m, n=n, k=k, lda=lda, ldb=ldb, ldc=ldc, a=0, b=0,
