@@ -410,9 +410,11 @@ def test_fork_child_starts_its_own_workers(pool, meet):
     def child() -> bool:
         count[:] = [0, 2]
         threads.run_kernel(meet, _pointers(count, out), 2, 1)
-        return out.tolist() == [2, 2]
+        return out.tolist() == [2, 2] and not workers.sharing_openmp() \
+            and workers.started() == 1
 
-    # The child has none of the parent's threads, its own workers nor OpenMP's.
+    # The child has none of the parent's threads, its own workers nor OpenMP's: it starts
+    # a worker of its own.
     assert in_forked_child(child, 30, "run_kernel") == 0
     count[:] = [0, 2]
     threads.run_kernel(meet, _pointers(count, out), 2, 1)  # and the parent's still work
@@ -439,13 +441,18 @@ def helper_thread():
 
 torch.set_num_threads(2)
 threads.set_num_threads(2)
-workers.prepare(1)  # loads the pool, which finds PyTorch's runtime (and links `syscall`)
-arrive = t._compile("shared_arrive", t._arrive)
-assert workers.sharing_openmp() and workers.started() == 0
 before = tasks()
 torch.ones(1 << 22).mul_(3)  # a parallel PyTorch op starts OpenMP's second thread
 openmp = tasks() - before
 assert len(openmp) == 1, openmp
+pid = os.fork()
+if pid == 0:  # a fork child loads the pool with its own workers, not the parent's OpenMP
+    workers.prepare(1)
+    os._exit(0 if not workers.sharing_openmp() and workers.started() == 1 else 3)
+assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+workers.prepare(1)  # loads the pool, which finds PyTorch's runtime (and links `syscall`)
+arrive = t._compile("shared_arrive", t._arrive)
+assert workers.sharing_openmp() and workers.started() == 0
 for _ in range(20):  # every job's second chunk runs on PyTorch's thread, none of ours
     assert helper_thread() in openmp
     torch.ones(1 << 22).mul_(3)

@@ -629,15 +629,16 @@ def _shutdown() -> None:
         forget_pieces()  # native launchers would split over the stopped pool
 
 
-_forked = False  # this process is a fork() child of one that had the pool loaded
+_forked = False  # this process is a fork() child
 
 
 def _after_fork_in_child() -> None:
+    # The parent's OpenMP threads are not in the child, and GNU OpenMP's state from a
+    # parent that used them is not safe to use after fork(): a child runs jobs on workers
+    # of its own, whether or not the parent had loaded the pool.
     global _forked
+    _forked = True
     if _native is not None:
-        # The parent's OpenMP threads are not in the child either, and GNU OpenMP's pool
-        # is not safe to use after fork(): the child runs jobs on workers of its own.
-        _forked = True
         _use_openmp(_native)
         _native.forget()
         _native.started = _native.helpers = 0
