@@ -37,17 +37,22 @@ Protocol:
   one sees the other: either the worker sees the new job, or the caller wakes it, and
   ``FUTEX_WAIT`` re-checks ``gen`` in the kernel, so a wake-up is never lost.
 - In a process that has an OpenMP runtime loaded (PyTorch brings GNU OpenMP's libgomp), a
-  job runs on that runtime's threads instead: ``GOMP_parallel`` runs ``hg_take`` on a team
-  of ``helpers + 1`` threads, each as participant ``omp_get_thread_num()`` (the caller is
-  the team's master, 0), and the pool's own workers are never started. Two pools on the
-  same cores take turns: after its work each one's threads spin for a while (ours
+  job of the main thread runs on that runtime's threads instead: ``GOMP_parallel`` runs
+  ``hg_take`` on a team of ``helpers + 1`` threads, each as participant
+  ``omp_get_thread_num()`` (the caller is the team's master, 0). Two pools on the same
+  cores take turns: after its work each one's threads spin for a while (ours
   :data:`SPIN_CYCLES`, GNU OpenMP's ``GOMP_SPINCOUNT``) on the core the other's thread
   needs. On a 2-core host, a 2-thread 64 x 512 x 256 product took 111 µs right after a
   PyTorch parallel op and 57 right after one of ours, and ``torch.mm`` 127 µs right after
-  ours against 53; on OpenMP's threads, 58 and 54. The runtime is looked up by symbol in
-  the process's global scope when the pool loads and when :mod:`hologram_torch` is
-  imported (:func:`share_openmp`); ``HOLOGRAM_SHARE_OPENMP=0`` keeps the own workers, and
-  so does a ``fork()`` child (GNU OpenMP's threads are not in it).
+  ours against 53; on OpenMP's threads, 58 and 54. Only the main thread's jobs go there:
+  GNU OpenMP gives every thread that starts a parallel region a team of its own, and a
+  second team (the autograd engine's device thread runs the hologram device's backward)
+  spins beside PyTorch's own just as our workers did (PyTorch's CPU training steps in the
+  same process ran 2-2.4x slower); other threads' jobs run on the own workers. The
+  runtime is looked up by symbol in the process's global scope when the pool loads and
+  when :mod:`hologram_torch` is imported (:func:`share_openmp`); ``HOLOGRAM_SHARE_OPENMP=0``
+  keeps every job on the own workers, and so does a ``fork()`` child (GNU OpenMP's
+  threads are not in it).
 - One caller at a time owns the workers (``busy``, taken with a compare-and-swap). A
   caller that finds them busy runs the same chunks one after another on its own thread:
   same boundaries, same results.
@@ -130,9 +135,11 @@ class _Module:
         self.started = self._global("started", _I32)
         self.spin = self._global("spin", _I64, SPIN_CYCLES)
         # The process's OpenMP runtime, when jobs run on its threads (hg_set_openmp):
-        # GOMP_parallel's and omp_get_thread_num's addresses, 0 for the pool's own workers.
+        # GOMP_parallel's and omp_get_thread_num's addresses, 0 for the pool's own workers,
+        # and the one thread whose jobs go there (its pthread_self()).
         self.omp_parallel = self._global("omp_parallel", _I64)
         self.omp_thread_num = self._global("omp_thread_num", _I64)
+        self.omp_master = self._global("omp_master", _I64)
         self.syscall = ir.Function(m, ir.FunctionType(_I64, [_I64], var_arg=True), "syscall")
         thread_fn = ir.FunctionType(_I8P, [_I8P])
         self.pthread_create = ir.Function(m, ir.FunctionType(
@@ -140,6 +147,7 @@ class _Module:
         self.pthread_join = ir.Function(m, ir.FunctionType(_I32, [_I64, _I8P.as_pointer()]),
                                         "pthread_join")
         self.sched_yield = ir.Function(m, ir.FunctionType(_I32, []), "sched_yield")
+        self.pthread_self = ir.Function(m, ir.FunctionType(_I64, []), "pthread_self")
         self.pause = ir.Function(m, ir.FunctionType(ir.VoidType(), []), "llvm.x86.sse2.pause")
         self.clock = ir.Function(m, ir.FunctionType(_I64, []), "llvm.readcyclecounter")
         self.worker = ir.Function(m, thread_fn, "hg_worker")
@@ -155,8 +163,9 @@ class _Module:
         fn, b = self._function(m, "hg_set_spin", ir.VoidType(), [_I64])
         b.store_atomic(fn.args[0], self.spin, "monotonic", 8)  # read while workers spin
         b.ret_void()
-        fn, b = self._function(m, "hg_set_openmp", ir.VoidType(), [_I64, _I64])
+        fn, b = self._function(m, "hg_set_openmp", ir.VoidType(), [_I64, _I64, _I64])
         b.store_atomic(fn.args[1], self.omp_thread_num, "release", 8)
+        b.store_atomic(fn.args[2], self.omp_master, "release", 8)
         b.store_atomic(fn.args[0], self.omp_parallel, "release", 8)
         b.ret_void()
 
@@ -339,7 +348,9 @@ class _Module:
         reverse = b.and_(b.atomic_rmw("add", self.calls, _const(_I64, 1), "monotonic"),
                          _const(_I64, 1))
         omp = b.load_atomic(self.omp_parallel, "acquire", 8)
-        on_omp = b.icmp_unsigned("!=", omp, _const(_I64, 0))
+        master = b.load_atomic(self.omp_master, "acquire", 8)
+        on_omp = b.and_(b.icmp_unsigned("!=", omp, _const(_I64, 0)),
+                        b.icmp_unsigned("==", b.call(self.pthread_self, []), master))
         # The pool's own workers: no more helpers than have started (OpenMP starts its own)
         started = b.zext(b.load_atomic(self.started, "acquire", 4), _I64)
         started = b.select(on_omp, helpers, started)
@@ -483,7 +494,7 @@ _lock = threading.Lock()  # serializes hg_grow and the first load
 # as fast (a 2-thread add of 1e5 floats: 6.0-6.5 us either way). Its IR has no flag that
 # could make the tiers differ (llvm.same_bits_at_every_tier), nor any float arithmetic.
 POOL_TIER = "quick"
-_LIBC = ("syscall", "pthread_create", "pthread_join", "sched_yield")  # what the pool calls
+_LIBC = ("syscall", "pthread_create", "pthread_join", "sched_yield", "pthread_self")
 
 
 @cache
@@ -512,7 +523,7 @@ class _Native:
         self.stop = ctypes.CFUNCTYPE(None)(a["hg_stop"])
         self.forget = ctypes.CFUNCTYPE(None)(a["hg_forget"])
         self.set_spin = ctypes.CFUNCTYPE(None, i64)(a["hg_set_spin"])
-        self.set_openmp = ctypes.CFUNCTYPE(None, i64, i64)(a["hg_set_openmp"])
+        self.set_openmp = ctypes.CFUNCTYPE(None, i64, i64, i64)(a["hg_set_openmp"])
         self.openmp = False  # jobs run on the process's OpenMP threads
         self.started = 0  # workers known to run (a mirror of hg_pool_started)
         self.helpers = 0  # the helper count the spin window was set for
@@ -553,7 +564,7 @@ def _use_openmp(native: _Native) -> None:
         native.helpers = -1
         forget_pieces()
     native.openmp = found is not None
-    native.set_openmp(*(found or (0, 0)))
+    native.set_openmp(*(found or (0, 0)), threading.main_thread().ident or 0)
 
 
 def share_openmp() -> bool:
@@ -569,7 +580,7 @@ def share_openmp() -> bool:
 
 
 def sharing_openmp() -> bool:
-    """Do jobs run on the process's OpenMP threads now?"""
+    """Do the main thread's jobs run on the process's OpenMP threads now?"""
     return _native is not None and _native.openmp
 
 
@@ -595,7 +606,7 @@ def parallel_address() -> int:
 
 
 def _resize(native: _Native, helpers: int) -> None:
-    if helpers > native.started and not native.openmp:
+    if helpers > native.started:  # for other threads' jobs too when the main's go to OpenMP
         _grow(native, helpers)
     # With more threads than cores a spinning worker takes the core another one needs:
     # sleep at once (a wake-up then costs a futex call).
