@@ -7,7 +7,7 @@ import threading
 
 import numpy as np
 import pytest
-import torch  # noqa: F401  (its MKL is the entry of transposed-B products)
+import torch  # noqa: F401  (its MKL is the default entry of every product)
 
 from hologram.backends.cpu import blas, llvm, parallel_gemm, threads
 from hologram.backends.cpu import target as targets
