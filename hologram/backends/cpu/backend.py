@@ -60,6 +60,11 @@ from hologram.isa.ir import Program
 #: One element's work in a math function (exp, log, tanh...: range reduction and a
 #: polynomial), in adds: how the worker pool's grain weighs rows with loops.
 MATH_WORK = 8
+#: Arithmetic instructions (reductions included) that make one more unit of a looping
+#: row's work per point: a layer norm's rows (13-23 of them) ran at 0.7-0.95 ns a point,
+#: an add at 0.11-0.19.
+ARITH_WORK = 4
+_NOT_ARITHMETIC = frozenset(("load", "store", "const"))
 _RAW_KERNEL = ctypes.CFUNCTYPE(None)  # the same function, called with ctypes objects only
 _ZERO = ctypes.c_int64(0)
 _HEADER = struct.Struct("<I")
@@ -246,14 +251,18 @@ _LENGTH_BOUND = frozenset(("index", "gather", "scatter", "reduce", "contract"))
 
 def _row_work(kernel) -> int:
     """The work of one row (a point of the first grid dimension) for the worker pool's
-    grain: the points and iterations below it, times ``1 + MATH_WORK`` per math function
-    where the kernel loops (softmax's or cross-entropy's rows: ~10k terms of exponentials
-    are worth splitting over threads, ~10k adds are not)."""
+    grain: the points and iterations below it, where the kernel loops times ``1 +
+    MATH_WORK`` per math function (softmax's or cross-entropy's rows: ~10k terms of
+    exponentials are worth splitting over threads, ~10k adds are not) and one more per
+    ``ARITH_WORK`` arithmetic instructions (a layer norm's rows)."""
     if not kernel.grid_rank:
         return 1
     work = math.prod(kernel.domain[1:])
     if len(kernel.domain) > kernel.grid_rank:
-        work *= 1 + MATH_WORK * sum(instr.op in MATH_FUNCTIONS for instr in kernel.body)
+        body = kernel.body
+        arithmetic = sum(instr.op not in _NOT_ARITHMETIC for instr in body)
+        work *= (1 + MATH_WORK * sum(instr.op in MATH_FUNCTIONS for instr in body)
+                 + arithmetic // ARITH_WORK)
     return work
 
 
