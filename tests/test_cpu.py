@@ -1406,6 +1406,33 @@ def test_elementwise_results_do_not_depend_on_thread_count(pool_spy):
     assert same_bits(two[1], want[1]) and same_bits(two[2], want[2])
 
 
+def test_grain_weighs_a_looping_rows_arithmetic():
+    """A row's work for the pool's grain counts its points, math functions and arithmetic:
+    a layer norm's 512 rows of 64 split over two threads, a plain row sum's do not."""
+    from hologram.backends.cpu import target as targets
+
+    def only_kernel(graph: Graph):
+        program = pipeline.for_target(pipeline.run(graph.program()),
+                                      targets.host().capabilities)
+        (kernel,) = program.kernels
+        return kernel
+
+    g = Graph("row_sums")
+    g.output("s", g.sum(g.input("x", "f32", (512, 64)), 1))
+    plain = only_kernel(g)
+    g = Graph("row_norms")
+    x = g.input("x", "f32", (512, 64))
+    d = x - g.mean(x, 1, keepdim=True)
+    g.output("y", d / g.unary("sqrt", g.mean(d * d, 1, keepdim=True) + 1e-5))
+    norm = only_kernel(g)
+    assert interpreted._row_work(plain) == 64
+    assert interpreted._row_work(norm) == 64 * 3  # 8 arithmetic instructions: 1 + 8 // 4
+    native_grain = 1 << 15  # threads.min_chunk_work() with native workers
+    for kernel, split in ((plain, False), (norm, True)):
+        grain = -(-native_grain // interpreted._row_work(kernel))
+        assert (kernel.domain[0] >= 2 * grain) == split
+
+
 def test_reductions_are_reproducible_across_runs(pool_spy):
     g = Graph("big_reduce")
     x = g.input("x", "f32", (2000, 1000))
