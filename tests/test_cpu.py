@@ -1699,6 +1699,36 @@ def test_kernels_without_dependences_through_memory_have_parallel_loops():
     assert kernels(g) == [False]
 
 
+def test_each_kernels_loops_are_parallel_over_its_own_access_group():
+    """In a program of several kernels, the loops of each name that kernel's own group:
+    metadata nodes are shared by content, and the groups (distinct, without operands) had
+    been one, so only the first kernel's loops were parallel for LLVM (the others got
+    runtime overlap checks: a transformer's softmax kernel 77 -> 67 µs)."""
+    g = Graph("two")
+    x = g.input("x", "f32", (64, 100))
+    g.output("rows", g.sum(g.unary("exp", x), axes=1))
+    g.output("cols", g.reduce("max", x, axes=0))
+    g.output("y", g.unary("exp", x.permute(1, 0)) * 2.0)
+    lowered = pipeline.run(g.program())
+    assert [independent_iterations(k) for k in lowered.kernels].count(True) >= 2
+    ir = render(lowered, {k.name: f"ir_{k.name}" for k in lowered.kernels})
+    nodes = dict(re.findall(r"^!(\d+) = (.*)$", ir, re.M))
+    parallel = {n: re.search(r"!(\d+) }$", body).group(1) for n, body in nodes.items()
+                if '"llvm.loop.parallel_accesses"' in body}
+    groups = []
+    for function in re.split(r"^define ", ir, flags=re.M)[1:]:
+        own = set(re.findall(r"!llvm.access.group !(\d+)", function))
+        if not own:
+            continue
+        assert len(own) == 1
+        loops = re.findall(r"!llvm.loop !(\d+)", function)
+        named = {parallel[op] for n in loops
+                 for op in re.findall(r"!(\d+)", nodes[n]) if op in parallel}
+        assert named == own, function.splitlines()[0]
+        groups += own
+    assert len(groups) >= 2 and len(set(groups)) == len(groups)
+
+
 @pytest.mark.parametrize("shape", [(1,), (7,), (1000,), (257, 129), (3, 0)])
 @pytest.mark.parametrize("op", ["vector_add", "vector_mul", "exp", "relu", "sigmoid"])
 def test_in_place_updates_match_numpy(op, shape):

@@ -126,10 +126,16 @@ def render(program: Program, symbols: dict[str, str], target: Target | None = No
 
 class _AccessGroup(ir.MDValue):
     """An access group: a distinct metadata node without operands (llvmlite writes only
-    debug-info nodes as distinct)."""
+    debug-info nodes as distinct). Its cache key (``textir.MDValue._key``) is itself,
+    not its (empty) operands: keyed by operands, every group was one, and each kernel's
+    ``llvm.loop.parallel_accesses`` named the module's first kernel's group, so the loops
+    of all the other kernels were vectorized with overlap checks, or not at all."""
 
     def descr(self, buf) -> None:
         buf += ("distinct !{}\n",)
+
+    def _key(self) -> tuple:
+        return ("group", id(self))
 
 
 def independent_iterations(kernel: Kernel) -> bool:
