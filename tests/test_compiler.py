@@ -410,6 +410,25 @@ def test_fused_contraction_keeps_its_epilogue_in_one_kernel():
     assert kernel.grid == (8, 32) and kernel.loops == (16,)
 
 
+def test_an_epilogue_over_a_reshaped_product_merges_into_it():
+    """A linear layer on a 3-d input: the product's rows ``[batch * seq, out]`` get their
+    bias as ``[batch, seq, out]``; the epilogue's dimensions that every access walks as
+    one merge, and it joins the contraction's kernel (the library call's epilogue)."""
+    def linear_3d(g):
+        x, w = g.input("x", "f32", (12, 16)), g.input("w", "f32", (16, 24))
+        b = g.input("b", "f32", (24,))
+        y = g.matmul(x, w).reshape(3, 4, 24) + b
+        g.output("y", g.maximum(y, 0.0))
+
+    p = _graph(linear_3d)
+    q = pipeline.run(p)
+    (kernel,) = q.kernels
+    ops = [i.op for i in kernel.body]
+    assert ops.index("contract") < ops.index("add") < ops.index("max")
+    inputs = inputs_for(p, seed=5)
+    assert same_bits(execute(p, inputs)[0], execute(q, inputs)[0])
+
+
 def test_views_compose_into_producer_maps():
     def transposed_slice(g):
         x = g.input("x", "f32", (6, 8))
@@ -423,6 +442,32 @@ def test_views_compose_into_producer_maps():
     assert load.map.strides == (-1, 8) and load.map.offset == 7 + 8
     inputs = inputs_for(p)
     assert same_bits(execute(p, inputs)[0], execute(q, inputs)[0])
+
+
+def test_views_that_split_or_straddle_producer_dimensions_compose():
+    """Attention's head split: a ``[seq, batch, heads * head]`` block read as ``[batch *
+    heads, seq, head]``. The heads step through the last dimension and the batch through
+    the one before, so one step of the reader's first dimension crosses from one of the
+    block's dimensions into the next: the reader's dimension is split in two, and each
+    part moves along one. Several of the reader's dimensions may share one of the block's
+    (the head's and the heads' parts of its last)."""
+    def head_split(g):
+        x = g.input("x", "f32", (32, 4, 64))
+        e = g.unary("exp", x)
+        heads = e.reshape(32, 4, 4, 16).permute(1, 2, 0, 3).reshape(16, 32, 16)
+        g.output("y", heads * 2.0)
+
+    def shared_dimension(g):
+        x = g.input("x", "f32", (8, 96))
+        e = g.unary("exp", x)
+        g.output("y", e.reshape(8, 3, 32).permute(1, 0, 2) + 1.0)
+
+    for build in (head_split, shared_dimension):
+        p = _graph(build)
+        q = pipeline.run(p)
+        assert len(q.kernels) == 1, str(q)
+        inputs = inputs_for(p, seed=7)
+        assert same_bits(execute(p, inputs)[0], execute(q, inputs)[0])
 
 
 def test_a_reshape_that_is_not_a_view_of_the_block_materializes():

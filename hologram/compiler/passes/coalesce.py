@@ -16,10 +16,12 @@ from hologram.isa.ir import MEMORY_OPS, IndexMap, Instr, Kernel, Program
 
 
 def coalesce(program: Program, options: CompileOptions | None = None) -> Program:
-    return program.evolve(kernels=tuple(_coalesce(k) for k in program.kernels))
+    return program.evolve(kernels=tuple(coalesce_kernel(k) for k in program.kernels))
 
 
-def _coalesce(kernel: Kernel) -> Kernel:
+def coalesce_kernel(kernel: Kernel) -> Kernel:
+    """``kernel`` with the grid dimensions it walks as one merged (the fusion pass also
+    uses it on a whole elementwise domain, made its grid for the purpose)."""
     if 0 in kernel.domain:
         return kernel  # nothing runs; and extents of 0 hide broadcasts from the checks
     d = 0

@@ -27,23 +27,29 @@ elements are read is data, so it cannot be recomputed in the reader's index spac
 producer's own gathers inline like its loads: their maps are composed the same way. The
 producer's store is kept; the next canonicalize drops it if nothing reads it.
 
-A ``scatter`` is a write whose address is data. Elementwise producers of its value and
-offset inline into its kernel like into any reader; kernels holding a scatter are never
-merged (a merge could put a reduction into a kernel whose scatter keeps it off the
-parallel grid, and the verifier forbids the scattered buffer any other access in the
-kernel anyway). The kernel counts as reading the buffer it scatters into (what is left
-there depends on what was there: ``Kernel.reads``), so the temporary it updates has two
-writers, the one that filled it and the scatter, and stays materialized, and no kernel
-that reads or writes that buffer moves across it.
+A ``scatter`` is a write whose address is data; along the dimensions where two of its
+points may write one element its kernel runs on one thread. Elementwise producers of its
+value and offset inline into its kernel when they only move values (loads, gathers,
+casts) or the scatter runs in parallel; a producer that computes stays materialized for a
+serial scatter, computed on every thread (an embedding's gradient: the layer norm
+gradient before it). Kernels holding a scatter are never merged (a merge could put a
+reduction into a kernel whose scatter keeps it off the parallel grid, and the verifier
+forbids the scattered buffer any other access in the kernel anyway). The kernel counts
+as reading the buffer it scatters into (what is left there depends on what was there:
+``Kernel.reads``), so the temporary it updates has two writers, the one that filled it
+and the scatter, and stays materialized, and no kernel that reads or writes that buffer
+moves across it.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import replace
+from itertools import pairwise
 
 from hologram.compiler.options import CompileOptions
 from hologram.compiler.passes.canonicalize import drop_stores
+from hologram.compiler.passes.coalesce import coalesce_kernel
 from hologram.compiler.passes.schedule import grid_rank
 from hologram.errors import IRError
 from hologram.isa.body import Body
@@ -131,12 +137,15 @@ class _Fusion:
             return False
         loaded = frozenset(producer.body[i].buffer for i in part
                            if producer.body[i].op in READ_OPS)
+        computes = any(producer.body[i].op not in _MOVES for i in part)
         fused = {}
         for c in readers:
             if self._conflicts(range(p + 1, c + 1), loaded, frozenset()):
                 return False
             if _contracts(self.kernels[c], t):
                 return False
+            if computes and _serial_scatter(self.kernels[c]):
+                return False  # computed on every thread, not on the scatter's one
             kernel = _inline_into(producer, part, store, self.kernels[c], t)
             if kernel is None or not self._valid(kernel):
                 return False
@@ -151,6 +160,8 @@ class _Fusion:
     def _merge(self, t: int, p: int, readers: list[int]) -> bool:
         for c in readers:
             merged = _merge_pair(self.kernels[p], self.kernels[c], t)
+            if merged is None and (flat := _flattened(self.kernels[c])) is not None:
+                merged = _merge_pair(self.kernels[p], flat, t)
             if merged is None or _nests_reductions(merged) or not self._valid(merged):
                 continue
             producer, consumer = self.kernels[p], self.kernels[c]
@@ -165,6 +176,17 @@ class _Fusion:
             self._set(at, merged)
             return True
         return False
+
+
+#: Instructions that only move values: a producer of nothing else inlines into a scatter.
+_MOVES = frozenset({"load", "gather", "const", "cast"})
+
+
+def _serial_scatter(kernel: Kernel) -> bool:
+    """Does ``kernel`` scatter along dimensions that cannot run in parallel (two of their
+    points may write one element)?"""
+    return (any(i.op == "scatter" for i in kernel.body)
+            and grid_rank(kernel) < len(kernel.domain))
 
 
 def _store_of(kernel: Kernel, t: int) -> int:
@@ -214,7 +236,9 @@ def _inline_into(producer: Kernel, part: list[int], store: Instr, consumer: Kern
         if instr.op == "load" and instr.buffer == t:
             index = _compose(instr, store)
             if index is None:
-                return None
+                refined = _refined(consumer, instr, store)
+                return None if refined is None else _inline_into(producer, part, store,
+                                                                 refined, t)
             remap.append(_clone(producer, part, body, index))
         else:
             remap.append(_copy(body, instr, tuple(remap[a] for a in instr.args),
@@ -233,40 +257,116 @@ def _copy(body: Body, instr: Instr, args: tuple[int, ...],
     return body.make(instr.op, args, instr.attrs, instr.dtype)
 
 
+def _producer_dims(store: Instr) -> list[int] | None:
+    """The stored block's dimensions of extent > 1 by increasing stride, when each one's
+    run ends before the next begins (distinct elements at distinct addresses, so an
+    address names one index of the block), else None."""
+    shape, strides = store.shape, store.map.strides
+    dims = sorted((d for d, n in enumerate(shape) if n > 1), key=lambda d: strides[d])
+    for a, b in pairwise(dims):
+        if strides[a] <= 0 or strides[b] < strides[a] * shape[a]:
+            return None
+    return None if dims and strides[dims[0]] <= 0 else dims
+
+
+def _placed(stride: int, dims: list[int], strides: tuple[int, ...]) -> tuple[int, int] | None:
+    """(producer dimension, coefficient) of a step of ``stride`` through the block: the
+    dimension of the largest stride that divides it."""
+    d = next((d for d in reversed(dims) if abs(stride) % strides[d] == 0), None)
+    return None if d is None else (d, stride // strides[d])
+
+
+def _start(load: Instr, store: Instr, dims: list[int]) -> dict[int, int] | None:
+    """The block's index at the load's first element, or None if it is none."""
+    rest, start = load.map.offset - store.map.offset, {}
+    for d in reversed(dims):
+        start[d], rest = divmod(rest, store.map.strides[d])
+    return None if rest else start
+
+
 def _compose(load: Instr, store: Instr) -> tuple[dict, dict] | None:
     """Express the consumer's load of a temporary in the producer's index space.
 
-    Returns ``(start, step)``: producer index ``i[d] = start[d] + c * j[e]`` where
-    ``step[d] = (e, c)`` for producer dimensions that vary with consumer dimension ``e``
-    (``c`` is +1 or -1). ``None`` when the load is not such a view of the stored block
-    (a reshape or a diagonal, say); then the temporary stays materialized.
+    Returns ``(start, step)``: producer index ``i[d] = start[d] + sum(c * j[e] for e, c in
+    step[d])``: each consumer dimension ``e`` that moves through the block moves along one
+    producer dimension, ``c`` elements of it a step (several consumer dimensions may share
+    one producer dimension: a reshape that splits it). ``None`` when the load is not such
+    a view of the stored block (a step that crosses from one of its dimensions into the
+    next, or a diagonal); :func:`_refined` may split the consumer's dimensions so that it
+    is one.
     """
     shape, smap = store.shape, store.map
     if 0 in shape or 0 in load.shape:
         return None  # an empty block: nothing to recompute, and nothing gained
-    dims = [d for d, n in enumerate(shape) if n > 1]
-    if any(smap.strides[d] <= 0 for d in dims):
+    dims = _producer_dims(store)
+    if dims is None:
         return None
-    by_stride = {smap.strides[d]: d for d in dims}
-    step: dict[int, tuple[int, int]] = {}
+    step: dict[int, list[tuple[int, int]]] = {}
     for e, (n, s) in enumerate(zip(load.shape, load.map.strides)):
         if n == 1 or s == 0:
             continue
-        d = by_stride.get(abs(s))
-        if d is None or d in step:
+        placed = _placed(s, dims, smap.strides)
+        if placed is None:
             return None
-        step[d] = (e, 1 if s > 0 else -1)
-    rest, start = load.map.offset - smap.offset, {}
-    for d in sorted(dims, key=lambda d: -smap.strides[d]):
-        start[d], rest = divmod(rest, smap.strides[d])
-    if rest:
+        step.setdefault(placed[0], []).append((e, placed[1]))
+    start = _start(load, store, dims)
+    if start is None:
         return None
     for d in dims:
-        e, c = step.get(d, (0, 0))
-        last = start[d] + c * (load.shape[e] - 1)
-        if min(start[d], last) < 0 or max(start[d], last) >= shape[d]:
+        moves = [c * (load.shape[e] - 1) for e, c in step.get(d, ())]
+        low = start[d] + sum(m for m in moves if m < 0)
+        high = start[d] + sum(m for m in moves if m > 0)
+        if low < 0 or high >= shape[d]:
             return None
     return start, step
+
+
+def _refined(consumer: Kernel, load: Instr, store: Instr) -> Kernel | None:
+    """The elementwise ``consumer`` with one dimension split in two, so that the inner
+    part of a step of ``load`` that crossed from one of the block's dimensions into the
+    next stays in the first (a ``[batch * heads, seq, head]`` view of a ``[seq, batch,
+    heads * head]`` block: the heads step through the last dimension, the batch through
+    the one before), or None. :func:`_compose` then tries again."""
+    if any(i.op in ("reduce", "contract") for i in consumer.body) or len(consumer.domain) > 7:
+        return None
+    dims = _producer_dims(store)
+    start = None if dims is None or 0 in load.shape else _start(load, store, dims)
+    if start is None:
+        return None
+    for e, (n, s) in enumerate(zip(load.shape, load.map.strides)):
+        placed = _placed(s, dims, store.map.strides) if n > 1 and s > 0 else None
+        if placed is None:
+            continue
+        d, c = placed
+        inner = store.shape[d] // c
+        if (start[d] + c * (n - 1) >= store.shape[d] and store.shape[d] % c == 0
+                and start[d] < c and 1 < inner < n and n % inner == 0):
+            return _split(consumer, e, inner)
+    return None
+
+
+def _split(kernel: Kernel, e: int, inner: int) -> Kernel | None:
+    """``kernel`` (elementwise) over its domain with dimension ``e`` as ``[n // inner,
+    inner]``: the same points in the same order. None if an ``index`` reads it."""
+    n = kernel.domain[e]
+
+    def split(shape: tuple[int, ...]) -> tuple[int, ...]:
+        part = (n // inner, inner) if shape[e] == n else (1, 1)
+        return shape[:e] + part + shape[e + 1:]
+
+    body = []
+    for instr in kernel.body:
+        attrs = instr.attrs
+        if instr.op == "index":
+            if instr.axis == e:
+                return None
+            attrs = (instr.axis + (instr.axis > e),)
+        elif instr.op in MEMORY_OPS:
+            s = instr.map.strides
+            strides = s[:e] + (s[e] * inner, s[e]) + s[e + 1:]
+            attrs = (instr.buffer, IndexMap(instr.map.offset, strides), *instr.attrs[2:])
+        body.append(Instr(instr.op, instr.dtype, split(instr.shape), instr.args, attrs))
+    return kernel.evolve(domain=split(kernel.domain), body=tuple(body))
 
 
 def _clone(producer: Kernel, part: list[int], body: Body, index: tuple[dict, dict]) -> int:
@@ -283,20 +383,19 @@ def _clone(producer: Kernel, part: list[int], body: Body, index: tuple[dict, dic
                 if n == 1:
                     continue
                 offset += s * start[d]
-                if d in step:
-                    e, c = step[d]
-                    strides[e], shape[e] = c * s, body.domain[e]
+                for e, c in step.get(d, ()):
+                    strides[e] += c * s
+                    shape[e] = body.domain[e]
             imap = IndexMap(offset, tuple(strides))
             remap[i] = body.add(Instr(instr.op, instr.dtype, tuple(shape), args,
                                       (instr.buffer, imap, *instr.attrs[2:])))
         elif instr.op == "index":
             d = instr.axis
             value = body.const(start.get(d, 0), instr.dtype)
-            if d in step:
-                e, c = step[d]
+            for e, c in step.get(d, ()):
                 moving = body.make("index", (), (e,), instr.dtype)
-                if c < 0:
-                    moving = body.make("neg", (moving,))
+                if c != 1:
+                    moving = body.make("mul", (moving, body.const(c, instr.dtype)))
                 value = body.make("add", (moving, value))
             remap[i] = value
         else:
@@ -343,6 +442,17 @@ def _merge_pair(producer: Kernel, consumer: Kernel, t: int) -> Kernel | None:
         else:
             remap.append(_copy(body, instr, tuple(remap[a] for a in instr.args), same))
     return Kernel(consumer.name, domain, tuple(body.instrs))
+
+
+def _flattened(kernel: Kernel) -> Kernel | None:
+    """An elementwise kernel with its adjacent dimensions merged where every access walks
+    them as one (coalesce's rule), or None when none merge. A bias added to a matrix
+    product's rows seen as ``[batch, seq, features]`` (a linear layer on a 3-d input) is
+    then an epilogue over the product's own ``[batch * seq, features]``."""
+    if 0 in kernel.domain or any(i.op in ("reduce", "contract") for i in kernel.body):
+        return None
+    flat = coalesce_kernel(kernel.evolve(grid_rank=len(kernel.domain)))
+    return None if flat.domain == kernel.domain else flat.evolve(grid_rank=kernel.grid_rank)
 
 
 def _nests_reductions(kernel: Kernel) -> bool:
