@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import hologram as hg
-from hologram.backends.hostmem import SLAB_BYTES
+from hologram.backends.hostmem import CACHE_SLACK, SLAB_BYTES
 from hologram.errors import (
     DeviceError,
     DTypeError,
@@ -437,6 +437,10 @@ def test_memory_limit_raises_out_of_memory_naming_request_and_usage():
 
 
 def test_random_allocate_free_cycles_keep_reserved_within_twice_the_peak():
+    """Within twice the peak, or the peak and CACHE_SLACK where that is more (pool docs)."""
+    def bound(peak):
+        return max(2 * peak, peak + CACHE_SLACK)
+
     rng = random.Random(7)
     with hg.Executor("cpu") as ex:
         live: list = []
@@ -456,12 +460,12 @@ def test_random_allocate_free_cycles_keep_reserved_within_twice_the_peak():
                 peak_live = max(peak_live, live_bytes)
             if i % 64 == 0:
                 stats = ex.memory_stats()
-                assert stats["reserved_bytes"] <= 2 * stats["peak_allocated_bytes"] + slack
+                assert stats["reserved_bytes"] <= bound(stats["peak_allocated_bytes"]) + slack
         stats = ex.memory_stats()
-        assert stats["reserved_bytes"] <= 2 * stats["peak_allocated_bytes"]
+        assert stats["reserved_bytes"] <= bound(stats["peak_allocated_bytes"])
         # Class rounding adds less than 25% above 256 B (and small blocks are 256 B).
         assert stats["peak_allocated_bytes"] <= 1.25 * peak_live + 32 * 256
-        assert stats["reserved_bytes"] <= 2.5 * peak_live + 64 * 256
+        assert stats["reserved_bytes"] <= bound(1.25 * peak_live) + 64 * 256
         assert stats["pool_hits"] > 0.9 * (stats["pool_hits"] + stats["pool_misses"])
         live.clear()
         assert ex.memory_stats()["allocated_bytes"] == 0

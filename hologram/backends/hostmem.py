@@ -28,8 +28,11 @@ Promises:
 * requests beyond the largest class (3.5 GiB) get their own mapping and give it back to the
   OS when freed;
 * the cache stays proportionate: when a new mapping would make ``reserved_bytes`` exceed
-  twice ``peak_allocated_bytes``, cached blocks (largest class first) go back to the OS
-  first. Slabs go back only when all their blocks are free, by :meth:`Pool.empty_cache` or
+  twice ``peak_allocated_bytes``, or the peak and :data:`CACHE_SLACK` (64 MiB) where that
+  is more, cached blocks (largest class first) go back to the OS first. (Without the
+  slack, blocks taken in turn could pass twice the peak: two compiled programs' scratch
+  arenas of 4 and 3 MiB next to 1.5 MiB of smaller ones did, and every call mapped its
+  arena afresh.) Slabs go back only when all their blocks are free, by :meth:`Pool.empty_cache` or
   under a memory limit, so small-block slabs can hold the reserve above that bound;
 * an optional memory limit bounds ``allocated_bytes``; a request that would pass it raises
   :class:`~hologram.errors.OutOfMemoryError`, and cached blocks are released before the
@@ -51,12 +54,13 @@ from typing import Any
 import numpy as np
 from numpy.typing import DTypeLike
 
-from hologram._native import NUM_CLASSES, SLAB_BYTES, Lease, PoolCore
+from hologram._native import CACHE_SLACK, NUM_CLASSES, SLAB_BYTES, Lease, PoolCore
 from hologram._native import size_class as _size_class
 from hologram.backends.base import Allocator
 from hologram.errors import DTypeError, HologramError, OutOfMemoryError, ShapeError
 
 __all__ = [
+    "CACHE_SLACK",
     "CLASS_SIZES",
     "MAX_CLASS_BYTES",
     "MIN_CLASS_BYTES",

@@ -38,6 +38,7 @@
 #define NUM_CLASSES 96
 #define MIN_SHIFT 8
 #define HUGE_PAGE (2 << 20)
+#define CACHE_SLACK ((int64_t)64 << 20) /* see take() */
 #define MAX_PLAN_BUFFERS 64
 #define MAX_PLAN_STEPS 8
 #define MAX_SPLIT_PARTS 256 /* a split reduction's partials (codegen.loops.MAX_PARTS) */
@@ -253,9 +254,14 @@ static Block *take(PoolCore *p, int64_t nbytes)
     }
     int slab_class = index >= 0 && index < num_slab_classes;
     int64_t map_bytes = slab_class ? slab_bytes : cbytes;
-    /* Keep the cache proportionate: never more than twice the peak, and within the limit. */
+    /* Keep the cache proportionate: never more than twice the peak or the peak and
+       CACHE_SLACK, whichever is more, and within the limit. The slack is for blocks taken
+       in turn, each below the peak: two compiled programs' scratch arenas of 4 and 3 MiB
+       next to 1.5 MiB of smaller ones passed twice the peak, and each call trimmed the
+       block the next one needed and mapped its own afresh (page faults every step). */
     int64_t used = p->allocated + cbytes;
-    int64_t target = 2 * (p->peak > used ? p->peak : used);
+    int64_t base = p->peak > used ? p->peak : used;
+    int64_t target = 2 * base > base + CACHE_SLACK ? 2 * base : base + CACHE_SLACK;
     if (p->limit >= 0 && p->limit < target)
         target = p->limit;
     if (p->reserved + map_bytes > target) {
@@ -1713,6 +1719,7 @@ PyMODINIT_FUNC PyInit__native(void)
         PyModule_AddIntConstant(m, "NUM_CLASSES", NUM_CLASSES) < 0 ||
         PyModule_AddIntConstant(m, "PAGE_BYTES", (long)page_bytes) < 0 ||
         PyModule_AddIntConstant(m, "SLAB_BYTES", (long)slab_bytes) < 0 ||
+        PyModule_AddIntConstant(m, "CACHE_SLACK", (long)CACHE_SLACK) < 0 ||
         PyModule_AddIntConstant(m, "NUM_SLAB_CLASSES", num_slab_classes) < 0) {
         Py_DECREF(m);
         return NULL;
