@@ -69,6 +69,24 @@ def test_backend_is_registered_by_entry_point():
     assert "hologram" in torch._dynamo.list_backends()
 
 
+def test_decompositions_are_the_core_ones_but_implicit_autograd_and_lowered_ops():
+    """The backend's table is ``core_aten_decompositions()``'s without the entries of
+    CompositeImplicitAutograd ops (they decompose while tracing anyway) and of ops the
+    lowering table takes whole: every other core entry is there, the same function."""
+    from torch._decomp import core_aten_decompositions
+
+    from hologram_torch.compile.backend import decompositions
+
+    ours, core = decompositions(), dict(core_aten_decompositions().items())
+    assert all(core.get(op) is fn for op, fn in ours.items())
+    left = [op for op in core if op not in ours and lowerings.get(op) is None
+            and not torch._C._dispatch_has_kernel_for_dispatch_key(
+                op.name(), "CompositeImplicitAutograd")]
+    assert left == []
+    lowered = torch.ops.aten.binary_cross_entropy.default  # a fused lowering of ours
+    assert lowerings.get(lowered) is not None and lowered in core and lowered not in ours
+
+
 def test_mlp_training_values_grads_and_counts():
     eager, compiled = run_both(mlp(), torch.randn(8, 32))
     assert_same(eager, compiled)
