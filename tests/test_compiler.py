@@ -429,6 +429,25 @@ def test_an_epilogue_over_a_reshaped_product_merges_into_it():
     assert same_bits(execute(p, inputs)[0], execute(q, inputs)[0])
 
 
+def test_a_flat_copy_of_a_block_merges_into_its_producer():
+    """A reduction's ``[8, 16]`` result written out flat (an output ``[128]``, as a
+    training graph's saved activations are) and read again: the flat copy's dimension is
+    split into the block's, and the copy becomes a second store of the reduction's
+    kernel."""
+    def flat_output(g):
+        x = g.input("x", "f32", (8, 16, 32))
+        s = g.reduce("sum", x, 2)
+        g.output("flat", s.reshape(128))
+        g.output("y", g.unary("exp", s))
+
+    p = _graph(flat_output)
+    q = pipeline.run(p)
+    assert len(q.kernels) == 1, str(q)
+    inputs = inputs_for(p, seed=9)
+    for a, b in zip(execute(p, inputs), execute(q, inputs)):
+        assert same_bits(a, b)
+
+
 def test_views_compose_into_producer_maps():
     def transposed_slice(g):
         x = g.input("x", "f32", (6, 8))

@@ -5,10 +5,12 @@ This pass removes temporaries with two rewrites, applied until neither applies:
 
 **Inline** — the computation of an elementwise temporary (its store's operand tree holds no
 reduction or contraction) is cloned into every kernel that reads it, re-indexed into the
-reader's index space by composing the reader's load map with the producer's store map. It
-is recomputed rather than stored and reloaded: chains of elementwise ops become one
-kernel, and elementwise producers fuse into reductions and into contractions' epilogues
-(not into their operands, where they would be recomputed for every product term).
+reader's index space by composing the reader's load map with the producer's store map
+(reshapes too: a reader's dimension whose step crosses from one of the block's dimensions
+into the next is split in two first, see ``_refined``). It is recomputed rather than
+stored and reloaded: chains of elementwise ops become one kernel, and elementwise
+producers fuse into reductions and into contractions' epilogues (not into their
+operands, where they would be recomputed for every product term).
 
 **Merge** — once nothing can be inlined: a kernel that reads a temporary in its producer's
 index space (the producer's store map; the domains equal up to dimensions of extent 1 and
@@ -16,7 +18,11 @@ trailing unit dimensions) is merged with the producer, at the reader's position 
 moving the producer down would reorder conflicting memory accesses, at the producer's.
 This fuses epilogues into reductions and contractions (bias + activation after a matmul),
 chains of reductions over the same rows (softmax, layer norm) into one kernel, and gives a
-reduction with several readers its elementwise epilogues as extra outputs.
+reduction with several readers its elementwise epilogues as extra outputs. An
+elementwise reader over another shape of the same points is reshaped to the producer's
+first: its dimensions merged where every access walks them as one, or split into the
+block's where it reads the whole block in order and writes it in the same layout (a flat
+copy into an output).
 
 Inlining goes first so that elementwise values are recomputed from their sources before
 merges make their producers reductions. A temporary stays materialized when it is read
@@ -159,12 +165,17 @@ class _Fusion:
 
     def _merge(self, t: int, p: int, readers: list[int]) -> bool:
         for c in readers:
-            merged = _merge_pair(self.kernels[p], self.kernels[c], t)
-            if merged is None and (flat := _flattened(self.kernels[c])) is not None:
-                merged = _merge_pair(self.kernels[p], flat, t)
+            producer, consumer = self.kernels[p], self.kernels[c]
+            merged = _merge_pair(producer, consumer, t)
+            flat = _flattened(consumer) if merged is None else None
+            if flat is not None:
+                merged = _merge_pair(producer, flat, t)
+            if merged is None:
+                store = producer.body[_store_of(producer, t)]
+                refit = _refit(flat or consumer, t, store)
+                merged = None if refit is None else _merge_pair(producer, refit, t)
             if merged is None or _nests_reductions(merged) or not self._valid(merged):
                 continue
-            producer, consumer = self.kernels[p], self.kernels[c]
             between = range(p + 1, c)
             if not self._conflicts(between, producer.reads(), producer.writes()):
                 at = c  # move the producer down to the reader
@@ -453,6 +464,42 @@ def _flattened(kernel: Kernel) -> Kernel | None:
         return None
     flat = coalesce_kernel(kernel.evolve(grid_rank=len(kernel.domain)))
     return None if flat.domain == kernel.domain else flat.evolve(grid_rank=kernel.grid_rank)
+
+
+def _refit(kernel: Kernel, t: int, store: Instr) -> Kernel | None:
+    """An elementwise ``kernel`` that reads the whole block ``store`` wrote, in its order,
+    over other dimensions, and stores in the same layout (a flat copy of a ``[seq, batch,
+    d]`` block into an output), with its dimensions split into the block's, or None. Only
+    a block whose unit dimensions trail lines up with the reader this way."""
+    loads = [i for i in kernel.body if i.op in READ_OPS and i.buffer == t]
+    if (len(loads) != 1 or loads[0].op != "load" or loads[0].shape != kernel.domain
+            or 1 in kernel.domain or loads[0].map.offset != store.map.offset
+            or any(i.op in ("reduce", "contract", "scatter") for i in kernel.body)):
+        return None
+    if any(i.op == "store" and i.map.strides != loads[0].map.strides for i in kernel.body):
+        # A copy into another layout (a transposed output) stays a kernel of its own: as
+        # a second store of the producer's loops it was slow (attention's head-split
+        # kernels 105-124 µs each with their transposed outputs).
+        return None
+    block = [(n, s) for n, s in zip(store.shape, store.map.strides) if n > 1]
+    if store.shape[:len(block)] != tuple(n for n, _ in block):
+        return None  # a unit dimension before one that is not
+    strides, j = loads[0].map.strides, len(block)
+    for e in reversed(range(len(kernel.domain))):
+        parts, run, expect = [], 1, strides[e]
+        while run < kernel.domain[e]:  # the block's dimensions this one walks, inner first
+            j -= 1
+            if j < 0 or block[j][1] != expect:
+                return None
+            parts.append(block[j][0])
+            run, expect = run * block[j][0], block[j][1] * block[j][0]
+        if run != kernel.domain[e]:
+            return None
+        for inner in parts[:-1]:
+            kernel = _split(kernel, e, inner)
+            if kernel is None:
+                return None
+    return kernel if j == 0 else None
 
 
 def _nests_reductions(kernel: Kernel) -> bool:
