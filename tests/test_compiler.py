@@ -448,6 +448,46 @@ def test_a_flat_copy_of_a_block_merges_into_its_producer():
         assert same_bits(a, b)
 
 
+def test_a_temporary_also_written_to_an_output_is_that_output():
+    """Softmax rows saved for the backward (an output) and read again by a product: the
+    product reads the output, and the rows are written once, not also to a temporary.
+    Not when something else writes the output, or the two writes differ in layout."""
+    def saved(g, flat=False):
+        x = g.input("x", "f32", (8, 16))
+        w = g.input("w", "f32", (16, 4))
+        e = g.unary("exp", x - g.max(x, 1, keepdim=True))
+        s = e / g.sum(e, 1, keepdim=True)
+        g.output("saved", s.reshape(128) if flat else s)
+        g.output("y", g.matmul(s, w))
+
+    def transposed(g):
+        x = g.input("x", "f32", (8, 16))
+        w = g.input("w", "f32", (16, 4))
+        s = g.unary("exp", x - g.max(x, 1, keepdim=True))
+        g.output("saved", s.T)
+        g.output("y", g.matmul(s, w))
+
+    def kinds(q):
+        return [b.kind for b in q.buffers]
+
+    for build in (saved, lambda g: saved(g, flat=True)):
+        p = _graph(build)
+        q = pipeline.run(p)
+        assert "temp" not in kinds(q), str(q)
+        (contract,) = [k for k in q.kernels if any(i.op == "contract" for i in k.body)]
+        out = next(i for i, b in enumerate(q.buffers) if b.name == "saved")
+        assert out in contract.reads()
+        inputs = inputs_for(p, seed=3)
+        for a, b in zip(execute(p, inputs), execute(q, inputs)):
+            assert same_bits(a, b)
+    p = _graph(transposed)
+    q = pipeline.run(p)
+    assert "temp" in kinds(q), str(q)
+    inputs = inputs_for(p, seed=4)
+    for a, b in zip(execute(p, inputs), execute(q, inputs)):
+        assert same_bits(a, b)
+
+
 def test_views_compose_into_producer_maps():
     def transposed_slice(g):
         x = g.input("x", "f32", (6, 8))

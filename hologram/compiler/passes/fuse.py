@@ -24,6 +24,10 @@ first: its dimensions merged where every access walks them as one, or split into
 block's where it reads the whole block in order and writes it in the same layout (a flat
 copy into an output).
 
+**Outputs for temporaries** — last: where a temporary's one writer also stores the same
+values through the same map into an output nothing else accesses, the temporary's readers
+read the output instead, and the temporary goes.
+
 Inlining goes first so that elementwise values are recomputed from their sources before
 merges make their producers reductions. A temporary stays materialized when it is read
 in another index space after a reduction, when no position keeps memory accesses in order,
@@ -49,6 +53,7 @@ moves across it.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import replace
 from itertools import pairwise
@@ -59,7 +64,7 @@ from hologram.compiler.passes.coalesce import coalesce_kernel
 from hologram.compiler.passes.schedule import grid_rank
 from hologram.errors import IRError
 from hologram.isa.body import Body
-from hologram.isa.ir import MEMORY_OPS, READ_OPS, IndexMap, Instr, Kernel, Program
+from hologram.isa.ir import MEMORY_OPS, READ_OPS, WRITE_OPS, IndexMap, Instr, Kernel, Program
 from hologram.isa.verify import verify_kernel
 
 
@@ -87,6 +92,8 @@ class _Fusion:
         # then the one before it, and so on (linear, not quadratic, in the chain length).
         while self._sweep(self._inline, temps[::-1]) or self._sweep(self._merge, temps[::-1]):
             pass
+        for t in temps:
+            self._into_output(t)
         kernels = tuple(k for k in self.kernels if k is not None)
         if kernels == self.program.kernels:
             return self.program  # the same object: still canonical (canonicalize knows it)
@@ -162,6 +169,38 @@ class _Fusion:
         # stores disappears instead of being inlined into again.
         self._set(p, drop_stores(producer, frozenset({t})))
         return True
+
+    def _into_output(self, t: int) -> None:
+        """Where the one kernel that writes temporary ``t`` also stores the same values in
+        the same layout into an output nothing else touches (a saved activation that later
+        kernels read too: merged copies leave such pairs), the readers read the output and
+        ``t`` goes: one write of the block instead of two, and less scratch memory."""
+        buffers = self.program.buffers
+        if len(self.writers[t]) != 1:
+            return
+        (p,) = self.writers[t]
+        kernel = self.kernels[p]
+        if t in kernel.reads():
+            return
+        mine = [i for i in kernel.body if i.op in WRITE_OPS and i.buffer == t]
+        if len(mine) != 1 or mine[0].op != "store":
+            return
+        store = mine[0]
+        size = math.prod(buffers[t].shape)
+        for other in kernel.body:
+            o = other.buffer if other.op == "store" else None
+            if (o is None or buffers[o].kind != "out" or other.args != store.args
+                    or other.map != store.map or other.shape != store.shape
+                    or self.writers[o] != {p} or self.readers[o]
+                    or math.prod(buffers[o].shape) != size):
+                continue
+            for c in sorted(self.readers[t]):
+                body = tuple(replace(i, attrs=(o, *i.attrs[1:]))
+                             if i.op in READ_OPS and i.buffer == t else i
+                             for i in self.kernels[c].body)
+                self._set(c, self.kernels[c].evolve(body=body))
+            self._set(p, drop_stores(self.kernels[p], frozenset({t})))
+            return
 
     def _merge(self, t: int, p: int, readers: list[int]) -> bool:
         for c in readers:
