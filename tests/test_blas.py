@@ -210,7 +210,7 @@ def test_missing_library_is_a_device_error(monkeypatch):
     blas.set_blas_threads(2)  # a no-op without a library
 
 
-def batched(dtype, trans_a, trans_b, batch, m, n, k, broadcast=(), seed=0):
+def batched(dtype, trans_a, trans_b, batch, m, n, k, broadcast=(), seed=0, library=None):
     """prepare_batched on batches laid out inside bigger arrays (padded rows, batch strides
     that skip memory, stride 0 for the operands in ``broadcast``) against float64 matmul;
     memory of C outside its matrices stays untouched."""
@@ -234,7 +234,7 @@ def batched(dtype, trans_a, trans_b, batch, m, n, k, broadcast=(), seed=0):
     before = c_big.copy()
     call = blas.prepare_batched(dtype, trans_a, trans_b, m, n, k, ld(a[(0,) * len(batch)]),
                                 ld(b[(0,) * len(batch)]), ld(c[(0,) * len(batch)]), batch,
-                                a_strides, b_strides, c_strides)
+                                a_strides, b_strides, c_strides, library)
     call(addr(a), addr(b), addr(c))
     expected = op_a.astype(np.float64) @ op_b.astype(np.float64)
     tol = (2e-6 if dtype == "f32" else 1e-14) * (k + 1) * 4
@@ -249,13 +249,55 @@ def batched(dtype, trans_a, trans_b, batch, m, n, k, broadcast=(), seed=0):
                                              (True, True)])
 @pytest.mark.parametrize("batch,m,n,k", [((5,), 4, 3, 2), ((64,), 32, 32, 16),
                                          ((2, 3), 7, 5, 9), ((1,), 1, 1, 1)])
-def test_batched_gemm_matches_numpy(dtype, trans_a, trans_b, batch, m, n, k):
-    batched(dtype, trans_a, trans_b, batch, m, n, k)
+@pytest.mark.parametrize("library", ["openblas", "mkl"])
+def test_batched_gemm_matches_numpy(request, library, dtype, trans_a, trans_b, batch, m, n,
+                                    k):
+    if library == "mkl":
+        request.getfixturevalue("mkl")
+    batched(dtype, trans_a, trans_b, batch, m, n, k, library=library)
 
 
 @pytest.mark.parametrize("broadcast", [("a",), ("b",)])
-def test_batched_gemm_with_a_shared_operand(broadcast):
-    batched("f32", False, True, (3, 2), 6, 4, 5, broadcast=broadcast)
+@pytest.mark.parametrize("library", ["openblas", "mkl"])
+def test_batched_gemm_with_a_shared_operand(request, library, broadcast):
+    if library == "mkl":
+        request.getfixturevalue("mkl")
+    batched("f32", False, True, (3, 2), 6, 4, 5, broadcast=broadcast, library=library)
+
+
+def test_batched_products_go_to_mkls_batch_entry(mkl, monkeypatch):
+    """With torch imported a batch is one call of MKL's ``cblas_?gemm_batch`` (each
+    matrix's address from the batch strides, row-major over the batch indices), on
+    set_blas_threads' count as a setting of the calling thread that it puts back; without
+    the entry, or with k = 0, NumPy's loop over OpenBLAS."""
+    used = []
+    real = blas._prepare_mkl_batched
+    monkeypatch.setattr(blas, "_prepare_mkl_batched",
+                        lambda *args: used.append(args[11]) or real(*args))
+    batched("f32", True, True, (2, 3), 7, 5, 9)
+    (offsets,) = used  # A's, B's and C's, one per matrix, increasing (positive strides)
+    assert [len(o) for o in offsets] == [6, 6, 6]
+    assert all((np.diff(o.astype(np.int64)) > 0).all() for o in offsets)
+    batched("f32", False, False, (3,), 4, 5, 0)  # k = 0: C set to zero, no product
+    assert len(used) == 1
+    seen = []
+    set_local = mkl.set_local_threads
+    monkeypatch.setattr(blas, "_mkl_state", blas._Mkl(
+        mkl.path, mkl.sgemm, mkl.dgemm, lambda n: seen.append(n) or set_local(n),
+        mkl.sgemm_batch, mkl.dgemm_batch))
+    before = blas.blas_threads()
+    setting = set_local(3)
+    try:
+        blas.set_blas_threads(1)
+        batched("f64", False, True, (4,), 3, 3, 3)
+        assert seen == [1, 3] and len(used) == 2
+    finally:
+        set_local(setting)
+        blas.set_blas_threads(before)
+    monkeypatch.setattr(blas, "_mkl_state", blas._Mkl(mkl.path, mkl.sgemm, mkl.dgemm,
+                                                       mkl.set_local_threads))
+    batched("f32", False, True, (4,), 3, 3, 3)
+    assert len(used) == 2
 
 
 def test_batched_gemm_with_k_zero_writes_zeros():
