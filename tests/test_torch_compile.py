@@ -211,6 +211,39 @@ def test_views_stay_in_regions_unless_their_values_leave():
     assert s["eager_ops"] == {"aten.cumsum.default": 1}
 
 
+def test_a_view_that_is_all_a_value_leaves_with_is_written_in_its_layout():
+    """A value that leaves its region only through one dense view is written in the
+    view's layout, with no eager view call (a linear layer's gradients: the weight's
+    transposed back, the bias's reshaped); a value seen through two views stays one
+    buffer and its views eager, sharing its memory as in eager PyTorch."""
+    def f(a):
+        b = torch.tanh(a)
+        c = a.exp()
+        return b.t(), (a * 2).view(-1).t(), c.t(), c.view(-1), (a + 1)[::2]
+
+    a = torch.randn(4, 6)
+    got = torch.compile(f, backend="hologram")(a)
+    for g, e in zip(got, f(a)):
+        torch.testing.assert_close(g, e)
+        assert g.shape == e.shape and g.stride() == e.stride()
+    assert got[2].data_ptr() == got[3].data_ptr()
+    s = stats()
+    assert s["views_eager"] == 3 and s["partitions"] == 1  # c's two views, the slice
+    torch._dynamo.reset()
+
+    model = torch.nn.Linear(8, 4)
+    reference = copy.deepcopy(model)
+    x = torch.randn(16, 8)
+    out = torch.compile(model, backend="hologram")(x)
+    hologram_torch.reset_compile_stats()
+    out.square().sum().backward()
+    s = stats()
+    assert s["graphs"] == 1 and s["views_eager"] == 0 and s["ops_eager"] == 0
+    reference(x).square().sum().backward()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+
+
 def test_dropout_runs_eagerly_between_compiled_regions():
     torch.manual_seed(0)
     layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.5, batch_first=True)

@@ -14,8 +14,10 @@ PyTorch does (:func:`hologram_torch.compile.kernel.build`).
 PyTorch's :class:`CapabilityBasedPartitioner` then groups supported nodes into the largest
 regions that keep the graph acyclic; views whose values leave a region are left out
 (eager, a view is metadata; as a program's output it would be a copy), views used only
-inside stay (the program reads through them in place), and regions with nothing but views
-are not compiled. Each region becomes one :class:`~.kernel.FusedKernel`.
+inside stay (the program reads through them in place), and so does a dense view that is
+the only way a value computed inside leaves (written in its layout: a gradient's ``t`` or
+``view``); regions with nothing but views are not compiled. Each region becomes one
+:class:`~.kernel.FusedKernel`.
 """
 
 from __future__ import annotations
@@ -145,7 +147,13 @@ def _leave_out_escaping_views(nodes: dict) -> None:
     program's outputs, written as a copy; eager, it is metadata. Views used only inside
     stay, including those of the region's inputs (a transposed weight): the program reads
     their source in place through the view's strides, and the eager graph makes no call
-    for them (a few µs each through the dispatcher)."""
+    for them (a few µs each through the dispatcher).
+
+    A view that is the only use of a value the region computes (through views used by
+    nothing else), and covers its elements densely (a gradient reshaped or transposed back
+    to its parameter's shape, an ``alias``), stays too: the program writes the view's
+    layout instead of the source's, the same bytes, and the graph makes no eager call for
+    it. Nothing else sees the source, so no aliasing is lost."""
     changed = True
     while changed:
         changed = False
@@ -156,9 +164,36 @@ def _leave_out_escaping_views(nodes: dict) -> None:
             # Only at the region's ends: a view taken from between two of its nodes would
             # make a path out of the region and back in (a cycle); such a view stays.
             at_start = all(source not in nodes for source in node.all_input_nodes)
-            if all(outside) or (at_start and any(outside)):
+            if ((at_start and any(outside))
+                    or (all(outside) and not _rewrites_its_source(node, nodes))):
                 del nodes[node]
                 changed = True
+
+
+def _rewrites_its_source(view: torch.fx.Node, nodes: dict) -> bool:
+    """Is ``view``'s value, densely, all the elements of a value computed in the region
+    (``nodes``) that nothing outside the region sees but through ``view``?"""
+    chain, source = [view], view.args[0]
+    while isinstance(source, torch.fx.Node) and source in nodes and source.target in VIEW_OPS:
+        chain.append(source)
+        source = source.args[0]
+    if not (isinstance(source, torch.fx.Node) and source in nodes
+            and source.target not in VIEW_OPS):
+        return False
+    for node, seen_by in zip(chain[1:] + [source], chain):
+        if any(_escapes(user, nodes) for user in node.users if user is not seen_by):
+            return False
+    val, base = view.meta.get("val"), source.meta.get("val")
+    return (isinstance(val, torch.Tensor) and isinstance(base, torch.Tensor)
+            and val.numel() == base.numel()
+            and torch._prims_common.is_non_overlapping_and_dense_or_false(val))
+
+
+def _escapes(node: torch.fx.Node, nodes: dict) -> bool:
+    """Does ``node``'s value, or a view of it, leave the region ``nodes``?"""
+    return node not in nodes or any(
+        user not in nodes or (user.target in VIEW_OPS and _escapes(user, nodes))
+        for user in node.users)
 
 
 def partition(gm: torch.fx.GraphModule, name: str, options: Options) -> torch.fx.GraphModule:
