@@ -89,6 +89,10 @@ MATH_INTERLEAVE = 4
 # loop at half a float sum's speed (1e5 f32 on znver4: 8.1 µs against 4.1); eight took it
 # to 6.9 µs (sixteen: no faster). max and min are exact in any order: no result changes.
 EXTREMUM_INTERLEAVE = 8
+# Constant trip counts from SHORT_LOOP to 16 * SHORT_LOOP: innermost parallel loops that
+# LLVM would unroll whole before vectorizing them are vectorized first (see ``_loop``);
+# shorter ones are left to its full unrolling, longer ones it does not unroll whole.
+SHORT_LOOP = 16
 _CMP = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 
 
@@ -289,11 +293,28 @@ class _KernelRenderer:
                           EXTREMUM_INTERLEAVE if innermost and self.extremum else None)
             hints = [("llvm.loop.interleave.count", ir.Constant(I32, interleave))] \
                 if interleave else []
+            if (innermost and parallel and not hints and isinstance(stop, ir.Constant)
+                    and SHORT_LOOP <= stop.constant <= 16 * SHORT_LOOP
+                    and self._contiguous_along(dim)):
+                # A short loop of constant length (a row of a softmax's gradient or of a
+                # layer norm) is unrolled whole before the vectorizer sees it, into scalar
+                # code that the straight-line vectorizer leaves scalar (it cannot tell the
+                # buffers apart). So: vectorized first, the vector loop unrolled after.
+                m = self.module
+                unrolled = m.add_metadata([ir.MetaDataString(m, "llvm.loop.unroll.full")])
+                hints += [("llvm.loop.unroll.disable", None),
+                          ("llvm.loop.vectorize.followup_vectorized", unrolled)]
             if hints or parallel:
                 back.set_metadata("llvm.loop", self._loop_id([*hints, *parallel]))
         self.loops_done += 1
         b.position_at_end(done)
         del self.index[dim]
+
+    def _contiguous_along(self, dim: int) -> bool:
+        """Does every memory access of the kernel step by one element or none along
+        ``dim`` (so that a loop over it vectorizes into plain vector loads and stores)?"""
+        return all(i.map.strides[dim] in (0, 1) for i in self.kernel.body
+                   if i.op in MEMORY_OPS)
 
     def _loop_id(self, hints: list[tuple[str, ir.Value | None]]) -> ir.MDValue:
         """Loop metadata with ``hints`` (name, value or None) for the vectorizer and the
