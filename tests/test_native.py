@@ -325,6 +325,72 @@ def test_launchers_run_split_reductions_natively(ex, threads, monkeypatch):
     assert not errors, errors
 
 
+def test_launchers_call_products_back_and_take_large_programs():
+    """A product step of a plan is a callback ``fn(a, b, c)`` on its operands' addresses
+    (a pointer slot's plus a byte offset; 0 for a slot holding none), run in order with the
+    other steps; its exception propagates. Plans of hundreds of buffers and steps (a
+    compiled training step) run natively; past the limit, through Python."""
+    seen = []
+
+    class Program:
+        def __init__(self, buffers, steps):
+            self.buffers, self.steps, self.python = buffers, steps, 0
+
+        def native_plan(self):
+            return self.buffers, tuple(range(self.buffers - 1)), self.steps
+
+        def launch(self, handles):
+            self.python += 1
+
+    def product(a, b, c):
+        seen.append((a, b, c))
+        if a == 7:
+            raise ValueError("refused")
+
+    buffers = 300
+    steps = tuple((product, ((i, 8 * i), (i + 1, 0), (buffers - 1, 4))) for i in range(200))
+    program = Program(buffers, steps)
+    launcher = _native.Launcher(program)
+    handles = tuple(4096 * (i + 1) for i in range(buffers - 1))
+    launcher(handles)
+    assert launcher.planned and program.python == 0
+    assert seen == [(4096 * (i + 1) + 8 * i, 4096 * (i + 2), 0) for i in range(200)]
+    seen.clear()
+    with pytest.raises(ValueError, match="refused"):
+        launcher((7,) + handles[1:])
+    assert len(seen) == 1  # nothing ran after the failing step
+
+    big = Program(2000, steps)
+    launcher = _native.Launcher(big)
+    launcher(tuple(range(1999)))
+    assert not launcher.planned and big.python == 1
+
+
+def test_programs_with_products_are_launched_natively(ex):
+    """A compiled program whose steps include BLAS products (a linear layer: product, then
+    bias and ReLU) is planned, its products called back from C."""
+    rng = np.random.default_rng(5)
+    x, w = (rng.standard_normal(s).astype(np.float32) for s in ((64, 32), (32, 48)))
+    bias = rng.standard_normal(48).astype(np.float32)
+    g = Graph("linear_relu")
+    y = g.input("x", "f32", x.shape) @ g.input("w", "f32", w.shape)
+    g.output("y", g.maximum(y + g.input("b", "f32", bias.shape), 0.0))
+    compiled = hg.compile(g.program(), "cpu")
+    want = np.maximum(x @ w + bias, 0)
+    deadline = time.monotonic() + 60  # promoted on a background thread
+    while not compiled.launch.planned and time.monotonic() < deadline:
+        np.testing.assert_allclose(compiled(x, w, bias), want, rtol=1e-5, atol=1e-5)
+        threading.Event().wait(0.01)
+    assert compiled.launch.planned
+    steps = compiled.launch.executable.native_plan()[2]
+    assert any(callable(step[0]) for step in steps), steps
+    a, b, c = ex.from_numpy(x), ex.from_numpy(w), ex.from_numpy(bias)
+    for _ in range(3):
+        out = ex.empty(want.shape, np.float32)
+        compiled.launch((a.handle, b.handle, c.handle, out.handle))
+        np.testing.assert_allclose(out.to_numpy(), want, rtol=1e-5, atol=1e-5)
+
+
 def torch_free_cross_entropy(x: np.ndarray, t: np.ndarray) -> float:
     z = x.astype(np.float64)
     z = z - z.max(1, keepdims=True)

@@ -39,8 +39,10 @@
 #define MIN_SHIFT 8
 #define HUGE_PAGE (2 << 20)
 #define CACHE_SLACK ((int64_t)64 << 20) /* see take() */
-#define MAX_PLAN_BUFFERS 64
-#define MAX_PLAN_STEPS 8
+/* A plan's largest pointer array and step count (a transformer's training step compiled
+ * whole has ~160 buffers and ~100 steps); larger programs are launched through Python. */
+#define MAX_PLAN_BUFFERS 1024
+#define MAX_PLAN_STEPS 1024
 #define MAX_SPLIT_PARTS 256 /* a split reduction's partials (codegen.loops.MAX_PARTS) */
 #define MAX_ARITY 8
 #define MAX_ENTRIES 512
@@ -674,6 +676,14 @@ typedef void (*kernel_fn)(void **pointers, int64_t start, int64_t stop);
 
 /* --- launchers ----------------------------------------------------------------------------- */
 
+/* A step that calls back into Python: fn(a, b, c) on three addresses, each a pointer
+ * slot's plus a byte offset (0 where the slot holds none): the cpu backend's products. */
+typedef struct {
+    PyObject *fn; /* NULL: a kernel step */
+    int slots[3];
+    int64_t offsets[3];
+} Callback;
+
 /* A loaded program's launch(handles) (what the SDK's ops, hg.jit and the torch device
  * call), run without Python when the program allows it: the executable's native_plan()
  * says which kernels to call on which pointer array. */
@@ -683,21 +693,73 @@ typedef struct {
     PyObject *launch; /* executable.launch: every call without a plan */
     int plan;         /* 0: ask native_plan() at the next call, 1: planned, -1: never */
     int nbuffers, nparams, nsteps;
-    int slots[MAX_PLAN_BUFFERS];
-    kernel_fn steps[MAX_PLAN_STEPS];
-    int64_t rows[MAX_PLAN_STEPS];
-    int64_t grains[MAX_PLAN_STEPS]; /* 0: one call on this thread; else split over workers */
+    /* The plan's arrays, in one allocation (`memory`) sized by refresh_plan. */
+    void *memory;
+    int *slots;       /* nparams */
+    kernel_fn *steps; /* nsteps each, as the four below */
+    int64_t *rows;
+    int64_t *grains; /* 0: one call on this thread; else split over workers */
     /* A split reduction's final function (NULL: none): the step computes its `rows`
      * partials into scratch (pointer slot nbuffers), then finals[s](pointers, 0, 1). */
-    kernel_fn finals[MAX_PLAN_STEPS];
+    kernel_fn *finals;
+    Callback *callbacks;
     /* Scratch memory per call (the program's temporaries): a block of arena_bytes from
      * arena_pool, temporary i at its offset temp_offsets[i] in pointer slot temp_slots[i]. */
     PoolCore *arena_pool;
     int64_t arena_bytes;
     int ntemps;
-    int temp_slots[MAX_PLAN_BUFFERS];
-    int64_t temp_offsets[MAX_PLAN_BUFFERS];
+    int *temp_slots;
+    int64_t *temp_offsets;
 } Launcher;
+
+/* Drop the plan's arrays and the callbacks they hold. */
+static void forget_plan(Launcher *l)
+{
+    if (l->callbacks != NULL)
+        for (int s = 0; s < l->nsteps; s++)
+            Py_CLEAR(l->callbacks[s].fn);
+    PyMem_Free(l->memory);
+    l->memory = NULL;
+    l->slots = l->temp_slots = NULL;
+    l->steps = l->finals = NULL;
+    l->rows = l->grains = l->temp_offsets = NULL;
+    l->callbacks = NULL;
+    l->nsteps = l->ntemps = 0;
+}
+
+/* Room for a plan of these sizes (the previous one dropped): 0, or -1 with MemoryError. */
+static int size_plan(Launcher *l, Py_ssize_t nparams, Py_ssize_t nsteps, Py_ssize_t ntemps)
+{
+    forget_plan(l);
+    size_t bytes = (size_t)nsteps * (2 * sizeof(kernel_fn) + 2 * sizeof(int64_t) +
+                                     sizeof(Callback)) +
+                   (size_t)ntemps * (sizeof(int64_t) + sizeof(int)) +
+                   (size_t)nparams * sizeof(int);
+    char *m = PyMem_Calloc(1, bytes ? bytes : 1);
+    if (m == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    l->memory = m;
+    /* 8-byte members first, then the ints: every array stays aligned */
+    l->callbacks = (Callback *)m;
+    m += nsteps * sizeof(Callback);
+    l->steps = (kernel_fn *)m;
+    m += nsteps * sizeof(kernel_fn);
+    l->finals = (kernel_fn *)m;
+    m += nsteps * sizeof(kernel_fn);
+    l->rows = (int64_t *)m;
+    m += nsteps * sizeof(int64_t);
+    l->grains = (int64_t *)m;
+    m += nsteps * sizeof(int64_t);
+    l->temp_offsets = (int64_t *)m;
+    m += ntemps * sizeof(int64_t);
+    l->temp_slots = (int *)m;
+    m += ntemps * sizeof(int);
+    l->slots = (int *)m;
+    l->nsteps = (int)nsteps; /* how many callbacks forget_plan looks at */
+    return 0;
+}
 
 /* hg_parallel(kernel, pointers, total, count, helpers): the cpu backend's worker pool. */
 typedef int32_t (*parallel_fn)(kernel_fn kernel, void **pointers, int64_t total,
@@ -787,7 +849,10 @@ static int refresh_plan(Launcher *l)
     PyObject *plan = PyObject_CallMethodNoArgs(l->executable, str_native_plan);
     if (plan == NULL)
         return -1;
-    if (plan == Py_False) {
+    /* Another thread may have planned while native_plan() ran Python (the GIL let go);
+     * from here on nothing does, so one thread fills the arrays, and only while no call
+     * can be running them (plan != 1). */
+    if (l->plan != 0 || plan == Py_False) {
         Py_DECREF(plan);
         return 0;
     }
@@ -796,73 +861,87 @@ static int refresh_plan(Launcher *l)
         Py_DECREF(plan);
         return 0;
     }
-    PyObject *slots, *steps, *arena = Py_None;
+    PyObject *slots, *steps, *arena = Py_None, *temps = NULL, *pool = NULL;
     int nbuffers;
+    long long nbytes = 0;
     if (!PyArg_ParseTuple(plan, "iO!O!|O", &nbuffers, &PyTuple_Type, &slots, &PyTuple_Type,
-                          &steps, &arena)) {
-        Py_DECREF(plan);
-        return -1;
-    }
-    if (arena != Py_None) {
-        PyObject *temps, *pool;
-        long long nbytes;
-        if (!PyArg_ParseTuple(arena, "LO!O!", &nbytes, &PyTuple_Type, &temps, &PoolCoreType,
-                              &pool)) {
-            Py_DECREF(plan);
-            return -1;
-        }
-        Py_ssize_t ntemps = PyTuple_GET_SIZE(temps);
-        if (ntemps > nbuffers || nbytes <= 0) {
-            Py_DECREF(plan);
-            PyErr_SetString(PyExc_ValueError, "native_plan: a bad arena");
-            return -1;
-        }
-        for (Py_ssize_t i = 0; i < ntemps; i++) {
-            int slot;
-            long long offset;
-            if (!PyArg_ParseTuple(PyTuple_GET_ITEM(temps, i), "iL", &slot, &offset)) {
-                Py_DECREF(plan);
-                return -1;
-            }
-            if (slot < 0 || slot >= nbuffers || offset < 0 || offset >= nbytes) {
-                Py_DECREF(plan);
-                PyErr_SetString(PyExc_ValueError, "native_plan: a temporary out of range");
-                return -1;
-            }
-            l->temp_slots[i] = slot;
-            l->temp_offsets[i] = offset;
-        }
-        Py_INCREF(pool);
-        Py_XSETREF(l->arena_pool, (PoolCore *)pool);
-        l->arena_bytes = nbytes;
-        l->ntemps = (int)ntemps;
-    }
+                          &steps, &arena))
+        goto fail;
+    if (arena != Py_None &&
+        !PyArg_ParseTuple(arena, "LO!O!", &nbytes, &PyTuple_Type, &temps, &PoolCoreType,
+                          &pool))
+        goto fail;
     Py_ssize_t nparams = PyTuple_GET_SIZE(slots), nsteps = PyTuple_GET_SIZE(steps);
+    Py_ssize_t ntemps = temps == NULL ? 0 : PyTuple_GET_SIZE(temps);
     if (nbuffers > MAX_PLAN_BUFFERS || nparams > nbuffers || nsteps > MAX_PLAN_STEPS) {
         Py_DECREF(plan);
-        return 0; /* too large for the fixed arrays: launched through Python */
+        return 0; /* too large for one call's stack arrays: launched through Python */
     }
+    if (nbuffers < 1 || nsteps < 1 || ntemps > nbuffers || (temps != NULL && nbytes <= 0)) {
+        Py_DECREF(plan);
+        PyErr_SetString(PyExc_ValueError, "native_plan: a bad plan or arena");
+        return -1;
+    }
+    if (size_plan(l, nparams, nsteps, ntemps) < 0)
+        goto fail;
+    for (Py_ssize_t i = 0; i < ntemps; i++) {
+        int slot;
+        long long offset;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(temps, i), "iL", &slot, &offset))
+            goto fail;
+        if (slot < 0 || slot >= nbuffers || offset < 0 || offset >= nbytes) {
+            PyErr_SetString(PyExc_ValueError, "native_plan: a temporary out of range");
+            goto fail;
+        }
+        l->temp_slots[i] = slot;
+        l->temp_offsets[i] = offset;
+    }
+    if (pool != NULL) {
+        Py_INCREF(pool);
+        Py_XSETREF(l->arena_pool, (PoolCore *)pool);
+    }
+    l->arena_bytes = nbytes;
+    l->ntemps = (int)ntemps;
     for (Py_ssize_t i = 0; i < nparams; i++) {
         int slot = (int)PyLong_AsLong(PyTuple_GET_ITEM(slots, i));
         if (slot < 0 || slot >= nbuffers) {
-            Py_DECREF(plan);
             if (!PyErr_Occurred())
                 PyErr_SetString(PyExc_ValueError, "native_plan: a slot out of range");
-            return -1;
+            goto fail;
         }
         l->slots[i] = slot;
     }
     for (Py_ssize_t i = 0; i < nsteps; i++) {
+        PyObject *step = PyTuple_GET_ITEM(steps, i);
+        if (PyTuple_Check(step) && PyTuple_GET_SIZE(step) > 0 &&
+            PyCallable_Check(PyTuple_GET_ITEM(step, 0))) {
+            Callback *c = &l->callbacks[i];
+            PyObject *fn;
+            long long o[3];
+            if (!PyArg_ParseTuple(step, "O((iL)(iL)(iL))", &fn, &c->slots[0], &o[0],
+                                  &c->slots[1], &o[1], &c->slots[2], &o[2]))
+                goto fail;
+            for (int k = 0; k < 3; k++) {
+                if (c->slots[k] < 0 || c->slots[k] >= nbuffers || o[k] < 0) {
+                    PyErr_SetString(PyExc_ValueError, "native_plan: a callback's operand "
+                                                      "out of range");
+                    goto fail;
+                }
+                c->offsets[k] = o[k];
+            }
+            Py_INCREF(fn);
+            c->fn = fn;
+            continue;
+        }
         void *address, *final = NULL;
         long long rows, grain = 0;
-        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(steps, i), "O&L|LO&", as_address, &address,
-                              &rows, &grain, as_address, &final)) {
-            Py_DECREF(plan);
-            return -1;
-        }
+        if (!PyArg_ParseTuple(step, "O&L|LO&", as_address, &address, &rows, &grain,
+                              as_address, &final))
+            goto fail;
         if ((grain > 0 && native_pieces == NULL) ||
             (final != NULL && (grain != 1 || rows > MAX_SPLIT_PARTS))) {
             Py_DECREF(plan);
+            forget_plan(l);
             return 0; /* no worker pool, or more partials than fit: launched through Python */
         }
         l->steps[i] = (kernel_fn)address;
@@ -872,9 +951,33 @@ static int refresh_plan(Launcher *l)
     }
     l->nbuffers = nbuffers;
     l->nparams = (int)nparams;
-    l->nsteps = (int)nsteps;
     l->plan = 1;
     Py_DECREF(plan);
+    return 0;
+fail:
+    Py_DECREF(plan);
+    forget_plan(l);
+    return -1;
+}
+
+/* A callback step on this call's pointers: 0, or -1 with its exception. */
+static int call_back(Callback *c, void *const *pointers)
+{
+    PyObject *args[3] = {NULL, NULL, NULL};
+    PyObject *r = NULL;
+    for (int k = 0; k < 3; k++) {
+        char *base = pointers[c->slots[k]];
+        args[k] = PyLong_FromVoidPtr(base == NULL ? NULL : base + c->offsets[k]);
+        if (args[k] == NULL)
+            goto done;
+    }
+    r = PyObject_Vectorcall(c->fn, args, 3, NULL);
+done:
+    for (int k = 0; k < 3; k++)
+        Py_XDECREF(args[k]);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
     return 0;
 }
 
@@ -883,11 +986,11 @@ static int refresh_plan(Launcher *l)
  * steps run with the GIL released, as ctypes runs them. */
 static int run_plan(Launcher *l, void *const *addresses)
 {
-    void *pointers[MAX_PLAN_BUFFERS + 1]; /* + a split reduction's partials */
-    parallel_fn parallel[MAX_PLAN_STEPS];
-    int64_t counts[MAX_PLAN_STEPS], helpers[MAX_PLAN_STEPS];
+    void *pointers[l->nbuffers + 1]; /* + a split reduction's partials */
+    parallel_fn parallel[l->nsteps];
+    int64_t counts[l->nsteps], helpers[l->nsteps];
     for (int s = 0; s < l->nsteps; s++) { /* asked before any step runs */
-        if (l->grains[s] == 0 || l->rows[s] <= 0)
+        if (l->callbacks[s].fn != NULL || l->grains[s] == 0 || l->rows[s] <= 0)
             continue;
         int done = pieces(l->rows[s], l->grains[s], &parallel[s], &counts[s], &helpers[s]);
         if (done != 0)
@@ -911,7 +1014,12 @@ static int run_plan(Launcher *l, void *const *addresses)
     int64_t partials[2 * MAX_SPLIT_PARTS];
     pointers[l->nbuffers] = partials;
     for (int s = 0; s < l->nsteps; s++) {
-        if (l->grains[s] == 0) {
+        if (l->callbacks[s].fn != NULL) {
+            if (call_back(&l->callbacks[s], pointers) < 0) {
+                Py_XDECREF(arena);
+                return -1;
+            }
+        } else if (l->grains[s] == 0) {
             l->steps[s](pointers, 0, l->rows[s]);
         } else if (l->rows[s] > 0) {
             Py_BEGIN_ALLOW_THREADS
@@ -982,6 +1090,7 @@ static PyObject *launcher_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 
 static void launcher_dealloc(Launcher *l)
 {
+    forget_plan(l);
     Py_XDECREF(l->executable);
     Py_XDECREF(l->launch);
     Py_XDECREF(l->arena_pool);
@@ -994,10 +1103,10 @@ static PyObject *launcher_call(Launcher *l, PyObject *args, PyObject *kw)
     if (!PyArg_ParseTuple(args, "O!", &PyTuple_Type, &handles))
         return NULL;
     Py_ssize_t n = PyTuple_GET_SIZE(handles);
-    void *addresses[MAX_PLAN_BUFFERS];
     if (l->plan == 0 && refresh_plan(l) < 0)
         return NULL;
     if (l->plan == 1 && n == l->nparams) {
+        void *addresses[n + 1];
         for (Py_ssize_t i = 0; i < n; i++)
             if (!as_address(PyTuple_GET_ITEM(handles, i), &addresses[i]))
                 return NULL;

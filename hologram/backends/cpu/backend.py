@@ -424,11 +424,13 @@ class _Executable(Executable):
         split over the worker threads as :func:`threads.run_kernel` splits them (see
         :func:`threads.native_pieces`), or ``(partial address, parts, 1, final
         address)``, a split reduction (:meth:`_split_step`: its partials into scratch at
-        pointer ``nbuffers``, then the final function); then, for a program with
+        pointer ``nbuffers``, then the final function), or ``(fn, ((slot, byte offset),) *
+        3)``, a product: ``fn(a, b, c)`` called back on its operands' addresses
+        (:func:`.gemm.step`); then, for a program with
         temporaries, ``(arena bytes, ((slot, offset), ...), pool core)``: each call's
         scratch, a block of that pool, as :meth:`_launch` takes it. ``False`` while this
         build may still be replaced by a promotion (ask again later); ``None`` when it
-        never will be (GEMMs, interpreted kernels)."""
+        never will be (interpreted kernels)."""
         if not self._final:
             return False
         calls = tuple(getattr(step, "call", None) for step in self.steps)

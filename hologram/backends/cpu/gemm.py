@@ -41,8 +41,14 @@ def step(g: dict) -> Callable:
     da, db, dc = a_off * itemsize, b_off * itemsize, c_off * itemsize
     set_threads = blas.thread_setter()
 
-    def run(pointers, memory) -> None:
+    def at(a: int, b: int, c: int) -> None:  # the operands' first elements
         set_threads(threads.num_threads())
-        product((pointers[a] or 0) + da, (pointers[b] or 0) + db, (pointers[c] or 0) + dc)
+        product(a, b, c)
 
+    def run(pointers, memory) -> None:
+        at((pointers[a] or 0) + da, (pointers[b] or 0) + db, (pointers[c] or 0) + dc)
+
+    # For a native launch of the program (backend.py, _Executable.native_plan): ``at`` on
+    # each operand's pointer slot plus its byte offset.
+    run.call = (at, ((a, da), (b, db), (c, dc)))
     return run
