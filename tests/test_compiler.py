@@ -134,13 +134,13 @@ def test_canonicalization_stops_at_a_round_that_only_ordered(monkeypatch):
                 pipeline.run(pipeline.canonical_form(_lerp((8, 4))), start="fuse",
                              stop="fuse")]
     rounds = []
-    real = canonicalize_pass._rewrite
+    real = canonicalize_pass.rewrite
 
     def counted(kernel, options):
         rounds.append(kernel.name)
         return real(kernel, options)
 
-    monkeypatch.setattr(canonicalize_pass, "_rewrite", counted)
+    monkeypatch.setattr(canonicalize_pass, "rewrite", counted)
     for p in programs:
         monkeypatch.setattr(canonicalize_pass, "_CANONICAL", weakref.WeakKeyDictionary())
         c = _canon(p)
@@ -486,6 +486,44 @@ def test_a_temporary_also_written_to_an_output_is_that_output():
     inputs = inputs_for(p, seed=4)
     for a, b in zip(execute(p, inputs), execute(q, inputs)):
         assert same_bits(a, b)
+
+
+def test_kernels_selecting_by_a_small_coordinate_are_split_per_coordinate():
+    """``unbind``'s gradient: a sum of selects by the packed dimension's coordinate. Fused,
+    every point loaded all three gradients; split, each piece loads one and writes its
+    slice (bit for bit what the sum gave, -0.0 and NaN included). Not split: a dimension
+    a reduction runs along, or a select that drops no load."""
+    def packed_gradient(g):
+        parts = [g.input(n, "f32", (6, 5)) for n in "abc"]
+        i = g.arange(3).reshape(3, 1, 1)
+        total = None
+        for v, part in enumerate(parts):
+            term = g.where(g.binary("eq", i, v), part * 0.5 if v == 1 else part, 0.0)
+            total = term if total is None else total + term
+        g.output("y", total)
+
+    def reduced_along_it(g):
+        x = g.input("x", "f32", (3, 8))
+        i = g.arange(3).reshape(3, 1)
+        g.output("y", g.sum(g.where(g.binary("eq", i, 1), x, 0.0), axes=0))
+
+    def nothing_to_drop(g):
+        x = g.input("x", "f32", (3, 8))
+        i = g.arange(3).reshape(3, 1)
+        g.output("y", g.where(g.binary("eq", i, 1), x, x * 2.0))
+
+    p = _graph(packed_gradient)
+    q = pipeline.run(p)
+    assert len(q.kernels) == 3, str(q)
+    assert [sum(i.op == "load" for i in k.body) for k in q.kernels] == [1, 1, 1]
+    inputs = inputs_for(p, seed=6)
+    assert same_bits(execute(p, inputs)[0], execute(q, inputs)[0])
+    for build in (reduced_along_it, nothing_to_drop):
+        p = _graph(build)
+        q = pipeline.run(p)
+        assert len(q.kernels) == 1, str(q)
+        inputs = inputs_for(p, seed=7)
+        assert same_bits(execute(p, inputs)[0], execute(q, inputs)[0])
 
 
 def test_views_compose_into_producer_maps():

@@ -33,6 +33,7 @@ from hologram.compiler.passes.coalesce import coalesce
 from hologram.compiler.passes.decompose import decompose
 from hologram.compiler.passes.fuse import fuse
 from hologram.compiler.passes.schedule import schedule
+from hologram.compiler.passes.specialize import specialize
 from hologram.errors import CompileError, HologramError
 from hologram.isa.ir import Program
 from hologram.isa.verify import verify
@@ -48,6 +49,7 @@ PIPELINE: tuple[tuple[str, Pass], ...] = (
     ("verify", _verify),                  # reject ill-formed input before any rewrite
     ("canonicalize", canonicalize),       # fold, simplify, order operands, CSE, DCE
     ("fuse", fuse),                       # inline elementwise producers, merge epilogues
+    ("specialize", specialize),           # split kernels along coordinate-selected dims
     ("canonicalize.fused", canonicalize), # CSE across merged bodies, drop dead temporaries
     ("schedule", schedule),               # parallel grid per kernel, temporary arena
     ("coalesce", coalesce),               # merge grid dimensions walked as one

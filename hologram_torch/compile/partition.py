@@ -149,11 +149,11 @@ def _leave_out_escaping_views(nodes: dict) -> None:
     their source in place through the view's strides, and the eager graph makes no call
     for them (a few µs each through the dispatcher).
 
-    A view that is the only use of a value the region computes (through views used by
-    nothing else), and covers its elements densely (a gradient reshaped or transposed back
-    to its parameter's shape, an ``alias``), stays too: the program writes the view's
-    layout instead of the source's, the same bytes, and the graph makes no eager call for
-    it. Nothing else sees the source, so no aliasing is lost."""
+    A view that is the only way a value the region computes leaves it, and covers its
+    elements densely (a gradient reshaped or transposed back to its parameter's shape, an
+    ``alias``), stays too: the program writes the view's layout instead of the source's,
+    the same bytes, and the graph makes no eager call for it. Nothing outside sees the
+    source, so no aliasing is lost."""
     changed = True
     while changed:
         changed = False

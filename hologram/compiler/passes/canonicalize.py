@@ -239,7 +239,7 @@ RULES: tuple[Rule, ...] = (
 
 
 # --- the engine ------------------------------------------------------------------------
-def _rewrite(kernel: Kernel, options: CompileOptions) -> tuple[Kernel, bool]:
+def rewrite(kernel: Kernel, options: CompileOptions) -> tuple[Kernel, bool]:
     """The kernel rebuilt through the rules, and whether any rule applied."""
     body = Body(kernel.domain, kernel.grid_rank, options)
     remap: list[int] = []
@@ -356,7 +356,7 @@ def canonicalize(program: Program, options: CompileOptions | None = None) -> Pro
     # the first round then often changes nothing but the order, and is the last.
     program = _drop_dead_buffers(program)
     for _ in range(8):  # rules can enable each other; a few rounds reach the fixpoint
-        rewritten = [_rewrite(k, options) for k in program.kernels]
+        rewritten = [rewrite(k, options) for k in program.kernels]
         built = program.evolve(kernels=tuple(k for k, _ in rewritten))
         result = _drop_dead_buffers(built)
         if result == program:
