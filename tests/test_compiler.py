@@ -331,6 +331,17 @@ def _graph(build):
     return g.program()
 
 
+def _pipelined(build, seed: int):
+    """``build``'s program through the pipeline, with every output checked bit for bit
+    against the unoptimized program's on the interpreter."""
+    p = _graph(build)
+    q = pipeline.run(p)
+    inputs = inputs_for(p, seed=seed)
+    for a, b in zip(execute(p, inputs), execute(q, inputs)):
+        assert same_bits(a, b)
+    return q
+
+
 def relu_mad(g):
     a, b, c = (g.input(n, "f32", (1000,)) for n in "abc")
     g.output("y", g.maximum(a * b + c, 0.0))
@@ -470,22 +481,17 @@ def test_a_temporary_also_written_to_an_output_is_that_output():
     def kinds(q):
         return [b.kind for b in q.buffers]
 
-    for build in (saved, lambda g: saved(g, flat=True)):
-        p = _graph(build)
-        q = pipeline.run(p)
+    def flat(g):
+        saved(g, flat=True)
+
+    for build in (saved, flat):
+        q = _pipelined(build, seed=3)
         assert "temp" not in kinds(q), str(q)
         (contract,) = [k for k in q.kernels if any(i.op == "contract" for i in k.body)]
         out = next(i for i, b in enumerate(q.buffers) if b.name == "saved")
         assert out in contract.reads()
-        inputs = inputs_for(p, seed=3)
-        for a, b in zip(execute(p, inputs), execute(q, inputs)):
-            assert same_bits(a, b)
-    p = _graph(transposed)
-    q = pipeline.run(p)
+    q = _pipelined(transposed, seed=4)
     assert "temp" in kinds(q), str(q)
-    inputs = inputs_for(p, seed=4)
-    for a, b in zip(execute(p, inputs), execute(q, inputs)):
-        assert same_bits(a, b)
 
 
 def test_kernels_selecting_by_a_small_coordinate_are_split_per_coordinate():
@@ -512,18 +518,12 @@ def test_kernels_selecting_by_a_small_coordinate_are_split_per_coordinate():
         i = g.arange(3).reshape(3, 1)
         g.output("y", g.where(g.binary("eq", i, 1), x, x * 2.0))
 
-    p = _graph(packed_gradient)
-    q = pipeline.run(p)
+    q = _pipelined(packed_gradient, seed=6)
     assert len(q.kernels) == 3, str(q)
     assert [sum(i.op == "load" for i in k.body) for k in q.kernels] == [1, 1, 1]
-    inputs = inputs_for(p, seed=6)
-    assert same_bits(execute(p, inputs)[0], execute(q, inputs)[0])
     for build in (reduced_along_it, nothing_to_drop):
-        p = _graph(build)
-        q = pipeline.run(p)
+        q = _pipelined(build, seed=7)
         assert len(q.kernels) == 1, str(q)
-        inputs = inputs_for(p, seed=7)
-        assert same_bits(execute(p, inputs)[0], execute(q, inputs)[0])
 
 
 def test_views_compose_into_producer_maps():
@@ -560,11 +560,8 @@ def test_views_that_split_or_straddle_producer_dimensions_compose():
         g.output("y", e.reshape(8, 3, 32).permute(1, 0, 2) + 1.0)
 
     for build in (head_split, shared_dimension):
-        p = _graph(build)
-        q = pipeline.run(p)
+        q = _pipelined(build, seed=7)
         assert len(q.kernels) == 1, str(q)
-        inputs = inputs_for(p, seed=7)
-        assert same_bits(execute(p, inputs)[0], execute(q, inputs)[0])
 
 
 def test_a_reshape_that_is_not_a_view_of_the_block_materializes():

@@ -281,12 +281,8 @@ class _KernelRenderer:
         parallel = ([("llvm.loop.parallel_accesses", self.group)]
                     if self.group is not None and dim >= 0 else [])
         if lanes:
-            m = self.module
-            unrolled = m.add_metadata([ir.MetaDataString(m, "llvm.loop.unroll.full")])
             back.set_metadata("llvm.loop", self._loop_id(
-                [("llvm.loop.vectorize.enable", ir.Constant(I1, 1)),
-                 ("llvm.loop.unroll.disable", None),
-                 ("llvm.loop.vectorize.followup_vectorized", unrolled)]))
+                [("llvm.loop.vectorize.enable", ir.Constant(I1, 1)), *self._vectorize_first()]))
         else:
             innermost = self.loops_done == loops
             interleave = (MATH_INTERLEAVE if innermost and self.math_calls > calls else
@@ -300,15 +296,20 @@ class _KernelRenderer:
                 # layer norm) is unrolled whole before the vectorizer sees it, into scalar
                 # code that the straight-line vectorizer leaves scalar (it cannot tell the
                 # buffers apart). So: vectorized first, the vector loop unrolled after.
-                m = self.module
-                unrolled = m.add_metadata([ir.MetaDataString(m, "llvm.loop.unroll.full")])
-                hints += [("llvm.loop.unroll.disable", None),
-                          ("llvm.loop.vectorize.followup_vectorized", unrolled)]
+                hints += self._vectorize_first()
             if hints or parallel:
                 back.set_metadata("llvm.loop", self._loop_id([*hints, *parallel]))
         self.loops_done += 1
         b.position_at_end(done)
         del self.index[dim]
+
+    def _vectorize_first(self) -> list[tuple[str, ir.Value | None]]:
+        """Loop hints: not unrolled before LLVM's loop vectorizer runs, the vectorized loop
+        unrolled whole after it."""
+        m = self.module
+        unrolled = m.add_metadata([ir.MetaDataString(m, "llvm.loop.unroll.full")])
+        return [("llvm.loop.unroll.disable", None),
+                ("llvm.loop.vectorize.followup_vectorized", unrolled)]
 
     def _contiguous_along(self, dim: int) -> bool:
         """Does every memory access of the kernel step by one element or none along
