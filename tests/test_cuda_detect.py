@@ -50,6 +50,9 @@ def fake_cu(count=1, capability=(9, 0), init=SUCCESS, version=12040, loads=True)
         cuEventCreate=call("cuEventCreate", "event"),
         cuEventRecord=call("cuEventRecord"),
         cuStreamWaitEvent=call("cuStreamWaitEvent"),
+        cuEventSynchronize=call("cuEventSynchronize"),
+        cuCtxPushCurrent=call("cuCtxPushCurrent"),
+        cuCtxPopCurrent=call("cuCtxPopCurrent", "context"),
         CUstream=lambda handle: ("CUstream", handle),
         CUfunction_attribute=types.SimpleNamespace(
             CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES="max-dynamic-shared"),
@@ -208,6 +211,35 @@ def test_stream_ordering_records_one_untimed_event_and_waits_on_the_consumers_st
     cu.cuStreamWaitEvent = lambda *args: (NO_DEVICE,)
     with pytest.raises(DeviceError, match="cuStreamWaitEvent failed: CUDA_ERROR_NO_DEVICE"):
         driver.wait_event(1, "event")
+
+
+def test_held_memory_waits_on_events_recorded_on_the_consumers_stream_with_our_context():
+    """driver.py's calls behind the deferred releases: an untimed event recorded on the
+    given stream (ours for None), queried (CUDA_ERROR_NOT_READY is "not yet", any other
+    error raises) or waited for, and reused once complete; each with this driver's
+    context pushed and popped, since a DLPack deleter may run on any thread."""
+    cu = fake_cu()
+    driver = driver_module.Driver(cu=cu)
+    answers = [(600,), (SUCCESS,), (NO_DEVICE,)]
+    cu.cuEventQuery = lambda event: (cu.calls.append(("cuEventQuery", (event,))),
+                                     answers.pop(0))[1]
+    cu.calls.clear()
+    first = driver.event_on(0x7E57AB1E)
+    assert not driver.event_done(first)
+    assert driver.event_done(first)
+    again = driver.event_on()  # the completed event is reused, on our stream
+    push, pop = ("cuCtxPushCurrent", ("context",)), ("cuCtxPopCurrent", ())
+    assert cu.calls == [push, ("cuEventCreate", (2,)),
+                        ("cuEventRecord", ("event", ("CUstream", 0x7E57AB1E))), pop,
+                        push, ("cuEventQuery", ("event",)), pop,
+                        push, ("cuEventQuery", ("event",)), pop,
+                        push, ("cuEventRecord", ("event", 0x5EED)), pop]
+    with pytest.raises(DeviceError, match="cuEventQuery failed: CUDA_ERROR_NO_DEVICE"):
+        driver.event_done(again)
+    assert cu.calls[-1] == pop  # popped on the error too
+    cu.calls.clear()
+    assert driver.event_done(again, wait=True)
+    assert cu.calls == [push, ("cuEventSynchronize", ("event",)), pop]
 
 
 def test_auto_may_pick_cuda_only_on_a_real_gpu(probe, monkeypatch):

@@ -107,6 +107,9 @@ def test_a_device_block_exports_a_kdlcuda_capsule_that_reimports_exactly(version
     tensor.release()
     tensor.release()  # the consumer's duty is once: a second call does nothing
     gc.collect()
+    assert [c[:2] for c in driver.calls[2:]] == [("event on", 1)]  # its reads, then reuse
+    driver.finish(1)
+    memory.synchronize()
     assert memory.stats()["allocated_bytes"] == 0 and memory.stats()["cached_bytes"] == 256
 
 
@@ -131,6 +134,52 @@ def test_export_orders_our_stream_before_the_consumers_with_an_event(stream, wai
                                          ("wait", waits, "event")]
     assert driver.calls == expected
     dlpack.unpack(capsule, "test").release()
+
+
+@pytest.mark.parametrize("stream,held", [(0x7E57AB1E, True), (2, True), (None, True),
+                                         (-1, False), (FakeDriver.stream, False)])
+def test_a_consumers_reads_after_its_deleter_call_hold_the_block_until_they_complete(
+        stream, held):
+    """The consumer's deleter call may come before the reads it queued on its stream have
+    run: the block is held (an event recorded on the consumer's stream) and reused only
+    once they have, as PyTorch's record_stream would. Nothing is held for -1 (the consumer
+    synchronizes itself) or for our own stream (in order already)."""
+    driver = FakeDriver()
+    memory = DeviceMemory(driver)
+    block = memory.alloc((64,), np.float32)
+    pointer = block.pointer
+    capsule = memory.export_dlpack(block, (64,), np.dtype(np.float32), (1, 0), stream=stream)
+    del block
+    gc.collect()
+    driver.calls.clear()
+    dlpack.unpack(capsule, "test").release()  # the consumer is done with it, on the host
+    consumer = dlpack.consumer_stream(stream)
+    if not held:
+        assert driver.calls == [] and memory.stats()["allocated_bytes"] == 0
+        assert memory.alloc((64,), np.float32).pointer == pointer
+        return
+    assert [c[:2] for c in driver.calls] == [("event on", consumer)]
+    assert memory.stats()["allocated_bytes"] == 256
+    other = memory.alloc((64,), np.float32)  # not the held block
+    assert other.pointer != pointer
+    memory.synchronize()  # our stream's work is not the consumer's
+    assert memory.stats()["allocated_bytes"] == 512
+    driver.finish(consumer)
+    assert memory.alloc((64,), np.float32).pointer == pointer  # its reads have completed
+    assert memory.stats()["num_driver_allocs"] == 2
+
+
+def test_running_out_of_memory_waits_for_held_blocks_before_giving_up():
+    driver = FakeDriver(capacity=1024)
+    memory = DeviceMemory(driver)
+    block = memory.alloc((200,), np.float32)  # 800 bytes: the 832-byte class
+    capsule = memory.export_dlpack(block, (200,), np.dtype(np.float32), None, stream=0x7E57)
+    del block
+    gc.collect()
+    dlpack.unpack(capsule, "test").release()
+    big = memory.alloc((240,), np.float32)  # another class: the driver has no room left
+    assert memory.stats()["num_oom_retries"] == 1 and big.size == 1024
+    assert memory.stats()["reserved_bytes"] == 1024  # the held block went back to the driver
 
 
 @pytest.mark.parametrize("stream", [0, -2, 1.5, "1", True])
@@ -251,9 +300,13 @@ def test_a_handmade_kdlcuda_producer_is_imported_zero_copy_and_deleted_once():
     assert alive() is not None and alive().deleted == 0  # the block keeps it alive
     held = alive()
     memory.free(block)
+    # our kernels may still use it: the deleter waits for an event on our stream
+    assert driver.calls[-1][:2] == ("event on", None) and held.deleted == 0
+    memory.synchronize()
     assert held.deleted == 1
     del block
     gc.collect()
+    memory.synchronize()
     assert held.deleted == 1
 
 
@@ -320,8 +373,12 @@ def test_cuda_executors_share_buffers_through_dlpack(fake_gpu):  # noqa: F811 (t
         driver.calls.clear()
         for stream in (0x7E57AB1E, -1, None):  # a consumer's stream reaches the export
             dlpack.unpack(buf.__dlpack__(stream=stream), "test").release()
-        assert driver.calls == [("record", "event", driver.stream), ("wait", 0x7E57AB1E, "event"),
-                                ("record", "event", driver.stream), ("wait", 1, "event")]
+        assert [c[:3] if c[0] != "event on" else c[:2] for c in driver.calls] == [
+            ("record", "event", driver.stream), ("wait", 0x7E57AB1E, "event"),
+            ("event on", 0x7E57AB1E),  # the deleter: the consumer's reads come first
+            ("record", "event", driver.stream), ("wait", 1, "event"), ("event on", 1)]
+        driver.finish(0x7E57AB1E)
+        driver.finish(1)
         with pytest.raises(DeviceError, match="stream=0 is not a CUDA stream"):
             buf.__dlpack__(stream=0)
         assert ex.from_dlpack(buf) is buf
@@ -333,8 +390,12 @@ def test_cuda_executors_share_buffers_through_dlpack(fake_gpu):  # noqa: F811 (t
         shared.free()
         del shared
         gc.collect()
+        other.synchronize()  # the importer's queued work is done: the capsule goes
+        ex.synchronize()  # and what the consumers' streams held, now done
         assert ex.memory_allocated() == 0
         raw.free()
         del raw
         gc.collect()
+        assert producer.deleted == 0  # until the work queued on our stream has run
+        ex.synchronize()
         assert producer.deleted == 1

@@ -38,6 +38,8 @@ class FakeDriver:
         self.memory: dict[int, bytearray] = {}
         self.next = 0x7F0000000000
         self.calls: list[tuple] = []
+        self.streams_of: dict[str, int | None] = {}
+        self.finished: set[str] = set()
 
     def mem_alloc(self, nbytes: int) -> int:
         if sum(map(len, self.memory.values())) + nbytes > self.capacity:
@@ -77,6 +79,7 @@ class FakeDriver:
 
     def synchronize(self) -> None:
         self.calls.append(("sync",))
+        self.finish()
 
     def record_event(self):
         self.calls.append(("record", "event", self.stream))
@@ -84,6 +87,23 @@ class FakeDriver:
 
     def wait_event(self, stream: int, event) -> None:
         self.calls.append(("wait", stream, event))
+
+    # Deferred releases' events: recorded per call; one on our stream completes when the
+    # stream is synchronized, any when the test says (finish) or a caller waits for it.
+    def event_on(self, stream=None):
+        event = f"event-{len(self.calls)}"
+        self.calls.append(("event on", stream, event))
+        self.streams_of[event] = stream
+        return event
+
+    def event_done(self, event, wait=False) -> bool:
+        if wait:
+            self.finished.add(event)
+        return event in self.finished
+
+    def finish(self, stream=None) -> None:
+        """The work queued so far on ``stream`` (None: ours) completes."""
+        self.finished.update(e for e, s in self.streams_of.items() if s == stream)
 
 
 def test_allocation_bookkeeping_and_copies():

@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from hologram.errors import DeviceError, DTypeError
+from hologram.errors import DeviceError, DTypeError, HologramError
 
 KDL_CPU, KDL_CUDA = 1, 2
 #: ``__dlpack__``'s ``stream`` values with a meaning of their own for CUDA (DLPack, the
@@ -113,7 +114,13 @@ _exported_lock = threading.Lock()
 def _delete(managed: Any) -> None:
     address = ctypes.cast(managed, ctypes.c_void_p).value
     with _exported_lock:
-        _exported.pop(address, None)
+        entry = _exported.pop(address, None)
+    if entry is not None and entry[3] is not None:
+        try:
+            entry[3](entry[2])
+        except HologramError as err:  # a C caller cannot take an exception
+            warnings.warn(f"DLPack deleter: the block is released at once: {err}",
+                          stacklevel=1)
 
 
 def _destroy_capsule(capsule: int) -> None:
@@ -164,11 +171,13 @@ def dtype_code(dtype: np.dtype) -> tuple[int, int]:
 
 
 def export(pointer: int, shape: tuple[int, ...], dtype: np.dtype, device: tuple[int, int],
-           owner: object, max_version: tuple[int, int] | None = None) -> Any:
+           owner: object, max_version: tuple[int, int] | None = None,
+           on_delete: Callable[[object], None] | None = None) -> Any:
     """A capsule of the C-contiguous ``shape`` elements of ``dtype`` at ``pointer`` on
     ``device`` (``(device type, id)``): ``"dltensor_versioned"`` (DLPack 1.0, writable)
     when ``max_version`` is 1.x or later, else ``"dltensor"``. ``owner`` (the allocation)
-    stays alive until the consumer calls the deleter, or the capsule goes unconsumed."""
+    stays alive until the consumer calls the deleter, or the capsule goes unconsumed;
+    ``on_delete(owner)`` is then called, if given (to hold it longer)."""
     versioned = max_version is not None and max_version[0] >= 1
     managed = DLManagedTensorVersioned() if versioned else DLManagedTensor()
     dims = (ctypes.c_int64 * max(len(shape), 1))(*shape)
@@ -190,7 +199,7 @@ def export(pointer: int, shape: tuple[int, ...], dtype: np.dtype, device: tuple[
         managed.deleter = _deleter
     address = ctypes.addressof(managed)
     with _exported_lock:
-        _exported[address] = (managed, dims, owner)
+        _exported[address] = (managed, dims, owner, on_delete)
     name = b"dltensor_versioned" if versioned else b"dltensor"
     return _api.PyCapsule_New(address, name, _capsule_destructor)
 

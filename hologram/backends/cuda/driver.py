@@ -10,8 +10,10 @@ other failure :class:`DeviceError` naming the call and the driver's error name.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -19,6 +21,7 @@ import numpy as np
 from hologram.errors import DeviceError, OutOfMemoryError
 
 _OUT_OF_MEMORY = 2  # CUDA_ERROR_OUT_OF_MEMORY
+_NOT_READY = 600  # CUDA_ERROR_NOT_READY: cuEventQuery's "not yet"
 _DEFAULT_SHARED = 48 * 1024  # dynamic shared memory a kernel gets without opting in
 
 
@@ -55,6 +58,7 @@ class Driver:
         self.check("cuCtxSetCurrent", cu.cuCtxSetCurrent(self.context))
         self.stream = self.check("cuStreamCreate", cu.cuStreamCreate(0))
         self._event: Any = None  # record_event's, created on first use
+        self._spare_events: list[Any] = []  # event_on's, back from event_done
         # launch's parameter blocks by parameter count: (values, their addresses)
         self._packed: dict[int, tuple[Any, Any]] = {}
         self._launch_lock = threading.Lock()
@@ -108,6 +112,49 @@ class Driver:
         streams (``CU_STREAM_LEGACY``, ``CU_STREAM_PER_THREAD``), as in DLPack."""
         self.check("cuStreamWaitEvent", self.cu.cuStreamWaitEvent(self.cu.CUstream(stream),
                                                                   event, 0))
+
+    def event_on(self, stream: int | None = None) -> Any:
+        """A new event recorded on ``stream`` (a handle as in :meth:`wait_event`; None:
+        ours): it completes when the work queued on that stream so far has. Events are
+        untimed and reused once :meth:`event_done` has seen them complete.
+
+        Called where a consumer gives memory back (a DLPack deleter), which may be any
+        thread: the calls are made with this driver's context pushed, and the thread's own
+        context (a PyTorch device's, say) is current again afterwards."""
+        cu = self.cu
+        with self._pushed():
+            event = self._spare_events.pop() if self._spare_events else self.check(
+                "cuEventCreate", cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING))
+            target = self.stream if stream is None else cu.CUstream(stream)
+            self.check("cuEventRecord", cu.cuEventRecord(event, target))
+        return event
+
+    def event_done(self, event: Any, wait: bool = False) -> bool:
+        """Whether ``event`` (from :meth:`event_on`) has completed (``cuEventQuery``), or,
+        with ``wait``, once it has (``cuEventSynchronize``). A completed event goes back to
+        the spares: the caller must not use it again."""
+        cu = self.cu
+        with self._pushed():
+            if wait:
+                self.check("cuEventSynchronize", cu.cuEventSynchronize(event))
+            else:
+                result = cu.cuEventQuery(event)
+                code = int(result[0] if isinstance(result, tuple) else result)
+                if code == _NOT_READY:
+                    return False
+                self.check("cuEventQuery", result)
+        self._spare_events.append(event)
+        return True
+
+    @contextlib.contextmanager
+    def _pushed(self) -> Iterator[None]:
+        """This driver's context current on the calling thread for the duration
+        (``cuCtxPushCurrent`` / ``cuCtxPopCurrent``)."""
+        self.check("cuCtxPushCurrent", self.cu.cuCtxPushCurrent(self.context))
+        try:
+            yield
+        finally:
+            self.check("cuCtxPopCurrent", self.cu.cuCtxPopCurrent())
 
     def mem_alloc(self, nbytes: int) -> int:
         return int(self.check("cuMemAlloc", self.cu.cuMemAlloc(nbytes)))

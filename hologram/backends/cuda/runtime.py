@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import base64
+import functools
 import hashlib
 import json
 import math
@@ -147,7 +148,11 @@ class DeviceMemory(Allocator):
       the driver, largest class first;
     * the driver's ``CUDA_ERROR_OUT_OF_MEMORY`` is retried once after every cached block is
       freed; then :class:`OutOfMemoryError` names the request and the usage;
-    * an optional limit bounds ``allocated_bytes`` (class-rounded), like the host pool's.
+    * an optional limit bounds ``allocated_bytes`` (class-rounded), like the host pool's;
+    * memory another stream may still use is let go only once that stream's work has
+      completed (:meth:`_defer`: a DLPack consumer's reads of an exported block after its
+      deleter call, our own work on an imported block before the producer's deleter), as
+      ``Tensor.record_stream`` does in PyTorch.
 
     Counters (:meth:`stats`) follow ``torch.cuda``'s: allocated, reserved (cuMemAlloc'd,
     live and cached) and their peaks, which :meth:`reset_peak_stats` restarts.
@@ -167,6 +172,8 @@ class DeviceMemory(Allocator):
         # alloc) returns itself through _release on the same thread.
         self._lock = threading.RLock()
         self._stats = dict.fromkeys(_COUNTERS, 0)
+        # Releases waiting for an event: (event, release, args); see _defer.
+        self._deferred: list[tuple[Any, Any, tuple]] = []
         self.set_memory_limit(memory_limit)
 
     # --- allocations --------------------------------------------------------------------
@@ -174,6 +181,8 @@ class DeviceMemory(Allocator):
         nbytes = max(math.prod(shape) * np.dtype(dtype).itemsize, 1)
         index, size = size_class(nbytes)
         s = self._stats
+        if self._deferred:
+            self._collect()
         with self._lock:
             if self._limit is not None and s["allocated_bytes"] + size > self._limit:
                 raise OutOfMemoryError(
@@ -209,7 +218,10 @@ class DeviceMemory(Allocator):
             pointer = self.driver.mem_alloc(size)
         except OutOfMemoryError as err:
             s["num_oom_retries"] += 1
-            self._trim(0)  # every cached block back to the driver, then once more
+            # What other streams still use is waited for, every cached block goes back to
+            # the driver, then once more.
+            self._collect(wait=True)
+            self._trim(0)
             try:
                 pointer = self.driver.mem_alloc(size)
             except OutOfMemoryError:
@@ -252,6 +264,34 @@ class DeviceMemory(Allocator):
             self._free[index].append(pointer)
             s["cached_bytes"] += size
 
+    def _defer(self, stream: int | None, release: Any, *args: Any) -> None:
+        """Call ``release(*args)`` once the work queued on ``stream`` (a CUDA stream handle;
+        None: ours) until now has completed: an event is recorded there, and each
+        allocation, :meth:`synchronize` and :meth:`empty_cache` release what has completed
+        (and an allocation the driver refuses waits for all of it). Until then, ``args``
+        (a block, a producer) stay alive."""
+        event = self.driver.event_on(stream)
+        with self._lock:
+            self._deferred.append((event, release, args))
+
+    def _collect(self, wait: bool = False) -> None:
+        """Run the deferred releases whose event has completed (with ``wait``: all, once
+        their events have)."""
+        with self._lock:
+            deferred, self._deferred = self._deferred, []
+            ready = []
+            for entry in deferred:
+                (ready if self.driver.event_done(entry[0], wait) else self._deferred).append(
+                    entry)
+            for _, release, args in ready:
+                release(*args)
+
+    def _after_consumer(self, stream: int, block: DeviceBlock) -> None:
+        """An exported block's deleter call (:func:`.dlpack.export`'s ``on_delete``): the
+        consumer may still have reads of it queued on its stream, so the block is held
+        until they complete."""
+        self._defer(stream, _let_go, block)
+
     def free(self, allocation: DeviceBlock) -> None:
         """End ``allocation`` now: its block returns to the pool."""
         if not allocation.end.alive:
@@ -274,21 +314,29 @@ class DeviceMemory(Allocator):
         consumer_stream`): the work queued on this driver's stream is ordered before it,
         without waiting on the host: an event recorded on our stream, which the
         consumer's stream waits for. Nothing where it is our own stream, or for -1 (the
-        consumer asked for no synchronization)."""
+        consumer asked for no synchronization).
+
+        The other way round, the consumer's reads queued on its stream before its deleter
+        call are waited for (an event on its stream) before the block can be reused."""
         consumer = dlpack.consumer_stream(stream)
         ours = dlpack.stream_argument(self.driver.stream_handle())
-        if consumer is not None and consumer != ours:
+        other = consumer is not None and consumer != ours
+        if other:
             self.driver.wait_event(consumer, self.driver.record_event())
         return dlpack.export(allocation.pointer, shape, dtype,
-                             (dlpack.KDL_CUDA, self.device_id), allocation, max_version)
+                             (dlpack.KDL_CUDA, self.device_id), allocation, max_version,
+                             functools.partial(self._after_consumer, consumer) if other
+                             else None)
 
     def import_dlpack(self, producer: Any) -> tuple[DeviceBlock, tuple[int, ...], np.dtype]:
         """The memory of a DLPack ``producer`` on this device, zero-copy: an allocation
         (not this pool's) whose end calls the producer's deleter once and releases the
         producer, with the tensor's shape and dtype. The producer is given this driver's
         stream (``__dlpack__(stream=...)``), so it orders its queued work before ours, as
-        the protocol asks of it. Other devices, strided and read-only tensors, and memory
-        not aligned to :data:`ALIGNMENT` bytes are refused."""
+        the protocol asks of it; when the allocation ends, the deleter is called once the
+        work queued on our stream by then has completed (:meth:`_defer`), so the producer
+        cannot reuse the memory under our kernels. Other devices, strided and read-only
+        tensors, and memory not aligned to :data:`ALIGNMENT` bytes are refused."""
         kind, ordinal = map(int, producer.__dlpack_device__())
         if (kind, ordinal) != (dlpack.KDL_CUDA, self.device_id):
             name = dlpack.DEVICE_NAMES.get(kind, f"DLPack device type {kind}")
@@ -324,7 +372,7 @@ class DeviceMemory(Allocator):
                              "(.clone() in torch)")
         nbytes = int(np.prod(tensor.shape, dtype=np.int64)) * tensor.dtype.itemsize
         block = DeviceBlock(tensor.data, nbytes, nbytes)
-        block.end = End(_release_foreign, tensor.release, producer)
+        block.end = End(self._defer, None, _release_foreign, tensor.release, producer)
         return block, tensor.shape, tensor.dtype
 
     # --- copies -------------------------------------------------------------------------
@@ -343,6 +391,8 @@ class DeviceMemory(Allocator):
 
     def synchronize(self) -> None:
         self.driver.synchronize()
+        if self._deferred:
+            self._collect()
 
     # --- accounting ---------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
@@ -359,8 +409,9 @@ class DeviceMemory(Allocator):
 
     def empty_cache(self) -> int:
         """Free every cached block to the driver (live ones are untouched); returns the
-        bytes freed."""
+        bytes freed; deferred releases whose streams are done are made first)."""
         with self._lock:
+            self._collect()
             return self._trim(0)
 
     def reset_peak_stats(self) -> None:
@@ -388,6 +439,10 @@ class DeviceMemory(Allocator):
             self._limit = limit
             if limit is not None:
                 self._trim(max(limit, self._stats["allocated_bytes"]))
+
+
+def _let_go(*held: Any) -> None:
+    """A deferred release that only lets go of what it held (:meth:`DeviceMemory._defer`)."""
 
 
 def _release_foreign(release: Any, producer: Any) -> None:
