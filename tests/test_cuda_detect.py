@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import re
 import sys
+import threading
 import types
 
 import numpy as np
@@ -240,6 +241,25 @@ def test_held_memory_waits_on_events_recorded_on_the_consumers_stream_with_our_c
     cu.calls.clear()
     assert driver.event_done(again, wait=True)
     assert cu.calls == [push, ("cuEventSynchronize", ("event",)), pop]
+
+
+def test_another_thread_makes_the_context_current_once_before_its_first_call():
+    """A driver context is current per thread: the first call from a thread other than
+    the one that started the driver sets it (cuCtxSetCurrent), once per thread."""
+    cu = fake_cu()
+    cu.cuMemAlloc = lambda nbytes: (cu.calls.append(("cuMemAlloc", (nbytes,))), (SUCCESS,
+                                                                                 0xA0))[1]
+    driver = driver_module.Driver(cu=cu)
+    cu.calls.clear()
+    driver.mem_alloc(256)
+    assert cu.calls == [("cuMemAlloc", (256,))]  # the starting thread has it already
+    for _ in range(2):
+        cu.calls.clear()
+        worker = threading.Thread(target=lambda: [driver.mem_alloc(256) for _ in range(2)])
+        worker.start()
+        worker.join()
+        assert cu.calls == [("cuCtxSetCurrent", ("context",)), ("cuMemAlloc", (256,)),
+                            ("cuMemAlloc", (256,))]
 
 
 def test_auto_may_pick_cuda_only_on_a_real_gpu(probe, monkeypatch):

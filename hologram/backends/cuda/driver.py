@@ -56,12 +56,22 @@ class Driver:
         self.context = self.check("cuDevicePrimaryCtxRetain",
                                   cu.cuDevicePrimaryCtxRetain(self.device))
         self.check("cuCtxSetCurrent", cu.cuCtxSetCurrent(self.context))
+        self._thread = threading.local()  # .bound: this thread has the context current
+        self._thread.bound = True
         self.stream = self.check("cuStreamCreate", cu.cuStreamCreate(0))
         self._event: Any = None  # record_event's, created on first use
         self._spare_events: list[Any] = []  # event_on's, back from event_done
         # launch's parameter blocks by parameter count: (values, their addresses)
         self._packed: dict[int, tuple[Any, Any]] = {}
         self._launch_lock = threading.Lock()
+
+    def _bind(self) -> None:
+        """Make this driver's context current on a thread calling it for the first time
+        (a driver context is current per thread; another thread's calls would fail with
+        CUDA_ERROR_INVALID_CONTEXT), as the CUDA runtime does for a thread's first call."""
+        if not getattr(self._thread, "bound", False):
+            self.check("cuCtxSetCurrent", self.cu.cuCtxSetCurrent(self.context))
+            self._thread.bound = True
 
     def check(self, call: str, result: Any) -> Any:
         """The value(s) of a ``cuda.bindings`` call, or the error it reports."""
@@ -98,6 +108,7 @@ class Driver:
         event completes when the work queued on the stream so far has. One event, created
         on first use without timing (``CU_EVENT_DISABLE_TIMING``), is recorded again each
         time: a wait already queued on it keeps the record it was queued after."""
+        self._bind()
         cu = self.cu
         if self._event is None:
             self._event = self.check("cuEventCreate", cu.cuEventCreate(
@@ -110,6 +121,7 @@ class Driver:
         (``cuStreamWaitEvent``). ``stream`` is a ``CUstream`` handle as an integer; 1 and
         2 are the driver's own names for the legacy and the calling thread's default
         streams (``CU_STREAM_LEGACY``, ``CU_STREAM_PER_THREAD``), as in DLPack."""
+        self._bind()
         self.check("cuStreamWaitEvent", self.cu.cuStreamWaitEvent(self.cu.CUstream(stream),
                                                                   event, 0))
 
@@ -157,31 +169,37 @@ class Driver:
             self.check("cuCtxPopCurrent", self.cu.cuCtxPopCurrent())
 
     def mem_alloc(self, nbytes: int) -> int:
+        self._bind()
         return int(self.check("cuMemAlloc", self.cu.cuMemAlloc(nbytes)))
 
     def mem_free(self, pointer: int) -> None:
+        self._bind()
         self.check("cuMemFree", self.cu.cuMemFree(pointer))
 
     # Host memory is passed by address: cuda-bindings reads a 0-d NumPy array as a number
     # (its value, converted by __int__), not as a buffer. Arrays are C-contiguous here.
     def copy_in(self, pointer: int, source: np.ndarray) -> None:
+        self._bind()
         source = np.ascontiguousarray(source)
         if source.nbytes:  # a copy of 0 bytes is CUDA_ERROR_INVALID_VALUE
             self.check("cuMemcpyHtoD", self.cu.cuMemcpyHtoD(pointer, source.ctypes.data,
                                                             source.nbytes))
 
     def copy_out(self, destination: np.ndarray, pointer: int) -> None:
+        self._bind()
         if destination.nbytes:
             self.check("cuMemcpyDtoH", self.cu.cuMemcpyDtoH(destination.ctypes.data, pointer,
                                                             destination.nbytes))
 
     def load_module(self, cubin: bytes) -> Any:
+        self._bind()
         return self.check("cuModuleLoadData", self.cu.cuModuleLoadData(cubin))
 
     def function(self, module: Any, name: str, shared: int = 0) -> Any:
         """The kernel ``name`` of ``module``, allowed ``shared`` bytes of dynamic shared
         memory: past the default 48 KiB a kernel must opt in
         (``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES``), as Triton's launcher does."""
+        self._bind()
         cu = self.cu
         function = self.check("cuModuleGetFunction", cu.cuModuleGetFunction(module,
                                                                            name.encode()))
@@ -198,6 +216,7 @@ class Driver:
         call, so one block of values and the array of their addresses per parameter count
         serve every launch, filled under a lock (made per launch, they cost 2.7 µs of
         Python; reused, 1.1)."""
+        self._bind()
         with self._launch_lock:
             packed = self._packed.get(len(params))
             if packed is None:
@@ -212,4 +231,5 @@ class Driver:
                 function, *grid, *block, shared, self.stream, ctypes.addressof(addresses), 0))
 
     def synchronize(self) -> None:
+        self._bind()
         self.check("cuStreamSynchronize", self.cu.cuStreamSynchronize(self.stream))
