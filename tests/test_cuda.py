@@ -178,6 +178,31 @@ def _kernels(program):
     return backends.builder("cuda").describe(hologram.build(program, backend="cuda").data)
 
 
+def test_reduced_indices_take_one_division_or_remainder_less_per_term(emulate):
+    """A loop's flat index is cut into coordinates without the outermost remainder and the
+    innermost division (the flat index is in range wherever a lane is unmasked): a sum of
+    a vector walks its terms with the bare index; rows of [6, 30, 40] over the last two
+    axes take one division and one remainder per term, not two of each. The grid's
+    indices keep their remainder (one per grid point)."""
+    def loop_lines(shape, axes):
+        g = Graph("s")
+        g.output("y", g.reduce("sum", g.input("x", "f32", shape), axes, keepdim=False))
+        info = _kernels(g.program())
+        (kernel,) = info["kernels"]
+        lines = info["source"].split(f"def {kernel['name']}(")[1].splitlines()
+        start = next(i for i, line in enumerate(lines) if line.lstrip().startswith("for r"))
+        loop = lines[start + 1:next(i for i in range(start + 1, len(lines))
+                                    if not lines[i].startswith(" " * 8))]
+        return lines[:start], loop
+
+    _, loop = loop_lines((100_000,), (0,))
+    assert not [line for line in loop if "//" in line or "%" in line], loop
+    before, loop = loop_lines((6, 30, 40), (1, 2))
+    assert sum(line.count("//") for line in loop) == 1 and sum(
+        line.count("%") for line in loop) == 1, loop
+    assert any("x % 6" in line for line in before)  # the grid's row index
+
+
 def test_few_long_rows_are_split_by_size(emulate):
     """docs/cuda.md's heuristic: rows that would give few program instances and hold at
     least two chunks of SPLIT_WORK terms are split; many rows, short rows and matrix

@@ -53,7 +53,7 @@ from . import worker
 from .render import PRELUDE, render
 from .runtime import ALIGNMENT, DeviceMemory, DeviceProgram
 
-FORMAT = "triton-2"
+FORMAT = "triton-3"
 #: What the generated code uses: f16/bf16 arithmetic through f32 (rounded after each
 #: operation by the decompose pass; their fma through f64 steps); float min/max built from
 #: compares; gather (render.py: the operand clamped in its own width, the element summed

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Sequence
 
 from hologram.codegen import loops
 from hologram.codegen import mathlib as shared_math
@@ -481,11 +482,28 @@ class _Kernel:
 
     def grid_indices(self) -> None:
         """The index tile of each grid dimension, from the flat grid point ``x``."""
-        stride = 1
-        for d in reversed(range(self.kernel.grid_rank)):
-            n = self.kernel.domain[d]
+        self.coordinates("x", range(self.kernel.grid_rank), outermost_remainder=True)
+
+    def coordinates(self, flat: str, dims: Sequence[int], stride: int = 1,
+                    outermost_remainder: bool = False) -> None:
+        """Bind the index tile of each of ``dims`` (row-major: the last varies fastest)
+        from the flat index ``flat`` counted in units of ``stride`` elements: ``(flat //
+        stride) % n``. A dimension of extent 1 gets none (its index is 0). The innermost
+        takes no division and the outermost no remainder: ``flat`` is below the product of
+        the extents wherever a lane is not masked off (``x < points``, ``f < total``, every
+        ``pid``), and a masked lane's index reaches no memory. That is a division or a
+        remainder less per term: none at all for one dimension (a sum of a vector).
+        ``outermost_remainder`` keeps the remainder (the grid's indices: one per grid
+        point, so cheap, and sm_80's ptxas spilled the f32 fmod kernel's registers without
+        it)."""
+        domain = self.kernel.domain
+        shown = [d for d in dims if domain[d] > 1]
+        for d in reversed(dims):
+            n = domain[d]
             if n > 1:
-                self.index[d] = self.bind(f"(x // {stride}) % {n}")
+                term = flat if stride == 1 else f"({flat} // {stride})"
+                last = d == shown[0] and not outermost_remainder
+                self.index[d] = self.bind(term if last else f"{term} % {n}")
             stride *= n
 
     def matmul(self, mm: loops.MatmulDims) -> int:
@@ -523,11 +541,7 @@ class _Kernel:
             self.stages = MATMUL_IEEE_STAGES
         tiles_m, tiles_n = -(-domain[mm.m] // bm), -(-domain[mm.n] // bn)
         self.line("pid = tl.program_id(0)")
-        stride = tiles_m * tiles_n
-        for d in reversed(range(mm.m)):
-            if domain[d] > 1:
-                self.index[d] = self.bind(f"(pid // {stride}) % {domain[d]}")
-            stride *= domain[d]
+        self.coordinates("pid", range(mm.m), tiles_m * tiles_n)
         tile = self.bind(f"pid % {tiles_m * tiles_n}")
         group = min(MATMUL_GROUP, tiles_m)
         if group > 1 and tiles_n > 1:
@@ -645,15 +659,11 @@ class _Kernel:
         self.line(f"{flat} = {r0} + tl.arange(0, {rblock})[None, :]")
         self.mask = self.bind(f"xmask & ({flat} < {total})")
         self.zero = self.bind(f"xzero + {flat} * 0")
-        stride = 1
-        for d in reversed(dims):
-            n = self.kernel.domain[d]
-            self.index[d] = self.bind(f"({flat} // {stride}) % {n}")
-            stride *= n
+        self.coordinates(flat, dims)
         body()
         self.depth -= 1
         for d in dims:
-            del self.index[d]
+            self.index.pop(d, None)
         self.local = {}
         self.mask, self.zero = "xmask", "xzero"
 
@@ -1048,10 +1058,7 @@ class _Kernel:
         self.line(f"{flat} = {start}{r0} + tl.arange(0, {rblock})[None, :]")
         self.mask = self.bind(f"xmask & ({flat} < {total})")
         self.zero = self.bind(f"xzero + {flat} * 0")
-        stride = 1
-        for d in reversed(axes):
-            self.index[d] = self.bind(f"({flat} // {stride}) % {kernel.domain[d]}")
-            stride *= kernel.domain[d]
+        self.coordinates(flat, axes)
         self.local = {}
         v = self.value(instr.args[0])
         if instr.op == "contract":
@@ -1090,7 +1097,7 @@ class _Kernel:
                 self.line(f"{acc} = tl.{'maximum' if largest else 'minimum'}({acc}, {key})")
         self.depth -= 1
         for d in axes:
-            del self.index[d]
+            self.index.pop(d, None)
         self.local, self.mask, self.zero = saved
         if kind == "sum" and t.is_float:
             s = self.bind(f"tl.sum({acc}, 1)[:, None]")
