@@ -5,6 +5,7 @@ on a GPU. Skipped where the ``cuda`` extra (triton) is not installed."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -31,6 +32,8 @@ from hologram.frontend.graph import Graph
 from hologram.isa import dtypes as dt
 from hologram.isa.builder import ProgramBuilder
 from hologram.isa.semantics import from_storage
+from hologram.isa.text import parse_program
+from hologram.isa.verify import verify
 
 pytestmark = pytest.mark.skipif(not worker.triton_installed(),
                                 reason="triton is not installed (pip install 'hologram[cuda]')")
@@ -201,6 +204,32 @@ def test_reduced_indices_take_one_division_or_remainder_less_per_term(emulate):
     assert sum(line.count("//") for line in loop) == 1 and sum(
         line.count("%") for line in loop) == 1, loop
     assert any("x % 6" in line for line in before)  # the grid's row index
+
+
+def test_reductions_that_need_each_other_are_cut_into_split_kernels_over_few_rows(emulate):
+    """fission.py: a softmax over two rows of 40,000 (a kernel with a max, then a sum of
+    exponentials, then the probabilities) becomes a kernel per reduction, each split
+    into chunks, and one over every element for the probabilities, their per-row results
+    passing through temporaries; the program verifies. Over 4096 rows of 64 it stays one
+    kernel (each row already a program instance)."""
+    def softmax(rows, n):
+        g = Graph("softmax")
+        x = g.input("x", "f32", (rows, n))
+        e = g.unary("exp", x - g.max(x, 1, keepdim=True))
+        g.output("y", e / g.sum(e, 1, keepdim=True))
+        artifact = hologram.build(g.program(), backend="cuda")
+        program = verify(parse_program(json.loads(artifact.data)["text"]))
+        return program, _kernels(g.program())["kernels"]
+
+    program, kernels = softmax(2, 40_000)
+    assert [k.name for k in program.kernels] == ["k0r0", "k0r1", "k0e"]
+    assert [b.shape for b in program.temps] == [(2,), (2,)]
+    maxes, sums, probabilities = kernels
+    assert maxes["parts"] == sums["parts"] == 2 and maxes["grid"] == sums["grid"] == 4
+    assert probabilities["parts"] == 0 and probabilities["grid"] == 80_000 // 1024 + 1
+    assert program.kernels[2].grid_rank == 2
+    program, kernels = softmax(4096, 64)
+    assert len(program.kernels) == 1 and kernels[0]["parts"] == 0
 
 
 def test_few_long_rows_are_split_by_size(emulate):
@@ -444,6 +473,7 @@ def _families():
     programs["matmul"] = [_matmul(t) for t in (dt.float32, dt.bfloat16, dt.int32, dt.float64)]
     programs["split"] = [_long_rows(t) for t in (dt.float32, dt.bfloat16, dt.int32, dt.float64,
                                                  dt.int8)]
+    programs["cut"] = [_softmax_rows(t) for t in (dt.float32, dt.bfloat16)]
     programs["gather"] = [_lookup(dt.float32, dt.int64), _lookup(dt.bfloat16, dt.int32),
                           _lookup(dt.int8, dt.uint8), _far_gather(),
                           gathered_rows("sum", 4, 100_000), gathered_rows("argmax", 1, 100_000)]
@@ -454,6 +484,18 @@ def _families():
                            _row_scatter(dt.float32, "min", 4096, 33, 12),
                            _row_scatter(dt.float16, "add", 4096, 33, 1)]
     return programs
+
+
+def _softmax_rows(t: dt.DType):
+    """A softmax and a layer norm over two rows of 40,000: cut into split kernels
+    (fission.py) and one over every element."""
+    g = Graph(f"softmax_rows_{t.name}")
+    x = g.input("x", t, (2, 40_000))
+    e = g.unary("exp", x - g.max(x, 1, keepdim=True))
+    g.output("y", e / g.sum(e, 1, keepdim=True))
+    d = x - g.mean(x, 1, keepdim=True)
+    g.output("norm", d * g.unary("rsqrt", g.mean(d * d, 1, keepdim=True) + 1e-5))
+    return g.program()
 
 
 def _row_scatter(t: dt.DType, mode: str, rows: int, cols: int, n: int):

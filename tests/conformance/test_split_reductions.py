@@ -23,6 +23,7 @@ from hologram.isa.builder import ProgramBuilder
 from .numerics import (
     INF,
     NAN,
+    as_float,
     assert_close,
     both,
     reduction_tolerance,
@@ -171,3 +172,47 @@ def test_rows_read_through_a_gather(backend, kind, rows):
     picked = np.take_along_axis(table, np.clip(at, 0, n - 1), 1)
     expect = picked.sum(1) if kind == "sum" else picked.argmax(1)
     assert np.array_equal(want, expect) and np.array_equal(got, want), (got, want, expect)
+
+
+def chained_rows(t: dt.DType):
+    """Reductions that need each other's results, over every case's few long rows: a
+    softmax with its log-sum-exp (max, then a sum of exponentials) and a layer norm (mean,
+    then the mean of squared deviations). On cuda each such kernel is cut into one kernel
+    per reduction, each split (docs/cuda.md, "Split reductions")."""
+    g = Graph(f"chained_{t.name}")
+    for i, (shape, axes) in enumerate(CASES):
+        x = g.input(f"x{i}", t, shape)
+        m = g.max(x, axes, keepdim=True)
+        e = g.unary("exp", x - m)
+        s = g.sum(e, axes, keepdim=True)
+        g.output(f"softmax{i}", e / s)
+        g.output(f"logsumexp{i}", g.unary("log", s) + m)
+        d = x - g.mean(x, axes, keepdim=True)
+        g.output(f"norm{i}", d * g.unary("rsqrt", g.mean(d * d, axes, keepdim=True) + 1e-5))
+    return g.program()
+
+
+@pytest.mark.parametrize("name", ["f32", "f64", "f16", "bf16"])
+def test_reductions_that_need_each_other_over_few_long_rows(backend, name):
+    """Against the interpreter, within a few units of each output's largest magnitude
+    (the split sums round differently, docs/isa.md's bound); NaN and infinity where the
+    interpreter has them: a row with -inf terms (masked attention: they weigh 0), a NaN
+    in a row's last chunk (the whole row NaN)."""
+    t = dt.dtype(name)
+    if not supported(backend, "exp", t) or not supported(backend, "reduce", t):
+        pytest.skip(f"{backend} does not declare exp and reductions on {name}")
+    program = chained_rows(t)
+    rng = np.random.default_rng(seed_of("chained", name))
+    inputs = []
+    for shape, _ in CASES:
+        x = random_array_like(t, int(np.prod(shape)), rng)
+        x[[7, 1500, 2040]] = storage([-INF, -INF, -INF], t)
+        inputs.append(x)
+    inputs[2][-5] = storage([NAN], t)[0]  # the last of three rows: a NaN at its end
+    got, want = both(program, backend, inputs)
+    bits = {"f64": 52, "f32": 23, "f16": 10, "bf16": 7}[name]
+    for out, g, w in zip(program.params[len(CASES):], got, want):
+        finite = as_float(w, t)[np.isfinite(as_float(w, t))]
+        scale = np.abs(finite).max() if finite.size else 1.0
+        assert_close(g, w, t, 4, 2.0 ** (4 - bits) * scale, what=f"{out.name} ({name})",
+                     backend=backend)

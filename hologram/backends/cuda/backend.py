@@ -50,6 +50,7 @@ from hologram.isa.text import parse_program, print_program
 from . import kernels as kernels_cache
 from . import render as render_module
 from . import worker
+from .fission import fission
 from .render import PRELUDE, render
 from .runtime import ALIGNMENT, DeviceMemory, DeviceProgram
 
@@ -193,6 +194,8 @@ class CudaBackend(Backend):
         target = target or self._device_target()
         self.target(target)
         program = pipeline.for_target(program, CAPS)
+        # Several reductions over few long rows: one kernel per reduction, each split.
+        program = fission(program, CAPS)
         tf32 = config.get().cuda_allow_tf32  # named by the target string (the cache key)
         kernels, delegated = [], []
         # Split reductions' partials live in scratch buffers numbered after the program's

@@ -1,0 +1,125 @@
+"""Kernels with several reductions over few long rows, cut into one kernel per reduction
+so each can be split across the GPU (docs/cuda.md, "Split reductions").
+
+A split reduction (:func:`.render.split`) spreads one reduction's rows over many program
+instances. A kernel with several reductions (softmax's max then sum, layer norm's mean
+then variance, a log-sum-exp) cannot be split that way in one launch: its second
+reduction needs its first one's result for the whole row. Over many rows that is fine
+(one program instance per row keeps the GPU busy); over few long rows (a softmax over a
+vocabulary at batch 1) the kernel runs on as many SMs as it has rows.
+
+:func:`fission` rewrites such a kernel, where its rows would leave the GPU idle, into:
+
+* one kernel per reduction, in order: the instructions that reduction needs, the earlier
+  reductions' results loaded from temporaries (one element per row), its result stored
+  into its own temporary. Each has one reduction and stores once per row, so it is split
+  like any such kernel (partials and their combination in one launch). The last one also
+  makes the kernel's stores of one value per row (a log-sum-exp's result);
+* one kernel for the stores along the row (softmax's probabilities), the reductions'
+  results loaded per row: every element of the domain is a grid point when those stores
+  write distinct elements, so it too spreads over the GPU.
+
+The instructions are the kernel's own, so each value is computed exactly as before; the
+reductions' results pass through memory in their own dtype (exact). What changes is only
+that of a split reduction: the partials' combination (docs/cuda.md).
+"""
+
+from __future__ import annotations
+
+from hologram.compiler.capabilities import Capabilities
+from hologram.isa.ir import BufferDecl, IndexMap, Instr, Kernel, Program
+
+from . import render
+
+
+def fission(program: Program, caps: Capabilities) -> Program:
+    """``program`` with each kernel that :func:`cut` cuts replaced by its pieces."""
+    buffers = list(program.buffers)
+    kernels: list[Kernel] = []
+    for kernel in program.kernels:
+        kernels.extend(cut(kernel, buffers, caps) or [kernel])
+    if len(kernels) == len(program.kernels):
+        return program
+    return program.evolve(buffers=tuple(buffers), kernels=tuple(kernels))
+
+
+def cut(kernel: Kernel, buffers: list[BufferDecl], caps: Capabilities) -> list[Kernel] | None:
+    """The pieces of ``kernel`` (module docstring), appending their temporaries to
+    ``buffers``, or None where it is left whole: fewer than two reductions, a contraction
+    or scatter, a reduction whose result varies along a loop dimension, a buffer both read
+    and written, or rows that a split would not spread (:func:`.render.split` refuses a
+    piece)."""
+    body, g = kernel.body, kernel.grid_rank
+    reductions = [p for p, x in enumerate(body) if x.op == "reduce"]
+    if (len(reductions) < 2 or any(x.op in ("contract", "scatter") for x in body)
+            or kernel.reads() & kernel.writes() or 0 in kernel.domain
+            or any(body[p].shape[d] != 1 for p in reductions
+                   for d in range(g, len(kernel.domain)))):
+        return None
+    stores = [p for p, x in enumerate(body) if x.op == "store"]
+    per_row = [p for p in stores if all(body[p].shape[d] == 1
+                                        for d in range(g, len(kernel.domain)))]
+    along = [p for p in stores if p not in per_row]
+    # One temporary per reduction (one element per row, the result's dtype): stored by its
+    # own piece, loaded by the later ones.
+    first = len(buffers)
+    temps = {p: first + i for i, p in enumerate(reductions)}
+    pieces = []
+    for i, p in enumerate(reductions):
+        last = i == len(reductions) - 1
+        roots = [p] + (per_row if last else [])
+        # The last result goes to memory only where the stores along the rows need it.
+        keep = last and not (along and p in _needed(body, along, reductions))
+        pieces.append(_piece(kernel, f"{kernel.name}r{i}", roots, reductions[:i],
+                             temps, None if keep else p))
+    if along:
+        domain = kernel.domain
+        disjoint = all(body[s].shape == domain and body[s].map.is_injective(domain)
+                       for s in along)
+        pieces.append(_piece(kernel, f"{kernel.name}e", along, reductions, temps, None)
+                      .evolve(grid_rank=len(domain) if disjoint else g))
+    if any(not render.split(piece, caps)[0] for piece in pieces[:len(reductions)]):
+        return None
+    for i, p in enumerate(reductions):
+        shape = tuple(n for d, n in enumerate(body[p].shape) if d < g)
+        buffers.append(BufferDecl(f"{kernel.name}_r{i}", body[p].dtype, shape, "temp"))
+    return pieces
+
+
+def _needed(body: tuple[Instr, ...], roots: list[int], loaded: list[int]) -> set[int]:
+    """Positions ``roots`` depend on, not looking through those in ``loaded`` (reductions
+    whose results are loaded from memory instead)."""
+    needed, stop = set(roots), set(loaded)
+    for i in range(max(roots), -1, -1):
+        if i in needed and i not in stop:
+            needed.update(body[i].args)
+    return needed
+
+
+def _piece(kernel: Kernel, name: str, roots: list[int], loaded: list[int],
+           temps: dict[int, int], result: int | None) -> Kernel:
+    """The instructions ``roots`` need, in order, with the reductions of ``loaded`` read
+    from their temporaries (at each row); ``result``, if given, a reduction stored into its
+    temporary at the end."""
+    body = kernel.body
+    needed = _needed(body, roots + ([result] if result is not None else []), loaded)
+    out: list[Instr] = []
+    at: dict[int, int] = {}
+    for p in sorted(needed):
+        x = body[p]
+        if p in loaded:
+            out.append(Instr("load", x.dtype, x.shape, (), (temps[p], _row_map(x))))
+        else:
+            out.append(x.with_args(tuple(at[a] for a in x.args)))
+        at[p] = len(out) - 1
+    if result is not None:
+        x = body[result]
+        out.append(Instr("store", x.dtype, x.shape, (at[result],),
+                         (temps[result], _row_map(x))))
+    return kernel.evolve(name=name, body=tuple(out))
+
+
+def _row_map(value: Instr) -> IndexMap:
+    """Where a per-row value lives in its temporary: row-major over the dimensions it
+    varies along (the grid's), stride 0 along the others."""
+    return IndexMap.contiguous(value.shape)
