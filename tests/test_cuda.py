@@ -232,6 +232,23 @@ def test_reductions_that_need_each_other_are_cut_into_split_kernels_over_few_row
     assert len(program.kernels) == 1 and kernels[0]["parts"] == 0
 
 
+def test_matrix_products_of_few_tiles_and_a_long_k_are_split_along_k(emulate):
+    """render.split_k: the tiles' program instances take chunks of k where the product
+    has too few tiles to fill the GPU; products of many tiles or a short k are not
+    split."""
+    def split(t, m, k, n):
+        g = Graph("mm")
+        g.output("y", g.input("a", t, (m, k)) @ g.input("b", t, (k, n)))
+        (kernel,) = _kernels(g.program())["kernels"]
+        return kernel["parts"], kernel["grid"]
+
+    assert split("f16", 256, 8192, 256) == (8, 4 * 8)  # 128 x 128 tiles
+    assert split("f32", 256, 8192, 256) == (8, 16 * 8)  # IEEE: 64 x 64 tiles
+    assert split("i32", 256, 8192, 256) == (5, 64 * 5)  # 32 x 32: 264 instances
+    assert split("f16", 2048, 8192, 2048) == (0, 256)  # enough tiles
+    assert split("f16", 256, 1024, 256) == (0, 4)  # k too short for two chunks of 1024
+
+
 def test_few_long_rows_are_split_by_size(emulate):
     """docs/cuda.md's heuristic: rows that would give few program instances and hold at
     least two chunks of SPLIT_WORK terms are split; many rows, short rows and matrix
@@ -474,6 +491,7 @@ def _families():
     programs["split"] = [_long_rows(t) for t in (dt.float32, dt.bfloat16, dt.int32, dt.float64,
                                                  dt.int8)]
     programs["cut"] = [_softmax_rows(t) for t in (dt.float32, dt.bfloat16)]
+    programs["split-K"] = [_long_k(t) for t in (dt.float16, dt.float32, dt.int32)]
     programs["gather"] = [_lookup(dt.float32, dt.int64), _lookup(dt.bfloat16, dt.int32),
                           _lookup(dt.int8, dt.uint8), _far_gather(),
                           gathered_rows("sum", 4, 100_000), gathered_rows("argmax", 1, 100_000)]
@@ -484,6 +502,14 @@ def _families():
                            _row_scatter(dt.float32, "min", 4096, 33, 12),
                            _row_scatter(dt.float16, "add", 4096, 33, 1)]
     return programs
+
+
+def _long_k(t: dt.DType):
+    """``relu(a @ b + c)`` of 256 x 8192 by 8192 x 256: few tiles, split along k."""
+    g = Graph(f"long_k_{t.name}")
+    product = g.input("a", t, (256, 8192)) @ g.input("b", t, (8192, 256))
+    g.output("y", g.maximum(product + g.input("c", t, (256,)), 0 if t.is_int else 0.0))
+    return g.program()
 
 
 def _softmax_rows(t: dt.DType):

@@ -67,6 +67,44 @@ def test_matmul(backend, name):
                  what=f"relu(e @ f + c) ({name})", backend=backend)
 
 
+#: Few outputs, a long k: on cuda each tile's k is cut into chunks (split-K; its threshold
+#: lowered here to 256 indices, so these split into 7-12 chunks under the emulation).
+LONG_K = [((40, 3000), (3000, 24)), ((2, 20, 2100), (2100, 30))]
+
+
+@pytest.mark.parametrize("name", NUMERIC)
+def test_few_outputs_over_a_long_k(backend, name, monkeypatch):
+    from hologram.backends.cuda import render as cuda_render
+
+    monkeypatch.setattr(cuda_render, "SPLIT_K_WORK", 256)
+    t = dt.dtype(name)
+    if not supported(backend, "contract", t):
+        pytest.skip(f"{backend} does not declare contract on {name}")
+    g = Graph(f"mm_long_{name}")
+    for i, (sa, sb) in enumerate(LONG_K):
+        a, b = g.input(f"a{i}", t, sa), g.input(f"b{i}", t, sb)
+        g.output(f"plain{i}", a @ b)
+        g.output(f"relu{i}", g.maximum(a @ g.input(f"bt{i}", t, sb[::-1]).T
+                                       + g.input(f"c{i}", t, sb[-1:]), 0 if t.is_int else 0.0))
+    program = g.program()
+    rng = np.random.default_rng(seed_of("mm long", name))
+    inputs = [random_array(p, rng, edges=False).reshape(p.shape)
+              for p in program.params if p.kind == "in"]
+    for i in range(len(LONG_K)):  # bt{i} holds b{i} transposed
+        inputs[4 * i + 2] = np.ascontiguousarray(inputs[4 * i + 1].T)
+    got, want = both(program, backend, inputs)
+    for i, (sa, sb) in enumerate(LONG_K):
+        a, b = inputs[4 * i], inputs[4 * i + 1]
+        terms = products(*((as_float(v, t) if t.is_float else v.astype(np.float64))
+                           for v in (a, b)))
+        for j, what in enumerate((f"{sa} @ {sb}", f"relu({sa} @ {sb} + c)")):
+            # the epilogue: one rounding of the sum, then exact max(x + c, 0)
+            ulps, atol = reduction_tolerance("contract", t, want[2 * i + j], terms)
+            assert_close(got[2 * i + j], want[2 * i + j], t,
+                         ulps + (j if t.is_float else 0), atol, what=f"{what} ({name})",
+                         backend=backend)
+
+
 @pytest.mark.parametrize("name", ["f32", "i32", "f64", "i8"])
 def test_empty_matmuls(backend, name):
     t = dt.dtype(name)

@@ -76,6 +76,7 @@ _ANY = frozenset({"load", "gather", "store", "scatter", "const", "index", "cast"
                   "add", "sub", "mul", "min", "max", "abs", "neg", "eq", "ne", "lt", "le", "gt",
                   "ge", "reduce"})
 _SPLIT_WORK = render_module.SPLIT_WORK  # the default split threshold
+_SPLIT_K_WORK = render_module.SPLIT_K_WORK  # the default split-K threshold
 #: Triton compile options: never contract a*b+c to an FMA (one rounding, not two).
 OPTIONS = {"enable_fp_fusion": False}
 
@@ -172,6 +173,8 @@ class CudaBackend(Backend):
             text += " tf32"
         if render_module.SPLIT_WORK != _SPLIT_WORK:
             text += f" split-work-{render_module.SPLIT_WORK}"
+        if render_module.SPLIT_K_WORK != _SPLIT_K_WORK:
+            text += f" split-k-work-{render_module.SPLIT_K_WORK}"
         return text
 
     def supports(self, op: str, dtype: DType) -> bool:

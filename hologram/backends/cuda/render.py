@@ -93,6 +93,19 @@ MATMUL_GROUP = 8
 SPLIT_WORK = 1 << 14
 MAX_PARTS = 1024
 SPLIT_PROGRAMS = 1024
+#: Split-K (:func:`split_k`): a matrix product with fewer than ``SPLIT_K_TILES`` output
+#: tiles (half an H100's SMs would idle) and a long k computes partial tiles over chunks of
+#: k, combined by the tile's last program instance (as a split reduction's rows). Chunks
+#: hold at least ``SPLIT_K_WORK`` indices of k, a tile's k is cut into at most
+#: ``MAX_K_PARTS`` of them, only as many as it takes to give ``SPLIT_K_PROGRAMS`` program
+#: instances (two per SM of an H100). The partial tiles cost a write and a read of
+#: ``parts`` tiles of f32 per output tile, which more tiles would not repay. Fixed
+#: numbers, not the device's: the result is the same bits on every GPU. Tests lower
+#: ``SPLIT_K_WORK``.
+SPLIT_K_TILES = 66
+SPLIT_K_WORK = 1024
+MAX_K_PARTS = 16
+SPLIT_K_PROGRAMS = 264
 #: A scatter nest's writes per tile row at most: its rounds compare every write of a row
 #: with every other, an ``[XBLOCK, RBLOCK, RBLOCK]`` tile of at most ``TILE`` elements.
 SCATTER_RBLOCK = 64
@@ -319,6 +332,46 @@ def split(kernel: Kernel, caps: Capabilities) -> tuple[int, int, int]:
     return -(-total // chunk), chunk, rblock
 
 
+def matmul_tiles(kernel: Kernel, mm: loops.MatmulDims,
+                 tf32: bool) -> tuple[int, int, int, bool]:
+    """``(BM, BN, BK, tensor_cores)`` of matrix product ``mm`` (module constants)."""
+    domain = kernel.domain
+    t = kernel.body[kernel.body[mm.position].args[0]].dtype
+    tensor_cores = t in (dt.float16, dt.bfloat16) or (tf32 and t is dt.float32)
+    if t is dt.float16 and mm.batch * -(-domain[mm.m] // MATMUL_WIDE[0]) * \
+            -(-domain[mm.n] // MATMUL_WIDE[1]) >= MATMUL_WIDE_TILES:
+        side_m, side_n, depth = MATMUL_WIDE
+    elif t.is_float:
+        side_m, side_n, depth = MATMUL_TENSOR_CORES if tensor_cores else MATMUL_IEEE
+    else:
+        side_m, side_n, depth = 32, 32, 16
+    bm, bn = (min(side, max(16, pow2(domain[d])))
+              for side, d in ((side_m, mm.m), (side_n, mm.n)))
+    return bm, bn, min(depth, max(16, pow2(domain[mm.k]))), tensor_cores
+
+
+def split_k(kernel: Kernel, caps: Capabilities, tf32: bool = False) -> tuple[int, int]:
+    """``(parts, chunk)``: into how many chunks of ``chunk`` indices of k a matrix
+    product's tiles are split (``(0, 0)``: not split). Split: a matrix product of fewer
+    than ``SPLIT_K_TILES`` tiles whose k holds at least two chunks of ``SPLIT_K_WORK``;
+    ``parts`` at most ``MAX_K_PARTS`` and no more than ``SPLIT_K_PROGRAMS / tiles``
+    needs; ``chunk`` a whole number of ``BK``, no part empty."""
+    plan = loops.plan(kernel, caps)
+    mm = None if plan.unsupported or 0 in kernel.domain else loops.matmul(kernel, plan)
+    if mm is None:
+        return 0, 0
+    bm, bn, bk, _ = matmul_tiles(kernel, mm, tf32)
+    k = kernel.domain[mm.k]
+    tiles = mm.batch * -(-kernel.domain[mm.m] // bm) * -(-kernel.domain[mm.n] // bn)
+    if tiles >= SPLIT_K_TILES:
+        return 0, 0
+    parts = min(MAX_K_PARTS, k // SPLIT_K_WORK, -(-SPLIT_K_PROGRAMS // tiles))
+    if parts < 2:
+        return 0, 0
+    chunk = -(-k // (parts * bk)) * bk
+    return -(-k // chunk), chunk
+
+
 def render(program: Program, kernel: Kernel, caps: Capabilities,
            scratch: int = 0, tf32: bool = False) -> dict:
     """The Triton function of ``kernel`` and what compiling and launching it needs:
@@ -332,17 +385,23 @@ def render(program: Program, kernel: Kernel, caps: Capabilities,
     every launch). ``tf32``: f32 matrix products round their operands to TF32
     (``HOLOGRAM_CUDA_ALLOW_TF32``)."""
     parts, chunk, rblock = split(kernel, caps)
-    if not parts:
-        return _Kernel(program, kernel, caps, tf32=tf32).render()
-    return _Kernel(program, kernel, caps, split=(parts, chunk, scratch), rblock=rblock).render()
+    if parts:
+        return _Kernel(program, kernel, caps, split=(parts, chunk, scratch),
+                       rblock=rblock).render()
+    parts, chunk = split_k(kernel, caps, tf32)
+    return _Kernel(program, kernel, caps, tf32=tf32,
+                   split_k=(parts, chunk, scratch) if parts else None).render()
 
 
 class _Kernel:
     def __init__(self, program: Program, kernel: Kernel, caps: Capabilities,
                  split: tuple[int, int, int] | None = None, tf32: bool = False,
-                 rblock: int = 0):
+                 rblock: int = 0, split_k: tuple[int, int, int] | None = None):
         self.program, self.kernel = program, kernel
         self.tf32 = tf32
+        # Split-K: (parts, chunk of k, first scratch buffer); see matmul.
+        self.split_k = split_k
+        self.k_scratch: list[dict] = []  # its partial tiles and counters (combine_k)
         self.plan = loops.plan(kernel, caps)
         # A zero extent is fine here: an empty loop runs no trips, an empty grid none.
         if self.plan.unsupported and 0 not in kernel.domain:
@@ -389,7 +448,7 @@ class _Kernel:
         if self.split is not None:
             grid, tile, scratch = self.split_reduction()
         elif mm is not None:
-            grid, tile = self.matmul(mm), TILE
+            grid, tile, scratch = self.matmul(mm), TILE, self.k_scratch
         else:
             grid, tile = self.points(), self.xblock * self.rblock
         body = kernel.body
@@ -417,7 +476,8 @@ class _Kernel:
                 "buffers": buffers, "writes": writes, "grid": grid,
                 "xblock": self.xblock, "rblock": self.rblock,
                 "num_warps": self.warps or (4 if tile <= 2048 else 8),
-                "num_stages": self.stages, "parts": self.split[0] if self.split else 0,
+                "num_stages": self.stages,
+                "parts": (self.split or self.split_k or (0,))[0],
                 "scratch": scratch}
 
     def split_reduction(self) -> tuple[int, int, list[dict]]:
@@ -523,24 +583,18 @@ class _Kernel:
         kernel, domain = self.kernel, self.kernel.domain
         instr = kernel.body[mm.position]
         t = kernel.body[instr.args[0]].dtype
-        tensor_cores = t in (dt.float16, dt.bfloat16) or (self.tf32 and t is dt.float32)
-        if t is dt.float16 and mm.batch * -(-domain[mm.m] // MATMUL_WIDE[0]) * \
-                -(-domain[mm.n] // MATMUL_WIDE[1]) >= MATMUL_WIDE_TILES:
-            side_m, side_n, depth = MATMUL_WIDE
-        elif t.is_float:
-            side_m, side_n, depth = MATMUL_TENSOR_CORES if tensor_cores else MATMUL_IEEE
-        else:
-            side_m, side_n, depth = 32, 32, 16
-        bm, bn = (min(side, max(16, pow2(domain[d])))
-                  for side, d in ((side_m, mm.m), (side_n, mm.n)))
-        bk = min(depth, max(16, pow2(domain[mm.k])))
+        bm, bn, bk, tensor_cores = matmul_tiles(kernel, mm, self.tf32)
         self.xblock, self.rblock = bm * bn, bk
         if tensor_cores:
             self.stages, self.warps = MATMUL_STAGES, MATMUL_WARPS
         elif t.is_float:
             self.stages = MATMUL_IEEE_STAGES
         tiles_m, tiles_n = -(-domain[mm.m] // bm), -(-domain[mm.n] // bn)
+        parts, chunk = self.split_k[:2] if self.split_k else (1, domain[mm.k])
         self.line("pid = tl.program_id(0)")
+        if parts > 1:  # program instance pid takes chunk `part` of k of tile `pid // parts`
+            self.line(f"part = pid % {parts}")
+            self.line(f"pid = pid // {parts}")
         self.coordinates("pid", range(mm.m), tiles_m * tiles_n)
         tile = self.bind(f"pid % {tiles_m * tiles_n}")
         group = min(MATMUL_GROUP, tiles_m)
@@ -565,7 +619,10 @@ class _Kernel:
         compensated = t.is_float and not tensor_cores
         if compensated:
             self.line(f"{comp} = tl.zeros([{bm}, {bn}], {acc_t})")
-        self.line(f"for k0 in range(0, {domain[mm.k]}, {bk}):")
+        if parts > 1:
+            self.line(f"for k0 in range(part * {chunk}, part * {chunk} + {chunk}, {bk}):")
+        else:
+            self.line(f"for k0 in range(0, {domain[mm.k]}, {bk}):")
         self.depth += 1
 
         def operand(arg: int, index: dict[int, str], ok: str | None, k: str,
@@ -574,7 +631,8 @@ class _Kernel:
             # reads 0 already).
             self.index.pop(mm.m, None), self.index.pop(mm.n, None)
             self.index.update(index)
-            masks = [m for m in (ok, inside(k, mm.k, bk)) if m is not None]
+            masks = [m for m in (ok, inside(k, mm.k, chunk if parts > 1 else bk))
+                     if m is not None]
             self.mask = self.bind(" & ".join(masks)) if masks else None
             self.zero, self.local = None, {}
             source = kernel.body[arg]
@@ -621,10 +679,47 @@ class _Kernel:
         if compensated:
             acc = self.bind(f"tl.where(({comp} == 0.0) | ~(tl.abs({acc}) < HG_INF), "
                             f"{acc}, {acc} - {comp})")
+        if parts > 1:
+            acc = self.combine_k(acc, acc_t, t, bm, bn, parts, mm.batch * tiles_m * tiles_n)
         if t.is_float:
             acc = self.rounded(acc, t)
         self.point[mm.position] = acc
-        return mm.batch * tiles_m * tiles_n
+        return mm.batch * tiles_m * tiles_n * parts
+
+    def combine_k(self, acc: str, acc_t: str, t: DType, bm: int, bn: int, parts: int,
+                  tiles: int) -> str:
+        """Split-K: store this chunk's partial tile (``acc``, compensated already) to
+        scratch at ``(tile * parts + part)``, count the tile's arrivals (as a split
+        reduction counts a row's), and let the tile's last program instance sum the
+        partials in chunk order (floats in float64, rounded once to the accumulator's
+        type: the same bits whichever instance is last; integers wrapping in their dtype),
+        clear the counter and run the epilogue. Sets ``k_scratch``."""
+        first = self.split_k[2]
+        storage = _SCRATCH["tl.float64" if acc_t == "tl.float64" else acc_t][1]
+        self.k_scratch = [
+            {"index": first, "dtype": storage, "count": tiles * parts * bm * bn,
+             "zeroed": False},
+            {"index": first + 1, "dtype": "i4", "count": tiles, "zeroed": True}]
+        within = self.bind(f"tl.arange(0, {bm})[:, None] * {bn} + tl.arange(0, {bn})[None, :]")
+        self.line(f"tl.store(b{first} + (pid * {parts} + part) * {bm * bn} + {within}, "
+                  f"{acc})")
+        # Every thread's partial is stored before the count (release); the last one sees
+        # them all (acquire).
+        self.line("tl.debug_barrier()")
+        self.line(f"done = tl.atomic_add(b{first + 1} + pid, 1, sem=\"acq_rel\")")
+        self.line(f"if done == {parts - 1}:")
+        self.depth += 1
+        wide = "tl.float64" if t.is_float else acc_t
+        total = self.bind(f"tl.zeros([{bm}, {bn}], {wide})")
+        self.line(f"for p in range({parts}):")
+        self.line(f"    {total} += tl.load(b{first} + (pid * {parts} + p) * {bm * bn} + "
+                  f"{within}, cache_modifier=\".cg\").to({wide})")
+        self.line(f"tl.store(b{first + 1} + pid, 0)")  # for the next launch
+        if wide == acc_t:
+            return total
+        # f16/bf16 through float32 rounded to odd: their own rounding is then the only one
+        narrow = t.name in ("f16", "bf16")
+        return self.bind(f"hg_f64_to_f32_odd({total})" if narrow else f"{total}.to({acc_t})")
 
     def buffers(self) -> list[int]:
         k = self.kernel
