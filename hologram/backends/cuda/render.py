@@ -579,7 +579,9 @@ class _Kernel:
         comes out +0.0, as from BLAS. Integers (which ``tl.dot`` takes only as i8) sum
         broadcast products, wrapping. Sizes are static: edges are masked only where a
         tile passes them. The epilogue then runs on the tile, ``xmask`` its valid
-        outputs. Returns the number of program instances."""
+        outputs. Split-K (``split_k``): each program instance takes one chunk of k of a
+        tile, and the tile's last one combines the chunks (:meth:`combine_k`) and runs the
+        epilogue. Returns the number of program instances."""
         kernel, domain = self.kernel, self.kernel.domain
         instr = kernel.body[mm.position]
         t = kernel.body[instr.args[0]].dtype
@@ -695,9 +697,8 @@ class _Kernel:
         type: the same bits whichever instance is last; integers wrapping in their dtype),
         clear the counter and run the epilogue. Sets ``k_scratch``."""
         first = self.split_k[2]
-        storage = _SCRATCH["tl.float64" if acc_t == "tl.float64" else acc_t][1]
         self.k_scratch = [
-            {"index": first, "dtype": storage, "count": tiles * parts * bm * bn,
+            {"index": first, "dtype": _SCRATCH[acc_t][1], "count": tiles * parts * bm * bn,
              "zeroed": False},
             {"index": first + 1, "dtype": "i4", "count": tiles, "zeroed": True}]
         within = self.bind(f"tl.arange(0, {bm})[:, None] * {bn} + tl.arange(0, {bn})[None, :]")
