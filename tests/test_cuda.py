@@ -252,7 +252,7 @@ def test_matrix_products_of_few_tiles_and_a_long_k_are_split_along_k(emulate):
 def test_few_long_rows_are_split_by_size(emulate):
     """docs/cuda.md's heuristic: rows that would give few program instances and hold at
     least two chunks of SPLIT_WORK terms are split; many rows, short rows and matrix
-    products are not."""
+    products (split along k instead) are not."""
     def split(shape, axes, kind="sum"):
         g = Graph("s")
         g.output("y", g.reduce(kind, g.input("x", "f32", shape), axes, keepdim=False))
@@ -270,7 +270,9 @@ def test_few_long_rows_are_split_by_size(emulate):
     assert split((7, 50_000), (1,), "argmin")[0] == 3
     g = Graph("mm")
     g.output("y", g.input("a", "f32", (2, 100_000)) @ g.input("b", "f32", (100_000, 3)))
-    assert all(k["parts"] == 0 for k in _kernels(g.program())["kernels"])
+    # a matrix product: split along k (split-K, one tile), not as a reduction's rows
+    (kernel,) = _kernels(g.program())["kernels"]
+    assert kernel["parts"] == kernel["grid"] == render.MAX_K_PARTS
 
 
 def test_the_conformance_suites_long_rows_split_into_several_chunks(emulate, monkeypatch):
