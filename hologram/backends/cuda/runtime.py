@@ -276,15 +276,16 @@ class DeviceMemory(Allocator):
 
     def _collect(self, wait: bool = False) -> None:
         """Run the deferred releases whose event has completed (with ``wait``: all, once
-        their events have)."""
+        their events have). The releases run outside the lock where the caller holds none
+        (a producer's deleter may take its own allocator's lock)."""
         with self._lock:
             deferred, self._deferred = self._deferred, []
             ready = []
             for entry in deferred:
                 (ready if self.driver.event_done(entry[0], wait) else self._deferred).append(
                     entry)
-            for _, release, args in ready:
-                release(*args)
+        for _, release, args in ready:
+            release(*args)
 
     def _after_consumer(self, stream: int, block: DeviceBlock) -> None:
         """An exported block's deleter call (:func:`.dlpack.export`'s ``on_delete``): the
@@ -410,8 +411,8 @@ class DeviceMemory(Allocator):
     def empty_cache(self) -> int:
         """Free every cached block to the driver (live ones are untouched); returns the
         bytes freed; deferred releases whose streams are done are made first)."""
+        self._collect()
         with self._lock:
-            self._collect()
             return self._trim(0)
 
     def reset_peak_stats(self) -> None:
