@@ -211,7 +211,8 @@ def test_reductions_that_need_each_other_are_cut_into_split_kernels_over_few_row
     exponentials, then the probabilities) becomes a kernel per reduction, each split
     into chunks, and one over every element for the probabilities, their per-row results
     passing through temporaries; the program verifies. Over 4096 rows of 64 it stays one
-    kernel (each row already a program instance)."""
+    kernel (each row already a program instance). A log-sum-exp (one value per row) is
+    two kernels, the second making the store, and only the max goes through memory."""
     def softmax(rows, n):
         g = Graph("softmax")
         x = g.input("x", "f32", (rows, n))
@@ -230,6 +231,14 @@ def test_reductions_that_need_each_other_are_cut_into_split_kernels_over_few_row
     assert program.kernels[2].grid_rank == 2
     program, kernels = softmax(4096, 64)
     assert len(program.kernels) == 1 and kernels[0]["parts"] == 0
+    g = Graph("logsumexp")  # stores of one value per row only: the last result stays put
+    x = g.input("x", "f32", (2, 40_000))
+    m = g.max(x, 1, keepdim=True)
+    g.output("y", g.unary("log", g.sum(g.unary("exp", x - m), 1, keepdim=True)) + m)
+    program = verify(parse_program(json.loads(
+        hologram.build(g.program(), backend="cuda").data)["text"]))
+    assert [k.name for k in program.kernels] == ["k0r0", "k0r1"]
+    assert [b.name for b in program.temps] == ["k0_r0"]
 
 
 def test_matrix_products_of_few_tiles_and_a_long_k_are_split_along_k(emulate):

@@ -61,17 +61,17 @@ def cut(kernel: Kernel, buffers: list[BufferDecl], caps: Capabilities) -> list[K
                                         for d in range(g, len(kernel.domain)))]
     along = [p for p in stores if p not in per_row]
     # One temporary per reduction (one element per row, the result's dtype): stored by its
-    # own piece, loaded by the later ones.
+    # own piece, loaded by the later ones; the last one's only where the stores along the
+    # rows need it.
+    needs_last = bool(along) and reductions[-1] in _needed(body, along, reductions)
+    stored = reductions if needs_last else reductions[:-1]
     first = len(buffers)
-    temps = {p: first + i for i, p in enumerate(reductions)}
+    temps = {p: first + i for i, p in enumerate(stored)}
     pieces = []
     for i, p in enumerate(reductions):
-        last = i == len(reductions) - 1
-        roots = [p] + (per_row if last else [])
-        # The last result goes to memory only where the stores along the rows need it.
-        keep = last and not (along and p in _needed(body, along, reductions))
+        roots = [p] + (per_row if i == len(reductions) - 1 else [])
         pieces.append(_piece(kernel, f"{kernel.name}r{i}", roots, reductions[:i],
-                             temps, None if keep else p))
+                             temps, p if p in temps else None))
     if along:
         domain = kernel.domain
         disjoint = all(body[s].shape == domain and body[s].map.is_injective(domain)
@@ -80,7 +80,7 @@ def cut(kernel: Kernel, buffers: list[BufferDecl], caps: Capabilities) -> list[K
                       .evolve(grid_rank=len(domain) if disjoint else g))
     if any(not render.split(piece, caps)[0] for piece in pieces[:len(reductions)]):
         return None
-    for i, p in enumerate(reductions):
+    for i, p in enumerate(stored):
         shape = tuple(n for d, n in enumerate(body[p].shape) if d < g)
         buffers.append(BufferDecl(f"{kernel.name}_r{i}", body[p].dtype, shape, "temp"))
     return pieces
