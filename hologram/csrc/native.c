@@ -727,36 +727,38 @@ static void forget_plan(Launcher *l)
     l->nsteps = l->ntemps = 0;
 }
 
+/* The plan's arrays carved from one block at m (NULL: none, only the bytes counted):
+   8-byte members first, then the ints, so every array stays aligned. Returns the bytes. */
+static size_t carve(Launcher *l, char *m, Py_ssize_t nparams, Py_ssize_t nsteps,
+                    Py_ssize_t ntemps)
+{
+    size_t at = 0;
+#define TAKE(field, type, n) \
+    (l->field = m ? (type *)(m + at) : NULL, at += (size_t)(n) * sizeof(type))
+    TAKE(callbacks, Callback, nsteps);
+    TAKE(steps, kernel_fn, nsteps);
+    TAKE(finals, kernel_fn, nsteps);
+    TAKE(rows, int64_t, nsteps);
+    TAKE(grains, int64_t, nsteps);
+    TAKE(temp_offsets, int64_t, ntemps);
+    TAKE(temp_slots, int, ntemps);
+    TAKE(slots, int, nparams);
+#undef TAKE
+    return at;
+}
+
 /* Room for a plan of these sizes (the previous one dropped): 0, or -1 with MemoryError. */
 static int size_plan(Launcher *l, Py_ssize_t nparams, Py_ssize_t nsteps, Py_ssize_t ntemps)
 {
     forget_plan(l);
-    size_t bytes = (size_t)nsteps * (2 * sizeof(kernel_fn) + 2 * sizeof(int64_t) +
-                                     sizeof(Callback)) +
-                   (size_t)ntemps * (sizeof(int64_t) + sizeof(int)) +
-                   (size_t)nparams * sizeof(int);
+    size_t bytes = carve(l, NULL, nparams, nsteps, ntemps);
     char *m = PyMem_Calloc(1, bytes ? bytes : 1);
     if (m == NULL) {
         PyErr_NoMemory();
         return -1;
     }
     l->memory = m;
-    /* 8-byte members first, then the ints: every array stays aligned */
-    l->callbacks = (Callback *)m;
-    m += nsteps * sizeof(Callback);
-    l->steps = (kernel_fn *)m;
-    m += nsteps * sizeof(kernel_fn);
-    l->finals = (kernel_fn *)m;
-    m += nsteps * sizeof(kernel_fn);
-    l->rows = (int64_t *)m;
-    m += nsteps * sizeof(int64_t);
-    l->grains = (int64_t *)m;
-    m += nsteps * sizeof(int64_t);
-    l->temp_offsets = (int64_t *)m;
-    m += ntemps * sizeof(int64_t);
-    l->temp_slots = (int *)m;
-    m += ntemps * sizeof(int);
-    l->slots = (int *)m;
+    carve(l, m, nparams, nsteps, ntemps);
     l->nsteps = (int)nsteps; /* how many callbacks forget_plan looks at */
     return 0;
 }
