@@ -409,8 +409,8 @@ class DeviceMemory(Allocator):
             return dict(self._stats, num_classes=NUM_CLASSES, memory_limit=self._limit)
 
     def empty_cache(self) -> int:
-        """Free every cached block to the driver (live ones are untouched); returns the
-        bytes freed; deferred releases whose streams are done are made first)."""
+        """Free every cached block to the driver (live ones are untouched), after the
+        deferred releases whose streams are done; returns the bytes freed."""
         self._collect()
         with self._lock:
             return self._trim(0)
