@@ -12,7 +12,8 @@ STAMP_BENCH := $(VENV)/.stamp-bench
 PIP_INSTALL := $(VENV_PY) -m pip install -c constraints.txt
 # ruff errors on paths that do not exist, and some of these arrive later.
 LINT_PATHS := $(wildcard hologram hologram_torch tests examples)
-PYTEST_ARGS ?= -n 2
+# --durations: the slowest tests in every log, so that a CI run growing slower shows where.
+PYTEST_ARGS ?= -n 2 --durations=15
 BENCH_DIR := bench-results
 
 .PHONY: venv test bench bench-dev lint clean system-packages

@@ -783,6 +783,10 @@ def _case_teardowns(torch, dist, rank: int, world: int) -> None:
 
     from hologram_torch.distributed import process_group
 
+    # A group is never torn down before every rank has finished connecting to it: gloo
+    # (ours as torch's own) retries a connection the other rank's teardown refused until
+    # the group's timeout, or fails with "Connection closed by peer".
+    dist.barrier()
     dist.destroy_process_group()  # the launch's group; each round makes its own
     device = torch.device(DEVICE, 0)
     most_kept = 0
@@ -808,7 +812,8 @@ def _case_teardowns(torch, dist, rank: int, world: int) -> None:
     assert 0 < most_kept < 100, most_kept
     print(f"teardowns: {TEARDOWNS} done", flush=True)
     dist.init_process_group("hologram", init_method=f"{_INIT_METHOD}-last", rank=rank,
-                            world_size=world)  # for _worker's destroy_process_group
+                            world_size=world, timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
+    dist.barrier()  # for _worker's destroy_process_group (see above)
 
 
 CASES = {
