@@ -139,6 +139,25 @@ def test_concurrent_callers_of_one_product():
     assert not errors, errors
 
 
+def test_pieces_that_read_a_large_operand_whole_are_large():
+    """Each piece's library call packs the operand it reads whole (B for pieces of rows,
+    A for pieces of columns) again: beyond SHARED_BYTES of it, pieces hold at least
+    MIN_SHARED_PIECE rows (or columns); below, the work alone decides."""
+    least = parallel_gemm.MIN_SHARED_PIECE // parallel_gemm.BLOCK
+    assert least > 1
+    assert parallel_gemm.cut("f32", 1024, 64, 64) == (64, 2)  # B of 16 KiB
+    assert parallel_gemm.cut("f32", 1024, 512, 512) == (64, 1)  # B of 1 MiB exactly
+    assert parallel_gemm.cut("f64", 1024, 512, 512) == (64, least)  # 2 MiB
+    assert parallel_gemm.cut("f32", 1024, 1024, 1024) == (64, least)
+    assert parallel_gemm.cut("f32", 256, 4096, 4096) == (256, least)  # columns: A of 4 MiB
+    assert parallel_gemm.cut("f32", 64, 64, 0) == (0, 1)  # nothing to share
+    # large operands, cut into pieces (and not), through both entries and layouts
+    for dtype in DTYPES:
+        for trans_a, trans_b in ((False, False), (True, True)):
+            for m, n, k in ((600, 300, 1000), (300, 600, 1000), (400, 300, 1000)):
+                run(dtype, trans_a, trans_b, m, n, k)
+
+
 def test_a_null_address_is_refused():
     call = parallel_gemm.prepare("f32", False, False, 256, 64, 64, 64, 64, 64)
     x = np.zeros(256 * 64, np.float32)

@@ -8,14 +8,15 @@ took 3-28 ms each during a model's first training step, whose compiles run besid
 The worker pool (:mod:`.threads`, :mod:`.workers`) hands pieces out as threads come for
 them and the caller runs what no worker took, so a busy core costs at most one piece.
 
-So :func:`prepare` cuts C into pieces of whole rows (or of whole columns, when C has more
-columns than rows), each computed by one single-threaded call of the library entry
-:func:`.blas.prepare` would call, and runs them with :func:`threads.run_kernel` through a
-small native trampoline: one function per calling convention and dtype, compiled once per
-process (cached on disk, like the pool). The pieces depend only on the sizes and the
-thread count, never on which thread runs them, so a product's bits are the same from one
-call to the next; they may differ in the last place from one whole-product call (the
-library's kernels for a piece's edge tiles are its own), as a library's threads' do.
+So :func:`prepare` cuts C into pieces of whole rows (or of whole columns, when C has
+more columns than rows; :func:`cut` says how large), each computed by one
+single-threaded call of the library entry :func:`.blas.prepare` would call, and runs
+them with :func:`threads.run_kernel` through a small native trampoline: one function per
+calling convention and dtype, compiled once per process (cached on disk, like the pool).
+The pieces depend only on the sizes and the thread count, never on which thread runs
+them, so a product's bits are the same from one call to the next; they may differ in the
+last place from one whole-product call (the library's kernels for a piece's edge tiles
+are its own), as a library's threads' do.
 Products too small to share, and every product on one thread, make one call.
 """
 
@@ -32,7 +33,8 @@ from hologram.backends.cpu import blas, llvm, threads
 from hologram.backends.cpu import target as targets
 from hologram.errors import HologramError
 
-__all__ = ["BLOCK", "MIN_PIECE_FLOPS", "prepare", "trampoline_ir", "trampoline_name"]
+__all__ = ["BLOCK", "MIN_PIECE_FLOPS", "MIN_SHARED_PIECE", "SHARED_BYTES", "cut", "prepare",
+           "trampoline_ir", "trampoline_name"]
 
 #: Rows (or columns) of C a piece holds a multiple of: BLAS kernels compute tiles of 4 to
 #: 16 rows, so a piece boundary inside a tile would cost a partial tile on both sides.
@@ -40,6 +42,15 @@ BLOCK = 16
 #: Floating-point operations below which a piece is not worth handing to another thread
 #: (~5 µs on one core; a hand-off costs ~1 µs).
 MIN_PIECE_FLOPS = 1 << 18
+#: Where the operand every piece reads whole (B for pieces of rows, A for pieces of
+#: columns) is larger than ``SHARED_BYTES``, pieces hold at least ``MIN_SHARED_PIECE``
+#: rows (or columns): each library call packs that operand again, and a library's own
+#: threads pack it once between them. On the 2-core Intel Xeon (MKL, 2 threads), pieces
+#: of 64 rows left products at 0.69-0.83x of torch's (1024 x 4096 x 1024: 34 ms against
+#: 24), pieces of 128 no better, pieces of 256 or more at 0.94-1.03x; products whose B
+#: fits in 1 MiB ran at the same speed with either.
+SHARED_BYTES = 1 << 20
+MIN_SHARED_PIECE = 256
 
 # The job: the words the trampoline reads.
 _WORDS = ("fn", "set_local", "trans_a", "trans_b", "m", "n", "k", "lda", "ldb", "ldc", "a",
@@ -56,15 +67,10 @@ def prepare(dtype: str, trans_a: bool, trans_b: bool, m: int, n: int, k: int, ld
     there), run on the process's threads (:func:`threads.num_threads`) as pieces of C,
     each one single-threaded library call; checked once, like :func:`.blas.prepare`."""
     single = blas.prepare(dtype, trans_a, trans_b, m, n, k, 1.0, lda, ldb, 0.0, ldc, library)
+    blocks, grain = cut(dtype, m, n, k)
+    if blocks < 2 * grain:  # too small to share (or empty)
+        return single
     columns = n > m
-    extent, other = (n, m) if columns else (m, n)
-    work = 2 * BLOCK * other * k  # per block of rows (or columns)
-    if work == 0:  # an empty product, or C set to 0
-        return single
-    blocks = -(-extent // BLOCK)
-    grain = max(1, -(-MIN_PIECE_FLOPS // work))
-    if blocks < 2 * grain:  # too small to share
-        return single
     found = blas.entry(dtype, max(m, n, k, lda, ldb, ldc), library)
     kernel = _trampoline(found.abi, found.int64, dtype)
     words = dict(fn=found.address, set_local=found.set_local_threads, trans_a=int(trans_a),
@@ -90,6 +96,21 @@ def prepare(dtype: str, trans_a: bool, trans_b: bool, m: int, n: int, k: int, ld
             threads.run_kernel(kernel, job, blocks, grain)
 
     return call
+
+
+def cut(dtype: str, m: int, n: int, k: int) -> tuple[int, int]:
+    """How :func:`prepare` cuts the ``m x n`` C of a product over ``k`` (no pieces where
+    ``blocks < 2 * grain``): ``(blocks, grain)``, C's blocks of ``BLOCK`` rows (of columns
+    when ``n > m``) and the fewest blocks a piece holds (``MIN_PIECE_FLOPS``,
+    ``MIN_SHARED_PIECE``)."""
+    extent, other = (n, m) if n > m else (m, n)
+    work = 2 * BLOCK * other * k  # per block of rows (or columns)
+    if work == 0:  # an empty product, or C set to 0
+        return 0, 1
+    grain = max(1, -(-MIN_PIECE_FLOPS // work))
+    if other * k * (8 if dtype == "f64" else 4) > SHARED_BYTES:
+        grain = max(grain, MIN_SHARED_PIECE // BLOCK)
+    return -(-extent // BLOCK), grain
 
 
 class _OpenblasThreads:
