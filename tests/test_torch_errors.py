@@ -313,3 +313,46 @@ def test_multiprocessing_queue_refuses_device_tensors_at_put(tmp_path):
     assert all("hologram tensor cannot be sent to another process" in line and ".cpu()" in line
                for line in raised)
     assert "received: [2.0, 2.0]" in lines and "exit: 0" in lines
+
+
+# --- shapes that do not broadcast -----------------------------------------------------------
+
+def _o(*shape, device, dtype=torch.float32):
+    return torch.ones(shape, dtype=dtype, device=device)
+
+
+NOT_BROADCASTING = {
+    "add": lambda d: _o(2, 3, device=d) + _o(2, 4, device=d),
+    "sub": lambda d: _o(2, 3, device=d) - _o(2, 4, device=d),
+    "mul": lambda d: _o(2, 3, device=d) * _o(2, 4, device=d),
+    "div": lambda d: _o(2, 3, device=d) / _o(2, 4, device=d),
+    "eq": lambda d: _o(2, 3, device=d) == _o(2, 4, device=d),
+    "maximum": lambda d: torch.maximum(_o(2, 3, device=d), _o(2, 4, device=d)),
+    "where": lambda d: torch.where(_o(5, 1, 1, device=d) > 0, _o(2, 3, device=d),
+                                   _o(4, 3, device=d)),
+    "addcmul": lambda d: torch.addcmul(_o(2, 1, device=d), _o(3, 1, device=d), _o(4, device=d)),
+    "copy_": lambda d: _o(2, 3, device=d).copy_(_o(2, 4, device=d)),
+    "copy_ transposed": lambda d: _o(3, 2, device=d).copy_(_o(2, 3, device=d)),
+    "copy_ larger": lambda d: _o(3, device=d).copy_(_o(2, 3, device=d)),
+    "add_": lambda d: _o(2, 3, device=d).add_(_o(2, 4, device=d)),
+    "add_ larger": lambda d: _o(3, device=d, dtype=torch.int64).add_(_o(2, 3, device=d)),
+    "add out=": lambda d: torch.add(_o(3, device=d), _o(2, 4, device=d),
+                                    out=torch.empty(0, device=d)),
+    "empty": lambda d: _o(0, 3, device=d) + _o(2, 3, device=d),
+    "clamp": lambda d: torch.clamp(_o(3, device=d), _o(4, device=d)),
+    "masked_fill": lambda d: _o(3, device=d).masked_fill(_o(4, device=d) > 0, 1),
+    "masked_fill_": lambda d: _o(3, device=d).masked_fill_(_o(2, 3, device=d) > 0, 1),
+    "lerp": lambda d: torch.lerp(_o(3, device=d), _o(3, device=d), _o(4, device=d)),
+    "threshold_backward": lambda d: torch.ops.aten.threshold_backward(
+        _o(3, device=d), _o(4, device=d), 0.0),
+    "_foreach_add": lambda d: torch._foreach_add([_o(3, device=d)], [_o(4, device=d)]),
+}
+
+
+@pytest.mark.parametrize("name", list(NOT_BROADCASTING))
+def test_shapes_that_do_not_broadcast_raise_torch_error(name):
+    # PyTorch's RuntimeError with its exact message (not the SDK's ShapeError, a ValueError)
+    fn = NOT_BROADCASTING[name]
+    expected, actual = _raised(fn, "cpu"), _raised(fn, "hologram")
+    assert type(actual) is type(expected) is RuntimeError, f"{type(actual).__name__}: {actual}"
+    assert str(actual) == str(expected)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from hologram.errors import ShapeError
 from hologram.isa import dtypes as dt
 from hologram_torch import native
 from hologram_torch.aten import lowered, program
@@ -20,6 +21,7 @@ from hologram_torch.aten.program import ISA, Unsupported, cast
 from hologram_torch.aten.registry import aten, impl, native_or_cpu, overload
 from hologram_torch.fallback import run_on_cpu
 from hologram_torch.lowering import elementwise as lowering_ew
+from hologram_torch.lowering.common import broadcast_shapes, check_output_shape
 
 OPINFO = (
     "add", "sub", "mul", "div.no_rounding_mode", "true_divide", "maximum", "minimum",
@@ -58,6 +60,9 @@ def _pointwise(name: str, fn, args: tuple, result: torch.dtype,
         return program.run(name, _build, args, (spec,), out)
     except Unsupported:
         return NotImplemented
+    except ShapeError:  # operands that do not broadcast: PyTorch's error (lowered._launch)
+        broadcast_shapes(*(a.shape for a in args if isinstance(a, torch.Tensor)))
+        raise
 
 
 def _lowered(name: str, op, args: tuple, out=None, static=(), kwargs=()):
@@ -84,18 +89,15 @@ def _remembered(name: str, self: torch.Tensor, static=()) -> torch.Tensor | None
 
 
 def _check_inplace(name: str, self: torch.Tensor, result: torch.dtype, *others) -> None:
-    """PyTorch's rules for writing a result into ``self``: the dtype must cast and the
-    broadcast shape must be self's. (Overlapping memory never reaches a kernel here: see
-    :func:`registry.native_or_cpu`.)"""
+    """PyTorch's rules for writing a result into ``self``, in its order: the operands must
+    broadcast to self's shape, then the dtype must cast. (Overlapping memory never reaches
+    a kernel here: see :func:`registry.native_or_cpu`.)"""
+    shapes = [o.shape for o in others if isinstance(o, torch.Tensor)]
+    if any(s != self.shape for s in shapes):
+        check_output_shape(self.shape, *shapes)
     if not torch.can_cast(result, self.dtype):
         raise RuntimeError(f"result type {_short(result)} can't be cast to the desired "
                            f"output type {_short(self.dtype)}")
-    for o in others:
-        if isinstance(o, torch.Tensor) and not o.is_cpu and (o.dim() > self.dim() or any(
-                n != m and n != 1 for n, m in zip(reversed(o.shape), reversed(self.shape)))):
-            raise RuntimeError(
-                f"output with shape {list(self.shape)} doesn't match the broadcast "
-                f"shape {list(torch.broadcast_shapes(self.shape, o.shape))}")
 
 
 def _short(dtype: torch.dtype) -> str:
@@ -116,20 +118,13 @@ def _native(*xs) -> bool:
 
 
 def _shape(*xs) -> tuple[int, ...]:
-    """The broadcast shape of the tensors among ``xs`` (torch.broadcast_shapes is slow)."""
+    """The broadcast shape of the tensors among ``xs``, PyTorch's error if they do not
+    broadcast (torch.broadcast_shapes is slow, and words its error differently)."""
     shapes = [x.shape for x in xs if isinstance(x, torch.Tensor)]
     first = shapes[0]
     if all(s == first for s in shapes):
         return tuple(first)
-    rank = max(len(s) for s in shapes)
-    result = [1] * rank
-    for s in shapes:
-        for i, n in enumerate(s, rank - len(s)):
-            if n != 1:
-                if result[i] not in (1, n):
-                    raise RuntimeError(f"shapes {[list(s) for s in shapes]} do not broadcast")
-                result[i] = n
-    return tuple(result)
+    return broadcast_shapes(*shapes)
 
 
 # --- binary ops -------------------------------------------------------------------------
@@ -409,6 +404,8 @@ def _fill_plan(self, mask, value):
 
 @native_or_cpu("masked_fill.Scalar", "masked_fill.Tensor")
 def masked_fill(self, mask, value):
+    if mask.shape != self.shape:
+        _shape(mask, self)  # PyTorch expands the mask and self together, mask first
     value = _fill_plan(self, mask, value)
     if value is None:
         return NotImplemented
@@ -532,8 +529,11 @@ def _activation(name: str, *, inplace: bool = True, ints: bool = False, defaults
 def _backward(name: str):
     """``name(grad_output, saved, *scalars)``: the gradient (float operands)."""
     op = overload(name)
+    threshold = name == "threshold_backward"
 
     def kernel(grad_output, saved, *scalars):
+        if threshold and saved.shape != grad_output.shape:
+            _shape(saved, grad_output)  # its TensorIterator takes self first
         if not _float(grad_output, saved):
             return NotImplemented
         return _lowered(name, op, (grad_output, saved, *scalars))

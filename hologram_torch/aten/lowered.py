@@ -15,10 +15,12 @@ from collections.abc import Sequence
 
 import torch
 
+from hologram.errors import ShapeError
 from hologram_torch.aten import program
 from hologram_torch.aten.registry import native_or_cpu, overload
 from hologram_torch.constants import NAME
 from hologram_torch.lowering import Number, Unsupported, lower
+from hologram_torch.lowering.common import broadcast_shapes
 
 
 class _Slot:
@@ -100,6 +102,12 @@ def _launch(op, args, spec, out, name):
         return program.run(name or op.__name__.partition(".")[0], _build, args, spec, out)
     except (Unsupported, program.Unsupported):
         return NotImplemented
+    except ShapeError:
+        # Only a first call compiles (a kernel's key holds its operands' shapes), so the
+        # graph's own broadcast check is the device's: operands that do not broadcast get
+        # PyTorch's RuntimeError, as its TensorIterator folds them in argument order.
+        broadcast_shapes(*(a.shape for a in args if isinstance(a, torch.Tensor)))
+        raise
 
 
 def static(a):

@@ -20,6 +20,7 @@ from hologram_torch.aten.program import ISA, Unsupported, cast
 from hologram_torch.aten.registry import aten, composed, impl, overload
 from hologram_torch.constants import CPU_KEYS, NAME
 from hologram_torch.fallback import cpu_view
+from hologram_torch.lowering.common import check_output_shape
 
 
 def _strides_for(size, dtype, memory_format) -> list[int] | None:
@@ -95,6 +96,8 @@ def _lazy(t: torch.Tensor) -> bool:
 
 def copy_into(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
     """``dst.copy_(src)`` for device tensors (src broadcast, cast to dst's dtype)."""
+    if src.shape != dst.shape:
+        check_output_shape(dst.shape, src.shape)  # PyTorch's errors, before any work
     if dst.numel() == 0:
         return dst
     if src.is_cpu and src.dim() == 0:

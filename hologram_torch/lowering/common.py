@@ -146,3 +146,39 @@ def cast(x, dtype: dt.DType):
 
 def is_float(x) -> bool:
     return torch_dtype(x).is_floating_point
+
+
+# --- shapes -----------------------------------------------------------------------------
+
+def broadcast_shapes(*shapes) -> tuple[int, ...]:
+    """PyTorch's broadcast of ``shapes`` taken in order, as its TensorIterator folds its
+    operands' shapes (``infer_size``), with its error: a RuntimeError naming the first
+    mismatching dimension from the right, ``a`` the shape so far and ``b`` the next
+    operand's (the graph's own broadcast raises the SDK's ShapeError)."""
+    result: tuple[int, ...] = ()
+    for shape in shapes:
+        shape = tuple(shape)
+        if shape == result:
+            continue
+        ndim = max(len(result), len(shape))
+        sizes = []
+        for offset in range(ndim):
+            a = result[-1 - offset] if offset < len(result) else 1
+            b = shape[-1 - offset] if offset < len(shape) else 1
+            if a != b and a != 1 and b != 1:
+                raise RuntimeError(f"The size of tensor a ({a}) must match the size of "
+                                   f"tensor b ({b}) at non-singleton dimension "
+                                   f"{ndim - 1 - offset}")
+            sizes.append(b if a == 1 else a)
+        result = tuple(reversed(sizes))
+    return result
+
+
+def check_output_shape(out_shape, *shapes) -> None:
+    """PyTorch's check of an in-place or ``out=`` result that cannot be resized: the
+    operands (``out_shape`` first, as TensorIterator takes its output) must broadcast, to
+    ``out_shape``."""
+    shape = broadcast_shapes(out_shape, *shapes)
+    if shape != tuple(out_shape):
+        raise RuntimeError(f"output with shape {list(out_shape)} doesn't match the "
+                           f"broadcast shape {list(shape)}")
