@@ -495,9 +495,9 @@ def test_compiled_lookups_are_one_program():
     ("embedding", 100), ("embedding", -1), ("index", 6), ("index", -7),
     ("index_select", 6), ("gather", -7)])
 def test_compiled_lookups_raise_on_indices_out_of_range(case, bad):
-    """A compiled program's gathers clamp (docs/isa.md); the compiled region raises
-    IndexError as eager PyTorch does instead of returning what the clamp read, and the
-    same function with indices in range still computes."""
+    """A compiled program's gathers clamp (docs/isa.md); the compiled region raises the
+    error eager PyTorch raises (IndexError; gather: RuntimeError) instead of returning what
+    the clamp read, and the same function with indices in range still computes."""
     fns = {
         "embedding": lambda x, w, i: torch.nn.functional.embedding(i, w) * 2,
         "index": lambda x, w, i: x[i] + 1,
@@ -513,7 +513,10 @@ def test_compiled_lookups_raise_on_indices_out_of_range(case, bad):
     x, w = torch.randn(6, 5, generator=g), torch.randn(100, 4, generator=g)
     good = torch.tensor([0, 5, 2, 1])
     torch.testing.assert_close(f(x, w, good), fns[case](x, w, good))
-    with pytest.raises(IndexError, match="out of"):
+    error = RuntimeError if case == "gather" else IndexError
+    with pytest.raises(error, match="out of"):
+        fns[case](x, w, torch.tensor([0, bad, 2, 1]))
+    with pytest.raises(error, match="out of"):
         f(x, w, torch.tensor([0, bad, 2, 1]))
     torch.testing.assert_close(f(x, w, good), fns[case](x, w, good))
     s = stats.compile_stats()
@@ -564,3 +567,53 @@ def test_compiled_writes_raise_on_indices_out_of_range(case, bad):
     s = stats.compile_stats()
     assert s["ops_eager"] == 0, s  # the program raised, not eager
     torch._dynamo.reset()
+
+
+# --- index shapes and boolean scalars among advanced indices ---------------------------------
+
+def _outcome(fn, device):
+    """``fn``'s result on ``device`` (on the CPU), or its exception's type and message."""
+    a = torch.arange(24.0).reshape(2, 3, 4).to(device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            return fn(a).cpu()
+        except Exception as exc:  # the error under test
+            return type(exc), str(exc)
+
+
+def _idx(a, values):
+    return torch.tensor(values, device=a.device)
+
+
+def _put(a, indices, value):
+    a[indices] = value
+    return a
+
+
+MIXED_INDICES = {
+    "lists that do not broadcast": lambda a: a[[0, 1], [0, 1, 2]],
+    "around a slice": lambda a: a[[0, 1], :, [0, 1, 2]],
+    "three, 2-d": lambda a: a[[[0], [1]], [0, 1, 2], [0, 1]],
+    "after an int": lambda a: a[0, [0, 1], [0, 1, 2]],
+    "tensors": lambda a: a[_idx(a, [0, 1]), _idx(a, [0, 1, 2])],
+    "put": lambda a: _put(a, ([0, 1], [0, 1, 2]), 1.0),
+    "True among indices": lambda a: a[True, [0, 1], True, True, [1], [[2]]],
+    "True, None among indices": lambda a: a[True, [[0, 1]], True, None, True, [1], [[2]]],
+    "False, True, ...": lambda a: a[False, True, ...],
+    "False, list": lambda a: a[False, [0, 1], ...],
+    "None, True, list": lambda a: a[None, True, [0, 1]],
+    "list, True, list": lambda a: a[[0, 1], True, [0, 1]],
+    "..., list, False": lambda a: a[..., [0], False],
+    "bool tensors": lambda a: a[_idx(a, True), [0, 1], _idx(a, True), [1], [[2]]],
+}
+
+
+@pytest.mark.parametrize("name", list(MIXED_INDICES))
+def test_index_shapes_and_boolean_scalars_as_pytorch(name):
+    fn = MIXED_INDICES[name]
+    expected, actual = _outcome(fn, "cpu"), _outcome(fn, D)
+    if isinstance(expected, tuple):  # IndexError('shape mismatch: ...') for shapes
+        assert actual == expected
+    else:
+        torch.testing.assert_close(actual, expected, rtol=0, atol=0)

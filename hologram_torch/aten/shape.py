@@ -39,6 +39,7 @@ from hologram_torch.aten.tensor import clone, copy_into
 from hologram_torch.fallback import cpu_view, run_on_cpu
 from hologram_torch.lowering import Number, Unsupported, lower
 from hologram_torch.lowering import shape as lowering_shape
+from hologram_torch.lowering.common import broadcast_shapes
 
 OPINFO = ("cat", "stack", "hstack", "vstack", "index_select", "gather", "index_add",
           "scatter", "scatter_add", "__getitem__", "index_put", "index_copy", "index_fill",
@@ -154,11 +155,25 @@ def _index_build(g, src, *rest):
     return lower(aten.index.Tensor, g, src, [next(given) if p else None for p in present])
 
 
+def check_index_shapes(tensors: list[torch.Tensor]) -> None:
+    """PyTorch's IndexError for index tensors that do not broadcast together (its meta
+    kernel words it differently, as a RuntimeError)."""
+    if any(t.shape != tensors[0].shape for t in tensors):
+        try:
+            broadcast_shapes(*(t.shape for t in tensors))
+        except RuntimeError:
+            listed = ", ".join(str(list(t.shape)) for t in tensors)
+            raise IndexError("shape mismatch: indexing tensors could not be broadcast "
+                             f"together with shapes {listed}") from None
+
+
 def _index(op, self, indices, out=None):
     """``self[indices]`` (advanced indexing) as one gather, after the bounds check."""
     kwargs = {} if out is None else {"out": out}
     indices = list(indices)
     tensors = [i for i in indices if i is not None]
+    if not any(t.dtype in (torch.bool, torch.uint8) for t in tensors):
+        check_index_shapes(tensors)
     if (not tensors or self.dim() == 0 or len(indices) > self.dim()
             or not program.supported(self, *tensors)
             or any(t.dtype not in _SELECT_INDEX or t.is_cpu for t in tensors)):
