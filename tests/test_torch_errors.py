@@ -356,3 +356,75 @@ def test_shapes_that_do_not_broadcast_raise_torch_error(name):
     expected, actual = _raised(fn, "cpu"), _raised(fn, "hologram")
     assert type(actual) is type(expected) is RuntimeError, f"{type(actual).__name__}: {actual}"
     assert str(actual) == str(expected)
+
+
+# --- copies within one storage, lerp's dtypes -----------------------------------------------
+
+def _outcome(fn, device):
+    """``fn(device)``'s result on the CPU, or its exception's type and message."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            return fn(device).cpu()
+        except Exception as exc:  # the error under test
+            return type(exc), str(exc)
+
+
+def _copy_within(dst, src):
+    def fn(device):
+        a = _arange(device)
+        dst(a).copy_(src(a))
+        return a
+    return fn
+
+
+COPIES_WITHIN = {  # PyTorch raises for partial overlaps of dense tensors, copies the rest
+    "a[1:] <- a[:-1]": _copy_within(lambda a: a[1:], lambda a: a[:-1]),
+    "a[:-1] <- a[1:]": _copy_within(lambda a: a[:-1], lambda a: a[1:]),
+    "rows <- transposed": _copy_within(lambda a: a.view(2, 3), lambda a: a.view(3, 2).t()),
+    "rows <- a broadcast row": _copy_within(lambda a: a.view(2, 3), lambda a: a.view(2, 3)[:1]),
+    "columns <- columns": _copy_within(lambda a: a.view(2, 3)[:, :2],
+                                       lambda a: a.view(2, 3)[:, 1:]),
+    "evens <- odds": _copy_within(lambda a: a[::2], lambda a: a[1::2]),
+    "a <- a": _copy_within(lambda a: a, lambda a: a),
+    "a <- a as int32": _copy_within(lambda a: a.view(torch.int32), lambda a: a.view(torch.int32)),
+    "a[1:4] <- a[0]": _copy_within(lambda a: a[1:4], lambda a: a[0]),
+}
+
+
+@pytest.mark.parametrize("name", list(COPIES_WITHIN))
+def test_copies_within_one_storage_as_pytorch(name):
+    fn = COPIES_WITHIN[name]
+    expected, actual = _outcome(fn, "cpu"), _outcome(fn, "hologram")
+    if isinstance(expected, tuple):
+        assert actual == expected
+    else:
+        torch.testing.assert_close(actual, expected, rtol=0, atol=0)
+
+
+def _t(n, dtype, device):
+    return torch.ones(n, dtype=dtype, device=device)
+
+
+F32, F64, F16 = torch.float32, torch.float64, torch.float16
+LERPS = {
+    "end double": lambda d: torch.lerp(_t(3, F32, d), _t(3, F64, d), 0.5),
+    "weight double": lambda d: torch.lerp(_t(3, F32, d), _t(3, F32, d), _t(3, F64, d)),
+    "lerp_ end double": lambda d: _t(3, F32, d).lerp_(_t(3, F64, d), 0.5),
+    "0-d end double": lambda d: torch.lerp(_t(3, F32, d), _t((), F64, d), 0.5),
+    "half, end float": lambda d: torch.lerp(_t(3, F16, d), _t(3, F32, d), 0.5),
+    "_foreach_lerp": lambda d: torch._foreach_lerp([_t(3, F32, d)], [_t(3, F64, d)], 0.5)[0],
+    "0-d weight double": lambda d: torch.lerp(_t(3, F32, d), _t(3, F32, d), _t((), F64, d)),
+    "out= double": lambda d: torch.lerp(_t(3, F32, d), _t(3, F32, d), 0.5,
+                                        out=torch.empty(3, dtype=F64, device=d)),
+}
+
+
+@pytest.mark.parametrize("name", list(LERPS))
+def test_lerp_operand_dtypes_as_pytorch(name):
+    fn = LERPS[name]
+    expected, actual = _outcome(fn, "cpu"), _outcome(fn, "hologram")
+    if isinstance(expected, tuple):
+        assert actual == expected
+    else:
+        torch.testing.assert_close(actual, expected, rtol=0, atol=0)

@@ -53,13 +53,25 @@ def addcdiv_(self, tensor1, tensor2, *, value=1):
     return _run("addcdiv_", aten.addcdiv.default, (self, tensor1, tensor2, value), self)
 
 
+def _lerp_dtypes(self, end, weight) -> None:
+    """PyTorch's dtype rule for lerp: ``end``, and a weight tensor that is not 0-d, in
+    ``self``'s dtype. A mismatch raises its error, worded by its CPU kernel, run on
+    stand-ins of the operands' dtypes and shapes (one element each, expanded)."""
+    if end.dtype is not self.dtype or (isinstance(weight, torch.Tensor) and weight.dim()
+                                       and weight.dtype is not self.dtype):
+        torch.lerp(*(torch.zeros((), dtype=x.dtype).expand(x.shape)
+                     if isinstance(x, torch.Tensor) else x for x in (self, end, weight)))
+
+
 @native_or_cpu("lerp.Scalar", "lerp.Tensor")
 def lerp(self, end, weight):
+    _lerp_dtypes(self, end, weight)
     return _run("lerp", aten.lerp.Scalar, (self, end, weight))
 
 
 @native_or_cpu("lerp_.Scalar", "lerp_.Tensor")
 def lerp_(self, end, weight):
+    _lerp_dtypes(self, end, weight)
     return _run("lerp_", aten.lerp.Scalar, (self, end, weight), self)
 
 
@@ -73,6 +85,9 @@ def _each(name, self, *others, inplace):
     rows = list(zip(self, *columns))
     if not all(_float(*row) for row in rows):
         return NotImplemented
+    if name == "lerp":  # PyTorch checks each tensor as its lerp does
+        for row in rows:
+            _lerp_dtypes(*row)
     results = []
     for x, *rest in rows:
         if inplace:

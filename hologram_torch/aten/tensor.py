@@ -103,8 +103,14 @@ def copy_into(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
     if src.is_cpu and src.dim() == 0:
         src = src.item()
     if (isinstance(src, torch.Tensor) and not src.is_cpu and _overlap(dst, src)
-            and (src.data_ptr() != dst.data_ptr() or src.stride() != dst.stride())):
-        src = clone(src)  # a partial overlap: read everything before writing
+            and (src.data_ptr() != dst.data_ptr() or src.stride() != dst.stride()
+                 or src.shape != dst.shape)):
+        # Memory shared other than element for element: PyTorch's copy on aliases of one
+        # CPU storage, which raises its overlap error where PyTorch does (a partial
+        # overlap of dense tensors) and computes what PyTorch computes elsewhere.
+        storages: dict = {}
+        cpu_view(dst, storages).copy_(cpu_view(src, storages))
+        return dst
     if _lazy(dst) or (isinstance(src, torch.Tensor) and _lazy(src)) or (
             memory.internal_overlap(dst)):
         # Conjugate or negative views (complex results, .imag of a conjugate): the CPU
@@ -162,7 +168,7 @@ def _copy_from_and_resize(src, dst):
 
 @impl("resize_")
 def resize_(self, size, memory_format=None):
-    return memory.resize(self, size)
+    return memory.resize(self, size, memory_format)
 
 
 @impl("_local_scalar_dense")
