@@ -81,6 +81,19 @@ def contiguous_strides(size) -> list[int]:
     return strides
 
 
+def dense(size, stride) -> bool:
+    """Does the layout address each of ``numel`` consecutive elements exactly once
+    (PyTorch's ``is_non_overlapping_and_dense``)?"""
+    step = 1
+    for n, s in sorted(((n, s) for n, s in zip(size, stride) if n != 1), key=lambda d: d[1]):
+        if n == 0:
+            return True
+        if s != step:
+            return False
+        step *= n
+    return True
+
+
 def span(size, stride) -> int:
     """Elements from the first to one past the last element a layout addresses."""
     if 0 in size:
@@ -105,12 +118,13 @@ def on_storage(st: torch.UntypedStorage, dtype: torch.dtype, size, stride,
 
 def new(size: list[int], stride: list[int] | None, nbytes: int, dtype: torch.dtype
         ) -> torch.Tensor:
-    """A contiguous device tensor (``stride`` must be ``size``'s contiguous strides, or
-    None for them) of
-    ``nbytes``: the kernels' hot path. ``create_empty_tensor(size)`` already has the
-    metadata, on a null storage; swapping our block's pointer into that storage costs
-    half of a ``set_`` (which goes through the dispatcher)."""
-    if not _SWAP or not nbytes:  # (create_empty_tensor's strides of (0, 1) are (0, 1))
+    """A new device tensor of ``nbytes``, contiguous (``stride`` None) or with the dense
+    ``stride`` (a permutation of the dimensions: channels_last, a transposed result): the
+    kernels' hot path. ``create_empty_tensor(size)`` already has the contiguous metadata,
+    on a null storage; swapping our block's pointer into that storage costs half of a
+    ``set_`` (which goes through the dispatcher)."""
+    if stride is not None or not _SWAP or not nbytes:
+        # (create_empty_tensor's strides of (0, 1) are (0, 1))
         return on_storage(storage(nbytes), dtype, size,
                           contiguous_strides(size) if stride is None else stride)
     t = _create(size, dtype)
@@ -154,19 +168,30 @@ def cpu_alias(t: torch.Tensor, storages: dict | None = None) -> torch.Tensor:
 
 
 def from_cpu(t: torch.Tensor) -> torch.Tensor:
-    """A contiguous device copy of the CPU tensor ``t``."""
-    out = empty(t.shape, t.dtype)
+    """A device copy of the CPU tensor ``t``, in ``t``'s layout when that is dense (a
+    channels_last or transposed result of a CPU kernel stays so), else contiguous."""
+    keep = t.dim() > 1 and not t.is_contiguous() and dense(t.shape, t.stride())
+    out = empty(t.shape, t.dtype, tuple(t.stride()) if keep else None)
     if out.numel():
         cpu_alias(out).copy_(t)
     return out
 
 
-def resize(t: torch.Tensor, size) -> torch.Tensor:
-    """``t.resize_(size)``: contiguous, keeping the data that fits (torch's semantics for
-    a tensor that owns its storage; views of the old storage keep the old memory)."""
+def resize(t: torch.Tensor, size, memory_format: torch.memory_format | None = None
+           ) -> torch.Tensor:
+    """``t.resize_(size, memory_format=...)``, keeping the data that fits (torch's
+    semantics for a tensor that owns its storage; views of the old storage keep the old
+    memory). A tensor resized to its own size keeps its strides; a new size is contiguous;
+    then a ``memory_format`` restrides it to that format (``preserve_format`` is refused,
+    as PyTorch refuses it)."""
     size = list(size)
-    stride = contiguous_strides(size)
-    need = (t.storage_offset() + math.prod(size)) * t.element_size()
+    stride = list(t.stride()) if size == list(t.shape) else contiguous_strides(size)
+    if memory_format is torch.preserve_format:
+        raise RuntimeError("Unsupported memory formatPreserve")  # PyTorch's words
+    if memory_format is not None:
+        # PyTorch's restride: the format's strides for this size (meta: no memory)
+        stride = list(torch.empty(size, device="meta", memory_format=memory_format).stride())
+    need = (t.storage_offset() + span(size, stride)) * t.element_size()
     st = t.untyped_storage()
     if need > st.nbytes():
         new = storage(need)

@@ -16,7 +16,7 @@ import torch
 from hologram.errors import ShapeError
 from hologram.isa import dtypes as dt
 from hologram_torch import native
-from hologram_torch.aten import lowered, program
+from hologram_torch.aten import layout, lowered, program
 from hologram_torch.aten.program import ISA, Unsupported, cast
 from hologram_torch.aten.registry import aten, impl, native_or_cpu, overload
 from hologram_torch.fallback import run_on_cpu
@@ -57,7 +57,7 @@ def _pointwise(name: str, fn, args: tuple, result: torch.dtype,
         return NotImplemented
     spec = (fn, compute or _compute(result), ISA[result], keep, extra)
     try:
-        return program.run(name, _build, args, (spec,), out)
+        return program.run(name, _build, args, (spec,), out, layout=layout.pointwise)
     except Unsupported:
         return NotImplemented
     except ShapeError:  # operands that do not broadcast: PyTorch's error (lowered._launch)

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 
 from hologram.errors import ShapeError
-from hologram_torch.aten import program
+from hologram_torch.aten import layout, program
 from hologram_torch.aten.registry import native_or_cpu, overload
 from hologram_torch.constants import NAME
 from hologram_torch.lowering import Number, Unsupported, lower
@@ -90,6 +90,15 @@ def call(op: torch._ops.OpOverload, *args, kwargs: tuple = (),
     return _launch(op, operands, ((op, (), tuple(template), kwargs),), out, name)
 
 
+def _layout(args: Sequence, spec: tuple, shapes) -> list | None:
+    """Fresh results are laid out as ``op``'s meta kernel lays them out (see
+    :mod:`.layout`): its ATen arguments rebuilt from the operands and the template."""
+    ((op, _, template, kwargs),) = spec
+    operands = iter(args)
+    aten_args = [next(operands) if a is SLOT else a for a in template]
+    return layout.of_op(op, aten_args, dict(kwargs), shapes)
+
+
 def _launch(op, args, spec, out, name):
     for a in args:
         # only 0-d CPU tensors (wrapped scalars) mix with device tensors; a kernel's key
@@ -99,7 +108,8 @@ def _launch(op, args, spec, out, name):
             raise RuntimeError(f"Expected all tensors to be on the same device, but found at "
                                f"least two devices, {NAME}:0 and cpu! ({op})")
     try:
-        return program.run(name or op.__name__.partition(".")[0], _build, args, spec, out)
+        return program.run(name or op.__name__.partition(".")[0], _build, args, spec, out,
+                           layout=_layout)
     except (Unsupported, program.Unsupported):
         return NotImplemented
     except ShapeError:

@@ -28,7 +28,7 @@ import math
 import torch
 
 from hologram_torch import memory
-from hologram_torch.aten import lowered, program
+from hologram_torch.aten import layout, lowered, program
 from hologram_torch.aten.program import ISA, cast, opmath
 from hologram_torch.aten.registry import aten, impl
 from hologram_torch.aten.shape import cpu_error, in_bounds
@@ -292,11 +292,14 @@ def native_dropout(x, p, train=None):
     if x.numel() == 0:
         return memory.empty(x.shape, x.dtype), memory.empty(x.shape, torch.bool)
     if train is not None and not train:
-        return program.run("dropout_eval", _dropout_eval_build, (x, True))
+        return program.run("dropout_eval", _dropout_eval_build, (x, True),
+                           layout=layout.pointwise)
     keep = 1.0 - p
-    noise = memory.from_cpu(torch.empty(x.shape, dtype=x.dtype).bernoulli_(keep))
+    # laid out as x (the CPU draws into empty_like(x)): the same draws in the same places
+    noise = torch.empty_strided(x.shape, layout.elementwise(x.shape, (x,)), dtype=x.dtype)
+    noise = memory.from_cpu(noise.bernoulli_(keep))
     scale = 0.0 if keep == 0 else 1.0 / keep
-    return program.run("dropout", _dropout_build, (x, noise, scale))
+    return program.run("dropout", _dropout_build, (x, noise, scale), layout=layout.pointwise)
 
 
 @impl("native_dropout_backward")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from hologram_torch import memory
-from hologram_torch.aten import lowered, program
+from hologram_torch.aten import layout, lowered, program
 from hologram_torch.aten.program import ISA
 from hologram_torch.aten.registry import aten, impl
 from hologram_torch.fallback import run_on_cpu
@@ -38,7 +38,7 @@ def _update_in_place(x, weight, bias, running_mean, running_var, momentum, eps):
     """Training with running statistics: one program, the running tensors its outputs."""
     c = x.shape[1]
     stats = _stats_dtype(x, weight)
-    out = (memory.empty(x.shape, x.dtype), memory.empty((c,), stats),
+    out = (memory.empty(x.shape, x.dtype, layout.suggested(x)), memory.empty((c,), stats),
            memory.empty((c,), stats), running_mean, running_var)
     r = lowered.call(aten._native_batch_norm_legit_functional.default, x, weight, bias,
                      running_mean, running_var, True, float(momentum), float(eps),
@@ -63,7 +63,8 @@ def _forward(x, weight, bias, running_mean, running_var, training, momentum, eps
     try:
         out = program.run("batch_norm_eval", _inference, (x, running_mean, running_var,
                                                           *params),
-                          (weight is not None, bias is not None, float(eps)))
+                          (weight is not None, bias is not None, float(eps)),
+                          layout=layout.like_first)
     except (program.Unsupported, Unsupported):
         return NotImplemented
     stats = _stats_dtype(x, weight)

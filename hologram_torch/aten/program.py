@@ -32,6 +32,7 @@ from hologram.frontend.graph import Graph, Tensor
 from hologram.isa import dtypes as dt
 from hologram.runtime.launch import launch_cache
 from hologram_torch import memory, native
+from hologram_torch.aten import layout as layout_
 
 ISA = {getattr(torch, name): t for t, name in dt.FULL_NAMES.items()}  # torch -> Atlas
 TORCH = {v: k for k, v in ISA.items()}
@@ -53,10 +54,11 @@ class _Entry:
 
     def __init__(self, launch, outs, single):
         self.launch = launch  # callable(addresses) or None when there is nothing to compute
-        # (size, strides, nbytes, dtype) of each fresh (contiguous) result
+        # (size, strides, nbytes, dtype) of each fresh result (strides None: contiguous;
+        # otherwise a dense permutation, see layout.py)
         self.layouts = tuple(
-            (list(shape), memory.contiguous_strides(shape),
-             math.prod(shape) * dtype.itemsize, dtype) for shape, dtype in outs)
+            (list(shape), None if strides is None else list(strides),
+             math.prod(shape) * dtype.itemsize, dtype) for shape, dtype, strides in outs)
         self.single = single  # the builder returned one tensor, not a tuple
 
 
@@ -185,7 +187,8 @@ def supported(*tensors: torch.Tensor) -> bool:
 
 
 def run(name: str, build: Callable, args: Sequence, static: tuple = (),
-        out: Sequence[torch.Tensor] | None = None, host: bool = False):
+        out: Sequence[torch.Tensor] | None = None, host: bool = False,
+        layout: Callable | None = None):
     """Compute ``build(graph, *args-as-graph-tensors, *static)`` on ``args``.
 
     Returns the result tensor (or a tuple, when the builder returns one): fresh contiguous
@@ -197,6 +200,11 @@ def run(name: str, build: Callable, args: Sequence, static: tuple = (),
     ``host``: the operands are CPU tensors, computed on in place (zero-copy), and fresh
     results are CPU tensors (:mod:`hologram_torch.functional` on CPU tensors). Otherwise
     CPU tensors are 0-d scalars mixed with device tensors.
+
+    ``layout``: how fresh device results are laid out, ``layout(args, static, shapes)``
+    returning each result's strides (or None: contiguous), called once per compiled
+    signature (see :mod:`.layout`); by default they are contiguous. It must be a function
+    of ``name`` and ``static`` (the key holds those, not ``layout``).
     """
     # The hot path of every device op: one pass over the arguments builds the signature
     # key and the launch addresses (numbers are boxed; the boxes must outlive the launch).
@@ -219,7 +227,7 @@ def run(name: str, build: Callable, args: Sequence, static: tuple = (),
     key = tuple(key)
     entry = _recent(key) or _LAUNCHES.get(key)
     if entry is None:
-        entry = _LAUNCHES.put(key, _compile(name, build, args, static, out, host))
+        entry = _LAUNCHES.put(key, _compile(name, build, args, static, out, host, layout))
     if out is None:
         out = [memory.new(*layout) if not host else torch.empty(layout[0], dtype=layout[3])
                for layout in entry.layouts]
@@ -231,7 +239,8 @@ def run(name: str, build: Callable, args: Sequence, static: tuple = (),
 
 
 def _compile(name: str, build: Callable, args: Sequence, static: tuple,
-             out: Sequence[torch.Tensor] | None, host: bool) -> _Entry:
+             out: Sequence[torch.Tensor] | None, host: bool,
+             layout: Callable | None = None) -> _Entry:
     g = Graph(name.replace(".", "_"))
     inputs = []
     for i, x in enumerate(args):
@@ -256,7 +265,12 @@ def _compile(name: str, build: Callable, args: Sequence, static: tuple,
     single = isinstance(result, Tensor)
     results = (result,) if single else tuple(result)
     if out is None:
-        layouts = [(r.shape, r.dtype, None) for r in results]
+        strides = None
+        if layout is not None and not host:
+            strides = layout(args, static, [r.shape for r in results])
+        strides = strides or [None] * len(results)
+        layouts = [(r.shape, r.dtype, None if s is None or s == layout_.contiguous(r.shape)
+                    else tuple(s)) for r, s in zip(results, strides)]
     else:
         if len(out) != len(results):
             raise HologramError(f"{name}: {len(results)} results for {len(out)} outputs")
@@ -268,7 +282,7 @@ def _compile(name: str, build: Callable, args: Sequence, static: tuple,
                 raise HologramError(f"{name}: result {list(r.shape)} does not fit out "
                                     f"{list(o.shape)}")
             layouts.append((r.shape, ISA[o.dtype], tuple(o.stride())))
-    outs = tuple((shape, TORCH[dtype]) for shape, dtype, _ in layouts)
+    outs = tuple((shape, TORCH[dtype], strides) for shape, dtype, strides in layouts)
     if all(math.prod(shape) == 0 for shape, _, _ in layouts):
         return _Entry(None, outs, single)
     for j, (r, (_, dtype, strides)) in enumerate(zip(results, layouts)):

@@ -151,7 +151,7 @@ def _allocator(shape, strides, dtype, contiguous, device):
     if device is not None:  # a hologram tensor
         if contiguous:
             nbytes = math.prod(shape) * dtype.itemsize
-            return functools.partial(memory.new, list(shape), list(strides), nbytes, dtype)
+            return functools.partial(memory.new, list(shape), None, nbytes, dtype)
         return functools.partial(torch.empty_strided, shape, strides, dtype=dtype,
                                  device=device)
     return functools.partial(torch.empty_strided, shape, strides, dtype=dtype)

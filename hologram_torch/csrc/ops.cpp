@@ -462,7 +462,7 @@ extern "C" __attribute__((visibility("default"))) int hologram_torch_fast_file(
       return 0;
     }
   } else {
-    if (out.storage_offset() != 0 || !out.is_contiguous() ||
+    if (out.storage_offset() != 0 || !out.is_non_overlapping_and_dense() ||
         out.device().type() != c10::DeviceType::PrivateUse1) {
       return 0;
     }

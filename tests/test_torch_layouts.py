@@ -1,0 +1,227 @@
+"""Result layouts on the device: every kernel's fresh results have the strides PyTorch's
+CPU kernels give (channels_last in, channels_last out; ``a.t() * 2`` transposed), and the
+values are the CPU's. The reference is always the CPU run of the same call."""
+
+from __future__ import annotations
+
+import random
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+
+import hologram_torch  # noqa: E402, F401
+from hologram_torch.aten import layout  # noqa: E402
+
+aten = torch.ops.aten
+
+
+def _permuted(shape, order, dtype=torch.float32, generator=None) -> torch.Tensor:
+    """A dense CPU tensor of ``shape`` whose dimensions lie in memory in ``order``
+    (outermost first)."""
+    physical = torch.randn([shape[d] for d in order], dtype=dtype, generator=generator)
+    return physical.permute([order.index(d) for d in range(len(shape))])
+
+
+# --- the rule itself, against TensorIterator ---------------------------------------------
+
+def _random_operand(rng: random.Random, shape) -> torch.Tensor:
+    """A CPU operand broadcastable to ``shape``: fewer dimensions, size-1 dimensions,
+    any order in memory, sometimes with gaps (a slice)."""
+    rank = rng.randint(0, len(shape)) if rng.random() < 0.3 else len(shape)
+    own = [1 if rng.random() < 0.25 else n for n in shape[len(shape) - rank:]]
+    order = list(range(rank))
+    rng.shuffle(order)
+    if rng.random() < 0.2 and rank:  # not dense: every other element of a longer dim
+        d = rng.randrange(rank)
+        big = list(own)
+        big[d] *= 2
+        return _permuted(big, order).narrow(d, 0, own[d]) if own[d] else _permuted(own, order)
+    return _permuted(own, order)
+
+
+def test_elementwise_rule_is_tensor_iterators():
+    rng = random.Random(0)
+    for _ in range(600):
+        shape = [rng.choice((1, 2, 3, 4, 5)) for _ in range(rng.randint(1, 5))]
+        if rng.random() < 0.05:
+            shape[rng.randrange(len(shape))] = 0
+        operands = [_random_operand(rng, shape) for _ in range(rng.randint(1, 3))]
+        operands[0] = operands[0].expand(shape) if rng.random() < 0.1 else operands[0]
+        fn = (torch.neg, torch.add, torch.addcmul)[len(operands) - 1]
+        if len(operands) == 1 and list(operands[0].shape) != shape:
+            operands.append(torch.zeros(()))  # a 0-d operand
+            fn = torch.add
+        expected = fn(*operands) if len(operands) > 1 else fn(operands[0]).expand(shape)
+        if list(expected.shape) != shape or expected.numel() == 0:
+            continue
+        got = layout.elementwise(shape, operands)
+        assert got == expected.stride(), (shape, [(o.shape, o.stride()) for o in operands])
+
+
+def test_cpu_scalars_do_not_decide():
+    x = _permuted((2, 3, 4, 5), (0, 2, 3, 1))
+    assert layout.elementwise(x.shape, (torch.tensor(2.0), x)) == (x * 2).stride()
+
+
+# --- device results against the CPU -------------------------------------------------------
+
+CHANNELS_LAST = ((2, 3, 4, 5), (0, 2, 3, 1))
+CHANNELS_LAST_3D = ((2, 3, 2, 4, 3), (0, 2, 3, 4, 1))
+TRANSPOSED = ((4, 6), (1, 0))
+PERMUTED_3D = ((3, 4, 5), (2, 0, 1))
+LAYOUTS = {"channels_last": CHANNELS_LAST, "channels_last_3d": CHANNELS_LAST_3D,
+           "transposed": TRANSPOSED, "permuted_3d": PERMUTED_3D,
+           "contiguous": ((2, 3, 4, 5), (0, 1, 2, 3))}
+
+UNARY = {
+    "add": lambda x: x + x, "mul_number": lambda x: x * 2,
+    "sub_0d": lambda x: x - x[(0,) * x.dim()],
+    "div": lambda x: x / (x.abs() + 1), "relu": torch.relu, "exp": torch.exp,
+    "round": torch.round, "clip": lambda x: x.clip(-0.5, 0.5), "neg": torch.neg,
+    "sigmoid": torch.sigmoid, "tanh": torch.tanh, "gelu": F.gelu, "silu": F.silu,
+    "leaky_relu": F.leaky_relu, "hardtanh": F.hardtanh, "pow": lambda x: x ** 2,
+    "where": lambda x: torch.where(x > 0, x, 0.0), "eq": lambda x: x == 0,
+    "lerp": lambda x: torch.lerp(x, -x, 0.25), "addcmul": lambda x: torch.addcmul(x, x, x),
+    "maximum": lambda x: torch.maximum(x, -x), "to_half": lambda x: x.half(),
+    "to_int": lambda x: (x * 10).int(), "clone": torch.clone,
+    "clone_contiguous": lambda x: x.clone(memory_format=torch.contiguous_format),
+    "contiguous": lambda x: x.contiguous(), "masked_fill": lambda x: x.masked_fill(x > 0, 1.0),
+    "softmax": lambda x: x.softmax(-1), "log_softmax": lambda x: F.log_softmax(x, 0),
+    "sum_keepdim": lambda x: x.sum(-1, keepdim=True), "mean": lambda x: x.mean(0),
+    "cat": lambda x: torch.cat([x, x], -1), "broadcast_row": lambda x: x + x[..., :1],
+    "sigmoid_backward": lambda x: aten.sigmoid_backward(x, x.sigmoid()),
+    "threshold_backward": lambda x: aten.threshold_backward(x, x, 0.0),
+}
+IMAGES = {  # 4-d (N, C, H, W) inputs
+    "max_pool2d": lambda x: F.max_pool2d(x, 2), "avg_pool2d": lambda x: F.avg_pool2d(x, 2),
+    "adaptive_avg_pool2d": lambda x: F.adaptive_avg_pool2d(x, 1),
+    "batch_norm": lambda x: F.batch_norm(x, None, None, training=True),
+    "batch_norm_eval": lambda x: F.batch_norm(x, torch.zeros(3, device=x.device),
+                                              torch.ones(3, device=x.device)),
+    "interpolate_nearest": lambda x: F.interpolate(x, scale_factor=2),
+    "interpolate_bilinear": lambda x: F.interpolate(x, scale_factor=2, mode="bilinear"),
+    "conv2d": lambda x: F.conv2d(x, torch.ones(4, 3, 3, 3, device=x.device)),
+    "layer_norm": lambda x: F.layer_norm(x, (5,)),
+}
+
+
+def _both(fn, x: torch.Tensor):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # fallbacks (conv, interpolate) warn once
+        return fn(x), fn(x.to("hologram"))
+
+
+def _check(expected: torch.Tensor, got: torch.Tensor) -> None:
+    assert got.device.type == "hologram"
+    assert got.shape == expected.shape
+    assert got.stride() == expected.stride(), (got.stride(), expected.stride())
+    torch.testing.assert_close(got.cpu(), expected, atol=1e-5, rtol=1e-5, equal_nan=True)
+
+
+@pytest.mark.parametrize("name", sorted(UNARY))
+@pytest.mark.parametrize("kind", sorted(LAYOUTS))
+def test_results_have_the_cpus_strides(name, kind):
+    shape, order = LAYOUTS[kind]
+    x = _permuted(shape, order, generator=torch.Generator().manual_seed(1))
+    expected, got = _both(UNARY[name], x)
+    _check(expected, got)
+
+
+@pytest.mark.parametrize("name", sorted(IMAGES))
+@pytest.mark.parametrize("kind", ["channels_last", "contiguous"])
+def test_image_results_have_the_cpus_strides(name, kind):
+    shape, order = LAYOUTS[kind]
+    x = _permuted(shape, order, generator=torch.Generator().manual_seed(2))
+    expected, got = _both(IMAGES[name], x)
+    _check(expected, got)
+
+
+def test_mixed_layouts_follow_the_first_operand_that_tells():
+    a = _permuted((3, 4, 5), (2, 0, 1))
+    b = _permuted((3, 4, 5), (1, 2, 0))
+    for x, y in ((a, b), (b, a), (a, torch.randn(5)), (torch.randn(4, 1), b)):
+        expected = x * y
+        got = x.to("hologram") * y.to("hologram")
+        _check(expected, got)
+
+
+def test_repeated_calls_keep_the_layout():
+    """The second and later calls take the remembered kernel (and the native front
+    kernel, where it is built): the same strides as the first."""
+    x = _permuted(*CHANNELS_LAST).to("hologram")
+    t = torch.randn(4, 6).t().to("hologram")
+    for _ in range(4):
+        assert (x + x).stride() == (60, 1, 15, 3)
+        assert x.relu().stride() == (60, 1, 15, 3)
+        assert (x * 3).stride() == (60, 1, 15, 3)
+        assert (t * 2).stride() == (1, 6)
+        assert (t + t).stride() == (1, 6)
+
+
+def test_dropout_draws_as_the_cpu_in_any_layout():
+    x = _permuted(*CHANNELS_LAST)
+    torch.manual_seed(5)
+    expected = F.dropout(x, 0.5)
+    torch.manual_seed(5)
+    got = F.dropout(x.to("hologram"), 0.5)
+    _check(expected, got)
+
+
+def test_training_step_keeps_channels_last_gradients():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.BatchNorm2d(4),
+                                torch.nn.ReLU(), torch.nn.MaxPool2d(2))
+    x = torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last)
+    device_model = __import__("copy").deepcopy(model).to("hologram")
+    model = model.to(memory_format=torch.channels_last)
+    device_model = device_model.to(memory_format=torch.channels_last)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        expected = model(x.requires_grad_())
+        xd = x.detach().to("hologram").requires_grad_()
+        got = device_model(xd)
+        expected.sum().backward()
+        got.sum().backward()
+    assert got.stride() == expected.stride()
+    assert xd.grad.stride() == x.grad.stride()
+    torch.testing.assert_close(xd.grad.cpu(), x.grad, atol=1e-4, rtol=1e-4)
+
+
+# --- resize_ --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt", [torch.channels_last, torch.contiguous_format])
+def test_resize_takes_the_memory_format(fmt):
+    for device in ("cpu", "hologram"):
+        a = torch.zeros(24, device=device)
+        a.resize_(2, 3, 4, 5, memory_format=fmt)
+        b = torch.zeros(2, 3, 4, 5, device=device).to(memory_format=torch.channels_last)
+        b.resize_(2, 3, 4, 5, memory_format=fmt)
+        if device == "cpu":
+            expected = (a.stride(), b.stride())
+        else:
+            assert (a.stride(), b.stride()) == expected
+
+
+def test_resize_to_its_own_size_keeps_the_strides():
+    for make in (lambda d: torch.zeros(3, 4, device=d).t(),
+                 lambda d: torch.zeros(2, 3, 4, 5, device=d).to(memory_format=torch.channels_last)):
+        cpu, dev = make("cpu"), make("hologram")
+        cpu.resize_(cpu.shape)
+        dev.resize_(dev.shape)
+        assert dev.stride() == cpu.stride()
+    with pytest.raises(RuntimeError, match="Unsupported memory format"):
+        torch.zeros(3, device="hologram").resize_(4, memory_format=torch.preserve_format)
+
+
+def test_fallback_results_keep_the_cpus_layout():
+    x = _permuted(*CHANNELS_LAST)
+    weight = torch.randn(4, 3, 3, 3)
+    expected = F.conv2d(x, weight)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = F.conv2d(x.to("hologram"), weight.to("hologram"))
+    assert expected.is_contiguous(memory_format=torch.channels_last)
+    _check(expected, got)
