@@ -410,6 +410,32 @@ def _check_in_place_zero_copy(torch, dist, rank: int, world: int) -> None:
     column = base[:, 0]  # not contiguous
     dist.broadcast(column, src=0)
     assert torch.equal(base.cpu(), expected)
+    # views with gaps are reduced, gathered and received element by element: exactly
+    # their elements change, nothing around them
+    grid = torch.arange(24.0, device=DEVICE).reshape(4, 6) * (rank + 1)
+    before = grid.cpu()
+    dist.all_reduce(grid[:, 1])
+    dist.all_reduce(grid[1:, ::2], op=dist.ReduceOp.MAX)
+    expected = before.clone()
+    expected[:, 1] = before[:, 1] / (rank + 1) * sum(range(1, world + 1))
+    expected[1:, ::2] = before[1:, ::2] / (rank + 1) * world
+    assert torch.equal(grid.cpu(), expected), (grid.cpu(), expected)
+    gathered = torch.zeros(world, 6, device=DEVICE)
+    dist.all_gather([gathered[i, ::2] for i in range(world)], grid[0, ::2])
+    for i in range(world):
+        assert torch.equal(gathered[i, ::2].cpu(), before[0, ::2] / (rank + 1) * (i + 1))
+        assert torch.equal(gathered[i, 1::2].cpu(), torch.zeros(3))
+    if world == 2:
+        box = torch.zeros(3, 4, device=DEVICE)
+        if rank == 0:
+            dist.send(torch.arange(12.0, device=DEVICE).reshape(3, 4)[:, 1], dst=1)
+            dist.send(torch.arange(12.0, device=DEVICE).reshape(3, 4)[:, 3], dst=1)
+        else:
+            dist.recv(box[:, 2], src=0)
+            assert dist.recv(box[:, 0]) == 0  # from any source
+            assert torch.equal(box.cpu()[:, 2], torch.tensor([1.0, 5.0, 9.0]))
+            assert torch.equal(box.cpu()[:, 0], torch.tensor([3.0, 7.0, 11.0]))
+            assert box.cpu().sum() == 36
 
 
 def _check_async(torch, dist, rank: int, world: int) -> None:

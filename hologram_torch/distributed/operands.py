@@ -60,11 +60,25 @@ class Staging:
         self.after: list[Callable[[], None]] = []
         self.needed = False
 
-    def moved(self, t: torch.Tensor) -> torch.Tensor:
-        """``t`` for an op that only moves its bytes."""
+    def _dense(self, c: torch.Tensor, output: bool) -> torch.Tensor:
+        """``c``, or a contiguous copy of it that the call uses instead (copied back into
+        ``c`` afterwards when the op writes it): gloo reads and writes ``numel`` elements
+        from the first one, which for a view with gaps (a column, a slice with a step)
+        would be the wrong elements, and memory outside the view."""
+        if c.is_contiguous():
+            return c
+        self.needed = True
+        staged = c.contiguous()
+        if output:
+            self.after.append(lambda: c.copy_(staged))
+        return staged
+
+    def moved(self, t: torch.Tensor, output: bool = True) -> torch.Tensor:
+        """``t`` for an op that only moves its bytes (``output``: the op may write it)."""
         c = alias(t)
         if c is not t:
             self.needed = True
+        c = self._dense(c, output)
         if c.dtype in GLOO_DTYPES:
             return c
         twin = _BIT_TWIN.get(c.element_size())
@@ -79,6 +93,7 @@ class Staging:
         c = alias(t)
         if c is not t:
             self.needed = True
+        c = self._dense(c, output)
         if c.dtype in GLOO_DTYPES:
             return c
         if c.dtype == torch.uint64 and op in _SIGN_FREE:

@@ -232,7 +232,7 @@ class ProcessGroupHologram(dist.ProcessGroup):
         opts = opts or AllgatherOptions()
         staging = Staging()
         outputs = [[staging.moved(t) for t in inner] for inner in output_lists]
-        inputs = [staging.moved(t) for t in input_tensors]
+        inputs = [staging.moved(t, output=False) for t in input_tensors]
         work = self._gloo.allgather(outputs, inputs, opts)
         return self._work(work, staging, _flatten(output_lists))
 
@@ -240,14 +240,15 @@ class ProcessGroupHologram(dist.ProcessGroup):
         opts = opts or AllgatherOptions()
         staging = Staging()
         outputs = [[staging.moved(t) for t in inner] for inner in output_lists]
-        inputs = [staging.moved(t) for t in input_tensors]
+        inputs = [staging.moved(t, output=False) for t in input_tensors]
         work = self._gloo.allgather_coalesced(outputs, inputs, opts)
         return self._work(work, staging, _flatten(output_lists))
 
     def all_gather_single(self, output, input, opts=None):
         opts = opts or AllgatherOptions()
         staging = Staging()
-        work = self._gloo._allgather_base(staging.moved(output), staging.moved(input), opts)
+        work = self._gloo._allgather_base(staging.moved(output),
+                                          staging.moved(input, output=False), opts)
         return self._work(work, staging, [output])
 
     _allgather_base = all_gather_single
@@ -261,21 +262,21 @@ class ProcessGroupHologram(dist.ProcessGroup):
     def gather(self, output_lists, input_tensors, opts):
         staging = Staging()
         outputs = [[staging.moved(t) for t in inner] for inner in output_lists]
-        inputs = [staging.moved(t) for t in input_tensors]
+        inputs = [staging.moved(t, output=False) for t in input_tensors]
         work = self._gloo.gather(outputs, inputs, opts)
         return self._work(work, staging, _flatten(output_lists))
 
     def scatter(self, output_tensors, input_lists, opts):
         staging = Staging()
         outputs = [staging.moved(t) for t in output_tensors]
-        inputs = [[staging.moved(t) for t in inner] for inner in input_lists]
+        inputs = [[staging.moved(t, output=False) for t in inner] for inner in input_lists]
         work = self._gloo.scatter(outputs, inputs, opts)
         return self._work(work, staging, output_tensors)
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes,
                           opts):
         staging = Staging()
-        work = self._gloo.alltoall_base(staging.moved(output), staging.moved(input),
+        work = self._gloo.alltoall_base(staging.moved(output), staging.moved(input, output=False),
                                         output_split_sizes, input_split_sizes, opts)
         return self._work(work, staging, [output])
 
@@ -284,7 +285,7 @@ class ProcessGroupHologram(dist.ProcessGroup):
     def alltoall(self, output_tensors, input_tensors, opts):
         staging = Staging()
         outputs = [staging.moved(t) for t in output_tensors]
-        inputs = [staging.moved(t) for t in input_tensors]
+        inputs = [staging.moved(t, output=False) for t in input_tensors]
         work = self._gloo.alltoall(outputs, inputs, opts)
         return self._work(work, staging, output_tensors)
 
@@ -292,23 +293,24 @@ class ProcessGroupHologram(dist.ProcessGroup):
         return self._track(self._gloo.barrier(opts) if opts else self._gloo.barrier())
 
     # --- point to point ----------------------------------------------------------------
-    # gloo's own Work is returned even for device tensors: nobody reads a send's or
-    # recv's future, and recv_anysource's Work must report its source rank.
+    # gloo's own Work is returned even for device tensors (nobody reads a send's or
+    # recv's future), except for a receive into a view with gaps: its data is copied in
+    # when its Work is waited for, and that Work reports the source rank as gloo's does.
 
     def send(self, tensors, dst_rank, tag):
         staging = Staging()
-        return self._track(self._gloo.send([staging.moved(t) for t in tensors], dst_rank,
-                                           tag))
+        return self._track(self._gloo.send([staging.moved(t, output=False)
+                                            for t in tensors], dst_rank, tag))
 
     def recv(self, tensors, src_rank, tag):
         staging = Staging()
-        return self._track(self._gloo.recv([staging.moved(t) for t in tensors], src_rank,
-                                           tag))
+        work = self._gloo.recv([staging.moved(t) for t in tensors], src_rank, tag)
+        return self._work(work, staging, tensors)
 
     def recv_anysource(self, tensors, tag):
         staging = Staging()
-        return self._track(self._gloo.recv_anysource([staging.moved(t) for t in tensors],
-                                                     tag))
+        work = self._gloo.recv_anysource([staging.moved(t) for t in tensors], tag)
+        return self._work(work, staging, tensors)
 
     # --- coalescing --------------------------------------------------------------------
     # _coalescing_manager(group, device) brackets ordinary calls with these two; gloo
@@ -373,6 +375,10 @@ class HologramWork(dist.Work):
 
     def is_completed(self) -> bool:
         return all(work.is_completed() for work in self._works)
+
+    def _source_rank(self) -> int:
+        """The sender of a ``recv_anysource`` (a receive into a view with gaps)."""
+        return self._works[0]._source_rank()
 
     def result(self) -> list[torch.Tensor]:
         return self._result
