@@ -157,6 +157,8 @@ def run_on_cpu_as(op, cpu_fn, *args, **kwargs):
             if x.device.type == "cpu":
                 if x.layout is not torch.strided:
                     raise NotImplementedError(f"{name}: {memory.SPARSE_UNSUPPORTED}")
+                if x.is_quantized:
+                    raise NotImplementedError(f"{name}: {memory.QUANTIZED_UNSUPPORTED}")
                 return memory.from_cpu(x)
         return x
 
@@ -168,7 +170,13 @@ def refuse_sparse(op, *args, **kwargs):
     raise NotImplementedError(f"{op}: {memory.SPARSE_UNSUPPORTED}")
 
 
+def refuse_quantized(op, *args, **kwargs):
+    """The boxed kernel of the device's quantized dispatch key: a clear error."""
+    raise NotImplementedError(f"{op}: {memory.QUANTIZED_UNSUPPORTED}")
+
+
 _library = torch.library.Library("_", "IMPL")
 _library.fallback(run_on_cpu, dispatch_key="PrivateUse1")
 for _key in ("SparsePrivateUse1", "SparseCsrPrivateUse1"):
     _library.fallback(refuse_sparse, dispatch_key=_key)
+_library.fallback(refuse_quantized, dispatch_key="QuantizedPrivateUse1")

@@ -31,6 +31,9 @@ _pool = Pool()
 SPARSE_UNSUPPORTED = (
     f"sparse tensors are not supported on the {NAME} device (its storages are dense "
     "memory blocks); keep sparse tensors and sparse ops on the CPU: x.cpu().to_sparse()")
+QUANTIZED_UNSUPPORTED = (
+    f"quantized tensors are not supported on the {NAME} device (it has no quantizer "
+    "and no quantized kernels); quantize on the CPU: torch.quantize_per_tensor(x.cpu(), ...)")
 # torch 2.13's storages can exchange their data pointers and sizes (StorageBase.
 # _swap_data_ptr_, undocumented): feature-checked, with set_ as the fallback.
 _SWAP = hasattr(torch.UntypedStorage, "_swap_data_ptr_")

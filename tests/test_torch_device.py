@@ -667,3 +667,21 @@ def test_import_torch_autoloads_the_device(tmp_path, autoload, first):
         assert lines == ["hologram", "True", "hologram:0"]
     else:
         assert lines == ["privateuseone", "False"]
+
+
+@pytest.mark.parametrize("make", [
+    lambda x: torch.quantize_per_tensor(x, 0.1, 0, torch.quint8),
+    lambda x: torch.quantize_per_channel(x, torch.ones(4), torch.zeros(4, dtype=torch.long), 0,
+                                         torch.qint8),
+    lambda x: torch.quantize_per_tensor(x.cpu(), 0.1, 0, torch.quint8).to("hologram"),
+    lambda x: torch._empty_affine_quantized([2], scale=0.1, zero_point=0, dtype=torch.quint8,
+                                            device="hologram"),
+])
+def test_quantized_tensors_are_refused_clearly(make):
+    """The device has no quantizer: making a quantized device tensor raises the documented
+    NotImplementedError (it once failed an internal assert of PyTorch's)."""
+    x = torch.randn(4, 4, device="hologram")
+    with pytest.raises(NotImplementedError, match="quantized tensors are not supported"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            make(x)
