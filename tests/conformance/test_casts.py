@@ -26,7 +26,10 @@ def cast_inputs(t: dt.DType, rng: np.random.Generator) -> np.ndarray:
                    1e39, -1e39, 1e300]
         return np.concatenate([values(t, 500, rng), storage(special, t)])
     big = [2**24 + 1, 2**24 + 2**16 + 1, -(2**24 + 2**16 + 1), 16842753, 2**31 - 1, 2**53 + 1,
-           2**62 + 2**38 + 1, -(2**62) - 2**38 - 1, 2**63 - 1, -(2**63), 65519, 65520, 300, -300]
+           2**62 + 2**38 + 1, -(2**62) - 2**38 - 1, 2**63 - 1, -(2**63), 65519, 65520, 300, -300,
+           # just off a bf16 midpoint, onto it in f64 (53 bits): rounding twice is wrong
+           2**56 + 2**48 + 1, -(2**56 + 2**48 + 1), 2**56 + 3 * 2**48 - 1,
+           -(2**56 + 3 * 2**48 - 1), 2**62 + 2**54 + 1, 2**62 + 3 * 2**54 - 1]
     fits = [v for v in big if t.min <= v <= t.max]
     return np.concatenate([values(t, 500, rng), np.array(fits, dtype=np.int64).astype(t.storage)])
 

@@ -1026,7 +1026,12 @@ def _cast(r: _KernelRenderer, args, a: DType, t: DType) -> ir.Value:
         return b.uitofp(x, dst) if t.is_float else b.zext(x, dst)
     if t in _NARROW and (a is dt.float64 or (a.is_int and a.bits >= 32)):
         # Through f32 would round twice; through f64 and round-to-odd rounds once.
-        wide = x if a.is_float else (b.uitofp if a.kind == "u" else b.sitofp)(x, F64)
+        if a.is_float:
+            wide = x
+        elif a.bits > 53:
+            wide = _int_to_f64_sticky(r, x, signed=a.kind == "i")
+        else:
+            wide = (b.uitofp if a.kind == "u" else b.sitofp)(x, F64)
         return r._f64_to_narrow(wide, t)
     if a.is_float and t.is_float:
         if _float_bits(src) < _float_bits(dst):
@@ -1040,6 +1045,26 @@ def _cast(r: _KernelRenderer, args, a: DType, t: DType) -> ir.Value:
     if t.is_float:
         return (b.uitofp if a.kind == "u" else b.sitofp)(x, dst)
     return r._int_cast(x, src, dst, signed=a.kind == "i")
+
+
+def _int_to_f64_sticky(r: _KernelRenderer, x: ir.Value, signed: bool) -> ir.Value:
+    """A 64-bit integer as a double that rounds to f16 or bf16 as the integer itself does.
+    A plain conversion rounds magnitudes of 2**53 and more a first time (2**56 + 2**48 + 1
+    becomes the bf16 midpoint 2**56 + 2**48, then 2**56); here their low 11 bits are ORed
+    into bit 11 (a sticky bit far below the narrow formats' last), which leaves at most 53
+    significant bits: the conversion is exact."""
+    b = r.b
+    i64 = ir.IntType(64)
+    negative = b.icmp_signed("<", x, ir.Constant(i64, 0)) if signed else None
+    # |x| as unsigned (the most negative value's magnitude 2**63 too)
+    magnitude = b.select(negative, b.sub(ir.Constant(i64, 0), x), x) if signed else x
+    low = b.and_(magnitude, ir.Constant(i64, 0x7FF))
+    sticky = b.shl(b.zext(b.icmp_unsigned("!=", low, ir.Constant(i64, 0)), i64),
+                   ir.Constant(i64, 11))
+    cut = b.or_(b.and_(magnitude, ir.Constant(i64, ~0x7FF)), sticky)
+    big = b.icmp_unsigned(">=", magnitude, ir.Constant(i64, 2**53))
+    value = b.uitofp(b.select(big, cut, magnitude), F64)
+    return b.select(negative, b.fneg(value), value) if signed else value
 
 
 # f16/bf16 results these ops produce are already exact in the format (no rounding needed);
