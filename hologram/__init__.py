@@ -30,6 +30,7 @@ from hologram.errors import (
     DeviceError,
     DTypeError,
     HologramError,
+    IndexOutOfRangeError,
     InvalidBufferError,
     IRError,
     OutOfMemoryError,
@@ -72,8 +73,8 @@ def clear_cache(disk: bool = True) -> None:
 
 __all__ = [
     "Artifact", "Buffer", "CacheError", "CompileError", "CompileOptions", "CompiledProgram",
-    "DTypeError", "DeviceError", "Executor", "HologramError", "IRError", "InvalidBufferError",
-    "OutOfMemoryError", "ShapeError", "__version__", "backend", "build", "cache_info",
-    "clear_cache", "compile", "config", "default_executor", "errors", "from_dlpack",
-    "get_num_threads", "isa", "jit", "ops", "set_num_threads",
+    "DTypeError", "DeviceError", "Executor", "HologramError", "IRError", "IndexOutOfRangeError",
+    "InvalidBufferError", "OutOfMemoryError", "ShapeError", "__version__", "backend", "build",
+    "cache_info", "clear_cache", "compile", "config", "default_executor", "errors",
+    "from_dlpack", "get_num_threads", "isa", "jit", "ops", "set_num_threads",
 ]

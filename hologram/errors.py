@@ -10,6 +10,7 @@ about it. ``assert`` is reserved for internal invariants.
     ├── DeviceError        backend unavailable or failing at run time
     ├── ShapeError         shapes that do not fit (also a ValueError)
     ├── DTypeError         unsupported or mismatched dtypes (also a TypeError)
+    ├── IndexOutOfRangeError  an index in the data outside its extent (also an IndexError)
     ├── OutOfMemoryError   allocation beyond the configured limit (also a MemoryError)
     └── CacheError         the program cache cannot be used
 """
@@ -56,6 +57,11 @@ class ShapeError(HologramError, ValueError):
 
 class DTypeError(HologramError, TypeError):
     """A dtype is unsupported or does not match what the operation requires."""
+
+
+class IndexOutOfRangeError(HologramError, IndexError):
+    """A value used as an index (a class label, a coordinate) lies outside the extent it
+    indexes; the message names the operation, the shapes and the offending value."""
 
 
 class OutOfMemoryError(HologramError, MemoryError):

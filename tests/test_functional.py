@@ -10,6 +10,7 @@ from hologram import backends
 from hologram.errors import ShapeError
 from hologram.frontend import functional as F
 from hologram.frontend.graph import Graph
+from hologram.isa import dtypes as dt
 
 torch = pytest.importorskip("torch")
 TF = torch.nn.functional
@@ -107,3 +108,33 @@ def test_bad_arguments_name_the_problem():
         F.softmax(x, 2)
     with pytest.raises(ValueError, match="reduction must be one of"):
         F.mse_loss(x, x, "average")
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_half_means_accumulate_in_f32(backend, dtype):
+    """Graph.mean (and so the losses' "mean") of f16/bf16 sums and divides in f32 and
+    rounds once, as PyTorch: 100,000 ones have the mean 1 (their f16 sum and count
+    overflow to inf, and inf/inf was NaN); a mean of values whose sum passes 65,504 is
+    finite and right to half precision; the losses' means likewise."""
+    torch_half = torch.float16 if dtype == "f16" else torch.bfloat16
+    rng = np.random.default_rng(3)
+    n = 100_000
+    cases = [np.ones(n, np.float32), rng.standard_normal(n).astype(np.float32) + 4]
+    for values in cases:
+        t = torch.from_numpy(values).to(torch_half)
+        stored = dt.to_bf16_bits(t.float().numpy()) if dtype == "bf16" else t.numpy()
+        g = Graph("mean")
+        x = g.input("x", dtype, (n,))
+        g.output("all", g.mean(x))
+        g.output("rows", g.mean(x.reshape(4, n // 4), 1))
+        g.output("mse", F.mse_loss(x, g.cast(g.cast(x, "f32") * 0.5, dtype)))
+        got = hologram.compile(g.program(), backend=backend)(stored)
+        got = [np.asarray(dt.from_bf16_bits(v) if dtype == "bf16" else v, np.float32)
+               for v in got]
+        half_x = t.float()
+        wants = [half_x.mean(), half_x.reshape(4, n // 4).mean(1),
+                 TF.mse_loss(half_x, (half_x * 0.5).to(torch_half).float())]
+        rtol = 2.0 ** -10 if dtype == "f16" else 2.0 ** -7  # one rounding to the format
+        for got_value, want in zip(got, wants):
+            want = want.to(torch_half).float().numpy()
+            np.testing.assert_allclose(got_value.reshape(want.shape), want, rtol=rtol)

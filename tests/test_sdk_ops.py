@@ -1053,6 +1053,95 @@ def test_cross_entropy_dtypes_and_errors(ex):
           TF.cross_entropy(T(big), T(np.array([1]))))
 
 
+@pytest.mark.parametrize("labels", [[1, 10, 2, -5], [1, -5, 2, 10], [0, 0, 0, 255],
+                                    [9, 9, 9, 2**40]])
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.uint8])
+def test_cross_entropy_class_index_out_of_range_raises(ex, labels, dtype):
+    """As PyTorch (IndexError: Target 10 is out of bounds), a class index outside [0, C)
+    raises, an IndexOutOfRangeError (also an IndexError) naming the op, the shapes and the
+    first bad index, on every call: also after calls of the same signature have taken
+    the fast path, and with out=."""
+    labels = np.array(labels)
+    if labels.min() < np.iinfo(dtype).min or labels.max() > np.iinfo(dtype).max:
+        pytest.skip(f"{labels} do not fit {np.dtype(dtype)}")
+    logits = rand((4, 10), np.float32, 1)
+    good = np.array([0, 9, 3, 1], dtype)
+    L, G = ex.from_numpy(logits), ex.from_numpy(good)
+    for _ in range(3):  # the allocating call's caches are filled
+        check(ops.cross_entropy_loss(L, G), TF.cross_entropy(T(logits), T(good.astype(
+            np.int64))), rtol=1e-5)
+    with pytest.raises(hg.IndexOutOfRangeError) as error:
+        ops.cross_entropy_loss(L, ex.from_numpy(labels.astype(dtype)))
+    assert isinstance(error.value, IndexError)
+    first = labels[(labels < 0) | (labels >= 10)][0]
+    for word in ("cross_entropy_loss", "[4, 10]", "[4]", f"class index {first} ", "[0, 9]"):
+        assert word in str(error.value), (word, str(error.value))
+    with pytest.raises(IndexError, match=f"class index {first} "):
+        ops.cross_entropy_loss(ex, L, ex.from_numpy(labels.astype(dtype)), ex.allocate(()))
+    with pytest.raises(IndexError, match=f"class index {first} "):
+        ops.cross_entropy_loss(L, ex.from_numpy(labels.astype(dtype)), reduction="none")
+    with pytest.raises(IndexError, match=f"class index {first} "):  # one sample
+        ops.cross_entropy_loss(ex.from_numpy(logits[0]), int(first))
+    check(ops.cross_entropy_loss(L, G, reduction="sum"), TF.cross_entropy(
+        T(logits), T(good.astype(np.int64)), reduction="sum"), rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.uint8])
+def test_cross_entropy_class_index_out_of_range_raises_in_jit(ex, dtype):
+    """Inside hg.jit the program finds the first class index out of range and the call
+    raises IndexOutOfRangeError after its launch (its other results dropped); in range,
+    the call computes, before and after."""
+    @hg.jit
+    def loss(logits, labels):
+        return ops.cross_entropy_loss(logits, labels, reduction="sum") * 2, logits + 1
+
+    logits = rand((3, 2, 10), np.float32, 1)  # two samples of 10 classes, 3 times
+    L = ex.from_numpy(logits[0])
+    good = np.array([9, 0], dtype)
+    want = 2 * TF.cross_entropy(T(logits[0]), T(good.astype(np.int64)), reduction="sum")
+    for _ in range(2):  # the second call as the first: not filed for the fast path
+        result = loss(L, ex.from_numpy(good))
+        assert len(result) == 2  # the checks' outputs are not the function's
+        check(result[0], want, rtol=1e-5)
+    for bad, first in (([3, 10], 10), ([200, 0], 200), ([-1, 12], -1)):
+        if dtype == np.uint8 and first < 0:
+            continue
+        with pytest.raises(hg.IndexOutOfRangeError, match=f"class index {first} "):
+            loss(L, ex.from_numpy(np.array(bad, dtype)))
+    check(loss(L, ex.from_numpy(good))[0], want, rtol=1e-5)
+    one_sample = hg.jit(lambda logits: ops.cross_entropy_loss(logits, 3))
+    with pytest.raises(DTypeError, match="not Python numbers"):  # not an AttributeError
+        one_sample(ex.from_numpy(logits[0, 0]))
+
+
+def test_half_mean_and_mean_losses_accumulate_in_float32(ex):
+    """float16 means (and the losses' mean reduction) are summed and divided in float32
+    and rounded once, as in PyTorch: right past 65,504 elements (the f16 sum and count
+    overflow) and past a sum of 65,504."""
+    n = 100_000
+    check(ops.mean(ex.from_numpy(np.ones(n, np.float16))), np.array(1.0, np.float16))
+    x = (rand((n,), np.float16, 3) + 4).astype(np.float16)  # sum ~4e5: inf in f16
+    X = ex.from_numpy(x)
+    check(ops.mean(X), T(x).mean(), rtol=1e-3, atol=0)
+    check(ops.mean(ex.from_numpy(x.reshape(2, n // 2)), dim=1),
+          T(x).reshape(2, n // 2).mean(1), rtol=1e-3, atol=0)
+    # sum: f16 accumulated wider and rounded once, as torch: past 65,504 it is inf
+    check(ops.sum(ex.from_numpy(np.ones(70_000, np.float16))), torch.ones(70_000).half().sum())
+    small = rand((n,), np.float16, 4) / 64
+    check(ops.sum(ex.from_numpy(small)), T(small).sum(), rtol=1e-3, atol=1e-3)
+
+    y = rand((n,), np.float16, 5)
+    check(ops.mse_loss(X, ex.from_numpy(y)), TF.mse_loss(T(x).float(), T(y).float()).half(),
+          rtol=1e-3, atol=0)
+    p = torch.sigmoid(T(y).float()).half()
+    t = (rand((n,), np.float16, 6) > 0).astype(np.float16)
+    check(ops.binary_cross_entropy_loss(ex.from_numpy(p.numpy()), ex.from_numpy(t)),
+          TF.binary_cross_entropy(p.float(), T(t).float()).half(), rtol=1e-3, atol=0)
+    logits, labels = rand((n, 3), np.float16, 7), np.arange(n) % 3
+    check(ops.cross_entropy_loss(ex.from_numpy(logits), ex.from_numpy(labels)),
+          TF.cross_entropy(T(logits).float(), T(labels)).half(), rtol=1e-3, atol=0)
+
+
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("shape", [(9,), (4, 5), (2, 3, 4)])
 def test_binary_cross_entropy(ex, reduction, shape):

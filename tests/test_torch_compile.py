@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import importlib.metadata
 import math
+import re
 import warnings
 
 import pytest
@@ -584,3 +585,64 @@ def test_outer_product_mm(dtype):
     assert torch.equal(got.isnan(), torch.mm(a, b).isnan())
     torch.testing.assert_close(got, torch.mm(a, b), rtol=0, atol=0, equal_nan=True)
     assert stats()["ops_eager"] == 0 and stats()["eager_fallbacks"] == 0
+
+
+def _same_error_or_value(eager, compiled, x, index, bad):
+    """``compiled(x, index)`` raises what ``eager(x, index)`` raises (its type, and its
+    message but for which bad index it names: eager names the first or the last one
+    depending on the kernel; the program, the first), or both return the same value."""
+    try:
+        want = eager(x, index)
+    except (IndexError, RuntimeError) as error:
+        with pytest.raises(type(error)) as got:
+            compiled(x, index)
+        message = str(got.value)
+        assert type(got.value) is type(error), got.value
+        first = int(re.search(r"-?\d+", message).group())
+        assert first == next(v for v in index.flatten().tolist() if bad(v)), message
+        assert re.sub(r"-?\d+", "#", message, count=1) == \
+            re.sub(r"-?\d+", "#", str(error), count=1), (message, str(error))
+    else:
+        torch.testing.assert_close(compiled(x, index), want)
+
+
+NLL = {
+    "cross_entropy": lambda x, t: torch.nn.functional.cross_entropy(x, t),
+    "cross_entropy_none": lambda x, t: torch.nn.functional.cross_entropy(x, t, reduction="none"),
+    "nll_loss": lambda x, t: torch.nn.functional.nll_loss(x.log_softmax(1), t) * 2,
+    "nll_loss_ignore_7": lambda x, t: torch.nn.functional.nll_loss(x, t, ignore_index=7),
+    "cross_entropy_2d": lambda x, t: torch.nn.functional.cross_entropy(
+        x.reshape(2, 5, 3), t.reshape(2, 3)),
+}
+
+
+@pytest.mark.parametrize("case", list(NLL))
+@pytest.mark.parametrize("labels", [[1, 4, 0, 2, 3, 4], [1, 5, 0, 2, -5, 3], [1, -5, 0, 2, 5, 3],
+                                    [1, -100, 0, 2, 3, 4], [7, 0, 0, 1, 1, 1], [0] * 5 + [99]])
+def test_compiled_class_labels_out_of_range_raise_as_eager(case, labels):
+    """nll_loss's target is a lookup: a class outside [0, C) that is not ignore_index
+    (-100 by default) raises IndexError('Target 5 is out of bounds.') as eager does, the
+    first such label named; the program raised (no eager fallback), and still computes
+    when the labels are in range."""
+    fn = NLL[case]
+    compiled = torch.compile(fn, backend="hologram")
+    x = torch.randn(6, 5, generator=torch.Generator().manual_seed(5))
+    good = torch.tensor([1, 4, 0, 2, 3, 4])
+    torch.testing.assert_close(compiled(x, good), fn(x, good))
+    ignored = 7 if case == "nll_loss_ignore_7" else -100
+    _same_error_or_value(fn, compiled, x, torch.tensor(labels),
+                         lambda v: not 0 <= v < 5 and v != ignored)
+    torch.testing.assert_close(compiled(x, good), fn(x, good))
+    assert stats()["ops_eager"] == 0 and stats()["eager_fallbacks"] == 0, stats()
+
+
+@pytest.mark.parametrize("index", [[[1], [4], [0]], [[1], [5], [0]], [[-1], [2], [0]],
+                                   [[0], [2], [-9]]])
+def test_compiled_gather_out_of_range_raises_as_eager(index):
+    """torch.gather takes no index from the end: eager raises RuntimeError('index 5 is out
+    of bounds for dimension 1 with size 5') for 5 and -1 alike; so does the program."""
+    fn = lambda x, i: torch.gather(x, 1, i) * 2  # noqa: E731
+    compiled = torch.compile(fn, backend="hologram")
+    x = torch.randn(3, 5, generator=torch.Generator().manual_seed(6))
+    _same_error_or_value(fn, compiled, x, torch.tensor(index), lambda v: not 0 <= v < 5)
+    assert stats()["ops_eager"] == 0 and stats()["eager_fallbacks"] == 0, stats()

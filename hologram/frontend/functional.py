@@ -90,8 +90,10 @@ def cross_entropy(logits: Tensor, target: Tensor, reduction: str = "mean") -> Te
             raise ShapeError(f"cross_entropy: class indices must be [{n}], got "
                              f"{list(target.shape)}")
         # log_softmax at the target only: one read of the target's logit per row, not a
-        # pass over the row. A class index outside [0, C) contributes 0 (the gather
-        # would read some other logit there).
+        # pass over the row. Class indices are data: callers that know them check their
+        # range (hg.ops.cross_entropy_loss raises IndexOutOfRangeError before launching);
+        # here one outside [0, C) contributes 0 rather than some other logit (the
+        # gather's clamped read).
         top = g.max(logits, 1, keepdim=True)
         lse = g.unary("log", g.sum(g.unary("exp", logits - top), 1)) + top.reshape(n)
         valid = g.binary("and", g.binary("ge", target, 0), g.binary("lt", target, logits.shape[1]))

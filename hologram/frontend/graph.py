@@ -340,6 +340,25 @@ class Graph:
             high += (n - 1) * stride
         return (k.const(0, "i64") if at is None else at), tuple(strides), high
 
+    def first_where(self, mask: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+        """(whether any element of the bool ``mask`` is set, ``values`` where the first
+        set one is in row-major order), as 0-d tensors: what a check of data-dependent
+        indices reports. One pass over ``mask`` (an argmax), then one element of each
+        read at its coordinates."""
+        if mask.shape != values.shape or not math.prod(mask.shape):
+            raise ShapeError(f"first_where: mask {list(mask.shape)} and values "
+                             f"{list(values.shape)} must have one non-empty shape")
+        first = self.reduce("argmax", self.cast(mask, "u8"))
+        stride = math.prod(mask.shape)
+        if stride < 2**31:  # (backends without 64-bit division take 32-bit coordinates)
+            first = self.cast(first, "i32")
+        coords = []
+        for d, n in enumerate(mask.shape):
+            stride //= n
+            c = first if stride == 1 else self.binary("div", first, stride)
+            coords.append(self.binary("mod", c, n) if d else c)  # first // stride < n
+        return self.gather(mask, tuple(coords), ()), self.gather(values, tuple(coords), ())
+
     def maximum(self, a: Tensor | Scalar, b: Tensor | Scalar) -> Tensor:
         return self.binary("max", a, b)
 
@@ -374,9 +393,15 @@ class Graph:
         return self.reduce("max", x, axes, keepdim)
 
     def mean(self, x: Tensor, axes=None, keepdim=False) -> Tensor:
+        """The sum over ``axes`` divided by their element count (0/0 gives NaN, as in
+        NumPy). f16 and bf16 are summed and divided in f32 and rounded once, as PyTorch
+        does: their own sum overflows past 65,504 (f16), and so may the count."""
         axes = _reduced_axes("mean", x, axes)
         count = math.prod(x.shape[a] for a in axes)
-        return self.reduce("sum", x, axes, keepdim) / count  # 0/0 gives NaN, as in NumPy
+        if x.dtype.name in ("f16", "bf16"):
+            total = self.reduce("sum", self.cast(x, "f32"), axes, keepdim)
+            return self.cast(total / count, x.dtype)
+        return self.reduce("sum", x, axes, keepdim) / count
 
     def matmul(self, a: Tensor, b: Tensor) -> Tensor:
         """NumPy ``matmul``: batched over leading dimensions, 1-D operands as vectors."""

@@ -23,6 +23,10 @@ Rules, as in other tracing JITs: the function must be pure in its buffer argumen
 buffer or a tuple or list of buffers; non-buffer arguments are compile-time constants (a
 new value traces again); values cannot be read (``to_numpy``) while tracing; buffers that
 are not arguments cannot be captured.
+
+Ops whose eager form checks values on the host (``cross_entropy_loss``'s class indices)
+are checked by the program instead: it also computes whether a value is bad and the first
+such one, and the call raises the eager form's error after the launch.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import functools
 import inspect
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -114,6 +118,8 @@ def in_place_error(op: str, x: Traced) -> HologramError:
 class _Trace:
     graph: Graph
     executor: object
+    #: (mask, values, error) of the recorded ops' value checks (``Op.trace_check``)
+    checks: list = field(default_factory=list)
 
 
 def record(op, operands: tuple, options: tuple, build: Callable) -> Traced:
@@ -133,7 +139,10 @@ def record(op, operands: tuple, options: tuple, build: Callable) -> Traced:
             values.append(x.item())
         else:
             values.append(x)
-    return Traced(build(op, values, options), trace)
+    result = Traced(build(op, values, options), trace)
+    if op.trace_check is not None:
+        trace.checks += op.trace_check(tuple(values))
+    return result
 
 
 @dataclass(eq=False)
@@ -142,6 +151,9 @@ class _Entry:
     by_address: Callable  # the compiled program's launch: inputs' handles, then outputs'
     outputs: tuple[tuple[tuple[int, ...], np.dtype], ...]
     structure: str  # "one", "tuple" or "list"
+    #: Per pair of trailing 0-d outputs (a bool: a check failed; an int64: the first bad
+    #: value), the function of that value giving the error raised.
+    checks: tuple = ()
 
 
 class JitFunction:
@@ -183,7 +195,9 @@ class JitFunction:
         outs = [ex.new_buffer(shape, dtype) for shape, dtype in entry.outputs]
         if not all(o.size == 0 for o in outs):  # else nothing to compute (the cpu backend
             entry.by_address(tuple(b.handle for b in buffers + outs))  # fails on some)
-            if (entry.structure == "one" and not names and len(buffers) == len(args)
+            if entry.checks:
+                outs = _checked(entry, outs)
+            elif (entry.structure == "one" and not names and len(buffers) == len(args)
                     and type(ex.allocator) is Pool):
                 out = outs[0]
                 file_pending((self._native,), tuple(b.launch_key for b in buffers),
@@ -240,7 +254,7 @@ class JitFunction:
             raise HologramError(f"{self.__name__}: hg.jit functions take at least one buffer")
         return ex, (self._token, ex.backend, *key)
 
-    def _trace(self, args: tuple, names: tuple[str, ...], ex) -> tuple[Program, str]:
+    def _trace(self, args: tuple, names: tuple[str, ...], ex) -> tuple[Program, str, tuple]:
         g = Graph(getattr(self.fn, "__name__", "jit").replace("<", "").replace(">", ""))
         trace = _Trace(g, ex)
         placeholders = [
@@ -259,13 +273,19 @@ class JitFunction:
                 raise HologramError(f"{self.__name__}: result {i} is a {type(r).__name__}, not "
                                     "a value computed from the arguments")
             g.output(f"out{i}", r.tensor)
-        return g.program(), structure
+        for j, (mask, values, _) in enumerate(trace.checks):
+            flag, value = g.first_where(mask, values)
+            g.output(f"check{j}", flag)
+            g.output(f"check{j}_value", value if value.dtype is dt.int64
+                     else g.cast(value, dt.int64))
+        return g.program(), structure, tuple(error for *_, error in trace.checks)
 
     def _compile(self, args: tuple, names: tuple[str, ...], ex, key: tuple) -> _Entry:
-        program, structure = self._trace(args, names, ex)
+        program, structure, checks = self._trace(args, names, ex)
         compiled = compile_program(program, ex.backend)
         outputs = tuple((p.shape, p.dtype.storage) for p in program.params if p.kind == "out")
-        return _LAUNCHES.put(key, _Entry(compiled, compiled.launch, outputs, structure))
+        return _LAUNCHES.put(key, _Entry(compiled, compiled.launch, outputs, structure,
+                                         checks))
 
     @property
     def compiled_signatures(self) -> int:
@@ -275,6 +295,23 @@ class JitFunction:
 
     def __repr__(self) -> str:
         return f"<hologram.jit {self.__name__}: {self.compiled_signatures} compiled signatures>"
+
+
+def _checked(entry: _Entry, outs: list[Buffer]) -> list[Buffer]:
+    """``outs`` without the checks' trailing outputs (freed), or the first failed check's
+    error (all of them freed)."""
+    first = len(outs) - 2 * len(entry.checks)
+    try:
+        for j, error in enumerate(entry.checks):
+            if outs[first + 2 * j].to_numpy().item():
+                raise error(outs[first + 2 * j + 1].to_numpy().item())
+    except BaseException:
+        for o in outs:
+            o.free()
+        raise
+    for o in outs[first:]:
+        o.free()
+    return outs[:first]
 
 
 def _constant_key(value: object) -> tuple:

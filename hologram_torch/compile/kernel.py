@@ -54,7 +54,9 @@ class _Entry:
     launch: object  # CompiledProgram.launch, or None when every output is empty
     outputs: tuple  # (shape, strides, dtype, contiguous, device or None) of each output
     tensors: tuple  # the positions of the tensor arguments (the program's inputs)
-    checks: tuple = ()  # per trailing 0-d bool output: the error raised when it is set
+    #: Per pair of trailing 0-d outputs (a bool: an index is out of range; an int64: the
+    #: first such index): the error raised, its message with ``{value}`` for that index.
+    checks: tuple = ()
 
     def __post_init__(self):
         # One ready allocator per output: a launch calls them without re-reading layouts.
@@ -90,11 +92,11 @@ class FusedKernel(torch.nn.Module):
         outs = [allocate() for allocate in entry.allocators]
         if entry.checks:
             self._run(entry, addresses, outs)
-            flags = outs[len(outs) - len(entry.checks):]
-            for flag, (error, message) in zip(flags, entry.checks):
-                if flag.item():
-                    raise error(message)
-            del outs[len(outs) - len(entry.checks):]
+            first = len(outs) - 2 * len(entry.checks)
+            for j, (error, message) in enumerate(entry.checks):
+                if outs[first + 2 * j].item():
+                    raise error(message.format(value=outs[first + 2 * j + 1].item()))
+            del outs[first:]
         else:
             self._run(entry, addresses, outs)
         return outs[0] if self._single else tuple(outs)
@@ -180,11 +182,12 @@ def build(gm: torch.fx.GraphModule, name: str, args, options: Options) -> _Entry
                                         tuple(a.stride()))
         else:
             env[node] = a
-    checks = []  # (0-d bool: an index is out of range, PyTorch's error)
+    checks = []  # (0-d bool: an index is out of range, 0-d int64: the first, the error)
     for node in gm.graph.nodes:
         if node.op == "call_function":
             env[node] = lower_node(g, node, env)
-            checks += _index_checks(g, node, env)
+            checks += [(*_first_bad(g, bad, index), error)
+                       for bad, index, error in _index_checks(g, node, env)]
         elif node.op not in ("placeholder", "output"):
             raise Unsupported(f"{node.op} node {node.name}")
     out = _output_node(gm).args[0]
@@ -211,12 +214,19 @@ def build(gm: torch.fx.GraphModule, name: str, args, options: Options) -> _Entry
         return _Entry(None, tuple(layout[:5] for layout in layouts), tensors)
     for j, (_, strides, _, contiguous, _, value) in enumerate(layouts):
         g.output(f"out{j}", value, None if contiguous else strides)
-    for j, (flag, _) in enumerate(checks):
+    for j, (flag, value, _) in enumerate(checks):
         g.output(f"check{j}", flag)
-        layouts.append(((), (), torch.bool, True, None))
+        g.output(f"check{j}_index", value)
+        layouts += [((), (), torch.bool, True, None), ((), (), torch.int64, True, None)]
     compiled = hologram.compile(g.program(), backend, options.compile_options())
     return _Entry(compiled.launch, tuple(layout[:5] for layout in layouts), tensors,
-                  tuple(error for _, error in checks))
+                  tuple(error for *_, error in checks))
+
+
+def _first_bad(g: Graph, bad: Tensor, index: Tensor) -> tuple[Tensor, Tensor]:
+    """(whether any element of ``bad`` is set, ``index`` where the first one is, int64)."""
+    flag, value = g.first_where(bad, index)
+    return flag, value if value.dtype.name == "i64" else g.cast(value, "i64")
 
 
 #: Writes by index whose index (argument 2) must lie in [0, size) along ``dim`` (argument
@@ -229,46 +239,60 @@ _WRITES_ALONG_DIM = {
 }
 #: Those whose index may also count from the end ([-size, size)).
 _FROM_THE_END = (aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
+_NLL_LOSS = (aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
 
 
-def _index_checks(g: Graph, node: torch.fx.Node, env: dict) -> list[tuple[Tensor, tuple]]:
+def _index_checks(g: Graph, node: torch.fx.Node, env: dict) -> list[tuple[Tensor, Tensor,
+                                                                           tuple]]:
     """For a lookup by index (``embedding``, ``index.Tensor``, ``index_select``,
-    ``gather``) or a write by index (the scatter family, ``index_add``, ``index_copy``,
-    ``index_fill``, ``index_put``): per index tensor, a 0-d bool that is set when one of
-    its values is out of range, and the error eager PyTorch raises then (its type and
-    message). The program's gathers and scatters clamp such indices (docs/isa.md); the
-    kernel raises after the launch instead of returning what they read or wrote. Other
-    nodes: none."""
+    ``gather``, ``nll_loss``'s class) or a write by index (the scatter family,
+    ``index_add``, ``index_copy``, ``index_fill``, ``index_put``): per index tensor, a
+    bool tensor of its shape set where a value is out of range, the index tensor, and the
+    error eager PyTorch raises then (its type, and its message with ``{value}`` for the
+    first such value). The program's gathers and scatters clamp such indices
+    (docs/isa.md); the kernel raises after the launch instead of returning what they read
+    or wrote. Other nodes: none."""
     target, a = node.target, node.args
 
     def along(dim_arg: int, index_arg: int, counts_from_end: bool, error: type):
         src = env[a[0]]
         dim = a[dim_arg] % max(src.ndim, 1)
         size = src.shape[dim] if src.ndim else 1
-        return [(a[index_arg], size, -size if counts_from_end else 0,
-                 (error, f"index out of bounds for dimension {dim} with size {size}"))]
+        return [(a[index_arg], size, -size if counts_from_end else 0, None,
+                 (error, f"index {{value}} is out of bounds for dimension {dim} with size "
+                         f"{size}"))]
 
     if target is aten.embedding.default:
-        lookups = [(a[1], env[a[0]].shape[0], 0, (IndexError, "index out of range in self"))]
-    elif target in (aten.index_select.default, aten.gather.default):
+        lookups = [(a[1], env[a[0]].shape[0], 0, None,
+                    (IndexError, "index out of range in self"))]
+    elif target is aten.gather.default:  # no index counts from the end (eager's check)
+        lookups = along(1, 2, False, RuntimeError)
+    elif target is aten.index_select.default:
         lookups = along(1, 2, True, IndexError)
+    elif target in _NLL_LOSS:  # (self, target, weight, reduction, ignore_index)
+        x = env[a[0]]
+        lookups = [(a[1], x.shape[min(x.ndim, 2) - 1], 0, a[4],
+                    (IndexError, "Target {value} is out of bounds."))]
     elif target in _WRITES_ALONG_DIM:
         lookups = along(1, 2, False, _WRITES_ALONG_DIM[target])
     elif target in _FROM_THE_END:
         lookups = along(1, 2, True, IndexError)
     elif target in (aten.index.Tensor, aten.index_put.default, aten._index_put_impl.default):
         src = env[a[0]]
-        lookups = [(i, src.shape[d], -src.shape[d], (IndexError,
-                    f"index out of bounds for dimension {d} with size {src.shape[d]}"))
+        lookups = [(i, src.shape[d], -src.shape[d], None, (IndexError,
+                    f"index {{value}} is out of bounds for dimension {d} with size "
+                    f"{src.shape[d]}"))
                    for d, i in enumerate(a[1]) if i is not None]
     else:
         return []
     checks = []
-    for index, size, low, error in lookups:
+    for index, size, low, allowed, error in lookups:
         idx = env.get(index) if isinstance(index, torch.fx.Node) else None
         if isinstance(idx, Tensor) and idx.dtype.is_int and math.prod(idx.shape):
             bad = g.binary("or", g.binary("lt", idx, low), g.binary("ge", idx, size))
-            checks.append((g.reduce("max", bad), error))
+            if allowed is not None:  # nll_loss's ignore_index
+                bad = g.binary("and", bad, g.binary("ne", idx, allowed))
+            checks.append((bad, idx, error))
     return checks
 
 

@@ -66,6 +66,15 @@ class Op:
     elementwise: bool = False
     takes_n: bool = False
     casting: str = "same_kind"  # how the result may be converted to an out buffer's dtype
+    #: Checks the operands' values on the host before each launch (``check(operands)``
+    #: raises; class labels are data, the kernel could only clamp them). An op with one
+    #: launches only through :func:`run`: none of its calls is filed for the fast paths.
+    check: Callable[[tuple], None] | None = None
+    #: The same check inside hg.jit, on the trace's tensors (and Python numbers):
+    #: ``trace_check(operands)`` gives ``(mask, values, error)`` triples; the jitted
+    #: function raises ``error(v)`` after its launch, ``v`` the first of ``values`` where
+    #: ``mask`` is set.
+    trace_check: Callable[[tuple], list] | None = None
     #: The op's native callables (:func:`native_op`; ``sum`` and ``reduce_sum`` are one
     #: op), which allocating calls of its signatures are filed with once the general path
     #: has validated them.
@@ -194,9 +203,11 @@ def run(op: Op, ex: Executor | None, operands: tuple, out: Buffer | None, n: int
     kernel = _LAUNCHES.get(key)
     if kernel is None:
         kernel = _LAUNCHES.put(key, compile_op(op, ex.backend, operands, out, options))
+    if op.check is not None and math.prod(kernel.shape):
+        op.check(operands)
     if out is None:
         out = result = ex.new_buffer(kernel.shape, kernel.dtype)
-        if (n is None and math.prod(kernel.shape)
+        if (n is None and math.prod(kernel.shape) and op.check is None
                 and not any(x.foreign for x in operands if type(x) is Buffer)):
             if not kernel.has_scalars:
                 _LAUNCHES.put((op, "alloc", options, *(x.launch_key for x in operands)),
@@ -215,7 +226,7 @@ def run(op: Op, ex: Executor | None, operands: tuple, out: Buffer | None, n: int
             staged.free()
             return result
         # Foreign (DLPack) memory may alias pool buffers: such calls always take this path.
-        if (op.elementwise and n is None and fitted is out
+        if (op.elementwise and n is None and fitted is out and op.check is None
                 and not any(x.foreign for x in (*operands, out) if type(x) is Buffer)):
             if not kernel.has_scalars:
                 _LAUNCHES.put((op, *(x.launch_key for x in operands), out.launch_key,

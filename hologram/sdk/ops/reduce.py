@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
 
-from hologram.errors import DTypeError, ShapeError
+from hologram.errors import DTypeError, IndexOutOfRangeError, ShapeError
 from hologram.frontend import functional as F
 from hologram.frontend.graph import Tensor
 from hologram.isa import dtypes as dt
@@ -116,6 +117,9 @@ def _reduction_name(name: str, reduction: object) -> None:
 
 
 def _cross_entropy(logits: Tensor, target: Tensor, reduction: str) -> Tensor:
+    if not isinstance(logits, Tensor) or not isinstance(target, Tensor):  # hg.jit: numbers
+        raise DTypeError("logits and targets are buffers (inside hg.jit, arguments of the "
+                         "function), not Python numbers")
     g = logits.graph
     if not logits.dtype.is_float:
         logits = g.cast(logits, dt.float32)
@@ -140,13 +144,55 @@ mse_loss.__doc__ = "mean((pred - target)**2) (``reduction``: mean, sum or none).
 binary_cross_entropy_loss = _loss("binary_cross_entropy_loss", F.binary_cross_entropy)
 binary_cross_entropy_loss.__doc__ = ("-(t log p + (1-t) log(1-p)) for probabilities p, logs "
                                      "clamped at -100 like PyTorch.")
-_CE = Op("cross_entropy_loss", _cross_entropy, promote=False)
+
+
+def _check_class_indices(operands: tuple) -> None:
+    """Every class index in ``[0, C)``, else IndexOutOfRangeError naming the first one
+    outside. Read on the host: a view of host memory, a copy of device memory (N values,
+    against the N x C logits the kernel reads)."""
+    logits, target = operands
+    labels = target.to_numpy() if type(target) is Buffer else np.asarray(target)
+    if labels.dtype.kind not in "iu":
+        return
+    classes = logits.shape[-1]
+    if labels.size and (labels.min() < 0 or labels.max() >= classes):
+        at = np.unravel_index(int(np.argmax((labels < 0) | (labels >= classes))),
+                              labels.shape)
+        where = f" at {[int(i) for i in at]}" if labels.ndim else ""
+        raise IndexOutOfRangeError(
+            f"cross_entropy_loss(logits {list(logits.shape)} {logits.dtype}, class indices "
+            f"{list(labels.shape)} {labels.dtype}): class index {labels[at]}{where} is out "
+            f"of range for {classes} classes; class indices lie in [0, {classes - 1}]")
+
+
+def _traced_class_check(operands: tuple) -> list:
+    """Inside hg.jit: the class indices out of range, for the function to raise after its
+    launch."""
+    logits, target = operands  # tensors (the op's build refused numbers)
+    if not target.dtype.is_int or not math.prod(target.shape):
+        return []
+    g, classes = target.graph, logits.shape[-1]
+    index = target if target.dtype is dt.int64 else g.cast(target, dt.int64)
+    bad = g.binary("or", g.binary("lt", index, 0), g.binary("ge", index, classes))
+    message = (f"cross_entropy_loss(logits {list(logits.shape)} {logits.dtype.storage}, "
+               f"class indices {list(target.shape)} {target.dtype.storage}), in hg.jit: "
+               f"class index {{}} is out of range for {classes} classes; class indices lie "
+               f"in [0, {classes - 1}]")
+    return [(bad, index, lambda value: IndexOutOfRangeError(message.format(value)))]
+
+
+# Class indices are checked on the host before every launch, so each call takes the
+# general path (about 20 us), not the native one.
+_CE = Op("cross_entropy_loss", _cross_entropy, promote=False, check=_check_class_indices,
+         trace_check=_traced_class_check)
 
 
 def cross_entropy_loss(*args, out: Buffer | None = None, reduction: str = "mean"):
     """Cross-entropy of ``logits [N, C]`` against class indices ``[N]`` (an integer buffer)
     or class probabilities ``[N, C]`` (a float buffer), like ``torch.nn.functional
-    .cross_entropy``. Class indices outside ``[0, C)`` contribute 0."""
+    .cross_entropy``. A class index outside ``[0, C)`` raises
+    :class:`~hologram.IndexOutOfRangeError` (checked on the host before the launch;
+    inside ``hg.jit``, by the program, and raised after its launch)."""
     ex, inputs, out, n = split("cross_entropy_loss", args, 2, out, None)
     _reduction_name("cross_entropy_loss", reduction)
     return run(_CE, ex, inputs, out, n, (("reduction", reduction),))
