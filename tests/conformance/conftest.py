@@ -7,6 +7,25 @@ import pytest
 from hologram import backends
 
 
+def pytest_addoption(parser):
+    parser.addoption("--shard", default=None, metavar="I/K",
+                     help="run only the I-th of K shares of the selected cases (0 <= I < K), "
+                          "dealt in collection order so the parameters of one test spread")
+
+
+@pytest.hookimpl(trylast=True)  # after -k and -m have selected
+def pytest_collection_modifyitems(config, items):
+    shard = config.getoption("--shard")
+    if shard is None:
+        return
+    index, count = (int(part) for part in shard.split("/"))
+    if not 0 <= index < count:
+        raise pytest.UsageError(f"--shard {shard}: I must lie in [0, K)")
+    config.hook.pytest_deselected(items=[item for n, item in enumerate(items)
+                                         if n % count != index])
+    items[:] = items[index::count]
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _private_cache(tmp_path_factory):
     """Keep the suite's artifacts out of the user's cache, compile from scratch, and
