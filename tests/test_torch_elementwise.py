@@ -374,3 +374,123 @@ def test_layer_norm_backward_over_every_dimension():
     torch.nn.functional.layer_norm(d[0], (6,), d[1], d[2]).backward(dev(g))
     for got, want in zip(d, (x, w, b)):
         same(got.grad, want.grad, (1e-5, 1e-6))
+
+
+# --- integer division: trunc/floor div, //, remainder, fmod ----------------------------------
+
+INTEGER_DIVISIONS = {
+    "trunc": lambda a, b: torch.div(a, b, rounding_mode="trunc"),
+    "floor": lambda a, b: torch.div(a, b, rounding_mode="floor"),
+    "//": lambda a, b: a // b,
+    "%": lambda a, b: a % b,
+    "fmod": torch.fmod,
+}
+INTEGER_DIVISIONS_IN_PLACE = {
+    "trunc": lambda a, b: a.div_(b, rounding_mode="trunc"),
+    "floor": lambda a, b: a.div_(b, rounding_mode="floor"),
+    "//": lambda a, b: a.floor_divide_(b),
+    "%": lambda a, b: a.remainder_(b),
+    "fmod": lambda a, b: a.fmod_(b),
+}
+INTEGER_DIVISIONS_OUT = {
+    "trunc": lambda a, b, out: torch.div(a, b, rounding_mode="trunc", out=out),
+    "floor": lambda a, b, out: torch.div(a, b, rounding_mode="floor", out=out),
+    "//": lambda a, b, out: torch.floor_divide(a, b, out=out),
+    "%": lambda a, b, out: torch.remainder(a, b, out=out),
+    "fmod": lambda a, b, out: torch.fmod(a, b, out=out),
+}
+
+
+def _divisor(shape, dtype, seed):
+    b = sample(shape, dtype, seed=seed)
+    return torch.where(b == 0, torch.ones((), dtype=dtype), b)
+
+
+@pytest.mark.parametrize("dtype", INTS)
+@pytest.mark.parametrize("name", list(INTEGER_DIVISIONS))
+def test_integer_division_matches_cpu(name, dtype):
+    a, b = sample((4, 5), dtype, seed=1), _divisor((5,), dtype, seed=2)
+    fn = INTEGER_DIVISIONS[name]
+    for x, y in ((a, b), (a, b.view(1, 5)), (a.t(), b[:4]), (a, -3), (a, 4),
+                 (a, torch.tensor(-2)), (b, a + (a == 0).to(dtype))):
+        if dtype is torch.uint8 and isinstance(y, int) and y < 0:
+            continue
+        expected = fn(x, y)
+        actual = fn(dev(x), dev(y) if isinstance(y, torch.Tensor) and y.dim() else y)
+        assert actual.dtype == expected.dtype
+        assert torch.equal(actual.cpu(), expected)
+    expected = INTEGER_DIVISIONS_IN_PLACE[name](a.clone(), b)
+    actual = INTEGER_DIVISIONS_IN_PLACE[name](dev(a), dev(b))
+    assert torch.equal(actual.cpu(), expected)
+    out = torch.empty(0, dtype=dtype, device="hologram")
+    INTEGER_DIVISIONS_OUT[name](dev(a), dev(b), out)
+    assert torch.equal(out.cpu(), fn(a, b))
+
+
+_INT_MIN_CASES = """
+import sys, torch, hologram_torch
+results = []
+for dtype in (torch.int8, torch.int16, torch.int32, torch.int64):
+    low = torch.iinfo(dtype).min
+    x = torch.tensor([low, 7, -7], dtype=dtype)
+    for divisor in (torch.tensor([-1, -1, -1], dtype=dtype), -1):
+        ops = (lambda a, b: torch.div(a, b, rounding_mode="trunc"),
+               lambda a, b: torch.div(a, b, rounding_mode="floor"),
+               lambda a, b: a // b, lambda a, b: a % b, torch.fmod)
+        d = divisor.to("hologram") if isinstance(divisor, torch.Tensor) else divisor
+        results.append([op(x.to("hologram"), d).tolist() for op in ops])
+        # the CPU's floor division, remainder and fmod (its trunc traps on INT_MIN / -1)
+        results.append([op(x, divisor).tolist() for op in ops[1:]])
+print(results)
+"""
+
+
+def test_integer_division_of_int_min_by_minus_one_wraps_and_never_traps(tmp_path):
+    # INT_MIN / -1 overflows: the CPU's division instruction traps (SIGFPE kills the
+    # process, as PyTorch's own CPU kernel for rounding_mode="trunc" does); the ISA defines
+    # it as INT_MIN (wrapping), which PyTorch's floor division gives too
+    import ast
+    import subprocess
+    import sys
+    script = tmp_path / "int_min.py"
+    script.write_text(_INT_MIN_CASES)
+    proc = subprocess.run([sys.executable, "-W", "ignore", str(script)], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    results = ast.literal_eval(proc.stdout.strip().splitlines()[-1])
+    for device, cpu in zip(results[::2], results[1::2]):
+        trunc, floor, floordiv, rem, fmod = device
+        assert trunc[0] == floor[0] == floordiv[0] < 0 and trunc[0] == cpu[0][0]
+        assert trunc[1:] == [-7, 7] and floor[1:] == floordiv[1:] == [-7, 7]
+        assert [floor, floordiv, rem, fmod] == cpu
+        assert rem == fmod == [0, 0, 0]
+
+
+DIVISIONS_BY_ZERO = {
+    "trunc": lambda a, z: torch.div(a, z, rounding_mode="trunc"),
+    "floor": lambda a, z: torch.div(a, z, rounding_mode="floor"),
+    "// tensor": lambda a, z: a // z,
+    "// 0": lambda a, z: a // 0,
+    "% tensor": lambda a, z: a % z,
+    "% 0": lambda a, z: a % 0,
+    "fmod 0": lambda a, z: torch.fmod(a, 0),
+    "fmod_ tensor": lambda a, z: a.fmod_(z),
+    "bool // 0": lambda a, z: (a > 0) // 0,
+    "// a 0-d zero": lambda a, z: a // torch.tensor(0),
+    "// broadcast": lambda a, z: a // z[1:2],
+}
+
+
+@pytest.mark.parametrize("dtype", (torch.int64, torch.int32, torch.uint8))
+@pytest.mark.parametrize("name", list(DIVISIONS_BY_ZERO))
+def test_integer_division_by_zero_raises_torch_error(name, dtype):
+    fn = DIVISIONS_BY_ZERO[name]
+    a = torch.tensor([5, 1, 0], dtype=dtype)
+    z = torch.tensor([1, 0, 2], dtype=dtype)
+    with pytest.raises(RuntimeError, match=r"^ZeroDivisionError$"):
+        fn(a, z)
+    with pytest.raises(RuntimeError, match=r"^ZeroDivisionError$"):
+        fn(dev(a), dev(z))
+    # no result to compute: no error, as PyTorch
+    empty = torch.empty(0, dtype=dtype)
+    assert fn(dev(empty), dev(empty)).numel() == fn(empty, empty).numel() == 0

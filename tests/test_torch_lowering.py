@@ -123,6 +123,17 @@ for _f in (aten.mul.Tensor, aten.div.Tensor, aten.maximum.default, aten.minimum.
 case(aten.mul.Scalar, I, 0.5)
 case(aten.div.Scalar, I, 4)
 case(aten.mul.Tensor, B, mask(5, seed=7))
+# integer division (float results are PyTorch's kernels'); no zero divisors: the eager
+# kernels raise PyTorch's ZeroDivisionError before a launch
+_NZ = torch.where(J == 0, 1, J)
+for _mode in ("trunc", "floor"):
+    case(aten.div.Tensor_mode, I, _NZ, rounding_mode=_mode)
+    case(aten.div.Scalar_mode, I, -3, rounding_mode=_mode)
+case(aten.div.Tensor_mode, X, Y, rounding_mode=None)
+for _name in ("floor_divide", "remainder", "fmod"):
+    _ops = getattr(aten, _name)
+    case(_ops.default if _name == "floor_divide" else _ops.Tensor, I, _NZ)
+    case(_ops.Scalar, ints(4, 5, dtype=torch.int32), -3)
 for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
     case(getattr(aten, _name).Tensor, I, J)
     case(getattr(aten, _name).Tensor, X, I)
@@ -573,6 +584,10 @@ def _functional(name: str) -> set[str]:
         op = op[:-1]
     if variant in ("out", "all_out"):
         variants = {"default", "Tensor", "dim", "dim_IntList"}
+    elif variant == "out_mode":  # div.out_mode
+        variants = {"Tensor_mode"}
+    elif variant == "Tensor":  # floor_divide_.Tensor: floor_divide.default
+        variants = {"Tensor", "default"}
     elif variant.endswith("_out"):
         variants = {variant.removesuffix("_out"), f"dim_{variant.removesuffix('_out')}"}
     else:

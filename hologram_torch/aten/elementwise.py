@@ -11,11 +11,13 @@ complex dtypes, what torch rejects).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from hologram.errors import ShapeError
 from hologram.isa import dtypes as dt
-from hologram_torch import native
+from hologram_torch import memory, native
 from hologram_torch.aten import layout, lowered, program
 from hologram_torch.aten.program import ISA, Unsupported, cast
 from hologram_torch.aten.registry import aten, impl, native_or_cpu, overload
@@ -32,6 +34,7 @@ OPINFO = (
     "bitwise_or", "bitwise_xor", "bitwise_not", "logical_and", "logical_or", "logical_xor",
     "logical_not", "isnan", "isposinf", "isneginf",
     "nn.functional.silu", "nn.functional.leaky_relu", "nn.functional.hardtanh",
+    "div.trunc_rounding", "div.floor_rounding", "floor_divide", "remainder", "fmod",
 )
 
 
@@ -142,9 +145,11 @@ def _fresh_key(name: str, op, self, other) -> tuple | None:
     return None
 
 def _binary(name: str, op, self, other, alpha=1, out=None, inplace=False,
-            floating=False, compare=False):
+            floating=False, compare=False, kwargs=()):
     """``op(self, other)`` (or ``op(self, other, alpha)``) with broadcasting and promotion,
-    into a new tensor, ``out``, or ``self`` (in place)."""
+    into a new tensor, ``out``, or ``self`` (in place). ``kwargs``: the lowering's
+    keyword arguments, as pairs (compile-time; ``name`` must tell them apart, since the
+    remembered kernels are keyed by it)."""
     shortcut = None
     if (out is None and not inplace and alpha == 1 and isinstance(self, torch.Tensor)
             and not self.is_cpu):
@@ -182,9 +187,9 @@ def _binary(name: str, op, self, other, alpha=1, out=None, inplace=False,
         if not torch.can_cast(result, out.dtype):
             return NotImplemented  # the CPU kernel raises PyTorch's error
         out = _fit_out(out, _shape(self, other))
-    r = _lowered(name, op, args, None if out is None else (out,))
+    r = _lowered(name, op, args, None if out is None else (out,), kwargs=kwargs)
     if shortcut is not None and r is not NotImplemented:
-        program.remember(shortcut, name, lowered.spec(op, args), args,
+        program.remember(shortcut, name, lowered.spec(op, args, (), kwargs), args,
                          self if inplace else r, (self,) if inplace else None)
     return r if out is None or r is NotImplemented else out
 
@@ -295,6 +300,89 @@ def _predicate(name: str, op, overloads: tuple[str, str, str]) -> None:
 for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
     _predicate(_name, getattr(aten, _name).Tensor,
                (".Tensor,.Scalar", ".Tensor_out,.Scalar_out", "_.Tensor,_.Scalar"))
+
+
+# --- integer division: trunc/floor div, //, remainder, fmod ---------------------------------
+
+def _has_zero(x) -> bool:
+    """Does the divisor ``x`` (a number, a CPU scalar or a device tensor, read on the host
+    through a CPU view: the device's memory is host memory) hold a zero?"""
+    if isinstance(x, torch.Tensor):
+        return x.numel() > 0 and bool((x if x.is_cpu else memory.cpu_alias(x)).eq(0).any())
+    return x == 0
+
+
+def _divide(name: str, op, self, other, kwargs=(), out=None, inplace=False):
+    """An integer division on the device (the lowering's, with the ISA's results: INT_MIN
+    / -1 wraps to INT_MIN, where the CPU's instruction traps); NotImplemented for float
+    results (PyTorch's kernels). A zero divisor raises PyTorch's error, after its shape
+    checks and only where there is a result to compute, as its kernels do."""
+    result = torch.result_type(self, other)
+    if result.is_floating_point or result.is_complex or result is torch.bool:
+        return NotImplemented
+    if inplace:
+        _check_inplace(name, self, result, other)
+    if math.prod(_shape(self, other)) and _has_zero(other):
+        raise RuntimeError("ZeroDivisionError")
+    return _binary(name, op, self, other, out=out, inplace=inplace, kwargs=kwargs)
+
+
+def _rounding(rounding_mode) -> tuple[str, tuple]:
+    return f"div_{rounding_mode}", (("rounding_mode", rounding_mode),)
+
+
+@native_or_cpu("div.Tensor_mode", "div.Scalar_mode")
+def div_mode(self, other, *, rounding_mode=None):
+    if rounding_mode is None:
+        return _binary("div", aten.div.Tensor, self, other, floating=True)
+    if rounding_mode not in ("trunc", "floor"):
+        return NotImplemented  # torch raises
+    name, kwargs = _rounding(rounding_mode)
+    return _divide(name, aten.div.Tensor_mode, self, other, kwargs)
+
+
+@native_or_cpu("div_.Tensor_mode", "div_.Scalar_mode")
+def div_mode_(self, other, *, rounding_mode=None):
+    if rounding_mode is None:
+        return _binary("div", aten.div.Tensor, self, other, inplace=True, floating=True)
+    if rounding_mode not in ("trunc", "floor"):
+        return NotImplemented
+    name, kwargs = _rounding(rounding_mode)
+    return _divide(name, aten.div.Tensor_mode, self, other, kwargs, inplace=True)
+
+
+@native_or_cpu("div.out_mode")
+def div_mode_out(self, other, *, rounding_mode=None, out):
+    if rounding_mode not in ("trunc", "floor"):
+        return NotImplemented
+    name, kwargs = _rounding(rounding_mode)
+    return _divide(name, aten.div.Tensor_mode, self, other, kwargs, out=out)
+
+
+def _integer_division(name: str, functional: str, op, inplace: str, out: str) -> None:
+    """``name``'s functional, in-place and out= kernels (overload names, comma-separated)."""
+
+    def kernel(self, other):
+        return _divide(name, op, self, other)
+
+    def kernel_(self, other):
+        return _divide(name, op, self, other, inplace=True)
+
+    def kernel_out(self, other, *, out):
+        return _divide(name, op, self, other, out=out)
+
+    native_or_cpu(*functional.split(","))(kernel)
+    native_or_cpu(*inplace.split(","))(kernel_)
+    native_or_cpu(*out.split(","))(kernel_out)
+
+
+_integer_division("floor_divide", "floor_divide,floor_divide.Scalar", aten.floor_divide.default,
+                  "floor_divide_.Tensor,floor_divide_.Scalar",
+                  "floor_divide.out,floor_divide.Scalar_out")
+for _name in ("remainder", "fmod"):
+    _integer_division(_name, f"{_name}.Tensor,{_name}.Scalar", getattr(aten, _name).Tensor,
+                      f"{_name}_.Tensor,{_name}_.Scalar",
+                      f"{_name}.Tensor_out,{_name}.Scalar_out")
 
 
 # --- pow: exponents PyTorch computes specially are specialized at compile time ----------

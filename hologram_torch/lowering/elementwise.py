@@ -133,6 +133,89 @@ def minimum(g, self, other):
     return _apply(torch_min, (self, other), opmath(result), result)
 
 
+# --- integer division: the ISA's total div/mod ---------------------------------------------
+
+def _integral(self, other) -> dt.DType:
+    """The integer dtype of an integer division's result; :class:`Unsupported` for float
+    results (and bool, which torch rejects), left to PyTorch's kernels."""
+    result = result_type(self, other)
+    if result.is_floating_point or result.is_complex or result is torch.bool:
+        raise Unsupported(f"integer division of {result}")
+    return isa(result)
+
+
+def _negative(g, x):
+    return g.binary("lt", x, 0) if isinstance(x, Tensor) else x < 0
+
+
+def _differ(g, a, b):
+    """``a != b`` for two truth values (graph bools or Python bools)."""
+    if isinstance(a, Tensor) or isinstance(b, Tensor):
+        return g.binary("xor", a, b)
+    return a != b
+
+
+def _trunc_div(g, a, b):
+    # the ISA's integer div truncates, and INT_MIN / -1 wraps to INT_MIN (where the
+    # hardware's instruction traps); x / 0 is defined too, but never reaches a kernel:
+    # the eager kernels raise PyTorch's ZeroDivisionError first
+    return g.binary("div", a, b)
+
+
+def _floor_div(g, a, b):
+    """PyTorch's integer floor division: the truncated quotient, less one where the
+    remainder is nonzero and its sign is not the divisor's."""
+    q, r = g.binary("div", a, b), g.binary("mod", a, b)
+    adjust = g.binary("and", g.binary("ne", r, 0), _differ(g, _negative(g, r), _negative(g, b)))
+    return g.where(adjust, q - 1, q)
+
+
+def _remainder(g, a, b):
+    """Python's modulo (the sign of the divisor), as PyTorch's ``remainder``."""
+    r = g.binary("mod", a, b)
+    adjust = g.binary("and", g.binary("ne", r, 0), _differ(g, _negative(g, r), _negative(g, b)))
+    return g.where(adjust, r + b, r)
+
+
+def _fmod(g, a, b):
+    return g.binary("mod", a, b)  # C's %: the sign of the dividend
+
+
+#: The integer divisions: how each rounds.
+INTEGER_DIVISION = {"trunc": _trunc_div, "floor": _floor_div, "remainder": _remainder,
+                    "fmod": _fmod}
+
+
+@register(aten.div.Tensor_mode, aten.div.Scalar_mode)
+def div_mode(g, self, other, *, rounding_mode=None):
+    """``div`` with a rounding mode: lowered for integer results (float ones are
+    PyTorch's own kernels')."""
+    if rounding_mode is None:
+        return div(g, self, other)
+    if rounding_mode not in ("trunc", "floor"):
+        raise Unsupported(f"rounding_mode {rounding_mode!r}")  # torch raises
+    result = _integral(self, other)
+    return _apply(INTEGER_DIVISION[rounding_mode], (self, other), result, result)
+
+
+@register(aten.floor_divide.default, aten.floor_divide.Scalar)
+def floor_divide(g, self, other):
+    result = _integral(self, other)
+    return _apply(_floor_div, (self, other), result, result)
+
+
+@register(aten.remainder.Tensor, aten.remainder.Scalar)
+def remainder(g, self, other):
+    result = _integral(self, other)
+    return _apply(_remainder, (self, other), result, result)
+
+
+@register(aten.fmod.Tensor, aten.fmod.Scalar)
+def fmod(g, self, other):
+    result = _integral(self, other)
+    return _apply(_fmod, (self, other), result, result)
+
+
 # --- comparisons, bitwise and logical ops ---------------------------------------------------
 
 def _comparison(op: str):
