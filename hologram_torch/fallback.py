@@ -111,7 +111,7 @@ def run_on_cpu_as(op, cpu_fn, *args, **kwargs):
     out_args = {a.name for a in op._schema.arguments
                 if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write}
     aliases: dict[int, torch.Tensor] = {}  # id(CPU tensor) -> the device tensor it stands for
-    copies: list[tuple[torch.Tensor, torch.Tensor]] = []  # out= (CPU copy, device tensor)
+    copies: list[tuple] = []  # out= (CPU copy, device tensor, the copy's first strides)
 
     storages: dict = {}  # one CPU storage per device storage (CPU kernels check overlaps)
 
@@ -128,10 +128,13 @@ def run_on_cpu_as(op, cpu_fn, *args, **kwargs):
         if _is_device(x) and memory.unsafe_write(x, inputs):
             return to_cpu(x)  # the CPU kernel sees the aliasing (and raises as PyTorch)
         if _is_device(x):
-            c = torch.empty(x.shape, dtype=x.dtype)
+            # in x's layout when dense: the CPU kernel keeps or restrides it as it would x
+            dense = memory.dense(x.shape, x.stride())
+            c = (torch.empty_strided(x.shape, x.stride(), dtype=x.dtype) if dense
+                 else torch.empty(x.shape, dtype=x.dtype))
             if x.numel():
                 c.copy_(cpu_view(x))
-            copies.append((c, x))
+            copies.append((c, x, c.stride()))
             aliases[id(c)] = x
             return c
         return x
@@ -143,9 +146,14 @@ def run_on_cpu_as(op, cpu_fn, *args, **kwargs):
     ckwargs = {k: tree_map(out_to_cpu if k in out_args else to_cpu, v)
                for k, v in kwargs.items()}
     result = cpu_fn(*cargs, **ckwargs)
-    for c, x in copies:  # write out= results back (resizing the device tensor if needed)
+    for c, x, first in copies:  # write out= results back (resizing the device tensor)
         if x.shape != c.shape:
             x.resize_(c.shape)
+        if c.stride() != first and x.stride() != c.stride() and memory.dense(c.shape,
+                                                                              c.stride()):
+            # the CPU kernel restrided its out= (a channels_last result): so does the device
+            # tensor, whose memory holds the same number of elements
+            memory.point_at(x, x.untyped_storage(), x.storage_offset(), c.shape, c.stride())
         if x.numel():
             cpu_view(x).copy_(c)
 

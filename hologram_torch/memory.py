@@ -173,8 +173,9 @@ def cpu_alias(t: torch.Tensor, storages: dict | None = None) -> torch.Tensor:
 def from_cpu(t: torch.Tensor) -> torch.Tensor:
     """A device copy of the CPU tensor ``t``, in ``t``'s layout when that is dense (a
     channels_last or transposed result of a CPU kernel stays so), else contiguous."""
-    keep = t.dim() > 1 and not t.is_contiguous() and dense(t.shape, t.stride())
-    out = empty(t.shape, t.dtype, tuple(t.stride()) if keep else None)
+    stride = list(t.stride())
+    keep = t.dim() > 1 and stride != contiguous_strides(t.shape) and dense(t.shape, stride)
+    out = empty(t.shape, t.dtype, stride if keep else None)
     if out.numel():
         cpu_alias(out).copy_(t)
     return out

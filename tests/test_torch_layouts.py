@@ -225,3 +225,75 @@ def test_fallback_results_keep_the_cpus_layout():
         got = F.conv2d(x.to("hologram"), weight.to("hologram"))
     assert expected.is_contiguous(memory_format=torch.channels_last)
     _check(expected, got)
+
+
+def test_fallback_out_arguments_are_laid_out_as_the_cpus():
+    """A CPU kernel run through the fallback restrides its out= (a channels_last pad); a
+    given out= keeps its layout where the CPU kernel keeps it; a size-1 dimension's stride
+    is the CPU's too (argwhere)."""
+    x = _permuted(*CHANNELS_LAST)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _check(F.pad(x, (-1, 1, -1, 1), mode="replicate"),
+               F.pad(x.to("hologram"), (-1, 1, -1, 1), mode="replicate"))
+        r = torch.randn(4, 4)
+        for make in (lambda d: torch.empty(4, 4, device=d).t(), lambda d: torch.empty(0, device=d)):
+            expected, got = make("cpu"), make("hologram")
+            torch.cumsum(r.t(), 0, out=expected)
+            torch.cumsum(r.t().to("hologram"), 0, out=got)
+            _check(expected, got)
+        v = torch.tensor([1.0, 0.0, 2.0, 3.0])
+        _check(torch.argwhere(v), torch.argwhere(v.to("hologram")))
+
+
+def _opinfo_layout_cases():
+    from test_torch_opinfo import _opinfo_names
+
+    return _opinfo_names()
+
+
+def _permute_sample_tensor(x):
+    """A dense copy of ``x`` in another layout: channels_last for 4-d, reversed otherwise."""
+    if not isinstance(x, torch.Tensor) or x.dim() < 2 or x.layout is not torch.strided:
+        return x
+    if x.dim() == 4:
+        return x.contiguous(memory_format=torch.channels_last)
+    order = list(range(x.dim()))[::-1]
+    return x.permute(order).contiguous().permute(order)
+
+
+@pytest.mark.parametrize("name", _opinfo_layout_cases())
+def test_opinfo_results_have_the_cpus_strides(name):
+    """PyTorch's OpInfo samples of every native entry, with permuted (channels_last,
+    reversed) inputs: the device's results have the CPU's strides and values."""
+    from test_torch_opinfo import _key
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    compared = 0
+    for op in (o for o in op_db if _key(o) == name):
+        dtype = next((d for d in (torch.float32, torch.int64, torch.bool)
+                      if d in op.supported_dtypes("cpu")), None)
+        if dtype is None:
+            continue
+        for i, sample in enumerate(op.sample_inputs("cpu", dtype)):
+            if i == 3:
+                break
+            sample = sample.transform(_permute_sample_tensor)
+            try:
+                expected = op(sample.input, *sample.args, **sample.kwargs)
+            except Exception:  # the CPU rejects it: OpInfo's own tests cover the error
+                continue
+            on_device = sample.transform(
+                lambda t: t.to("hologram") if isinstance(t, torch.Tensor) else t)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                got = op(on_device.input, *on_device.args, **on_device.kwargs)
+            pairs = (zip(expected, got) if isinstance(expected, (tuple, list))
+                     else [(expected, got)])
+            for e, g in pairs:
+                if isinstance(e, torch.Tensor):
+                    assert g.shape == e.shape, (i, g.shape, e.shape)
+                    if e.numel() > 1:  # (a stride of size 1 or 0 is meaningless)
+                        assert g.stride() == e.stride(), (i, g.stride(), e.stride())
+                    compared += 1
+    assert compared, f"{name}: no sample compared"
