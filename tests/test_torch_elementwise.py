@@ -494,3 +494,101 @@ def test_integer_division_by_zero_raises_torch_error(name, dtype):
     # no result to compute: no error, as PyTorch
     empty = torch.empty(0, dtype=dtype)
     assert fn(dev(empty), dev(empty)).numel() == fn(empty, empty).numel() == 0
+
+
+# --- deterministic mode: new memory filled as PyTorch fills it -------------------------------
+
+FILL_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64,
+               torch.complex128, torch.int64, torch.int32, torch.int16, torch.int8,
+               torch.uint8, torch.bool)
+
+
+@pytest.fixture
+def deterministic():
+    """``torch.use_deterministic_algorithms(True)`` with ``fill_uninitialized_memory``
+    (its default), restored afterwards."""
+    import torch.utils.deterministic as det
+    saved = (torch.are_deterministic_algorithms_enabled(),
+             torch.is_deterministic_algorithms_warn_only_enabled(),
+             det.fill_uninitialized_memory)
+    torch.use_deterministic_algorithms(True)
+    det.fill_uninitialized_memory = True
+    yield
+    torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+    det.fill_uninitialized_memory = saved[2]
+
+
+def _storage_values(t):
+    """Every element of ``t``'s storage, in ``t``'s dtype, on the CPU."""
+    whole = torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage())
+    return whole.cpu()
+
+
+def _same_fill(actual, expected):
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    torch.testing.assert_close(actual, expected, rtol=0, atol=0, equal_nan=True)
+
+
+FACTORIES = {
+    "empty": lambda d, dt: torch.empty(2, 3, dtype=dt, device=d),
+    "empty channels_last": lambda d, dt: torch.empty(1, 2, 2, 3, dtype=dt, device=d,
+                                                     memory_format=torch.channels_last),
+    "empty_like": lambda d, dt: torch.empty_like(torch.zeros(3, 2, dtype=dt, device=d).t()),
+    "empty_strided": lambda d, dt: torch.empty_strided((2, 3), (1, 2), dtype=dt, device=d),
+    "empty_strided expanded": lambda d, dt: torch.empty_strided((2, 3), (0, 1), dtype=dt,
+                                                                device=d),
+    "new_empty": lambda d, dt: torch.zeros(2, dtype=dt, device=d).new_empty((4,)),
+    "new_empty_strided": lambda d, dt: torch.zeros(2, dtype=dt, device=d).new_empty_strided(
+        (2, 2), (1, 2)),
+}
+
+
+@pytest.mark.parametrize("dtype", FILL_DTYPES, ids=str)
+@pytest.mark.parametrize("name", list(FACTORIES))
+def test_deterministic_mode_fills_new_tensors_as_pytorch(name, dtype, deterministic):
+    make = FACTORIES[name]
+    expected, actual = make("cpu", dtype), make("hologram", dtype)
+    assert actual.stride() == expected.stride()
+    _same_fill(actual.cpu(), expected)
+
+
+# (size, stride or None, new size): PyTorch's own cases for resize_
+RESIZES = [
+    ((10,), (1,), (5,)), ((10,), (0,), (10,)), ((10,), (1,), (20,)),
+    ((2, 3, 4), None, (2, 3, 4)), ((2, 3, 4), None, (6, 3, 4)), ((2, 3, 4), None, (2, 5, 4)),
+    ((2, 3, 4), None, (2, 3, 6)), ((2, 3, 4), None, (3, 4, 5)),
+    ((2, 3, 4), (1, 4, 12), (2, 3, 4)), ((2, 3, 4), (1, 4, 12), (4, 3, 4)),
+    ((2, 3, 4), (1, 4, 12), (2, 4, 4)), ((2, 3, 4), (1, 4, 12), (2, 3, 5)),
+    ((2, 3, 4), (1, 4, 12), (3, 4, 5)), ((2, 3, 4), (1, 0, 1), (2, 4, 5)),
+]
+
+
+def _resized(device, dtype, size, stride, new_size):
+    """PyTorch's check of a resize_ in deterministic mode (its test_deterministic_resize):
+    the storage keeps its old elements, and the elements it grew by are filled."""
+    if stride is None:
+        a = torch.zeros(size, dtype=dtype, device=device)
+    else:
+        a = torch.empty_strided(size, stride, dtype=dtype, device=device).fill_(0)
+    old = _storage_values(a).clone()
+    a.resize_(new_size)
+    new = _storage_values(a)
+    assert new.numel() >= old.numel()
+    _same_fill(new[:old.numel()], old)  # the elements a layout skips are garbage, kept
+    grown = new[old.numel():]
+    if dtype.is_floating_point or dtype.is_complex:
+        assert grown.isnan().all()
+    else:
+        assert grown.eq(True if dtype is torch.bool else torch.iinfo(dtype).max).all()
+    return a.stride(), new.numel()
+
+
+@pytest.mark.parametrize("dtype", FILL_DTYPES, ids=str)
+def test_deterministic_mode_fills_what_resize_grows_as_pytorch(dtype, deterministic):
+    for case in RESIZES:
+        assert _resized("hologram", dtype, *case) == _resized("cpu", dtype, *case), case
+    # a resize into memory_format= fills its new elements too
+    x = torch.zeros(2, dtype=dtype, device="hologram").resize_(
+        1, 2, 2, 2, memory_format=torch.channels_last)
+    y = torch.zeros(2, dtype=dtype).resize_(1, 2, 2, 2, memory_format=torch.channels_last)
+    _same_fill(x.cpu(), y)

@@ -43,16 +43,41 @@ def check_allocation(size, layout=None, device=None) -> None:
                            f"there is one {NAME} device, {NAME}:0")
 
 
+def fills_uninitialized_memory() -> bool:
+    """Does PyTorch fill new memory now (``torch.use_deterministic_algorithms(True)`` with
+    ``torch.utils.deterministic.fill_uninitialized_memory``, its default)?"""
+    return (torch._C._get_deterministic_algorithms()
+            and torch._C._get_deterministic_fill_uninitialized_memory())
+
+
+def fill_uninitialized(t: torch.Tensor) -> torch.Tensor:
+    """PyTorch's deterministic fill of new memory: NaN for float and complex dtypes (a
+    complex NaN + 0j), the largest value for integers, True for bool. Through a CPU view
+    (every dtype, and layouts whose elements share memory)."""
+    dtype = t.dtype
+    if dtype.is_floating_point or dtype.is_complex:
+        value = math.nan
+    elif dtype is torch.bool:
+        value = True
+    else:
+        value = torch.iinfo(dtype).max
+    if t.numel():
+        cpu_view(t).fill_(value)
+    return t
+
+
 @impl("empty.memory_format")
 def empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     check_allocation(size, layout, device)
-    return memory.empty(size, dtype, _strides_for(size, dtype, memory_format))
+    t = memory.empty(size, dtype, _strides_for(size, dtype, memory_format))
+    return fill_uninitialized(t) if fills_uninitialized_memory() else t
 
 
 @impl("empty_strided")
 def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
     check_allocation(size, layout, device)
-    return memory.empty(size, dtype, stride)
+    t = memory.empty(size, dtype, stride)
+    return fill_uninitialized(t) if fills_uninitialized_memory() else t
 
 
 # --- metadata-only ops: the CPU kernels build a TensorImpl sharing our storage ----------
@@ -168,7 +193,15 @@ def _copy_from_and_resize(src, dst):
 
 @impl("resize_")
 def resize_(self, size, memory_format=None):
-    return memory.resize(self, size, memory_format)
+    old = self.untyped_storage().nbytes()
+    memory.resize(self, size, memory_format)
+    if fills_uninitialized_memory():
+        # PyTorch fills the storage's new elements (in self's dtype), past the old ones
+        st, item = self.untyped_storage(), self.element_size()
+        start, end = old // item, st.nbytes() // item
+        if end > start:
+            fill_uninitialized(memory.on_storage(st, self.dtype, [end - start], [1], start))
+    return self
 
 
 @impl("_local_scalar_dense")
