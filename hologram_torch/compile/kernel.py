@@ -268,7 +268,14 @@ def _index_checks(g: Graph, node: torch.fx.Node, env: dict) -> list[tuple[Tensor
     elif target is aten.gather.default:  # no index counts from the end (eager's check)
         lookups = along(1, 2, False, RuntimeError)
     elif target is aten.index_select.default:
-        lookups = along(1, 2, True, IndexError)
+        # no index from the end here either; eager's CPU kernel for dim 1 has its own error
+        src = env[a[0]]
+        dim = a[1] % max(src.ndim, 1)
+        size = src.shape[dim] if src.ndim else 1
+        error = ((RuntimeError, f"INDICES element is out of DATA bounds, id={{value}} "
+                                f"axis_dim={size}") if dim == 1 and src.ndim > 1
+                 else (IndexError, "index out of range in self"))
+        lookups = [(a[2], size, 0, None, error)]
     elif target in _NLL_LOSS:  # (self, target, weight, reduction, ignore_index)
         x = env[a[0]]
         lookups = [(a[1], x.shape[min(x.ndim, 2) - 1], 0, a[4],
