@@ -592,3 +592,35 @@ def test_deterministic_mode_fills_what_resize_grows_as_pytorch(dtype, determinis
         1, 2, 2, 2, memory_format=torch.channels_last)
     y = torch.zeros(2, dtype=dtype).resize_(1, 2, 2, 2, memory_format=torch.channels_last)
     _same_fill(x.cpu(), y)
+
+
+# --- scalars into device tensors keep their precision ----------------------------------------
+
+SCALARS = [1 / 3 + 0j, 1e-300 + 1e-300j, -2.5e-320 + 1 / 7j, complex(float("inf"), -0.0),
+           1 / 3, 1e-300, 2**53 + 1]
+
+
+@pytest.mark.parametrize("dtype", (torch.complex128, torch.complex64, torch.float64,
+                                   torch.float32, torch.int64), ids=str)
+@pytest.mark.parametrize("value", SCALARS, ids=repr)
+def test_scalars_reach_the_device_exactly_as_on_the_cpu(value, dtype):
+    if isinstance(value, complex) and not dtype.is_complex:
+        pytest.skip("torch refuses a complex value for a real dtype")
+    if dtype is torch.int64 and not isinstance(value, int):
+        pytest.skip("a float value for an integer dtype")
+    makes = {
+        "tensor": lambda d: torch.tensor(value, dtype=dtype, device=d),
+        "tensor of a list": lambda d: torch.tensor([value], dtype=dtype, device=d),
+        "full": lambda d: torch.full((), value, dtype=dtype, device=d),
+        "copy_ of a 0-d CPU tensor": lambda d: torch.zeros((), dtype=dtype, device=d).copy_(
+            torch.tensor(value, dtype=dtype)),
+        "copy_ broadcast": lambda d: torch.zeros(3, dtype=dtype, device=d).copy_(
+            torch.tensor(value, dtype=dtype)),
+        "to": lambda d: torch.tensor(value, dtype=dtype).to(d),
+        "fill_": lambda d: torch.zeros(2, dtype=dtype, device=d).fill_(value),
+    }
+    for name, make in makes.items():
+        expected, actual = make("cpu"), make("hologram").cpu()
+        assert actual.dtype == expected.dtype, name
+        assert torch.equal(actual.view(-1).view(torch.uint8),
+                           expected.view(-1).view(torch.uint8)), (name, actual, expected)

@@ -125,9 +125,8 @@ def copy_into(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
         check_output_shape(dst.shape, src.shape)  # PyTorch's errors, before any work
     if dst.numel() == 0:
         return dst
-    if src.is_cpu and src.dim() == 0:
-        src = src.item()
-    if (isinstance(src, torch.Tensor) and not src.is_cpu and _overlap(dst, src)
+    host = src.is_cpu  # a 0-d CPU tensor (a scalar): the copy program takes its value
+    if (not host and _overlap(dst, src)
             and (src.data_ptr() != dst.data_ptr() or src.stride() != dst.stride()
                  or src.shape != dst.shape)):
         # Memory shared other than element for element: PyTorch's copy on aliases of one
@@ -136,20 +135,19 @@ def copy_into(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
         storages: dict = {}
         cpu_view(dst, storages).copy_(cpu_view(src, storages))
         return dst
-    if _lazy(dst) or (isinstance(src, torch.Tensor) and _lazy(src)) or (
-            memory.internal_overlap(dst)):
+    if _lazy(dst) or (not host and _lazy(src)) or memory.internal_overlap(dst):
         # Conjugate or negative views (complex results, .imag of a conjugate): the CPU
         # copy resolves the bits; the programs read raw memory. A destination whose
         # elements share memory (expanded): the CPU copy raises PyTorch's error.
-        cpu_view(dst).copy_(cpu_view(src) if isinstance(src, torch.Tensor)
-                            else torch.tensor(src))
+        cpu_view(dst).copy_(src if host else cpu_view(src))
         return dst
     try:
-        program.run("copy", _copy_build, (src,), (tuple(dst.shape), ISA[dst.dtype]),
-                    out=(dst,))
+        program.run("copy", _copy_build, (src.item() if host else src,),
+                    (tuple(dst.shape), ISA[dst.dtype]), out=(dst,))
     except (Unsupported, KeyError):
-        memory.cpu_alias(dst).copy_(memory.cpu_alias(src) if isinstance(src, torch.Tensor)
-                                    else torch.tensor(src))
+        # dtypes no program takes (complex): the CPU's copy, from the scalar tensor itself
+        # (its value as a Python number would become a complex64 or float32 tensor)
+        memory.cpu_alias(dst).copy_(src if host else memory.cpu_alias(src))
     return dst
 
 
