@@ -430,6 +430,14 @@ case(aten.arange.start, 2, 9, dtype=torch.float16)
 case(aten.arange.start_step, 0.5, 3.0, 0.25)
 case(aten.arange.start_step, 10, -2, -3)
 case(aten.arange.start_step, 0, 1, 0.1, dtype=torch.float64)
+case(aten.linspace.default, -3.7, 11.3, 100, tol=dict(rtol=0, atol=0))
+case(aten.linspace.default, 0, 255, 64, dtype=torch.int16)
+case(aten.logspace.default, -2, 3, 20, 2.0, tol=dict(rtol=0, atol=0))
+case(aten.eye.default, 4)
+case(aten.eye.m, 3, 5, dtype=torch.int64)
+case(aten.flip.default, randn(3, 4, 5, seed=60), [0, 2])
+case(aten.roll.default, randn(3, 4, 5, seed=61), [2, -1], [0, 2])
+case(aten.roll.default, randn(3, 4, seed=62), [5])
 
 
 # --- views and copies ---------------------------------------------------------------------------

@@ -15,6 +15,7 @@ every op with a graph form is its entry in :mod:`hologram_torch.lowering` (launc
 - :mod:`.rnn`: the fused LSTM/GRU cells PyTorch picks for the device, from device ops
 - :mod:`.activation`: hardswish and hardsigmoid (with backward)
 - :mod:`.indexing`: tril and triu
+- :mod:`.generate`: linspace, logspace, eye, flip, roll
 - :mod:`.pool`: max, average and adaptive average pooling (with backward)
 - :mod:`.norm`: batch normalization (with backward)
 - :mod:`.sync_batch_norm`: the statistics ops of ``nn.SyncBatchNorm``, from device ops
@@ -25,6 +26,7 @@ from hologram_torch.aten import (  # noqa: F401  (importing registers the kernel
     conv,
     elementwise,
     foreach,
+    generate,
     indexing,
     linalg,
     nn,

@@ -25,7 +25,8 @@ The families: :mod:`.elementwise`, :mod:`.activation` (hardswish, hardsigmoid),
 :mod:`.reduction`, :mod:`.nn`, :mod:`.norm` (batch norm), :mod:`.pool`, :mod:`.linalg`,
 :mod:`.foreach` (addcmul/addcdiv/lerp and the optimizers' ``_foreach_*`` ops, on lists of
 graph tensors), :mod:`.shape` (``cat``, the index ops, ``arange``), :mod:`.indexing`
-(``tril``/``triu``), :mod:`.views` (views,
+(``tril``/``triu``), :mod:`.generate` (``linspace``, ``logspace``, ``eye``, ``flip``,
+``roll``), :mod:`.views` (views,
 ``clone``, ``_to_copy``). Not in the table: the inherently eager ops (allocation, in-place
 copies and fills, ``item``, ``as_strided``/``unfold``, random draws).
 """
@@ -36,6 +37,7 @@ from hologram_torch.lowering import (  # noqa: F401 (importing registers the ent
     activation,
     elementwise,
     foreach,
+    generate,
     indexing,
     linalg,
     nn,
