@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import sys
 import types
 import warnings
@@ -62,6 +63,23 @@ def current_device() -> int:
     return 0
 
 
+class InvalidDeviceError(DeviceError, RuntimeError):
+    """A device index other than 0: a RuntimeError, as CUDA's 'invalid device ordinal'
+    (``torch.cuda.set_device(1)`` on a machine with one GPU), and a :class:`DeviceError`."""
+
+
+class WrongDeviceTypeError(DeviceError, ValueError):
+    """Another device type where a hologram device is expected: a ValueError, as
+    ``torch.cuda.set_device('cpu')`` raises."""
+
+
+def invalid_ordinal(device: object) -> InvalidDeviceError:
+    """The error for ``device`` (a ``torch.device`` or ``hologram:i``), an index other
+    than 0."""
+    return InvalidDeviceError(f"{NAME} error: invalid device ordinal: {device} does not "
+                              f"exist; there is one {NAME} device, {NAME}:0")
+
+
 def _index(device: object) -> int:
     if device is None:
         return 0
@@ -70,12 +88,11 @@ def _index(device: object) -> int:
     else:
         device = torch.device(device)
         if device.type != NAME:
-            raise DeviceError(f"expected a {NAME} device, got {device}; pass "
-                              f"'{NAME}' or '{NAME}:0'")
+            raise WrongDeviceTypeError(f"expected a {NAME} device, got {device}; pass "
+                                       f"'{NAME}' or '{NAME}:0'")
         index = 0 if device.index is None else device.index
     if index != 0:
-        raise DeviceError(f"{NAME}:{index} does not exist: there is one {NAME} device "
-                          f"({NAME}:0)")
+        raise invalid_ordinal(f"{NAME}:{index}")
     return index
 
 
@@ -86,6 +103,21 @@ def set_device(device: object) -> None:
 def get_device_name(device: object = None) -> str:
     _index(device)
     return f"Hologram ({hologram.backend.get_default_backend()} backend)"
+
+
+class DeviceProperties(types.SimpleNamespace):
+    """What :func:`get_device_properties` tells: ``name``, ``total_memory`` (bytes: the
+    device's memory is the host's) and ``multi_processor_count`` (the host's CPUs)."""
+
+
+def get_device_properties(device: object = None) -> DeviceProperties:
+    _index(device)
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not every platform names them
+        total = 0
+    return DeviceProperties(name=get_device_name(), total_memory=total,
+                            multi_processor_count=os.cpu_count() or 1)
 
 
 class device(contextlib.AbstractContextManager):
@@ -191,10 +223,10 @@ def empty_cache() -> None:
 
 _MODULE_FUNCTIONS = (
     is_available, is_initialized, _is_in_bad_fork, _lazy_init, device_count, current_device,
-    set_device, get_device_name, device, synchronize, manual_seed, manual_seed_all, seed,
-    seed_all, initial_seed, get_rng_state, set_rng_state, get_amp_supported_dtype,
-    memory_allocated, max_memory_allocated, memory_reserved, memory_stats,
-    reset_peak_memory_stats, empty_cache,
+    set_device, get_device_name, get_device_properties, device, synchronize, manual_seed,
+    manual_seed_all, seed, seed_all, initial_seed, get_rng_state, set_rng_state,
+    get_amp_supported_dtype, memory_allocated, max_memory_allocated, memory_reserved,
+    memory_stats, reset_peak_memory_stats, empty_cache,
 )
 
 

@@ -428,3 +428,45 @@ def test_lerp_operand_dtypes_as_pytorch(name):
         assert actual == expected
     else:
         torch.testing.assert_close(actual, expected, rtol=0, atol=0)
+
+
+# --- device indices: torch.hologram as torch.cuda on a machine with one GPU ----------------
+
+BAD_INDICES = {
+    "set_device(1)": lambda h: h.set_device(1),
+    "set_device('hologram:1')": lambda h: h.set_device("hologram:1"),
+    "set_device(-1)": lambda h: h.set_device(-1),
+    "device(1)": lambda h: h.device(1),
+    "synchronize(1)": lambda h: h.synchronize(1),
+    "get_device_name(2)": lambda h: h.get_device_name(2),
+    "get_device_properties(5)": lambda h: h.get_device_properties(5),
+    "memory_allocated(5)": lambda h: h.memory_allocated(5),
+    "memory_stats(1)": lambda h: h.memory_stats(1),
+    "a tensor on hologram:1": lambda h: torch.ones(2, device="hologram:1"),
+    "to('hologram:3')": lambda h: torch.ones(2).to("hologram:3"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_INDICES))
+def test_a_device_index_that_does_not_exist_raises_runtime_error(name):
+    # CUDA: torch.cuda.set_device(1) with one GPU raises RuntimeError('CUDA error: invalid
+    # device ordinal'); every entry point of the device says the same, as a RuntimeError
+    # (and Hologram's DeviceError)
+    from hologram.errors import DeviceError
+
+    with pytest.raises(RuntimeError, match=r"invalid device ordinal: hologram:-?\d does not "
+                                           r"exist; there is one hologram device") as info:
+        BAD_INDICES[name](torch.hologram)
+    assert isinstance(info.value, DeviceError)
+
+
+def test_device_module_takes_index_0_and_refuses_other_device_types():
+    h = torch.hologram
+    h.set_device(0)
+    h.set_device("hologram:0")
+    props = h.get_device_properties(0)
+    assert props.name == h.get_device_name() and props.total_memory >= 0
+    assert props.multi_processor_count >= 1
+    # torch.cuda.set_device('cpu') raises ValueError('Expected a cuda device, but got: cpu')
+    with pytest.raises(ValueError, match="expected a hologram device, got cpu"):
+        h.set_device("cpu")

@@ -18,7 +18,8 @@ from hologram_torch import memory
 from hologram_torch.aten import program
 from hologram_torch.aten.program import ISA, Unsupported, cast
 from hologram_torch.aten.registry import aten, composed, impl, overload
-from hologram_torch.constants import CPU_KEYS, NAME
+from hologram_torch.constants import CPU_KEYS
+from hologram_torch.device import invalid_ordinal
 from hologram_torch.fallback import cpu_view
 from hologram_torch.lowering.common import check_output_shape
 
@@ -39,8 +40,7 @@ def check_allocation(size, layout=None, device=None) -> None:
     if layout is not None and layout is not torch.strided:
         raise NotImplementedError(memory.SPARSE_UNSUPPORTED)
     if device is not None and device.index not in (None, 0):
-        raise RuntimeError(f"{NAME} error: invalid device ordinal: {device} does not exist; "
-                           f"there is one {NAME} device, {NAME}:0")
+        raise invalid_ordinal(device)
 
 
 def fills_uninitialized_memory() -> bool:
