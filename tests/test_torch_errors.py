@@ -470,3 +470,46 @@ def test_device_module_takes_index_0_and_refuses_other_device_types():
     # torch.cuda.set_device('cpu') raises ValueError('Expected a cuda device, but got: cpu')
     with pytest.raises(ValueError, match="expected a hologram device, got cpu"):
         h.set_device("cpu")
+
+
+# --- compressed sparse layouts ---------------------------------------------------------------
+
+def _csr(layout="csr"):
+    return getattr(torch.eye(4), f"to_sparse_{layout}")(*((2, 2),) if layout[0] == "b" else ())
+
+
+COMPRESSED = {
+    "csr + 1": lambda: _csr().to("hologram") + 1,
+    "-csr": lambda: -_csr().to("hologram"),
+    "csr.sin()": lambda: _csr().to("hologram").sin(),
+    "csr.values()": lambda: _csr().to("hologram").values(),
+    "csr.t()": lambda: _csr().to("hologram").t(),
+    "csr.cpu()": lambda: _csr().to("hologram").cpu(),
+    "csr.hologram()": lambda: _csr().hologram(),
+    "csc.to": lambda: _csr("csc").to("hologram"),
+    "bsr.to": lambda: _csr("bsr").to("hologram"),
+    "bsc.to": lambda: _csr("bsc").to("hologram"),
+    "sparse_csr_tensor": lambda: torch.sparse_csr_tensor([0, 1, 1], [0], [1.0], (2, 2),
+                                                         device="hologram"),
+    "sparse_csc_tensor": lambda: torch.sparse_csc_tensor([0, 1, 1], [0], [1.0], (2, 2),
+                                                         device="hologram"),
+    "sparse_compressed_tensor of device parts": lambda: torch.sparse_compressed_tensor(
+        torch.tensor([0, 1, 1], device="hologram"), torch.tensor([0], device="hologram"),
+        torch.tensor([1.0], device="hologram"), (2, 2), layout=torch.sparse_csr),
+    "zeros(layout=sparse_csr)": lambda: torch.zeros(2, 2, layout=torch.sparse_csr,
+                                                    device="hologram"),
+    "to_sparse_csc": lambda: torch.eye(3, device="hologram").to_sparse_csc(),
+}
+
+
+@pytest.mark.parametrize("name", list(COMPRESSED))
+def test_compressed_sparse_tensors_raise_not_implemented(name):
+    # docs/torch.md: sparse tensors raise NotImplementedError on the device (a compressed
+    # one reached the device and its ops raised RuntimeErrors from composite kernels)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(NotImplementedError, match=r"sparse tensors are not supported on "
+                                                      r"the hologram device.*cpu"):
+            COMPRESSED[name]()
+    # the CPU's compressed tensors are untouched
+    assert torch.equal((_csr() * 2).to_dense(), torch.eye(4) * 2)

@@ -104,6 +104,35 @@ def set_empty_(self):
     return memory.point_at(self, memory.storage(0), 0, [0], [1])
 
 
+# --- sparse compressed layouts: refused where they would be built -----------------------
+
+def _refuse_sparse(name: str):
+    def kernel(*args, **kwargs):
+        raise NotImplementedError(f"aten.{name}: {memory.SPARSE_UNSUPPORTED}")
+    return kernel
+
+
+# Sparse tensors are refused by the sparse dispatch keys' fallback (fallback.refuse_sparse),
+# which serves only the ops with no kernel of their own for the key: for SparseCsr*, most
+# ops have a composite one (CompositeExplicitAutograd, and NonFunctional), so ops on a
+# compressed (CSR, CSC, BSR, BSC) device tensor ran those and failed inside with
+# RuntimeErrors ("unsupported tensor layout: SparseCsr"). Such tensors are built by the
+# constructors below (from ``csr.to(device)``, ``torch.sparse_csr_tensor``,
+# ``torch.zeros(layout=torch.sparse_csr)``), which dispatch on the layout and device of
+# their result, SparseCsrPrivateUse1: refusing them there, no compressed tensor reaches
+# the device.
+_sparse = torch.library.Library("aten", "IMPL")
+for _name in ("_sparse_compressed_tensor_unsafe", "_sparse_compressed_tensor_with_dims",
+              "sparse_compressed_tensor.comp_plain_value",
+              "sparse_compressed_tensor.comp_plain_value_size",
+              *(f"_sparse_{f}_tensor_unsafe" for f in ("csr", "csc", "bsr", "bsc")),
+              "sparse_csr_tensor.crow_col_value", "sparse_csr_tensor.crow_col_value_size",
+              "sparse_csc_tensor.ccol_row_value", "sparse_csc_tensor.ccol_row_value_size",
+              "sparse_bsr_tensor.crow_col_value", "sparse_bsr_tensor.crow_col_value_size",
+              "sparse_bsc_tensor.ccol_row_value", "sparse_bsc_tensor.ccol_row_value_size"):
+    _sparse.impl(_name, _refuse_sparse(_name), "SparseCsrPrivateUse1")
+
+
 # --- copies -----------------------------------------------------------------------------
 
 def _copy_build(g, src, shape, dtype):
