@@ -513,3 +513,36 @@ def test_compressed_sparse_tensors_raise_not_implemented(name):
             COMPRESSED[name]()
     # the CPU's compressed tensors are untouched
     assert torch.equal((_csr() * 2).to_dense(), torch.eye(4) * 2)
+
+
+# --- in-place leaky ReLU with a negative slope: its backward refuses -------------------------
+
+IN_PLACE_NEGATIVE_SLOPES = {
+    "leaky_relu_(-2)": lambda a: F.leaky_relu_(a.clone(), -2),
+    "leaky_relu_(negative_slope=-0.1)": lambda a: F.leaky_relu_(a.clone(), negative_slope=-0.1),
+    "rrelu_(-5, 1)": lambda a: F.rrelu_(a.clone(), -5.0, 1.0),
+    "LeakyReLU(-0.1, inplace=True)": lambda a: torch.nn.LeakyReLU(-0.1, inplace=True)(a * 1),
+}
+
+
+@pytest.mark.parametrize("name", list(IN_PLACE_NEGATIVE_SLOPES))
+def test_in_place_leaky_relu_with_a_negative_slope_refuses_backward(name):
+    forward = IN_PLACE_NEGATIVE_SLOPES[name]
+
+    def fn(device):
+        a = torch.tensor([-1.0, 1.0, -3.0], device=device, requires_grad=True)
+        forward(a).backward(torch.ones(3, device=device))
+
+    exc = same_error(fn)
+    assert "please call out-of-place version instead" in str(exc)
+
+
+def test_leaky_relu_backward_with_slopes_pytorch_allows():
+    for forward in (lambda a: F.leaky_relu(a.clone(), -2), lambda a: F.leaky_relu_(a.clone(), 0.1),
+                    lambda a: F.rrelu_(a.clone(), -0.5, -0.5, training=True)):
+        grads = []
+        for device in ("cpu", "hologram"):
+            a = torch.tensor([-1.0, 1.0, -3.0], device=device, requires_grad=True)
+            forward(a).backward(torch.ones(3, device=device))
+            grads.append(a.grad.cpu())
+        torch.testing.assert_close(grads[1], grads[0])

@@ -672,8 +672,20 @@ def gelu_backward(grad_output, self, approximate="none"):
                     static=(approximate,))
 
 
+_INPLACE_NEGATIVE_SLOPE = (
+    "In-place leakyReLu backward calculation is triggered with a negative slope which is not "
+    "supported. This is caused by calling in-place forward function with a negative slope, "
+    "please call out-of-place version instead. File an issue at "
+    "https://github.com/pytorch/pytorch if you do require supporting in-place leakRelu "
+    "backward calculation with negative slope")  # PyTorch's words
+
+
 @native_or_cpu("leaky_relu_backward")
 def leaky_relu_backward(grad_output, self, negative_slope, self_is_result):
+    # the saved result of an in-place forward with a negative slope does not tell which
+    # inputs were negative: PyTorch refuses, before any other check
+    if self_is_result and negative_slope < 0:
+        raise RuntimeError(_INPLACE_NEGATIVE_SLOPE)
     if not _float(grad_output, self):
         return NotImplemented
     return _lowered("leaky_relu_backward", aten.leaky_relu_backward.default,
