@@ -617,3 +617,34 @@ def test_index_shapes_and_boolean_scalars_as_pytorch(name):
         assert actual == expected
     else:
         torch.testing.assert_close(actual, expected, rtol=0, atol=0)
+
+
+# --- index_fill_ into an expanded tensor: PyTorch warns (deprecated) and writes ---------------
+
+EXPANDED_FILLS = {
+    "1-d": lambda d: torch.zeros(1, device=d).expand(3).index_fill_(
+        0, torch.tensor([0], device=d), 2.0),
+    "rows expanded": lambda d: torch.zeros(3, 1, device=d).expand(3, 4).index_fill_(
+        1, torch.tensor([0], device=d), 2.0),
+    "columns expanded": lambda d: torch.zeros(1, 3, device=d).expand(4, 3).index_fill_(
+        1, torch.tensor([0, 2], device=d), -1.5),
+    "a 0-d tensor value": lambda d: torch.zeros(1, device=d).expand(3).index_fill_(
+        0, torch.tensor([0], device=d), torch.tensor(2.0, device=d)),
+    "int64": lambda d: torch.zeros(1, 3, dtype=torch.int64, device=d).expand(2, 3).index_fill_(
+        1, torch.tensor([1], device=d), 7),
+}
+
+
+@pytest.mark.parametrize("name", list(EXPANDED_FILLS))
+def test_index_fill_into_an_expanded_tensor_warns_and_writes_as_pytorch(name):
+    fn = EXPANDED_FILLS[name]
+    found = []
+    for device in ("cpu", D):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = fn(device).cpu()
+        found.append((result, [(w.category, str(w.message)) for w in caught]))
+    (expected, cpu_warnings), (actual, device_warnings) = found
+    torch.testing.assert_close(actual, expected, rtol=0, atol=0)
+    assert device_warnings == cpu_warnings
+    assert len(cpu_warnings) == 1 and "index_fill_ on expanded tensors" in cpu_warnings[0][1]

@@ -32,9 +32,9 @@ from torch.utils._pytree import tree_map
 
 from hologram_torch import memory
 from hologram_torch.aten import program
-from hologram_torch.aten.linalg import infer, kernels, launch
+from hologram_torch.aten.linalg import _shares_memory, infer, kernels, launch
 from hologram_torch.aten.program import ISA
-from hologram_torch.aten.registry import aten, impl
+from hologram_torch.aten.registry import aten, impl, overload
 from hologram_torch.aten.tensor import clone, copy_into
 from hologram_torch.fallback import cpu_view, run_on_cpu
 from hologram_torch.lowering import Number, Unsupported, lower
@@ -268,10 +268,40 @@ def _writes(kind: str):
 for _name, _kind in (("scatter.src", "scatter"), ("scatter.value", "scatter"),
                      ("scatter.reduce", "reduce"), ("scatter.value_reduce", "reduce"),
                      ("scatter_add", "add"), ("scatter_reduce.two", "two"),
-                     ("index_add", "index_add"), ("index_copy", "index_copy"),
-                     ("index_fill.int_Scalar", "index_fill"),
-                     ("index_fill.int_Tensor", "index_fill")):
+                     ("index_add", "index_add"), ("index_copy", "index_copy")):
     kernels(_name, _writes(_kind))
+
+
+def _index_fill_kernels(name: str) -> None:
+    """:func:`linalg.kernels` for an index_fill overload, whose in-place form also writes
+    an expanded ``self`` as PyTorch does (warning that this is deprecated): through its
+    CPU kernel on aliases of the memory (a program may not store to one location twice)."""
+    fn = _writes("index_fill")
+    functional, out_op = overload(name), overload(f"{name}_out")
+    base, _, variant = name.partition(".")
+    inplace_op = overload(f"{base}_.{variant}")
+    impl(name)(lambda *a, **k: fn(functional, *a, **k))
+    impl(f"{name}_out")(lambda *a, **k: fn(out_op, *a, **k))
+
+    def inplace(self, dim, index, value):
+        if memory.internal_overlap(self):
+            storages: dict = {}
+
+            def alias(t):
+                return cpu_view(t, storages) if isinstance(t, torch.Tensor) and not t.is_cpu \
+                    else t
+
+            alias(self).index_fill_(dim, alias(index), alias(value))
+            return self
+        if any(_shares_memory(self, t) for t in (index, value)):
+            return run_on_cpu(inplace_op, self, dim, index, value)  # PyTorch's overlap rules
+        return copy_into(self, fn(functional, self, dim, index, value))
+
+    impl(f"{base}_.{variant}")(inplace)
+
+
+_index_fill_kernels("index_fill.int_Scalar")
+_index_fill_kernels("index_fill.int_Tensor")
 
 
 # --- index_put: x[idx] = v, x[idx] += v, x[mask] = v -----------------------------------------
