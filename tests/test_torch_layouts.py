@@ -297,3 +297,28 @@ def test_opinfo_results_have_the_cpus_strides(name):
                         assert g.stride() == e.stride(), (i, g.stride(), e.stride())
                     compared += 1
     assert compared, f"{name}: no sample compared"
+
+
+@pytest.mark.parametrize("kind", ["channels_last", "contiguous", "permuted_3d"])
+def test_pixel_shuffles_are_laid_out_as_the_cpus(kind):
+    shape, order = {"channels_last": ((2, 9, 2, 4), (0, 2, 3, 1)),
+                    "contiguous": ((2, 3, 9, 2, 4), (0, 1, 2, 3, 4)),
+                    "permuted_3d": ((9, 2, 4), (2, 0, 1))}[kind]
+    x = _permuted(shape, order)
+    xd = x.to("hologram").requires_grad_()
+    x.requires_grad_()
+    for fn in (lambda t: F.pixel_shuffle(t, 3), lambda t: F.pixel_unshuffle(t, 2)):
+        expected, got = fn(x), fn(xd)
+        _check(expected.detach(), got.detach())
+        expected.square().sum().backward()
+        got.square().sum().backward()
+        _check(x.grad, xd.grad)
+        x.grad = xd.grad = None
+    for bad in (lambda d: F.pixel_shuffle(torch.ones(2, 8, 2, 2, device=d), 3),
+                lambda d: F.pixel_shuffle(torch.ones(2, 2, device=d), 3),
+                lambda d: F.pixel_unshuffle(torch.ones(1, 1, 5, 4, device=d), 2),
+                lambda d: F.pixel_unshuffle(torch.ones(1, 1, 4, 4, device=d), 0)):
+        with pytest.raises(RuntimeError) as cpu:
+            bad("cpu")
+        with pytest.raises(RuntimeError, match=__import__("re").escape(str(cpu.value))):
+            bad("hologram")

@@ -165,14 +165,15 @@ def pointwise(args: Sequence, static: tuple, shapes: Sequence[Sequence[int]]
     return [elementwise(shape, args) for shape in shapes]
 
 
-def suggested(x: torch.Tensor) -> Strides:
-    """Contiguous strides in ``x``'s suggested memory format (channels_last when ``x``'s
-    strides are channels_last-like, else contiguous): what batch norm and the pooling and
-    upsampling kernels allocate (``empty_like(x, x.suggest_memory_format())``)."""
-    fmt = _prims.suggest_memory_format(x)
-    if fmt is torch.contiguous_format:
-        return contiguous(x.shape)
-    return _channels_last(x.shape)
+def suggested(x: torch.Tensor, shape: Sequence[int] | None = None) -> Strides:
+    """Contiguous strides for ``shape`` (default ``x``'s) in ``x``'s suggested memory
+    format (channels_last when ``x``'s strides are channels_last-like, else contiguous):
+    what batch norm, pooling, upsampling and pixel shuffles allocate
+    (``empty(shape, memory_format=x.suggest_memory_format())``)."""
+    shape = tuple(x.shape if shape is None else shape)
+    if _prims.suggest_memory_format(x) is torch.contiguous_format or len(shape) != x.dim():
+        return contiguous(shape)
+    return _channels_last(shape)
 
 
 def like_first(args: Sequence, static: tuple, shapes: Sequence[Sequence[int]]

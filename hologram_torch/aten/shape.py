@@ -31,10 +31,10 @@ import torch
 from torch.utils._pytree import tree_map
 
 from hologram_torch import memory
-from hologram_torch.aten import program
+from hologram_torch.aten import layout, program
 from hologram_torch.aten.linalg import _shares_memory, infer, kernels, launch
 from hologram_torch.aten.program import ISA
-from hologram_torch.aten.registry import aten, impl, overload
+from hologram_torch.aten.registry import aten, composed, impl, overload
 from hologram_torch.aten.tensor import clone, copy_into
 from hologram_torch.fallback import cpu_view, run_on_cpu
 from hologram_torch.lowering import Number, Unsupported, lower
@@ -167,12 +167,38 @@ def check_index_shapes(tensors: list[torch.Tensor]) -> None:
                              f"together with shapes {listed}") from None
 
 
+_MASKS = (torch.bool, torch.uint8)
+
+
+def _expand_masks(self: torch.Tensor, indices: list) -> list | None:
+    """``indices`` with their boolean and byte masks as the long indices of their nonzero
+    positions (:func:`_mask_indices`), with PyTorch's deprecation warning for each byte
+    mask, as its own expansion warns; ``indices`` as given where none is a mask or a mask
+    is 0-d (PyTorch's kernel takes those). None for a mask whose shape does not match:
+    the caller has PyTorch's kernel raise (it warns about byte masks itself)."""
+    masks = [i for i in indices if i is not None and i.dtype in _MASKS]
+    if not masks or any(m.dim() == 0 for m in masks) or not program.supported(self):
+        return indices
+    expanded = _mask_indices(self, indices)
+    if expanded is None:
+        return None
+    for m in masks:
+        if m.dtype is torch.uint8:  # the CPU kernel's own warning, worded by it
+            aten.index.Tensor(torch.empty(1), [torch.zeros(1, dtype=torch.uint8)])
+    return expanded
+
+
 def _index(op, self, indices, out=None):
-    """``self[indices]`` (advanced indexing) as one gather, after the bounds check."""
+    """``self[indices]`` (advanced indexing) as one gather, after the bounds check; masks
+    become long indices on the host first (their nonzero positions: the result's shape is
+    data)."""
     kwargs = {} if out is None else {"out": out}
-    indices = list(indices)
+    expanded = _expand_masks(self, list(indices))
+    if expanded is None:
+        return cpu_error(op, self, indices, **kwargs)
+    indices = expanded
     tensors = [i for i in indices if i is not None]
-    if not any(t.dtype in (torch.bool, torch.uint8) for t in tensors):
+    if not any(t.dtype in _MASKS for t in tensors):
         check_index_shapes(tensors)
     if (not tensors or self.dim() == 0 or len(indices) > self.dim()
             or not program.supported(self, *tensors)
@@ -321,7 +347,7 @@ def _mask_indices(self: torch.Tensor, indices: list) -> list | None:
     raises)."""
     expanded, d = [], 0
     for i in indices:
-        if i is None or i.dtype is not torch.bool:
+        if i is None or i.dtype not in _MASKS:
             expanded.append(i)
             d += 1
             continue
@@ -341,14 +367,11 @@ def _index_put_impl_(self, indices, values, accumulate=False, unsafe=False):
     (a host read of the mask, as PyTorch's own expansion does); index values are checked
     before the launch, an index out of range making PyTorch's CPU kernel raise."""
     op = aten._index_put_impl_.default
-    indices = list(indices)
+    expanded = _expand_masks(self, list(indices))
+    if expanded is None:
+        return cpu_error(op, self, indices, values, accumulate, unsafe)
+    indices = expanded
     args = (self, indices, values, accumulate, unsafe)
-    if any(i is not None and i.dtype is torch.bool for i in indices) and \
-            program.supported(self):
-        expanded = _mask_indices(self, indices)
-        if expanded is None:
-            return cpu_error(op, *args)
-        indices = expanded
     tensors = [i for i in indices if i is not None]
     value_tensor = isinstance(values, torch.Tensor) and not (values.is_cpu
                                                              and values.dim() == 0)
@@ -380,3 +403,52 @@ def _index_put_impl_(self, indices, values, accumulate=False, unsafe=False):
 
 
 __all__ = ["OPINFO"]
+
+
+
+
+# --- pixel shuffles ------------------------------------------------------------------------
+# The CPU's kernels lay their result out in the input's suggested memory format (a
+# channels_last input gives a channels_last result); PyTorch's generic version, which a
+# device without these kernels gets, is always contiguous. Each is one copy of a view of
+# the input into a view of the result.
+
+def _shuffle_result(op, self: torch.Tensor, factor: int) -> torch.Tensor:
+    """The fresh result, or the CPU kernel's error (the meta kernel words it otherwise):
+    that kernel rejects the shape before it allocates, so it runs on a stand-in."""
+    try:
+        if factor <= 0:  # (the meta kernel divides by it)
+            raise RuntimeError(f"{op}: factor {factor}")
+        meta = infer(op, self, factor)
+    except RuntimeError:
+        op(torch.zeros((), dtype=self.dtype).expand(self.shape), factor)
+        raise
+    return memory.empty(meta.shape, self.dtype, layout.suggested(self, meta.shape))
+
+
+@composed("pixel_shuffle")
+def pixel_shuffle(self, upscale_factor):
+    r = upscale_factor
+    out = _shuffle_result(aten.pixel_shuffle.default, self, r)
+    if out.numel():
+        *batch, c, h, w = self.shape
+        n = len(batch)
+        # (..., c/r², r, r, h, w) -> (..., c/r², h, r, w, r)
+        src = self.reshape(*batch, c // (r * r), r, r, h, w).permute(
+            *range(n), n, n + 3, n + 1, n + 4, n + 2)
+        copy_into(out.view(*batch, c // (r * r), h, r, w, r), src)
+    return out
+
+
+@composed("pixel_unshuffle")
+def pixel_unshuffle(self, downscale_factor):
+    r = downscale_factor
+    out = _shuffle_result(aten.pixel_unshuffle.default, self, r)
+    if out.numel():
+        *batch, c, h, w = self.shape
+        n = len(batch)
+        # (..., c, h/r, r, w/r, r) -> (..., c, r, r, h/r, w/r)
+        src = self.reshape(*batch, c, h // r, r, w // r, r).permute(
+            *range(n), n, n + 2, n + 4, n + 1, n + 3)
+        copy_into(out.view(*batch, c, r, r, h // r, w // r), src)
+    return out
