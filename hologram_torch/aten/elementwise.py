@@ -20,7 +20,7 @@ from hologram.isa import dtypes as dt
 from hologram_torch import memory, native
 from hologram_torch.aten import layout, lowered, program
 from hologram_torch.aten.program import ISA, Unsupported, cast
-from hologram_torch.aten.registry import aten, impl, native_or_cpu, overload
+from hologram_torch.aten.registry import aten, composed, impl, native_or_cpu, overload
 from hologram_torch.fallback import run_on_cpu
 from hologram_torch.lowering import elementwise as lowering_ew
 from hologram_torch.lowering.common import broadcast_shapes, check_output_shape
@@ -490,8 +490,33 @@ def _fill_plan(self, mask, value):
     return value
 
 
+def _stand_in(x):
+    """A CPU tensor of ``x``'s dtype and shape holding one element (expanded); ``x``
+    itself if not a tensor."""
+    if not isinstance(x, torch.Tensor):
+        return x
+    return torch.zeros((), dtype=x.dtype).expand(x.shape)
+
+
+def _refuse_mask(fn, self, mask, *rest) -> None:
+    """PyTorch's error for a mask that is not boolean (a byte mask is refused, no longer
+    deprecated), worded by its CPU kernel run on stand-ins of the operands: not a call of
+    the CPU fallback, which would add its warning to PyTorch's."""
+    if mask.dtype is not torch.bool:
+        fn(_stand_in(self), _stand_in(mask), *map(_stand_in, rest))
+
+
+@composed("masked_select")
+def masked_select(self, mask):
+    """The CPU fallback (the result's shape is data), after PyTorch's check of the mask's
+    dtype (no fallback, and so no warning of one, for an error)."""
+    _refuse_mask(torch.masked_select, self, mask)
+    return run_on_cpu(aten.masked_select.default, self, mask)
+
+
 @native_or_cpu("masked_fill.Scalar", "masked_fill.Tensor")
 def masked_fill(self, mask, value):
+    _refuse_mask(torch.masked_fill, self, mask, value)
     if mask.shape != self.shape:
         _shape(mask, self)  # PyTorch expands the mask and self together, mask first
     value = _fill_plan(self, mask, value)
@@ -502,6 +527,7 @@ def masked_fill(self, mask, value):
 
 @native_or_cpu("masked_fill_.Scalar", "masked_fill_.Tensor")
 def masked_fill_(self, mask, value):
+    _refuse_mask(torch.masked_fill, self, mask, value)
     value = _fill_plan(self, mask, value)
     if value is None:
         return NotImplemented

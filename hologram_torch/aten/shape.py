@@ -21,8 +21,10 @@ Index values are checked before a launch (their minimum and maximum, read throug
 view of the device memory); an index out of range sends the call to the CPU fallback,
 where PyTorch's own kernel raises its own exception and message (``IndexError: index 5
 is out of bounds for dimension 0 with size 3``), so the device never launches with one.
-Indexing forms the gather does not take run through the fallback too: boolean masks
-(their result's shape is data), CPU index tensors, 0-d ``self``.
+Boolean and byte masks become long indices first (their nonzero positions, read on the
+host: the result's shape is data), with PyTorch's deprecation warning for byte masks.
+Indexing forms the gather does not take run through the fallback: CPU index tensors, 0-d
+``self``.
 """
 
 from __future__ import annotations
@@ -367,6 +369,13 @@ def _index_put_impl_(self, indices, values, accumulate=False, unsafe=False):
     (a host read of the mask, as PyTorch's own expansion does); index values are checked
     before the launch, an index out of range making PyTorch's CPU kernel raise."""
     op = aten._index_put_impl_.default
+    given = [i for i in indices if i is not None]
+    if (not accumulate and isinstance(values, torch.Tensor) and values.numel() == 1
+            and len(given) == 1 and given[0].dtype is torch.uint8
+            and given[0].device == self.device):
+        # PyTorch's CPU writes one value through one mask as masked_fill_, which refuses
+        # a byte mask: its error (``x[byte_mask] = 1.0``)
+        return cpu_error(op, self, indices, values, accumulate, unsafe)
     expanded = _expand_masks(self, list(indices))
     if expanded is None:
         return cpu_error(op, self, indices, values, accumulate, unsafe)
