@@ -27,7 +27,7 @@ from collections.abc import Sequence
 import torch
 import torch._prims_common as _prims
 
-from hologram_torch.memory import dense
+from hologram_torch.memory import contiguous_strides, dense
 
 Strides = tuple[int, ...]
 _META = torch.device("meta")
@@ -35,11 +35,7 @@ _META = torch.device("meta")
 
 def contiguous(shape: Sequence[int]) -> Strides:
     """PyTorch's contiguous strides (a dimension of size 0 or 1 counts as 1)."""
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.append(step)
-        step *= max(n, 1)
-    return tuple(reversed(strides))
+    return tuple(contiguous_strides(shape))
 
 
 def _permuted(shape: Sequence[int], fastest_first: Sequence[int]) -> Strides:
@@ -50,13 +46,6 @@ def _permuted(shape: Sequence[int], fastest_first: Sequence[int]) -> Strides:
         strides[d] = step
         step *= shape[d]
     return tuple(strides)
-
-
-def _memory_format(t: torch.Tensor) -> torch.memory_format | None:
-    for fmt in (torch.contiguous_format, torch.channels_last, torch.channels_last_3d):
-        if t.is_contiguous(memory_format=fmt):
-            return fmt
-    return None
 
 
 def _channels_last(shape: Sequence[int]) -> Strides:
@@ -85,9 +74,10 @@ def elementwise(shape: Sequence[int], operands: Sequence) -> Strides:
     if not tensors or ndim == 0:
         return contiguous(shape)
     if all(tuple(t.shape) == tuple(tensors[0].shape) for t in tensors):
-        fmt = _memory_format(tensors[0])
-        if fmt is not None and all(t.is_contiguous(memory_format=fmt) for t in tensors):
-            return contiguous(shape) if fmt is torch.contiguous_format else _channels_last(shape)
+        for fmt in (torch.contiguous_format, torch.channels_last, torch.channels_last_3d):
+            if all(t.is_contiguous(memory_format=fmt) for t in tensors):
+                return (contiguous(shape) if fmt is torch.contiguous_format
+                        else _channels_last(shape))
         first = tuple(tensors[0].stride())
         if (tuple(tensors[0].shape) == shape and dense(shape, first)
                 and all(tuple(t.stride()) == first for t in tensors)):
