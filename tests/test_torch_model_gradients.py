@@ -24,6 +24,7 @@ torch = pytest.importorskip("torch")
 from test_torch_models import Recurrent, SmallCNN, TokenModel  # noqa: E402
 
 import hologram_torch  # noqa: E402, F401 (registers the device)
+from hologram_torch import native  # noqa: E402
 
 nn = torch.nn
 F = torch.nn.functional
@@ -132,3 +133,42 @@ def test_first_step_gradients_as_accurate_as_cpu(name):
         assert got <= bound, (
             f"{name}.{param}: device error {got / ref.norm():.2e} (relative) against the "
             f"CPU's float32 {expected / ref.norm():.2e}; |grad| {ref.norm():.2e}")
+
+
+# --- double backward: recurrent cells and products -----------------------------------------
+
+@pytest.mark.parametrize("module", ["lstm", "gru"])
+def test_recurrent_double_backward(module):
+    """gradgradcheck of a recurrent layer in float64 (as PyTorch's test_modules runs it, on
+    smaller samples): thousands of small products and cells, whose first-order backward
+    (the fused cell's backward, one program) and double backward (PyTorch's
+    differentiable cell backward, composed of device ops) must both be right."""
+    torch.manual_seed(0)
+    cls = nn.LSTM if module == "lstm" else nn.GRU
+    model = cls(2, 3).double().to("hologram")
+    names = [name for name, _ in model.named_parameters()]
+    x = torch.randn(2, 2, dtype=torch.float64, device="hologram", requires_grad=True)
+
+    def outputs(x, *params):
+        out, _ = torch.func.functional_call(model, dict(zip(names, params)), (x,))
+        return out
+
+    assert torch.autograd.gradgradcheck(outputs, (x, *model.parameters()))
+
+
+def test_products_are_served_without_python():
+    """A product's signature seen once is served by the native front kernel (the LSTM's
+    double backward runs ~25,000 of them); the result is the CPU's, in the operands'
+    dtype, for transposed operands too."""
+    if not native.fast_active():
+        pytest.skip("the native front kernels are not built here")
+    a, b = torch.randn(3, 5, dtype=torch.float64), torch.randn(5, 4, dtype=torch.float64)
+    for x, y in ((a, b), (b.t(), a.t()), (a.half(), b.half())):
+        device = (x.to("hologram"), y.to("hologram"))
+        torch.mm(*device)
+        before = native.fast_stats()["hits"]
+        got = torch.mm(*device)
+        served = native.fast_stats()["hits"] == before + 1
+        assert served == (x.dtype is torch.float64), "only BLAS dtypes are filed"
+        assert got.dtype == x.dtype
+        torch.testing.assert_close(got.cpu(), torch.mm(x, y))

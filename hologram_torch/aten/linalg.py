@@ -66,7 +66,9 @@ def _to_meta(x: object) -> object:
 
 def _signature(x: object) -> object:
     if isinstance(x, torch.Tensor):
-        return (x.device.type, x.dtype, tuple(x.shape), x.stride())
+        # the device as the flags (a tenth of ``x.device.type``'s cost: this runs for every
+        # operand of every call of the kernels that infer their results)
+        return (x.is_cpu, x.is_meta, x.is_cuda, x.dtype, x.shape, x.stride())
     if isinstance(x, (list, tuple)):
         return tuple(map(_signature, x))
     return (type(x), x)
@@ -90,8 +92,8 @@ def infer(op: torch._ops.OpOverload, *args, **kwargs) -> torch.Tensor:
     Successful results are cached by signature (some meta kernels are Python
     decompositions costing more than a small GEMM); calls with ``out=`` are not, since
     their meta kernel also resizes ``out`` and warns about it."""
-    key = None if "out" in kwargs else (op, _signature(args),
-                                        _signature(tuple(sorted(kwargs.items()))))
+    key = None if "out" in kwargs else (
+        op, _signature(args), _signature(tuple(sorted(kwargs.items()))) if kwargs else ())
     meta = _inferred.get(key)
     if meta is not None:
         return meta
@@ -139,14 +141,15 @@ def launch(op: torch._ops.OpOverload, args: Sequence, kwargs: dict, name: str,
     return out
 
 
-def kernels(name: str, fn: Callable) -> None:
+def kernels(name: str, fn: Callable, hot: bool = False) -> None:
     """Register ``fn(op, *args, out=None, **kwargs)`` for overload ``name``, its ``out=``
     overload (``mm.out``, ``scatter.src_out``) and its in-place overload (``addmm_``,
     ``scatter_.src``) where they exist. The in-place form computes the functional result
-    and copies it into ``self``, which must already have the result's shape."""
+    and copies it into ``self``, which must already have the result's shape. ``hot``: the
+    functional overload behind the native front kernel (``fn`` files its calls)."""
     base, _, variant = name.partition(".")
     functional = overload(name)
-    impl(name)(lambda *a, **k: fn(functional, *a, **k))
+    impl(name, hot=hot)(lambda *a, **k: fn(functional, *a, **k))
     out_name = f"{name}_out" if variant else f"{name}.out"
     op = overload(out_name)
     impl(out_name)(lambda *a, _op=op, **k: fn(_op, *a, **k))
@@ -209,12 +212,15 @@ def _same_dtype(op, *tensors) -> None:
         raise RuntimeError(f"{op.__name__}: expected operands of the same dtype, got {shown}")
 
 
+_BLAS = (torch.float32, torch.float64)
+
+
 def _blas_operand(t: torch.Tensor) -> torch.Tensor:
     """``t``, or a contiguous copy of it when BLAS could not read its matrices in place
     (no unit stride along rows or columns: a slice with a step, a strided vector). The
     copy is a program of its own: inside the product's program, fusion would inline it
     back into the contraction's loads and the GEMM would run as generated loops."""
-    if t.dtype not in (torch.float32, torch.float64) or t.dim() == 0:
+    if t.dtype not in _BLAS or t.dim() == 0:
         return t
     if t.dim() == 1:
         return t if t.shape[0] <= 1 or t.stride(0) == 1 else t.contiguous()
@@ -223,13 +229,30 @@ def _blas_operand(t: torch.Tensor) -> torch.Tensor:
 
 
 def _product_kernel(op, a, b, out=None):
+    # A signature seen before with operands BLAS reads in place (the calls the native
+    # front kernel serves, where it is loaded): one lookup and the launch.
+    fresh = out is None and not (a.is_cpu or b.is_cpu)
+    if fresh:
+        key = (op, a.dtype, a.shape, a.stride(), b.dtype, b.shape, b.stride())
+        entry = program.shortcuts.get(key)
+        if entry is not None:
+            return program.launch_fresh(entry, (a, b))
     if a.dtype is torch.bool:  # torch has no boolean products: its kernel raises
         return run_on_cpu(op, a, b, **({} if out is None else {"out": out}))
     _same_dtype(op, a, b)
     kwargs = {} if out is None else {"out": out}
     meta = infer(op, a, b, **kwargs) if a.dtype in ISA else None  # errors before any copy
-    return launch(op, (a, b), kwargs, "linalg.product", _product_build,
-                  (_blas_operand(a), _blas_operand(b)), (ISA.get(a.dtype),), out, meta)
+    operands, static = (_blas_operand(a), _blas_operand(b)), (ISA.get(a.dtype),)
+    if (fresh and operands[0] is a and operands[1] is b and a.dtype in _BLAS
+            and meta.is_contiguous()):
+        # The BLAS dtypes compute in their own (half types round the float32 product into
+        # the result launch() allocates), and a product's result is contiguous: run()
+        # makes it, and the launch is filed under the operands' signature.
+        result = program.run("linalg.product", _product_build, operands, static)
+        program.remember(key, "linalg.product", static, operands, result)
+        return result
+    return launch(op, (a, b), kwargs, "linalg.product", _product_build, operands, static,
+                  out, meta)
 
 
 def _affine(fold_batch: bool) -> Callable:
@@ -282,7 +305,7 @@ def _blas_affine(op, args, kwargs, bias, a, b, beta, alpha, modes, out, meta):
 
 
 for _name in ("mm", "bmm", "mv", "dot", "vdot"):
-    kernels(_name, _product_kernel)
+    kernels(_name, _product_kernel, hot=True)
 for _name, _fold in (("addmm", False), ("baddbmm", False), ("addmv", False),
                     ("addbmm", True)):
     kernels(_name, _affine(_fold))
