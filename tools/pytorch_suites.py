@@ -140,10 +140,15 @@ def _shim_old_test_files() -> None:
         common_utils,
     )
 
+    def skip_ops(*args):
+        # The old form is skipOps(test_case_name, base_test_name, to_skip); the installed
+        # skipOps(to_skip) reads both names from the function it decorates.
+        return common_device_type.skipOps(args[-1])
+
     shims = [
         (common_methods_invocations, "xfail", common_device_type.xfail),
         (common_methods_invocations, "skip", common_device_type.skip),
-        (common_methods_invocations, "skipOps", common_device_type.skipOps),
+        (common_methods_invocations, "skipOps", skip_ops),
         # binary_ufuncs is built from op_db + python_ref_db today.
         (common_methods_invocations, "binary_ufuncs_and_refs",
          common_methods_invocations.binary_ufuncs),
@@ -454,14 +459,15 @@ def load_expected(path: Path) -> dict[str, str]:
     return expected
 
 
-# A first guess at the cause of a new failure, from its message (the list's reasons are
-# written by a person; these only sort the output).
+# A first guess at the cause of a new failure, from its name and message (the list's
+# reasons are written by a person; these only sort the output).
 GUESSES = [
     (r"Timeout", "timeout: slower than the per-test limit"),
     (r"stride|channels_last|memory_format|is_contiguous", "strides: layout not propagated"),
     (r"[Ss]parse", "sparse: sparse tensors are not supported"),
     (r"[Qq]uantized", "quantized: quantized tensors are not supported"),
-    (r"deterministic|uninitialized", "deterministic: uninitialized memory is not filled"),
+    (r"deterministic|uninitialized memory", "deterministic: memory is not filled"),
+    (r"only implemented on CPU|Storage'>", "cpu-only: the test expects the CPU's behaviour"),
     (r"not raised|Raises|[Ee]xpected .*(Error|exception)|ShapeError",
      "errors: another exception type or none"),
     (r"Unexpected success", "unexpected success: PyTorch expects a failure"),
@@ -470,9 +476,9 @@ GUESSES = [
 ]
 
 
-def guess_reason(message: str) -> str:
+def guess_reason(test_id: str, message: str) -> str:
     for pattern, reason in GUESSES:
-        if re.search(pattern, message):
+        if re.search(pattern, f"{test_id} {message}"):
             return reason
     return "unclassified"
 
@@ -526,7 +532,7 @@ def report(results: dict, expected: dict[str, str], out=None) -> Comparison:
         print(f"\nNew failures ({len(comparison.new)}: fail on {DEVICE} only, not listed; "
               "lines for the list, with a guessed reason):", file=out)
         for test_id, message in sorted(comparison.new):
-            print(f"{test_id}  {guess_reason(message)}\n    # {message}", file=out)
+            print(f"{test_id}  {guess_reason(test_id, message)}\n    # {message}", file=out)
     if comparison.stale:
         print(f"\nStale entries ({len(comparison.stale)}: listed, no longer a device "
               "failure; --prune-expected removes them):", file=out)
