@@ -117,6 +117,8 @@ def sampled(nodeid: str, fraction: float) -> bool:
 
 
 def selected(nodeid: str, suite: Suite, fraction: float, always: tuple[str, ...]) -> bool:
+    """Whether a collected test belongs to the suite's classes and prefix and is sampled
+    (or its name contains one of ``always``)."""
     parts = neutral_id(nodeid).split("::")
     cls, name = (parts[-2], parts[-1]) if len(parts) >= 3 else ("", parts[-1])
     if suite.classes and cls not in suite.classes:
@@ -203,6 +205,8 @@ class _Recorder:
 
 
 def pytest_configure(config) -> None:
+    """In a run started by this tool: register the device, add the old files' names, and
+    record outcomes. Elsewhere the plugin does nothing."""
     settings = os.environ.get(PLUGIN_ENV)
     if not settings:
         return
@@ -329,15 +333,15 @@ def run_suite(suite: Suite, device: str, opts: RunOptions) -> tuple[dict[str, di
                                     stderr=subprocess.STDOUT, start_new_session=True)
             why = _wait(proc, records, opts, started)
         rc = proc.returncode
-        outcomes, unfinished = read_records(records)
+        if why == "wall cap":  # the test that was running is left out, as the rest
+            cut = True
+            break
+        _, unfinished = read_records(records)
         for nodeid in unfinished:
             reason = why or f"the test process ended with exit status {rc}"
             with open(records, "a") as f:
                 f.write(json.dumps({"id": nodeid, "outcome": "crashed", "message": reason,
                                     "seconds": None}) + "\n")
-        if why == "wall cap":
-            cut = True
-            break
         if not unfinished:
             if rc in (0, 1, 5) and not why:  # all passed / some failed / none selected
                 break
@@ -545,12 +549,16 @@ def report(results: dict, expected: dict[str, str], out=None) -> Comparison:
 
 
 def _git_commit(path: Path) -> str | None:
+    """The checked-out commit, with a "+" when tracked files differ from it."""
     try:
-        out = subprocess.run(["git", "-C", str(path), "rev-parse", "--short", "HEAD"],
-                             capture_output=True, text=True, check=True)
+        head = subprocess.run(["git", "-C", str(path), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+        changed = subprocess.run(["git", "-C", str(path), "status", "--porcelain",
+                                  "--untracked-files=no"],
+                                 capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
-    return out.stdout.strip()
+    return head + "+" if changed else head
 
 
 def _parse_suite(text: str, default_fraction: float) -> tuple[Suite, float]:
