@@ -42,10 +42,10 @@ DEFAULT_EXPECTED = ROOT / "tools" / "pytorch_suites_expected.txt"
 DEFAULT_OUT = ROOT / "build" / "pytorch-suites" / "results.json"
 DEVICE = "hologram"
 BASELINE = "cpu"
-# Environment of the child pytest (the plugin's settings travel as JSON in one variable).
-PLUGIN_ENV = "HOLOGRAM_PYTORCH_SUITES"
+# The child pytest's settings travel as JSON in this variable (a channel between this
+# tool and its plugin, not a setting of the project).
+PLUGIN_ENV = "PYTORCH_SUITES_PLUGIN"
 FAILED = frozenset({"failed", "error", "crashed"})
-OUTCOMES = ("passed", "failed", "error", "crashed", "skipped", "xfailed")
 
 
 # -- the suites ---------------------------------------------------------------------------
