@@ -685,3 +685,18 @@ def test_quantized_tensors_are_refused_clearly(make):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             make(x)
+
+
+def test_complex_half_warns_as_the_cpu():
+    """New ComplexHalf memory warns that support is experimental, as PyTorch's allocator
+    does: once, or at every allocation under torch.set_warn_always(True)."""
+    previous = torch.is_warn_always_enabled()
+    torch.set_warn_always(True)
+    try:
+        for make in (lambda: torch.empty(3, dtype=torch.chalf, device="hologram"),
+                     lambda: torch.empty_strided((2, 2), (1, 2), dtype=torch.chalf,
+                                                 device="hologram")):
+            with pytest.warns(UserWarning, match="ComplexHalf support is experimental"):
+                make()
+    finally:
+        torch.set_warn_always(previous)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import warnings
 
 import torch
 
@@ -43,6 +44,19 @@ def check_allocation(size, layout=None, device=None) -> None:
         raise invalid_ordinal(device)
 
 
+_complex_half_warned = False
+
+
+def _warn_complex_half(dtype) -> None:
+    """PyTorch's once-per-process warning for new ComplexHalf memory (its allocator's)."""
+    global _complex_half_warned
+    if dtype is torch.complex32 and (not _complex_half_warned
+                                     or torch.is_warn_always_enabled()):
+        _complex_half_warned = True
+        warnings.warn("ComplexHalf support is experimental and many operators don't support "
+                      "it yet.", UserWarning, stacklevel=3)
+
+
 def fills_uninitialized_memory() -> bool:
     """Does PyTorch fill new memory now (``torch.use_deterministic_algorithms(True)`` with
     ``torch.utils.deterministic.fill_uninitialized_memory``, its default)?"""
@@ -69,6 +83,7 @@ def fill_uninitialized(t: torch.Tensor) -> torch.Tensor:
 @impl("empty.memory_format")
 def empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     check_allocation(size, layout, device)
+    _warn_complex_half(dtype)
     t = memory.empty(size, dtype, _strides_for(size, dtype, memory_format))
     return fill_uninitialized(t) if fills_uninitialized_memory() else t
 
@@ -76,6 +91,7 @@ def empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_fo
 @impl("empty_strided")
 def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
     check_allocation(size, layout, device)
+    _warn_complex_half(dtype)
     t = memory.empty(size, dtype, stride)
     return fill_uninitialized(t) if fills_uninitialized_memory() else t
 
