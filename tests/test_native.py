@@ -496,3 +496,81 @@ def test_concurrent_first_calls_file_their_own_keywords(ex):
         t.join()
     assert not errors
     assert results[0].shape == (8,) and results[1].shape == (16,)
+
+
+def _cross_entropy(logits, labels):
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    log_probs = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    return -np.take_along_axis(log_probs, labels.astype(np.int64)[:, None], -1).mean()
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.int16, np.int8, np.uint8])
+def test_native_calls_check_index_ranges(ex, dtype, monkeypatch):
+    """cross_entropy_loss declares its class indices an index into the logits' last
+    dimension (Op.index_ranges): its calls are filed for the native path, which reads the
+    indices in C before each launch. In range, every call after the first is native; a
+    class index outside [0, C), on the first call or on any call after the signature was
+    filed (another buffer, or the same one rewritten), goes to the general path, which
+    raises IndexOutOfRangeError: never a loss, never a crash."""
+    from hologram.sdk.ops import reduce
+
+    general = []
+    run = reduce.run
+
+    def counted(*args, **kwargs):
+        general.append(args[0].name)
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(reduce, "run", counted)
+    op = hg.ops.cross_entropy_loss
+    op.forget()
+    info = np.iinfo(dtype)
+    logits = RNG.standard_normal((6, 10)).astype(np.float32)
+    good = np.array([0, 9, 3, 1, 9, 0], dtype)
+    L, G = ex.from_numpy(logits), ex.from_numpy(good)
+    bad = [v for v in (10, -1, 11, info.max, info.min, 2**40, -2**62) if not 0 <= v < 10
+           and info.min <= v <= info.max]
+    with pytest.raises(hg.IndexOutOfRangeError):  # the first call: not filed
+        op(L, ex.from_numpy(np.array([0, 9, 3, 1, 9, bad[0]], dtype)))
+    assert op.fast_stats()["entries"] == 0
+    for _ in range(CALLS):
+        np.testing.assert_allclose(op(L, G).to_numpy(), _cross_entropy(logits, good),
+                                   rtol=1e-5)
+    assert len(general) == 2 and op.fast_stats()["entries"] == 1  # filed by the 2nd call
+    for value in bad:
+        for at in (0, 3, 5):
+            labels = good.copy()
+            labels[at] = value
+            with pytest.raises(hg.IndexOutOfRangeError, match=f"class index {value} "):
+                op(L, ex.from_numpy(labels))
+    G.write(np.array([9, 9, 9, 9, 9, bad[0]], dtype))  # the filed buffer itself
+    with pytest.raises(hg.IndexOutOfRangeError, match=f"class index {bad[0]} "):
+        op(L, G)
+    declined = len(general)
+    assert declined == 2 + 1 + 3 * len(bad)
+    G.write(good)
+    for _ in range(CALLS):  # in range again: native again
+        np.testing.assert_allclose(op(L, G).to_numpy(), _cross_entropy(logits, good),
+                                   rtol=1e-5)
+    assert len(general) == declined and op.fast_stats()["entries"] == 1
+
+
+def test_native_index_ranges_of_numbers_and_empty_operands(ex):
+    """A Python number as the class index (one sample) is checked as a one-element
+    operand; empty class indices (a mean of nothing: NaN, as PyTorch) pass every call."""
+    op = hg.ops.cross_entropy_loss
+    logits = RNG.standard_normal(10).astype(np.float32)
+    L = ex.from_numpy(logits)
+    want = _cross_entropy(logits[None], np.array([3]))
+    for _ in range(CALLS):
+        np.testing.assert_allclose(op(L, 3).to_numpy(), want, rtol=1e-5)
+    for value in (10, -1, 2**62, -2**63):
+        with pytest.raises(hg.IndexOutOfRangeError, match=f"class index {value} "):
+            op(L, value)
+    np.testing.assert_allclose(op(L, 9).to_numpy(),
+                               _cross_entropy(logits[None], np.array([9])), rtol=1e-5)
+    empty, none = ex.allocate((0, 10)), ex.from_numpy(np.zeros(0, np.int64))
+    for _ in range(CALLS):
+        assert np.isnan(op(empty, none).to_numpy())
+        assert op(empty, none, reduction="sum").to_numpy() == 0
+        assert op(empty, none, reduction="none").shape == (0,)

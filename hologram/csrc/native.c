@@ -13,7 +13,9 @@
  * - FastOp: the callable that an SDK op is. A call whose arguments are exactly the op's
  *   buffers, with a signature the op's general (Python) path has validated and filed here,
  *   allocates the result, launches and returns it in C; every other call runs the general
- *   path unchanged.
+ *   path unchanged. An entry may carry index ranges (Op.index_ranges): integer operands
+ *   whose every element must lie in [0, bound), read before the launch; a call with one
+ *   outside runs the general path, which raises the op's error.
  *
  * Thread safety: every function here runs with the GIL held and never calls back into
  * Python while pool state is half-updated, so the GIL is the pool's lock (the GIL-free
@@ -1153,6 +1155,15 @@ static PyTypeObject LauncherType = {
 
 /* --- the SDK ops' allocating fast path ---------------------------------------------------- */
 
+/* An index operand of an entry: its `count` elements, of NumPy type character `code` (an
+ * integer type), must each lie in [0, bound). */
+typedef struct {
+    int operand;
+    char code;
+    int64_t count;
+    uint64_t bound;
+} IndexRange;
+
 /* A validated call: what to allocate and how to launch. */
 typedef struct {
     PyObject_HEAD
@@ -1162,7 +1173,59 @@ typedef struct {
     char scalars[MAX_ARITY]; /* per operand: 0 (a buffer) or the NumPy type character of
                               * the 0-d value a Python number is passed as */
     int into_out; /* the result is the call's out= buffer (an elementwise op), not fresh */
+    int nranges;
+    IndexRange ranges[MAX_ARITY]; /* checked before each launch (see in_range) */
 } Entry;
+
+/* Whether every one of `count` integers of type character `code` at `data` lies in
+ * [0, bound). Each value v, as an unsigned U (a negative one has its top bit set), is
+ * inside iff the top bit of v | ~(v - b) is clear: v below the top bit and below b. U is
+ * the width of a signed type, whose values all lie below a bound past its largest (so b
+ * stops there), and 64 bits for an unsigned one. Bitwise and without an early exit: the
+ * loop vectorizes with SSE2 (which has no 64-bit comparison), in the type's own width. */
+#define ALL_BELOW(T, U)                                                    \
+    do {                                                                   \
+        const T *x = data;                                                 \
+        const U top = (U)1 << (sizeof(U) * 8 - 1);                         \
+        const U b = bound < (uint64_t)top ? (U)bound : top;                \
+        U outside = 0;                                                     \
+        for (int64_t k = 0; k < count; k++) {                              \
+            U v = (U)x[k];                                                 \
+            outside |= v | ~(v - b);                                       \
+        }                                                                  \
+        return (outside & top) == 0;                                       \
+    } while (0)
+
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("tree-vectorize"))) /* -O2's cost model leaves it scalar */
+#endif
+static int all_below(const void *data, char code, int64_t count, uint64_t bound)
+{
+    switch (code) {
+    case 'b': ALL_BELOW(signed char, uint8_t);
+    case 'h': ALL_BELOW(short, uint16_t);
+    case 'i': ALL_BELOW(int, uint32_t);
+    case 'l': ALL_BELOW(long, unsigned long);
+    case 'q': ALL_BELOW(long long, unsigned long long);
+    case 'B': ALL_BELOW(unsigned char, uint64_t);
+    case 'H': ALL_BELOW(unsigned short, uint64_t);
+    case 'I': ALL_BELOW(unsigned int, uint64_t);
+    case 'L': ALL_BELOW(unsigned long, uint64_t);
+    case 'Q': ALL_BELOW(unsigned long long, uint64_t);
+    default: return 0; /* not filed (see file_pending) */
+    }
+}
+
+/* Whether the call's index operands (at `addresses`) lie in the entry's ranges. */
+static int in_range(Entry *e, void *const *addresses)
+{
+    for (int r = 0; r < e->nranges; r++) {
+        IndexRange *g = &e->ranges[r];
+        if (!all_below(addresses[g->operand], g->code, g->count, g->bound))
+            return 0;
+    }
+    return 1;
+}
 
 static void entry_dealloc(Entry *e)
 {
@@ -1481,8 +1544,8 @@ static PyObject *fastop_vectorcall(FastOp *f, PyObject *const *args, size_t narg
                 return NULL;
         }
     }
-    if (executor == NULL)
-        return general_call(f, args, nargsf, kwnames);
+    if (executor == NULL || !in_range(e, addresses)) /* out of range: the general path */
+        return general_call(f, args, nargsf, kwnames);     /* raises the op's error */
     if (e->into_out)
         return launch_into_out(f, e, args, nargsf, kwnames, executor, addresses);
     Registry *reg = open_registry(executor);
@@ -1577,20 +1640,60 @@ static PyObject *set_parallel(PyObject *module, PyObject *args)
     return forget_pieces(module, NULL);
 }
 
+/* The index range of operand i, whose launch key (a Python number's: its type) is
+ * `key`, below `bound`: 1 and *g set; 0 where the operand holds no integers (nothing to
+ * check); -1 where this path cannot check it (or an error is set). */
+static int index_range(PyObject *key, char scalar, Py_ssize_t i, long long bound,
+                       IndexRange *g)
+{
+    g->operand = (int)i;
+    g->bound = (uint64_t)bound;
+    if (scalar) { /* a Python number: one value of that type */
+        g->code = scalar;
+        g->count = 1;
+    } else {
+        if (!PyTuple_Check(key) || PyTuple_GET_SIZE(key) < 2 ||
+            !PyTuple_Check(PyTuple_GET_ITEM(key, 0)))
+            return -1;
+        PyObject *dims = PyTuple_GET_ITEM(key, 0);
+        g->count = 1;
+        for (Py_ssize_t d = 0; d < PyTuple_GET_SIZE(dims); d++) {
+            long long extent = PyLong_AsLongLong(PyTuple_GET_ITEM(dims, d));
+            if (extent < 0)
+                return -1; /* an error, or not a shape */
+            g->count *= extent;
+        }
+        PyObject *code = PyObject_GetAttrString(PyTuple_GET_ITEM(key, 1), "char");
+        if (code == NULL)
+            return -1;
+        const char *c = PyUnicode_Check(code) ? PyUnicode_AsUTF8(code) : NULL;
+        g->code = c != NULL && strlen(c) == 1 ? c[0] : 0;
+        Py_DECREF(code);
+        if (c == NULL)
+            return -1;
+    }
+    if (g->code == 0 || strchr("bhilqBHILQ", g->code) == NULL)
+        return 0;
+    return 1;
+}
+
 /* file_pending(natives, operand launch keys, shape, dtype, result launch key, nbytes,
- * launch): called by the general path once it has validated an allocating
- * call and compiled its kernel. If that call is the one a FastOp of `natives` is running
- * (its operands are these), file it under the call's key; otherwise do nothing. */
+ * launch, scalars, into_out, ranges): called by the general path once it has validated an
+ * allocating call and compiled its kernel. If that call is the one a FastOp of `natives`
+ * is running (its operands are these), file it under the call's key; otherwise do
+ * nothing. `ranges`: (operand, bound) pairs, each an operand whose integers must lie in
+ * [0, bound) for the native path to launch (their count and type are its launch key's). */
 static PyObject *file_pending(PyObject *module, PyObject *args)
 {
-    PyObject *natives, *keys, *shape, *dtype, *launch_key, *launch;
+    PyObject *natives, *keys, *shape, *dtype, *launch_key, *launch, *ranges = NULL;
     const char *scalars = "";
     Py_ssize_t nscalars = 0;
     long long nbytes;
     int into_out = 0;
-    if (!PyArg_ParseTuple(args, "O!O!O!OO!LO!|s#p", &PyTuple_Type, &natives, &PyTuple_Type,
+    if (!PyArg_ParseTuple(args, "O!O!O!OO!LO!|s#pO!", &PyTuple_Type, &natives, &PyTuple_Type,
                           &keys, &PyTuple_Type, &shape, &dtype, &PyTuple_Type, &launch_key,
-                          &nbytes, &LauncherType, &launch, &scalars, &nscalars, &into_out))
+                          &nbytes, &LauncherType, &launch, &scalars, &nscalars, &into_out,
+                          &PyTuple_Type, &ranges))
         return NULL;
     FastOp *f = pending_op;
     if (f == NULL || nbytes <= 0 || PyTuple_GET_SIZE(keys) != pending_nargs ||
@@ -1603,6 +1706,32 @@ static PyObject *file_pending(PyObject *module, PyObject *args)
         mine = PyTuple_GET_ITEM(keys, i) == PyTuple_GET_ITEM(pending_key, i);
     if (!mine)
         Py_RETURN_FALSE;
+    IndexRange checked[MAX_ARITY];
+    int nranges = 0;
+    Py_ssize_t nasked = ranges ? PyTuple_GET_SIZE(ranges) : 0;
+    if (nasked > MAX_ARITY)
+        Py_RETURN_FALSE;
+    for (Py_ssize_t r = 0; r < nasked; r++) {
+        Py_ssize_t i;
+        long long bound;
+        PyObject *pair = PyTuple_GET_ITEM(ranges, r);
+        if (!PyTuple_Check(pair)) {
+            PyErr_SetString(PyExc_TypeError, "file_pending: ranges are (operand, bound) pairs");
+            return NULL;
+        }
+        if (!PyArg_ParseTuple(pair, "nL", &i, &bound))
+            return NULL;
+        if (i < 0 || i >= pending_nargs || bound < 0)
+            Py_RETURN_FALSE;
+        char scalar = i < nscalars && scalars[i] != '.' ? scalars[i] : 0;
+        int kind = index_range(PyTuple_GET_ITEM(keys, i), scalar, i, bound, &checked[nranges]);
+        if (kind < 0) {
+            if (PyErr_Occurred())
+                return NULL;
+            Py_RETURN_FALSE;
+        }
+        nranges += kind;
+    }
     if (PyDict_GET_SIZE(f->entries) >= MAX_ENTRIES)
         PyDict_Clear(f->entries); /* bounded: refilled by the general path as needed */
     Entry *e = PyObject_New(Entry, &EntryType);
@@ -1619,6 +1748,8 @@ static PyObject *file_pending(PyObject *module, PyObject *args)
     e->launch = (Launcher *)launch;
     e->nbytes = nbytes;
     e->into_out = into_out;
+    e->nranges = nranges;
+    memcpy(e->ranges, checked, sizeof(IndexRange) * nranges);
     for (Py_ssize_t i = 0; i < MAX_ARITY; i++) /* '.': a buffer */
         e->scalars[i] = i < nscalars && scalars[i] != '.' ? scalars[i] : 0;
     if (e->signature == NULL) {
@@ -1783,10 +1914,12 @@ static PyMethodDef module_methods[] = {
      "or the pool changed)"},
     {"file_pending", file_pending, METH_VARARGS,
      "file_pending(natives, operand launch keys, shape, dtype, result launch key, nbytes, "
-     "launch, scalars='', into_out=False) -> whether the call a FastOp of natives runs was "
-     "filed; scalars: per operand '.' (a buffer) or the type character of a Python "
-     "number's 0-d value; into_out: the result is the call's out= buffer (elementwise "
-     "ops)"},
+     "launch, scalars='', into_out=False, ranges=()) -> whether the call a FastOp of "
+     "natives runs was filed; scalars: per operand '.' (a buffer) or the type character of "
+     "a Python number's 0-d value; into_out: the result is the call's out= buffer "
+     "(elementwise ops); ranges: (operand, bound) pairs, integer operands whose every "
+     "element must lie in [0, bound) for a call to launch here (else the general path "
+     "runs it)"},
     {"size_class", size_class_py, METH_O, "size_class(nbytes) -> (index or -1, class bytes)"},
     {NULL},
 };

@@ -68,8 +68,15 @@ class Op:
     casting: str = "same_kind"  # how the result may be converted to an out buffer's dtype
     #: Checks the operands' values on the host before each launch (``check(operands)``
     #: raises; class labels are data, the kernel could only clamp them). An op with one
-    #: launches only through :func:`run`: none of its calls is filed for the fast paths.
+    #: launches through :func:`run`, or natively when it declares ``index_ranges``.
     check: Callable[[tuple], None] | None = None
+    #: What ``check`` checks, for the native path: ``(i, j, d)`` says that operand ``i``'s
+    #: elements, where it holds integers, index dimension ``d`` of operand ``j``: each lies
+    #: in ``[0, operands[j].shape[d])``. A call of such an op is filed with these ranges
+    #: and, before each native launch, its index operands are read in C; a call with an
+    #: index outside runs the general path, whose ``check`` raises. ``check`` must accept
+    #: every call whose indices lie in these ranges.
+    index_ranges: tuple[tuple[int, int, int], ...] = ()
     #: The same check inside hg.jit, on the trace's tensors (and Python numbers):
     #: ``trace_check(operands)`` gives ``(mask, values, error)`` triples; the jitted
     #: function raises ``error(v)`` after its launch, ``v`` the first of ``values`` where
@@ -133,14 +140,21 @@ def file_native(op: Op, kernel: CompiledOp, operands: tuple, result: Buffer,
     into its out= buffer ``result`` (the native path checks per call that out overlaps no
     operand other than element for element). Python numbers are keyed by type: their
     values are the program's runtime arguments, converted per call as
-    :func:`scalar_array` does."""
+    :func:`scalar_array` does. The op's ``index_ranges`` go with it, with this call's
+    bounds (its shapes are the entry's)."""
     scalars = "".join("." if s is None else s.char for s in kernel.scalars)
     if not set(scalars) <= _NATIVE_SCALARS | {"."}:
         return
+    ranges = []  # (operand, bound): the native path checks the operand's integers
+    for i, j, d in op.index_ranges:
+        shape = operands[j].shape if type(operands[j]) is Buffer else ()
+        if not -len(shape) <= d < len(shape):
+            return  # the general path's check decides
+        ranges.append((i, shape[d]))
     file_pending(op.natives, tuple(x.launch_key if type(x) is Buffer else type(x)
                                    for x in operands),
                  result.signature[0], result.dtype, result.launch_key, result.nbytes,
-                 kernel.by_address, scalars, into_out)
+                 kernel.by_address, scalars, into_out, tuple(ranges))
 
 
 def result_dtype(op: Op, operands: tuple) -> np.dtype:
@@ -207,12 +221,12 @@ def run(op: Op, ex: Executor | None, operands: tuple, out: Buffer | None, n: int
         op.check(operands)
     if out is None:
         out = result = ex.new_buffer(kernel.shape, kernel.dtype)
-        if (n is None and math.prod(kernel.shape) and op.check is None
+        if (n is None and math.prod(kernel.shape)
                 and not any(x.foreign for x in operands if type(x) is Buffer)):
-            if not kernel.has_scalars:
+            if not kernel.has_scalars and op.check is None:
                 _LAUNCHES.put((op, "alloc", options, *(x.launch_key for x in operands)),
                               (kernel.by_address, kernel.shape, kernel.dtype))
-            if op.natives and type(ex.allocator) is Pool:
+            if op.natives and type(ex.allocator) is Pool and natively_checked(op):
                 file_native(op, kernel, operands, result)
     else:
         result = given
@@ -226,18 +240,25 @@ def run(op: Op, ex: Executor | None, operands: tuple, out: Buffer | None, n: int
             staged.free()
             return result
         # Foreign (DLPack) memory may alias pool buffers: such calls always take this path.
-        if (op.elementwise and n is None and fitted is out and op.check is None
+        if (op.elementwise and n is None and fitted is out
                 and not any(x.foreign for x in (*operands, out) if type(x) is Buffer)):
-            if not kernel.has_scalars:
+            if not kernel.has_scalars and op.check is None:
                 _LAUNCHES.put((op, *(x.launch_key for x in operands), out.launch_key,
                                ex.token), kernel.by_address)
-            if op.natives and type(ex.allocator) is Pool:
+            if op.natives and type(ex.allocator) is Pool and natively_checked(op):
                 file_native(op, kernel, operands, out, into_out=True)
         out = fitted
     if math.prod(kernel.shape) == 0:
         return result
     launch(kernel, operands, out)
     return result
+
+
+def natively_checked(op: Op) -> bool:
+    """Whether calls of ``op`` may be filed for the native path: it has no check, or one
+    the native path makes (``Op.index_ranges``). The launch cache's keys, which skip
+    every check, serve only ops without one."""
+    return op.check is None or bool(op.index_ranges)
 
 
 def launch(kernel: CompiledOp, operands: tuple, out: Buffer) -> None:

@@ -181,18 +181,20 @@ def _traced_class_check(operands: tuple) -> list:
     return [(bad, index, lambda value: IndexOutOfRangeError(message.format(value)))]
 
 
-# Class indices are checked on the host before every launch, so each call takes the
-# general path (about 20 us), not the native one.
+# Class indices (operand 1) index the last dimension of the logits (operand 0): the native
+# path checks that range before each launch and leaves a call with a bad index to the
+# general path, where _check_class_indices raises.
 _CE = Op("cross_entropy_loss", _cross_entropy, promote=False, check=_check_class_indices,
-         trace_check=_traced_class_check)
+         index_ranges=((1, 0, -1),), trace_check=_traced_class_check)
 
 
 def cross_entropy_loss(*args, out: Buffer | None = None, reduction: str = "mean"):
     """Cross-entropy of ``logits [N, C]`` against class indices ``[N]`` (an integer buffer)
     or class probabilities ``[N, C]`` (a float buffer), like ``torch.nn.functional
     .cross_entropy``. A class index outside ``[0, C)`` raises
-    :class:`~hologram.IndexOutOfRangeError` (checked on the host before the launch;
-    inside ``hg.jit``, by the program, and raised after its launch)."""
+    :class:`~hologram.IndexOutOfRangeError` (checked on the host before each launch, in C
+    on the native path; inside ``hg.jit``, by the program, and raised after its
+    launch)."""
     ex, inputs, out, n = split("cross_entropy_loss", args, 2, out, None)
     _reduction_name("cross_entropy_loss", reduction)
     return run(_CE, ex, inputs, out, n, (("reduction", reduction),))
