@@ -64,7 +64,8 @@ def _cat(op, tensors, dim=0, out=None):
     meta = infer(op, tensors, dim, **({} if out is None else {"out": out}))
     dim = dim % max(meta.dim(), 1)
     return launch(op, (tensors, dim), kwargs, "shape.cat", _cat_build, tuple(tensors),
-                  (dim, tuple(meta.shape), ISA[meta.dtype if out is None else out.dtype]), out)
+                  (dim, tuple(meta.shape), ISA[meta.dtype if out is None else out.dtype]), out,
+                  meta=meta if out is None else None)
 
 
 kernels("cat", _cat)
