@@ -190,6 +190,8 @@ def _load_fast(library: ctypes.CDLL) -> None:
     fast.hologram_torch_fast_clear.restype = None
     fast.hologram_torch_fast_stats.argtypes = ()
     fast.hologram_torch_fast_stats.restype = ctypes.py_object
+    fast.hologram_torch_metadata_register.argtypes = (ctypes.c_char_p,)
+    fast.hologram_torch_metadata_register.restype = ctypes.c_int
     _fast = fast
 
 
@@ -203,6 +205,13 @@ def register_fast(name: str, kernel: Callable, pool) -> bool:
         return False
     _fast.hologram_torch_fast_setup(pool, _native.C_API)
     return _fast.hologram_torch_fast_register(name.encode(), kernel) == 1
+
+
+def register_metadata(name: str) -> bool:
+    """Register ``name``, a metadata-only op (a view), as the CPU kernel run from native
+    code on the device tensor (``csrc/ops.cpp``). False when the native library is not
+    loaded: the caller registers its Python kernel."""
+    return _fast is not None and _fast.hologram_torch_metadata_register(name.encode()) == 1
 
 
 def file_fast(launcher, operands: tuple, result, in_place: bool = False) -> None:

@@ -15,10 +15,10 @@ import warnings
 
 import torch
 
-from hologram_torch import memory
+from hologram_torch import memory, native
 from hologram_torch.aten import program
 from hologram_torch.aten.program import ISA, Unsupported, cast
-from hologram_torch.aten.registry import aten, composed, impl, overload
+from hologram_torch.aten.registry import NATIVE, aten, composed, impl, overload
 from hologram_torch.constants import CPU_KEYS
 from hologram_torch.device import invalid_ordinal
 from hologram_torch.fallback import cpu_view
@@ -99,8 +99,10 @@ def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory
 # --- metadata-only ops: the CPU kernels build a TensorImpl sharing our storage ----------
 
 def _metadata(name: str) -> None:
-    op = overload(name)
-    handle = op._handle
+    if native.register_metadata(name):  # the same redispatch, from native code
+        NATIVE.add(name if "." in name else f"{name}.default")
+        return
+    handle = overload(name)._handle
 
     def kernel(*args, **kwargs):
         return handle.redispatch_boxed(CPU_KEYS, *args, **kwargs)
