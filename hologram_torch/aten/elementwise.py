@@ -650,9 +650,17 @@ def _backward(name: str):
             _shape(saved, grad_output)  # its TensorIterator takes self first
         if not _float(grad_output, saved):
             return NotImplemented
-        return _lowered(name, op, (grad_output, saved, *scalars))
+        args = (grad_output, saved, *scalars)
+        r = _lowered(name, op, args)
+        if hot and r is not NotImplemented:  # the front kernel serves it from now on
+            program.remember((name, grad_output.dtype, grad_output.shape,
+                              grad_output.stride(), saved.dtype, saved.shape, saved.stride()),
+                             name, lowered.spec(op, args), args, r)
+        return r
 
-    native_or_cpu(name)(kernel)
+    # (the front kernels file calls whose operands are tensors: not those with a threshold)
+    hot = len(op._schema.arguments) == 2
+    native_or_cpu(name, hot=hot)(kernel)
 
 
 _activation("relu", ints=True)
