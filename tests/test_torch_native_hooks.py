@@ -359,3 +359,26 @@ def test_views_are_served_from_native_code():
     assert v._base is x and v.device.type == "hologram" and v.stride() == (1, 4)
     x.view(12)[5] = -1.0
     assert v[1, 1].item() == -1.0
+
+
+@needs_native
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "channels_last", "sliced"])
+@pytest.mark.parametrize("memory_format", [None, torch.contiguous_format, torch.channels_last,
+                                           torch.preserve_format])
+def test_clones_are_served_natively_with_the_cpus_layout(layout, memory_format):
+    """clone keeps the layout PyTorch gives (empty_like, or the format asked for) on every
+    call, including those the front kernel serves, and never shares memory."""
+    base = torch.randn(2, 3, 4, 6)
+    ref = {"contiguous": base, "transposed": base.transpose(1, 3),
+           "channels_last": base.contiguous(memory_format=torch.channels_last),
+           "sliced": base[:, :, :, ::2]}[layout]
+    x = ref.to("hologram") if layout != "sliced" else base.to("hologram")[:, :, :, ::2]
+    kwargs = {} if memory_format is None else {"memory_format": memory_format}
+    expected = ref.clone(**kwargs)
+    before = native.fast_stats()["hits"]
+    for _ in range(3):
+        got = x.clone(**kwargs)
+        assert got.stride() == expected.stride() and got.data_ptr() != x.data_ptr()
+        assert torch.equal(got.cpu(), expected)
+    if memory_format in (None, torch.preserve_format):
+        assert native.fast_stats()["hits"] >= before + 2  # served without Python

@@ -16,7 +16,7 @@ import warnings
 import torch
 
 from hologram_torch import memory, native
-from hologram_torch.aten import program
+from hologram_torch.aten import layout, program
 from hologram_torch.aten.program import ISA, Unsupported, cast
 from hologram_torch.aten.registry import NATIVE, aten, composed, impl, overload
 from hologram_torch.constants import CPU_KEYS
@@ -254,9 +254,28 @@ def _local_scalar_dense(self):
     return cpu_view(self).item()
 
 
-@impl("clone")
+# c10::MemoryFormat's values, as a call the native front kernel passes on gives them
+_MEMORY_FORMATS = (torch.contiguous_format, torch.preserve_format, torch.channels_last,
+                   torch.channels_last_3d)
+
+
+@impl("clone", hot=True)
 def clone(self, memory_format=None):
-    if memory_format is None or memory_format is torch.preserve_format:
+    if isinstance(memory_format, int):
+        memory_format = _MEMORY_FORMATS[memory_format]
+    preserve = memory_format is None or memory_format is torch.preserve_format
+    if ((preserve or memory_format is torch.contiguous_format) and self.dtype in ISA
+            and not _lazy(self)):
+        # A fresh copy laid out as empty_like(self) (or contiguous), whose launch the
+        # front kernel serves from the second call on (no Python at all).
+        name = "clone" if preserve else "clone.contiguous"
+        static = (tuple(self.shape), ISA[self.dtype])
+        out = program.run(name, _copy_build, (self,), static,
+                          layout=layout.pointwise if preserve else None)
+        program.remember((name, self.dtype, self.shape, self.stride()), name, static,
+                         (self,), out)
+        return out
+    if preserve:
         strides = None if self.is_contiguous() else list(
             torch.empty_strided(self.shape, self.stride(), dtype=self.dtype,
                                 device="meta").clone().stride())
