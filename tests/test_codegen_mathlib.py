@@ -37,7 +37,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from test_mathlib import run
+from test_mathlib import SINCOS_HUGE, _hard_sincos_arguments, run
 
 from hologram.codegen import mathlib
 from hologram.codegen.mathlib import FORMATS, FUNCTIONS, Format, MathEmitter
@@ -420,3 +420,20 @@ def test_numpy_emitter_matches_llvm_pow(fmt):
     d = ulp_distance(got, want, fmt)
     bad = (d > 0) | ((np.signbit(got) != np.signbit(want)) & ~np.isnan(got))
     assert not bad.any(), _first_difference("pow", fmt, (x, y), got, want, bad)
+
+
+@pytest.mark.parametrize("fmt", ["f32", "f64"])
+@pytest.mark.parametrize("name", ["sin", "cos"])
+def test_numpy_emitter_matches_llvm_on_large_sincos_arguments(name, fmt):
+    """The large-argument reduction (its buckets' thresholds and their neighbours, the
+    arguments closest to multiples of pi/2, huge values) gives the same bits on both."""
+    ft = NP[fmt][0]
+    t = np.array(FORMATS[fmt].k["reduction"]["thresholds"], ft)
+    bits = int(fmt[1:])
+    x = np.concatenate([t, np.nextafter(t, 0), np.nextafter(t, np.inf), t * ft(1.7),
+                        ft(SINCOS_HUGE[bits]), _hard_sincos_arguments(bits, per=1)[::3]])
+    x = np.concatenate([x, -x])
+    got = evaluate(name, fmt, x)
+    want = run(name, bits, x)
+    bad = ulp_distance(got, want, fmt) > 0
+    assert not bad.any(), _first_difference(name, fmt, (x,), got, want, bad)

@@ -41,7 +41,6 @@ BOUND64 = dict(exp=2, exp2=2, expm1=2, log=2, log2=2, log1p=2, tanh=4, sigmoid=4
                sin=4, cos=4, pow=4)
 if np.finfo(np.longdouble).nmant < 63:
     BOUND64 = {name: bound + 1 for name, bound in BOUND64.items()}
-SINCOS_RANGE = {32: 2e5, 64: 1e14}  # |x| up to which the sin/cos bound holds
 
 
 # ------------------------------------------------------------------ building and calling
@@ -151,7 +150,9 @@ DENSE32 = dict(
     exp=[(-104, 89)], exp2=[(-151, 129)], expm1=[(-20, 89), (-1, 1)],
     log=[(0.5, 2), (0, 1e-37)], log2=[(0.5, 2), (0, 1e-37)], log1p=[(-1, 1), (-1e-4, 1e-4)],
     tanh=[(-10, 10), (-1, 1)], sigmoid=[(-105, 20), (-2, 2)], erf=[(-4, 4), (-1.1, 1.1)],
-    sin=[(-2e5, 2e5), (-10, 10)], cos=[(-2e5, 2e5), (-10, 10)],
+    # sin, cos: also every exponent of the large-argument reduction (|x| >= 2^17), densely
+    sin=[(-2e5, 2e5), (-10, 10), (1e5, 3.4e38), (-3.4e38, -1e5)],
+    cos=[(-2e5, 2e5), (-10, 10), (1e5, 3.4e38), (-3.4e38, -1e5)],
 )
 
 
@@ -164,8 +165,6 @@ def whole() -> np.ndarray:
 @pytest.mark.parametrize("name", UNARY)
 def test_f32_accuracy(name, whole):
     samples = [whole] + [_f32_range(lo, hi, 400_000) for lo, hi in DENSE32[name]]
-    if name in ("sin", "cos"):  # the bound is stated for |x| <= SINCOS_RANGE
-        samples[0] = whole[np.abs(whole) <= SINCOS_RANGE[32]]
     x = np.concatenate(samples)
     err, where = max_error(name, 32, x)
     assert err <= BOUND32[name], f"{name} f32: {err:.3f} ulp at x={where[0]!r}"
@@ -192,16 +191,6 @@ def _pow_samples(bits: int, count: int, seed: int = 0) -> tuple[np.ndarray, np.n
 def test_f32_pow_accuracy():
     err, where = max_error("pow", 32, *_pow_samples(32, 400_000))
     assert err <= BOUND32["pow"], f"pow f32: {err:.3f} ulp at {where!r}"
-
-
-def test_sincos_large_arguments_stay_bounded(whole):
-    """Past the accurate range the result is still a value in [-1, 1], never NaN."""
-    x64 = np.random.default_rng(2).integers(0, 2 ** 64, 100_000, dtype=np.uint64)
-    for bits, x in ((32, whole), (64, x64.view(np.float64))):
-        x = x[np.isfinite(x)]
-        for name in ("sin", "cos"):
-            y = run(name, bits, x)
-            assert np.all(np.abs(y) <= 1), (name, bits)
 
 
 @pytest.mark.parametrize("bits", [32, 64])
@@ -323,9 +312,9 @@ def _f64_samples(name: str, count: int = 200_000) -> np.ndarray:
                  rng.integers(1, 2 ** 52, 1000, dtype=np.uint64).view(np.float64)]
     else:
         parts.append(rng.uniform(*F64_RANGES[name], count))
-    if name in ("sin", "cos"):
-        parts[0] = parts[0][np.abs(parts[0]) <= SINCOS_RANGE[64]]
-        parts.append(np.pi / 2 * rng.integers(-10_000, 10_000, 1000))  # near the zeros
+    if name in ("sin", "cos"):  # near the zeros; every magnitude up to the largest
+        parts.append(np.pi / 2 * rng.integers(-10_000, 10_000, 1000))
+        parts.append(10.0 ** rng.uniform(13, 308.25, count) * rng.choice([-1.0, 1.0], count))
     return np.concatenate(parts)
 
 
@@ -390,3 +379,137 @@ def test_f32_sigmoid_every_array_length():
         for value, want in ((INF, 1.0), (200.0, 1.0), (0.0, 0.5), (-INF, 0.0)):
             got = run("sigmoid", 32, np.full(n, value, np.float32))
             assert np.all(got == want), (n, value, got)
+
+
+# ------------------------------------------------------------------ (e) sin, cos: large |x|
+SINCOS_HUGE = {
+    32: [1e20, -1e20, 3.4e38, -3.4e38, float(np.finfo(np.float32).max), 1e30, -1e10,
+         2.0 ** 127, 2.0 ** 24 + 1, 131072.0, 205888.0, 1e6, 16367173 * 2.0 ** 72],
+    64: [1e20, -1e20, 1e300, -1e300, 1.7e308, float(np.finfo(np.float64).max), 3.4e38,
+         2.0 ** 1023, 2.0 ** 53 + 2, 1e14, 1.2e15, 1e22, 6381956970095103 * 2.0 ** 797],
+}
+
+
+def _hard_sincos_arguments(bits: int, per: int = 2) -> np.ndarray:
+    """For every exponent e of the large-argument reduction, ``per`` arguments m 2^e (m of
+    the format's precision) among the closest to a multiple of pi/2: multiples of the
+    continued-fraction denominators of frac(2^e 2/pi), computed with mpmath (independent of
+    mathlib's copy of 2/pi). The closest of all, 16367173 * 2^72 (f32) and
+    6381956970095103 * 2^797 (f64), are within 2^-29.9 and 2^-60.9 of one; both are in."""
+    mpmath = pytest.importorskip("mpmath")
+    from fractions import Fraction
+    p = 24 if bits == 32 else 53
+    top = 104 if bits == 32 else 971
+    out = []
+    with mpmath.workprec(top + 4 * p + 64):
+        two_over_pi = 2 / mpmath.pi
+        for e in range(-6, top + 1):
+            frac = mpmath.frac(mpmath.ldexp(two_over_pi, e))
+            alpha = Fraction(int(mpmath.floor(mpmath.ldexp(frac, 2 * p + 40))), 2 ** (2 * p + 40))
+            lo, hi = 2 ** (p - 1), 2 ** p
+            denominators, x, (q0, q1) = [], alpha, (1, 0)
+            for _ in range(80):  # convergents' denominators q, up to the precision
+                a = x.numerator // x.denominator
+                q0, q1 = q1, a * q1 + q0
+                if q1 >= hi or x == a:
+                    break
+                denominators.append(q1)
+                x = 1 / (x - a)
+            candidates = []
+            for q in denominators:
+                for m in range(-(-lo // q), -(-lo // q) + 3):
+                    if lo <= m * q < hi:
+                        d = m * q * alpha
+                        candidates.append((abs(d - round(d)), m * q))
+            out += [math.ldexp(m, e) for _, m in sorted(candidates)[:per]]
+    x = np.array(out, dtype=NP[bits])
+    return np.concatenate([x, -x])
+
+
+@pytest.mark.parametrize("bits", [32, 64])
+@pytest.mark.parametrize("name", ["sin", "cos"])
+def test_sincos_next_to_multiples_of_pi_2(name, bits):
+    """Where x is closest to a multiple of pi/2 at every exponent, the reduction must keep
+    30 (f32) / 61 (f64) more bits than the result: the bound holds there too."""
+    x = np.concatenate([_hard_sincos_arguments(bits), NP[bits](SINCOS_HUGE[bits])])
+    err, where = max_error(name, bits, x)
+    assert err <= {32: BOUND32, 64: BOUND64}[bits][name], f"{name} f{bits}: {err:.3f} at {where}"
+
+
+@pytest.mark.parametrize("bits", [32, 64])
+@pytest.mark.parametrize("name", ["sin", "cos"])
+def test_sincos_reduction_boundaries(name, bits):
+    """Both sides of the switch to the large-argument reduction and of each of its buckets'
+    thresholds (a power of two: the neighbours below it belong to the bucket before)."""
+    from hologram.codegen.mathlib import FORMATS
+    thresholds = FORMATS[f"f{bits}"].k["reduction"]["thresholds"]
+    t = np.array(thresholds, dtype=NP[bits])
+    x = np.concatenate([t, np.nextafter(t, 0), np.nextafter(t, np.inf),
+                        np.nextafter(np.nextafter(t, 0), 0), t * 1.5, t * 1.999])
+    x = np.concatenate([x, -x])
+    err, where = max_error(name, bits, x)
+    assert err <= {32: BOUND32, 64: BOUND64}[bits][name], f"{name} f{bits}: {err:.3f} at {where}"
+
+
+def test_sincos_huge_arguments_exact_references():
+    """A few huge arguments against references from mpmath (the correctly rounded result):
+    cos(-1e20) is 0.7543 (the Cody-Waite reduction alone gave 0.6967)."""
+    mpmath = pytest.importorskip("mpmath")
+    for bits in (32, 64):
+        x = NP[bits](SINCOS_HUGE[bits])
+        for name in ("sin", "cos"):
+            got = run(name, bits, x)
+            with mpmath.workprec(1200):
+                want = np.array([float(getattr(mpmath, name)(mpmath.mpf(float(v))))
+                                 for v in x])
+            spacing = np.spacing(np.abs(want.astype(NP[bits]))).astype(np.float64)
+            err = np.abs(got.astype(np.float64) - want) / spacing
+            assert err.max() <= 2, (name, bits, x[err.argmax()], got[err.argmax()])
+    assert run("cos", 32, np.float32([-1e20]))[0] == np.float32(0.7542593)  # PyTorch: 0.7543
+
+
+def test_two_over_pi_bits():
+    """The reduction's copy of 2/pi, against mpmath."""
+    mpmath = pytest.importorskip("mpmath")
+    from hologram.codegen import mathlib as shared
+    with mpmath.workprec(1700):
+        want = int(mpmath.floor(mpmath.ldexp(2 / mpmath.pi, shared._TWO_OVER_PI_BITS)))
+    assert want == shared._TWO_OVER_PI
+
+
+def test_sincos_reduction_tables():
+    """Every stored word is a normal float of its format (exact), the words of a bucket add
+    up to frac(2^eb / (2 pi)) and the second word lies in [2^-p, 2^(1-p))."""
+    from fractions import Fraction
+
+    from hologram.codegen import mathlib as shared
+    for fmt in shared.FORMATS.values():
+        ft = NP[fmt.width]
+        p = fmt.mant + 1
+        t = fmt.k["reduction"]
+        scale = Fraction(t["scale"])
+        for threshold, words in zip(t["thresholds"], t["words"]):
+            eb = int(math.log2(threshold)) - p + 1
+            assert float(ft(threshold)) == threshold == 2.0 ** (eb + p - 1)
+            for w in words:
+                assert float(ft(w)) == w and (w == 0 or abs(w) >= np.finfo(ft).tiny)
+            exact = [Fraction(w) * scale * Fraction(2) ** eb for w in words]
+            assert Fraction(2) ** -p <= exact[1] < Fraction(2) ** (1 - p)
+            turns = Fraction(shared._turns(eb, 1200), 2 ** 1200)
+            assert 0 <= turns - sum(exact) < Fraction(2) ** (2 - p * len(words))
+
+
+def test_sincos_loops_vectorize_without_calls():
+    """The large-argument reduction adds only selects, products and roundings: the loops
+    stay vectorized and call nothing."""
+    if not llvm.has_feature("avx2"):
+        pytest.skip("host CPU lacks AVX2: no packed-float assembly to look for")
+    names = [(name, bits) for name in ("sin", "cos") for bits in (32, 64)]
+    text, fnames = _ir(names)
+    asm = llvm.assembly(text)
+    for (name, bits), fname in zip(names, fnames):
+        body = asm[asm.index(f"{fname}:"):]
+        body = body[:body.index(".Lfunc_end")]
+        packed = "ps" if bits == 32 else "pd"
+        assert re.search(rf"\bvfmadd\w*{packed}\b", body), (name, bits)
+        assert not re.search(r"\bcall", body), (name, bits)

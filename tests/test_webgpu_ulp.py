@@ -51,8 +51,9 @@ FUNCTIONS = {
     "sigmoid": (lambda x: 1 / (1 + np.exp(-x)), [_uniform(-100, 100), _magnitudes(-30, 1.5)],
                 2),
     "erf": (_erf, [_uniform(-5, 5), _magnitudes(-30, 0.6)], 5),
-    "sin": (np.sin, [_uniform(-1e4, 1e4), _uniform(-4, 4), _magnitudes(-30, 0)], 1),
-    "cos": (np.cos, [_uniform(-1e4, 1e4), _uniform(-4, 4)], 1),
+    "sin": (np.sin, [_uniform(-1e4, 1e4), _uniform(-4, 4), _magnitudes(-30, 0),
+                     _magnitudes(4, 38.5)], 1),
+    "cos": (np.cos, [_uniform(-1e4, 1e4), _uniform(-4, 4), _magnitudes(4, 38.5)], 1),
     "sqrt": (np.sqrt, [_magnitudes(-45, 38, False)], 0),
     "rsqrt": (lambda x: 1 / np.sqrt(x), [_magnitudes(-37, 38, False)], 1),
 }

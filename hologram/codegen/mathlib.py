@@ -28,7 +28,10 @@ The algorithms (docs/mathlib.md has the details and the measured errors):
   correction instead of a division); erf (f64) = ``x + x*P(x^2)`` below 1 and
   ``1 - exp(h(x) - x^2)`` above.
 - sin, cos: ``x = j*pi/2 + r`` with ``pi/2`` split in three constants (fma keeps every step
-  exact or rounded relative to ``r``), minimax polynomials for sin and cos on ``|r| <= 0.8``.
+  exact or rounded relative to ``r``) for ``|x| < 2^17`` (f32) / ``2^46`` (f64); beyond, a
+  Payne-Hanek reduction with words of ``2^e/(2 pi) mod 1`` cut from a copy of 2/pi,
+  selected per element (both are computed); minimax polynomials for sin and cos on
+  ``|r| <= 0.8``.
 - pow: f32 evaluates ``exp2(y*log2|x|)`` in f64; f64 carries ``log2|x|`` and ``y*log2|x|`` in
   double-double. Then the C99 special cases.
 
@@ -74,6 +77,58 @@ class Format:
     k: dict  # constants and polynomial coefficients, by name
 
 
+# ---------------------------------------------------------------- sin/cos reduction tables
+#: floor(2/pi * 2^1600): 2/pi = 0.a2f9836e4e441529fc27... in hex. The large-argument
+#: reduction of sin and cos cuts its constants from these bits (tests check them with mpmath).
+_TWO_OVER_PI = int(
+    "a2f9836e4e441529fc2757d1f534ddc0db6295993c439041fe5163abdebbc561b7246e3a424dd2e0"
+    "06492eea09d1921cfe1deb1cb129a73ee88235f52ebb4484e99c7026b45f7e413991d639835339f4"
+    "9c845f8bbdf9283b1ff897ffde05980fef2f118b5a0a6d1f6d367ecf27cb09b74f463f669e5fea2d"
+    "7527bac7ebe5f17b3d0739f78a5292ea6bfb5fb11f8d5d0856033046fc7b6babf0cfbc209af4361d"
+    "a9e391615ee61b086599855f14a068408dffd8804d73273106061556ca73a8c960e27bc08c6b47c4", 16)
+_TWO_OVER_PI_BITS = 1600
+
+
+def _turns(e: int, bits: int) -> int:
+    """floor(frac(2^e / (2 pi)) * 2^bits): the first ``bits`` bits of the fraction of 2^e
+    radians in turns, exact (2^e/(2 pi) = 2^(e-2) * 2/pi; e + bits stays far below 1600)."""
+    shift = e - 2 + bits - _TWO_OVER_PI_BITS
+    v = _TWO_OVER_PI << shift if shift >= 0 else _TWO_OVER_PI >> -shift
+    return v & ((1 << bits) - 1)
+
+
+def _reduction_table(p: int, e0: int, width: int, buckets: int, words: int,
+                     scale: int) -> dict:
+    """The constants of sin/cos's large-argument reduction (:func:`_reduce_large`) for a
+    format of ``p`` significant bits.
+
+    Bucket b holds the arguments |x| = m 2^e with m in [2^(p-1), 2^p) and ``e`` in
+    [eb, eb + width), eb = e0 + width b: threshold 2^(eb + p - 1). Its words W_0 + W_1 + ...
+    are frac(2^eb / (2 pi)) (in turns) to ``p * words - 1`` bits: for such x, x' = |x| 2^-eb
+    is an integer and x/(2 pi) = x' (2^eb/(2 pi)) = x' (W_0 + W_1 + ...) modulo 1. W_0 is a
+    multiple of 2^-p, W_1 lies in [2^-p, 2^(1-p)) (so that x' W_1 >= 1/2 and its rounding is
+    a multiple of 2^-p too), W_i (i >= 2) holds the next p bits. Each word is stored times
+    2^(scale - eb) and the argument is multiplied by 2^-scale: one product for every bucket,
+    and every stored word a normal float of the format.
+    """
+    thresholds, table = [], []
+    n = p * words + 8
+    unit = 1 << (n - p)
+    for b in range(buckets):
+        eb = e0 + width * b
+        f = _turns(eb, n)  # frac(2^eb / (2 pi)) = f / 2^n
+        rest = f % unit + unit  # in [2^-p, 2^(1-p))
+        row = [f - rest]
+        for i in range(1, words):
+            grid = 1 << max(n - ((i + 1) * p - 1), 0)
+            w = rest - rest % grid
+            row.append(w)
+            rest -= w
+        thresholds.append(2.0 ** (eb + p - 1))
+        table.append(tuple(math.ldexp(w, scale - eb - n) for w in row))
+    return dict(thresholds=tuple(thresholds), words=tuple(table), scale=2.0 ** -scale)
+
+
 F32 = Format("f32", 32, 23, 127, dict(
     # exp: clamp so that 2^k stays in the two-step scaling range (exp2: NaN becomes lo).
     exp_lo=-104.0, exp_hi=89.0, exp2_lo=-151.0, exp2_hi=129.0, expm1_lo=-20.0,
@@ -82,6 +137,8 @@ F32 = Format("f32", 32, 23, 127, dict(
     ln2_hi=0.693145751953125, ln2_lo=1.4286068e-06, log2e=1.442695, log2e_lo=1.925963e-08,
     sqrt_half_bits=0x3F3504F3, min_normal=2.0 ** -126, tiny=2.0 ** -25,
     two_over_pi=0.63661975, pio2=(1.5707964, -4.371139e-08, -1.7151245e-15),
+    # sin, cos for |x| >= 2^17: 8 buckets of 14 exponents, 4 words (_reduce_large)
+    reduction=_reduction_table(24, -6, 14, 8, 4, 64),
     erf_max=3.93,
     # e^r = 1 + r + r^2 P(r), |r| <= 0.3467: rel. error 2^-28.3
     exp=(0.49999994, 0.16666521, 0.04166839, 0.008368735, 0.0013814559),
@@ -113,6 +170,8 @@ F64 = Format("f64", 64, 52, 1023, dict(
     sqrt_half_bits=0x3FE6A09E667F3BCD, min_normal=2.0 ** -1022, tiny=2.0 ** -54,
     two_over_pi=0.6366197723675814,
     pio2=(1.5707963267948966, 6.123233995736766e-17, -1.4973849048591698e-33),
+    # sin, cos for |x| >= 2^46: 11 buckets of 89 exponents, 5 words
+    reduction=_reduction_table(53, -6, 89, 11, 5, 200),
     erf_max=5.95, erf_mid=3.475,
     exp=(0.5000000000000011, 0.16666666666666413, 0.04166666666652987, 0.0083333333334948,
          0.0013888888943716152, 0.00019841269506052923, 2.4801493000003128e-05,
@@ -398,6 +457,20 @@ def round_mul(e: MathEmitter, x: Value, c: float) -> tuple[Value, Value]:
     return e.to_float(n), n
 
 
+def fast_two_sum(e: MathEmitter, a: Value, b: Value) -> tuple[Value, Value]:
+    """s + t == a + b exactly, s = a + b rounded, provided |a| >= |b| or a is a multiple of
+    ulp(b) (then s - a is within an ulp of b, and b minus it on b's grid)."""
+    s = e.add(a, b)
+    return s, e.sub(b, e.sub(s, a))
+
+
+def two_sum(e: MathEmitter, a: Value, b: Value) -> tuple[Value, Value]:
+    """s + t == a + b exactly, s = a + b rounded (Knuth's TwoSum: no ordering needed)."""
+    s = e.add(a, b)
+    bb = e.sub(s, a)
+    return s, e.add(e.sub(a, e.sub(s, bb)), e.sub(b, bb))
+
+
 # ---------------------------------------------------------------- exp family
 def _exp_core(e: MathEmitter, x: Value, lo: Value | None = None) -> Value:
     """e^(x + lo) for finite x in [exp_lo, exp_hi] (lo: a small correction term)."""
@@ -578,20 +651,96 @@ def _erf(e: MathEmitter, x: Value) -> Value:
 
 
 # ---------------------------------------------------------------- sin, cos
+def _reduce_large(e: MathEmitter, x: Value, ax: Value) -> tuple[Value, Value]:
+    """x = j pi/2 + r modulo 2 pi for |x| >= the table's first threshold (Payne-Hanek):
+    returns r (|r| <= pi/4 + tiny, within an ulp of the exact value) and j, an integral
+    float (|j| <= 6; j mod 4 is the quadrant). Straight-line: garbage for smaller |x| (the
+    caller selects), NaN for inf and NaN.
+
+    With x' = |x| 2^-eb an integer (the bucket's, :func:`_reduction_table`), x/(2 pi) is
+    x' (W_0 + W_1 + ...) modulo 1, and every product V_i = x' W_i is split exactly (an fma
+    gives the error of each rounded product). Working in turns, the integer part of each
+    piece is dropped with ``v - rint(v)``, which is exact:
+
+    - V_0 mod 1 with the rounded product's integer k0: ``fma(x', W_0, -k0)`` is exact (the
+      product's error when k0 is the rounded product, at most 1 otherwise, on the 2^-p
+      grid), then its own integer part;
+    - V_1 = p1 + e1: p1 >= 1/2 (W_1 >= 2^-p) lies on the 2^-p grid, so V_0 + p1 mod 1 is
+      one exact float h (a multiple of 2^-p);
+    - the rest is small: f32 (x' < 2^37): e1 + p2 as an exact double word (TwoSum),
+      e2 + p3 below 2^-33 rounded; f64 (x' < 2^141, pieces up to 1/2 after their integer
+      part): the same with one more level.
+
+    In quadrants (times 4, exact) j = rint(4 (h + s)) and 4h - j is exact; the fine part is
+    added to it with one rounding each, which are exact where the sum cancels (Sterbenz)
+    and relative to the result elsewhere, so r keeps its relative accuracy next to the
+    zeros of sin and cos (where x mod pi/2 is at least 2^-29.9 (f32) / 2^-61 (f64)).
+    """
+    t = e.k["reduction"]
+    masks = [e.ge(ax, e.c(v)) for v in t["thresholds"][1:]]
+    u = []
+    for i in range(len(t["words"][0])):  # the bucket's words, selected
+        w = e.c(t["words"][0][i])
+        for m, row in zip(masks, t["words"][1:]):
+            w = e.sel(m, e.c(row[i]), w)
+        u.append(w)
+    xs = e.mul(x, e.c(t["scale"]))  # signed: every step below is odd in x
+    nx = e.neg(xs)
+    p0 = e.mul(xs, u[0])
+    u0 = e.fma(nx, u[0], e.rint(p0))  # k0 - V0, exact
+    a0 = e.sub(e.rint(u0), u0)  # V0 mod 1
+    p1 = e.mul(xs, u[1])
+    e1 = e.fma(nx, u[1], p1)  # p1 - V1, exact
+    h = e.add(a0, e.sub(p1, e.rint(p1)))  # exact: both on the 2^-p grid, |h| <= 1
+    p2 = e.mul(xs, u[2])
+    e2 = e.fma(nx, u[2], p2)
+    p3 = e.mul(xs, u[3])
+    four = e.c(4.0)
+    h4 = e.mul(h, four)
+    if e.fmt.name == "f32":
+        s, lo = two_sum(e, p2, e.neg(e1))  # V1 - p1 + p2, |s| < 2^-9
+        lo = e.add(e.sub(lo, e2), p3)  # |lo| < 2^-32
+        s4 = e.mul(s, four)
+        j = e.rint(e.add(h4, s4))
+        f, lo4 = fast_two_sum(e, e.sub(h4, j), s4)
+        lo4 = e.fma(lo, four, lo4)
+    else:
+        d1 = e.sub(e.rint(e1), e1)  # (V1 - p1) mod 1
+        e3 = e.fma(nx, u[3], p3)
+        p4 = e.mul(xs, u[4])
+        s1, t1 = two_sum(e, e.sub(p2, e.rint(p2)), d1)
+        s1 = e.sub(s1, e.rint(s1))  # (V1 - p1 + p2) mod 1
+        s2, t2 = two_sum(e, p3, e.neg(e2))  # |s2| < 2^-15
+        s2, t3 = two_sum(e, s2, t1)
+        lo = e.add(e.sub(e.add(t2, t3), e3), p4)  # |lo| < 2^-66
+        s14, s24 = e.mul(s1, four), e.mul(s2, four)
+        j = e.rint(e.add(e.add(h4, s14), s24))
+        f, t4 = fast_two_sum(e, e.sub(h4, j), s14)
+        f, t5 = two_sum(e, f, s24)
+        lo4 = e.fma(lo, four, e.add(t4, t5))
+    pio2 = e.k["pio2"]  # r = (f + lo4) pi/2, one rounding of the double-word product
+    r = e.fma(f, e.c(pio2[0]), e.fma(lo4, e.c(pio2[0]), e.mul(f, e.c(pio2[1]))))
+    return r, j
+
+
 def _sincos(e: MathEmitter, x: Value, cos: bool) -> Value:
-    j = e.rint(e.mul(x, e.c(e.k["two_over_pi"])))
+    ax = e.fabs(x)
+    # |x| < 2^17 (f32) / 2^46 (f64): x - j pi/2 with j = rint(x 2/pi) (its integer in the
+    # low bits) and pi/2 in three parts: the first fma is exact, the others round relative
+    # to r itself.
+    jf, n = round_mul(e, x, e.k["two_over_pi"])
     r = x
-    for part in e.k["pio2"]:  # x - j*pi/2: the first fma is exact, the others round
-        r = e.fma(e.neg(j), e.c(part), r)  # relative to r itself
-    # |r| <= pi/4 + |x| 2^-p; clamping only matters past the accurate range and keeps
-    # the polynomials (and so the result) bounded there.
-    r = clamp(e, r, -0.8, 0.8)
+    for part in e.k["pio2"]:
+        r = e.fma(jf, e.c(-part), r)
+    # Larger |x|: Payne-Hanek, selected per element.
+    big = e.ge(ax, e.c(e.k["reduction"]["thresholds"][0]))
+    finite = e.lt(ax, e.c(math.inf))
+    r_big, j_big = _reduce_large(e, x, ax)
+    r = e.sel(big, r_big, r)
+    q = e.sel(big, e.to_int(e.sel(finite, j_big, e.c(0.0))), n)  # no conversion of NaN
     z = e.mul(r, r)
     sin_r = e.fma(e.mul(r, z), horner(e, z, e.k["sin"]), r)
     cos_r = e.fma(z, e.fma(z, horner(e, z, e.k["cos"]), e.c(-0.5)), e.c(1.0))
-    finite = e.lt(e.fabs(x), e.c(math.inf))
-    quadrant = e.sub(j, e.mul(e.c(4.0), e.floor(e.mul(j, e.c(0.25)))))  # j mod 4, exact
-    q = e.to_int(e.sel(finite, quadrant, e.c(0.0)))  # no conversion of inf or NaN
     if cos:
         q = e.iadd(q, e.ci(1))
     swap = e.ine(e.iand(q, e.ci(1)), e.ci(0))

@@ -171,3 +171,36 @@ def test_declared_pairs_cover_the_isa_or_are_refused(backend):
                 assert word in str(error.value), (word, str(error.value))
     if backend == "interp":
         assert refused == 0  # the ISA's definition supports all of it
+
+
+#: Arguments of sin and cos far past the Cody-Waite range (docs/mathlib.md, "sin, cos"):
+#: huge values and the arguments closest to a multiple of pi/2 that f32 (16367173 * 2^72,
+#: 10741887 * 2^11, ...) and f64 (6381956970095103 * 2^797) have.
+HUGE_SINCOS = {
+    "f32": [1e20, -1e20, 3.4e38, -3.4028235e38, 1e30, 2.0 ** 100, 131072.0, 205888.0, 1e6,
+            16367173 * 2.0 ** 72, 10741887 * 2.0 ** 11, 16367173 * 2.0 ** 73,
+            10057457 * 2.0 ** 62, 11617958 * 2.0 ** 17, 16573937 * 2.0 ** -16],
+    "f64": [1e20, -1e300, 1.7976931348623157e308, 1e22, 2.0 ** 1000, 1e14, 1e15,
+            6381956970095103 * 2.0 ** 797, -6381956970095103 * 2.0 ** 798,
+            5261692873635770 * 2.0 ** 499],
+}
+
+
+@pytest.mark.parametrize("name", ["f32", "f64", "bf16", "f16"])
+def test_sin_cos_of_huge_arguments(backend, name):
+    """sin and cos of arguments up to the largest finite value (the bound of their
+    documented accuracy), few of them: the emulated cuda backend is slow."""
+    t = dt.dtype(name)
+    ops = [op for op in ("sin", "cos") if supported(backend, op, t)]
+    if not ops or not supported(backend, "load", t):
+        pytest.skip(f"{backend} has no sin/cos on {name}")
+    rng = np.random.default_rng(seed_of("huge sincos", name))
+    top = {"f64": 308, "f16": 4.8}.get(name, 38)
+    random = 10.0 ** rng.uniform(4, top, 48) * rng.choice([-1.0, 1.0], 48)
+    x = storage(np.concatenate([HUGE_SINCOS.get(name, HUGE_SINCOS["f32"]), random]), t)
+    program = _many(f"huge_sincos_{name}", [t], ops, x.size,
+                    lambda k, op, loaded: k.unary(op, loaded[0]))
+    got, want = both(program, backend, [x])
+    for op, g, w in zip(ops, got, want):
+        ulps, atol = float_tolerance(op, t, w)
+        assert_close(g, w, t, ulps, atol, [x], f"{op} {name}", backend)
