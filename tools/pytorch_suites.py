@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import hashlib
+import importlib.metadata
 import json
 import os
 import re
@@ -564,15 +565,20 @@ def _git_commit(path: Path) -> str | None:
 def _parse_suite(text: str, default_fraction: float) -> tuple[Suite, float]:
     name, _, fraction = text.partition(":")
     if name not in SUITES:
-        raise argparse.ArgumentTypeError(f"unknown suite {name!r}; one of {', '.join(SUITES)}")
+        raise ValueError(f"unknown suite {name!r}; one of {', '.join(SUITES)}, all")
     return SUITES[name], float(fraction) if fraction else default_fraction
+
+
+def _help_text(doc: str) -> str:
+    """The module docstring for --help: prose paragraphs refilled, the example kept."""
+    return "\n\n".join(p if p.startswith("    ") else textwrap.fill(" ".join(p.split()), 88)
+                       for p in doc.strip().split("\n\n"))
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python tools/pytorch_suites.py",
-        description="\n\n".join(textwrap.fill(" ".join(p.split()), 88)
-                                  for p in __doc__.split("\n\n")[:2]),
+        description=_help_text(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=(
             "suites (file, classes):\n" + "\n".join(
@@ -644,12 +650,13 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("pytest-timeout is not installed: "
                          "pip install -c constraints.txt -e '.[test]'")
         names = [n for s in args.suite for n in (SUITES if s == "all" else [s])]
-        plan = [_parse_suite(n, args.fraction) for n in names]
+        try:
+            plan = [_parse_suite(n, args.fraction) for n in names]
+        except ValueError as e:
+            parser.error(str(e))
         args.out.parent.mkdir(parents=True, exist_ok=True)
         workdir = Path(tempfile.mkdtemp(prefix="logs-", dir=args.out.parent))
-        import torch
-
-        results["torch"] = torch.__version__
+        results["torch"] = importlib.metadata.version("torch")
         results["commit"] = _git_commit(ROOT)
         results["pytorch_src"] = str(args.pytorch_src)
         for suite, fraction in plan:
