@@ -681,10 +681,10 @@ def test_quantized_tensors_are_refused_clearly(make):
     """The device has no quantizer: making a quantized device tensor raises the documented
     NotImplementedError (it once failed an internal assert of PyTorch's)."""
     x = torch.randn(4, 4, device="hologram")
-    with pytest.raises(NotImplementedError, match="quantized tensors are not supported"):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            make(x)
+    with (pytest.raises(NotImplementedError, match="quantized tensors are not supported"),
+          warnings.catch_warnings()):
+        warnings.simplefilter("ignore")
+        make(x)
 
 
 def test_complex_half_warns_as_the_cpu():
