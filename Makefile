@@ -11,7 +11,7 @@ STAMP_BENCH := $(VENV)/.stamp-bench
 # torch is always pinned through constraints.txt; an unpinned resolve downloads gigabytes.
 PIP_INSTALL := $(VENV_PY) -m pip install -c constraints.txt
 # ruff errors on paths that do not exist, and some of these arrive later.
-LINT_PATHS := $(wildcard hologram hologram_torch tests examples)
+LINT_PATHS := $(wildcard hologram hologram_torch tests examples tools)
 # --durations: the slowest tests in every log, so that a CI run growing slower shows where.
 PYTEST_ARGS ?= -n 2 --durations=15
 BENCH_DIR := bench-results
