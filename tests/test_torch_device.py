@@ -700,3 +700,23 @@ def test_complex_half_warns_as_the_cpu():
                 make()
     finally:
         torch.set_warn_always(previous)
+
+
+def test_lazy_modules_move_to_another_dtype_before_their_first_forward():
+    """Module.to(dtype) copies an UninitializedParameter, whose shape a Python kernel
+    must not read (it raises); the first forward then initializes it on the device."""
+    torch.manual_seed(0)
+    cpu = torch.nn.LazyConv2d(4, 3).to(torch.float64)
+    torch.manual_seed(0)
+    dev = torch.nn.LazyConv2d(4, 3).to("hologram").to(torch.float64)
+    assert isinstance(dev.weight, torch.nn.parameter.UninitializedParameter)
+    assert dev.weight.dtype == torch.float64 and dev.weight.device.type == "hologram"
+    x = torch.randn(1, 2, 5, 5, dtype=torch.float64)
+    torch.manual_seed(1)
+    expected = cpu(x)
+    torch.manual_seed(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = dev(x.to("hologram"))
+    assert dev.weight.shape == (4, 2, 3, 3)
+    torch.testing.assert_close(got.cpu(), expected)

@@ -322,3 +322,39 @@ def test_pixel_shuffles_are_laid_out_as_the_cpus(kind):
             bad("cpu")
         with pytest.raises(RuntimeError, match=__import__("re").escape(str(cpu.value))):
             bad("hologram")
+
+
+@pytest.mark.parametrize("shape, fmt", [((2, 4, 3, 5), torch.channels_last),
+                                        ((2, 4, 3, 5, 2), torch.channels_last_3d),
+                                        ((2, 4, 3, 5), torch.contiguous_format),
+                                        ((3, 6, 7), torch.contiguous_format)])
+def test_group_norm_takes_every_layout_as_the_cpu(shape, fmt):
+    """Group norm of a channels_last input (PyTorch's composite kernel views it, which
+    failed on the device): the CPU's values, layout and gradients."""
+    x = torch.randn(shape).to(memory_format=fmt)
+    weight, bias = torch.randn(shape[1]), torch.randn(shape[1])
+    xd = x.to("hologram").requires_grad_()
+    x.requires_grad_()
+    expected = F.group_norm(x, 2, weight, bias)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = F.group_norm(xd, 2, weight.to("hologram"), bias.to("hologram"))
+        expected.square().sum().backward()
+        got.square().sum().backward()
+    _check(expected.detach(), got.detach())
+    assert xd.grad.stride() == x.grad.stride()
+    torch.testing.assert_close(xd.grad.cpu(), x.grad, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("make", [lambda d: torch.zeros(0, 3, 4, 5, device=d).to(
+                                      memory_format=torch.channels_last),
+                                  lambda d: torch.zeros(2, 1, 4, 5, device=d).to(
+                                      memory_format=torch.channels_last),
+                                  lambda d: torch.zeros(3, 1, device=d).t(),
+                                  lambda d: torch.zeros(4, 3, device=d)[:, ::2]])
+def test_clone_is_laid_out_as_empty_like(make):
+    """clone keeps a dense tensor's own strides (an empty or size-1 dimension's too, which
+    TensorIterator's rule would recompute) and orders a strided one as TensorIterator."""
+    expected = make("cpu").clone()
+    for _ in range(2):  # the second call is served by the front kernel
+        assert make("hologram").clone().stride() == expected.stride()

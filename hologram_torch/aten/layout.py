@@ -155,6 +155,18 @@ def pointwise(args: Sequence, static: tuple, shapes: Sequence[Sequence[int]]
     return [elementwise(shape, args) for shape in shapes]
 
 
+def preserved(args: Sequence, static: tuple, shapes: Sequence[Sequence[int]]
+              ) -> list[Strides]:
+    """:func:`program.run`'s ``layout`` for a copy of its first operand laid out as
+    ``empty_like(x)`` (``clone``): ``x``'s own strides when they are dense (an empty or
+    size-1 dimension's stride included), else TensorIterator's order of ``x``'s."""
+    x = args[0]
+    stride = tuple(x.stride())
+    if dense(x.shape, stride):
+        return [stride for _ in shapes]
+    return [elementwise(shape, (x,)) for shape in shapes]
+
+
 def suggested(x: torch.Tensor, shape: Sequence[int] | None = None) -> Strides:
     """Contiguous strides for ``shape`` (default ``x``'s) in ``x``'s suggested memory
     format (channels_last when ``x``'s strides are channels_last-like, else contiguous):

@@ -12,11 +12,13 @@ fallback, which gives torch's result or raises torch's error.
 from __future__ import annotations
 
 import torch
+import torch._decomp
+import torch._prims_common as _prims
 
 from hologram_torch import memory
 from hologram_torch.aten import layout, lowered, program
 from hologram_torch.aten.program import ISA
-from hologram_torch.aten.registry import aten, impl
+from hologram_torch.aten.registry import aten, composed, impl
 from hologram_torch.fallback import run_on_cpu
 from hologram_torch.lowering import Unsupported, norm  # (importing registers the entries)
 
@@ -148,3 +150,21 @@ def native_batch_norm_backward(grad_out, input, weight, running_mean, running_va
                           output_mask)
     results = iter((r,) if isinstance(r, torch.Tensor) else r)
     return tuple(next(results) if m else None for m in mask)
+
+
+# --- group norm ---------------------------------------------------------------------------
+# PyTorch's composite kernel, which the device ran, views its input as (1, N * groups, -1):
+# a channels_last input cannot be viewed so. The CPU's kernel takes any layout and lays its
+# result out in the input's suggested memory format; here the same decomposition (batch
+# statistics over each group, natively) runs on a contiguous input, and the result is laid
+# out back.
+_group_norm = torch._decomp.decomposition_table[aten.native_group_norm.default]
+
+
+@composed("native_group_norm")
+def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
+    out, mean, rstd = _group_norm(input.contiguous(), weight, bias, N, C, HxW, group, eps)
+    strides = layout.suggested(input)
+    if tuple(out.stride()) != strides and out.numel():
+        out = out.contiguous(memory_format=_prims.suggest_memory_format(input))
+    return out, mean, rstd

@@ -198,8 +198,19 @@ def copy_into(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
     return dst
 
 
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a plain Tensor over the same memory: a subclass's Python attributes are not
+    the kernel's to read (an ``UninitializedParameter``'s ``shape`` raises, and a lazy
+    module moved with ``.to(dtype)`` copies one)."""
+    if type(t) is torch.Tensor:
+        return t
+    with torch._C.DisableTorchFunctionSubclass():
+        return t.as_subclass(torch.Tensor)
+
+
 @impl("_copy_from")
 def _copy_from(src, dst, non_blocking=False):
+    src, dst = _plain(src), _plain(dst)
     if dst.is_cpu:  # device -> host
         dst.copy_(cpu_view(src))
     elif src.is_cpu and src.dim() != 0:  # host -> device
@@ -271,7 +282,7 @@ def clone(self, memory_format=None):
         name = "clone" if preserve else "clone.contiguous"
         static = (tuple(self.shape), ISA[self.dtype])
         out = program.run(name, _copy_build, (self,), static,
-                          layout=layout.pointwise if preserve else None)
+                          layout=layout.preserved if preserve else None)
         program.remember((name, self.dtype, self.shape, self.stride()), name, static,
                          (self,), out)
         return out
