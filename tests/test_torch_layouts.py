@@ -358,3 +358,22 @@ def test_clone_is_laid_out_as_empty_like(make):
     expected = make("cpu").clone()
     for _ in range(2):  # the second call is served by the front kernel
         assert make("hologram").clone().stride() == expected.stride()
+
+
+@pytest.mark.parametrize("kind", ["channels_last", "transposed", "permuted_3d"])
+def test_resized_out_arguments_are_laid_out_like_the_inputs(kind):
+    """An out= tensor of another shape is resized and laid out as TensorIterator lays out
+    its own outputs (PyTorch's test_strides_propagation); one of the right shape keeps its
+    strides."""
+    x = _permuted(*LAYOUTS[kind])
+    for op in (lambda a, out: torch.add(a, a, out=out), lambda a, out: torch.exp(a, out=out),
+               lambda a, out: torch.clamp(a, 0, 1, out=out),
+               lambda a, out: torch.where(a > 0, a, -a, out=out),
+               lambda a, out: torch.mul(a, 2, out=out)):
+        expected, got = torch.empty(0), torch.empty(0, device="hologram")
+        op(x, expected)
+        op(x.to("hologram"), got)
+        _check(expected, got)
+        kept = torch.empty(x.shape, device="hologram")
+        op(x.to("hologram"), kept)
+        assert kept.is_contiguous()

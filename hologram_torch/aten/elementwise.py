@@ -110,9 +110,14 @@ def _short(dtype: torch.dtype) -> str:
             torch.uint8: "Byte"}.get(dtype, str(dtype))
 
 
-def _fit_out(out: torch.Tensor, shape) -> torch.Tensor:
+def _fit_out(out: torch.Tensor, shape, *operands) -> torch.Tensor:
+    """``out`` (an ``out=`` argument) resized to ``shape`` where it differs, and then laid
+    out as TensorIterator lays out a resized output: like ``operands``."""
     if tuple(out.shape) != tuple(shape):
         out.resize_(shape)
+        strides = layout.elementwise(shape, operands)
+        if strides != tuple(out.stride()):
+            memory.point_at(out, out.untyped_storage(), out.storage_offset(), shape, strides)
     return out
 
 
@@ -186,7 +191,7 @@ def _binary(name: str, op, self, other, alpha=1, out=None, inplace=False,
     elif out is not None:
         if not torch.can_cast(result, out.dtype):
             return NotImplemented  # the CPU kernel raises PyTorch's error
-        out = _fit_out(out, _shape(self, other))
+        out = _fit_out(out, _shape(self, other), self, other)
     r = _lowered(name, op, args, None if out is None else (out,), kwargs=kwargs)
     if shortcut is not None and r is not NotImplemented:
         program.remember(shortcut, name, lowered.spec(op, args, (), kwargs), args,
@@ -431,7 +436,7 @@ def _unary(name: str, floating: bool, bools: bool = False):
         result = plan(self)
         if result is None or not torch.can_cast(result, out.dtype):
             return NotImplemented
-        r = _lowered(name, op, (self,), out=(_fit_out(out, self.shape),))
+        r = _lowered(name, op, (self,), out=(_fit_out(out, self.shape, self),))
         return r if r is NotImplemented else out
 
     def functional(self):
@@ -470,7 +475,8 @@ def where_out(condition, self, other, *, out):
             or not torch.can_cast(torch.result_type(self, other), out.dtype)):
         return NotImplemented
     r = _lowered("where", aten.where.self, (condition, self, other),
-                 out=(_fit_out(out, _shape(condition, self, other)),))
+                 out=(_fit_out(out, _shape(condition, self, other), condition, self,
+                               other),))
     return r if r is NotImplemented else out
 
 
@@ -550,7 +556,7 @@ def _clamp_call(name, self, lo, hi, out=None, inplace=False):
     elif out is not None:
         if not torch.can_cast(result, out.dtype):
             return NotImplemented  # the CPU kernel raises PyTorch's error
-        out = _fit_out(out, _shape(self, *bounds))
+        out = _fit_out(out, _shape(self, *bounds), self, *bounds)
     # the bounds given, by name (None bounds are compile-time: part of the kernel's key)
     op, args = ((aten.clamp_min.default, (self, lo)) if hi is None else
                 (aten.clamp_max.default, (self, hi)) if lo is None else
@@ -762,7 +768,7 @@ def logical_not(self):
 @native_or_cpu("logical_not.out")
 def logical_not_out(self, *, out):
     r = _lowered("logical_not", aten.logical_not.default, (self,),
-                 out=(_fit_out(out, self.shape),))
+                 out=(_fit_out(out, self.shape, self),))
     return r if r is NotImplemented else out
 
 
@@ -784,7 +790,7 @@ def _infinity_test(name: str):
         r = functional(self)
         if r is NotImplemented:
             return r
-        _fit_out(out, self.shape).copy_(r)
+        _fit_out(out, self.shape, self).copy_(r)
         return out
 
     native_or_cpu(name)(functional)
