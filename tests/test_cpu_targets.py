@@ -16,6 +16,7 @@ symbol, the function and the target; it never loads.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -42,9 +43,10 @@ from test_cpu import (
 from util import random_array
 
 import hologram
-from hologram.backends.cpu import llvm
+from hologram.backends.cpu import llvm, mathlib
 from hologram.backends.cpu import target as targets
 from hologram.backends.cpu.backend import CpuBackend
+from hologram.backends.cpu.render import render
 from hologram.compiler import pipeline
 from hologram.compiler.options import CompileOptions
 from hologram.errors import CompileError, DeviceError, HologramError
@@ -510,6 +512,54 @@ def test_both_tiers_compute_the_same_bits(monkeypatch, target, name):
     assert tiers[1] == "quick"
     if not t.is_float:
         assert tiers == ["quick"] * 4
+
+
+def _mixed_sincos_case(op: str, t: DType) -> tuple[Program, list[np.ndarray]]:
+    """``op`` of small arguments with a few large ones (and inf, NaN) in the vector loop,
+    its epilogue and the scalar tail."""
+    rng = np.random.default_rng(seed_of("mixed", op, t.name))
+    x = rng.uniform(-10.0, 10.0, 1037)
+    x[[0, 17, 300, 301, 1000, 1030, 1036]] = [1e20, -3e5, 1e10, 2.0 ** 50, -1e7, 3e38, 1e15]
+    x[[500, 700]] = [np.inf, np.nan]
+    g = Graph(f"mixed_{op}_{t.name}")
+    g.output("y", g.unary(op, g.input("x", t, (x.size,))))
+    return g.program(), [storage(x, t)]
+
+
+@pytest.mark.skipif("x86-64" not in RUNNABLE, reason="x86-64 code does not run here")
+@pytest.mark.parametrize("op", ["sin", "cos"])
+@pytest.mark.parametrize("name", ["f32", "f64"])
+def test_sin_cos_branch_and_select_give_the_same_bits(monkeypatch, op, name):
+    """Where vector fma, rint and floor are instructions, the large-argument reduction is
+    out of line, called per vector that needs it (mathlib.rarely); x86-64 selects. Both
+    give the same bits, at both tiers."""
+    if not mathlib.branches_to_rare_paths(targets.host()):
+        pytest.skip("the host selects too")
+    program, inputs = _mixed_sincos_case(op, dt.dtype(name))
+    results = []
+    for target in ("host", "x86-64"):
+        _use(monkeypatch, target)
+        _assert_same_bits_at_both_tiers(monkeypatch, program, inputs)
+        results.append(_run_at_tier(monkeypatch, program, inputs, quick=False)[0][0])
+    np.testing.assert_array_equal(results[0].view(np.uint8), results[1].view(np.uint8))
+    (want,) = run_interp(program, inputs)
+    ulps, atol = float_tolerance(op, dt.dtype(name), want)
+    assert_close(results[0], want, dt.dtype(name), ulps, atol, inputs, f"{op} {name}")
+
+
+def test_sin_loops_test_each_vector_for_large_arguments(monkeypatch):
+    """The vectorized loop inlines the vector variants: no call of one is left, and a
+    mask of lanes is tested as an integer."""
+    if not mathlib.branches_to_rare_paths(_use(monkeypatch, "host")):
+        pytest.skip("the host selects")
+    program, _ = _mixed_sincos_case("sin", dt.float32)
+    lowered = pipeline.run(program)
+    text = render(lowered, {k.name: f"k_{k.name}" for k in lowered.kernels})
+    assert "vector-function-abi-variant" in text
+    optimized = str(llvm.optimize_ir(text))
+    assert re.search(r"<\d+ x float>", optimized), "the loop is not vectorized"
+    assert not re.search(r"call .*@hg\.\S+\.v\d+\(", optimized), "a variant was not inlined"
+    assert re.search(r"bitcast <\d+ x i1> \S+ to i\d+", optimized)
 
 
 @pytest.mark.parametrize("name", TIER_FUSED)

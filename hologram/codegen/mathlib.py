@@ -221,10 +221,12 @@ class MathEmitter(ABC):
     (no flush to zero); an operation with a NaN operand gives a NaN (any payload) unless
     stated otherwise. Integers have the format's width (:attr:`Format.width`) and wrap in
     two's complement. Masks hold one boolean per element. A backend emits one instruction
-    (or a short sequence) per call, in call order; the algorithms never branch on values.
+    (or a short sequence) per call, in call order; the algorithms never branch on values
+    (:meth:`rarely` lets a backend branch around a path that few elements need).
 
-    :meth:`pow2i` and :meth:`scale` have default implementations composed of the other
-    primitives; a backend with an instruction for them may override them.
+    :meth:`pow2i`, :meth:`scale` and :meth:`rarely` have default implementations composed
+    of the other primitives; a backend with an instruction for them (or, for
+    :meth:`rarely`, a cheaper way) may override them.
     """
 
     def __init__(self, fmt: Format):
@@ -399,6 +401,19 @@ class MathEmitter(ABC):
     @abstractmethod
     def from_bits(self, n: Value) -> Value:
         """The float whose bits are the integer n."""
+
+    # -- a rarely taken path (default: both computed, then selected)
+    def rarely(self, cond: Value, fast: tuple, slow: Callable[..., tuple], *args: Value
+               ) -> tuple:
+        """The values ``slow(self, *args)`` where the mask ``cond`` holds, else ``fast``,
+        element by element (one tuple of values, each a float or an integer). ``slow`` is a
+        module-level function of an emitter and ``args`` only; ``cond`` should rarely hold.
+
+        By default every element computes both and selects. A backend may instead compute
+        ``slow`` only for the groups of elements where ``cond`` holds for some of them
+        (then ``slow``'s values for the others are never used)."""
+        values = slow(self, *args)
+        return tuple(self.sel(cond, s, f) for s, f in zip(values, fast, strict=True))
 
     # -- powers of two (defaults composed of the primitives above)
     def pow2i(self, n: Value) -> Value:
@@ -723,6 +738,13 @@ def _reduce_large(e: MathEmitter, x: Value, ax: Value) -> tuple[Value, Value]:
     return r, j
 
 
+def _reduce_large_quadrant(e: MathEmitter, x: Value, ax: Value) -> tuple[Value, Value]:
+    """:func:`_reduce_large` with j as an integer (0 for inf and NaN: no conversion of
+    them)."""
+    r, j = _reduce_large(e, x, ax)
+    return r, e.to_int(e.sel(e.lt(ax, e.c(math.inf)), j, e.c(0.0)))
+
+
 def _sincos(e: MathEmitter, x: Value, cos: bool) -> Value:
     ax = e.fabs(x)
     # |x| < 2^17 (f32) / 2^46 (f64): x - j pi/2 with j = rint(x 2/pi) (its integer in the
@@ -732,12 +754,10 @@ def _sincos(e: MathEmitter, x: Value, cos: bool) -> Value:
     r = x
     for part in e.k["pio2"]:
         r = e.fma(jf, e.c(-part), r)
-    # Larger |x|: Payne-Hanek, selected per element.
+    # Larger |x| (and inf): Payne-Hanek.
     big = e.ge(ax, e.c(e.k["reduction"]["thresholds"][0]))
+    r, q = e.rarely(big, (r, n), _reduce_large_quadrant, x, ax)
     finite = e.lt(ax, e.c(math.inf))
-    r_big, j_big = _reduce_large(e, x, ax)
-    r = e.sel(big, r_big, r)
-    q = e.sel(big, e.to_int(e.sel(finite, j_big, e.c(0.0))), n)  # no conversion of NaN
     z = e.mul(r, r)
     sin_r = e.fma(e.mul(r, z), horner(e, z, e.k["sin"]), r)
     cos_r = e.fma(z, e.fma(z, horner(e, z, e.k["cos"]), e.c(-0.5)), e.c(1.0))

@@ -158,6 +158,10 @@ def optimize_ir(ir: str, target: Target | None = None, tier: str = "full") -> ll
         builder = llvm.create_pass_builder(_emitter(target, tier), options)
         if full:
             builder.getModulePassManager().run(module, builder)
+            # The vector variants the loop vectorizer called (.mathlib: rarely taken paths)
+            inline = llvm.create_new_module_pass_manager()
+            inline.add_always_inliner_pass()
+            inline.run(module, builder)
         else:
             passes = llvm.create_new_module_pass_manager()
             for name in _QUICK_PASSES:

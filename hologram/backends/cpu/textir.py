@@ -37,12 +37,13 @@ from llvmlite.ir import (
     MetaDataType,
     PointerType,
     Type,
+    VectorType,
     VoidType,
 )
 
 __all__ = ["ArrayType", "Block", "Constant", "DoubleType", "FloatType", "Function",
            "FunctionType", "HalfType", "IRBuilder", "IntType", "MDValue", "MetaDataString",
-           "Module", "PointerType", "Type", "VoidType", "namespace"]
+           "Module", "PointerType", "Type", "VectorType", "VoidType", "namespace"]
 
 _SIMPLE_IDENTIFIER = re.compile(r"[-a-zA-Z$._][-a-zA-Z$._0-9]*$")
 _CMP = {">": "gt", "<": "lt", "==": "eq", "!=": "ne", ">=": "ge", "<=": "le"}
@@ -83,6 +84,8 @@ def _format(ty: Type, value) -> str:
             return _double_hex(_PACK_F.unpack(_PACK_F.pack(value))[0])
     if kind is ArrayType:
         return "[" + ", ".join(f"{x.type} {x.get_reference()}" for x in value) + "]"
+    if kind is VectorType and not isinstance(value, (list, tuple)):
+        return f"splat ({ty.element} {_format(ty.element, value)})"  # every lane the same
     return ty.format_constant(value)
 
 
@@ -210,6 +213,7 @@ class Module:
         self.data_layout = ""
         self.globals: dict[str, Function] = {}
         self.metadata: list[MDValue] = []
+        self.compiler_used: list[Function] = []  # kept alive though nothing calls them
         self._metadata_cache: dict[tuple, MDValue] = {}
         self._metadata_names = _Scope()
 
@@ -238,6 +242,10 @@ class Module:
     def __str__(self) -> str:
         lines = [f'; ModuleID = "{self.name}"', f'target triple = "{self.triple}"',
                  f'target datalayout = "{self.data_layout}"', ""]
+        if self.compiler_used:
+            refs = ", ".join(f"ptr {f.ref}" for f in self.compiler_used)
+            lines.append(f"@llvm.compiler.used = appending global [{len(self.compiler_used)}"
+                         f' x ptr] [{refs}], section "llvm.metadata"\n')
         lines += [str(f) for f in self.globals.values()]
         lines += [str(md) for md in self.metadata]
         return "\n".join(lines)
@@ -301,6 +309,7 @@ class Function:
         self.scope = _Scope()
         self.blocks: list[Block] = []
         self.attributes = _Attributes(_FUNCTION_ATTRIBUTES)
+        self.string_attributes: dict[str, str] = {}  # "key"="value", printed after those
         self.linkage = ""
         self.args = tuple(Argument(self, t) for t in ftype.args)
         self.scope.deduplicate("")  # llvmlite's return value takes a name: the same numbering
@@ -328,6 +337,7 @@ class Function:
         args = ", ".join(str(a) for a in self.args)
         vararg = (", ..." if self.args else "...") if self.ftype.var_arg else ""
         attrs = " " + " ".join(sorted(self.attributes)) if self.attributes else ""
+        attrs += "".join(f' "{k}"="{v}"' for k, v in self.string_attributes.items())
         out = [f"{prefix} {self.ref}({args}{vararg}){attrs}\n"]
         if self.blocks:
             out.append("{\n")
@@ -586,7 +596,9 @@ class IRBuilder:
     # comparisons and selects
     def _compare(self, opname: str, op: str, lhs, rhs, name: str, flags=()) -> Instruction:
         flagged = "".join(" " + f for f in flags)
-        return self._op(_I1, f"{opname}{flagged} {op} {lhs.type} {lhs.get_reference()}, "
+        ty = lhs.type
+        mask = VectorType(_I1, ty.count) if type(ty) is VectorType else _I1
+        return self._op(mask, f"{opname}{flagged} {op} {lhs.type} {lhs.get_reference()}, "
                               f"{rhs.get_reference()}", name, space=True)
 
     def _icmp(self, prefix: str, cmpop: str, lhs, rhs, name: str) -> Instruction:
