@@ -11,8 +11,9 @@ the op's name); later calls cost a cache lookup and a launch by address.
   expanded tensors are read in place; the address is ``data_ptr()``, offset included).
 * Python numbers and CPU 0-d tensors (torch's wrapped scalars) are 0-d runtime inputs:
   new values never recompile. Numbers arrive as bool, i64 or f64; builders cast them.
-* Results are written into fresh contiguous tensors, or into given ``out`` tensors through
-  their strides (in-place ops and ``out=``), cast to the out dtype.
+* Results are written into fresh tensors, contiguous or in the layout PyTorch's kernel
+  would give (``layout=``, :mod:`.layout`), or into given ``out`` tensors through their
+  strides (in-place ops and ``out=``), cast to the out dtype.
 """
 
 from __future__ import annotations
@@ -191,11 +192,12 @@ def run(name: str, build: Callable, args: Sequence, static: tuple = (),
         layout: Callable | None = None):
     """Compute ``build(graph, *args-as-graph-tensors, *static)`` on ``args``.
 
-    Returns the result tensor (or a tuple, when the builder returns one): fresh contiguous
-    tensors, or ``out`` (whose shapes must be the results' shapes; values are cast to the
-    out dtypes). ``out`` may alias inputs element for element (in-place elementwise ops);
-    other overlaps must be staged by the caller. Raises :class:`Unsupported` for operands
-    no kernel can take (the caller falls back to the CPU).
+    Returns the result tensor (or a tuple, when the builder returns one): fresh tensors
+    (laid out by ``layout``), or ``out`` (whose shapes must be the results' shapes; values
+    are cast to the out dtypes). ``out`` may alias inputs element for element (in-place
+    elementwise ops); other overlaps must be staged by the caller. Raises
+    :class:`Unsupported` for operands no kernel can take (the caller falls back to the
+    CPU).
 
     ``host``: the operands are CPU tensors, computed on in place (zero-copy), and fresh
     results are CPU tensors (:mod:`hologram_torch.functional` on CPU tensors). Otherwise
@@ -229,8 +231,8 @@ def run(name: str, build: Callable, args: Sequence, static: tuple = (),
     if entry is None:
         entry = _LAUNCHES.put(key, _compile(name, build, args, static, out, host, layout))
     if out is None:
-        out = [memory.new(*layout) if not host else torch.empty(layout[0], dtype=layout[3])
-               for layout in entry.layouts]
+        out = [memory.new(*fresh) if not host else torch.empty(fresh[0], dtype=fresh[3])
+               for fresh in entry.layouts]
     if entry.launch is not None:
         for o in out:
             addresses.append(o.data_ptr())
