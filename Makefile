@@ -13,7 +13,9 @@ PIP_INSTALL := $(VENV_PY) -m pip install -c constraints.txt
 # ruff errors on paths that do not exist, and some of these arrive later.
 LINT_PATHS := $(wildcard hologram hologram_torch tests examples tools)
 # --durations: the slowest tests in every log, so that a CI run growing slower shows where.
-PYTEST_ARGS ?= -n 2 --durations=15
+# --dist worksteal: a worker that runs out of tests takes some of the other's (the long
+# OpInfo pooling cases otherwise left one worker busy for minutes at the end of a run).
+PYTEST_ARGS ?= -n 2 --dist worksteal --durations=15
 BENCH_DIR := bench-results
 
 .PHONY: venv test bench bench-dev lint clean system-packages
