@@ -19,6 +19,7 @@ Values are read at call time, so tests and users can change the environment at r
 | ``HOLOGRAM_CUDA_EMULATE`` | ``1``: ``cuda`` runs in Triton's interpreter (docs/cuda.md) | ``0`` |
 | ``HOLOGRAM_CUDA_ALLOW_TF32`` | ``1``: ``cuda`` f32 matmuls may use TF32 (docs/cuda.md) | ``0`` |
 | ``HOLOGRAM_SHARE_OPENMP`` | ``1``: CPU kernels use the process's OpenMP threads, if any | ``1`` |
+| ``HOLOGRAM_LAZY`` | ``1``: the torch device records ops and runs fused regions (torch.md) | ``0`` |
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ class Settings:
     # In a process with an OpenMP runtime loaded (PyTorch's), parallel CPU kernels run on
     # its threads instead of the cpu backend's own workers (hologram/backends/cpu/workers.py).
     share_openmp: bool = True
+    # The torch device records its ops and runs them as fused regions (hologram_torch.lazy).
+    lazy: bool = False
 
 
 def _flag(name: str) -> bool:
@@ -91,7 +94,7 @@ _VARIABLES = (
     "HOLOGRAM_FAST_MATH", "HOLOGRAM_BENCH_QUICK", "HOLOGRAM_CPU_TARGET", "HOLOGRAM_CUDA_EMULATE",
     "HOLOGRAM_CUDA_ALLOW_TF32",
     "HOLOGRAM_QUICK_COMPILE", "HOLOGRAM_PROMOTE_AFTER", "HOLOGRAM_SHARE_OPENMP",
-    "XDG_CACHE_HOME",
+    "HOLOGRAM_LAZY", "XDG_CACHE_HOME",
     "HOME",
 )
 _last: tuple[tuple, Settings] | None = None
@@ -166,4 +169,5 @@ def _read() -> Settings:
         quick_compile=_flag_default("HOLOGRAM_QUICK_COMPILE", True),
         promote_after=_int("HOLOGRAM_PROMOTE_AFTER", 16, 1),
         share_openmp=_flag_default("HOLOGRAM_SHARE_OPENMP", True),
+        lazy=_flag("HOLOGRAM_LAZY"),
     )

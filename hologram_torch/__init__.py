@@ -46,13 +46,14 @@ from hologram_torch.fallback import (  # noqa: E402
     fallback_stats,
     reset_fallback_stats,
 )
+from hologram_torch.lazy import set_lazy  # noqa: E402
 
 #: The executor-first form ``hg.functional.add(exec, a, b)`` takes a Hologram executor.
 Executor = hologram.Executor
 
 __all__ = [
     "NAME", "Executor", "FallbackWarning", "fallback_stats", "functional", "get_backend",
-    "is_available", "list_available_backends", "nn", "reset_fallback_stats", "set_backend",
+    "is_available", "list_available_backends", "nn", "reset_fallback_stats", "set_backend", "set_lazy",
 ]
 
 

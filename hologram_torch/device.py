@@ -131,8 +131,12 @@ class device(contextlib.AbstractContextManager):
 
 
 def synchronize(device: object = None) -> None:
-    """Kernels run synchronously on the host: nothing is ever pending."""
+    """Run the recorded ops still pending (:mod:`hologram_torch.lazy`); kernels
+    themselves run synchronously on the host, so nothing else is ever pending."""
     _index(device)
+    from hologram_torch import lazy
+
+    lazy.sync("synchronize")
 
 
 def manual_seed(seed: int) -> None:

@@ -19,6 +19,7 @@ import torch
 from hologram.errors import OutOfMemoryError
 from hologram.isa.ir import IndexMap
 from hologram.runtime import Pool
+from hologram_torch import lazy
 from hologram_torch.constants import CPU_KEYS, NAME
 
 DEVICE = torch.device(NAME, 0)  # memory is imported after the device is registered
@@ -158,7 +159,9 @@ def cpu_alias(t: torch.Tensor, storages: dict | None = None) -> torch.Tensor:
     """An ordinary CPU tensor sharing ``t``'s memory and layout (no copy); it keeps
     ``t``'s storage alive. Its storage is not resizable. ``storages``: CPU storages made
     so far, by device storage address; aliases of one device storage made with the same
-    dict share one CPU storage, so CPU kernels see that they overlap."""
+    dict share one CPU storage, so CPU kernels see that they overlap. Pending recorded
+    ops run first (:mod:`.lazy`): the host is about to read or write the memory."""
+    lazy.sync("host")
     st = t.untyped_storage()
     key = st.data_ptr()
     cst = None if storages is None else storages.get(key)
@@ -207,7 +210,9 @@ def resize(t: torch.Tensor, size, memory_format: torch.memory_format | None = No
 
 
 def cpu_alias_bytes(st: torch.UntypedStorage) -> torch.Tensor:
-    """The bytes of a device storage as a CPU uint8 tensor (no copy)."""
+    """The bytes of a device storage as a CPU uint8 tensor (no copy), after the pending
+    recorded ops."""
+    lazy.sync("host")
     cst = _construct(st.data_ptr(), _CPU_DEVICE, st.nbytes())
     cst._hologram_storage = st
     return torch.empty(0, dtype=torch.uint8).set_(cst)

@@ -32,7 +32,7 @@ from hologram.errors import DeviceError, HologramError
 from hologram.frontend.graph import Graph, Tensor
 from hologram.isa import dtypes as dt
 from hologram.runtime.launch import launch_cache
-from hologram_torch import memory, native
+from hologram_torch import lazy, memory, native
 from hologram_torch.aten import layout as layout_
 
 ISA = {getattr(torch, name): t for t, name in dt.FULL_NAMES.items()}  # torch -> Atlas
@@ -41,6 +41,8 @@ _NUMBER = {bool: (dt.bool_, ctypes.c_bool), int: (dt.int64, ctypes.c_int64),
            float: (dt.float64, ctypes.c_double)}
 #: The Python number types a kernel takes as a runtime value (passed boxed).
 NUMBERS = frozenset(_NUMBER)
+#: The Atlas dtype each of them arrives as.
+NUMBER_TYPES = {kind: dtype for kind, (dtype, _) in _NUMBER.items()}
 #: A bound for the kernels' own small caches (launches are bounded by the launch cache).
 CACHE_ENTRIES = 16384
 
@@ -92,6 +94,7 @@ def _host_backend(name: str) -> str:
 
 
 _state = {"backend": _host_backend("auto")}
+_LAZY = lazy._state  # {"on": ...}: read on every launch
 
 
 def backend() -> str:
@@ -124,6 +127,8 @@ class Shortcuts:
     __slots__ = ()
 
     def get(self, key: tuple) -> _Entry | None:
+        if _LAZY["on"]:  # shortcuts launch at once; recorded calls take run()'s path
+            return None
         key = (SHORTCUT, key)
         return _recent(key) or _LAUNCHES.get(key)
 
@@ -151,6 +156,8 @@ def remember(shortcut: tuple, name: str, static: tuple, args: Sequence,
     operands (and, with ``out``, the layout of ``out``: its launch writes there), and with
     the native front kernel running this call, if any (``result``: what the launch
     produced, :func:`native.file_fast`)."""
+    if _LAZY["on"]:  # a filed call would be launched by the front kernel, not recorded
+        return
     key = [name, static, _state["backend"], False]
     for x in args:
         if isinstance(x, torch.Tensor) and not x.is_cpu:
@@ -230,13 +237,17 @@ def run(name: str, build: Callable, args: Sequence, static: tuple = (),
     entry = _recent(key) or _LAUNCHES.get(key)
     if entry is None:
         entry = _LAUNCHES.put(key, _compile(name, build, args, static, out, host, layout))
+    given = out is not None
     if out is None:
         out = [memory.new(*fresh) if not host else torch.empty(fresh[0], dtype=fresh[3])
                for fresh in entry.layouts]
     if entry.launch is not None:
-        for o in out:
-            addresses.append(o.data_ptr())
-        entry.launch(tuple(addresses))
+        if _LAZY["on"] and not host:
+            lazy.record(name, key, entry, build, static, args, out, given)
+        else:
+            for o in out:
+                addresses.append(o.data_ptr())
+            entry.launch(tuple(addresses))
     return out[0] if entry.single else tuple(out)
 
 

@@ -15,7 +15,7 @@ import warnings
 
 import torch
 
-from hologram_torch import memory, native
+from hologram_torch import lazy, memory, native
 from hologram_torch.aten import layout, program
 from hologram_torch.aten.program import ISA, Unsupported, cast
 from hologram_torch.aten.registry import NATIVE, aten, composed, impl, overload
@@ -321,7 +321,8 @@ def fill_(self, value):
     if self.numel() == 0:
         return self
     nbytes = self.numel() * self.element_size()
-    if nbytes <= MEMSET_BYTES and _is_zero_bits(value) and self.is_contiguous():
+    if (nbytes <= MEMSET_BYTES and _is_zero_bits(value) and self.is_contiguous()
+            and not lazy.active()):  # recorded, a fill is a node like any other
         ctypes.memset(self.data_ptr(), 0, nbytes)
         return self
     if self.dtype not in ISA or memory.internal_overlap(self):

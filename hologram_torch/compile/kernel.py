@@ -35,7 +35,7 @@ import hologram
 from hologram import backends
 from hologram.errors import HologramError
 from hologram.frontend.graph import Graph, Tensor
-from hologram_torch import memory
+from hologram_torch import lazy, memory
 from hologram_torch.compile import lowerings, stats
 from hologram_torch.compile.options import Options
 from hologram_torch.lowering.common import ISA, TORCH, Unsupported
@@ -88,6 +88,7 @@ class FusedKernel(torch.nn.Module):
         return self._launch(entry, args)
 
     def _launch(self, entry: _Entry, args):
+        lazy.sync("compiled graph")  # its inputs may be pending recorded results
         addresses = [args[i].data_ptr() for i in entry.tensors]
         outs = [allocate() for allocate in entry.allocators]
         if entry.checks:

@@ -1,0 +1,255 @@
+"""Recorded execution on the torch device (hologram_torch.lazy): ops recorded into regions,
+run op by op the first time a region's structure is seen and as one fused program after,
+with every result, alias and error as eager execution gives it.
+
+The references are the same code run eagerly on the device (``set_lazy(False)``) and on
+the CPU. Fused programs are compiled on a background thread; the tests wait for them
+(:func:`lazy.wait_for_compiles`) so that later steps do run fused."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import hologram_torch  # noqa: E402
+from hologram_torch import lazy  # noqa: E402
+
+DEV = torch.device("hologram", 0)
+pytestmark = pytest.mark.filterwarnings("ignore::hologram_torch.FallbackWarning")
+
+
+@pytest.fixture(autouse=True)
+def recorded():
+    with hologram_torch.set_lazy(True):
+        lazy.reset_stats()
+        yield
+    assert not lazy._region.nodes  # switching off ran what was pending
+
+
+def repeat(fn, times=4):
+    """``fn()`` ``times`` times, its fused programs compiled in between; the results."""
+    results = []
+    for _ in range(times):
+        results.append(fn())
+        assert lazy.wait_for_compiles(120)
+    return results
+
+
+def same(a, b):
+    assert a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride()
+    torch.testing.assert_close(a.cpu(), b.cpu(), rtol=0, atol=0, equal_nan=True)
+
+
+def test_a_chain_runs_op_by_op_then_fused_with_eager_results():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(33, 17, generator=g)
+    x[0, 0], x[1, 1], x[2, 2] = float("nan"), float("inf"), -0.0
+
+    def chain(t):
+        y = (t * 2 + 1).relu()
+        return (y.exp() - y.sin()).sum(1), y.t().mean(0), (y > 1).sum()
+
+    want = chain(x)
+    runs = repeat(lambda: [r.cpu() for r in chain(x.to(DEV))])
+    stats = lazy.stats()
+    assert stats["op_by_op_runs"] == 2 and stats["fused_runs"] == 2, stats
+    assert stats["compiles"] == 1
+    for got in runs:
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, equal_nan=True)
+    for got in runs[2:]:  # fused and op by op: the same bits
+        for a, b in zip(got, runs[0]):
+            same(a, b)
+
+
+def test_results_keep_eager_layouts_and_views_of_pending_results_read_them():
+    x = torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)
+
+    def run(t):
+        y = t + 1  # channels_last, as on the CPU
+        z = y.permute(0, 2, 3, 1)[:, 1:, ::2] * 3  # a view of a pending result
+        w = (t.sum((2, 3)) + 1).t()  # contiguous pending result, read transposed
+        return y, z, w * 2
+
+    with hologram_torch.set_lazy(False):
+        want = run(x.to(DEV))
+    for got in repeat(lambda: run(x.to(DEV))):
+        for a, b in zip(got, want):
+            same(a, b)
+
+
+def test_in_place_ops_and_aliases_see_every_write():
+    def run():
+        base = torch.arange(24.0, device=DEV).reshape(4, 6)
+        view = base[1:3, ::2]
+        view.mul_(10)  # a write through a view, seen by base
+        base.add_(1)
+        row = base[0]
+        total = base.sum()
+        row.fill_(-1)  # after total: total keeps the earlier value
+        base.t()[0].sub_(5)  # another alias
+        return base.cpu(), view.cpu(), total.cpu()
+
+    with hologram_torch.set_lazy(False):
+        want = run()
+    for got in repeat(run, 3):
+        for a, b in zip(got, want):
+            same(a, b)
+
+
+def test_out_and_overlapping_writes_behave_as_eagerly():
+    def run():
+        a = torch.linspace(-2, 2, 12, device=DEV)
+        out = torch.empty(12, device=DEV)
+        torch.mul(a, 3, out=out)
+        torch.add(out, a, out=a)  # out read, a written
+        b = a.clone()
+        b[2:].copy_(b[:-2].clone())
+        return a.cpu(), out.cpu(), b.cpu()
+
+    with hologram_torch.set_lazy(False):
+        want = run()
+    for got in repeat(run, 3):
+        for x, y in zip(got, want):
+            same(x, y)
+
+
+def test_numbers_and_cpu_scalars_are_runtime_operands():
+    x = torch.randn(64).to(DEV)
+    results = []
+    for step in range(6):
+        scale = torch.tensor(step + 0.5)  # a CPU scalar, changed after recording
+        y = (x * scale + step * 0.25).abs()
+        scale += 100
+        results.append(y.sum().cpu())
+        assert lazy.wait_for_compiles(120)
+        if step == 2:
+            compiled = lazy.stats()["compiles"]
+    assert lazy.stats()["compiles"] == compiled  # no compile after the third step
+    for step, got in enumerate(results):
+        want = (x.cpu() * (step + 0.5) + step * 0.25).abs().sum()
+        torch.testing.assert_close(got, want)
+
+
+def test_temporaries_are_not_written():
+    x = torch.randn(100).to(DEV)
+
+    def run():
+        a = x * 2
+        b = a.exp()
+        total = (b + 1).sum()
+        del a, b
+        return total.cpu()
+
+    repeat(run, 3)
+    (plan,) = [p for p in _plans(run)]
+    inputs, nodes, outputs = plan
+    assert len(nodes) == 4 and len(outputs) == 1  # only the sum is live at the cut
+
+
+def _plans(fn):
+    plans = []
+    submit = lazy._compiler.submit
+    lazy._compiler.submit = lambda memo, plan: plans.append(plan)
+    lazy._memo.clear()
+    try:
+        fn()
+        fn()
+    finally:
+        lazy._compiler.submit = submit
+    return plans
+
+
+@pytest.mark.parametrize("opt", ["sgd", "adamw"])
+def test_training_matches_eager_and_compiles_nothing_after_step_three(opt):
+    """An MLP trained with a cosine schedule (a new learning rate every step): the same
+    losses and weights as eager execution, and no compile after the third step."""
+    import hologram
+
+    def train(steps=8):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(12, 32), torch.nn.ReLU(),
+                                    torch.nn.Linear(32, 1)).to(DEV)
+        o = (torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9) if opt == "sgd"
+             else torch.optim.AdamW(model.parameters(), lr=1e-2))
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(o, steps)
+        g = torch.Generator().manual_seed(1)
+        losses = []
+        for step in range(steps):
+            x, y = torch.randn(16, 12, generator=g), torch.randn(16, 1, generator=g)
+            loss = torch.nn.functional.mse_loss(model(x.to(DEV)), y.to(DEV))
+            o.zero_grad()
+            loss.backward()
+            o.step()
+            sched.step()
+            losses.append(loss.item())
+            assert lazy.wait_for_compiles(120)
+            if step == 2:
+                before = (lazy.stats()["compiles"], hologram.cache_info()["misses"])
+        after = (lazy.stats()["compiles"], hologram.cache_info()["misses"])
+        return losses, [p.detach().cpu() for p in model.parameters()], before, after
+
+    with hologram_torch.set_lazy(False):
+        want_losses, want_params, _, _ = train()
+    losses, params, before, after = train()
+    assert losses == want_losses
+    for a, b in zip(params, want_params):
+        same(a, b)
+    assert before == after
+    assert lazy.stats()["fused_runs"] > 0
+
+
+def test_errors_are_raised_at_the_op_as_eagerly():
+    a, b = torch.ones(3, device=DEV), torch.ones(4, device=DEV)
+    with pytest.raises(RuntimeError, match="must match the size"):
+        a + b
+    with pytest.raises(RuntimeError, match="result type Float can't be cast"):
+        torch.ones(3, dtype=torch.long, device=DEV).add_(a)
+    assert (a + 1).sum().item() == 6
+
+
+def test_every_host_read_runs_the_region():
+    x = torch.arange(6.0).to(DEV)
+    for read in (lambda t: t.item(), lambda t: t.tolist(), lambda t: repr(t),
+                 lambda t: t.cpu(), lambda t: bool(t), lambda t: t.nonzero()):
+        y = x.sum() * 0 + 2
+        assert lazy._region.nodes
+        read(y)  # printing reads (and computes) more than once
+        assert lazy.stats()["cuts"]["host"] >= 1 and not lazy._region.nodes
+    y = x * 3
+    torch.hologram.synchronize()
+    assert not lazy._region.nodes
+    y = x + 1
+    torch.cumprod(y, 0)  # an op without a device kernel (CPU fallback) reads y
+    assert not lazy._region.nodes
+
+
+def test_a_region_is_cut_at_its_size_bound():
+    x = torch.zeros(4, device=DEV)
+    for _ in range(lazy.MAX_NODES + 5):
+        x = x + 1
+    assert lazy.stats()["cuts"].get("size") == 1
+    assert x.cpu().tolist() == [lazy.MAX_NODES + 5.0] * 4
+
+
+def test_switching_off_runs_the_pending_region_and_the_environment_sets_the_mode():
+    x = torch.ones(3, device=DEV) * 5
+    assert lazy._region.nodes
+    with hologram_torch.set_lazy(False):
+        assert not lazy._region.nodes and not lazy.active()
+        assert x.tolist() == [5.0] * 3
+    assert lazy.active()
+    # recorded: the fill of ones() and the add
+    code = ("import torch, hologram_torch; from hologram_torch import lazy; "
+            "print(lazy.active()); x = torch.ones(2, device='hologram') + 1; "
+            "print(len(lazy._region.nodes), x.tolist())")
+    for value, want in (("1", "True\n2 [2.0, 2.0]\n"), ("0", "False\n0 [2.0, 2.0]\n")):
+        env = {**os.environ, "HOLOGRAM_LAZY": value}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                             text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert out.stdout == want
