@@ -19,7 +19,7 @@ Values are read at call time, so tests and users can change the environment at r
 | ``HOLOGRAM_CUDA_EMULATE`` | ``1``: ``cuda`` runs in Triton's interpreter (docs/cuda.md) | ``0`` |
 | ``HOLOGRAM_CUDA_ALLOW_TF32`` | ``1``: ``cuda`` f32 matmuls may use TF32 (docs/cuda.md) | ``0`` |
 | ``HOLOGRAM_SHARE_OPENMP`` | ``1``: CPU kernels use the process's OpenMP threads, if any | ``1`` |
-| ``HOLOGRAM_LAZY`` | ``1``: the torch device records ops and runs fused regions (torch.md) | ``0`` |
+| ``HOLOGRAM_LAZY`` | ``1``: the torch device records ops, runs fused regions (torch.md) | ``0`` |
 """
 
 from __future__ import annotations

@@ -120,7 +120,7 @@ def sync(reason: str = "sync") -> None:
 class _Write:
     """A pending node's write into a storage: the view it writes, and what it covers."""
 
-    __slots__ = ("sig", "node", "out", "offset", "numel", "contiguous", "ref", "in_place")
+    __slots__ = ("contiguous", "in_place", "node", "numel", "offset", "out", "ref", "sig")
 
     def __init__(self, sig, node, out, offset, numel, contiguous, ref, in_place):
         self.sig, self.node, self.out = sig, node, out
@@ -147,7 +147,7 @@ class _Write:
 
 
 class _Node:
-    __slots__ = ("name", "key", "entry", "build", "static", "wiring", "addresses", "outs")
+    __slots__ = ("addresses", "build", "entry", "key", "name", "outs", "static", "wiring")
 
     def __init__(self, name, key, entry, build, static, wiring, addresses, outs):
         self.name, self.key, self.entry, self.build = name, key, entry, build
@@ -270,7 +270,7 @@ def _new_input(region: _Region, spec: tuple, address: int) -> tuple:
 # --- running -------------------------------------------------------------------------
 
 class _Memo:
-    __slots__ = ("seen", "launch", "state")
+    __slots__ = ("launch", "seen", "state")
 
     def __init__(self) -> None:
         self.seen = 0

@@ -147,7 +147,7 @@ def test_temporaries_are_not_written():
 
     repeat(run, 3)
     (plan,) = [p for p in _plans(run)]
-    inputs, nodes, outputs = plan
+    _, nodes, outputs = plan
     assert len(nodes) == 4 and len(outputs) == 1  # only the sum is live at the cut
 
 
