@@ -53,7 +53,8 @@ Executor = hologram.Executor
 
 __all__ = [
     "NAME", "Executor", "FallbackWarning", "fallback_stats", "functional", "get_backend",
-    "is_available", "list_available_backends", "nn", "reset_fallback_stats", "set_backend", "set_lazy",
+    "is_available", "list_available_backends", "nn", "reset_fallback_stats", "set_backend",
+    "set_lazy",
 ]
 
 
