@@ -26,10 +26,13 @@ def pytest_collection_modifyitems(config, items):
     items[:] = items[index::count]
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="package", autouse=True)
 def _private_cache(tmp_path_factory):
     """Keep the suite's artifacts out of the user's cache, compile from scratch, and
-    test the backends' full builds."""
+    test the backends' full builds. Package scope: the settings end with the suite's
+    tests (a session-scoped one kept HOLOGRAM_QUICK_COMPILE=0 for every later test of
+    the pytest worker, which failed the tests of the quick tier and its promotion once
+    the worker's order put them after a conformance test)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HOLOGRAM_CACHE_DIR", str(tmp_path_factory.mktemp("conformance-cache")))
         mp.delenv("HOLOGRAM_DISABLE_DISK_CACHE", raising=False)
