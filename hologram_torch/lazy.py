@@ -47,6 +47,8 @@ import threading
 import weakref
 from collections import OrderedDict
 
+import torch
+
 import hologram
 from hologram import config
 from hologram.frontend.graph import Graph
@@ -116,148 +118,185 @@ def sync(reason: str = "sync") -> None:
 
 
 # --- recording -----------------------------------------------------------------------
+#
+# A region is kept in flat lists of numbers and tuples of numbers: objects that survive
+# the collector's young generations make it run a full collection (350 ms with torch
+# loaded) every ~100k of them, and a recorded op must not leave several behind. Only the
+# weak references to written storages (one per result) are such objects.
 
-class _Write:
-    """A pending node's write into a storage: the view it writes, and what it covers."""
-
-    __slots__ = ("contiguous", "in_place", "node", "numel", "offset", "out", "ref", "sig")
-
-    def __init__(self, sig, node, out, offset, numel, contiguous, ref, in_place):
-        self.sig, self.node, self.out = sig, node, out
-        self.offset, self.numel, self.contiguous, self.ref = offset, numel, contiguous, ref
-        # the node read the memory it writes: its value must not be read by later nodes
-        # (a fused program may compute it again, from memory it has overwritten)
-        self.in_place = in_place
-
-    def view_of(self, x, sig) -> tuple | None:
-        """How ``x`` reads this write's value: ``("v", node, out)`` (the same view),
-        ``("w", node, out, offset, shape, strides)`` (a view of a contiguous write), or
-        None (the region must be cut first)."""
-        if sig == self.sig:
-            return ("v", self.node, self.out)
-        if not self.contiguous or sig[3] is not self.sig[3]:
-            return None
-        offset = x.storage_offset() - self.offset
-        shape, strides = tuple(x.shape), tuple(x.stride())
-        last = offset + sum((n - 1) * s for n, s in zip(shape, strides)) if 0 not in shape \
-            else offset
-        if offset < 0 or last >= self.numel:
-            return None
-        return ("w", self.node, self.out, offset, shape, strides)
-
-
-class _Node:
-    __slots__ = ("addresses", "build", "entry", "key", "name", "outs", "static", "wiring")
-
-    def __init__(self, name, key, entry, build, static, wiring, addresses, outs):
-        self.name, self.key, self.entry, self.build = name, key, entry, build
-        self.static, self.wiring, self.addresses, self.outs = static, wiring, addresses, outs
+_DTYPES = [getattr(torch, name) for name in dir(torch)
+           if isinstance(getattr(torch, name), torch.dtype)]
+_DTYPES = list(dict.fromkeys(_DTYPES))
+_CODE = {d: i for i, d in enumerate(_DTYPES)}
+_NUMBER_BOX = {bool: ctypes.c_bool, int: ctypes.c_int64, float: ctypes.c_double}
+_NUMBER_CODE = {bool: -1, int: -2, float: -3}
+_NUMBER_KIND = {code: kind for kind, code in _NUMBER_CODE.items()}
 
 
 class _Region:
     def __init__(self) -> None:
-        self.nodes: list[_Node] = []
-        self.inputs: list[tuple] = []  # the fused program's inputs: ("m", dtype, shape,
-        # strides) device memory, ("c", dtype) a CPU scalar, ("n", type) a number
-        self.addresses: list[int] = []  # their addresses
+        # per node: its launch-cache entry, how its operands connect (("i", input) |
+        # ("v", result) | ("w", result, offset, shape, strides)), its eager launch's
+        # addresses, and its results (indices into the result lists)
+        self.nodes: list = []
+        self.wiring: list[tuple] = []
+        self.launches: list[tuple] = []
+        self.results: list[tuple] = []
+        # per result: its address, a weak reference to its storage, (node, index)
+        self.out_address: list[int] = []
+        self.out_ref: list = []
+        self.out_of: list[tuple] = []
+        self.superseded: set[int] = set()  # results overwritten by a later node
+        # the fused program's inputs: ("m", dtype, shape, strides) device memory, ("c",
+        # dtype) a CPU scalar, ("n", number type); codes for dtypes and types
+        self.inputs: list[tuple] = []
+        self.addresses: list[int] = []
         self.keep: list = []  # what must live until the region runs
         self.input_of: dict[tuple, int] = {}  # memory inputs by view
-        self.read: set[int] = set()  # storages read from memory
-        self.written: dict[int, _Write] = {}  # storages written, by address
-        self.superseded: set[tuple[int, int]] = set()  # writes overwritten later
+        self.read: set[int] = set()  # storages read from memory, by address
+        # storages written, by address: (view, result, offset, numel, contiguous, in
+        # place); in place: the node read the memory it writes, so its value must not be
+        # read by later nodes (a fused program may compute it again from that memory)
+        self.written: dict[int, tuple] = {}
 
 
 _region = _Region()
-_NUMBER_BOX = {bool: ctypes.c_bool, int: ctypes.c_int64, float: ctypes.c_double}
 
 
-def _sig(x) -> tuple:
-    return (x.data_ptr(), x.shape, x.stride(), x.dtype)
+def _view(x) -> tuple:
+    return (x.data_ptr(), tuple(x.shape), x.stride(), _CODE[x.dtype])
 
 
-def _base(x) -> int:
-    return x.data_ptr() - x.storage_offset() * x.element_size()
+def _reading(w: tuple, x, view: tuple) -> tuple | None:
+    """How ``x`` (whose view is ``view``) reads the pending write ``w``: ``("v",
+    result)`` (the same view), ``("w", result, offset, shape, strides)`` (a view of a
+    contiguous write), or None (the region must run first)."""
+    if view == w[0]:
+        return ("v", w[1])
+    if not w[4] or view[3] != w[0][3]:
+        return None
+    offset = x.storage_offset() - w[2]
+    shape, strides = view[1], view[2]
+    last = offset + sum((n - 1) * s for n, s in zip(shape, strides)) if 0 not in shape \
+        else offset
+    if offset < 0 or last >= w[3]:
+        return None
+    return ("w", w[1], offset, shape, strides)
 
 
-def _hazard(region: _Region, args, outs, given: bool) -> str | None:
-    """Why ``region`` must run before a node reading ``args`` and writing ``outs``."""
-    if len(region.nodes) >= MAX_NODES:
-        return "size"
+def _alive(region: _Region, w: tuple | None) -> bool:
+    return w is not None and region.out_ref[w[1]]() is not None
+
+
+def _reads(region: _Region, args) -> list | None:
+    """Each operand of a node about to be recorded: ``(tensor, storage address, view,
+    how it reads a pending result or None)`` for device tensors, the operand itself
+    otherwise; None when ``region`` has been run
+    first (a hazard)."""
+    reads = []
+    written = region.written
     for x in args:
-        if hasattr(x, "is_cpu") and not x.is_cpu:
-            w = region.written.get(_base(x))
-            if w is not None and w.ref() is not None:
-                if w.in_place:
-                    return "read after in-place write"
-                if w.view_of(x, _sig(x)) is None:
-                    return "view"
-    if given:
-        for o in outs:
-            sk = _base(o)
+        if type(x) in _NUMBER_BOX or x.is_cpu:
+            reads.append(x)
+            continue
+        sk = x.data_ptr() - x.storage_offset() * x.element_size()
+        view = _view(x)
+        w = written.get(sk)
+        wiring = None
+        if w is not None:
+            if not _alive(region, w):
+                del written[sk]  # a dead storage's block, used again
+            elif w[5]:
+                return _cut("read after in-place write")
+            else:
+                wiring = _reading(w, x, view)
+                if wiring is None:
+                    return _cut("view")
+        reads.append((x, sk, view, wiring))
+    return reads
+
+
+def _writes(region: _Region, outs, given: bool) -> list | None:
+    """Each result of a node about to be recorded: ``(storage, address, view)``; None
+    when ``region`` has been run first (a hazard)."""
+    writes = []
+    for o in outs:
+        st = o.untyped_storage()
+        sk, view = st.data_ptr(), _view(o)
+        if given:
             if sk in region.read:
-                return "write after read"
+                return _cut("write after read")
             w = region.written.get(sk)
-            if w is not None and w.ref() is not None and w.sig != _sig(o):
-                return "overlapping write"
+            if _alive(region, w) and w[0] != view:
+                return _cut("overlapping write")
+        writes.append((st, sk, view))
+    return writes
+
+
+def _cut(reason: str) -> None:
+    _flush(reason)
     return None
 
 
-def record(name: str, key: tuple, entry, build, static: tuple, args, outs, given: bool
-           ) -> None:
-    """Record a launch of ``entry`` (its program computes ``build`` on ``args``) writing
-    ``outs``: fresh results, or ``given`` tensors (in-place, ``out=``)."""
-    global _region
+def record(entry, args, outs, given: bool) -> None:
+    """Record a launch of ``entry`` (a launch-cache entry of :mod:`.aten.program`, which
+    carries its key, builder and static arguments) on ``args`` writing ``outs``: fresh
+    results, or ``given`` tensors (in-place, ``out=``)."""
     with _lock:
         region = _region
-        reason = _hazard(region, args, outs, given)
-        if reason is not None:
-            _flush(reason)
+        if len(region.nodes) >= MAX_NODES:
+            _flush("size")
             region = _region
-        index = len(region.nodes)
+        reads = _reads(region, args)
+        writes = _writes(region, outs, given) if reads is not None else None
+        if writes is None:  # the region ran: nothing pending to depend on
+            region = _region
+            reads, writes = _reads(region, args), _writes(region, outs, given)
         wiring, addresses = [], []
-        for x in args:
-            if hasattr(x, "is_cpu"):
-                if x.is_cpu:  # a 0-d scalar: its value now, not at the cut
-                    x = x.clone()
-                    region.keep.append(x)
-                    wiring.append(_new_input(region, ("c", x.dtype), x.data_ptr()))
-                    addresses.append(x.data_ptr())
-                    continue
-                sk, sig = _base(x), _sig(x)
-                w = region.written.get(sk)
-                if w is not None:
-                    if w.ref() is not None:
-                        wiring.append(w.view_of(x, sig))
-                        addresses.append(sig[0])
-                        continue
-                    del region.written[sk]  # a dead storage's block, used again
-                i = region.input_of.get(sig)
+        for r in reads:
+            if type(r) is not tuple:
+                if type(r) in _NUMBER_BOX:
+                    box = _NUMBER_BOX[type(r)](r)
+                    region.keep.append(box)
+                    address = ctypes.addressof(box)
+                    wiring.append(_new_input(region, ("n", _NUMBER_CODE[type(r)]), address))
+                else:  # a CPU 0-d tensor: its value now, not at the cut
+                    r = r.clone()
+                    region.keep.append(r)
+                    address = r.data_ptr()
+                    wiring.append(_new_input(region, ("c", _CODE[r.dtype]), address))
+                addresses.append(address)
+                continue
+            x, sk, view, pending = r
+            if pending is not None:
+                wiring.append(pending)
+            else:
+                i = region.input_of.get(view)
                 if i is None:
-                    i = region.input_of[sig] = len(region.inputs)
-                    region.inputs.append(("m", x.dtype, tuple(x.shape), tuple(x.stride())))
-                    region.addresses.append(sig[0])
+                    i = region.input_of[view] = len(region.inputs)
+                    region.inputs.append(("m", view[3], view[1], view[2]))
+                    region.addresses.append(view[0])
                     region.keep.append(x.untyped_storage())
                 region.read.add(sk)
                 wiring.append(("i", i))
-                addresses.append(sig[0])
-            else:
-                box = _NUMBER_BOX[type(x)](x)
-                region.keep.append(box)
-                wiring.append(_new_input(region, ("n", type(x)), ctypes.addressof(box)))
-                addresses.append(ctypes.addressof(box))
-        node_outs = []
-        for j, o in enumerate(outs):
-            st = o.untyped_storage()
-            sk, sig = st.data_ptr(), _sig(o)
+            addresses.append(view[0])
+        node, results = len(region.nodes), []
+        for j, ((st, sk, view), o) in enumerate(zip(writes, outs)):
             previous = region.written.get(sk)
-            if previous is not None and previous.ref() is not None:
-                region.superseded.add((previous.node, previous.out))
-            region.written[sk] = _Write(sig, index, j, o.storage_offset(), o.numel(),
-                                        o.is_contiguous(), weakref.ref(st), sk in region.read)
-            addresses.append(sig[0])
-            node_outs.append((sig[0], region.written[sk].ref))
-        region.nodes.append(_Node(name, key, entry, build, static, tuple(wiring),
-                                  tuple(addresses), tuple(node_outs)))
+            if _alive(region, previous):
+                region.superseded.add(previous[1])
+            k = len(region.out_address)
+            region.out_address.append(view[0])
+            region.out_ref.append(weakref.ref(st))
+            region.out_of.append((node, j))
+            region.written[sk] = (view, k, o.storage_offset(), o.numel(), o.is_contiguous(),
+                                  sk in region.read)
+            addresses.append(view[0])
+            results.append(k)
+        region.nodes.append(entry)
+        region.wiring.append(tuple(wiring))
+        region.launches.append(tuple(addresses))
+        region.results.append(tuple(results))
         _stats["recorded"] += 1
 
 
@@ -291,10 +330,9 @@ def _flush(reason: str) -> None:
     cuts = _stats["cuts"]
     cuts[reason] = cuts.get(reason, 0) + 1
     _stats["regions"] += 1
-    live = tuple((i, j) for i, node in enumerate(region.nodes)
-                 for j, (_, ref) in enumerate(node.outs)
-                 if ref() is not None and (i, j) not in region.superseded)
-    key = (tuple((n.key, n.wiring) for n in region.nodes), live)
+    live = tuple(k for k, ref in enumerate(region.out_ref)
+                 if ref() is not None and k not in region.superseded)
+    key = (tuple(entry.key for entry in region.nodes), tuple(region.wiring), live)
     memo = _memo.get(key)
     if memo is None:
         memo = _memo[key] = _Memo()
@@ -305,66 +343,73 @@ def _flush(reason: str) -> None:
     memo.seen += 1
     try:
         if memo.launch is not None:
-            outs = [region.nodes[i].outs[j][0] for i, j in live]
+            outs = [region.out_address[k] for k in live]
             memo.launch((*region.addresses, *outs))
             _stats["fused_runs"] += 1
         else:
-            for node in region.nodes:
-                node.entry.launch(node.addresses)
+            for entry, addresses in zip(region.nodes, region.launches):
+                entry.launch(addresses)
             _stats["op_by_op_runs"] += 1
             if memo.seen >= 2 and memo.state == "new" and len(region.nodes) > 1:
                 memo.state = "compiling"
                 _compiler.submit(memo, _plan(region, live))
     except Exception as e:
-        names = sorted({n.name for n in region.nodes})
+        names = sorted({entry.name for entry in region.nodes})
+        more = ", ..." if len(names) > 12 else ""
         e.add_note(f"hologram lazy execution: raised while running {len(region.nodes)} "
-                   f"recorded ops ({', '.join(names[:12])}{', ...' if len(names) > 12 else ''})"
-                   "; HOLOGRAM_LAZY=0 runs op by op and raises at the op itself")
+                   f"recorded ops ({', '.join(names[:12])}{more}); HOLOGRAM_LAZY=0 runs op "
+                   "by op and raises at the op itself")
         raise
 
 
 def _plan(region: _Region, live: tuple) -> tuple:
-    """What compiling the region's fused program needs (no tensors, no addresses)."""
-    nodes = tuple((n.build, n.static, n.wiring, n.entry.layouts, n.entry.single)
-                  for n in region.nodes)
-    outputs = tuple((i, j, region.nodes[i].entry.layouts[j][1]) for i, j in live)
+    """What compiling the region's fused program needs (no tensors, no addresses):
+    its inputs, per node (builder, static arguments, operands, result layouts, whether
+    the builder returns one tensor, the node's results), and the live results' (node,
+    index, strides)."""
+    nodes = tuple((e.build, e.static, w, e.layouts, e.single, r)
+                  for e, w, r in zip(region.nodes, region.wiring, region.results))
+    outputs = tuple((*region.out_of[k], region.nodes[region.out_of[k][0]].layouts[
+        region.out_of[k][1]][1]) for k in live)
     return tuple(region.inputs), nodes, outputs
 
 
 def fused_program(plan: tuple):
     """The Atlas program of a region (see :func:`_plan`): the nodes' builders on one
     graph, whose inputs are the region's inputs in order and whose outputs are the
-    region's live writes in order."""
+    region's live results in order."""
     from hologram_torch.aten.program import ISA, NUMBER_TYPES, cast
 
     inputs, nodes, outputs = plan
     g = Graph("region")
-    values = []
-    ins = []
-    for i, spec in enumerate(inputs):
-        if spec[0] == "m":
-            ins.append(g.strided_input(f"i{i}", ISA[spec[1]], spec[2], spec[3]))
-        elif spec[0] == "c":
-            ins.append(g.input(f"i{i}", ISA[spec[1]], ()))
+    ins, values = [], {}
+    for i, (kind, code, *layout) in enumerate(inputs):
+        if kind == "m":
+            ins.append(g.strided_input(f"i{i}", ISA[_DTYPES[code]], *layout))
+        elif kind == "c":
+            ins.append(g.input(f"i{i}", ISA[_DTYPES[code]], ()))
         else:
-            ins.append(g.input(f"i{i}", NUMBER_TYPES[spec[1]], ()))
+            ins.append(g.input(f"i{i}", NUMBER_TYPES[_NUMBER_KIND[code]], ()))
 
     def operand(w):
         if w[0] == "i":
             return ins[w[1]]
-        value = values[w[1]][w[2]]
+        value = values[w[1]]
         if w[0] == "v":
             return value
         if not value._contiguous() or value.offset:  # a view of the value's own memory
             value = g.copy(value)
-        return value._view(w[4], w[5], w[3])
+        return value._view(w[3], w[4], w[2])
 
-    for build, static, wiring, layouts, single in nodes:
+    by_node = []
+    for build, static, wiring, layouts, single, results in nodes:
         result = build(g, *map(operand, wiring), *static)
-        results = (result,) if single else tuple(result)
-        values.append([cast(r, ISA[layout[3]]) for r, layout in zip(results, layouts)])
+        result = (result,) if single else tuple(result)
+        cast_results = [cast(r, ISA[layout[3]]) for r, layout in zip(result, layouts)]
+        values.update(zip(results, cast_results))
+        by_node.append(cast_results)
     for k, (i, j, strides) in enumerate(outputs):
-        g.output(f"o{k}", values[i][j], None if strides is None else tuple(strides))
+        g.output(f"o{k}", by_node[i][j], None if strides is None else tuple(strides))
     return g.program()
 
 

@@ -17,7 +17,7 @@ import torch
 
 from hologram.errors import ShapeError
 from hologram.isa import dtypes as dt
-from hologram_torch import memory, native
+from hologram_torch import memory
 from hologram_torch.aten import layout, lowered, program
 from hologram_torch.aten.program import ISA, Unsupported, cast
 from hologram_torch.aten.registry import aten, composed, impl, native_or_cpu, overload
@@ -173,10 +173,7 @@ def _binary(name: str, op, self, other, alpha=1, out=None, inplace=False,
                     other.dtype, other.shape, other.stride())
         entry = program.shortcuts.get(shortcut)
         if entry is not None:
-            address = self.data_ptr()
-            entry.launch((address, other.data_ptr(), address))
-            if program.FRONT:  # see program.launch_fresh
-                native.file_fast(entry.launch, (self, other), self, in_place=True)
+            program.launch_into(entry, (self, other), self)
             return self
     common = torch.result_type(self, other)
     result = torch.bool if compare else common

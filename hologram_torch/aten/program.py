@@ -53,7 +53,7 @@ class Unsupported(Exception):
 
 
 class _Entry:
-    __slots__ = ("launch", "layouts", "single")
+    __slots__ = ("build", "key", "launch", "layouts", "name", "single", "static")
 
     def __init__(self, launch, outs, single):
         self.launch = launch  # callable(addresses) or None when there is nothing to compute
@@ -63,6 +63,9 @@ class _Entry:
             (list(shape), None if strides is None else list(strides),
              math.prod(shape) * dtype.itemsize, dtype) for shape, dtype, strides in outs)
         self.single = single  # the builder returned one tensor, not a tuple
+        # what recording a launch needs (hologram_torch.lazy), set by run(): its key in the
+        # launch cache, and the builder and static arguments it was compiled from
+        self.key = self.name = self.build = self.static = None
 
 
 #: The process's launch cache. run()'s keys are ``(name, static, backend, host,
@@ -127,8 +130,6 @@ class Shortcuts:
     __slots__ = ()
 
     def get(self, key: tuple) -> _Entry | None:
-        if _LAZY["on"]:  # shortcuts launch at once; recorded calls take run()'s path
-            return None
         key = (SHORTCUT, key)
         return _recent(key) or _LAUNCHES.get(key)
 
@@ -156,8 +157,6 @@ def remember(shortcut: tuple, name: str, static: tuple, args: Sequence,
     operands (and, with ``out``, the layout of ``out``: its launch writes there), and with
     the native front kernel running this call, if any (``result``: what the launch
     produced, :func:`native.file_fast`)."""
-    if _LAZY["on"]:  # a filed call would be launched by the front kernel, not recorded
-        return
     key = [name, static, _state["backend"], False]
     for x in args:
         if isinstance(x, torch.Tensor) and not x.is_cpu:
@@ -171,7 +170,8 @@ def remember(shortcut: tuple, name: str, static: tuple, args: Sequence,
     entry = _LAUNCHES.get(tuple(key))
     if entry is not None and entry.single and (out is None or entry.launch is not None):
         shortcuts.put(shortcut, entry)
-        native.file_fast(entry.launch, tuple(args), result, out is not None)
+        if not _LAZY["on"]:  # a filed call is launched by the front kernel, not recorded
+            native.file_fast(entry.launch, tuple(args), result, out is not None)
 
 
 def launch_fresh(entry: _Entry, args: Sequence) -> torch.Tensor:
@@ -179,6 +179,9 @@ def launch_fresh(entry: _Entry, args: Sequence) -> torch.Tensor:
     number, as :func:`run` takes them) into a fresh result."""
     out = memory.new(*entry.layouts[0])
     if entry.launch is not None:
+        if _LAZY["on"]:
+            lazy.record(entry, args, (out,), False)
+            return out
         if type(args[-1]) in _NUMBER:  # boxed; the box must outlive the launch
             box = _NUMBER[type(args[-1])][1](args[-1])
             entry.launch((*[x.data_ptr() for x in args[:-1]], ctypes.addressof(box),
@@ -188,6 +191,17 @@ def launch_fresh(entry: _Entry, args: Sequence) -> torch.Tensor:
     if FRONT:  # a front kernel that lost its entries (bounded tables, a new backend)
         native.file_fast(entry.launch, tuple(args), out)
     return out
+
+
+def launch_into(entry: _Entry, args: Sequence, out: torch.Tensor) -> None:
+    """Run a remembered entry on ``args`` (device tensors) into ``out``, the tensor it
+    was remembered writing (in place)."""
+    if _LAZY["on"]:
+        lazy.record(entry, args, (out,), True)
+        return
+    entry.launch((*[x.data_ptr() for x in args], out.data_ptr()))
+    if FRONT:  # see launch_fresh
+        native.file_fast(entry.launch, tuple(args), out, in_place=True)
 
 
 def supported(*tensors: torch.Tensor) -> bool:
@@ -236,14 +250,16 @@ def run(name: str, build: Callable, args: Sequence, static: tuple = (),
     key = tuple(key)
     entry = _recent(key) or _LAUNCHES.get(key)
     if entry is None:
-        entry = _LAUNCHES.put(key, _compile(name, build, args, static, out, host, layout))
+        entry = _compile(name, build, args, static, out, host, layout)
+        entry.key, entry.name, entry.build, entry.static = key, name, build, static
+        entry = _LAUNCHES.put(key, entry)
     given = out is not None
     if out is None:
         out = [memory.new(*fresh) if not host else torch.empty(fresh[0], dtype=fresh[3])
                for fresh in entry.layouts]
     if entry.launch is not None:
         if _LAZY["on"] and not host:
-            lazy.record(name, key, entry, build, static, args, out, given)
+            lazy.record(entry, args, out, given)
         else:
             for o in out:
                 addresses.append(o.data_ptr())
