@@ -555,3 +555,11 @@ def compiler_version() -> str:
                     relative = os.path.relpath(os.path.join(folder, name), root)
                     digest.update(f"{relative}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
     return f"{__version__}+{digest.hexdigest()[:16]}"
+
+
+# Computed now, while the process imports the code generator, not at its first disk-cache
+# lookup: a process that had imported the code before one of those files was edited filed
+# the old code's artifacts under the new files' digest, and every later process loaded
+# them (a quick build of sin from an intermediate mathlib, left by a long-running process
+# while the file was being edited, gave inf for huge float32 arguments).
+compiler_version()
