@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import queue
 import threading
 import weakref
@@ -454,6 +455,18 @@ class _Compiler:
 
 
 _compiler = _Compiler()
+
+
+def _forked() -> None:
+    """In a forked child: a lock of its own (another thread of the parent may have held
+    it) and no compiler thread (a fork copies only the forking thread)."""
+    global _lock, _compiler
+    _lock = threading.RLock()
+    _compiler = _Compiler()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
 
 
 def wait_for_compiles(timeout: float | None = None) -> bool:
