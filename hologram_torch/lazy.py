@@ -25,10 +25,11 @@ program at all.
 
 Hazards. A node reads a tensor whose storage a pending node writes: exactly that tensor,
 or any view of a contiguous write of the same dtype, becomes a value in the fused
-program; another view (of a strided write) cuts the region first. A node writes a storage
-that an earlier node of the region read from memory, or writes another view of a storage
-a pending node writes: the region is cut first, since a fused program orders its kernels
-by data, not by the order the ops were recorded.
+program; another view (of a strided write) cuts the region first, and so does a node
+writing another view of a storage a pending node writes. Results written over memory the
+region also reads (in-place updates: an optimizer's) are *staged*: the fused program
+writes them to scratch blocks, copied in place once it has run, since its kernels run in
+an order of their own and one may read that memory after another wrote it.
 
 Errors a launch raises surface at the cut, with the recorded ops named (PyTorch's CUDA
 device reports asynchronous errors the same way). ``HOLOGRAM_LAZY=0`` (the default for
@@ -62,7 +63,7 @@ MEMO_ENTRIES = 256
 
 _lock = threading.RLock()
 _state = {"on": config.get().lazy}
-_stats = {"recorded": 0, "regions": 0, "fused_runs": 0, "op_by_op_runs": 0,
+_stats = {"recorded": 0, "regions": 0, "fused_runs": 0, "op_by_op_runs": 0, "staged": 0,
           "compiles": 0, "compile_failures": 0, "cuts": {}}
 
 
@@ -99,8 +100,9 @@ def _switch(on: bool) -> None:
 
 
 def stats() -> dict:
-    """Counters: ops recorded, regions run (fused or op by op), fused programs compiled
-    (and failed), and the regions' cuts by reason."""
+    """Counters: ops recorded, regions run (fused or op by op), results staged (written
+    in place after a fused program), fused programs compiled (and failed), and the
+    regions' cuts by reason."""
     with _lock:
         return dict(_stats, cuts=dict(_stats["cuts"]))
 
@@ -143,9 +145,11 @@ class _Region:
         self.wiring: list[tuple] = []
         self.launches: list[tuple] = []
         self.results: list[tuple] = []
-        # per result: its address, a weak reference to its storage, (node, index)
+        # per result: its address, a weak reference to its storage, the storage's
+        # address, (node, index)
         self.out_address: list[int] = []
         self.out_ref: list = []
+        self.out_storage: list[int] = []
         self.out_of: list[tuple] = []
         self.superseded: set[int] = set()  # results overwritten by a later node
         # the fused program's inputs: ("m", dtype, shape, strides) device memory, ("c",
@@ -155,9 +159,7 @@ class _Region:
         self.keep: list = []  # what must live until the region runs
         self.input_of: dict[tuple, int] = {}  # memory inputs by view
         self.read: set[int] = set()  # storages read from memory, by address
-        # storages written, by address: (view, result, offset, numel, contiguous, in
-        # place); in place: the node read the memory it writes, so its value must not be
-        # read by later nodes (a fused program may compute it again from that memory)
+        # storages written, by address: (view, result, offset, numel, contiguous)
         self.written: dict[int, tuple] = {}
 
 
@@ -207,8 +209,6 @@ def _reads(region: _Region, args) -> list | None:
         if w is not None:
             if not _alive(region, w):
                 del written[sk]  # a dead storage's block, used again
-            elif w[5]:
-                return _cut("read after in-place write")
             else:
                 wiring = _reading(w, x, view)
                 if wiring is None:
@@ -225,8 +225,6 @@ def _writes(region: _Region, outs, given: bool) -> list | None:
         st = o.untyped_storage()
         sk, view = st.data_ptr(), _view(o)
         if given:
-            if sk in region.read:
-                return _cut("write after read")
             w = region.written.get(sk)
             if _alive(region, w) and w[0] != view:
                 return _cut("overlapping write")
@@ -290,8 +288,8 @@ def record(entry, args, outs, given: bool) -> None:
             region.out_address.append(view[0])
             region.out_ref.append(weakref.ref(st))
             region.out_of.append((node, j))
-            region.written[sk] = (view, k, o.storage_offset(), o.numel(), o.is_contiguous(),
-                                  sk in region.read)
+            region.out_storage.append(sk)
+            region.written[sk] = (view, k, o.storage_offset(), o.numel(), o.is_contiguous())
             addresses.append(view[0])
             results.append(k)
         region.nodes.append(entry)
@@ -333,7 +331,11 @@ def _flush(reason: str) -> None:
     _stats["regions"] += 1
     live = tuple(k for k, ref in enumerate(region.out_ref)
                  if ref() is not None and k not in region.superseded)
-    key = (tuple(entry.key for entry in region.nodes), tuple(region.wiring), live)
+    # Results written over memory the region reads (in-place updates) are staged: the
+    # fused program writes them to scratch and they are copied in place after it, since
+    # its kernels run in an order of their own and may read that memory after the write.
+    staged = tuple(region.out_storage[k] in region.read for k in live)
+    key = (tuple(entry.key for entry in region.nodes), tuple(region.wiring), live, staged)
     memo = _memo.get(key)
     if memo is None:
         memo = _memo[key] = _Memo()
@@ -344,8 +346,7 @@ def _flush(reason: str) -> None:
     memo.seen += 1
     try:
         if memo.launch is not None:
-            outs = [region.out_address[k] for k in live]
-            memo.launch((*region.addresses, *outs))
+            _run_fused(region, memo.launch, live, staged)
             _stats["fused_runs"] += 1
         else:
             for entry, addresses in zip(region.nodes, region.launches):
@@ -353,7 +354,7 @@ def _flush(reason: str) -> None:
             _stats["op_by_op_runs"] += 1
             if memo.seen >= 2 and memo.state == "new" and len(region.nodes) > 1:
                 memo.state = "compiling"
-                _compiler.submit(memo, _plan(region, live))
+                _compiler.submit(memo, _plan(region, live, staged))
     except Exception as e:
         names = sorted({entry.name for entry in region.nodes})
         more = ", ..." if len(names) > 12 else ""
@@ -363,15 +364,46 @@ def _flush(reason: str) -> None:
         raise
 
 
-def _plan(region: _Region, live: tuple) -> tuple:
+def _layout(region: _Region, k: int) -> tuple:
+    """(shape, strides, bytes, dtype) of result ``k`` (its entry's layout)."""
+    node, j = region.out_of[k]
+    return region.nodes[node].layouts[j]
+
+
+def _run_fused(region: _Region, launch, live: tuple, staged: tuple) -> None:
+    from hologram_torch import memory
+
+    outs, scratch = [], []
+    for k, stage in zip(live, staged):
+        if stage:
+            nbytes = _layout(region, k)[2]
+            block = memory.storage(nbytes)
+            scratch.append((k, block))
+            outs.append(block.data_ptr())
+        else:
+            outs.append(region.out_address[k])
+    launch((*region.addresses, *outs))
+    _stats["staged"] += len(scratch)
+    for k, block in scratch:  # in place, after every read of the memory
+        view, _, offset, _, contiguous = region.written[region.out_storage[k]]
+        if contiguous:
+            ctypes.memmove(view[0], block.data_ptr(), _layout(region, k)[2])
+        else:
+            dtype = _DTYPES[view[3]]
+            target = memory.on_storage(region.out_ref[k](), dtype, view[1], view[2], offset)
+            source = memory.on_storage(block, dtype, view[1], memory.contiguous_strides(view[1]))
+            memory.cpu_alias(target).copy_(memory.cpu_alias(source))
+
+
+def _plan(region: _Region, live: tuple, staged: tuple) -> tuple:
     """What compiling the region's fused program needs (no tensors, no addresses):
     its inputs, per node (builder, static arguments, operands, result layouts, whether
     the builder returns one tensor, the node's results), and the live results' (node,
-    index, strides)."""
+    index, strides; None for contiguous, as staged results are)."""
     nodes = tuple((e.build, e.static, w, e.layouts, e.single, r)
                   for e, w, r in zip(region.nodes, region.wiring, region.results))
-    outputs = tuple((*region.out_of[k], region.nodes[region.out_of[k][0]].layouts[
-        region.out_of[k][1]][1]) for k in live)
+    outputs = tuple((*region.out_of[k], None if stage else _layout(region, k)[1])
+                    for k, stage in zip(live, staged))
     return tuple(region.inputs), nodes, outputs
 
 

@@ -101,6 +101,33 @@ def test_in_place_ops_and_aliases_see_every_write():
             same(a, b)
 
 
+def test_in_place_updates_of_memory_the_region_reads_are_staged():
+    """An optimizer-like chain on tensors that exist before the region: every update reads
+    the memory the next one writes (contiguous and strided targets alike)."""
+    g = torch.Generator().manual_seed(3)
+    start = [torch.randn(5, 6, generator=g), torch.randn(6, generator=g)]
+
+    def run():
+        w, b = (t.to(DEV) for t in start)
+        state = torch.zeros(5, 6, device=DEV)
+        torch.hologram.synchronize()
+        for step in range(3):
+            grad = (w * 0.5 + b).tanh()  # reads w and b
+            state.mul_(0.9).add_(grad, alpha=0.1)  # in place, read back at once
+            w.sub_(state * 0.01 * (step + 1))
+            w.t()[2].add_(b[:5])  # a strided in-place write of memory read above
+            b.mul_(0.99)
+            total = w.sum() + b.sum()
+        return w.cpu(), b.cpu(), state.cpu(), total.cpu()
+
+    with hologram_torch.set_lazy(False):
+        want = run()
+    for got in repeat(run, 3):
+        for a, b in zip(got, want):
+            same(a, b)
+    assert lazy.stats()["fused_runs"] >= 1 and lazy.stats()["staged"] >= 1
+
+
 def test_out_and_overlapping_writes_behave_as_eagerly():
     def run():
         a = torch.linspace(-2, 2, 12, device=DEV)
