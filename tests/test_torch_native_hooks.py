@@ -23,6 +23,15 @@ import hologram_torch
 from hologram.errors import CompileError
 from hologram_torch import native
 
+
+@pytest.fixture(autouse=True)
+def _eager():
+    """The front kernels launch eagerly; recorded execution (HOLOGRAM_LAZY=1) records
+    every call in Python instead."""
+    with hologram_torch.set_lazy(False):
+        yield
+
+
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = shutil.which(os.environ.get("CXX", "c++")) and shutil.which("ninja")
 needs_native = pytest.mark.skipif(
