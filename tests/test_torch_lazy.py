@@ -280,3 +280,21 @@ def test_switching_off_runs_the_pending_region_and_the_environment_sets_the_mode
                              text=True, timeout=300)
         assert out.returncode == 0, out.stderr[-2000:]
         assert out.stdout == want
+
+
+def test_an_error_at_a_cut_names_the_recorded_ops_and_drops_the_region(monkeypatch):
+    x = torch.ones(3, device=DEV)
+    torch.hologram.synchronize()
+    y = x * 7  # recorded; its launch fails at the cut
+    (entry,) = lazy._region.nodes
+
+    def fail(addresses):
+        raise RuntimeError("launch failed")
+
+    monkeypatch.setattr(entry, "launch", fail)
+    with pytest.raises(RuntimeError, match="launch failed") as info:
+        y.cpu()
+    assert "1 recorded ops (mul)" in " ".join(info.value.__notes__)
+    assert not lazy._region.nodes
+    monkeypatch.undo()
+    assert (x * 7).tolist() == [7.0] * 3
