@@ -41,7 +41,6 @@ backward ops into the region the forward ops are in.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
 import queue
@@ -72,10 +71,11 @@ def active() -> bool:
     return _state["on"]
 
 
-class set_lazy(contextlib.ContextDecorator):
+class set_lazy:
     """``set_lazy(True)`` records device ops from now on, ``set_lazy(False)`` runs the
     pending region and launches op by op again; as a context manager, the previous mode
-    is restored on exit (``with hologram_torch.set_lazy(False): ...``)."""
+    is restored on exit (``with hologram_torch.set_lazy(False): ...``), as
+    ``torch.set_grad_enabled`` does."""
 
     def __init__(self, on: bool) -> None:
         self.previous = _state["on"]
