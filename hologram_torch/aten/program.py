@@ -14,6 +14,8 @@ the op's name); later calls cost a cache lookup and a launch by address.
 * Results are written into fresh tensors, contiguous or in the layout PyTorch's kernel
   would give (``layout=``, :mod:`.layout`), or into given ``out`` tensors through their
   strides (in-place ops and ``out=``), cast to the out dtype.
+* With recorded execution on (:mod:`hologram_torch.lazy`), everything above happens at
+  the call except the launch, which is recorded and runs at the region's cut.
 """
 
 from __future__ import annotations
