@@ -194,8 +194,7 @@ def _alive(region: _Region, w: tuple | None) -> bool:
 def _reads(region: _Region, args) -> list | None:
     """Each operand of a node about to be recorded: ``(tensor, storage address, view,
     how it reads a pending result or None)`` for device tensors, the operand itself
-    otherwise; None when ``region`` has been run
-    first (a hazard)."""
+    otherwise; None when ``region`` has been run first (a hazard)."""
     reads = []
     written = region.written
     for x in args:
