@@ -39,6 +39,16 @@ def repeat(fn, times=4):
     return results
 
 
+def matches_eager(run, times=3):
+    """``run()`` recorded ``times`` times (op by op, then fused) gives what it gives run
+    eagerly, tensor for tensor (dtype, shape, strides and bits)."""
+    with hologram_torch.set_lazy(False):
+        want = run()
+    for got in repeat(run, times):
+        for a, b in zip(got, want):
+            same(a, b)
+
+
 def same(a, b):
     assert a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride()
     torch.testing.assert_close(a.cpu(), b.cpu(), rtol=0, atol=0, equal_nan=True)
@@ -75,11 +85,7 @@ def test_results_keep_eager_layouts_and_views_of_pending_results_read_them():
         w = (t.sum((2, 3)) + 1).t()  # contiguous pending result, read transposed
         return y, z, w * 2
 
-    with hologram_torch.set_lazy(False):
-        want = run(x.to(DEV))
-    for got in repeat(lambda: run(x.to(DEV))):
-        for a, b in zip(got, want):
-            same(a, b)
+    matches_eager(lambda: run(x.to(DEV)), 4)
 
 
 def test_in_place_ops_and_aliases_see_every_write():
@@ -94,11 +100,7 @@ def test_in_place_ops_and_aliases_see_every_write():
         base.t()[0].sub_(5)  # another alias
         return base.cpu(), view.cpu(), total.cpu()
 
-    with hologram_torch.set_lazy(False):
-        want = run()
-    for got in repeat(run, 3):
-        for a, b in zip(got, want):
-            same(a, b)
+    matches_eager(run)
 
 
 def test_in_place_updates_of_memory_the_region_reads_are_staged():
@@ -120,11 +122,7 @@ def test_in_place_updates_of_memory_the_region_reads_are_staged():
             total = w.sum() + b.sum()
         return w.cpu(), b.cpu(), state.cpu(), total.cpu()
 
-    with hologram_torch.set_lazy(False):
-        want = run()
-    for got in repeat(run, 3):
-        for a, b in zip(got, want):
-            same(a, b)
+    matches_eager(run)
     assert lazy.stats()["fused_runs"] >= 1 and lazy.stats()["staged"] >= 1
 
 
@@ -138,11 +136,7 @@ def test_out_and_overlapping_writes_behave_as_eagerly():
         b[2:].copy_(b[:-2].clone())
         return a.cpu(), out.cpu(), b.cpu()
 
-    with hologram_torch.set_lazy(False):
-        want = run()
-    for got in repeat(run, 3):
-        for x, y in zip(got, want):
-            same(x, y)
+    matches_eager(run)
 
 
 def test_numbers_and_cpu_scalars_are_runtime_operands():
