@@ -161,7 +161,7 @@ def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
-def _lazy(t: torch.Tensor) -> bool:
+def _conj_or_neg(t: torch.Tensor) -> bool:
     """Is ``t`` a conjugate or negative view (a bit its raw memory does not show)?"""
     return t.is_conj() or t.is_neg()
 
@@ -182,7 +182,7 @@ def copy_into(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
         storages: dict = {}
         cpu_view(dst, storages).copy_(cpu_view(src, storages))
         return dst
-    if _lazy(dst) or (not host and _lazy(src)) or memory.internal_overlap(dst):
+    if _conj_or_neg(dst) or (not host and _conj_or_neg(src)) or memory.internal_overlap(dst):
         # Conjugate or negative views (complex results, .imag of a conjugate): the CPU
         # copy resolves the bits; the programs read raw memory. A destination whose
         # elements share memory (expanded): the CPU copy raises PyTorch's error.
@@ -228,7 +228,7 @@ def copy_(self, src, non_blocking=False):
     # reach a kernel that sees the bit. copy_ is the op PyTorch lets through with it;
     # _copy_from, below it, would get a resolved clone of the destination (its schema
     # does not mark it written). Everything else is torch's own copy_.
-    if not self.is_cpu and (_lazy(self) or _lazy(src)) and self.numel():
+    if not self.is_cpu and (_conj_or_neg(self) or _conj_or_neg(src)) and self.numel():
         if src.is_cpu:
             cpu_view(self).copy_(src)
         else:
@@ -276,7 +276,7 @@ def clone(self, memory_format=None):
         memory_format = _MEMORY_FORMATS[memory_format]
     preserve = memory_format is None or memory_format is torch.preserve_format
     if ((preserve or memory_format is torch.contiguous_format) and self.dtype in ISA
-            and not _lazy(self)):
+            and not _conj_or_neg(self)):
         # A fresh copy laid out as empty_like(self) (or contiguous), whose launch the
         # front kernel serves from the second call on (no Python at all).
         name = "clone" if preserve else "clone.contiguous"
