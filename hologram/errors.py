@@ -12,7 +12,8 @@ about it. ``assert`` is reserved for internal invariants.
     ├── DTypeError         unsupported or mismatched dtypes (also a TypeError)
     ├── IndexOutOfRangeError  an index in the data outside its extent (also an IndexError)
     ├── OutOfMemoryError   allocation beyond the configured limit (also a MemoryError)
-    └── CacheError         the program cache cannot be used
+    ├── CacheError         the program cache cannot be used
+    └── GradientError      no derivative rule for an operation a gradient passes
 """
 
 from __future__ import annotations
@@ -75,3 +76,8 @@ class CacheError(HologramError):
 class InvalidBufferError(HologramError):
     """An SDK buffer cannot be used: it was freed, its executor was closed, it belongs to
     another executor, or it is read-only and an op would write to it."""
+
+
+class GradientError(HologramError):
+    """A gradient cannot be derived: it would pass through an operation that has no
+    derivative rule (the message names it, with its shapes and dtypes)."""
