@@ -35,12 +35,19 @@ BUILD_NATIVE_HOOKS := $(VENV_PY) -c "import hologram_torch.native as n; n.report
 # setup.py and the C source: pip compiles hologram/csrc/native.c into hologram/_native*.so.
 NATIVE_SOURCES := setup.py hologram/csrc/native.c hologram/csrc/native_api.h
 
+# The distribution was named "hologram" before 0.2.0 (on the package index that name is
+# an unrelated project's): a venv made then has it beside hologram-tensor; remove it first.
+DROP_OLD_NAME := if $(VENV_PY) -m pip show -q hologram 2>/dev/null; then \
+	$(VENV_PY) -m pip uninstall -y -q hologram; fi
+
 $(STAMP_TEST): pyproject.toml constraints.txt $(NATIVE_SOURCES) | $(VENV_PY) system-packages
+	$(DROP_OLD_NAME)
 	$(PIP_INSTALL) -e ".[test]"
 	$(BUILD_NATIVE_HOOKS)
 	touch $@
 
 $(STAMP_BENCH): pyproject.toml constraints.txt $(NATIVE_SOURCES) | $(VENV_PY) system-packages
+	$(DROP_OLD_NAME)
 	$(PIP_INSTALL) -e ".[test,bench]"
 	$(BUILD_NATIVE_HOOKS)
 	touch $@

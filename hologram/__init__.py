@@ -17,11 +17,13 @@ try:  # first, so that a missing build says what to do rather than where it was 
 except ImportError as exc:
     raise ImportError(
         "hologram's native extension (hologram._native, built from hologram/csrc/native.c) "
-        "is missing or was built for another Python; install the package, which compiles "
-        "it: `pip install -e .` in a checkout (`make venv` does), with a C compiler and "
-        f"Python's headers present ({exc})") from exc
+        "is missing or was built for another Python; install the package: `pip install "
+        "hologram-tensor` (a wheel carries it built), or `pip install -e .` in a checkout "
+        "(`make venv` does), which compiles it with a C compiler and Python's headers "
+        f"({exc})") from exc
 
 from hologram import config, errors, isa
+from hologram.about import collect as info
 from hologram.compiler.cache import default_cache
 from hologram.compiler.options import CompileOptions
 from hologram.errors import (
@@ -76,5 +78,5 @@ __all__ = [
     "DTypeError", "DeviceError", "Executor", "HologramError", "IRError", "IndexOutOfRangeError",
     "InvalidBufferError", "OutOfMemoryError", "ShapeError", "__version__", "backend", "build",
     "cache_info", "clear_cache", "compile", "config", "default_executor", "errors",
-    "from_dlpack", "get_num_threads", "isa", "jit", "ops", "set_num_threads",
+    "from_dlpack", "get_num_threads", "info", "isa", "jit", "ops", "set_num_threads",
 ]

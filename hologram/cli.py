@@ -1,5 +1,13 @@
 """The ``hologram`` command (also ``python -m hologram``).
 
+    hologram info [--json]
+    hologram --version
+
+``info`` says what this installation is and what it can run here: versions, torch and its
+match, the CPU, every backend (available or not, and why), the program cache, the native
+parts, threads and the ``HOLOGRAM_*`` variables set (:mod:`hologram.about`); ``--json``
+prints the same as JSON, for bug reports. Exit status 0.
+
     hologram bench [--quick] [--ops OP ...] [--sizes N ...] [--gemm-sizes N ...]
                    [--threads N] [--backend B] [--out DIR] [--runs N] [--no-torch-compile]
 
@@ -43,8 +51,17 @@ def _integer(minimum: int):
 
 
 def _parser() -> argparse.ArgumentParser:
+    from hologram.version import DISTRIBUTION, __version__
+
     parser = _Parser(prog="hologram", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version",
+                        version=f"hologram {__version__} ({DISTRIBUTION})")
     commands = parser.add_subparsers(dest="command", required=True)
+    info = commands.add_parser(
+        "info", help="versions, backends and why, native parts, cache, threads",
+        description="What this installation is and what it can run here; attach "
+                    "`hologram info --json` to bug reports.")
+    info.add_argument("--json", action="store_true", help="print the report as JSON")
     bench = commands.add_parser(
         "bench", help="benchmark Hologram against PyTorch and write a report",
         description="Benchmark Hologram against PyTorch eager (and torch.compile for fused "
@@ -137,10 +154,22 @@ def bench(args: argparse.Namespace, argv: list[str]) -> int:
     return 1 if outcome["failed"] else 0
 
 
+def info(args: argparse.Namespace) -> int:
+    import json
+
+    from hologram import about
+
+    report = about.collect()
+    print(json.dumps(report, indent=2) if args.json else about.render(report))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``hologram`` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
+    if args.command == "info":
+        return info(args)
     if args.command == "bench":
         return bench(args, argv)
     return 2  # unreachable: argparse requires a known command

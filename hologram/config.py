@@ -142,6 +142,13 @@ def num_threads_source() -> tuple[dict | None, bytes | None]:
     return _RAW, _THREADS_KEY
 
 
+def environment() -> dict[str, str]:
+    """Every ``HOLOGRAM_*`` variable set, by name, known or not (a misspelled one shows up
+    in ``hologram info``)."""
+    return {name: value for name, value in sorted(os.environ.items())
+            if name.startswith("HOLOGRAM_")}
+
+
 @functools.cache
 def available_cores() -> int:
     """Cores this process may run on (its affinity mask at first use, as OpenMP reads it

@@ -11,10 +11,13 @@ memory: pinned memory is host memory from the CPU allocator's functions, and
 (``hologram:0``). torch accepts one hooks object per process, so whichever registers
 first serves the process: :func:`hologram_torch.device.register` tries these first.
 
-The library is built once per source, torch build and Python version: it lives in torch's
+The library is built once per source, torch build and Python version, and named after a
+hash of those. A wheel carries it prebuilt for the torch it was built with
+(``_prebuilt/``, next to this module; setup.py puts it there): it is loaded when its name
+is this process's, that is when the torch is the same build. Otherwise it lives in torch's
 extension directory (``$TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``),
-in a folder named after a hash of those. ``make venv`` builds it; otherwise the first
-import does, saying so on stderr. Processes importing at the same time (pytest workers,
+in a folder of that name. ``make venv`` builds it there; otherwise the first import does,
+saying so on stderr. Processes importing at the same time (pytest workers,
 torchrun ranks) share one build through a lock file in that folder: one compiles, the
 others wait for it. Without a C++ compiler (``$CXX``, by default ``c++``) or ninja,
 the device runs on the Python hooks and :func:`reason` tells why the native ones are
@@ -29,6 +32,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import json
 import os
 import platform
 import shutil
@@ -53,6 +57,10 @@ SOURCES = (SOURCE, OPS_SOURCE)
 #: hologram._native's C API (the pool's allocation, Launcher calls), which ops.cpp includes.
 API_HEADER = Path(_native.__file__).resolve().parent / "csrc" / "native_api.h"
 _CFLAGS = ("-O2",)
+#: Where a wheel carries the library, built for the torch it was built with, and
+#: MANIFEST, which names that torch.
+PREBUILT = Path(__file__).resolve().parent / "_prebuilt"
+MANIFEST = PREBUILT / "hooks.json"
 # The longest a process waits for another's build (the lock file's age): a build takes
 # seconds, so a lock older than this was left by a build that was killed.
 _LOCK_STALE_S = 600.0
@@ -84,8 +92,35 @@ def build_directory() -> Path:
     return Path(root).resolve() / _name()
 
 
+def prebuilt_path() -> Path:
+    """Where a wheel's library for this very torch build would be (it may not exist)."""
+    return PREBUILT / f"{_name()}.so"
+
+
 def library_path() -> Path:
+    """The library this process loads: the wheel's prebuilt one if it is for this torch
+    build, else the one built in :func:`build_directory`."""
+    if prebuilt_path().exists():
+        return prebuilt_path()
     return build_directory() / f"{_name()}.so"
+
+
+def prebuilt_for() -> str | None:
+    """The torch version the wheel's prebuilt library was built for (None: no wheel
+    library, as in a checkout or an sdist installed without torch at build time)."""
+    try:
+        return json.loads(MANIFEST.read_text())["torch"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _prebuilt_mismatch() -> str:
+    """A note for messages when the wheel's library is for another torch build."""
+    built_for = prebuilt_for()
+    if built_for is None or prebuilt_path().exists():
+        return ""
+    return (f"this package's prebuilt hooks are for torch {built_for}, not this torch "
+            f"{torch.__version__} (install torch=={built_for}, or ")
 
 
 def _missing_tools() -> list[str]:
@@ -130,6 +165,8 @@ def _compile(path: Path) -> None:
 def build() -> Path:
     """The library's path, built first unless cached. Raises :class:`CompileError` (with
     the build's log) when it cannot be built."""
+    if prebuilt_path().exists():
+        return prebuilt_path()
     path = library_path()
     # Held while one process builds; the others wait, then load its result. (cpp_extension
     # has a lock of its own, "lock", but its waiters poll forever, and only the process
@@ -139,7 +176,9 @@ def build() -> Path:
         return path
     missing = _missing_tools()
     if missing:
-        raise CompileError(f"{' and '.join(missing)} not found; {_REMEDY}")
+        mismatch = _prebuilt_mismatch()
+        remedy = f"{mismatch}{_REMEDY})" if mismatch else _REMEDY
+        raise CompileError(f"{' and '.join(missing)} not found; {remedy}")
     path.parent.mkdir(parents=True, exist_ok=True)
     baton = FileBaton(str(lock))
     while not baton.try_acquire():
@@ -248,6 +287,17 @@ def active() -> bool:
 def reason() -> str | None:
     """Why the native hooks are not active (with the remedy), or None when they are."""
     return None if _state["active"] else _state["reason"]
+
+
+def state() -> dict:
+    """For ``hologram info``: ``active``, ``path`` (the library loaded, or that would be),
+    ``origin`` (``"prebuilt"`` with the wheel, ``"built"`` on this machine), ``reason`` (why
+    not active), ``prebuilt_for`` (the torch of the wheel's library, if any) and ``fast``
+    (the front kernels loaded)."""
+    path = library_path()
+    return {"active": active(), "path": str(path),
+            "origin": "prebuilt" if path.parent == PREBUILT else "built",
+            "reason": reason(), "prebuilt_for": prebuilt_for(), "fast": fast_active()}
 
 
 def report() -> None:

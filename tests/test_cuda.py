@@ -36,7 +36,7 @@ from hologram.isa.text import parse_program
 from hologram.isa.verify import verify
 
 pytestmark = pytest.mark.skipif(not worker.triton_installed(),
-                                reason="triton is not installed (pip install 'hologram[cuda]')")
+                                reason="no triton: pip install 'hologram-tensor[cuda]'")
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -23,7 +23,7 @@ from hologram.frontend.graph import Graph
 from hologram.isa.builder import ProgramBuilder
 
 needs_triton = pytest.mark.skipif(not worker.triton_installed(),
-                                  reason="triton is not installed (pip install 'hologram[cuda]')")
+                                  reason="no triton: pip install 'hologram-tensor[cuda]'")
 
 
 class FakeDriver:

@@ -147,7 +147,7 @@ class CudaBackend(Backend):
     @classmethod
     def unavailable_reason(cls) -> str:
         if not worker.triton_installed():
-            return ("triton is not installed: pip install 'hologram[cuda]' "
+            return ("triton is not installed: pip install 'hologram-tensor[cuda]' "
                     f"(triton=={worker.TRITON_VERSION})")
         return (f"{why_no_gpu()}; HOLOGRAM_CUDA_EMULATE=1 runs its kernels in Triton's "
                 "interpreter instead")

@@ -65,7 +65,7 @@ class _Worker:
                 raise DeviceError(f"cuda: the Triton process exited (code {code}); its "
                                   "stderr above says why (is triton "
                                   f"{TRITON_VERSION} installed? pip install "
-                                  "'hologram[cuda]')") from err
+                                  "'hologram-tensor[cuda]')") from err
 
     def close(self) -> None:
         if self.process.poll() is None:
@@ -79,7 +79,7 @@ def call(mode: str, request: dict, source: str) -> dict[str, Any]:
     :class:`CompileError` carrying ``source`` and Triton's message."""
     if not triton_installed():
         raise DeviceError("cuda: the triton package is not installed; pip install "
-                          f"'hologram[cuda]' (triton=={TRITON_VERSION})")
+                          f"'hologram-tensor[cuda]' (triton=={TRITON_VERSION})")
     with _lock:
         worker = _workers.get(mode)
         if worker is None or worker.process.poll() is not None:

@@ -34,7 +34,7 @@ BACKEND_TYPES = {"webgpu": None, "metal": "Metal", "vulkan": "Vulkan"}
 
 _INSTALL = ("install a Vulkan driver (Debian/Ubuntu: apt-get install mesa-vulkan-drivers "
             "libvulkan1, a CPU driver; or your GPU's driver) and the wgpu package "
-            "(pip install wgpu)")
+            "(pip install 'hologram-tensor[webgpu]')")
 
 
 @dataclass
