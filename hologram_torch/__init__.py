@@ -41,6 +41,7 @@ _workers.share_openmp()
 from hologram_torch import aten, compat, distributed, fallback, functional, nn  # noqa: E402,F401
 from hologram_torch.aten import program  # noqa: E402
 from hologram_torch.compile import compile_stats, reset_compile_stats  # noqa: E402,F401
+from hologram_torch.custom_op import custom_op  # noqa: E402
 from hologram_torch.fallback import (  # noqa: E402
     FallbackWarning,
     fallback_stats,
@@ -52,7 +53,8 @@ from hologram_torch.lazy import set_lazy  # noqa: E402
 Executor = hologram.Executor
 
 __all__ = [
-    "NAME", "Executor", "FallbackWarning", "fallback_stats", "functional", "get_backend",
+    "NAME", "Executor", "FallbackWarning", "custom_op", "fallback_stats", "functional",
+    "get_backend",
     "is_available", "list_available_backends", "nn", "reset_fallback_stats", "set_backend",
     "set_lazy",
 ]

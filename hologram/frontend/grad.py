@@ -45,7 +45,7 @@ from hologram.errors import GradientError, ShapeError
 from hologram.frontend.graph import Graph, Tensor, _reduced_axes
 from hologram.isa.dtypes import DType
 
-__all__ = ["Tape", "gradients"]
+__all__ = ["GradientError", "Tape", "gradients", "rehome", "sum_to"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -63,12 +63,23 @@ class Tape(Graph):
     """A graph that records its primitive operations for :func:`gradients`.
 
     A primitive called by another (``matmul``'s reshapes, ``scatter``'s copy) is part of
-    the outer one and is not recorded on its own."""
+    the outer one and is not recorded on its own.
 
-    def __init__(self, name: str = "main"):
+    ``on``: build into that graph's program instead of a new one (what a lowering given
+    a graph does); :meth:`adopt` moves its tensors onto the tape, and :func:`rehome`
+    moves results back."""
+
+    def __init__(self, name: str = "main", on: Graph | None = None):
         super().__init__(name)
+        if on is not None:
+            self.builder = on.builder
         self.nodes: list[Node] = []
         self._depth = 0
+
+    def adopt(self, t: Tensor) -> Tensor:
+        """``t`` (a tensor of the graph this tape builds into) as a tensor of the tape,
+        whose operations are recorded."""
+        return rehome(t, self)
 
     def _record(self, op: str, args: tuple, params: dict, call):
         if self._depth:
@@ -120,6 +131,11 @@ class Tape(Graph):
             "scatter", (x, values),
             {"coords": tuple(coords), "shape": tuple(shape), "mode": mode},
             lambda: super(Tape, self).scatter(x, coords, values, shape, mode))
+
+
+def rehome(t: Tensor, graph: Graph) -> Tensor:
+    """The same view, as a tensor of ``graph`` (which must build the same program)."""
+    return Tensor(graph, t.buffer, t.dtype, t.shape, t.strides, t.offset)
 
 
 # --- gradients --------------------------------------------------------------------------

@@ -214,6 +214,34 @@ class JitFunction:
         ex, _ = self._signature(args, names)
         return self._trace(args, names, ex)[0]
 
+    def inline(self, graph: Graph, *args, **kwargs):
+        """Trace this function onto ``graph``: ``args`` are graph tensors (in place of
+        buffers; lists of them too) and constants. Returns the results as graph tensors,
+        structured as the function returns them (one, a tuple or a list). Ops whose eager
+        form checks values on the host (``cross_entropy_loss``'s class indices) are
+        refused: nothing would read their checks."""
+        trace = _Trace(graph, None)
+
+        def placeholder(a):
+            if isinstance(a, Tensor):
+                return Traced(a, trace)
+            if isinstance(a, (list, tuple)) and any(isinstance(x, Tensor) for x in a):
+                return type(a)(placeholder(x) for x in a)
+            return a
+
+        result = self.fn(*map(placeholder, args),
+                         **{k: placeholder(v) for k, v in kwargs.items()})
+        if trace.checks:
+            raise HologramError(f"{self.__name__}: uses an op that checks values on the "
+                                "host (class indices), which an inlined trace cannot report")
+        results = result if isinstance(result, (tuple, list)) else (result,)
+        for i, r in enumerate(results):
+            if type(r) is not Traced or r.trace is not trace:
+                raise HologramError(f"{self.__name__}: result {i} is a {type(r).__name__}, not "
+                                    "a value computed from the arguments")
+        tensors = [r.tensor for r in results]
+        return type(result)(tensors) if isinstance(result, (tuple, list)) else tensors[0]
+
     def _bind(self, args: tuple, kwargs: dict) -> tuple[tuple, tuple[str, ...]]:
         """The arguments bound to the function's parameters as it would bind them: every
         value in order, and the keyword names of the trailing ones (as in a vectorcall).
