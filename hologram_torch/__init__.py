@@ -41,7 +41,7 @@ _workers.share_openmp()
 from hologram_torch import aten, compat, distributed, fallback, functional, nn  # noqa: E402,F401
 from hologram_torch.aten import program  # noqa: E402
 from hologram_torch.compile import compile_stats, reset_compile_stats  # noqa: E402,F401
-from hologram_torch.custom_op import custom_op  # noqa: E402
+from hologram_torch.custom_ops import custom_op  # noqa: E402
 from hologram_torch.fallback import (  # noqa: E402
     FallbackWarning,
     fallback_stats,

@@ -71,10 +71,18 @@ class Tape(Graph):
 
     def __init__(self, name: str = "main", on: Graph | None = None):
         super().__init__(name)
+        # Temporaries are named apart from those of ``on`` and of other tapes on it (a
+        # program's buffer names are unique): by the buffer count when the tape began.
+        self._prefix = "t"
         if on is not None:
             self.builder = on.builder
+            self._prefix = f"d{len(on.builder.buffers)}_t"
         self.nodes: list[Node] = []
         self._depth = 0
+
+    def _temp(self, dtype, shape):
+        self._temps += 1
+        return self._whole(self.builder.temp(f"{self._prefix}{self._temps}", dtype, shape))
 
     def adopt(self, t: Tensor) -> Tensor:
         """``t`` (a tensor of the graph this tape builds into) as a tensor of the tape,

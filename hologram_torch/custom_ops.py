@@ -290,7 +290,7 @@ class _Definition:
                 wanted.extend(bool(needs) for given in v if given)
         wanted = [w and t.dtype.is_floating_point for w, t in zip(wanted, tensors)]
         if not any(wanted):
-            return tuple(None for _ in ctx.layout)
+            return tuple(None for _ in ctx.needs_input_grad)
         values = self._unpack(tensors, ctx.layout)
         got = iter(self.backward_op(*values, list(grads), wanted))
         flat = iter([next(got) if w else None for w in wanted])
@@ -302,7 +302,8 @@ class _Definition:
                 result.append([next(flat) if given else None for given in v])
             else:
                 result.append(None)
-        return tuple(result)
+        # One per argument as the caller passed them (defaults left out).
+        return tuple(result[:len(ctx.needs_input_grad)])
 
     def _split_backward(self, args: tuple, kwargs: dict):
         """The backward op's arguments: the forward's values, the output gradients and the
