@@ -27,9 +27,10 @@ Hazards. A node reads a tensor whose storage a pending node writes: exactly that
 or any view of a contiguous write of the same dtype, becomes a value in the fused
 program; another view (of a strided write) cuts the region first, and so does a node
 writing another view of a storage a pending node writes. Results written over memory the
-region also reads (in-place updates: an optimizer's) are *staged*: the fused program
-writes them to scratch blocks, copied in place once it has run, since its kernels run in
-an order of their own and one may read that memory after another wrote it.
+region also reads (in-place updates: an optimizer's) are written in place when the
+compiled kernels read that memory only before the kernel that writes it, or in it at the
+written element itself (:func:`_staging`); otherwise they are *staged*: written to
+scratch blocks, copied in place once the program has run.
 
 Errors a launch raises surface at the cut, with the recorded ops named (PyTorch's CUDA
 device reports asynchronous errors the same way). ``HOLOGRAM_LAZY=0`` (the default for
@@ -52,6 +53,8 @@ import torch
 
 import hologram
 from hologram import config
+from hologram.compiler import pipeline
+from hologram.compiler.options import CompileOptions
 from hologram.frontend.graph import Graph
 
 #: The most ops a region records before it runs (a bound on the fused program's size,
@@ -158,6 +161,7 @@ class _Region:
         self.addresses: list[int] = []
         self.keep: list = []  # what must live until the region runs
         self.input_of: dict[tuple, int] = {}  # memory inputs by view
+        self.inputs_over: dict[int, list] = {}  # memory inputs by storage address
         self.read: set[int] = set()  # storages read from memory, by address
         # storages written, by address: (view, result, offset, numel, contiguous)
         self.written: dict[int, tuple] = {}
@@ -275,6 +279,7 @@ def record(entry, args, outs, given: bool) -> None:
                     region.inputs.append(("m", view[3], view[1], view[2]))
                     region.addresses.append(view[0])
                     region.keep.append(x.untyped_storage())
+                    region.inputs_over.setdefault(sk, []).append(i)
                 region.read.add(sk)
                 wiring.append(("i", i))
             addresses.append(view[0])
@@ -307,11 +312,12 @@ def _new_input(region: _Region, spec: tuple, address: int) -> tuple:
 # --- running -------------------------------------------------------------------------
 
 class _Memo:
-    __slots__ = ("launch", "seen", "state")
+    __slots__ = ("launch", "seen", "staged", "state")
 
     def __init__(self) -> None:
         self.seen = 0
         self.launch = None
+        self.staged = ()  # per live result: is it staged (see _run_fused)?
         self.state = "new"  # "compiling", "ready", "failed"
 
 
@@ -334,7 +340,8 @@ def _flush(reason: str) -> None:
     # fused program writes them to scratch and they are copied in place after it, since
     # its kernels run in an order of their own and may read that memory after the write.
     staged = tuple(region.out_storage[k] in region.read for k in live)
-    key = (tuple(entry.key for entry in region.nodes), tuple(region.wiring), live, staged)
+    aliases = tuple(_aliases(region, k) if stage else () for k, stage in zip(live, staged))
+    key = (tuple(entry.key for entry in region.nodes), tuple(region.wiring), live, aliases)
     memo = _memo.get(key)
     if memo is None:
         memo = _memo[key] = _Memo()
@@ -345,7 +352,7 @@ def _flush(reason: str) -> None:
     memo.seen += 1
     try:
         if memo.launch is not None:
-            _run_fused(region, memo.launch, live, staged)
+            _run_fused(region, memo.launch, live, memo.staged)
             _stats["fused_runs"] += 1
         else:
             for entry, addresses in zip(region.nodes, region.launches):
@@ -353,7 +360,7 @@ def _flush(reason: str) -> None:
             _stats["op_by_op_runs"] += 1
             if memo.seen >= 2 and memo.state == "new" and len(region.nodes) > 1:
                 memo.state = "compiling"
-                _compiler.submit(memo, _plan(region, live, staged))
+                _compiler.submit(memo, _plan(region, live, staged), aliases)
     except Exception as e:
         names = sorted({entry.name for entry in region.nodes})
         more = ", ..." if len(names) > 12 else ""
@@ -361,6 +368,18 @@ def _flush(reason: str) -> None:
                    f"recorded ops ({', '.join(names[:12])}{more}); HOLOGRAM_LAZY=0 runs op "
                    "by op and raises at the op itself")
         raise
+
+
+def _aliases(region: _Region, k: int) -> tuple:
+    """How the region's inputs read the memory result ``k`` writes: per input over its
+    storage, (input, whether it is exactly the written tensor, contiguous)."""
+    from hologram_torch import memory
+
+    view = region.written[region.out_storage[k]][0]
+    contiguous = tuple(memory.contiguous_strides(view[1])) == tuple(view[2])
+    return tuple((i, contiguous and region.addresses[i] == view[0]
+                  and region.inputs[i][2:] == (view[1], view[2]))
+                 for i in region.inputs_over[region.out_storage[k]])
 
 
 def _layout(region: _Region, k: int) -> tuple:
@@ -445,6 +464,73 @@ def fused_program(plan: tuple):
     return g.program()
 
 
+def _staging(program, aliases: tuple) -> tuple:
+    """Which live results of a region's fused program must be staged (:func:`_flush`'s
+    ``aliases``: the inputs reading the memory each one writes). A result need not be
+    when the compiled kernels read that memory only before the one kernel that writes
+    it, or in it element for element at the write's own index through the very tensor it
+    writes (an optimizer's update ``p = p - lr * ...``): each element is then read before
+    it is written, whatever order the kernels take."""
+    final = pipeline.run(program, CompileOptions.from_env())
+    index = {buffer.name: i for i, buffer in enumerate(final.buffers)}
+    return tuple(bool(over) and not _in_place(
+        final, index.get(f"o{x}"), {index.get(f"i{i}"): exact for i, exact in over})
+        for x, over in enumerate(aliases))
+
+
+def _in_place(program, out: int | None, inputs: dict) -> bool:
+    """Can the kernels of ``program`` write buffer ``out`` over the memory its
+    ``inputs`` read (by buffer: whether it is exactly the written tensor)? See
+    :func:`_staging`. In the writing kernel the memory must be read only by loads at the
+    store's own index, which the store's value depends on (so each element is loaded
+    before it is stored, in any order of emission), and what those loads feed must reach
+    no reduction and no store outside the store's loop nest (codegen.loops: stores of
+    one shape share a nest; another nest would load the memory again)."""
+    written = False
+    for kernel in program.kernels:
+        body = kernel.body
+        reads = {k for k, ins in enumerate(body)
+                 if ins.op in ("load", "gather") and ins.buffer in inputs}
+        writes = [k for k, ins in enumerate(body)
+                  if ins.op in ("store", "scatter") and ins.buffer == out]
+        if written and (reads or writes):
+            return False
+        if not writes:
+            continue
+        if len(writes) > 1:
+            return False
+        store = body[writes[0]]
+        fed = set(reads)  # instructions computed from the memory's loads
+        for k, ins in enumerate(body):
+            if k not in reads and fed.intersection(ins.args):
+                fed.add(k)
+        for k in reads:
+            load = body[k]
+            if not inputs[load.buffer] or load.op != "load" or \
+                    load.attrs[1] != store.attrs[1] or load.shape != store.shape:
+                return False
+        if not reads <= _ancestors(body, writes[0]):
+            return False
+        for k in fed:
+            ins = body[k]
+            if ins.op in ("reduce", "contract", "scatter") or \
+                    (ins.op == "store" and ins.shape != store.shape):
+                return False
+        written = store.op == "store"
+    return written and out is not None
+
+
+def _ancestors(body, k: int) -> set:
+    """The instructions whose values instruction ``k`` of ``body`` is computed from."""
+    seen, todo = set(), list(body[k].args)
+    while todo:
+        i = todo.pop()
+        if i not in seen:
+            seen.add(i)
+            todo.extend(body[i].args)
+    return seen
+
+
 class _Compiler:
     """The background thread that compiles regions' fused programs, one at a time."""
 
@@ -454,26 +540,29 @@ class _Compiler:
         self._idle = threading.Condition()
         self._pending = 0
 
-    def submit(self, memo: _Memo, plan: tuple) -> None:
+    def submit(self, memo: _Memo, plan: tuple, aliases: tuple) -> None:
         with self._idle:
             self._pending += 1
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="hologram-lazy",
                                                 daemon=True)
                 self._thread.start()
-        self._queue.put((memo, plan))
+        self._queue.put((memo, plan, aliases))
 
     def _run(self) -> None:
         from hologram_torch.aten.program import backend
 
         while True:
-            memo, plan = self._queue.get()
+            memo, plan, aliases = self._queue.get()
             try:
-                compiled = hologram.compile(fused_program(plan), backend())
+                program = fused_program(plan)
+                compiled = hologram.compile(program, backend())
+                staged = _staging(program, aliases)
             except Exception:  # the region keeps running op by op, as it did
                 memo.state = "failed"
                 _stats["compile_failures"] += 1
             else:
+                memo.staged = staged
                 memo.launch, memo.state = compiled.launch, "ready"
                 _stats["compiles"] += 1
             with self._idle:
