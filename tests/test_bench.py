@@ -36,6 +36,81 @@ def test_statistics_on_synthetic_timings():
     assert t_quantile_95(1000) == 1.96
 
 
+def test_median_interval_and_stall_flags():
+    from hologram.bench.stats import median_ci95, unreliable
+
+    # n = 20: the order statistics 6 and 15 (P(Binomial(20, 1/2) <= 5) = 0.021)
+    assert median_ci95([float(i) for i in range(1, 21)]) == (6.0, 15.0)
+    assert median_ci95([3.0, 1.0, 2.0]) == (1.0, 3.0)
+    steady = BenchmarkResult("pytorch", [1.0 + 0.01 * (i % 3) for i in range(20)])
+    fast = BenchmarkResult("hologram", [0.5 + 0.01 * (i % 3) for i in range(20)])
+    assert unreliable(steady, fast) == []
+    # most samples waited: the median is 8x the minimum
+    stalled = BenchmarkResult("hologram", [0.5] * 5 + [4.0] * 15)
+    assert unreliable(steady, stalled)[0].startswith("hologram median 8.0x")
+    # a 1.2x "win" from samples that spread over 0.5-2x: the interval holds 1
+    noisy = BenchmarkResult("hologram", [0.5, 2.0] * 10)
+    assert "holds 1" in unreliable(BenchmarkResult("pytorch", [1.5] * 20), noisy)[-1]
+    # a tie is not a claim, however wide its interval
+    assert unreliable(BenchmarkResult("pytorch", [1.25] * 20), noisy) == []
+
+
+def test_time_pair_warms_the_sync_with_the_call():
+    calls = []
+    bench.time_pair([lambda: calls.append("f")], warmup_runs=0, timing_runs=2,
+                    syncs=[lambda: calls.append("s")], warm_s=1e-9)
+    # each sample: at least one warm-up call and its sync, then the timed call and its sync
+    assert calls[:4] == ["f", "s", "f", "s"] and calls[-2:] == ["f", "s"]
+    assert calls == ["f", "s"] * (len(calls) // 2)
+
+
+def test_unreliable_cases_are_timed_again_and_flagged(monkeypatch):
+    from hologram.bench import runners
+
+    clean = [BenchmarkResult("pytorch", [1.0] * 10), BenchmarkResult("hologram", [0.5] * 10)]
+    stalled = [BenchmarkResult("pytorch", [1.0] * 10),
+               BenchmarkResult("hologram", [0.5] * 3 + [4.0] * 7)]
+    attempts = []
+
+    def fake_time_pair(fns, *args, **kwargs):
+        attempts.append(1)
+        return plan.pop(0)
+
+    monkeypatch.setattr(runners, "time_pair", fake_time_pair)
+    monkeypatch.setattr(runners, "wait_for_quiet", lambda limit: 0.0)
+    x = np.ones(8, np.float32)
+    kw = dict(executor=runners.default_executor(), loop=None)
+    plan = [stalled, clean]
+    record = runners.compare("neg", 8, torch.neg, hg.ops.vector_neg, [x], retries=2, **kw)
+    assert record["attempts"] == 2 and record["flag"] == "" and record["speedup"] == 2.0
+    # never clean: the least stalled attempt is kept, flagged
+    worse = [stalled[0], BenchmarkResult("hologram", [0.5] + [4.0] * 9)]
+    plan = [worse, stalled, worse]
+    record = runners.compare("neg", 8, torch.neg, hg.ops.vector_neg, [x], retries=2, **kw)
+    assert record["attempts"] == 3 and "hologram median 8.0x" in record["flag"]
+    assert not math.isnan(record["load_before"] + record["load_after"])
+    plan = [stalled]
+    record = runners.compare("neg", 8, torch.neg, hg.ops.vector_neg, [x], retries=0, **kw)
+    assert record["attempts"] == 1 and record["flag"] and len(attempts) == 6
+
+
+def test_the_headline_warns_of_flagged_cases():
+    from hologram.bench.report import headline
+    from hologram.bench.results import frame
+
+    rows = [{"operation": op, "size": 10, "family": "elementwise", "speedup": speedup,
+             "flag": flag, "attempts": 3, "other_load": 1.2, "load_before": 0.5,
+             "load_after": 1.8}
+            for op, speedup, flag in [("add", 1.5, ""), ("mul", 1971.0, "pytorch median "
+                                                                       "230.0x its minimum")]]
+    lines = headline(frame(rows))
+    assert "1 of 2 cases flagged" in lines[1] and "1 of the wins" in lines[1]
+    assert "load average 0.50 before the cases, 1.80 after" in lines[1]
+    assert "1.2 cores" in lines[1]
+    rows[1]["flag"] = ""
+    assert headline(frame(rows))[1].startswith("No case flagged")
+
+
 def test_benchmark_operation_warms_then_times():
     calls = []
     r = bench.benchmark_operation(lambda: calls.append(1) or len(calls), warmup_runs=5,
@@ -186,8 +261,16 @@ def test_quick_bench_writes_every_artifact(tmp_path):
     data = json.loads((out / "results.json").read_text())
     assert len(data["results"]) == 9 and data["system"]["timing_runs"] == 10
     assert all(r["verified"] for r in data["results"])
+    # quick runs flag unreliable cases without timing them again
+    assert data["system"]["retries"] == 0 and {r["attempts"] for r in data["results"]} == {1}
+    assert all(isinstance(r["flag"], str) for r in data["results"])
     report = (out / "report.md").read_text()
     assert "All 9 cases verified" in report and "![speedup.png](speedup.png)" in report
+    assert "flagged" in report.split("## Method")[0]  # the headline says either way
+    # 1,000-element adds are timed as calls in a loop too
+    looped = {(r["operation"], r["size"]) for r in data["results"] if r.get("hologram_loop_us")}
+    assert ("add", 1000) in looped
+    assert "## Isolated call and call in a loop" in report
     # PyTorch's device is named (the GPU's for the cuda backend where PyTorch has one)
     assert data["system"]["pytorch_device"] == "cpu" and "PyTorch runs on the CPU" in report
     assert {r["pytorch_device"] for r in data["results"]} == {"cpu"}

@@ -104,7 +104,8 @@ def plot_scaling(df: Any, operation: str | None = None, ax=None):
 
 def plot_speedup(df: Any, ax=None, size: int | None = None):
     """Horizontal bars, one per operation and size (only ``size`` when given): PyTorch time
-    over Hologram time on a log axis, with 1 marked."""
+    over Hologram time on a log axis, with 1 marked; cases flagged as unreliable (a
+    ``flag`` in the record) in grey, marked."""
     data = frame(df).sort_values(["family", "operation", "size"], kind="stable")
     if size is not None:
         data = data[data["size"] == size]
@@ -112,7 +113,11 @@ def plot_speedup(df: Any, ax=None, size: int | None = None):
     ax = _axes(ax)
     labels = [f"{r.operation} @ {_size_label(r.size)}" for r in data.itertuples()]
     values = list(data["speedup"])
-    colors = ["#4e9a06" if v > 1 else "#cc0000" for v in values]
+    # A flagged case's timings are stalls or noise, not a result: grey, marked ⚠.
+    flags = list(data["flag"].fillna("").astype(str) != "") if "flag" in data \
+        else [False] * len(values)
+    colors = ["#999999" if bad else "#4e9a06" if v > 1 else "#cc0000"
+              for v, bad in zip(values, flags)]
     ax.barh(range(len(values)), values, color=colors)
     ax.axvline(1.0, color="black", linewidth=1)
     ax.set_xscale("log")
@@ -120,9 +125,9 @@ def plot_speedup(df: Any, ax=None, size: int | None = None):
     ax.invert_yaxis()
     ax.set_xlabel("speedup = PyTorch time / Hologram time (>1: Hologram faster)")
     ax.set_title("Hologram vs PyTorch eager")
-    for y, v in enumerate(values):
-        ax.annotate(f"{v:.2f}x", (v, y), xytext=(3, 0), textcoords="offset points",
-                    va="center", fontsize=6)
+    for y, (v, bad) in enumerate(zip(values, flags)):
+        ax.annotate(f"{v:.2f}x" + (" ⚠ flagged" if bad else ""), (v, y), xytext=(3, 0),
+                    textcoords="offset points", va="center", fontsize=6)
     return ax
 
 

@@ -13,6 +13,7 @@ import pandas as pd
 
 from hologram.bench import compile as compile_bench
 from hologram.bench.results import create_summary_table, frame
+from hologram.bench.runners import LOOP_MAX_MS
 
 METHOD = (
     "Each case is verified against PyTorch (rtol/atol per case, listed in results.csv) "
@@ -22,7 +23,33 @@ METHOD = (
     "one call per sample, synchronous. Before each sample the same call runs untimed for a "
     "few tens of ms so neither library's spinning thread pool slows the other. Times are "
     "medians; speedup = PyTorch median / Hologram median, above 1 means Hologram was faster. "
-    "Fused chains also time torch.compile (speedup_vs_compile).")
+    "Fused chains also time torch.compile (speedup_vs_compile). A case is flagged when a "
+    "side's median is over 3x its minimum (most samples waited for the CPU) or when a win "
+    "or loss has a 95% interval (from the medians' order-statistic intervals) that holds "
+    "1; a flagged case is timed again, up to {retries} times, after waiting up to a "
+    "second for other processes to go idle, and keeps its least stalled attempt. Cases "
+    "whose single calls take under {loop_ms} ms are also timed as calls in a loop "
+    "(back-to-back, a few ms per sample, interleaved, medians): see 'Isolated call and "
+    "call in a loop'.")
+
+
+LATENCY = (
+    "µs per call. 'call': one call per sample after a warm-up of the same call, as in "
+    "the headline (what a program pays for an op between other work). 'loop': calls "
+    "back to back (what a loop over the op pays). Both sides are timed the same way in "
+    "each view.")
+
+
+def _where(row: Any) -> str:
+    """The flagged row's context: attempts and the load other processes put on the CPU."""
+    parts = []
+    attempts = getattr(row, "attempts", None)
+    if attempts is not None and not pd.isna(attempts):
+        parts.append(f"{int(attempts)} attempt{'s' if attempts != 1 else ''}")
+    others = getattr(row, "other_load", None)
+    if others is not None and not pd.isna(others):
+        parts.append(f"other processes used {others:.1f} cores")
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def _fmt(value: Any) -> str:
@@ -47,17 +74,71 @@ def results_table(df: pd.DataFrame) -> pd.DataFrame:
     """The per-case columns a reader needs."""
     columns = ["family", "operation", "shape", "pytorch_median_ms", "hologram_median_ms",
                "speedup", "torch_compile_median_ms", "speedup_vs_compile", "hologram_ci95_low_ms",
-               "hologram_ci95_high_ms", "verified", "max_rel_err"]
+               "hologram_ci95_high_ms", "verified", "max_rel_err", "flag"]
     return df[[c for c in columns if c in df]]
 
 
+def flagged(df: pd.DataFrame) -> pd.DataFrame:
+    """The timed cases whose timings were flagged as unreliable (see
+    :func:`hologram.bench.stats.unreliable`)."""
+    if "flag" not in df:
+        return df.iloc[:0]
+    flags = df["flag"].fillna("").astype(str)
+    return df[(flags != "") & df["speedup"].notna()]
+
+
+def latency_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Cases timed both ways: a single call per sample (the headline's numbers) and calls
+    in a loop, in µs, with each view's speedup."""
+    if "hologram_loop_us" not in df:
+        return pd.DataFrame()
+    part = df[df["hologram_loop_us"].notna()]
+    return pd.DataFrame({
+        "operation": part["operation"], "shape": part["shape"],
+        "pytorch_call_us": part["pytorch_median_ms"] * 1e3,
+        "hologram_call_us": part["hologram_median_ms"] * 1e3,
+        "speedup_call": part["speedup"],
+        "pytorch_loop_us": part["pytorch_loop_us"], "hologram_loop_us": part["hologram_loop_us"],
+        "speedup_loop": part["speedup_loop"]})
+
+
+def _load(df: pd.DataFrame) -> str:
+    before = df["load_before"].dropna() if "load_before" in df else []
+    after = df["load_after"].dropna() if "load_after" in df else []
+    if not len(before) or not len(after):
+        return "load average not recorded"
+    return (f"load average {before.iloc[0]:.2f} before the cases, {after.iloc[-1]:.2f} after "
+            f"(highest {max(before.max(), after.max()):.2f})")
+
+
 def headline(df: pd.DataFrame) -> list[str]:
-    """Counts computed from the data: who was faster, where."""
+    """Counts computed from the data: who was faster, where; and a warning naming how many
+    results are stalls or noise, with the machine's load, when there are any."""
     timed = df[df["speedup"].notna()]
     wins = int((timed["speedup"] > 1.05).sum())
     losses = int((timed["speedup"] < 1 / 1.05).sum())
     lines = [f"{len(df)} cases; Hologram faster (>5%) in {wins}, PyTorch faster (>5%) in "
              f"{losses}, within ±5% in {len(timed) - wins - losses}."]
+    if "flag" in df:
+        bad = flagged(df)
+        if len(bad):
+            flags = bad["flag"].astype(str)
+            stalls = int(flags.str.contains("minimum").sum())
+            wide = int(flags.str.contains("holds 1").sum())
+            others = bad["other_load"].dropna() if "other_load" in bad else []
+            busy = (f"; other processes used up to {others.max():.1f} cores while one was "
+                    f"timed" if len(others) else "")
+            attempts = int(bad["attempts"].max()) if "attempts" in bad else 1
+            lines.append(
+                f"⚠ WARNING: {len(bad)} of {len(timed)} cases flagged, their timings are not "
+                f"results ({stalls} with a median over 3x its minimum, {wide} with a speedup whose "
+                f"95% interval holds 1), after up to {attempts} attempts each: "
+                f"{int((bad['speedup'] > 1.05).sum())} of the wins and "
+                f"{int((bad['speedup'] < 1 / 1.05).sum())} of the losses above. "
+                f"{_load(df)}{busy}. Re-run on a quiet machine before reading them.")
+        else:
+            lines.append(f"No case flagged: every median within 3x its minimum, every win "
+                         f"and loss outside its 95% interval; {_load(df)}.")
     for family, group in timed.groupby("family", sort=False):
         largest = group[group["size"] == group["size"].max()]
         geo = math.exp(largest["speedup"].map(math.log).mean())
@@ -80,7 +161,10 @@ def write_report(records: list[dict], system: dict, plots: list[str], out_dir: s
     system_df = pd.DataFrame({"key": list(system), "value": [_fmt(v) for v in system.values()]})
     device = system.get("pytorch_device", "cpu")
     method = METHOD.format(warmup=warmup, timing=timing,
-                           device="the GPU (CUDA)" if device == "cuda" else "the CPU")
+                           device="the GPU (CUDA)" if device == "cuda" else "the CPU",
+                           retries=system.get("retries", 0), loop_ms=LOOP_MAX_MS)
+    bad = flagged(df)
+    latency = latency_table(df)
     heads = headline(df)
 
     md = ["# Hologram vs PyTorch benchmark report", ""]
@@ -92,8 +176,13 @@ def write_report(records: list[dict], system: dict, plots: list[str], out_dir: s
     else:
         md += [f"✅ All {len(df)} cases verified against PyTorch."]
     md += ["", "## Headline", ""] + [f"- {line}" for line in heads]
+    if len(bad):
+        md += ["", f"## ⚠ Flagged cases ({len(bad)})", ""]
+        md += [f"- **{r.operation} @ {r.size}**: {r.flag}{_where(r)}" for r in bad.itertuples()]
     md += ["", "## Method", "", method, "", "## System", "", _md_table(system_df), "",
            "## Summary by operation", "", _md_table(summary), ""]
+    if len(latency):
+        md += ["## Isolated call and call in a loop", "", LATENCY, "", _md_table(latency), ""]
     if compiled is not None:
         md += compile_bench.markdown(compiled)
     md += ["## Plots", ""]
@@ -125,9 +214,17 @@ def write_report(records: list[dict], system: dict, plots: list[str], out_dir: s
         parts.append(f"<p class='ok'>✅ All {len(df)} cases verified against PyTorch.</p>")
     parts.append("<h2>Headline</h2><ul>" + "".join(f"<li>{h(x)}</li>" for x in heads)
                  + "</ul>")
+    if len(bad):
+        parts.append(f"<div class='fail'><h2>⚠ Flagged cases ({len(bad)})</h2><ul>")
+        parts += [f"<li><b>{h(r.operation)} @ {r.size}</b>: {h(r.flag)}{h(_where(r))}</li>"
+                  for r in bad.itertuples()]
+        parts.append("</ul></div>")
     parts += [f"<h2>Method</h2><p>{h(method)}</p>", "<h2>System</h2>",
               system_df.to_html(index=False), "<h2>Summary by operation</h2>",
               summary.to_html(index=False, float_format=_fmt)]
+    if len(latency):
+        parts += ["<h2>Isolated call and call in a loop</h2>", f"<p>{h(LATENCY)}</p>",
+                  latency.to_html(index=False, float_format=_fmt)]
     if compiled is not None:
         parts += compile_bench.html(compiled)
     parts.append("<h2>Plots</h2>")

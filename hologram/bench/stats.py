@@ -32,6 +32,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+#: A side whose median is over this many times its minimum is flagged: most of its samples
+#: include a wait (on an idle machine no case of ``hologram bench`` comes near it).
+STALL_RATIO = 3.0
+#: Speedups within this factor of 1 count as ties (the report's headline uses the same).
+TIE = 1.05
+
 #: Two-sided 95% Student-t quantiles by degrees of freedom (1..30); 1.96 beyond.
 _T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
@@ -43,6 +49,27 @@ def t_quantile_95(dof: int) -> float:
     if dof < 1:
         return math.nan
     return _T95[dof - 1] if dof <= len(_T95) else 1.96
+
+
+def median_ci95(samples: Sequence[float]) -> tuple[float, float]:
+    """A distribution-free confidence interval of at least 95% for the median: the order
+    statistics j and n + 1 - j, with j the largest rank such that fewer than j of n
+    samples fall below the median with probability at most 2.5% (Binomial(n, 1/2)).
+    Timings are skewed and a stall is one huge sample, so a t interval of the mean is
+    wide where the median is sound; this one is not moved by a few outliers. Below 6
+    samples it is (min, max)."""
+    ordered = sorted(samples)
+    n = len(ordered)
+    if n == 0:
+        return (math.nan, math.nan)
+    j, below = 0, 0.0
+    while True:  # below = P(Binomial(n, 1/2) <= j)
+        below += math.comb(n, j) / 2.0 ** n
+        if below > 0.025:
+            break
+        j += 1
+    j = max(j, 1)
+    return (ordered[j - 1], ordered[n - j])
 
 
 @dataclass
@@ -84,6 +111,18 @@ class BenchmarkResult:
         return max(self.samples_ms)
 
     @property
+    def median_ci95_ms(self) -> tuple[float, float]:
+        """95% confidence interval of the median (:func:`median_ci95`)."""
+        return median_ci95(self.samples_ms)
+
+    @property
+    def stall_ratio(self) -> float:
+        """The median over the minimum: near 1 when every sample did the same work; over
+        :data:`STALL_RATIO`, most samples waited for something else (a time slice, a
+        page fault storm) and the median is not the call's cost."""
+        return self.median_ms / self.min_ms if self.min_ms > 0 else math.inf
+
+    @property
     def ci95_ms(self) -> tuple[float, float]:
         if self.runs < 2:
             return (self.mean_ms, self.mean_ms)
@@ -93,15 +132,48 @@ class BenchmarkResult:
     def summary(self, prefix: str = "") -> dict[str, float]:
         """The statistics as a flat dict (keys prefixed by ``prefix``), for result records."""
         low, high = self.ci95_ms
+        median_low, median_high = self.median_ci95_ms
         values = {"mean_ms": self.mean_ms, "median_ms": self.median_ms, "std_ms": self.std_ms,
                   "min_ms": self.min_ms, "max_ms": self.max_ms, "ci95_low_ms": low,
-                  "ci95_high_ms": high, "runs": self.runs}
+                  "ci95_high_ms": high, "median_ci95_low_ms": median_low,
+                  "median_ci95_high_ms": median_high, "runs": self.runs}
         return {prefix + key: value for key, value in values.items()}
 
     def __str__(self) -> str:
         low, high = self.ci95_ms
         return (f"{self.name}: {self.mean_ms:.4f} ± {self.std_ms:.4f} ms "
                 f"(median {self.median_ms:.4f}, 95% CI [{low:.4f}, {high:.4f}], n={self.runs})")
+
+
+def speedup_ci95(pytorch: BenchmarkResult, hologram: BenchmarkResult) -> tuple[float, float]:
+    """The speedup's interval from the two medians' 95% intervals (PyTorch's low end over
+    Hologram's high end, and the reverse): conservative, as each side's interval is."""
+    p_low, p_high = pytorch.median_ci95_ms
+    h_low, h_high = hologram.median_ci95_ms
+    low = p_low / h_high if h_high > 0 else math.nan
+    high = p_high / h_low if h_low > 0 else math.inf
+    return (low, high)
+
+
+def unreliable(pytorch: BenchmarkResult, hologram: BenchmarkResult,
+               others: Sequence[BenchmarkResult] = ()) -> list[str]:
+    """Why a case's timings should not be read as a result; empty when they can.
+
+    - a side (``others`` too, e.g. torch.compile) whose median is over
+      :data:`STALL_RATIO` times its minimum: its median is mostly waiting, not work;
+    - a speedup counted as a win or a loss (outside 1 ± 5%) whose confidence interval
+      (:func:`speedup_ci95`) still holds 1: the interval is wider than the effect.
+    """
+    reasons = []
+    for result in (pytorch, hologram, *others):
+        if result.stall_ratio > STALL_RATIO:
+            reasons.append(f"{result.name} median {result.stall_ratio:.1f}x its minimum")
+    speedup = pytorch.median_ms / hologram.median_ms if hologram.median_ms > 0 else math.nan
+    low, high = speedup_ci95(pytorch, hologram)
+    decided = speedup > TIE or speedup < 1 / TIE
+    if decided and low <= 1.0 <= high:
+        reasons.append(f"speedup {speedup:.2f}x, 95% CI {low:.2f}-{high:.2f} holds 1")
+    return reasons
 
 
 def _check_runs(warmup_runs: int, timing_runs: int) -> None:
@@ -139,12 +211,32 @@ def benchmark_operation(fn: Callable[[], Any], warmup_runs: int = 5, timing_runs
     return BenchmarkResult(name, samples, out)
 
 
+def _collect_young() -> None:
+    """Collect the last calls' cyclic garbage before the collector is paused. Only the
+    younger generations, where it is: the oldest holds what the imports made (in a process
+    that imported torch.compile a full collection took ~0.5 s per case)."""
+    gc.collect(1)
+
+
 def warm(fn: Callable[..., Any], args: tuple = (), seconds: float = 0.0) -> None:
     """Call ``fn(*args)`` untimed at least once and for at least ``seconds``."""
     end = time.perf_counter() + seconds
     fn(*args)
     while time.perf_counter() < end:
         fn(*args)
+
+
+def call_and_sync(fn: Callable[[], Any], sync: Callable[[], None] | None
+                   ) -> Callable[[], Any]:
+    """What a timed sample runs, for the untimed warm-up: the call and its ``sync``."""
+    if sync is None:
+        return fn
+
+    def call() -> Any:
+        out = fn()
+        sync()
+        return out
+    return call
 
 
 def time_pair(fns: Sequence[Callable[[], Any]], warmup_runs: int = 5, timing_runs: int = 10,
@@ -154,25 +246,28 @@ def time_pair(fns: Sequence[Callable[[], Any]], warmup_runs: int = 5, timing_run
     """Time several callables interleaved in one process: every round calls each once,
     the order alternating between rounds (ABC, CBA, ...). Returns one result per callable.
 
-    ``warm_s``: untimed calls of the same callable for that long before each sample (see
-    the module docstring).
+    ``warm_s``: untimed calls of the same callable, each followed by its ``sync`` as in a
+    sample, for that long before each sample (see the module docstring). Warming the call
+    without its ``sync`` left the sync's code cold: on the cpu backend the executor's
+    no-op ``synchronize`` then took 1-5 µs inside the timed region instead of 0.1.
     """
     _check_runs(warmup_runs, timing_runs)
     names = list(names) if names is not None else [f"fn{i}" for i in range(len(fns))]
     syncs = list(syncs) if syncs is not None else [None] * len(fns)
+    warmers = [call_and_sync(fn, sync) for fn, sync in zip(fns, syncs)]
     outs: list[Any] = [None] * len(fns)
     for _ in range(warmup_runs):
         for i, fn in enumerate(fns):
             outs[i] = fn()
     samples: list[list[float]] = [[] for _ in fns]
     order = list(range(len(fns)))
-    gc.collect()
+    _collect_young()
     gc.disable()
     try:
         for _ in range(timing_runs):
             for i in order:
                 if warm_s > 0:
-                    warm(fns[i], (), warm_s)
+                    warm(warmers[i], (), warm_s)
                 ms, outs[i] = _timed(fns[i], syncs[i])
                 samples[i].append(ms)
             order.reverse()
@@ -191,6 +286,16 @@ class Sampling(Protocol):
     max_rounds: int
     budget_s: float
     sample_s: float
+
+
+@dataclass(frozen=True)
+class LoopSampling:
+    """A :class:`Sampling` (e.g. ``hologram bench``'s calls in a loop)."""
+
+    min_rounds: int = 5
+    max_rounds: int = 15
+    budget_s: float = 0.15
+    sample_s: float = 0.002
 
 
 def per_call_us(fn: Callable[..., Any], args: tuple = (), calls: int = 1) -> float:
@@ -224,7 +329,7 @@ def interleaved(contestants: Sequence[tuple[Callable[..., Any], tuple]], samplin
     rounds = max(sampling.min_rounds, min(sampling.max_rounds, rounds))
     samples: list[list[float]] = [[] for _ in contestants]
     order = list(range(len(contestants)))
-    gc.collect()
+    _collect_young()
     gc.disable()
     try:
         for r in range(rounds):

@@ -8,7 +8,9 @@ unless ``torch_compile`` is off (``--no-torch-compile``).
 Sizes (elements; N for GEMM), default and ``quick`` (``--quick`` or
 ``HOLOGRAM_BENCH_QUICK=1``): elementwise, activations, transcendentals and fused chains
 1e3..1e7 (quick: 1e4, 1e6); reductions and losses 1e3..1e6 (quick: 1e4, 1e6); GEMM
-64..1024 (quick: 64, 256). Timed runs: 20 (quick: 10), after 5 warm-up runs.
+64..1024 (quick: 64, 256). Timed runs: 20 (quick: 10), after 5 warm-up runs. A case whose
+timings are stalls or noise is flagged and timed again up to twice (quick: flagged only);
+short calls are also timed in a loop (see :func:`hologram.bench.runners.compare`).
 """
 
 from __future__ import annotations
@@ -55,6 +57,12 @@ class BenchConfig:
     torch_compile: bool = True
     progress: bool = True
     warm_s: float | None = None
+    #: Re-measurements of a case whose timings cannot be read as a result (a median over
+    #: 3x its minimum, a speedup whose 95% interval holds 1; see runners.compare). None:
+    #: 2, none for ``quick`` runs (which are for a first look, and flag the same cases).
+    retries: int | None = None
+    #: Also time calls in a loop where single calls are short (the report's latency view).
+    loop: bool = True
 
 
 def cases(specs: list[OpSpec], config: BenchConfig) -> list[tuple[OpSpec, int]]:
@@ -105,6 +113,7 @@ def prepare(config: BenchConfig) -> tuple[list[tuple[OpSpec, int]], str]:
     _counts("threads", config.threads)
     _counts("timing runs", config.timing)
     _counts("warm-up runs", config.warmup, minimum=0)
+    _counts("retries", config.retries, minimum=0)
     target = check_output(config.out)
     try:
         backend = validate_backend(config.backend)
@@ -147,7 +156,7 @@ def run_bench(config: BenchConfig, command: str = "") -> dict:
     import torch
 
     import hologram as hg
-    from hologram.bench.runners import run_suite, torch_device
+    from hologram.bench.runners import LOOP, QUICK_LOOP, run_suite, torch_device
     from hologram.bench.sysinfo import collect_system_info
 
     existed = os.path.lexists(target)
@@ -155,6 +164,7 @@ def run_bench(config: BenchConfig, command: str = "") -> dict:
     hg.set_num_threads(threads)
     torch.set_num_threads(threads)
     timing = config.timing or (10 if config.quick else 20)
+    retries = config.retries if config.retries is not None else (0 if config.quick else 2)
     # The staging directory is made now, so an --out that cannot be written fails before
     # the benchmarks run, not after.
     with staged_output(target) as staging:
@@ -165,13 +175,15 @@ def run_bench(config: BenchConfig, command: str = "") -> dict:
         stats = ex.memory_stats()  # a GPU backend's device: which adapter, what it flushes
         system.update({key: stats[key] for key in ("adapter", "flushes_subnormals")
                        if key in stats})
-        system.update(quick=config.quick, warmup_runs=config.warmup, timing_runs=timing)
+        system.update(quick=config.quick, warmup_runs=config.warmup, timing_runs=timing,
+                      retries=retries)
         # Quick runs warm for less before each sample (see runners.default_warm_s).
         warm_s = config.warm_s if config.warm_s is not None else (0.02 if config.quick
                                                                   else None)
+        loop = (QUICK_LOOP if config.quick else LOOP) if config.loop else None
         records = run_suite(plan, warmup=config.warmup, timing=timing, executor=ex,
                             torch_compile=config.torch_compile, progress=config.progress,
-                            warm_s=warm_s)
+                            warm_s=warm_s, retries=retries, loop=loop)
         section = compile_section(config)
         system["load_average_after"] = (os.getloadavg()[0] if hasattr(os, "getloadavg")
                                         else None)

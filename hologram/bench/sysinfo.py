@@ -6,6 +6,7 @@ import datetime
 import os
 import platform
 import sys
+import time
 
 import numpy as np
 
@@ -103,6 +104,52 @@ def available_cores() -> int:
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
+
+
+def _busy_ticks() -> tuple[int, int] | None:
+    """(clock ticks all CPUs spent busy, ticks this process spent), or None off Linux."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = [int(v) for v in stat.readline().split()[1:]]
+        with open("/proc/self/stat") as own:
+            after_name = own.read().rsplit(")", 1)[1].split()
+    except (OSError, ValueError, IndexError):
+        return None
+    busy = sum(fields) - fields[3] - (fields[4] if len(fields) > 4 else 0)  # minus idle, iowait
+    return busy, int(after_name[11]) + int(after_name[12])  # utime + stime
+
+
+class OtherLoad:
+    """Cores kept busy by other processes (CPU time of the machine minus this process's)
+    between :meth:`start` and :meth:`cores`; None where /proc is missing."""
+
+    def __init__(self) -> None:
+        self.start()
+
+    def start(self) -> None:
+        self._ticks, self._wall = _busy_ticks(), time.perf_counter()
+
+    def cores(self) -> float | None:
+        now = _busy_ticks()
+        wall = time.perf_counter() - self._wall
+        if now is None or self._ticks is None or wall <= 0:
+            return None
+        ticks = (now[0] - self._ticks[0]) - (now[1] - self._ticks[1])
+        return max(0.0, ticks / os.sysconf("SC_CLK_TCK") / wall)
+
+
+def wait_for_quiet(limit_s: float, threshold: float = 0.3) -> float:
+    """Wait (up to ``limit_s``) until other processes use less than ``threshold`` cores over
+    a 0.2 s window; return the seconds waited. The machine is shared: another job on one
+    of two cores turns each parallel call into a wait for a time slice."""
+    start = time.perf_counter()
+    while time.perf_counter() - start < limit_s:
+        load = OtherLoad()
+        time.sleep(0.2)
+        busy = load.cores()
+        if busy is None or busy < threshold:
+            break
+    return time.perf_counter() - start
 
 
 def collect_system_info() -> dict:
