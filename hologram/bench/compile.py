@@ -184,6 +184,7 @@ def _case(torch, plan: Plan, settings, name: str, model, inputs, loss_fn, mode: 
     import hologram
     from hologram.bench.dev import compile as dev_compile
     from hologram.bench.dev import training
+    from hologram.bench.runners import promote
 
     x, y = inputs
 
@@ -208,7 +209,7 @@ def _case(torch, plan: Plan, settings, name: str, model, inputs, loss_fn, mode: 
         calls[backend], first[backend] = call, round(seconds, 3)
         if backend == "hologram":
             own = stats
-    _promote(calls["hologram"])
+    promote(calls["hologram"])
     names = list(calls)
     rows = []
     for n in plan.threads:
@@ -220,21 +221,6 @@ def _case(torch, plan: Plan, settings, name: str, model, inputs, loss_fn, mode: 
                      "first_call_s": first, "hologram": own,
                      "check": "ok" if all(checks) else "MISMATCH"})
     return rows
-
-
-def _promote(call) -> None:
-    """Run ``call`` until the cpu backend has replaced its quick first builds by full ones
-    (docs/compiler.md, "Tiers"): timing the quick code would time a build that only
-    exists for a program's first few calls."""
-    import hologram
-
-    for _ in range(hologram.config.get().promote_after + 1):
-        call()
-    try:
-        from hologram.backends.cpu.backend import wait_for_promotions
-    except ImportError:  # no cpu backend in this build: nothing was compiled quickly
-        return
-    wait_for_promotions(timeout=300)
 
 
 def _warm_process(plan: Plan, cache_dir: str) -> dict:

@@ -20,13 +20,16 @@ METHOD = (
     "before it is timed. PyTorch runs on {device}. Then PyTorch and Hologram are timed "
     "interleaved in one process "
     "(alternating order each round) after {warmup} warm-up calls, {timing} timed calls each, "
-    "one call per sample, synchronous. Before each sample the same call runs untimed for a "
+    "one call per sample, synchronous. Hologram's warm-up lasts until its code is the full "
+    "build (the first calls of a new program run a quickly compiled one; the full build is "
+    "compiled in the background). Before each sample the same call runs untimed for a "
     "few tens of ms so neither library's spinning thread pool slows the other. Times are "
     "medians; speedup = PyTorch median / Hologram median, above 1 means Hologram was faster. "
     "Fused chains also time torch.compile (speedup_vs_compile). A case is flagged when a "
-    "side's median is over 3x its minimum (most samples waited for the CPU) or when a win "
+    "side's median is over 3x its minimum (most samples waited for the CPU), when a win "
     "or loss has a 95% interval (from the medians' order-statistic intervals) that holds "
-    "1; a flagged case is timed again, up to {retries} times, after waiting up to a "
+    "1, or when other processes used the cores its threads needed; a flagged case is "
+    "timed again, up to {retries} times, after waiting up to a "
     "second for other processes to go idle, and keeps its least stalled attempt. Cases "
     "whose single calls take under {loop_ms} ms are also timed as calls in a loop "
     "(back-to-back, a few ms per sample, interleaved, medians): see 'Isolated call and "
@@ -125,14 +128,16 @@ def headline(df: pd.DataFrame) -> list[str]:
             flags = bad["flag"].astype(str)
             stalls = int(flags.str.contains("minimum").sum())
             wide = int(flags.str.contains("holds 1").sum())
+            crowded = int(flags.str.contains("other processes used").sum())
             others = bad["other_load"].dropna() if "other_load" in bad else []
             busy = (f"; other processes used up to {others.max():.1f} cores while one was "
                     f"timed" if len(others) else "")
             attempts = int(bad["attempts"].max()) if "attempts" in bad else 1
             lines.append(
                 f"⚠ WARNING: {len(bad)} of {len(timed)} cases flagged, their timings are not "
-                f"results ({stalls} with a median over 3x its minimum, {wide} with a speedup whose "
-                f"95% interval holds 1), after up to {attempts} attempts each: "
+                f"results ({stalls} with a median over 3x its minimum, {wide} with a speedup "
+                f"whose 95% interval holds 1, {crowded} timed while other processes used the "
+                f"cores its threads needed), after up to {attempts} attempts each: "
                 f"{int((bad['speedup'] > 1.05).sum())} of the wins and "
                 f"{int((bad['speedup'] < 1 / 1.05).sum())} of the losses above. "
                 f"{_load(df)}{busy}. Re-run on a quiet machine before reading them.")

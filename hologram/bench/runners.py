@@ -37,7 +37,7 @@ from hologram.bench.stats import (
     time_pair,
     unreliable,
 )
-from hologram.bench.sysinfo import OtherLoad, wait_for_quiet
+from hologram.bench.sysinfo import OtherLoad, available_cores, wait_for_quiet
 from hologram.bench.verify import contraction_bound, verify_correctness
 from hologram.errors import DeviceError
 
@@ -52,6 +52,10 @@ LOOP = LoopSampling()
 QUICK_LOOP = LoopSampling(min_rounds=3, max_rounds=7, budget_s=0.05)
 #: Before a re-measurement, wait up to this long for other processes to go idle.
 QUIET_WAIT_S = 1.0
+#: A case is flagged when other processes used more cores than this beyond those its
+#: threads left free: a parallel call then waits for a time slice (milliseconds), on
+#: every sample alike, so the median-over-minimum test does not see it.
+CROWDED = 0.5
 
 
 def load_average() -> float:
@@ -128,9 +132,10 @@ def compare(name: str, size: int, torch_fn: Callable, hologram_fn: Callable,
     :func:`default_warm_s`.
 
     Timings that cannot be read as a result (:func:`~hologram.bench.stats.unreliable`: a
-    median over 3x its minimum, or a speedup whose interval holds 1) are timed again, up to
-    ``retries`` times, each after waiting up to :data:`QUIET_WAIT_S` for other processes
-    to go idle; the record keeps the first attempt without a reason, else the one with the
+    median over 3x its minimum, or a speedup whose interval holds 1; or other processes
+    used the cores its threads needed, :data:`CROWDED`) are timed again, up to ``retries``
+    times, each after waiting up to :data:`QUIET_WAIT_S` for other processes to go idle;
+    the record keeps the first attempt without a reason, else the one with the
     lowest median-over-minimum, and says why in ``flag`` ("" when nothing is wrong), with
     ``attempts``, ``other_load`` (cores other processes used while it was timed) and the
     load average before and after the case (``load_before``, ``load_after``). With
@@ -187,6 +192,8 @@ def compare(name: str, size: int, torch_fn: Callable, hologram_fn: Callable,
         return record
     fns = [lambda: torch_fn(*tensors), lambda: hologram_fn(*operands)]
     names, syncs = ["pytorch", "hologram"], [torch_sync, sync]
+    if hologram_device is None:
+        promote(fns[1])
     if compiled_fn is not None:
         check = verify_correctness(compiled_fn(*tensors), expected, rtol=rtol, atol=atol,
                                    name=f"{name}[{size}] torch.compile", raise_on_error=False,
@@ -222,6 +229,11 @@ def _measure(fns: list[Callable], names: list[str], syncs: list, warmup: int, ti
     """Time ``fns`` interleaved, again while the timings are unreliable (up to ``retries``
     more times). Returns the attempt kept (see :func:`compare`), its reasons, the attempts
     made and the cores other processes used during the one kept."""
+    import torch
+
+    threads = max(hg.get_num_threads(), torch.get_num_threads())
+    cores = available_cores()
+    free = max(0, cores - threads)
     best = None
     attempt = 0
     while attempt <= retries:
@@ -232,6 +244,9 @@ def _measure(fns: list[Callable], names: list[str], syncs: list, warmup: int, ti
         results = time_pair(fns, warmup, timing, names, syncs, warm_s=warm_s)
         others = load.cores()
         reasons = unreliable(results[0], results[1], results[2:])
+        if others is not None and others > free + CROWDED:
+            reasons.append(f"other processes used {others:.1f} of {cores} cores "
+                           f"({threads} threads timed)")
         rank = (bool(reasons), max(r.stall_ratio for r in results))
         if best is None or rank < best[0]:
             best = (rank, results, reasons, others)
@@ -239,6 +254,20 @@ def _measure(fns: list[Callable], names: list[str], syncs: list, warmup: int, ti
             break
     _, results, reasons, others = best
     return results, reasons, attempt, others
+
+
+def promote(call: Callable[[], Any]) -> None:
+    """Run ``call`` until the cpu backend has replaced its quick first builds by full ones
+    (docs/compiler.md, "Tiers"; the ``promote_after``-th call queues the full build on a
+    background thread): timing the quick code, or timing while the full build compiles on
+    a core the samples need, would time what only a program's first few calls see."""
+    for _ in range(hg.config.get().promote_after + 1):
+        call()
+    try:
+        from hologram.backends.cpu.backend import wait_for_promotions
+    except ImportError:  # no cpu backend in this build: nothing was compiled quickly
+        return
+    wait_for_promotions(timeout=300)
 
 
 def torch_device(executor: hg.Executor | None) -> str:
