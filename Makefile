@@ -11,14 +11,14 @@ STAMP_BENCH := $(VENV)/.stamp-bench
 # torch is always pinned through constraints.txt; an unpinned resolve downloads gigabytes.
 PIP_INSTALL := $(VENV_PY) -m pip install -c constraints.txt
 # ruff errors on paths that do not exist, and some of these arrive later.
-LINT_PATHS := $(wildcard hologram hologram_torch tests examples tools)
+LINT_PATHS := $(wildcard hologram hologram_torch tests examples tools setup.py .ci/*.py)
 # --durations: the slowest tests in every log, so that a CI run growing slower shows where.
 # --dist worksteal: a worker that runs out of tests takes some of the other's (the long
 # OpInfo pooling cases otherwise left one worker busy for minutes at the end of a run).
 PYTEST_ARGS ?= -n 2 --dist worksteal --durations=15
 BENCH_DIR := bench-results
 
-.PHONY: venv test bench bench-dev lint clean system-packages
+.PHONY: venv test bench bench-dev lint clean system-packages package
 
 venv: $(STAMP_TEST)
 
@@ -74,6 +74,13 @@ system-packages:
 
 test: lint system-packages
 	$(VENV_PY) -m pytest $(PYTEST_ARGS)
+	$(MAKE) package
+
+# The sdist and a manylinux wheel (the native parts built in), installed into a fresh venv
+# with no compiler on PATH and smoke-tested from outside the tree (.ci/package; DIST=dir
+# keeps the files).
+package: $(STAMP_TEST)
+	bash .ci/package
 
 # Hologram against PyTorch: tables, plots and a report (`hologram bench --help`).
 bench: $(STAMP_BENCH)
