@@ -18,7 +18,7 @@ LINT_PATHS := $(wildcard hologram hologram_torch tests examples tools setup.py .
 PYTEST_ARGS ?= -n 2 --dist worksteal --durations=15
 BENCH_DIR := bench-results
 
-.PHONY: venv test bench bench-dev lint clean system-packages package
+.PHONY: venv test bench bench-dev lint clean system-packages package docs
 
 venv: $(STAMP_TEST)
 
@@ -72,9 +72,14 @@ system-packages:
 		fi; \
 	fi
 
-test: lint system-packages
+test: lint docs system-packages
 	$(VENV_PY) -m pytest $(PYTEST_ARGS)
 	$(MAKE) package
+
+# The documentation site (mkdocs.yml) into site/; --strict: any warning, a broken link or
+# anchor included, fails. (Not -q: it hides the warnings from the strict count.)
+docs: $(STAMP_TEST)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 # The sdist and a manylinux wheel (the native parts built in), installed into a fresh venv
 # with no compiler on PATH and smoke-tested from outside the tree (.ci/package; DIST=dir
@@ -92,5 +97,5 @@ bench-dev: $(STAMP_BENCH)
 	$(VENV_PY) -m hologram.bench.dev.run
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .hypothesis hologram/_native*.so
+	rm -rf $(VENV) build dist site *.egg-info .pytest_cache .ruff_cache .hypothesis hologram/_native*.so
 	find . -path ./.git -prune -o -type d -name __pycache__ -prune -exec rm -rf {} +
