@@ -100,6 +100,12 @@ def test_unreliable_cases_are_timed_again_and_flagged(monkeypatch):
     assert record["attempts"] == 2 and "other processes used" in record["flag"]
 
 
+def test_other_load_is_unknown_over_a_window_of_a_few_ticks():
+    from hologram.bench.sysinfo import OtherLoad
+
+    assert OtherLoad().cores() is None  # one 10 ms tick over 1 ms would read as 10 cores
+
+
 class Idle:
     def cores(self) -> float:
         return 0.0

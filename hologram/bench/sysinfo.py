@@ -121,7 +121,11 @@ def _busy_ticks() -> tuple[int, int] | None:
 
 class OtherLoad:
     """Cores kept busy by other processes (CPU time of the machine minus this process's)
-    between :meth:`start` and :meth:`cores`; None where /proc is missing."""
+    between :meth:`start` and :meth:`cores`; None where /proc is missing or the interval
+    was under :attr:`MIN_WINDOW_S` (the kernel counts in clock ticks, 10 ms apart: over a
+    few ms, one tick reads as several cores)."""
+
+    MIN_WINDOW_S = 0.2
 
     def __init__(self) -> None:
         self.start()
@@ -132,7 +136,7 @@ class OtherLoad:
     def cores(self) -> float | None:
         now = _busy_ticks()
         wall = time.perf_counter() - self._wall
-        if now is None or self._ticks is None or wall <= 0:
+        if now is None or self._ticks is None or wall < self.MIN_WINDOW_S:
             return None
         ticks = (now[0] - self._ticks[0]) - (now[1] - self._ticks[1])
         return max(0.0, ticks / os.sysconf("SC_CLK_TCK") / wall)
