@@ -25,10 +25,12 @@ def _run(*args: str, **env: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def report_json() -> dict:
-    # A variable the config knows, one it does not (a typo a bug report should show), and a
-    # cache directory of our own whose size is known.
-    done = _run("info", "--json", HOLOGRAM_FAST_MATH="0", HOLOGRAM_NUM_THRAEDS="3")
+def report_json(tmp_path_factory) -> dict:
+    # A variable the config knows, one it does not (a typo a bug report should show), and an
+    # empty cache directory of our own (a user's may hold many entries to count).
+    cache = tmp_path_factory.mktemp("cache")
+    done = _run("info", "--json", HOLOGRAM_FAST_MATH="0", HOLOGRAM_NUM_THRAEDS="3",
+                HOLOGRAM_CACHE_DIR=str(cache))
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -41,6 +43,7 @@ def test_json_has_every_section_and_no_errors(report_json):
     assert report_json["hologram"]["distribution"] == "hologram-tensor"
     assert report_json["hologram"]["installed_version"] == hologram.__version__
     assert report_json["hologram"]["cache_version"].startswith(hologram.__version__ + "+")
+    assert (report_json["cache"]["disk_entries"], report_json["cache"]["disk_bytes"]) == (0, 0)
 
 
 def test_json_environment_lists_every_hologram_variable_set(report_json):

@@ -80,3 +80,36 @@ def test_cache_entries_are_keyed_by_the_version(monkeypatch, tmp_path):
     assert second.key.version == upgraded
     assert second.key.digest() != first.key.digest()
     assert (info["disk_hits"], info["misses"], info["disk_entries"]) == (0, 1, 2)
+
+
+def test_prebuilt_hooks_are_loaded_only_for_their_torch(monkeypatch, tmp_path):
+    """A wheel's library is used when it is named for this torch build; one for another
+    torch is not, and a machine without a compiler is told which torch it is for."""
+    import hologram_torch.native as native
+
+    monkeypatch.setattr(native, "PREBUILT", tmp_path)
+    monkeypatch.setattr(native, "MANIFEST", tmp_path / "hooks.json")
+    (tmp_path / "hooks.json").write_text('{"torch": "2.13.0+cu999", "library": "x.so"}')
+    (tmp_path / "hologram_torch_hooks_0000000000000000.so").write_bytes(b"")
+    assert native.library_path().parent == native.build_directory()
+    assert native.prebuilt_for() == "2.13.0+cu999"
+
+    monkeypatch.setenv("CXX", "no-such-compiler-here")
+    monkeypatch.setattr(native, "library_path", lambda: tmp_path / "absent" / "lib.so")
+    try:
+        native.build()
+    except hologram.CompileError as err:
+        message = str(err)
+    else:
+        raise AssertionError("build() without a compiler did not raise")
+    assert "no-such-compiler-here" in message
+    assert "prebuilt hooks are for torch 2.13.0+cu999" in message
+    assert "install torch==2.13.0+cu999, or install a C++ compiler" in message
+
+    monkeypatch.undo()
+    monkeypatch.setattr(native, "PREBUILT", tmp_path)
+    mine = tmp_path / f"{native._name()}.so"
+    mine.write_bytes(b"")
+    assert native.library_path() == native.prebuilt_path() == mine
+    assert native.build() == mine
+    assert native.state()["origin"] == "prebuilt"
