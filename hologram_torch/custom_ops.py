@@ -274,8 +274,12 @@ class _Definition:
         lowering.register(op._opoverload)(self._backward_lower)
         return op
 
-    def _setup_context(self, ctx, inputs, output):
-        tensors, layout = self._pack(list(inputs))
+    def _setup_context(self, ctx, inputs, output, keyword_only_inputs=None):
+        values = list(inputs)
+        if keyword_only_inputs:  # (torch passes them apart when the schema has them)
+            values += [keyword_only_inputs.get(a.name, a.default_value)
+                       for a in self.arguments[len(values):]]
+        tensors, layout = self._pack(values)
         ctx.layout = layout
         ctx.save_for_backward(*tensors)
 

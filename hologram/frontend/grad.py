@@ -311,7 +311,29 @@ def sum_to(g: Graph, x: Tensor, shape: tuple[int, ...]) -> Tensor:
                                       if n == 1 and x.shape[lead + i] != 1)
     if not axes:
         return x
+    if axes == tuple(range(len(axes))) and not any(n == 1 for n in shape):
+        total = _leading_sum(g, x, len(axes))
+        if total is not None:
+            return total.reshape(*shape)
     return g.sum(x, axes).reshape(*shape)
+
+
+#: The fewest rows and columns for which a sum over leading dimensions is a BLAS product.
+_BLAS_MIN = 16
+
+
+def _leading_sum(g: Graph, x: Tensor, lead: int) -> Tensor | None:
+    """``x`` (f32 or f64) summed over its first ``lead`` dimensions as ``ones @ x`` (a
+    bias's gradient), or None where that is not worth it. A reduction kernel would read
+    each column with a stride of a row, and recompute there whatever elementwise chain
+    produced ``x`` (fusion copies producers into each consumer); a product makes the
+    compiler store ``x`` once and hand it to BLAS. The ones are two rows, as BLAS takes a
+    matrix (the first row of the result is the sum)."""
+    rows, cols = math.prod(x.shape[:lead]), math.prod(x.shape[lead:])
+    if x.dtype.name not in ("f32", "f64") or rows < _BLAS_MIN or cols < _BLAS_MIN:
+        return None
+    ones = g.copy(_zeros(g, (2, rows), x.dtype) + 1.0)
+    return g.matmul(ones, x.reshape(rows, cols))[0]
 
 
 def _elementwise_result(rule):
