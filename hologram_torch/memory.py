@@ -160,8 +160,10 @@ def cpu_alias(t: torch.Tensor, storages: dict | None = None) -> torch.Tensor:
     ``t``'s storage alive. Its storage is not resizable. ``storages``: CPU storages made
     so far, by device storage address; aliases of one device storage made with the same
     dict share one CPU storage, so CPU kernels see that they overlap. Pending recorded
-    ops run first (:mod:`.lazy`): the host is about to read or write the memory."""
-    lazy.sync("host")
+    ops that read or write the memory run first (:mod:`.lazy`): the host is about to read
+    or write it."""
+    if not lazy.untouched(t):
+        lazy.sync("host")
     st = t.untyped_storage()
     key = st.data_ptr()
     cst = None if storages is None else storages.get(key)
@@ -211,8 +213,9 @@ def resize(t: torch.Tensor, size, memory_format: torch.memory_format | None = No
 
 def cpu_alias_bytes(st: torch.UntypedStorage) -> torch.Tensor:
     """The bytes of a device storage as a CPU uint8 tensor (no copy), after the pending
-    recorded ops."""
-    lazy.sync("host")
+    recorded ops that read or write it."""
+    if not lazy.untouched(st):
+        lazy.sync("host")
     cst = _construct(st.data_ptr(), _CPU_DEVICE, st.nbytes())
     cst._hologram_storage = st
     return torch.empty(0, dtype=torch.uint8).set_(cst)

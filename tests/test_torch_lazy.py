@@ -161,6 +161,46 @@ def test_updates_read_only_at_their_own_elements_are_written_in_place():
     assert lazy.stats()["fused_runs"] == 1 and lazy.stats()["staged"] == 1
 
 
+def test_zero_fills_of_memory_the_region_does_not_touch_are_memsets_at_once():
+    start = torch.randn(6, 5, generator=torch.Generator().manual_seed(5))
+
+    def run():
+        a, c = start.to(DEV), start.to(DEV)
+        torch.hologram.synchronize()
+        b = a + 1  # pending: reads a
+        recorded = lazy.stats()["recorded"]
+        a.zero_()  # recorded after the read
+        c[1].zero_()  # untouched by the region: a memset now
+        assert lazy.stats()["recorded"] == recorded + lazy.active()
+        return b.cpu(), a.cpu(), c.cpu()
+
+    matches_eager(run)
+
+
+def test_views_of_dense_results_and_whole_reshaped_writes_do_not_cut():
+    """A result in a permuted dense layout (a pointwise op on a transposed operand keeps
+    its strides) read through another view, and a contiguous result written in place
+    whole through a reshape (attention's projection and its bias): one region, as eager
+    gives."""
+    g = torch.Generator().manual_seed(6)
+    a, b, c = (torch.randn(*s, generator=g) for s in ((4, 6, 5), (12, 8), (8,)))
+
+    def run():
+        x, w, bias = a.to(DEV), b.to(DEV), c.to(DEV)
+        torch.hologram.synchronize()
+        lazy.reset_stats()
+        p = x.transpose(1, 2) * 2  # strides of the transposed x: dense, not contiguous
+        q = p.transpose(1, 2) + 1  # a view of p's memory in another order
+        y = x.reshape(2, 12, 5).transpose(1, 2) @ w  # (2, 5, 8), contiguous
+        y.view(10, 8).add_(bias)  # the same memory, written whole through a reshape
+        out = (p.cpu(), q.cpu(), y.cpu())
+        if lazy.active():
+            assert lazy.stats()["regions"] == 1, lazy.stats()
+        return out
+
+    matches_eager(run)
+
+
 def test_out_and_overlapping_writes_behave_as_eagerly():
     def run():
         a = torch.linspace(-2, 2, 12, device=DEV)

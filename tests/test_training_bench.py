@@ -24,6 +24,8 @@ def test_training_bench_rows_are_well_formed():
         assert r["kernel_calls"] > 0
         assert all(isinstance(op, str) and n > 0 for op, n in r["fallbacks"].items())
         assert "kernel calls" in r["note"]
+        if r["hologram"] == "hologram device":  # both sides' peaks were measured
+            assert len(r["peak_mb"]) == 2 and all(mb > 0 for mb in r["peak_mb"]), r
     assert len(result["load_average"]) == 2
     table = training.table(result)
     steps, _, first = table.partition("\n\n")

@@ -132,8 +132,9 @@ def launch(op: torch._ops.OpOverload, args: Sequence, kwargs: dict, name: str,
             isinstance(x, complex) for x in inputs):
         return run_on_cpu(op, *args, **kwargs)
     meta = infer(op, *args, **kwargs) if meta is None else meta
-    if out is None:
-        out = memory.empty(meta.shape, meta.dtype, list(meta.stride()))
+    if out is None:  # (contiguous: the pool's fast path, no set_ through the dispatcher)
+        out = memory.empty(meta.shape, meta.dtype,
+                           None if meta.is_contiguous() else list(meta.stride()))
     elif out.shape != meta.shape:
         out.resize_(meta.shape)
     if out.numel():

@@ -55,7 +55,7 @@ class Unsupported(Exception):
 
 
 class _Entry:
-    __slots__ = ("build", "key", "launch", "layouts", "name", "single", "static")
+    __slots__ = ("build", "key", "launch", "layouts", "lazy", "name", "single", "static")
 
     def __init__(self, launch, outs, single):
         self.launch = launch  # callable(addresses) or None when there is nothing to compute
@@ -68,6 +68,7 @@ class _Entry:
         # what recording a launch needs (hologram_torch.lazy), set by run(): its key in the
         # launch cache, and the builder and static arguments it was compiled from
         self.key = self.name = self.build = self.static = None
+        self.lazy = None  # the results' views, as lazy.record compares them (made there)
 
 
 #: The process's launch cache. run()'s keys are ``(name, static, backend, host,

@@ -69,9 +69,9 @@ def _unsafe(written: tuple, args: tuple, kwargs: dict) -> bool:
             if memory.unsafe_write(out, inputs):
                 return True
         elif isinstance(out, (list, tuple)):
+            lists = [isinstance(x, (list, tuple)) and len(x) == len(out) for x in inputs]
             for i, o in enumerate(out):
-                row = [x[i] if isinstance(x, (list, tuple)) and len(x) == len(out) else x
-                       for x in inputs]
+                row = [x[i] if listed else x for x, listed in zip(inputs, lists)]
                 if memory.unsafe_write(o, row):
                     return True
     return False

@@ -322,7 +322,7 @@ def fill_(self, value):
         return self
     nbytes = self.numel() * self.element_size()
     if (nbytes <= MEMSET_BYTES and _is_zero_bits(value) and self.is_contiguous()
-            and not lazy.active()):  # recorded, a fill is a node like any other
+            and lazy.untouched(self)):  # (else recorded: a fill is a node like any other)
         ctypes.memset(self.data_ptr(), 0, nbytes)
         return self
     if self.dtype not in ISA or memory.internal_overlap(self):

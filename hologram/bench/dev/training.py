@@ -33,6 +33,10 @@ first-use costs (Adam imports ``torch._dynamo``), so the device's step is left w
 Hologram's. Rows with ``HOLOGRAM_QUICK_COMPILE=0`` compile everything at the full tier,
 as before the quick tier existed (docs/performance.md, "First step").
 
+``peak MB`` is the most memory one warm step held beyond what it started with (weights,
+gradients and Adam's state exist already): the device's by its allocator's peak, the CPU's
+by PyTorch's profiler's allocation events.
+
 ``ratio`` is ``cpu_ms / hologram_ms`` (medians): above 1 means the Hologram side was faster.
 The fastest single step of each side is listed too: on a loaded machine medians include
 waits for a time slice, and ``run`` records the 1-minute load average before and after.
@@ -198,8 +202,9 @@ def _note(fallbacks: dict[str, int], kernels: int) -> str:
 
 
 def _row(case, hologram, hologram_ms, baseline, cpu_ms, check, note, fallbacks, kernels,
-         best_us):
+         best_us, peak_mb=None):
     return {"case": case, "hologram": hologram, "hologram_ms": round(hologram_ms, 3),
+            "peak_mb": list(peak_mb) if peak_mb else None,
             "baseline": baseline, "cpu_ms": round(cpu_ms, 3),
             # three significant digits: ratios far below 1 keep their precision too
             "ratio": float(f"{cpu_ms / hologram_ms:.3g}"),
@@ -226,8 +231,33 @@ def _interleaved(steps, settings) -> tuple[list[float], list[float]]:
     return medians, best
 
 
+def _peak_mb(torch, step, device: bool) -> float:
+    """The most memory one (warm) ``step`` held at once beyond what it started with, in
+    MB: the device's by its allocator's peak statistic; the CPU's by the allocations and
+    frees PyTorch's profiler records (its memory events, in order)."""
+    step()  # warm: Adam's state exists, every kernel is compiled
+    if device:
+        torch.hologram.synchronize()
+        torch.hologram.reset_peak_memory_stats()
+        start = torch.hologram.memory_allocated()
+        step()
+        torch.hologram.synchronize()
+        return round((torch.hologram.max_memory_allocated() - start) / 1e6, 3)
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    held = peak = 0
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    for e in sorted(events, key=lambda e: e.start_ns()):
+        held += e.nbytes()
+        peak = max(peak, held)
+    return round(peak / 1e6, 3)
+
+
 def _device_case(torch, model, loss_fn, x, y):
-    """(device step, CPU step, check, fallbacks, kernel calls) for a model on both sides."""
+    """(device step, CPU step, check, fallbacks, kernel calls, peak MB of the device and
+    the CPU step) for a model on both sides."""
     device = torch.device("hologram")
     dx, dy = x.to(device), y.to(device)
     check = _check(_losses(_stepper(torch, copy.deepcopy(model).to(device), loss_fn, dx, dy)),
@@ -243,7 +273,8 @@ def _device_case(torch, model, loss_fn, x, y):
 
     cpu_step = _stepper(torch, copy.deepcopy(model), loss_fn, x, y)
     fallbacks, kernels = _one_step_costs(dev_step)
-    return dev_step, cpu_step, check, fallbacks, kernels
+    peak = (_peak_mb(torch, dev_step, True), _peak_mb(torch, cpu_step, False))
+    return dev_step, cpu_step, check, fallbacks, kernels, peak
 
 
 def _device() -> str:
@@ -267,7 +298,8 @@ def bench_mlp(torch, settings, s) -> list[dict]:
     torch.manual_seed(1)
     model = _mlp(torch, torch.nn, s)
     mse = torch.nn.functional.mse_loss
-    dev_step, cpu_step, check, fallbacks, kernels = _device_case(torch, model, mse, x, y)
+    dev_step, cpu_step, check, fallbacks, kernels, peak = _device_case(torch, model, mse, x,
+                                                                        y)
 
     # The same weights in hologram_torch.nn modules (same classes' state_dict keys).
     hg_model = _mlp(torch, hgt.nn, s)
@@ -283,7 +315,7 @@ def bench_mlp(torch, settings, s) -> list[dict]:
     label = f"MLP {s['features']}-{s['hidden']}-{s['hidden']}-1, batch {s['batch']}"
     return [
         _row(label, _device(), dev_us / 1e3, "CPU eager", cpu_us / 1e3, check,
-             _note(fallbacks, kernels), fallbacks, kernels, (dev_best, cpu_best)),
+             _note(fallbacks, kernels), fallbacks, kernels, (dev_best, cpu_best), peak),
         _row(label, "hologram_torch.nn on CPU tensors", hg_us / 1e3, "torch.nn on CPU",
              cpu_us / 1e3, hg_check,
              f"{hg_kernels} kernel calls (Linear, GELU, ReLU, MSELoss); Adam is PyTorch's",
@@ -306,12 +338,13 @@ def bench_transformer(torch, settings, s) -> list[dict]:
     def loss_fn(logits, target):
         return torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), target.reshape(-1))
 
-    dev_step, cpu_step, check, fallbacks, kernels = _device_case(torch, model, loss_fn, x, y)
+    dev_step, cpu_step, check, fallbacks, kernels, peak = _device_case(torch, model, loss_fn,
+                                                                        x, y)
     (dev_us, cpu_us), (dev_best, cpu_best) = _interleaved([dev_step, cpu_step], settings)
     label = (f"Transformer {s['layers']}x(d {s['d_model']}, {s['heads']} heads, ff {s['ff']}), "
              f"batch {s['batch']}x{s['seq']}")
     return [_row(label, _device(), dev_us / 1e3, "CPU eager", cpu_us / 1e3, check,
-                 _note(fallbacks, kernels), fallbacks, kernels, (dev_best, cpu_best))]
+                 _note(fallbacks, kernels), fallbacks, kernels, (dev_best, cpu_best), peak)]
 
 
 def run(quick: bool = False, sizes: dict | None = None) -> dict:
@@ -340,11 +373,14 @@ def run(quick: bool = False, sizes: dict | None = None) -> dict:
 
 def table(result: dict) -> str:
     lines = ["| case | hologram | hologram ms | baseline | CPU ms | ratio | fastest ms "
-             "(hologram / CPU) | check | note |", "|" + "---|" * 9]
+             "(hologram / CPU) | peak MB (hologram / CPU) | check | note |",
+             "|" + "---|" * 10]
     for r in result["rows"]:
         best = " / ".join(str(v) for v in r["best_ms"])
+        peak = " / ".join(str(v) for v in r["peak_mb"]) if r.get("peak_mb") else "-"
         lines.append(f"| {r['case']} | {r['hologram']} | {r['hologram_ms']} | {r['baseline']} "
-                     f"| {r['cpu_ms']} | {r['ratio']} | {best} | {r['check']} | {r['note']} |")
+                     f"| {r['cpu_ms']} | {r['ratio']} | {best} | {peak} | {r['check']} "
+                     f"| {r['note']} |")
     if result.get("first_step"):
         lines += ["", "First training step in a fresh process, every kernel compiled (cold: "
                   "empty cache directory) or loaded from disk (warm); `cpu ms` is the "
