@@ -38,7 +38,15 @@ _workers.share_openmp()
 # Kernels, fallback, compatibility patches and the torch.distributed backend register on
 # import; functional and nn are the autograd API (examples/ and
 # notebooks/pytorch_vs_hologram_torch.ipynb use them).
-from hologram_torch import aten, compat, distributed, fallback, functional, nn  # noqa: E402,F401
+from hologram_torch import (  # noqa: E402,F401
+    aten,
+    autocast,
+    compat,
+    distributed,
+    fallback,
+    functional,
+    nn,
+)
 from hologram_torch.aten import program  # noqa: E402
 from hologram_torch.compile import compile_stats, reset_compile_stats  # noqa: E402,F401
 from hologram_torch.custom_ops import custom_op  # noqa: E402

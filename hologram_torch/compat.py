@@ -23,7 +23,8 @@ What each patch gives (and what stays unsupported, with a clear error):
   ``DataLoader(pin_memory=True)``) returns an ordinary CPU copy, warning once, and
   ``torch.empty(..., pin_memory=True)`` (a C++ factory) raises torch's
   ``NotImplementedError``. ``x.to('cpu', non_blocking=True)`` copies synchronously.
-* ``torch.autocast('hologram')`` runs ops unchanged, at their own precision.
+* ``torch.autocast('hologram')`` follows PyTorch's CPU autocast policy
+  (:mod:`hologram_torch.autocast`); ops on none of its lists run as they are.
 * ``torch.accelerator.synchronize()`` and the ``torch.accelerator`` memory queries answer
   for the hologram device.
 * ``torch.Generator(device='hologram')`` raises torch's ``NotImplementedError`` (no
@@ -261,8 +262,8 @@ def install() -> None:
             _libraries.append(library)
 
         # Without a kernel for AutocastPrivateUse1, every op inside
-        # torch.autocast('hologram') fails to dispatch. A fallthrough runs each op as is
-        # (no lower-precision casts: there are no autocast policies for the device).
+        # torch.autocast('hologram') fails to dispatch. A fallthrough runs each op as is;
+        # the ops of the autocast policy have kernels of their own (hologram_torch.autocast).
         autocast = torch.library.Library("_", "IMPL")
         autocast.fallback(torch.library.fallthrough_kernel,
                           dispatch_key="AutocastPrivateUse1")

@@ -1,0 +1,202 @@
+"""``torch.autocast('hologram')``: PyTorch's CPU autocast policy on the device.
+
+    with torch.autocast("hologram", dtype=torch.bfloat16):
+        y = model(x)            # products in bfloat16, losses and norms-like ops in float32
+
+Inside an autocast region every op of PyTorch's CPU lists (``aten/src/ATen/autocast_mode.cpp``)
+gets an ``AutocastPrivateUse1`` kernel that casts its floating-point ``hologram`` tensor
+arguments as the CPU kernel casts CPU ones, then runs the op with autocast off for it:
+
+* :data:`LOWER_PRECISION` (convolutions, ``mm``/``bmm``/``matmul``/``linear`` and the
+  ``addmm`` family, ``prelu``, attention): float16/bfloat16/float32 arguments cast to the
+  region's dtype;
+* :data:`PROMOTE` (``cat``, ``stack``, ``index_copy``): to float32 if an argument is
+  float32, else to the region's dtype (another half type raises, as on the CPU);
+* every other op on the list (losses, ``prod``, 3-d pools, paddings, linear algebra,
+  FFTs, ...): low-precision arguments cast to float32.
+
+Ops on no list run as they are (the fallthrough :mod:`hologram_torch.compat` installs), so
+elementwise ops follow their inputs' dtypes. float64 arguments are never cast. Unlike the
+CUDA policy, casts of leaf tensors are not cached across calls in a region (CPU autocast
+caches them; a weight used twice is cast twice here).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from hologram_torch.aten import program
+from hologram_torch.aten.program import cast, opmath
+
+__all__ = ["LOWER_PRECISION", "PROMOTE", "install", "policy"]
+
+#: Ops computed in the region's low dtype (PyTorch's CPU ``lower_precision_fp`` list).
+LOWER_PRECISION = frozenset({
+    "aten::conv1d", "aten::conv1d.padding", "aten::conv2d", "aten::conv2d.padding",
+    "aten::conv3d", "aten::conv3d.padding", "aten::bmm", "aten::mm", "aten::linalg_vecdot",
+    "aten::baddbmm", "aten::addmm", "aten::addbmm", "aten::linear",
+    "aten::_convolution.deprecated", "aten::matmul", "aten::conv_tbc",
+    "aten::mkldnn_rnn_layer", "aten::conv_transpose1d", "aten::conv_transpose2d.input",
+    "aten::conv_transpose3d.input", "aten::prelu", "aten::scaled_dot_product_attention",
+    "aten::_native_multi_head_attention", "aten::_addmm_activation",
+})
+#: Ops whose floating arguments are cast to the widest of their dtypes.
+PROMOTE = frozenset({"aten::cat", "aten::stack", "aten::index_copy"})
+
+_DEVICE = "hologram"
+_KEY = "AutocastPrivateUse1"
+_libraries: list[torch.library.Library] = []
+
+
+def policy(name: str) -> str:
+    """``"lower_precision"``, ``"promote"`` or ``"fp32"`` for an op with a CPU autocast
+    kernel (``"aten::mm"``, ``"aten::conv2d.padding"``)."""
+    if name in LOWER_PRECISION:
+        return "lower_precision"
+    if name in PROMOTE:
+        return "promote"
+    return "fp32"
+
+
+def cpu_autocast_ops() -> list[str]:
+    """Every op PyTorch's CPU autocast has a kernel for, as ``"aten::name.overload"``."""
+    return sorted(name for name in torch._C._dispatch_get_all_op_names()
+                  if torch._C._dispatch_has_kernel_for_dispatch_key(name, "AutocastCPU"))
+
+
+def _eligible(x) -> bool:
+    return (isinstance(x, torch.Tensor) and x.is_floating_point()
+            and x.dtype is not torch.float64 and x.device.type == _DEVICE)
+
+
+def _map(fn, value):
+    """``fn`` applied to every tensor in ``value`` (tensors, lists and tuples of them)."""
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_map(fn, v) for v in value)
+    return value
+
+
+def _promoted(values, current: torch.dtype) -> torch.dtype:
+    """The dtype a promote op casts to, as ``at::autocast::prioritize`` picks it: float32
+    if any argument is float32, else the region's dtype; another half type is an error
+    (float64 arguments are ignored)."""
+    for v in values:
+        if isinstance(v, (list, tuple)):
+            current = _promoted(v, current)
+        elif _eligible(v):
+            low = torch.get_autocast_dtype(_DEVICE)
+            if current is torch.float32 or v.dtype is torch.float32:
+                current = torch.float32
+            elif not (current is low and v.dtype is low):
+                raise RuntimeError("Unexpected floating ScalarType in at::autocast::prioritize")
+    return current
+
+
+def _kernel(op, kind: str):
+    exclude = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastPrivateUse1)
+
+    def run(*args, **kwargs):
+        if kind == "lower_precision":
+            target = torch.get_autocast_dtype(_DEVICE)
+        elif kind == "fp32":
+            target = torch.float32
+        else:
+            target = _promoted((*args, *kwargs.values()), torch.get_autocast_dtype(_DEVICE))
+
+        def cast(t):
+            return t.to(target) if target is not None and _eligible(t) and (
+                kind != "fp32" or t.dtype in (torch.float16, torch.bfloat16)) else t
+
+        args = _map(cast, args)
+        kwargs = {k: _map(cast, v) for k, v in kwargs.items()}
+        with torch._C._ExcludeDispatchKeyGuard(exclude):
+            return op(*args, **kwargs)
+
+    return run
+
+
+def _overload(name: str):
+    """The OpOverload of ``"aten::name.overload"``."""
+    qualified, _, overload = name.partition(".")
+    packet = getattr(torch.ops.aten, qualified.split("::")[1])
+    return getattr(packet, overload or "default")
+
+
+@functools.cache
+def install() -> None:
+    """Register the policy's kernels for every op PyTorch's CPU autocast has one for
+    (once per process)."""
+    library = torch.library.Library("aten", "IMPL")
+    for name in cpu_autocast_ops():
+        op = _overload(name)
+        library.impl(op, _kernel(op, policy(name)), _KEY)
+    _libraries.append(library)
+
+
+# --- GradScaler's ops as device programs ----------------------------------------------
+
+def _unscale_build(g, *args):
+    """Every gradient times ``inv_scale``, and ``found_inf`` raised to 1 if any element
+    of any gradient is NaN or infinite (checked before scaling, as PyTorch does)."""
+    *grads, found, inv = args
+    compute = [opmath(x.dtype) for x in grads]
+    scaled = [cast(cast(x, c) * cast(inv, c), x.dtype) for x, c in zip(grads, compute)]
+    flag = cast(found, found.dtype)
+    for x in grads:
+        if not math.prod(x.shape):
+            continue
+        diff = x - x  # NaN exactly where x is NaN or infinite
+        bad = g.reduce("max", g.cast(g.binary("ne", diff, diff), found.dtype))
+        flag = g.maximum(flag, bad)
+    return (*scaled, flag)
+
+
+def _amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale):
+    for x in grads:
+        if x.device.type != _DEVICE or not x.is_floating_point():
+            raise RuntimeError("_amp_foreach_non_finite_check_and_unscale_: expects float "
+                               f"tensors on {_DEVICE}, got {x.dtype} on {x.device}")
+    if grads:
+        program.run("amp_unscale", _unscale_build, (*grads, found_inf, inv_scale),
+                    out=(*grads, found_inf))
+
+
+def _update_build(g, scale, tracker, found, growth, backoff, interval):
+    """GradScaler's update (``aten/src/ATen/native/cpu/AmpGradScalerKernels.cpp``)."""
+    f = scale.dtype
+    skipped = g.binary("ne", found, g.cast(g.arange(1) * 0, found.dtype).reshape())
+    successful = tracker + 1
+    grows = g.binary("eq", g.cast(successful, "i64"), interval)
+    grown = scale * g.cast(growth, f)
+    finite = g.binary("eq", grown - grown, grown - grown)  # not NaN nor infinite
+    kept = g.where(g.binary("and", grows, finite), grown, scale)
+    new_scale = g.where(skipped, scale * g.cast(backoff, f), kept)
+    zero = successful * 0
+    new_tracker = g.where(skipped, zero, g.where(grows, zero, successful))
+    return new_scale, new_tracker
+
+
+def _amp_update_scale_(scale, growth_tracker, found_inf, growth_factor, backoff_factor,
+                       growth_interval):
+    program.run("amp_update_scale", _update_build,
+                (scale, growth_tracker, found_inf, float(growth_factor),
+                 float(backoff_factor), int(growth_interval)),
+                out=(scale, growth_tracker))
+    return scale
+
+
+def _install_scaler_ops() -> None:
+    library = torch.library.Library("aten", "IMPL")
+    library.impl("_amp_foreach_non_finite_check_and_unscale_",
+                 _amp_foreach_non_finite_check_and_unscale_, "PrivateUse1")
+    library.impl("_amp_update_scale_", _amp_update_scale_, "PrivateUse1")
+    _libraries.append(library)
+
+
+install()
+_install_scaler_ops()

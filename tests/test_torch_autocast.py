@@ -1,0 +1,157 @@
+"""torch.autocast('hologram') against torch.autocast('cpu'), op by op and on a training
+run; GradScaler('hologram') and its two device ops against the CPU's."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import hologram_torch  # noqa: E402
+from hologram_torch import autocast  # noqa: E402
+
+LOW = (torch.bfloat16, torch.float16)
+
+
+def test_every_cpu_autocast_op_has_a_device_kernel():
+    ops = autocast.cpu_autocast_ops()
+    assert len(ops) > 100  # PyTorch 2.13 lists 127 overloads
+    missing = [n for n in ops
+               if not torch._C._dispatch_has_kernel_for_dispatch_key(n, "AutocastPrivateUse1")]
+    assert not missing
+    # Ops on no list keep the fallthrough (they run at their inputs' precision).
+    assert not torch._C._dispatch_has_kernel_for_dispatch_key("aten::add.Tensor",
+                                                              "AutocastPrivateUse1")
+
+
+def _cases():
+    from torch.testing._internal.autocast_test_lists import AutocastCPUTestLists
+
+    lists = AutocastCPUTestLists(torch.device("cpu"))
+    for attr in ("torch_16", "nn_16", "torch_fp32", "nn_fp32", "torch_need_autocast_promote"):
+        module = torch._C._nn if attr.startswith("nn") else torch
+        for entry in getattr(lists, attr):
+            kwargs = entry[2] if len(entry) > 2 and isinstance(entry[2], dict) else {}
+            yield pytest.param(getattr(module, entry[0]), entry[1], kwargs,
+                               id=f"{attr}-{entry[0]}")
+
+
+def _device(value):
+    return autocast._map(lambda t: t.to("hologram"), value)
+
+
+def _dtypes(value):
+    if isinstance(value, torch.Tensor):
+        return value.dtype
+    return [_dtypes(v) for v in value]
+
+
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize(("fn", "args", "kwargs"), list(_cases()))
+def test_policy_matches_cpu_op_by_op(fn, args, kwargs, dtype):
+    """PyTorch's own autocast test lists: the device's results have the CPU's dtypes and
+    values (computed at those precisions)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # CPU fallbacks of convolutions and some losses
+        try:
+            with torch.autocast("cpu", dtype=dtype):
+                want = fn(*args, **kwargs)
+        except RuntimeError as error:  # (cat of bfloat16 in a float16 region)
+            with pytest.raises(RuntimeError, match=str(error)), torch.autocast(
+                    "hologram", dtype=dtype):
+                fn(*_device(args), **kwargs)
+            return
+        with torch.autocast("hologram", dtype=dtype):
+            got = fn(*_device(args), **kwargs)
+    assert _dtypes(got) == _dtypes(want)
+    want = want if isinstance(want, torch.Tensor) else want[0]
+    got = got if isinstance(got, torch.Tensor) else got[0]
+    tol = 0.05 if want.dtype in LOW else 2e-3  # summation orders differ
+    torch.testing.assert_close(got.cpu().float(), want.float(), rtol=tol, atol=tol)
+
+
+def test_elementwise_ops_keep_their_dtype_and_gradients_flow_in_float32():
+    lin = torch.nn.Linear(8, 4).to("hologram")
+    x = torch.randn(5, 8, device="hologram")
+    with torch.autocast("hologram", dtype=torch.bfloat16):
+        y = lin(x)
+        z = torch.relu(y) * 2
+        loss = torch.nn.functional.mse_loss(z, torch.zeros_like(z, dtype=torch.bfloat16))
+    assert (y.dtype, z.dtype, loss.dtype) == (torch.bfloat16, torch.bfloat16, torch.float32)
+    loss.backward()
+    assert lin.weight.grad.dtype is torch.float32
+    with torch.autocast("hologram", dtype=torch.bfloat16, enabled=False):
+        assert lin(x).dtype is torch.float32
+    with torch.autocast("hologram", dtype=torch.bfloat16):
+        assert torch.mm(x.double(), x.double().T).dtype is torch.float64  # never cast
+
+
+def _train(device: str, steps: int = 6):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(),
+                                torch.nn.LayerNorm(32), torch.nn.Linear(32, 4)).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scaler = torch.amp.GradScaler(device, init_scale=2.0 ** 10)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(64, 16, generator=gen).to(device)
+    target = torch.randint(0, 4, (64,), generator=gen).to(device)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        with torch.autocast(device, dtype=torch.bfloat16):
+            loss = torch.nn.functional.cross_entropy(model(x), target)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        losses.append(loss.item())
+    return losses, scaler.get_scale()
+
+
+def test_training_under_autocast_matches_the_cpu():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        device, scale = _train("hologram")
+    cpu, cpu_scale = _train("cpu")
+    assert device[-1] < device[0]
+    assert scale == cpu_scale
+    # bfloat16 products: a few units in the last place of bf16 (2^-8) apart, per step.
+    torch.testing.assert_close(torch.tensor(device), torch.tensor(cpu), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float16, torch.bfloat16))
+def test_unscale_checks_every_gradient(dtype):
+    gen = torch.Generator().manual_seed(0)
+    for poison in (None, float("inf"), float("-inf"), float("nan")):
+        grads = [torch.randn(n, generator=gen).to(dtype) for n in (5, 0, 33)]
+        if poison is not None:
+            grads[2][17] = poison
+        for found in (0.0, 1.0):
+            cpu = [g.clone() for g in grads]
+            cpu_found, inv = torch.tensor([found]), torch.tensor([0.25])
+            torch._amp_foreach_non_finite_check_and_unscale_(cpu, cpu_found, inv)
+            dev = [g.to("hologram") for g in grads]
+            dev_found = torch.tensor([found], device="hologram")
+            torch._amp_foreach_non_finite_check_and_unscale_(dev, dev_found,
+                                                             inv.to("hologram"))
+            assert dev_found.item() == cpu_found.item()
+            for d, c in zip(dev, cpu):
+                torch.testing.assert_close(d.cpu(), c, equal_nan=True)
+    assert "aten._amp_foreach_non_finite_check_and_unscale_.default" not in (
+        hologram_torch.fallback_stats())
+
+
+def test_update_scale_matches_the_cpu():
+    cases = [(1024.0, 0, 0.0), (1024.0, 1, 0.0), (1024.0, 1, 1.0), (3e38, 1, 0.0),
+             (1.0, 0, 0.0)]
+    for scale, tracker, found in cases:
+        results = []
+        for device in ("cpu", "hologram"):
+            s = torch.tensor([scale], device=device)
+            t = torch.tensor([tracker], dtype=torch.int32, device=device)
+            out = torch._amp_update_scale_(s, t, torch.tensor([found], device=device),
+                                           2.0, 0.5, 2)
+            assert out is s
+            results.append((s.item(), t.item()))
+        assert results[0] == results[1], (scale, tracker, found, results)
+    assert "aten._amp_update_scale_.default" not in hologram_torch.fallback_stats()
