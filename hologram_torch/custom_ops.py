@@ -52,8 +52,8 @@ from hologram.frontend.grad import Tape, gradients, rehome
 from hologram.frontend.graph import Graph
 from hologram.frontend.graph import Tensor as GraphTensor
 from hologram.sdk.jit import JitFunction
-from hologram_torch import lowering
 from hologram_torch.aten import program
+from hologram_torch.compile import lowerings
 from hologram_torch.lowering.common import ISA, TORCH
 
 __all__ = ["custom_op"]
@@ -140,7 +140,7 @@ class _Definition:
         self.outputs = len(self.schema.returns)
         self.op.register_fake(self._fake)
         if not self.mutated:
-            lowering.register(overload)(self._lower)
+            _register_lowering(overload, self._lower)
             self.backward_op = self._define_backward()
             self.op.register_autograd(self._backward, setup_context=self._setup_context)
 
@@ -271,7 +271,7 @@ class _Definition:
         op = torch.library.custom_op(f"{self.name}_backward", self._backward_impl,
                                      mutates_args=(), schema=schema)
         op.register_fake(self._backward_fake)
-        lowering.register(op._opoverload)(self._backward_lower)
+        _register_lowering(op._opoverload, self._backward_lower)
         return op
 
     def _setup_context(self, ctx, inputs, output, keyword_only_inputs=None):
@@ -390,6 +390,13 @@ class _Definition:
                                     f"argument of shape {list(t.shape)}; return a graph "
                                     "tensor of that shape (or None)")
         return list(result)
+
+
+def _register_lowering(op, fn) -> None:
+    """``fn`` as ``op``'s lowering in compiled graphs: the table of lowerings only compiled
+    graphs use (the eager device runs the op's own implementation; the shared ATen table
+    lists ATen ops only)."""
+    lowerings.EXTRA[op] = fn
 
 
 def _as(t: GraphTensor, dtype) -> GraphTensor:
