@@ -4,7 +4,7 @@ Three fused ops, each one Hologram program forward and one backward (derived), c
 against the unfused PyTorch composition: values, gradients (gradcheck in float64),
 torch.library.opcheck, and speed (forward + backward, medians).
 
-    python examples/custom_ops.py            # checks, and a short timing at 1e5 elements
+    python examples/custom_ops.py            # checks, and a short timing at 6e4 elements
     python examples/custom_ops.py --bench    # timing at 1e6 elements
 """
 
@@ -61,6 +61,9 @@ OPS = {
                          lambda n: [(4, n // 4 // 256, 64), (4, 256, 64)]),
 }
 
+DEFINITIONS = {"bias_gelu": bias_gelu, "rms_norm": rms_norm,
+               "attention_scores": attention_scores}
+
 
 def check(device: str) -> None:
     torch.manual_seed(0)
@@ -70,16 +73,13 @@ def check(device: str) -> None:
         got, want = op(*small), reference(name, *small)
         torch.testing.assert_close(got, want)
         assert torch.autograd.gradcheck(op, small), name
-        args = [t.detach().float().requires_grad_() for t in small]
-        tests = None if device == "cpu" else (  # PyTorch's autograd check is CPU/CUDA only
-            "test_schema", "test_faketensor", "test_aot_dispatch_dynamic")
-        op_def = {"bias_gelu": bias_gelu, "rms_norm": rms_norm}.get(name, attention_scores)
-        extra = (0.125,) if name == "attention_scores" else ()
-        result = torch.library.opcheck(op_def, (*args, *extra), test_utils=tests or (
-            "test_schema", "test_autograd_registration", "test_faketensor",
-            "test_aot_dispatch_dynamic"))
-        assert all(v == "SUCCESS" for v in result.values()), (name, result)
-        print(f"{name} on {device}: values, gradcheck (float64) and opcheck pass")
+        if device == "cpu":  # (on hologram tensors: tests/test_torch_custom_op.py)
+            args = [t.detach().float().requires_grad_() for t in small]
+            extra = (0.125,) if name == "attention_scores" else ()
+            result = torch.library.opcheck(DEFINITIONS[name], (*args, *extra))
+            assert set(result.values()) == {"SUCCESS"}, (name, result)
+        print(f"{name} on {device}: values and gradcheck (float64) pass"
+              + (", opcheck passes" if device == "cpu" else ""))
 
 
 def median_times(fns, repeat: int) -> list[float]:
@@ -124,4 +124,4 @@ if __name__ == "__main__":
     if "--bench" in sys.argv:
         bench(1 << 20, 21)
     else:
-        bench(1 << 17, 5)
+        bench(1 << 16, 3)
