@@ -13,8 +13,9 @@ from util import execute, same_bits
 
 import hologram
 from hologram.backends.cpu.render import render
+from hologram.backends.cpu.target import CAPABILITIES as CPU
 from hologram.compiler import pipeline
-from hologram.compiler.capabilities import CPU, WEBGPU, Capabilities
+from hologram.compiler.capabilities import Capabilities
 from hologram.compiler.passes.decompose import WIDENED, decompose
 from hologram.errors import CompileError
 from hologram.frontend.graph import Graph
@@ -27,6 +28,9 @@ FLOAT_EDGES = [0.0, -0.0, np.inf, -np.inf, np.nan, 1.0, -1.0, 0.5, -2.5, 3.0, 7.
                1.5, 2.0 ** -14, 0.1]
 # No native narrow arithmetic, no total division, no IEEE min/max: every rewrite applies.
 BARE = Capabilities(f64=True, total_division=False, ieee_minmax=False)
+#: A 32-bit target that leaves every decomposition to the pass (no f64, i64, narrow
+#: storage or IEEE min/max).
+GPU32 = Capabilities(f64=False, i64=False, narrow_storage=False, ieee_minmax=False)
 
 
 def _storage(values: np.ndarray, t: dt.DType) -> np.ndarray:
@@ -181,7 +185,7 @@ def test_integer_division_guards_give_the_isa_results(op, t):
     program, inputs = _lowered(f"int_{op}", t, lambda g, x, y, z: g.binary(op, x, y))
     assert decompose(program, Capabilities(total_division=True)) is program
     _check(program, inputs, CPU, t)
-    decomposed = decompose(program, WEBGPU)
+    decomposed = decompose(program, GPU32)
     # and the cpu backend runs the decomposed program to the same bits
     (want,) = execute(program, inputs)
     got = hologram.compile(decomposed, backend="cpu")(*inputs)
@@ -195,7 +199,7 @@ def test_min_max_from_compares_keep_nan_and_signed_zeros(op, t):
     program, inputs = _lowered(f"float_{op}", t, lambda g, x, y, z: g.binary(op, x, y))
     assert decompose(program, CPU) is program  # llvm.minimum/maximum on the cpu
     _check(program, inputs, BARE, t)
-    decomposed = decompose(program, WEBGPU)
+    decomposed = decompose(program, GPU32)
     (want,) = execute(program, inputs)
     got = hologram.compile(decomposed, backend="cpu")(*inputs)
     assert same_bits(np.asarray(got).reshape(-1), want)
@@ -208,7 +212,7 @@ def test_webgpu_decomposition_of_a_mixed_program_runs_everywhere_to_the_same_bit
         return g.binary("max", x * y + q, g.unary("exp", z))
 
     program, inputs = _lowered("mixed", dt.float16, build)
-    decomposed = verify(decompose(program, WEBGPU))
+    decomposed = verify(decompose(program, GPU32))
     ops = {x.op for k in decomposed.kernels for x in k.body if x.dtype is dt.float16}
     assert not ops & (WIDENED | {"fma"}), ops
     (want,) = execute(program, inputs)
@@ -223,7 +227,7 @@ def test_webgpu_decomposition_of_a_mixed_program_runs_everywhere_to_the_same_bit
 def test_programs_with_nothing_to_rewrite_are_returned_unchanged():
     program, _ = _lowered("plain", dt.float32, lambda g, x, y, z: g.fma(x, y, z) + x * y)
     assert decompose(program, CPU) is program
-    assert decompose(program, WEBGPU) is program
+    assert decompose(program, GPU32) is program
     native = Capabilities(f16_arithmetic=True, bf16_arithmetic=True)
     for t in NARROW:
         narrow, _ = _lowered("native", t, lambda g, x, y, z: g.unary("exp", x * y))

@@ -10,9 +10,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from hologram.backends.cpu.target import CAPABILITIES as CPU
 from hologram.backends.interp.interpreter import run
 from hologram.compiler import pipeline
-from hologram.compiler.capabilities import CPU, WEBGPU, MissingCapabilityError
+from hologram.compiler.capabilities import Capabilities, MissingCapabilityError
 from hologram.compiler.passes.decompose import decompose
 from hologram.errors import IRError, ShapeError
 from hologram.frontend.graph import Graph
@@ -263,7 +264,7 @@ def test_coalescing_keeps_a_scatters_grid_valid():
 
 def test_targets_without_the_capability_refuse_it():
     with pytest.raises(MissingCapabilityError, match=r"scatter .*index order.*cpu or interp"):
-        decompose(_rows(), WEBGPU)
+        decompose(_rows(), Capabilities())
     assert decompose(_rows(), CPU) == _rows()
 
 

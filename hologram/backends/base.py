@@ -20,6 +20,10 @@ named in :data:`hologram.backends.BUILTIN`. It has four parts:
 - **identity** — :meth:`Backend.target`: everything about the target machine that changes
   the artifact (CPU name and features, GPU architecture). It is part of every cache key, so
   an artifact never runs on a machine it was not built for.
+- **capabilities** — :meth:`Backend.capabilities`: what a target's generated code can use
+  (f64, i64, narrow storage, gather, scatter, ...), which chooses the compiler's numeric
+  decompositions and the loop plan, and tells the conformance suite what to expect;
+  :meth:`Backend.supports` says which (opcode, dtype) pairs it runs at all.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from hologram.compiler.capabilities import Capabilities
 from hologram.errors import DeviceError, DTypeError, ShapeError
 from hologram.isa import dtypes
 from hologram.isa.dtypes import DType
@@ -202,6 +207,14 @@ class Backend(ABC):
     def compile(self, program: Program, target: str | None = None) -> bytes:
         """Render and compile a scheduled, verified program into an artifact for the
         target called ``target`` (``None``: the current one). Needs no device."""
+
+    def capabilities(self, target: str | None = None) -> Capabilities:
+        """What code for the target called ``target`` (``None``: the current one) can
+        use; :meth:`compile` lowers programs for it (``pipeline.for_target``), a program
+        using an operation it lacks (``gather``, ``scatter``) is refused there, and the
+        conformance suite expects exactly that. Default: :class:`Capabilities`' defaults
+        (a 64-bit target without the data-dependent memory operations)."""
+        return Capabilities()
 
     def describe(self, artifact: bytes) -> dict[str, Any]:
         """What an artifact holds, for people and tools: kernels, launch plan, resources."""

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from hologram.compiler.capabilities import CPU, Capabilities
+from hologram.compiler.capabilities import Capabilities
 from hologram.isa import dtypes as dt
 from hologram.isa.ir import WRITE_OPS, Kernel, Program
 
@@ -50,6 +50,10 @@ LANES = 64
 BLOCK = 1024
 VECTOR = 16
 SHORT_ROW = 16
+
+
+#: The capabilities plans assume where none are given (a 64-bit target).
+_PLAIN = Capabilities()
 
 
 def unsupported(kernel: Kernel) -> str | None:
@@ -133,7 +137,7 @@ class Accumulator:
         return text
 
 
-def accumulator(kernel: Kernel, position: int, caps: Capabilities = CPU) -> Accumulator:
+def accumulator(kernel: Kernel, position: int, caps: Capabilities = _PLAIN) -> Accumulator:
     """The accumulator of reduction ``kernel.body[position]`` on a target with ``caps``."""
     instr = kernel.body[position]
     t = kernel.body[instr.args[0]].dtype
@@ -245,7 +249,7 @@ def matmul(kernel: Kernel, plan: KernelPlan) -> MatmulDims | None:
     return MatmulDims(reductions[0], m, n, k, math.prod(kernel.domain[:m]))
 
 
-def plan(kernel: Kernel, caps: Capabilities = CPU) -> KernelPlan:
+def plan(kernel: Kernel, caps: Capabilities = _PLAIN) -> KernelPlan:
     """The loop plan of ``kernel`` for a target with ``caps``."""
     rank = len(kernel.domain)
     loops = range(kernel.grid_rank, rank)
@@ -280,6 +284,6 @@ def plan(kernel: Kernel, caps: Capabilities = CPU) -> KernelPlan:
         reason, tuple(hoist), tuple(varies))
 
 
-def dump(program: Program, caps: Capabilities = CPU) -> str:
+def dump(program: Program, caps: Capabilities = _PLAIN) -> str:
     """Every kernel's plan, as text (the ``loops`` dump stage)."""
     return "\n\n".join(plan(k, caps).dump() for k in program.kernels) + "\n"

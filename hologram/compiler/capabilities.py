@@ -1,14 +1,15 @@
 """What a target's generated code can use: the record that numeric decompositions are
 chosen by (docs/isa.md states what every choice must still guarantee).
 
-A backend's target carries one :class:`Capabilities`. The passes and the lowering read it,
-never a backend name: a target without ``f64`` adds its block sums with compensation in
-float32 instead of plainly in float64; one without ``i64`` computes argmax indices in i32
-and widens them; one without 8/16-bit storage packs narrow values into 32-bit words; f16
-and bf16 arithmetic runs in float32, rounded after each inexact operation, unless the
-target computes in them natively; integer division and float min/max get the ISA's edge
-results from compares and selects where the target's own instructions do not give them
-(:mod:`hologram.compiler.passes.decompose`).
+A backend declares one :class:`Capabilities` per target
+(:meth:`hologram.backends.base.Backend.capabilities`); the passes, the loop plan and the
+conformance suite read it, never a backend name: a target without ``f64`` adds its block
+sums with compensation in float32 instead of plainly in float64; one without ``i64``
+computes argmax indices in i32 and widens them; one without 8/16-bit storage packs narrow
+values into 32-bit words; f16 and bf16 arithmetic runs in float32, rounded after each
+inexact operation, unless the target computes in them natively; integer division and float
+min/max get the ISA's edge results from compares and selects where the target's own
+instructions do not give them (:mod:`hologram.compiler.passes.decompose`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from hologram.errors import CompileError
 
 @dataclass(frozen=True)
 class Capabilities:
-    """Arithmetic and storage a target offers (defaults: a 64-bit CPU)."""
+    """Arithmetic and storage a target offers (defaults: a 64-bit CPU without the
+    data-dependent memory operations)."""
 
     f64: bool = True  # float64 arithmetic
     i64: bool = True  # 64-bit integer arithmetic
@@ -36,16 +38,13 @@ class Capabilities:
     ieee_minmax: bool = True
     # The data-dependent load ``gather`` (docs/isa.md). A target without it refuses a
     # program that uses it (:func:`require`) instead of miscompiling it; front ends ask
-    # before they lower advanced indexing to it. Every built-in backend's renderer has it
-    # (webgpu and cuda set it on their own CAPS); WEBGPU below leaves it off, as it
-    # leaves ieee_minmax to the renderer.
+    # before they lower advanced indexing to it. Every built-in backend's renderer has it.
     gather: bool = False
     # The data-dependent store ``scatter`` (docs/isa.md): its writes to one element must
     # happen in index order, which a renderer has to honour (a kernel's loops run it
     # sequentially; only grid dimensions proven disjoint run in parallel). A target
     # without it refuses such a program (:func:`require`) rather than reorder writes.
-    # The cpu, webgpu and cuda renderers have it (webgpu and cuda set it on their own
-    # CAPS).
+    # The cpu, webgpu and cuda renderers have it.
     scatter: bool = False
 
     @property
@@ -90,8 +89,3 @@ def require(program, caps: Capabilities) -> None:
                     f"program on the cpu or interp backend, or build it without "
                     f"{instr.op}")
 
-
-#: 64-bit CPUs (the cpu backend, the interpreter).
-CPU = Capabilities(gather=True, scatter=True)
-#: WebGPU (WGSL): no f64, no i64, 32-bit storage only; f16 with the shader-f16 feature.
-WEBGPU = Capabilities(f64=False, i64=False, narrow_storage=False, ieee_minmax=False)

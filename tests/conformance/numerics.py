@@ -28,7 +28,6 @@ Every run also checks that the backend ran every kernel itself
 from __future__ import annotations
 
 import contextlib
-import importlib
 import math
 import zlib
 
@@ -39,7 +38,6 @@ import hologram
 from hologram import backends
 from hologram.backends.base import unsupported_pairs
 from hologram.backends.interp import interpreter
-from hologram.compiler import capabilities
 from hologram.compiler.capabilities import MissingCapabilityError
 from hologram.errors import DTypeError, IRError
 from hologram.isa import dtypes as dt
@@ -173,14 +171,10 @@ def far_cases(offset: dt.DType, n: int, rng: np.random.Generator) -> list[tuple]
 
 
 def declares(backend: str, capability: str) -> bool:
-    """Whether the backend's target declares ``capability`` (a field of
-    :class:`~hologram.compiler.capabilities.Capabilities`): its module's ``CAPS`` (webgpu,
-    cuda), else the host CPU's (the cpu backend's targets); the interpreter is the ISA's
-    definition and runs every opcode."""
-    if backend == "interp":
-        return True
-    module = importlib.import_module(type(backends.get(backend)).__module__)
-    return getattr(getattr(module, "CAPS", capabilities.CPU), capability)
+    """Whether the backend's current target declares ``capability`` (a field of
+    :class:`~hologram.compiler.capabilities.Capabilities`, from
+    :meth:`~hologram.backends.base.Backend.capabilities`)."""
+    return getattr(backends.get(backend).capabilities(), capability)
 
 
 def both_or_refused(program: Program, backend: str, inputs: list[np.ndarray],

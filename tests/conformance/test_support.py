@@ -12,7 +12,8 @@ import pytest
 import hologram
 from hologram import backends
 from hologram.backends.base import check_supported, unsupported_pairs
-from hologram.errors import DTypeError
+from hologram.compiler.capabilities import Capabilities
+from hologram.errors import DTypeError, HologramError
 from hologram.isa import dtypes as dt
 from hologram.isa.builder import ProgramBuilder
 from hologram.isa.ir import ALL_OPS, REDUCE_KINDS
@@ -39,6 +40,18 @@ def test_the_declaration_is_total(backend):
     for op in ALL_OPS:
         for t in dt.ALL:
             assert impl.supports(op, t) in (True, False), (op, t)
+
+
+def test_capabilities_are_declared_for_every_target_and_match_the_declaration(backend):
+    """Backend.capabilities(): a Capabilities for the current target, an error naming the
+    known targets for an unknown one, and no f64 arithmetic where f64 is not declared."""
+    impl = backends.get(backend)
+    caps = impl.capabilities()
+    assert isinstance(caps, Capabilities)
+    if not caps.f64:
+        assert not any(impl.supports(op, dt.float64) for op in ("add", "mul", "div"))
+    with pytest.raises(HologramError, match="no-such-target"):
+        impl.capabilities("no-such-target")
 
 
 def _restricted(backend: str):

@@ -54,6 +54,7 @@ from hologram.backends.hostmem import Pool
 from hologram.codegen import loops
 from hologram.codegen.mathlib import FUNCTIONS as MATH_FUNCTIONS
 from hologram.compiler import pipeline
+from hologram.compiler.capabilities import Capabilities
 from hologram.compiler.passes import library_calls
 from hologram.isa.ir import Program
 
@@ -91,6 +92,9 @@ class CpuBackend(Backend):
 
     def target(self, name: str | None = None) -> str:
         return _target(name).identity
+
+    def capabilities(self, target: str | None = None) -> Capabilities:
+        return _target(target).capabilities
 
     def allocator(self, memory_limit: int | None = None) -> Allocator:
         return Pool(memory_limit)

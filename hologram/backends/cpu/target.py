@@ -25,7 +25,7 @@ from functools import cache
 import llvmlite.binding as llvm
 
 from hologram import config
-from hologram.compiler.capabilities import CPU, Capabilities
+from hologram.compiler.capabilities import Capabilities
 from hologram.errors import DeviceError, HologramError
 
 _V2 = frozenset({"cx16", "sahf", "popcnt", "sse3", "sse4.1", "sse4.2", "ssse3"})
@@ -51,6 +51,11 @@ TARGETS: dict[str, tuple[str, frozenset[str]]] = {
     "neoverse-v1": ("aarch64", frozenset({"neon", "fullfp16", "dotprod", "sve", "bf16"})),
     "apple-m1": ("aarch64", frozenset({"neon", "fullfp16", "dotprod"})),
 }
+
+
+#: What code for every CPU target can use: f64, i64, 8/16-bit storage, IEEE min/max
+#: (``llvm.minimum``/``llvm.maximum``), gather and scatter (the loops run in index order).
+CAPABILITIES = Capabilities(gather=True, scatter=True)
 
 
 @dataclass(frozen=True)
@@ -80,7 +85,7 @@ class Target:
         """What code for this CPU can use. Every CPU target has f64, i64 and narrow
         storage; f16/bf16 are computed in float32 even where the CPU has half arithmetic
         (AVX512-FP16), so results do not depend on the CPU."""
-        return CPU
+        return CAPABILITIES
 
     def has(self, feature: str) -> bool:
         """Does code for this target assume ``feature`` (LLVM's name, e.g. ``avx512f``)?"""

@@ -1,11 +1,12 @@
 """The ``cuda`` backend: Triton kernels generated from the loop plan (:mod:`.render`).
 
-**Build** (no GPU needed): the target passes for :data:`CAPS`, then one ``@triton.jit``
-function per kernel, all in one Python module (the artifact's ``source``). For a named
-target (``sm_80``, ``sm_90``) every kernel is compiled ahead of time with Triton's
-compiler (:func:`hologram.build`); the artifact then also holds each kernel's PTX, cubin
-and the resources read from the compiled kernel (Triton's metadata; registers and spills
-from ``ptxas -v`` on that PTX). Triton runs in a child process (:mod:`.worker`).
+**Build** (no GPU needed): the target passes for its :meth:`~CudaBackend.capabilities`,
+then one ``@triton.jit`` function per kernel, all in one Python module (the artifact's
+``source``). For a named target (``sm_80``, ``sm_90``) every kernel is compiled ahead of
+time with Triton's compiler (:func:`hologram.build`); the artifact then also holds each
+kernel's PTX, cubin and the resources read from the compiled kernel (Triton's metadata;
+registers and spills from ``ptxas -v`` on that PTX). Triton runs in a child process
+(:mod:`.worker`).
 
 **Run**, on a GPU: where ``cuda-bindings`` finds an NVIDIA GPU of compute capability 8.x
 or 9.0, the backend is available; programs compile for its target (``sm_80`` cubins run on
@@ -60,8 +61,8 @@ FORMAT = "triton-3"
 #: compares; gather (render.py: the operand clamped in its own width, the element summed
 #: in wrapping int32); scatter (render.py: one program instance makes a grid point's
 #: writes, in index order, in rounds of writes to distinct elements).
-CAPS = Capabilities(f64=True, i64=True, narrow_storage=True, ieee_minmax=False, gather=True,
-                    scatter=True)
+_CAPS = Capabilities(f64=True, i64=True, narrow_storage=True, ieee_minmax=False, gather=True,
+                     scatter=True)
 #: Named targets: compute capability of each.
 TARGETS = {"sm_80": 80, "sm_90": 90}
 #: The target whose cubins a GPU runs, by compute capability (a cubin runs on its own
@@ -177,6 +178,13 @@ class CudaBackend(Backend):
             text += f" split-k-work-{render_module.SPLIT_K_WORK}"
         return text
 
+    def capabilities(self, target: str | None = None) -> Capabilities:
+        """The same for every target (the generated code is; only its compilation
+        differs), and for the emulation."""
+        if target is not None and target not in TARGETS:
+            self.target(target)  # raises, naming the known targets
+        return _CAPS
+
     def supports(self, op: str, dtype: DType) -> bool:
         if dtype not in _DTYPES:
             return False
@@ -196,21 +204,21 @@ class CudaBackend(Backend):
     def compile(self, program: Program, target: str | None = None) -> bytes:
         target = target or self._device_target()
         self.target(target)
-        program = pipeline.for_target(program, CAPS)
+        program = pipeline.for_target(program, _CAPS)
         # Several reductions over few long rows: one kernel per reduction, each split.
-        program = fission(program, CAPS)
+        program = fission(program, _CAPS)
         tf32 = config.get().cuda_allow_tf32  # named by the target string (the cache key)
         kernels, delegated = [], []
         # Split reductions' partials live in scratch buffers numbered after the program's
         # (temporaries of the artifact, like the program's own).
         scratch: dict[str, dict] = {}
         for index, kernel in enumerate(program.kernels):
-            plan = loops.plan(kernel, CAPS)
+            plan = loops.plan(kernel, _CAPS)
             if plan.unsupported and 0 not in kernel.domain:
                 delegated.append({"kernel": index, "reason": plan.unsupported})
                 continue
             pipeline.dump(program.name, f"{kernel.name}.loops", plan.dump())
-            k = render(program, kernel, CAPS, len(program.buffers) + len(scratch), tf32)
+            k = render(program, kernel, _CAPS, len(program.buffers) + len(scratch), tf32)
             k["kernel"] = index
             scratch.update({str(s["index"]): s for s in k.pop("scratch")})
             kernels.append(k)
@@ -393,4 +401,4 @@ class _Emulated(Executable):
         run_kernel(self.program, self.program.kernels[index], memory)
 
 
-__all__ = ["CAPS", "TARGETS", "CudaBackend", "cubin", "ptx", "resources"]
+__all__ = ["TARGETS", "CudaBackend", "cubin", "ptx", "resources"]

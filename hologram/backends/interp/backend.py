@@ -14,6 +14,7 @@ import numpy as np
 from hologram.backends.base import Allocator, Backend, Executable, host_arrays
 from hologram.backends.hostmem import Pool
 from hologram.backends.interp.interpreter import execute
+from hologram.compiler.capabilities import Capabilities
 from hologram.errors import HologramError
 from hologram.isa.dtypes import DType
 from hologram.isa.ir import Program
@@ -34,6 +35,12 @@ class InterpBackend(Backend):
         """Everything: the interpreter is the ISA's definition (and the oracle the
         conformance suite compares every backend with)."""
         return True
+
+    def capabilities(self, target: str | None = None) -> Capabilities:
+        """Every operation (its programs are not lowered for a target: it runs the ISA
+        as defined)."""
+        self.target(target)
+        return Capabilities(gather=True, scatter=True)
 
     def compile(self, program: Program, target: str | None = None) -> bytes:
         self.target(target)

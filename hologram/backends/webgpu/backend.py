@@ -1,7 +1,7 @@
 """The ``webgpu`` backend (and ``metal``, ``vulkan``): WGSL compute shaders through wgpu.
 
 **Compile** (:meth:`WebGpuBackend.compile`, no device needed): the target passes for
-:data:`~hologram.compiler.capabilities.WEBGPU` (no f64, no i64, 32-bit storage), then one
+its :meth:`~WebGpuBackend.capabilities` (no f64, no i64, 32-bit storage), then one
 WGSL shader per kernel (:mod:`.render`). The artifact is JSON: the shaders, each kernel's
 bindings, mode and workgroup counts, and the program's buffers.
 
@@ -22,12 +22,11 @@ backend. ``"auto"`` may take ``webgpu`` on a GPU adapter, never on a CPU emulati
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from typing import Any, ClassVar
 
 from hologram.backends.base import Allocator, Backend, Executable
 from hologram.compiler import pipeline
-from hologram.compiler.capabilities import WEBGPU
+from hologram.compiler.capabilities import Capabilities
 from hologram.errors import CompileError, DeviceError, ShapeError
 from hologram.isa import dtypes as dt
 from hologram.isa.dtypes import DType
@@ -41,11 +40,14 @@ from .render import EMULATED_LOOP_LIMIT, WORKGROUP, dispatch, render
 #: The artifact format's version (part of the target identity, so old cache entries are
 #: never loaded by a newer runtime).
 FORMAT = "wgsl-2"
-#: WebGPU's capabilities, float min/max left to the renderer (it orders the bits),
-#: gather (render.py: the operand clamped in its own register, the element summed in
-#: wrapping u32) and scatter (render.py: one invocation per grid point makes its writes in
-#: index order; the schedule keeps only disjoint dimensions on the grid).
-CAPS = replace(WEBGPU, ieee_minmax=True, gather=True, scatter=True)
+#: WebGPU's capabilities: no f64, no i64 arithmetic (two words, :data:`_I64_OPS`), 32-bit
+#: storage only (f16 with the shader-f16 feature is not used), float min/max left to the
+#: renderer (it orders the bits), gather (render.py: the operand clamped in its own
+#: register, the element summed in wrapping u32) and scatter (render.py: one invocation
+#: per grid point makes its writes in index order; the schedule keeps only disjoint
+#: dimensions on the grid).
+_CAPS = Capabilities(f64=False, i64=False, narrow_storage=False, ieee_minmax=True,
+                     gather=True, scatter=True)
 #: i64 is two 32-bit words (low, high): memory (a gather's values and operands too),
 #: casts, reductions, compares, select and the wrapping arithmetic below; no division
 #: (div, mod) and no contraction.
@@ -110,6 +112,10 @@ class WebGpuBackend(Backend):
             text += f" split-work-{render_module.SPLIT_WORK}"
         return text
 
+    def capabilities(self, target: str | None = None) -> Capabilities:
+        self.target(target)
+        return _CAPS
+
     def supports(self, op: str, dtype: DType) -> bool:
         if dtype is dt.float64:
             return False  # WGSL has no 64-bit types
@@ -123,12 +129,12 @@ class WebGpuBackend(Backend):
 
     def compile(self, program: Program, target: str | None = None) -> bytes:
         self.target(target)
-        program = pipeline.for_target(program, CAPS)
+        program = pipeline.for_target(program, _CAPS)
         kernels = []
         buffers = [{"name": b.name, "kind": b.kind, "nbytes": b.nbytes}
                    for b in program.buffers]
         for kernel in program.kernels:
-            for shader in render(program, kernel, CAPS, scratch=len(buffers)):
+            for shader in render(program, kernel, _CAPS, scratch=len(buffers)):
                 # A split reduction's partial states: a temporary after the program's
                 # buffers, written by the first shader and read by the second.
                 scratch = shader.pop("scratch", None)

@@ -41,7 +41,7 @@ loop plan and the renderer.
 
 from __future__ import annotations
 
-from hologram.compiler.capabilities import CPU, Capabilities, require
+from hologram.compiler.capabilities import Capabilities, require
 from hologram.isa import dtypes as dt
 from hologram.isa.body import Body
 from hologram.isa.ir import FLOAT_UNARY_OPS, Instr, Kernel, Program
@@ -55,7 +55,7 @@ _LARGEST = {dt.float16: 65504.0, dt.bfloat16: (2 - 2**-7) * 2.0**127}
 _OVERFLOW_TIE = {dt.float16: 65520.0, dt.bfloat16: (2 - 2**-8) * 2.0**127}
 
 
-def decompose(program: Program, caps: Capabilities = CPU) -> Program:
+def decompose(program: Program, caps: Capabilities) -> Program:
     """``program`` with every operation ``caps`` lacks rewritten (see the module
     docstring). Raises :class:`~hologram.compiler.capabilities.MissingCapabilityError`
     for an operation the target cannot run at all (``gather`` or ``scatter`` without the
