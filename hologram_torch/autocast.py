@@ -16,9 +16,9 @@ arguments as the CPU kernel casts CPU ones, then runs the op with autocast off f
   FFTs, ...): low-precision arguments cast to float32.
 
 Ops on no list run as they are (the fallthrough :mod:`hologram_torch.compat` installs), so
-elementwise ops follow their inputs' dtypes. float64 arguments are never cast. Unlike the
-CUDA policy, casts of leaf tensors are not cached across calls in a region (CPU autocast
-caches them; a weight used twice is cast twice here).
+elementwise ops follow their inputs' dtypes. float64 arguments are never cast. PyTorch
+keeps the low-precision copy of a leaf tensor that requires grad (a weight) for the rest
+of the region; here every use casts it again.
 """
 
 from __future__ import annotations

@@ -155,3 +155,30 @@ def test_update_scale_matches_the_cpu():
             results.append((s.item(), t.item()))
         assert results[0] == results[1], (scale, tracker, found, results)
     assert "aten._amp_update_scale_.default" not in hologram_torch.fallback_stats()
+
+
+def _transformer_losses(device: str, steps: int = 5) -> list[float]:
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+    layer = layer.to(device)
+    opt = torch.optim.AdamW(layer.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler(device)
+    x = torch.randn(4, 10, 32, generator=torch.Generator().manual_seed(1)).to(device)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        with torch.autocast(device, dtype=torch.bfloat16):
+            loss = layer(x).float().pow(2).mean()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        losses.append(loss.item())
+    return losses
+
+
+def test_transformer_trains_like_the_cpu_under_autocast():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        device = _transformer_losses("hologram")
+    torch.testing.assert_close(torch.tensor(device), torch.tensor(_transformer_losses("cpu")),
+                               rtol=1e-3, atol=1e-3)
