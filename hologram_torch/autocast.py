@@ -31,8 +31,54 @@ import torch
 from hologram_torch.aten import program
 from hologram_torch.aten.program import cast, opmath
 
-__all__ = ["LOWER_PRECISION", "PROMOTE", "install", "policy"]
+__all__ = ["CPU_POLICY_OPS", "LOWER_PRECISION", "PROMOTE", "install", "policy"]
 
+#: Every op PyTorch's CPU autocast has a kernel for (torch 2.13; listed, as scanning the
+#: dispatcher for them costs ~30 ms of every import: tests/test_torch_autocast.py
+#: checks the list against the installed PyTorch).
+CPU_POLICY_OPS = (
+    "aten::_addmm_activation", "aten::_convolution.deprecated",
+    "aten::_grid_sampler_2d_cpu_fallback", "aten::_lu_with_info",
+    "aten::_native_multi_head_attention", "aten::adaptive_avg_pool3d",
+    "aten::adaptive_max_pool3d", "aten::addbmm", "aten::addmm", "aten::avg_pool3d",
+    "aten::baddbmm", "aten::binary_cross_entropy",
+    "aten::binary_cross_entropy_with_logits", "aten::bmm", "aten::cat", "aten::cdist",
+    "aten::cholesky", "aten::cholesky_inverse", "aten::cholesky_solve", "aten::conv1d",
+    "aten::conv1d.padding", "aten::conv2d", "aten::conv2d.padding", "aten::conv3d",
+    "aten::conv3d.padding", "aten::conv_tbc", "aten::conv_transpose1d",
+    "aten::conv_transpose2d.input", "aten::conv_transpose3d.input",
+    "aten::cosine_embedding_loss", "aten::cross_entropy_loss", "aten::ctc_loss.IntList",
+    "aten::ctc_loss.Tensor", "aten::fake_quantize_per_tensor_affine", "aten::fft_fft",
+    "aten::fft_fft2", "aten::fft_fftn", "aten::fft_hfft", "aten::fft_ifft",
+    "aten::fft_ifft2", "aten::fft_ifftn", "aten::fft_ihfft", "aten::fft_irfft",
+    "aten::fft_irfft2", "aten::fft_irfftn", "aten::fft_rfft", "aten::fft_rfft2",
+    "aten::fft_rfftn", "aten::fractional_max_pool2d", "aten::fractional_max_pool3d",
+    "aten::geqrf", "aten::grid_sampler", "aten::grid_sampler_2d",
+    "aten::grid_sampler_3d", "aten::hinge_embedding_loss", "aten::huber_loss",
+    "aten::index_copy", "aten::inverse", "aten::kl_div", "aten::l1_loss",
+    "aten::linalg_cholesky", "aten::linalg_cholesky_ex", "aten::linalg_cond",
+    "aten::linalg_cond.p_str", "aten::linalg_eig", "aten::linalg_eigh",
+    "aten::linalg_eigvals", "aten::linalg_eigvalsh", "aten::linalg_householder_product",
+    "aten::linalg_inv", "aten::linalg_inv_ex", "aten::linalg_lstsq",
+    "aten::linalg_matrix_rank", "aten::linalg_matrix_rank.atol_rtol_float",
+    "aten::linalg_matrix_rank.atol_rtol_tensor", "aten::linalg_matrix_rank.tol_tensor",
+    "aten::linalg_qr", "aten::linalg_solve", "aten::linalg_svd", "aten::linalg_svdvals",
+    "aten::linalg_tensorinv", "aten::linalg_tensorsolve", "aten::linalg_vecdot",
+    "aten::linear", "aten::lu_solve", "aten::margin_ranking_loss", "aten::matmul",
+    "aten::max_pool3d", "aten::max_unpool2d", "aten::max_unpool3d",
+    "aten::mkldnn_rnn_layer", "aten::mm", "aten::mse_loss", "aten::multi_margin_loss",
+    "aten::multilabel_margin_loss", "aten::multilabel_margin_loss_forward",
+    "aten::nanquantile", "aten::nanquantile.scalar", "aten::nll_loss",
+    "aten::nll_loss2d", "aten::orgqr", "aten::ormqr", "aten::pinverse",
+    "aten::poisson_nll_loss", "aten::polar", "aten::prelu", "aten::prod",
+    "aten::prod.dim_int", "aten::qr", "aten::quantile", "aten::quantile.scalar",
+    "aten::reflection_pad1d", "aten::reflection_pad2d", "aten::replication_pad1d",
+    "aten::replication_pad2d", "aten::replication_pad3d",
+    "aten::scaled_dot_product_attention", "aten::smooth_l1_loss",
+    "aten::soft_margin_loss", "aten::stack", "aten::stft", "aten::stft.center",
+    "aten::svd", "aten::trace", "aten::triangular_solve", "aten::triplet_margin_loss",
+    "aten::view_as_complex",
+)
 #: Ops computed in the region's low dtype (PyTorch's CPU ``lower_precision_fp`` list).
 LOWER_PRECISION = frozenset({
     "aten::conv1d", "aten::conv1d.padding", "aten::conv2d", "aten::conv2d.padding",
@@ -132,7 +178,7 @@ def install() -> None:
     """Register the policy's kernels for every op PyTorch's CPU autocast has one for
     (once per process)."""
     library = torch.library.Library("aten", "IMPL")
-    for name in cpu_autocast_ops():
+    for name in CPU_POLICY_OPS:
         op = _overload(name)
         library.impl(op, _kernel(op, policy(name)), _KEY)
     _libraries.append(library)
