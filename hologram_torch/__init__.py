@@ -55,7 +55,10 @@ from hologram_torch.fallback import (  # noqa: E402
     fallback_stats,
     reset_fallback_stats,
 )
+from hologram_torch.lazy import connect as _connect_lazy  # noqa: E402
 from hologram_torch.lazy import set_lazy  # noqa: E402
+
+_connect_lazy()  # HOLOGRAM_LAZY=1: the native region, or a warning and op-by-op execution
 
 #: The executor-first form ``hg.functional.add(exec, a, b)`` takes a Hologram executor.
 Executor = hologram.Executor

@@ -44,11 +44,10 @@ backward ops into the region the forward ops are in.
 from __future__ import annotations
 
 import ctypes
-import math
 import os
 import queue
 import threading
-import weakref
+import warnings
 from collections import OrderedDict
 
 import torch
@@ -57,6 +56,7 @@ import hologram
 from hologram import config
 from hologram.compiler import pipeline
 from hologram.compiler.options import CompileOptions
+from hologram.errors import DeviceError
 from hologram.frontend.graph import Graph
 
 #: The most ops a region records before it runs (a bound on the fused program's size,
@@ -94,14 +94,14 @@ class set_lazy:
 
 
 def _switch(on: bool) -> None:
-    from hologram_torch import native
-
     with _lock:
         if not on:
             _flush("mode")
         elif not _state["on"]:
-            native.clear_fast()  # the front kernels' filed calls launch eagerly
+            _functions()  # refuses where the native library is missing
         _state["on"] = on
+        if _native is not None:
+            _native["set_recording"](on)
 
 
 def stats() -> dict:
@@ -109,253 +109,127 @@ def stats() -> dict:
     in place after a fused program), fused programs compiled (and failed), and the
     regions' cuts by reason."""
     with _lock:
-        return dict(_stats, cuts=dict(_stats["cuts"]))
+        recorded = _native["recorded"]() - _recorded[0] if _native is not None else 0
+        return dict(_stats, recorded=recorded, cuts=dict(_stats["cuts"]))
 
 
 def reset_stats() -> None:
     with _lock:
         for k in _stats:
             _stats[k] = {} if k == "cuts" else 0
+        if _native is not None:
+            _recorded[0] = _native["recorded"]()
+
+
+def pending() -> list:
+    """The launch-cache entries of the pending region's ops, in order (their ``name``
+    says which op each is)."""
+    return [] if _native is None else _native["peek"]()
 
 
 def untouched(x: torch.Tensor | torch.UntypedStorage) -> bool:
     """Does the pending region neither read nor write the storage of ``x`` (a tensor or a
     storage)? The host may then read or write it at once, before whatever is recorded
     next, without running the region (a memset, a CPU kernel's operand)."""
-    if not _region.nodes:
+    if _native is None or not _native["pending"]():
         return True
-    with _lock:
-        st = x if isinstance(x, torch.UntypedStorage) else x.untyped_storage()
-        sk = st.data_ptr()
-        return sk not in _region.read and sk not in _region.written
+    st = x if isinstance(x, torch.UntypedStorage) else x.untyped_storage()
+    return not _native["touched"](st.data_ptr(), False)
+
+
+def unwritten(x: torch.Tensor) -> bool:
+    """Does the pending region not write ``x``'s storage? The host may then read it at
+    once."""
+    if _native is None or not _native["pending"]():
+        return True
+    return not _native["touched"](x.untyped_storage().data_ptr(), True)
 
 
 def sync(reason: str = "sync") -> None:
     """Run the pending region (a no-op when nothing is pending)."""
-    if _region.nodes:
+    if _native is not None and _native["pending"]():
         with _lock:
             _flush(reason)
 
 
+def set_max_nodes(n: int) -> None:
+    """Bound the ops a region records before it runs (:data:`MAX_NODES` by default)."""
+    _functions()["set_max_nodes"](n)
+
+
 # --- recording -----------------------------------------------------------------------
 #
-# A region is kept in flat lists of numbers and tuples of numbers: objects that survive
-# the collector's young generations make it run a full collection (350 ms with torch
-# loaded) every ~100k of them, and a recorded op must not leave several behind. Only the
-# weak references to written storages (one per result) are such objects.
+# The pending region lives in the device's native library (csrc/region.cpp), which the
+# front kernels of the hot ops record into without reaching Python; the other kernels
+# record through record() below. Its codes for dtypes are c10's scalar types.
 
-_DTYPES = [getattr(torch, name) for name in dir(torch)
-           if isinstance(getattr(torch, name), torch.dtype)]
-_DTYPES = list(dict.fromkeys(_DTYPES))
-_CODE = {d: i for i, d in enumerate(_DTYPES)}
-_NUMBER_BOX = {bool: ctypes.c_bool, int: ctypes.c_int64, float: ctypes.c_double}
-_NUMBER_CODE = {bool: -1, int: -2, float: -3}
-_NUMBER_KIND = {code: kind for kind, code in _NUMBER_CODE.items()}
+_native: dict | None = None  # the region's functions, once connected
+_recorded = [0]  # the native count of recorded ops at the last reset_stats()
+_DTYPES: dict[int, torch.dtype] = {}  # c10 scalar type -> dtype
+_NUMBER_KIND = {-1: bool, -2: int, -3: float}
 
 
-class _Region:
-    def __init__(self) -> None:
-        # per node: its launch-cache entry, how its operands connect (("i", input) |
-        # ("v", result) | ("w", result, offset, shape, strides)), its eager launch's
-        # addresses, and its results (indices into the result lists)
-        self.nodes: list = []
-        self.wiring: list[tuple] = []
-        self.launches: list[tuple] = []
-        self.results: list[tuple] = []
-        # per result: its address, a weak reference to its storage, the storage's
-        # address, (node, index)
-        self.out_address: list[int] = []
-        self.out_ref: list = []
-        self.out_storage: list[int] = []
-        self.out_of: list[tuple] = []
-        self.superseded: set[int] = set()  # results overwritten by a later node
-        # the fused program's inputs: ("m", dtype, shape, strides) device memory, ("c",
-        # dtype) a CPU scalar, ("n", number type); codes for dtypes and types
-        self.inputs: list[tuple] = []
-        self.addresses: list[int] = []
-        self.keep: list = []  # what must live until the region runs
-        self.input_of: dict[tuple, int] = {}  # memory inputs by view
-        self.inputs_over: dict[int, list] = {}  # memory inputs by storage address
-        self.read: set[int] = set()  # storages read from memory, by address
-        # storages written, by address: (view, result, offset, numel, contiguous, order:
-        # the dimensions from outermost in memory when the write is dense, else None)
-        self.written: dict[int, tuple] = {}
+def _functions() -> dict:
+    """The native region's functions (connected on first use); a :class:`DeviceError`
+    naming the remedy where the native library is missing."""
+    global _native
+    if _native is None:
+        from hologram_torch import native
+
+        functions = native.region_functions()
+        if functions is None:
+            raise DeviceError(
+                "recorded execution (HOLOGRAM_LAZY=1, hologram_torch.set_lazy) needs the "
+                f"device's native library, which is not loaded: {native.reason()}")
+        _DTYPES.update(functions["dtypes"]())
+        functions["set_max_nodes"](MAX_NODES)
+        functions["set_recording"](_state["on"])
+        _recorded[0] = functions["recorded"]()
+        _native = functions
+    return _native
 
 
-_region = _Region()
-
-
-def _reading(w: tuple, x, view: tuple) -> tuple | None:
-    """How ``x`` (whose view is ``view``) reads the pending write ``w``: ``("v",
-    result)`` (the same view), ``("w", result, offset, shape, strides, order)`` (a view
-    of a dense write, whose memory holds the result's dimensions in ``order``), or None
-    (the region must run first)."""
-    if view == w[0]:
-        return ("v", w[1])
-    if w[5] is None or view[3] != w[0][3]:
-        return None
-    offset = x.storage_offset() - w[2]
-    shape, strides = view[1], view[2]
-    last = offset + sum((n - 1) * s for n, s in zip(shape, strides)) if 0 not in shape \
-        else offset
-    if offset < 0 or last >= w[3]:
-        return None
-    return ("w", w[1], offset, tuple(shape), strides, w[5])
-
-
-def _fresh_views(entry) -> tuple:
-    """Per fresh result of ``entry``: (shape, strides, dtype code, elements, contiguous,
-    order), from its layouts (the same for every call; kept on the entry)."""
-    views = entry.lazy
-    if views is None:
-        views = []
-        for shape, strides, _, dtype in entry.layouts:
-            contiguous = torch.empty(shape, device="meta").stride()  # torch's own
-            strides = contiguous if strides is None else tuple(strides)
-            views.append((tuple(shape), strides, _CODE[dtype], math.prod(shape),
-                          strides == contiguous, _order(shape, strides)))
-        views = entry.lazy = tuple(views)
-    return views
-
-
-def _order(shape, strides) -> tuple | None:
-    """The dimensions of a tensor of ``shape`` and ``strides`` from outermost in memory
-    when its elements fill their span densely (contiguous, channels_last, transposed),
-    else None."""
-    order = tuple(sorted(range(len(shape)), key=lambda d: -strides[d]))
-    step = 1
-    for d in reversed(order):
-        if shape[d] > 1:
-            if strides[d] != step:
-                return None
-            step *= shape[d]
-    return order
+def connect() -> None:
+    """At import: with ``HOLOGRAM_LAZY=1``, connect the native region now; where the
+    native library is missing, warn and run op by op (``set_lazy(True)`` raises there)."""
+    if _state["on"]:
+        try:
+            _functions()
+        except DeviceError as e:
+            _state["on"] = False
+            warnings.warn(f"{e}; the device runs op by op", stacklevel=2)
 
 
 def record(entry, args, outs, given: bool) -> None:
     """Record a launch of ``entry`` (a launch-cache entry of :mod:`.aten.program`, which
-    carries its key, builder and static arguments) on ``args`` writing ``outs``: fresh
-    results, or ``given`` tensors (in-place, ``out=``). This is every recorded op's cost:
-    each tensor attribute read here is ~0.1 µs."""
+    carries its key, builder and static arguments) on ``args`` (device tensors, CPU 0-d
+    tensors, Python numbers) writing ``outs``: fresh results, or ``given`` tensors
+    (in-place, ``out=``). A hazard runs the pending region first."""
     with _lock:
-        if len(_region.nodes) >= MAX_NODES:
-            _flush("size")
-        region = _region
-        reads = _reads(region, args)
-        if reads is None or (given and _overlapping(region, outs)):
-            region = _region  # the region ran: nothing pending to depend on
-            reads = _reads(region, args)
-        wiring, addresses = [], []
-        for r in reads:
-            if type(r) is not tuple:
-                if type(r) in _NUMBER_BOX:
-                    box = _NUMBER_BOX[type(r)](r)
-                    region.keep.append(box)
-                    address = ctypes.addressof(box)
-                    wiring.append(_new_input(region, ("n", _NUMBER_CODE[type(r)]), address))
-                else:  # a CPU 0-d tensor: its value now, not at the cut
-                    r = r.clone()
-                    region.keep.append(r)
-                    address = r.data_ptr()
-                    wiring.append(_new_input(region, ("c", _CODE[r.dtype]), address))
-                addresses.append(address)
-                continue
-            x, sk, view, pending = r
-            if pending is not None:
-                wiring.append(pending)
-            else:
-                i = region.input_of.get(view)
-                if i is None:
-                    i = region.input_of[view] = len(region.inputs)
-                    region.inputs.append(("m", view[3], tuple(view[1]), view[2]))
-                    region.addresses.append(view[0])
-                    region.keep.append(x.untyped_storage())
-                    region.inputs_over.setdefault(sk, []).append(i)
-                region.read.add(sk)
-                wiring.append(("i", i))
-            addresses.append(view[0])
-        node, results = len(region.nodes), []
-        written, superseded = region.written, region.superseded
-        fresh = None if given else _fresh_views(entry)
-        for j, o in enumerate(outs):
-            st = o.untyped_storage()
-            sk = st.data_ptr()
-            if fresh is None:
-                address = o.data_ptr()
-                view = (address, o.shape, o.stride(), _CODE[o.dtype])
-                contiguous = o.is_contiguous()
-                about = (o.storage_offset(), o.numel(), contiguous,
-                         tuple(range(o.dim())) if contiguous else _order(o.shape, view[2]))
-                previous = written.get(sk)
-                if previous is not None and region.out_ref[previous[1]]() is not None:
-                    superseded.add(previous[1])
-            else:  # a new storage: whatever was filed under its address has died
-                shape, strides, code, numel, contiguous, order = fresh[j]
-                address = sk
-                view = (sk, shape, strides, code)
-                about = (0, numel, contiguous, order)
-            k = len(region.out_address)
-            region.out_address.append(address)
-            region.out_ref.append(weakref.ref(st))
-            region.out_of.append((node, j))
-            region.out_storage.append(sk)
-            written[sk] = (view, k, *about)
-            addresses.append(address)
-            results.append(k)
-        region.nodes.append(entry)
-        region.wiring.append(tuple(wiring))
-        region.launches.append(tuple(addresses))
-        region.results.append(tuple(results))
-        _stats["recorded"] += 1
+        functions = _native or _functions()
+        reason = functions["record"](entry, tuple(args), tuple(outs), given)
+        if reason is not None:
+            _flush(reason)
+            reason = functions["record"](entry, tuple(args), tuple(outs), given)
+            if reason is not None:  # an empty region has no hazard
+                raise DeviceError(f"hologram lazy: {entry.name} could not be recorded "
+                                  f"({reason})")
 
 
-def _reads(region: _Region, args) -> list | None:
-    """Each operand of a node about to be recorded: ``(tensor, storage address, view,
-    how it reads a pending result or None)`` for device tensors, the operand itself
-    otherwise; None when ``region`` has been run first (a hazard)."""
-    reads = []
-    written = region.written
-    for x in args:
-        if type(x) in _NUMBER_BOX or x.is_cpu:
-            reads.append(x)
-            continue
-        sk = x.untyped_storage().data_ptr()
-        view = (x.data_ptr(), x.shape, x.stride(), _CODE[x.dtype])
-        w = written.get(sk)
-        wiring = None
-        if w is not None:
-            if region.out_ref[w[1]]() is None:
-                del written[sk]  # a dead storage's block, used again
-            else:
-                wiring = _reading(w, x, view)
-                if wiring is None:
-                    _flush("view")
-                    return None
-        reads.append((x, sk, view, wiring))
-    return reads
+#: The fields of a taken region, in the order of csrc/region.cpp's ``take``.
+_TAKEN = ("nodes", "wiring", "launches", "results", "out_address", "out_storage", "out_of",
+          "live", "inputs", "addresses", "read", "inputs_over", "written", "storages", "keep")
 
 
-def _overlapping(region: _Region, outs) -> bool:
-    """Does a given result write another view of a storage a pending node writes? Then
-    ``region`` has been run first (a hazard)."""
-    for o in outs:
-        w = region.written.get(o.untyped_storage().data_ptr())
-        if w is None or region.out_ref[w[1]]() is None or \
-                w[0] == (o.data_ptr(), o.shape, o.stride(), _CODE[o.dtype]):
-            continue
-        # another view of exactly the same memory (a reshape of a contiguous result,
-        # written in place whole) replaces the pending write; any other overlap cuts
-        if not (w[4] and o.is_contiguous() and o.storage_offset() == w[2]
-                and o.numel() == w[3] and _CODE[o.dtype] == w[0][3]):
-            _flush("overlapping write")
-            return True
-    return False
+class _Region:
+    """A region taken from the native library to run (see csrc/region.cpp's ``take``;
+    ``keep`` holds what must live until it has run)."""
 
+    __slots__ = _TAKEN
 
-def _new_input(region: _Region, spec: tuple, address: int) -> tuple:
-    region.inputs.append(spec)
-    region.addresses.append(address)
-    return ("i", len(region.inputs) - 1)
+    def __init__(self, taken: tuple) -> None:
+        for name, value in zip(_TAKEN, taken):
+            setattr(self, name, value)
 
 
 # --- running -------------------------------------------------------------------------
@@ -375,22 +249,19 @@ _memo: OrderedDict[tuple, _Memo] = OrderedDict()
 
 def _flush(reason: str) -> None:
     """Run the pending region (the caller holds the lock)."""
-    global _region
-    region = _region
-    if not region.nodes:
+    taken = _native["take"]() if _native is not None else None
+    if taken is None:
         return
-    _region = _Region()  # first: a launch's error must not leave the region pending
+    region = _Region(taken)  # taken first: a launch's error must not leave it pending
     cuts = _stats["cuts"]
     cuts[reason] = cuts.get(reason, 0) + 1
     _stats["regions"] += 1
-    live = tuple(k for k, ref in enumerate(region.out_ref)
-                 if ref() is not None and k not in region.superseded)
-    # Results written over memory the region reads (in-place updates) are staged: the
-    # fused program writes them to scratch and they are copied in place after it, since
-    # its kernels run in an order of their own and may read that memory after the write.
+    live = region.live
+    # Results written over memory the region reads (in-place updates) are staged, unless
+    # the compiled program can write them in place (_staging).
     staged = tuple(region.out_storage[k] in region.read for k in live)
     aliases = tuple(_aliases(region, k) if stage else () for k, stage in zip(live, staged))
-    key = (tuple(entry.key for entry in region.nodes), tuple(region.wiring), live, aliases)
+    key = (tuple(entry.key for entry in region.nodes), region.wiring, live, aliases)
     memo = _memo.get(key)
     if memo is None:
         memo = _memo[key] = _Memo()
@@ -457,7 +328,7 @@ def _run_fused(region: _Region, launch, live: tuple, staged: tuple) -> None:
             ctypes.memmove(view[0], block.data_ptr(), _layout(region, k)[2])
         else:
             dtype = _DTYPES[view[3]]
-            target = memory.on_storage(region.out_ref[k](), dtype, view[1], view[2], offset)
+            target = memory.on_storage(region.storages[k], dtype, view[1], view[2], offset)
             source = memory.on_storage(block, dtype, view[1], memory.contiguous_strides(view[1]))
             memory.cpu_alias(target).copy_(memory.cpu_alias(source))
 

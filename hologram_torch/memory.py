@@ -155,14 +155,15 @@ def empty(size, dtype: torch.dtype | None = None, stride=None) -> torch.Tensor:
     return t
 
 
-def cpu_alias(t: torch.Tensor, storages: dict | None = None) -> torch.Tensor:
+def cpu_alias(t: torch.Tensor, storages: dict | None = None, *,
+              read_only: bool = False) -> torch.Tensor:
     """An ordinary CPU tensor sharing ``t``'s memory and layout (no copy); it keeps
     ``t``'s storage alive. Its storage is not resizable. ``storages``: CPU storages made
     so far, by device storage address; aliases of one device storage made with the same
     dict share one CPU storage, so CPU kernels see that they overlap. Pending recorded
     ops that read or write the memory run first (:mod:`.lazy`): the host is about to read
-    or write it."""
-    if not lazy.untouched(t):
+    or write it; ``read_only``: the host only reads it, and only pending writes run."""
+    if not (lazy.unwritten(t) if read_only else lazy.untouched(t)):
         lazy.sync("host")
     st = t.untyped_storage()
     key = st.data_ptr()

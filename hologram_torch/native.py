@@ -53,7 +53,10 @@ from hologram.errors import CompileError
 SOURCE = Path(__file__).resolve().parent / "csrc" / "hooks.cpp"
 #: The front kernels of the hottest ops (see :func:`register_fast`).
 OPS_SOURCE = SOURCE.with_name("ops.cpp")
-SOURCES = (SOURCE, OPS_SOURCE)
+#: The pending region of recorded execution (hologram_torch/lazy.py), which ops.cpp's
+#: front kernels record into.
+REGION_SOURCE = SOURCE.with_name("region.cpp")
+SOURCES = (SOURCE, OPS_SOURCE, REGION_SOURCE)
 #: hologram._native's C API (the pool's allocation, Launcher calls), which ops.cpp includes.
 API_HEADER = Path(_native.__file__).resolve().parent / "csrc" / "native_api.h"
 _CFLAGS = ("-O2",)
@@ -223,7 +226,7 @@ def _load_fast(library: ctypes.CDLL) -> None:
     fast.hologram_torch_fast_register.restype = ctypes.c_int
     fast.hologram_torch_fast_setup.argtypes = (ctypes.py_object,) * 2
     fast.hologram_torch_fast_setup.restype = ctypes.c_int
-    fast.hologram_torch_fast_file.argtypes = (ctypes.py_object,) * 3 + (ctypes.c_int,)
+    fast.hologram_torch_fast_file.argtypes = (ctypes.py_object,) * 4 + (ctypes.c_int,)
     fast.hologram_torch_fast_file.restype = ctypes.c_int
     fast.hologram_torch_fast_clear.argtypes = ()
     fast.hologram_torch_fast_clear.restype = None
@@ -253,13 +256,23 @@ def register_metadata(name: str) -> bool:
     return _fast is not None and _fast.hologram_torch_metadata_register(name.encode()) == 1
 
 
-def file_fast(launcher, operands: tuple, result, in_place: bool = False) -> None:
+def file_fast(entry, operands: tuple, result, in_place: bool = False) -> None:
     """Tell the front kernel running on this thread, if any, that its call launched
-    ``launcher`` on ``operands`` (the program's operands in order: tensors and Python
-    numbers) into ``result`` (fresh, or written in place). It serves the call's signature
-    from then on if the kernel returns ``result``."""
+    ``entry`` (a launch-cache entry of :mod:`.aten.program`) on ``operands`` (the
+    program's operands in order: tensors and Python numbers) into ``result`` (fresh, or
+    written in place). It serves the call's signature from then on if the kernel returns
+    ``result``: launching it, or recording it (:mod:`.lazy`)."""
     if _fast is not None:
-        _fast.hologram_torch_fast_file(launcher, operands, result, int(in_place))
+        _fast.hologram_torch_fast_file(entry.launch, entry, operands, result, int(in_place))
+
+
+def region_functions() -> dict | None:
+    """The pending region's functions (``csrc/region.cpp``) by name, or None without the
+    native library."""
+    if _fast is None:
+        return None
+    _fast.hologram_torch_region_functions.restype = ctypes.py_object
+    return _fast.hologram_torch_region_functions()
 
 
 def fast_active() -> bool:

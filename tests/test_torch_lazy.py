@@ -27,7 +27,7 @@ def recorded():
     with hologram_torch.set_lazy(True):
         lazy.reset_stats()
         yield
-    assert not lazy._region.nodes  # switching off ran what was pending
+    assert not lazy.pending()  # switching off ran what was pending
 
 
 def repeat(fn, times=4):
@@ -313,15 +313,15 @@ def test_every_host_read_runs_the_region():
     for read in (lambda t: t.item(), lambda t: t.tolist(), lambda t: repr(t),
                  lambda t: t.cpu(), lambda t: bool(t), lambda t: t.nonzero()):
         y = x.sum() * 0 + 2
-        assert lazy._region.nodes
+        assert lazy.pending()
         read(y)  # printing reads (and computes) more than once
-        assert lazy.stats()["cuts"]["host"] >= 1 and not lazy._region.nodes
+        assert lazy.stats()["cuts"]["host"] >= 1 and not lazy.pending()
     y = x * 3
     torch.hologram.synchronize()
-    assert not lazy._region.nodes
+    assert not lazy.pending()
     y = x + 1
     torch.cumprod(y, 0)  # an op without a device kernel (CPU fallback) reads y
-    assert not lazy._region.nodes
+    assert not lazy.pending()
 
 
 def test_a_region_is_cut_at_its_size_bound():
@@ -330,19 +330,27 @@ def test_a_region_is_cut_at_its_size_bound():
         x = x + 1
     assert lazy.stats()["cuts"].get("size") == 1
     assert x.cpu().tolist() == [lazy.MAX_NODES + 5.0] * 4
+    lazy.set_max_nodes(3)
+    try:
+        for _ in range(7):
+            x = x + 1
+        assert lazy.stats()["cuts"].get("size") == 3
+    finally:
+        lazy.set_max_nodes(lazy.MAX_NODES)
+    assert x.cpu().tolist() == [lazy.MAX_NODES + 12.0] * 4
 
 
 def test_switching_off_runs_the_pending_region_and_the_environment_sets_the_mode():
     x = torch.ones(3, device=DEV) * 5
-    assert lazy._region.nodes
+    assert lazy.pending()
     with hologram_torch.set_lazy(False):
-        assert not lazy._region.nodes and not lazy.active()
+        assert not lazy.pending() and not lazy.active()
         assert x.tolist() == [5.0] * 3
     assert lazy.active()
     # recorded: the fill of ones() and the add
     code = ("import torch, hologram_torch; from hologram_torch import lazy; "
             "print(lazy.active()); x = torch.ones(2, device='hologram') + 1; "
-            "print(len(lazy._region.nodes), x.tolist())")
+            "print(len(lazy.pending()), x.tolist())")
     for value, want in (("1", "True\n2 [2.0, 2.0]\n"), ("0", "False\n0 [2.0, 2.0]\n")):
         env = {**os.environ, "HOLOGRAM_LAZY": value}
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
@@ -355,7 +363,7 @@ def test_an_error_at_a_cut_names_the_recorded_ops_and_drops_the_region(monkeypat
     x = torch.ones(3, device=DEV)
     torch.hologram.synchronize()
     y = x * 7  # recorded; its launch fails at the cut
-    (entry,) = lazy._region.nodes
+    (entry,) = lazy.pending()
 
     def fail(addresses):
         raise RuntimeError("launch failed")
@@ -364,6 +372,6 @@ def test_an_error_at_a_cut_names_the_recorded_ops_and_drops_the_region(monkeypat
     with pytest.raises(RuntimeError, match="launch failed") as info:
         y.cpu()
     assert "1 recorded ops (mul)" in " ".join(info.value.__notes__)
-    assert not lazy._region.nodes
+    assert not lazy.pending()
     monkeypatch.undo()
     assert (x * 7).tolist() == [7.0] * 3

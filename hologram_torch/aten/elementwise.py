@@ -310,7 +310,8 @@ def _has_zero(x) -> bool:
     """Does the divisor ``x`` (a number, a CPU scalar or a device tensor, read on the host
     through a CPU view: the device's memory is host memory) hold a zero?"""
     if isinstance(x, torch.Tensor):
-        return x.numel() > 0 and bool((x if x.is_cpu else memory.cpu_alias(x)).eq(0).any())
+        host = x if x.is_cpu else memory.cpu_alias(x, read_only=True)
+        return x.numel() > 0 and bool(host.eq(0).any())
     return x == 0
 
 

@@ -197,6 +197,11 @@ def _affine_build(g, bias, a, b, beta, alpha, dtype, beta_mode, alpha_one, fold_
     return lowering_linalg.epilogue(g, bias, lowering_linalg.product(g, a, b), beta, alpha)
 
 
+def _linear_build(g, bias, a, b, dtype):
+    """``bias + a @ b`` (``linear``'s ``addmm``) in one program."""
+    return lowering_linalg.epilogue(g, bias, lowering_linalg.product(g, a, b), 1, 1)
+
+
 def _epilogue_build(g, bias, product, beta, alpha, beta_mode, alpha_one):
     """``beta * bias + alpha * product`` (the add* products' epilogue after BLAS)."""
     return lowering_linalg.epilogue(g, bias, product, _scalar(beta, beta_mode),
@@ -259,6 +264,17 @@ def _product_kernel(op, a, b, out=None):
 def _affine(fold_batch: bool) -> Callable:
     """The kernel of an ``add*`` product; the in-place form writes into ``bias``."""
     def kernel(op, bias, a, b, *, beta=1, alpha=1, out=None):
+        # ``linear``'s call (beta = alpha = 1, a fresh result): with a signature seen
+        # before, one lookup and the launch (the native front kernel serves it, where
+        # it is loaded)
+        linear = (out is None and beta == 1 and alpha == 1 and not fold_batch
+                  and a.dim() == 2 and b.dim() == 2)
+        if linear:
+            key = (op, bias.dtype, bias.shape, bias.stride(), a.dtype, a.shape, a.stride(),
+                   b.dtype, b.shape, b.stride())
+            entry = program.shortcuts.get(key)
+            if entry is not None:
+                return program.launch_fresh(entry, (bias, a, b))
         args = (bias, a, b)
         kwargs = {"beta": beta, "alpha": alpha, **({} if out is None else {"out": out})}
         if a.dtype is torch.bool:
@@ -275,6 +291,14 @@ def _affine(fold_batch: bool) -> Callable:
                 a, b, fold = (a.transpose(0, 1).reshape(n, batch * m),
                               b.reshape(batch * m, p), False)
             a, b = _blas_operand(a), _blas_operand(b)
+            if (linear and a is args[1] and b is args[2] and a.dtype in _BLAS
+                    and not bias.is_cpu and meta.is_contiguous()):
+                # one program, filed under the operands' signature (BLAS takes the
+                # product, the bias is its epilogue)
+                static = (ISA[a.dtype],)
+                result = program.run("linalg.linear", _linear_build, args, static)
+                program.remember(key, "linalg.linear", static, args, result)
+                return result
         static = (ISA.get(a.dtype), beta_mode, alpha == 1, fold)
         if a.dtype not in (torch.float32, torch.float64) or isinstance(alpha, complex) or \
                 isinstance(beta, complex):
@@ -309,6 +333,6 @@ for _name in ("mm", "bmm", "mv", "dot", "vdot"):
     kernels(_name, _product_kernel, hot=True)
 for _name, _fold in (("addmm", False), ("baddbmm", False), ("addmv", False),
                     ("addbmm", True)):
-    kernels(_name, _affine(_fold))
+    kernels(_name, _affine(_fold), hot=_name == "addmm")
 
 __all__ = ["OPINFO", "infer", "kernels", "launch"]

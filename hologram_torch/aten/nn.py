@@ -58,7 +58,7 @@ def _axis(x: torch.Tensor, dim: int) -> int | None:
 
 def _host(t: torch.Tensor) -> torch.Tensor:
     """A CPU view of a device tensor's memory (for the argument checks torch makes)."""
-    return memory.cpu_alias(t)
+    return memory.cpu_alias(t, read_only=True)
 
 
 # --- softmax ------------------------------------------------------------------------------

@@ -173,8 +173,7 @@ def remember(shortcut: tuple, name: str, static: tuple, args: Sequence,
     entry = _LAUNCHES.get(tuple(key))
     if entry is not None and entry.single and (out is None or entry.launch is not None):
         shortcuts.put(shortcut, entry)
-        if not _LAZY["on"]:  # a filed call is launched by the front kernel, not recorded
-            native.file_fast(entry.launch, tuple(args), result, out is not None)
+        native.file_fast(entry, tuple(args), result, out is not None)
 
 
 def launch_fresh(entry: _Entry, args: Sequence) -> torch.Tensor:
@@ -184,15 +183,14 @@ def launch_fresh(entry: _Entry, args: Sequence) -> torch.Tensor:
     if entry.launch is not None:
         if _LAZY["on"]:
             lazy.record(entry, args, (out,), False)
-            return out
-        if type(args[-1]) in _NUMBER:  # boxed; the box must outlive the launch
+        elif type(args[-1]) in _NUMBER:  # boxed; the box must outlive the launch
             box = _NUMBER[type(args[-1])][1](args[-1])
             entry.launch((*[x.data_ptr() for x in args[:-1]], ctypes.addressof(box),
                           out.data_ptr()))
         else:
             entry.launch((*[x.data_ptr() for x in args], out.data_ptr()))
     if FRONT:  # a front kernel that lost its entries (bounded tables, a new backend)
-        native.file_fast(entry.launch, tuple(args), out)
+        native.file_fast(entry, tuple(args), out)
     return out
 
 
@@ -201,10 +199,10 @@ def launch_into(entry: _Entry, args: Sequence, out: torch.Tensor) -> None:
     was remembered writing (in place)."""
     if _LAZY["on"]:
         lazy.record(entry, args, (out,), True)
-        return
-    entry.launch((*[x.data_ptr() for x in args], out.data_ptr()))
+    else:
+        entry.launch((*[x.data_ptr() for x in args], out.data_ptr()))
     if FRONT:  # see launch_fresh
-        native.file_fast(entry.launch, tuple(args), out, in_place=True)
+        native.file_fast(entry, tuple(args), out, in_place=True)
 
 
 def supported(*tensors: torch.Tensor) -> bool:

@@ -79,7 +79,7 @@ def in_bounds(index: torch.Tensor, low: int, high: int) -> bool:
     its kernels have finished when they return): no launch, no copy."""
     if index.numel() == 0:
         return True
-    least, most = torch.aminmax(memory.cpu_alias(index))
+    least, most = torch.aminmax(memory.cpu_alias(index, read_only=True))
     return low <= int(least) and int(most) < high
 
 
@@ -356,7 +356,7 @@ def _mask_indices(self: torch.Tensor, indices: list) -> list | None:
             continue
         if i.dim() == 0 or tuple(i.shape) != tuple(self.shape[d:d + i.dim()]):
             return None
-        found = (memory.cpu_alias(i) if not i.is_cpu else i).nonzero()
+        found = (memory.cpu_alias(i, read_only=True) if not i.is_cpu else i).nonzero()
         expanded += [memory.from_cpu(found[:, j].contiguous()) for j in range(i.dim())]
         d += i.dim()
     return expanded

@@ -194,7 +194,7 @@ def copy_into(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
     except (Unsupported, KeyError):
         # dtypes no program takes (complex): the CPU's copy, from the scalar tensor itself
         # (its value as a Python number would become a complex64 or float32 tensor)
-        memory.cpu_alias(dst).copy_(src if host else memory.cpu_alias(src))
+        memory.cpu_alias(dst).copy_(src if host else memory.cpu_alias(src, read_only=True))
     return dst
 
 

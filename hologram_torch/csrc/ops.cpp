@@ -33,6 +33,7 @@
 #include <torch/library.h>
 
 #include "native_api.h"  // hologram/csrc: the pool's allocation and Launcher calls
+#include "region.h"      // recorded execution: the pending region
 
 #include <algorithm>
 #include <cstdint>
@@ -59,6 +60,7 @@ struct KeyHash {
 // How a filed call runs.
 struct Entry {
   PyObject* launcher = nullptr;  // strong; Py_None when there is nothing to compute
+  PyObject* node = nullptr;      // strong: its launch-cache entry, which a region records
   std::vector<int> operands;     // argument positions, in the launch's order
   int written = -1;              // the argument written in place, or -1: a fresh result
   std::vector<int64_t> sizes, strides;  // the fresh result's layout
@@ -68,6 +70,7 @@ struct Entry {
 
 void clear_entry(Entry& entry) {
   Py_CLEAR(entry.launcher);
+  Py_CLEAR(entry.node);
 }
 
 struct Op {
@@ -253,6 +256,32 @@ bool launch(const Entry& entry, const c10::IValue* args, at::Tensor& result) {
   return true;
 }
 
+// Record a filed call in the pending region (hologram_torch/lazy.py) instead of launching
+// it; false when it must go to the Python kernel after all (which records it through
+// Python, running the region first where a hazard requires it).
+bool record(const Entry& entry, const c10::IValue* args, at::Tensor& result) {
+  if (entry.written >= 0) {
+    result = args[entry.written].toTensor();
+    if (overlaps(result, args, entry)) {
+      return false;
+    }
+  } else {
+    PyObject* lease;  // owned by the result's storage from here
+    if (!fresh(entry, result, &lease)) {
+      return false;
+    }
+  }
+  if (entry.launcher == Py_None) {
+    return true;
+  }
+  std::vector<at::Tensor> operands;
+  operands.reserve(entry.operands.size());
+  for (int pos : entry.operands) {
+    operands.push_back(args[pos].toTensor());
+  }
+  return hologram_region::record(entry.node, operands, {result}, entry.written >= 0);
+}
+
 // The Python kernel's arguments: positional ones, and keyword-only ones by name. A dtype
 // argument is a torch.dtype (the stack holds its number).
 std::pair<pybind11::tuple, pybind11::dict> python_arguments(const c10::FunctionSchema& schema,
@@ -305,7 +334,9 @@ void front(const c10::OperatorHandle& handle, c10::DispatchKeySet, torch::jit::S
   at::Tensor result;
   if (keyed) {
     auto found = op->entries.find(scratch);
-    if (found != op->entries.end() && launch(found->second, args, result)) {
+    if (found != op->entries.end() &&
+        (hologram_region::recording() ? record(found->second, args, result)
+                                      : launch(found->second, args, result))) {
       ++g_hits;
       torch::jit::drop(*stack, n);
       torch::jit::push(*stack, std::move(result));
@@ -456,10 +487,11 @@ extern "C" __attribute__((visibility("default"))) int hologram_torch_fast_setup(
 
 // File the pending call on this thread: `launcher` run on `operands` (Python tensors and
 // numbers, the program's operands in order) produced `result`, a fresh tensor, or wrote
-// the operand `result` in place (`in_place`). 1: filed (committed if the kernel returns
-// `result`), 0: no pending call, or one whose arguments cannot express it.
+// the operand `result` in place (`in_place`); `node` is the launch-cache entry recorded
+// execution records instead. 1: filed (committed if the kernel returns `result`), 0: no
+// pending call, or one whose arguments cannot express it.
 extern "C" __attribute__((visibility("default"))) int hologram_torch_fast_file(
-    PyObject* launcher, PyObject* operands, PyObject* result, int in_place) {
+    PyObject* launcher, PyObject* node, PyObject* operands, PyObject* result, int in_place) {
   Pending* pending = g_pending;
   if (pending == nullptr || !pending->keyed || !PyTuple_Check(operands) ||
       !THPVariable_Check(result)) {
@@ -493,6 +525,8 @@ extern "C" __attribute__((visibility("default"))) int hologram_torch_fast_file(
   }
   Py_INCREF(launcher);
   entry.launcher = launcher;
+  Py_INCREF(node);
+  entry.node = node;
   clear_entry(pending->entry);
   pending->entry = std::move(entry);
   pending->result = out.unsafeGetTensorImpl();

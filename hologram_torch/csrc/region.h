@@ -1,0 +1,23 @@
+// The pending region of recorded device ops (hologram_torch/lazy.py; region.cpp records,
+// ops.cpp's front kernels call it).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <Python.h>
+
+#include <vector>
+
+namespace hologram_region {
+
+// Is recorded execution on (and not paused by a running region)?
+bool recording();
+
+// Record a launch of `entry` (a launch-cache entry of hologram_torch/aten/program.py) on
+// `operands` (device tensors, and CPU 0-d tensors: wrapped numbers and scalars) writing
+// `outs` (fresh results, or `given` tensors written in place). False, with nothing
+// recorded, when the region must run first (a hazard, its size bound): the caller then
+// records through Python (lazy.record), which runs it. Called with the GIL held.
+bool record(PyObject* entry, const std::vector<at::Tensor>& operands,
+            const std::vector<at::Tensor>& outs, bool given);
+
+}  // namespace hologram_region
