@@ -221,6 +221,36 @@ _TAKEN = ("nodes", "wiring", "launches", "results", "out_address", "out_storage"
           "live", "inputs", "addresses", "read", "inputs_over", "written", "storages", "keep")
 
 
+def record_rows(entries: tuple, rows: tuple, outs: tuple, given: bool) -> bool:
+    """Record a foreach op's rows: ``entries[i]`` on the operands ``rows[i]`` writing
+    ``outs[i]`` (fresh, or ``given``: in place), as :func:`record` would one by one; False,
+    with nothing recorded, when a written tensor overlaps itself or an operand other than
+    element for element (the caller then takes its checked path)."""
+    with _lock:
+        functions = _native or _functions()
+        start = 0
+        while True:
+            got = functions["record_rows"](entries[start:], rows[start:], outs[start:], given)
+            if got is None:
+                return True
+            reason, i = got
+            if reason == "unsafe":  # (checked before any row is recorded)
+                return False
+            _flush(reason)
+            start += i
+
+
+def rows_entries(op: int, rows: tuple) -> tuple | None:
+    """The entries :func:`file_rows` filed for foreach op ``op`` on rows of this
+    signature (operands' dtypes, shapes and strides, numbers' types), or None."""
+    return None if _native is None else _native["rows_entries"](op, rows)
+
+
+def file_rows(op: int, rows: tuple, entries: tuple) -> None:
+    """File the entries of a foreach op's rows (see :func:`rows_entries`)."""
+    (_native or _functions())["file_rows"](op, rows, entries)
+
+
 class _Region:
     """A region taken from the native library to run (see csrc/region.cpp's ``take``;
     ``keep`` holds what must live until it has run)."""

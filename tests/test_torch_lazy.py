@@ -201,6 +201,43 @@ def test_views_of_dense_results_and_whole_reshaped_writes_do_not_cut():
     matches_eager(run)
 
 
+def test_foreach_calls_seen_before_record_their_rows_straight_away():
+    """An optimizer's foreach calls: from the second call of a signature the rows are
+    recorded without the per-row kernels (their scalar lists change every step: runtime
+    operands); the same signature on overlapping memory takes PyTorch's path, as eagerly."""
+    g = torch.Generator().manual_seed(7)
+    start = [torch.randn(5, 4, generator=g), torch.randn(7, generator=g)]
+
+    def outcome(fn):
+        try:
+            return fn()
+        except RuntimeError as e:
+            return str(e)
+
+    def run():
+        ps = [t.to(DEV) for t in start]
+        ms = [torch.zeros_like(p) for p in ps]
+        base = torch.arange(12.0, device=DEV)
+        c, d = torch.zeros(5, device=DEV), torch.ones(5, device=DEV)
+        got = []
+        for step in range(4):
+            torch._foreach_mul_(ms, 0.9)
+            torch._foreach_add_(ms, ps, alpha=0.1)
+            roots = torch._foreach_sqrt(torch._foreach_add(ms, 1.0))
+            torch._foreach_addcdiv_(ps, ms, roots, [-0.1 * (step + 1), 0.2 / (step + 1)])
+            torch._foreach_add_([c], [d])  # files the signature of the next call
+            got.append(outcome(lambda: torch._foreach_add_([base[1:6]], [base[0:5]])))
+        return [*ps, *ms, base, c, str(got)]
+
+    with hologram_torch.set_lazy(False):
+        want = run()
+    for _ in range(3):
+        got = run()
+        assert got[-1] == want[-1]
+        for a, b in zip(got[:-1], want[:-1]):
+            same(a, b)
+
+
 def test_out_and_overlapping_writes_behave_as_eagerly():
     def run():
         a = torch.linspace(-2, 2, 12, device=DEV)

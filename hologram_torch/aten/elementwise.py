@@ -52,13 +52,18 @@ def _compute(result: torch.dtype) -> dt.DType:
     return program.opmath(ISA[result])
 
 
+def _spec(fn, result: torch.dtype, compute: dt.DType | None = None, keep=(), extra=()):
+    """The static argument of :func:`_build` (see :func:`_pointwise`)."""
+    return (fn, compute or _compute(result), ISA[result], keep, extra)
+
+
 def _pointwise(name: str, fn, args: tuple, result: torch.dtype,
                compute: dt.DType | None = None, out=None, keep=(), extra=()):
     """``fn`` on ``args`` (see :func:`_build`); NotImplemented for operands no kernel
     takes (e.g. a complex dtype), which then run through the CPU fallback."""
     if result not in ISA:
         return NotImplemented
-    spec = (fn, compute or _compute(result), ISA[result], keep, extra)
+    spec = _spec(fn, result, compute, keep, extra)
     try:
         return program.run(name, _build, args, (spec,), out, layout=layout.pointwise)
     except Unsupported:

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from hologram_torch.aten import lowered
-from hologram_torch.aten.elementwise import _check_inplace, _float, _pointwise
+from hologram_torch import lazy, memory
+from hologram_torch.aten import lowered, program
+from hologram_torch.aten.elementwise import _check_inplace, _float, _pointwise, _spec
 from hologram_torch.aten.registry import aten, native_or_cpu
 from hologram_torch.lowering.foreach import MATH
 
@@ -77,12 +78,41 @@ def lerp_(self, end, weight):
 
 # --- foreach ----------------------------------------------------------------------------
 
+#: Recorded execution: a number for each (name, in place) of the foreach kernels, which
+#: the native region files their rows' entries under (see :func:`_recorded`).
+_OPS: dict[tuple, int] = {}
+
+
+def _rows(self, others) -> tuple:
+    """The rows ``self[i], *others[i]`` (others: lists, or one value for all)."""
+    columns = [o if isinstance(o, (list, tuple)) else [o] * len(self) for o in others]
+    return tuple(zip(self, *columns))
+
+
+def _recorded(name, self, *others, inplace):
+    """Recorded execution's path (:mod:`hologram_torch.lazy`): a call whose signature
+    (every row's operands' dtypes, shapes and strides, numbers' types) :func:`_each` ran
+    before records its rows' entries straight away (the checks and lookups of that call
+    held for all of them; the native region checks written tensors' overlaps itself);
+    NotImplemented otherwise."""
+    if not lazy.active():
+        return NotImplemented
+    rows = _rows(self, others)
+    entries = lazy.rows_entries(_OPS.setdefault((name, inplace), len(_OPS)), rows)
+    if entries is None:
+        return NotImplemented
+    outs = (tuple(row[0] for row in rows) if inplace else
+            tuple(memory.new(*entry.layouts[0]) for entry in entries))
+    if not lazy.record_rows(entries, rows, outs, inplace):
+        return NotImplemented
+    return None if inplace else list(outs)
+
+
 def _each(name, self, *others, inplace):
     """``_foreach_<name>``'s per-tensor math (:data:`lowering.foreach.MATH`) on
     ``self[i], *others[i]`` for each i (others: lists, or one value for all)."""
     fn = MATH[name]
-    columns = [o if isinstance(o, (list, tuple)) else [o] * len(self) for o in others]
-    rows = list(zip(self, *columns))
+    rows = _rows(self, others)
     if not all(_float(*row) for row in rows):
         return NotImplemented
     if name == "lerp":  # PyTorch checks each tensor as its lerp does
@@ -94,27 +124,33 @@ def _each(name, self, *others, inplace):
             _pointwise(name, fn, (x, *rest), x.dtype, out=(x,))
         else:
             results.append(_pointwise(name, fn, (x, *rest), x.dtype))
+    if lazy.active():  # file the rows' entries for _recorded
+        entries = tuple(program.entry(name, (_spec(fn, row[0].dtype),), row,
+                                      (row[0],) if inplace else None) for row in rows)
+        if all(e is not None and e.launch is not None for e in entries):
+            lazy.file_rows(_OPS.setdefault((name, inplace), len(_OPS)), rows, entries)
     return None if inplace else results
+
+
+def _kernel(name, alpha, inplace, each=_each):
+    """A ``_foreach_<name>`` kernel running ``each`` (an ``alpha`` argument or not)."""
+    if alpha:
+        def kernel(self, other, alpha=1):
+            return each(name, self, other, alpha, inplace=inplace)
+    else:
+        def kernel(self, *others):
+            return each(name, self, *others, inplace=inplace)
+    return kernel
 
 
 def _foreach(name, overloads, *, alpha=False):
     """Register ``_foreach_<name>`` and ``_foreach_<name>_`` for the overload names."""
     for suffix in overloads:
         dotted = f".{suffix}" if suffix else ""
-        if alpha:
-            def functional(self, other, alpha=1):
-                return _each(name, self, other, alpha, inplace=False)
-
-            def inplace(self, other, alpha=1):
-                return _each(name, self, other, alpha, inplace=True)
-        else:
-            def functional(self, *others):
-                return _each(name, self, *others, inplace=False)
-
-            def inplace(self, *others):
-                return _each(name, self, *others, inplace=True)
-        native_or_cpu(f"_foreach_{name}{dotted}")(functional)
-        native_or_cpu(f"_foreach_{name}_{dotted}")(inplace)
+        for inplace in (False, True):
+            native_or_cpu(f"_foreach_{name}{'_' if inplace else ''}{dotted}",
+                          first=_kernel(name, alpha, inplace, _recorded))(
+                _kernel(name, alpha, inplace))
 
 
 _foreach("add", ("List", "Tensor"), alpha=True)
@@ -130,15 +166,15 @@ _foreach("lerp", ("Scalar", "List", "ScalarList"))
 
 
 def _foreach_ternary(name):
-    def functional(self, tensor1, tensor2, value=1):
-        return _each(name, self, tensor1, tensor2, _values(value, self), inplace=False)
-
-    def inplace(self, tensor1, tensor2, value=1):
-        return _each(name, self, tensor1, tensor2, _values(value, self), inplace=True)
+    def kernel(inplace, each=_each):
+        def ternary(self, tensor1, tensor2, value=1):
+            return each(name, self, tensor1, tensor2, _values(value, self), inplace=inplace)
+        return ternary
 
     for suffix in ("Scalar", "ScalarList", "Tensor"):
-        native_or_cpu(f"_foreach_{name}.{suffix}")(functional)
-        native_or_cpu(f"_foreach_{name}_.{suffix}")(inplace)
+        for inplace in (False, True):
+            native_or_cpu(f"_foreach_{name}{'_' if inplace else ''}.{suffix}",
+                          first=kernel(inplace, _recorded))(kernel(inplace))
 
 
 def _values(value, tensors):

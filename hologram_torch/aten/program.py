@@ -176,6 +176,20 @@ def remember(shortcut: tuple, name: str, static: tuple, args: Sequence,
         native.file_fast(entry, tuple(args), result, out is not None)
 
 
+def entry(name: str, static: tuple, args: Sequence,
+          out: Sequence[torch.Tensor] | None = None) -> _Entry | None:
+    """The entry :func:`run` used (or would use) for these arguments, if compiled."""
+    key = [name, static, _state["backend"], False]
+    for x in args:
+        if isinstance(x, torch.Tensor):
+            key.append((x.dtype,) if x.is_cpu else (x.dtype, x.shape, x.stride()))
+        else:
+            key.append(type(x))
+    if out is not None:
+        key.append(tuple((o.dtype, o.shape, o.stride()) for o in out))
+    return _LAUNCHES.get(tuple(key))
+
+
 def launch_fresh(entry: _Entry, args: Sequence) -> torch.Tensor:
     """Run a remembered entry on ``args`` (device tensors, the last of them possibly a
     number, as :func:`run` takes them) into a fresh result."""

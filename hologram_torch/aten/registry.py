@@ -77,7 +77,7 @@ def _unsafe(written: tuple, args: tuple, kwargs: dict) -> bool:
     return False
 
 
-def native_or_cpu(*names: str, hot: bool = False) -> Callable:
+def native_or_cpu(*names: str, hot: bool = False, first: Callable | None = None) -> Callable:
     """Like :func:`impl`, for kernels that handle only some cases: when the kernel returns
     ``NotImplemented``, the call runs through the CPU fallback with its original arguments
     (so PyTorch's own kernel gives the result, or raises PyTorch's error). So does a call
@@ -92,6 +92,10 @@ def native_or_cpu(*names: str, hot: bool = False) -> Callable:
             written = _written(op)
 
             def kernel(*args, _fn=fn, _op=op, _written=written, **kwargs):
+                if first is not None:  # a path that checks what it takes itself
+                    result = first(*args, **kwargs)
+                    if result is not NotImplemented:
+                        return result
                 if _written and _unsafe(_written, args, kwargs):
                     return run_on_cpu(_op, *args, **kwargs)
                 result = _fn(*args, **kwargs)

@@ -536,6 +536,7 @@ extern "C" __attribute__((visibility("default"))) int hologram_torch_fast_file(
 
 // Forget every filed call (their programs belong to the previous backend).
 extern "C" __attribute__((visibility("default"))) void hologram_torch_fast_clear() {
+  hologram_region::clear_filed();
   for (auto& op : ops()) {
     for (auto& [key, entry] : op->entries) {
       clear_entry(entry);

@@ -15,6 +15,7 @@
 
 #include "region.h"
 
+#include <ATen/MemoryOverlap.h>
 #include <c10/core/Storage.h>
 #include <c10/core/StorageImpl.h>
 #include <torch/csrc/DynamicTypes.h>
@@ -465,6 +466,19 @@ bool number(PyObject* obj, Operand& op) {
   return true;
 }
 
+bool operands_of(PyObject* tuple, std::vector<Operand>& operands) {
+  operands.assign(PyTuple_GET_SIZE(tuple), Operand());
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(tuple); ++i) {
+    PyObject* obj = PyTuple_GET_ITEM(tuple, i);
+    if (THPVariable_Check(obj)) {
+      operands[i].tensor = THPVariable_Unpack(obj);
+    } else if (!number(obj, operands[i])) {
+      return false;
+    }
+  }
+  return true;
+}
+
 // record(entry, operands, outs, given): None once recorded, else the reason the region
 // must run first.
 PyObject* record_py(PyObject*, PyObject* const* args, Py_ssize_t n) {
@@ -472,14 +486,9 @@ PyObject* record_py(PyObject*, PyObject* const* args, Py_ssize_t n) {
     PyErr_SetString(PyExc_TypeError, "record(entry, operands, outs, given)");
     return nullptr;
   }
-  std::vector<Operand> operands(PyTuple_GET_SIZE(args[1]));
-  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args[1]); ++i) {
-    PyObject* obj = PyTuple_GET_ITEM(args[1], i);
-    if (THPVariable_Check(obj)) {
-      operands[i].tensor = THPVariable_Unpack(obj);
-    } else if (!number(obj, operands[i])) {
-      return nullptr;
-    }
+  std::vector<Operand> operands;
+  if (!operands_of(args[1], operands)) {
+    return nullptr;
   }
   std::vector<at::Tensor> outs;
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args[2]); ++i) {
@@ -496,6 +505,156 @@ PyObject* record_py(PyObject*, PyObject* const* args, Py_ssize_t n) {
     Py_RETURN_NONE;
   }
   return PyUnicode_FromString(why);
+}
+
+// Does writing `out` element by element while reading `operands` need more than a
+// program can do (memory.unsafe_write's rule): `out` overlapping itself, or sharing
+// memory with an operand other than element for element?
+bool unsafe(const at::Tensor& out, const std::vector<Operand>& operands) {
+  if (at::has_internal_overlap(out) != at::MemOverlap::No) {
+    return true;
+  }
+  for (const Operand& op : operands) {
+    const at::Tensor& t = op.tensor;
+    if (op.kind != 0 || t.is_cpu() || t.is_same(out)) {
+      continue;
+    }
+    const at::MemOverlapStatus status = at::get_overlap_status(out, t);
+    if (status == at::MemOverlapStatus::Full) {
+      if (t.sizes() != out.sizes() || t.strides() != out.strides()) {
+        return true;
+      }
+    } else if (status != at::MemOverlapStatus::No) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// record_rows(entries, rows, outs, given): record each row (a tuple of operands) of a
+// foreach op writing its out, in order. None once all are recorded; ("unsafe", -1), with
+// nothing recorded, when a written tensor overlaps as memory.unsafe_write refuses; else
+// (reason, i): rows before i are recorded, the region must run before row i.
+PyObject* record_rows(PyObject*, PyObject* const* args, Py_ssize_t n) {
+  if (n != 4 || !PyTuple_Check(args[0]) || !PyTuple_Check(args[1]) ||
+      !PyTuple_Check(args[2]) || PyTuple_GET_SIZE(args[0]) != PyTuple_GET_SIZE(args[1]) ||
+      PyTuple_GET_SIZE(args[1]) != PyTuple_GET_SIZE(args[2])) {
+    PyErr_SetString(PyExc_TypeError, "record_rows(entries, rows, outs, given)");
+    return nullptr;
+  }
+  const bool given = PyObject_IsTrue(args[3]) == 1;
+  const Py_ssize_t count = PyTuple_GET_SIZE(args[1]);
+  std::vector<std::vector<Operand>> rows(count);
+  std::vector<at::Tensor> outs(count);
+  try {
+    for (Py_ssize_t i = 0; i < count; ++i) {
+      if (!operands_of(PyTuple_GET_ITEM(args[1], i), rows[i])) {
+        return nullptr;
+      }
+      outs[i] = THPVariable_Unpack(PyTuple_GET_ITEM(args[2], i));
+      if (given && unsafe(outs[i], rows[i])) {
+        return Py_BuildValue("(si)", "unsafe", -1);
+      }
+    }
+    for (Py_ssize_t i = 0; i < count; ++i) {
+      const char* why = record_operands(PyTuple_GET_ITEM(args[0], i), rows[i], {outs[i]},
+                                        given);
+      if (why != nullptr) {
+        return Py_BuildValue("(sn)", why, i);
+      }
+    }
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+  Py_RETURN_NONE;
+}
+
+// Foreach calls' rows' entries, by signature: the op (a number lazy.py gives it), then per
+// row and operand a tensor's device, dtype, sizes and strides or a number's kind.
+using RowsKey = std::vector<int64_t>;
+
+struct RowsKeyHash {
+  size_t operator()(const RowsKey& key) const noexcept {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a over the words
+    for (int64_t word : key) {
+      h = (h ^ static_cast<uint64_t>(word)) * 1099511628211ull;
+    }
+    return static_cast<size_t>(h);
+  }
+};
+
+std::unordered_map<RowsKey, PyObject*, RowsKeyHash> g_rows;  // strong values
+constexpr size_t kMaxRows = 4096;
+
+// The signature of `rows` (a tuple of operand tuples) for op `op`; false (no error set)
+// for an operand that is neither a tensor nor a number.
+bool rows_key(PyObject* op, PyObject* rows, RowsKey& key) {
+  key.clear();
+  key.push_back(PyLong_AsLongLong(op));
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(rows); ++i) {
+    PyObject* row = PyTuple_GET_ITEM(rows, i);
+    if (!PyTuple_Check(row)) {
+      return false;
+    }
+    key.push_back(-1);  // a row's start
+    for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(row); ++j) {
+      PyObject* obj = PyTuple_GET_ITEM(row, j);
+      if (THPVariable_Check(obj)) {
+        const at::Tensor& t = THPVariable_Unpack(obj);
+        key.push_back(static_cast<int64_t>(t.device().type()));
+        key.push_back(static_cast<int64_t>(t.scalar_type()));
+        key.push_back(t.dim());
+        key.insert(key.end(), t.sizes().begin(), t.sizes().end());
+        key.insert(key.end(), t.strides().begin(), t.strides().end());
+      } else if (PyBool_Check(obj)) {
+        key.push_back(-2);
+      } else if (PyLong_CheckExact(obj)) {
+        key.push_back(-3);
+      } else if (PyFloat_CheckExact(obj)) {
+        key.push_back(-4);
+      } else {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+// rows_entries(op, rows): the entries filed for this signature, or None.
+PyObject* rows_entries(PyObject*, PyObject* const* args, Py_ssize_t n) {
+  thread_local RowsKey key;
+  if (n != 2 || !PyTuple_Check(args[1]) || !rows_key(args[0], args[1], key)) {
+    Py_RETURN_NONE;
+  }
+  auto found = g_rows.find(key);
+  if (found == g_rows.end()) {
+    Py_RETURN_NONE;
+  }
+  Py_INCREF(found->second);
+  return found->second;
+}
+
+// file_rows(op, rows, entries): rows_entries serves this signature from now on.
+PyObject* file_rows(PyObject*, PyObject* const* args, Py_ssize_t n) {
+  RowsKey key;
+  if (n != 3 || !PyTuple_Check(args[1]) || !PyTuple_Check(args[2]) ||
+      !rows_key(args[0], args[1], key)) {
+    Py_RETURN_NONE;
+  }
+  if (g_rows.size() >= kMaxRows) {
+    for (auto& [k, entries] : g_rows) {
+      Py_DECREF(entries);
+    }
+    g_rows.clear();
+  }
+  Py_INCREF(args[2]);
+  auto [slot, inserted] = g_rows.emplace(std::move(key), args[2]);
+  if (!inserted) {
+    Py_DECREF(slot->second);
+    slot->second = args[2];
+  }
+  Py_RETURN_NONE;
 }
 
 PyObject* set_recording(PyObject*, PyObject* on) {
@@ -574,6 +733,14 @@ PyObject* dtypes(PyObject*, PyObject*) {
 PyMethodDef kMethods[] = {
     {"record", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&record_py)),
      METH_FASTCALL, nullptr},
+    {"record_rows",
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&record_rows)),
+     METH_FASTCALL, nullptr},
+    {"rows_entries",
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&rows_entries)),
+     METH_FASTCALL, nullptr},
+    {"file_rows", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&file_rows)),
+     METH_FASTCALL, nullptr},
     {"take", &take, METH_NOARGS, nullptr},
     {"set_recording", &set_recording, METH_O, nullptr},
     {"set_max_nodes", &set_max_nodes, METH_O, nullptr},
@@ -591,6 +758,13 @@ namespace hologram_region {
 
 bool recording() {
   return g_on;
+}
+
+void clear_filed() {
+  for (auto& [key, entries] : g_rows) {
+    Py_DECREF(entries);
+  }
+  g_rows.clear();
 }
 
 bool record(PyObject* entry, const std::vector<at::Tensor>& operands,

@@ -20,4 +20,7 @@ bool recording();
 bool record(PyObject* entry, const std::vector<at::Tensor>& operands,
             const std::vector<at::Tensor>& outs, bool given);
 
+// Forget the foreach signatures filed (their entries belong to the previous backend).
+void clear_filed();
+
 }  // namespace hologram_region
