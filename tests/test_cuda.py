@@ -207,12 +207,13 @@ def test_reduced_indices_take_one_division_or_remainder_less_per_term(emulate):
 
 
 def test_reductions_that_need_each_other_are_cut_into_split_kernels_over_few_rows(emulate):
-    """fission.py: a softmax over two rows of 40,000 (a kernel with a max, then a sum of
-    exponentials, then the probabilities) becomes a kernel per reduction, each split
-    into chunks, and one over every element for the probabilities, their per-row results
-    passing through temporaries; the program verifies. Over 4096 rows of 64 it stays one
-    kernel (each row already a program instance). A log-sum-exp (one value per row) is
-    two kernels, the second making the store, and only the max goes through memory."""
+    """codegen/schedule.py's fission: a softmax over two rows of 40,000 (a kernel with a
+    max, then a sum of exponentials, then the probabilities) becomes a kernel per
+    reduction, each split into chunks, and one over every element for the probabilities,
+    their per-row results passing through temporaries; the program verifies. Over 4096 rows
+    of 64 it stays one kernel (each row already a program instance). A log-sum-exp (one
+    value per row) is two kernels, the second making the store, and only the max goes
+    through memory."""
     def softmax(rows, n):
         g = Graph("softmax")
         x = g.input("x", "f32", (rows, n))
@@ -525,7 +526,7 @@ def _long_k(t: dt.DType):
 
 def _softmax_rows(t: dt.DType):
     """A softmax and a layer norm over two rows of 40,000: cut into split kernels
-    (fission.py) and one over every element."""
+    (codegen/schedule.py's fission) and one over every element."""
     g = Graph(f"softmax_rows_{t.name}")
     x = g.input("x", t, (2, 40_000))
     e = g.unary("exp", x - g.max(x, 1, keepdim=True))

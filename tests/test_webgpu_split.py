@@ -12,12 +12,14 @@ exists these tests skip, except with ``HOLOGRAM_REQUIRE_WEBGPU=1`` (set by .ci/r
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 import hologram
 import hologram as hg
+from hologram.backends.webgpu import backend as webgpu_backend
 from hologram.backends.webgpu import render as render_module
 from hologram.backends.webgpu.backend import WebGpuBackend
 from hologram.backends.webgpu.render import (
@@ -243,19 +245,33 @@ def row_programs(shape):
     yield g.program(), 2, False
 
 
-def test_dependent_reductions_and_row_stores_are_split(small_split):
-    """Each partials' shader combines the partials of the reductions it uses (the same
-    fold in every workgroup: the same bits), the last shader combines them all and, with
-    stores along the row, stores its workgroup's chunk of it."""
+@pytest.mark.parametrize("fission", [True, False])
+def test_dependent_reductions_and_row_stores_are_split(small_split, monkeypatch, fission):
+    """Cut by fission (hologram.codegen.schedule: a kernel per reduction, each its
+    partials' shader and their combination, and one over every element for stores along
+    the row), or with fission off, split as one kernel: each partials' shader combines the
+    partials of the reductions it uses (the same fold in every workgroup: the same bits),
+    the last shader combines them all and, with stores along the row, stores its
+    workgroup's chunk of it."""
+    monkeypatch.setattr(webgpu_backend, "_CAPS", replace(webgpu_backend._CAPS, fission=fission))
     rng = np.random.default_rng(21)
     x = rng.integers(-8, 9, (ROWS, TERMS)).astype(np.float32)  # whole numbers: sums exact
     x[1, LATE] = np.nan
     x[2, 100] = np.inf
     for program, reductions, spread in row_programs((ROWS, TERMS)):
         kernels = shaders(program)
-        assert len(kernels) == reductions + 1, [k["name"] for k in kernels]
-        assert all(k["points"] > ROWS for k in kernels[:-1])
-        assert (kernels[-1]["points"] > ROWS) == spread
+        names = [k["name"] for k in kernels]
+        if fission and reductions > 1:
+            assert len(kernels) == 2 * reductions + spread, names
+            assert all(k["points"] > ROWS for k in kernels[0:2 * reductions:2]), names
+            assert all(k["points"] == ROWS for k in kernels[1:2 * reductions:2]), names
+            if spread:  # the stores along the rows: an invocation per element
+                assert kernels[-1]["mode"] == "thread" and \
+                    kernels[-1]["points"] == ROWS * TERMS, kernels[-1]
+        else:
+            assert len(kernels) == reductions + 1, names
+            assert all(k["points"] > ROWS for k in kernels[:-1])
+            assert (kernels[-1]["points"] > ROWS) == spread
         got = np.asarray(hologram.compile(program, backend="webgpu")(x))
         want = np.asarray(hologram.compile(program, backend="interp")(x))
         if program.name == "center":
@@ -270,8 +286,8 @@ def test_a_softmax_and_a_centring_of_long_rows_run_on_lavapipe(ex):
     rng = np.random.default_rng(22)
     x = rng.standard_normal((2, 1 << 21)).astype(np.float32)
     programs = {p.name: p for p, _, _ in row_programs(x.shape)}
-    kernels = shaders(programs["softmax"])
-    assert len(kernels) == 3 and all(k["iterations"] <= EMULATED_LOOP_LIMIT for k in kernels)
+    kernels = shaders(programs["softmax"])  # cut by fission: 2 reductions, 2 shaders each
+    assert len(kernels) == 5 and all(k["iterations"] <= EMULATED_LOOP_LIMIT for k in kernels)
     got = np.asarray(hologram.compile(programs["softmax"], backend="webgpu")(x))
     e = np.exp(x.astype(np.float64) - x.max(1, keepdims=True))
     np.testing.assert_allclose(got, e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-12)

@@ -3,6 +3,10 @@ what every backend decides the same way before it emits code for its device.
 
 - :mod:`.loops`: each kernel's loop plan (where every value is computed, store nests,
   accumulators, split reductions), dumped as the ``loops`` stage;
+- :mod:`.schedule`: how many chunks long reductions and matrix products are cut into, and
+  fission of kernels whose reductions need each other, from the target's capabilities;
 - :mod:`.mathlib`: the transcendental functions, written once against the
-  :class:`~hologram.codegen.mathlib.MathEmitter` interface each renderer implements.
+  :class:`~hologram.codegen.mathlib.MathEmitter` interface each renderer implements;
+- :mod:`.numerics`: the other numeric rules (bf16 rounding, total-order keys, rounding to
+  odd), written against the same interface.
 """

@@ -367,6 +367,15 @@ class MathEmitter(ABC):
     def iand(self, a: Value, b: Value) -> Value:
         """Bitwise a & b."""
 
+    def ior(self, a: Value, b: Value) -> Value:
+        """Bitwise a | b. By default ``a + b - (a & b)`` (exact in wrapping arithmetic:
+        the common bits are counted twice in the sum); emitters write their own."""
+        return self.isub(self.iadd(a, b), self.iand(a, b))
+
+    def ixor(self, a: Value, b: Value) -> Value:
+        """Bitwise a ^ b. By default ``(a | b) - (a & b)``; emitters write their own."""
+        return self.isub(self.ior(a, b), self.iand(a, b))
+
     @abstractmethod
     def shl(self, a: Value, b: Value) -> Value:
         """a << b, for 0 <= b < width."""

@@ -20,6 +20,18 @@ from hologram.errors import CompileError
 
 
 @dataclass(frozen=True)
+class Split:
+    """How a target cuts long reductions (or a matrix product's k) into chunks computed
+    in parallel (:mod:`hologram.codegen.schedule`). Fixed numbers, not the device's: a
+    result is the same bits on every device of the target."""
+
+    work: int  # the fewest terms of a chunk (its partial's traffic stays small beside it)
+    units: int  # the parallel units (program instances, workgroups) a split aims to fill
+    max_parts: int  # the most chunks of one row
+    max_chunk: int = 0  # the most terms of one chunk (0: no limit)
+
+
+@dataclass(frozen=True)
 class Capabilities:
     """Arithmetic and storage a target offers (defaults: a 64-bit CPU without the
     data-dependent memory operations)."""
@@ -46,6 +58,13 @@ class Capabilities:
     # without it refuses such a program (:func:`require`) rather than reorder writes.
     # The cpu, webgpu and cuda renderers have it.
     scatter: bool = False
+    # Schedule (hologram.codegen.schedule): reductions over few long rows cut into chunks
+    # (row_split), matrix products of few output tiles cut along k (k_split), and kernels
+    # whose reductions need each other's results over such rows cut into one kernel per
+    # reduction, each split (fission). None/False: not done for this target.
+    row_split: Split | None = None
+    k_split: Split | None = None
+    fission: bool = False
 
     @property
     def index_dtype(self) -> str:

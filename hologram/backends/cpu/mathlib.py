@@ -191,6 +191,12 @@ class LLVMEmitter(MathEmitter):
     def iand(self, a, b):
         return self.b.and_(a, b)
 
+    def ior(self, a, b):
+        return self.b.or_(a, b)
+
+    def ixor(self, a, b):
+        return self.b.xor(a, b)
+
     def shl(self, a, b):
         return self.b.shl(a, b)
 

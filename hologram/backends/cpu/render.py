@@ -51,6 +51,7 @@ from hologram.backends.cpu import intrinsics, mathlib
 from hologram.backends.cpu import target as targets
 from hologram.backends.cpu import textir as ir
 from hologram.backends.cpu.target import Target
+from hologram.codegen import numerics
 from hologram.codegen.loops import (
     BLOCK,
     LANES,
@@ -64,6 +65,8 @@ from hologram.codegen.loops import (
     split_parts,
     unsupported,
 )
+from hologram.codegen.mathlib import F32 as F32_FORMAT
+from hologram.codegen.mathlib import F64 as F64_FORMAT
 from hologram.errors import CompileError
 from hologram.isa import dtypes as dt
 from hologram.isa.dtypes import DType
@@ -806,18 +809,9 @@ class _KernelRenderer:
 
     def _f64_to_narrow(self, x: ir.Value, t: DType) -> ir.Value:
         """Round a double once to f16 or bf16 (in a float register): first to float32
-        rounded to odd (truncated, last bit set if inexact), whose nearest-even rounding to
-        the narrow format equals the double's (float32 has more than two extra bits)."""
-        b = self.b
-        near = b.fptrunc(x, F32)
-        back = b.fpext(near, F64)
-        inexact = b.fcmp_ordered("!=", back, x)
-        bits = b.bitcast(near, I32)
-        away = b.fcmp_ordered(">", self._intrinsic("fabs", F64, [back]),
-                              self._intrinsic("fabs", F64, [x]))
-        bits = b.select(b.and_(inexact, away), b.sub(bits, ir.Constant(I32, 1)), bits)
-        bits = b.select(inexact, b.or_(bits, ir.Constant(I32, 1)), bits)
-        return self._round(b.bitcast(bits, F32), t)
+        rounded to odd (:func:`hologram.codegen.numerics.round_to_odd`)."""
+        odd = numerics.round_to_odd(mathlib.LLVMEmitter(self.b, F64_FORMAT, self.target), x)
+        return self._round(odd, t)
 
     def _round(self, x: ir.Value, t: DType) -> ir.Value:
         """A float32 rounded to the nearest f16 or bf16 (ties to even), kept in float32."""
@@ -844,15 +838,8 @@ class _KernelRenderer:
         return self.b.call(fn, args)
 
     def _round_bf16(self, x: ir.Value) -> ir.Value:
-        """Round a float32 to the nearest bf16 (ties to even; NaN stays quiet NaN)."""
-        b = self.b
-        bits = b.bitcast(x, I32)
-        lsb = b.and_(b.lshr(bits, ir.Constant(I32, 16)), ir.Constant(I32, 1))
-        rounded = b.and_(b.add(b.add(bits, ir.Constant(I32, 0x7FFF)), lsb),
-                         ir.Constant(I32, 0xFFFF0000))
-        quiet = b.and_(b.or_(bits, ir.Constant(I32, 0x00400000)), ir.Constant(I32, 0xFFFF0000))
-        nan = b.fcmp_unordered("uno", x, x)
-        return b.bitcast(b.select(nan, quiet, rounded), F32)
+        """Round a float32 to the nearest bf16 (:func:`hologram.codegen.numerics.round_bf16`)."""
+        return numerics.round_bf16(mathlib.LLVMEmitter(self.b, F32_FORMAT, self.target), x)
 
     def _int_cast(self, x: ir.Value, src: ir.Type, dst: ir.Type, signed: bool) -> ir.Value:
         if src.width == dst.width:

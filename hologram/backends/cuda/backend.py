@@ -31,6 +31,7 @@ import os
 import re
 import sys
 import warnings
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -38,10 +39,10 @@ import numpy as np
 from hologram import config
 from hologram.backends.base import Allocator, Backend, Executable, host_arrays
 from hologram.backends.hostmem import Pool
-from hologram.codegen import loops
+from hologram.codegen import loops, schedule
 from hologram.codegen import mathlib as shared_math
 from hologram.compiler import pipeline
-from hologram.compiler.capabilities import Capabilities
+from hologram.compiler.capabilities import Capabilities, Split
 from hologram.errors import DeviceError, ShapeError
 from hologram.isa import dtypes as dt
 from hologram.isa.dtypes import DType
@@ -51,7 +52,6 @@ from hologram.isa.text import parse_program, print_program
 from . import kernels as kernels_cache
 from . import render as render_module
 from . import worker
-from .fission import fission
 from .render import PRELUDE, render
 from .runtime import ALIGNMENT, DeviceMemory, DeviceProgram
 
@@ -60,9 +60,10 @@ FORMAT = "triton-3"
 #: operation by the decompose pass; their fma through f64 steps); float min/max built from
 #: compares; gather (render.py: the operand clamped in its own width, the element summed
 #: in wrapping int32); scatter (render.py: one program instance makes a grid point's
-#: writes, in index order, in rounds of writes to distinct elements).
+#: writes, in index order, in rounds of writes to distinct elements); split reductions,
+#: split-K and fission with render.py's numbers (:meth:`CudaBackend.capabilities`).
 _CAPS = Capabilities(f64=True, i64=True, narrow_storage=True, ieee_minmax=False, gather=True,
-                     scatter=True)
+                     scatter=True, fission=True)
 #: Named targets: compute capability of each.
 TARGETS = {"sm_80": 80, "sm_90": 90}
 #: The target whose cubins a GPU runs, by compute capability (a cubin runs on its own
@@ -183,7 +184,11 @@ class CudaBackend(Backend):
         differs), and for the emulation."""
         if target is not None and target not in TARGETS:
             self.target(target)  # raises, naming the known targets
-        return _CAPS
+        # The split numbers are read when asked: tests lower SPLIT_WORK and SPLIT_K_WORK
+        # (which the target string then names).
+        r = render_module
+        return replace(_CAPS, row_split=Split(r.SPLIT_WORK, r.SPLIT_PROGRAMS, r.MAX_PARTS),
+                       k_split=Split(r.SPLIT_K_WORK, r.SPLIT_K_PROGRAMS, r.MAX_K_PARTS))
 
     def supports(self, op: str, dtype: DType) -> bool:
         if dtype not in _DTYPES:
@@ -204,21 +209,23 @@ class CudaBackend(Backend):
     def compile(self, program: Program, target: str | None = None) -> bytes:
         target = target or self._device_target()
         self.target(target)
-        program = pipeline.for_target(program, _CAPS)
-        # Several reductions over few long rows: one kernel per reduction, each split.
-        program = fission(program, _CAPS)
+        caps = self.capabilities(target)
+        program = pipeline.for_target(program, caps)
+        if caps.fission:  # several reductions over few long rows: a kernel each, split
+            program = schedule.fission(program,
+                                       lambda piece: render_module.split(piece, caps)[0])
         tf32 = config.get().cuda_allow_tf32  # named by the target string (the cache key)
         kernels, delegated = [], []
         # Split reductions' partials live in scratch buffers numbered after the program's
         # (temporaries of the artifact, like the program's own).
         scratch: dict[str, dict] = {}
         for index, kernel in enumerate(program.kernels):
-            plan = loops.plan(kernel, _CAPS)
+            plan = loops.plan(kernel, caps)
             if plan.unsupported and 0 not in kernel.domain:
                 delegated.append({"kernel": index, "reason": plan.unsupported})
                 continue
             pipeline.dump(program.name, f"{kernel.name}.loops", plan.dump())
-            k = render(program, kernel, _CAPS, len(program.buffers) + len(scratch), tf32)
+            k = render(program, kernel, caps, len(program.buffers) + len(scratch), tf32)
             k["kernel"] = index
             scratch.update({str(s["index"]): s for s in k.pop("scratch")})
             kernels.append(k)

@@ -147,6 +147,12 @@ class TritonEmitter(MathEmitter):
     def iand(self, a, b):
         return self.bind(f"{a} & {b}")
 
+    def ior(self, a, b):
+        return self.bind(f"{a} | {b}")
+
+    def ixor(self, a, b):
+        return self.bind(f"{a} ^ {b}")
+
     def shl(self, a, b):
         return self.bind(f"{a} << {b}")
 
@@ -172,4 +178,22 @@ class TritonEmitter(MathEmitter):
         return self.bind(f"{n}.to({self.ft}, bitcast=True)")
 
 
-__all__ = ["F32", "F64", "TritonEmitter", "float_bits"]
+def function(name: str, params: tuple[str, ...], fmt: Format, rule: Callable[..., str],
+             result: str = "{}") -> str:
+    """A ``@triton.jit`` function ``name(params)`` whose body is ``rule(emitter, *params)``
+    (a shared rule, :mod:`hologram.codegen.numerics`) written out by a
+    :class:`TritonEmitter` for ``fmt``, returning ``result`` formatted with the rule's
+    value."""
+    lines: list[str] = []
+
+    def bind(expression: str) -> str:
+        name = f"v{len(lines)}"
+        lines.append(f"    {name} = {expression}")
+        return name
+
+    value = rule(TritonEmitter(bind, fmt), *params)
+    return "\n".join([f"@triton.jit\ndef {name}({', '.join(params)}):", *lines,
+                      f"    return {result.format(value)}"])
+
+
+__all__ = ["F32", "F64", "TritonEmitter", "float_bits", "function"]

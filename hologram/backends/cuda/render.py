@@ -45,7 +45,7 @@ import math
 import struct
 from collections.abc import Sequence
 
-from hologram.codegen import loops
+from hologram.codegen import loops, numerics, schedule
 from hologram.codegen import mathlib as shared_math
 from hologram.compiler.capabilities import Capabilities
 from hologram.errors import CompileError
@@ -53,7 +53,7 @@ from hologram.isa import dtypes as dt
 from hologram.isa.dtypes import DType
 from hologram.isa.ir import Instr, Kernel, Program
 
-from .mathlib import F32, F64, TritonEmitter
+from .mathlib import F32, F64, TritonEmitter, function
 
 #: Elements of one tile (XBLOCK * RBLOCK) at most, and the widest RBLOCK: a row of up to
 #: 4096 terms is one tile, read once per pass (on an H100, softmax of 4096x4096 f32 took
@@ -154,19 +154,6 @@ def hg_bf16_to_f32(b):
 
 
 @triton.jit
-def hg_f32_to_bf16(x):
-    # Round to nearest even on the bits; NaN stays a (quiet) NaN.
-    b = x.to(tl.int32, bitcast=True)
-    r = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
-    return tl.where(x != x, (b >> 16) | 0x40, r).to(tl.int16)
-
-
-@triton.jit
-def hg_round_bf16(x):
-    return hg_bf16_to_f32(hg_f32_to_bf16(x))
-
-
-@triton.jit
 def hg_int_to_f32_sticky(v):
     # An integer as a float32 that rounds to f16/bf16 as the integer itself does (one
     # rounding, not two): its magnitude cut to at most 24 significant bits, the bits cut
@@ -187,18 +174,6 @@ def hg_int_to_f32_sticky(v):
 @triton.jit
 def hg_mul(a, b):
     return a * b
-
-
-@triton.jit
-def hg_key(x, bits: tl.constexpr, magnitude: tl.constexpr):
-    # a float -> an integer of its width whose signed order is the floats' total order
-    b = x.to(bits, bitcast=True)
-    return tl.where(b < 0, b ^ magnitude, b)
-
-
-@triton.jit
-def hg_unkey(k, floats: tl.constexpr, magnitude: tl.constexpr):
-    return tl.where(k < 0, k ^ magnitude, k).to(floats, bitcast=True)
 
 
 @triton.jit
@@ -260,19 +235,17 @@ def hg_fmod_f64(x, y):
     ax, ay = tl.abs(x), tl.abs(y)
     bad = (x != x) | (y != y) | (ax == HG_INF) | (ay == 0.0)
     return tl.where(bad, HG_NAN, tl.where(ax < ay, x, v))
-
-
-@triton.jit
-def hg_f64_to_f32_odd(x):
-    # x rounded to float32 toward zero with the lowest bit set when inexact (rounding to
-    # odd): rounding that to f16/bf16 rounds x once (float32 keeps 2+ more bits).
-    r = x.to(tl.float32)
-    back = r.to(tl.float64)
-    b = r.to(tl.int32, bitcast=True)
-    inexact = (back != x) & (x == x)
-    b = tl.where(inexact & (tl.abs(back) > tl.abs(x)), b - 1, b)  # step toward zero
-    return tl.where(inexact, b | 1, b).to(tl.float32, bitcast=True)
-'''
+''' + "\n\n\n".join([
+    # The shared rules (hologram.codegen.numerics): bf16 rounding, the total-order keys
+    # of max/min and argmax/argmin, and float64 to float32 rounded to odd (whose rounding
+    # to f16/bf16 then rounds the float64 once).
+    function("hg_f32_to_bf16", ("x",), F32, numerics.bf16_bits, "({} >> 16).to(tl.int16)"),
+    function("hg_round_bf16", ("x",), F32, numerics.round_bf16),
+    *(function(f"hg_key_{fmt.name}", ("x",), fmt, numerics.order_key) for fmt in (F32, F64)),
+    *(function(f"hg_unkey_{fmt.name}", ("k",), fmt, numerics.from_order_key)
+      for fmt in (F32, F64)),
+    function("hg_f64_to_f32_odd", ("x",), F64, numerics.round_to_odd),
+]) + "\n"
 
 
 def pow2(n: int) -> int:
@@ -308,28 +281,29 @@ def split(kernel: Kernel, caps: Capabilities) -> tuple[int, int, int]:
     once per grid point, and whose rows would otherwise give fewer than
     ``SPLIT_PROGRAMS`` program instances, with at least two chunks of ``SPLIT_WORK`` terms
     per row. The partials' kernel runs one program instance per (row, chunk), with
-    ``parts`` at most ``MAX_PARTS`` and no more than ``SPLIT_PROGRAMS / rows`` needs.
-    ``chunk`` is a whole number of ``RBLOCK`` tiles, and no partial is empty."""
+    ``parts`` at most ``MAX_PARTS`` and no more than ``SPLIT_PROGRAMS / rows`` needs
+    (``caps.row_split``, :func:`hologram.codegen.schedule.parts`). ``chunk`` is a whole
+    number of ``RBLOCK`` tiles, and no partial is empty."""
     layout = loops.plan(kernel, caps)
     reductions = [x for x in kernel.body if x.op in ("reduce", "contract")]
-    if (layout.unsupported or 0 in kernel.domain or len(reductions) != 1
+    rule = caps.row_split
+    if (rule is None or layout.unsupported or 0 in kernel.domain or len(reductions) != 1
             or any(dims for dims, _ in layout.store_nests)
             or loops.matmul(kernel, layout) is not None):
         return 0, 0, 0
     total = math.prod(kernel.domain[d] for d in reductions[0].axes)
     xblock, rblock = blocks(kernel)
     rows = math.prod(kernel.grid)
-    if -(-rows // xblock) >= SPLIT_PROGRAMS:
+    if -(-rows // xblock) >= rule.units:
         return 0, 0, 0
     # The partials' kernel takes one row per program instance.
-    parts = min(MAX_PARTS, total // SPLIT_WORK, -(-SPLIT_PROGRAMS // rows))
-    if parts < 2:
+    parts = schedule.parts(rule, total, rows)
+    if not parts:
         return 0, 0, 0
     # A tile no wider than a chunk (a power of two): rows cut into short chunks (tests
     # lower SPLIT_WORK) keep at least two.
     rblock = min(rblock, 1 << ((-(-total // parts)).bit_length() - 1))
-    chunk = -(-total // (parts * rblock)) * rblock
-    return -(-total // chunk), chunk, rblock
+    return (*schedule.chunks(total, parts, rblock), rblock)
 
 
 def matmul_tiles(kernel: Kernel, mm: loops.MatmulDims,
@@ -355,21 +329,20 @@ def split_k(kernel: Kernel, caps: Capabilities, tf32: bool = False) -> tuple[int
     product's tiles are split (``(0, 0)``: not split). Split: a matrix product of fewer
     than ``SPLIT_K_TILES`` tiles whose k holds at least two chunks of ``SPLIT_K_WORK``;
     ``parts`` at most ``MAX_K_PARTS`` and no more than ``SPLIT_K_PROGRAMS / tiles``
-    needs; ``chunk`` a whole number of ``BK``, no part empty."""
+    needs (``caps.k_split``); ``chunk`` a whole number of ``BK``, no part empty."""
     plan = loops.plan(kernel, caps)
     mm = None if plan.unsupported or 0 in kernel.domain else loops.matmul(kernel, plan)
-    if mm is None:
+    if mm is None or caps.k_split is None:
         return 0, 0
     bm, bn, bk, _ = matmul_tiles(kernel, mm, tf32)
     k = kernel.domain[mm.k]
     tiles = mm.batch * -(-kernel.domain[mm.m] // bm) * -(-kernel.domain[mm.n] // bn)
     if tiles >= SPLIT_K_TILES:
         return 0, 0
-    parts = min(MAX_K_PARTS, k // SPLIT_K_WORK, -(-SPLIT_K_PROGRAMS // tiles))
-    if parts < 2:
+    parts = schedule.parts(caps.k_split, k, tiles)
+    if not parts:
         return 0, 0
-    chunk = -(-k // (parts * bk)) * bk
-    return -(-k // chunk), chunk
+    return schedule.chunks(k, parts, bk)
 
 
 def render(program: Program, kernel: Kernel, caps: Capabilities,
@@ -1175,8 +1148,7 @@ class _Kernel:
             largest = kind in ("max", "argmax")
             if t.is_float:
                 nan = hi if largest else lo  # NaN wins
-                bits, magnitude = _key_bits(t)
-                key = self.bind(f"tl.where({v} != {v}, {nan}, hg_key({v}, {bits}, {magnitude}))")
+                key = self.bind(f"tl.where({v} != {v}, {nan}, hg_key_{_format(t)}({v}))")
             elif t.name in ("i32", "i64"):
                 key = v
             else:  # bool and narrow integers compare as i32
@@ -1226,7 +1198,7 @@ class _Kernel:
     def unkey(self, top: str, t: DType) -> str:
         """The value of dtype ``t`` whose max/min key is ``top``."""
         if t.is_float:
-            return self.bind(f"hg_unkey({top}, {_TL[t.name]}, {_key_bits(t)[1]})")
+            return self.bind(f"hg_unkey_{_format(t)}({top})")
         if t.is_bool:
             return self.bind(f"{top} != 0")
         return self.bind(f"{top}.to({_TL[t.name]})")  # narrow integers compare as i32
@@ -1309,11 +1281,9 @@ def _wrap32(value: int) -> int:
     return (value + 2**31) % 2**32 - 2**31
 
 
-def _key_bits(t: DType) -> tuple[str, int]:
-    """``hg_key``'s constant arguments for float dtype ``t``: the integer type of its
-    register's bits, and the mask of all but the sign bit."""
-    bits, sign = _BITS[_TL[t.name]]
-    return bits, ~sign
+def _format(t: DType) -> str:
+    """The float format of float dtype ``t``'s registers (f16 and bf16 are float32)."""
+    return "f64" if t is dt.float64 else "f32"
 
 
 def program_dtype(program: Program, buffer: int) -> str:

@@ -22,11 +22,13 @@ backend. ``"auto"`` may take ``webgpu`` on a GPU adapter, never on a CPU emulati
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from hologram.backends.base import Allocator, Backend, Executable
+from hologram.codegen import schedule
 from hologram.compiler import pipeline
-from hologram.compiler.capabilities import Capabilities
+from hologram.compiler.capabilities import Capabilities, Split
 from hologram.errors import CompileError, DeviceError, ShapeError
 from hologram.isa import dtypes as dt
 from hologram.isa.dtypes import DType
@@ -47,7 +49,7 @@ FORMAT = "wgsl-2"
 #: per grid point makes its writes in index order; the schedule keeps only disjoint
 #: dimensions on the grid).
 _CAPS = Capabilities(f64=False, i64=False, narrow_storage=False, ieee_minmax=True,
-                     gather=True, scatter=True)
+                     gather=True, scatter=True, fission=True)
 #: i64 is two 32-bit words (low, high): memory (a gather's values and operands too),
 #: casts, reductions, compares, select and the wrapping arithmetic below; no division
 #: (div, mod) and no contraction.
@@ -110,11 +112,17 @@ class WebGpuBackend(Backend):
         # every cache key, names it, so artifacts split differently never mix.
         if render_module.SPLIT_WORK != _SPLIT_WORK:
             text += f" split-work-{render_module.SPLIT_WORK}"
+        if not _CAPS.fission:  # (tests turn it off to reach the split of one kernel)
+            text += " no-fission"
         return text
 
     def capabilities(self, target: str | None = None) -> Capabilities:
         self.target(target)
-        return _CAPS
+        # The split numbers are read when asked: tests lower SPLIT_WORK (which the target
+        # string then names). At most SPLIT_GROUPS parts: no row needs more to fill them.
+        r = render_module
+        return replace(_CAPS, row_split=Split(r.SPLIT_WORK, r.SPLIT_GROUPS, r.SPLIT_GROUPS,
+                                              r.MAX_CHUNK))
 
     def supports(self, op: str, dtype: DType) -> bool:
         if dtype is dt.float64:
@@ -128,13 +136,16 @@ class WebGpuBackend(Backend):
         return memory.WebGpuAllocator(self.name, memory_limit)
 
     def compile(self, program: Program, target: str | None = None) -> bytes:
-        self.target(target)
-        program = pipeline.for_target(program, _CAPS)
+        caps = self.capabilities(target)
+        program = pipeline.for_target(program, caps)
+        if caps.fission:  # several reductions over few long rows: a kernel each, split
+            program = schedule.fission(program,
+                                       lambda piece: render_module.split(piece, caps)[0])
         kernels = []
         buffers = [{"name": b.name, "kind": b.kind, "nbytes": b.nbytes}
                    for b in program.buffers]
         for kernel in program.kernels:
-            for shader in render(program, kernel, _CAPS, scratch=len(buffers)):
+            for shader in render(program, kernel, caps, scratch=len(buffers)):
                 # A split reduction's partial states: a temporary after the program's
                 # buffers, written by the first shader and read by the second.
                 scratch = shader.pop("scratch", None)

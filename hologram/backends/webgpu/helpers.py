@@ -2,13 +2,34 @@
 total-order keys for max/min and argmax/argmin, saturating casts.
 
 All of them compute on the bits with integer operations, so their results do not depend
-on how a driver treats NaN, infinities or subnormal floats.
+on how a driver treats NaN, infinities or subnormal floats. bf16 rounding and the
+total-order keys are the shared rules of :mod:`hologram.codegen.numerics`, written out by
+:func:`.mathlib.function`.
 """
 
 from __future__ import annotations
 
+from hologram.codegen import numerics
+
+from .mathlib import function
+
+#: The unsigned order keys of max/min are the shared signed keys with the sign bit
+#: flipped; every NaN becomes the top key (``nan_top``) or the bottom one.
+_FLIP = "0x80000000u"
+
 #: name -> WGSL source. The renderer emits the ones a shader calls (and what they call).
 HELPERS: dict[str, str] = {
+    # f32 -> bf16 bits (the high half), rounded to nearest even; NaN stays quiet.
+    "hg_f32_to_bf16": function("fn hg_f32_to_bf16(x: f32) -> u32", numerics.bf16_bits, ("x",),
+                               "bitcast<u32>({}) >> 16u"),
+    "hg_round_bf16": function("fn hg_round_bf16(x: f32) -> f32", numerics.round_bf16, ("x",)),
+    # A total order on f32 bits as u32 keys: -NaN.. < -inf < .. < -0 < +0 < .. < +inf;
+    # every NaN becomes the top key (nan_top) or the bottom one.
+    "hg_key_f32": function(
+        "fn hg_key_f32(x: f32, nan_top: bool) -> u32", numerics.order_key, ("x",),
+        f"select(bitcast<u32>({{}}) ^ {_FLIP}, select(0u, 0xffffffffu, nan_top), hg_isnan(x))"),
+    "hg_unkey_f32": function("fn hg_unkey_f32(k: u32) -> f32", numerics.from_order_key,
+                             (f"bitcast<i32>(k ^ {_FLIP})",)),
     # f16 bits (low 16 bits of a u32) <-> f32 value, exact.
     "hg_f16_to_f32": """\
 fn hg_f16_to_f32(h: u32) -> f32 {
@@ -48,32 +69,11 @@ fn hg_f32_to_f16(x: f32) -> u32 {
 }""",
     "hg_round_f16": """\
 fn hg_round_f16(x: f32) -> f32 { return hg_f16_to_f32(hg_f32_to_f16(x)); }""",
-    # f32 -> bf16 bits (the high half), rounded to nearest even; NaN stays quiet.
-    "hg_f32_to_bf16": """\
-fn hg_f32_to_bf16(x: f32) -> u32 {
-  let b = bitcast<u32>(x);
-  if ((b & 0x7fffffffu) > 0x7f800000u) { return ((b | 0x00400000u) >> 16u); }
-  return (b + 0x7fffu + ((b >> 16u) & 1u)) >> 16u;
-}""",
-    "hg_round_bf16": """\
-fn hg_round_bf16(x: f32) -> f32 { return bitcast<f32>(hg_f32_to_bf16(x) << 16u); }""",
-    # A total order on f32 bits as u32 keys: -NaN.. < -inf < .. < -0 < +0 < .. < +inf;
-    # every NaN becomes the top key (nan_top) or the bottom one.
-    "hg_key_f32": """\
-fn hg_key_f32(x: f32, nan_top: bool) -> u32 {
-  let b = bitcast<u32>(x);
-  if ((b & 0x7fffffffu) > 0x7f800000u) { return select(0u, 0xffffffffu, nan_top); }
-  return select(b | 0x80000000u, ~b, (b & 0x80000000u) != 0u);
-}""",
     # f32 bits as an i32 that orders like the values (-0.0 and +0.0: 0; not for NaN).
     "hg_ord_f32": """\
 fn hg_ord_f32(x: f32) -> i32 {
   let b = bitcast<i32>(x);
   return select(b, -(b & 0x7fffffff), b < 0);
-}""",
-    "hg_unkey_f32": """\
-fn hg_unkey_f32(k: u32) -> f32 {
-  return bitcast<f32>(select(~k, k & 0x7fffffffu, (k & 0x80000000u) != 0u));
 }""",
     # C's remainder of i32s from their magnitudes' u32 remainder: NVIDIA's Vulkan driver
     # (580, H100) computes the signed remainder WGSL's % becomes as an unsigned one
@@ -479,7 +479,6 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "hg_sqrt": ("hg_sig", "hg_round_pack"),
     "hg_scale": ("hg_sig", "hg_round_pack"),
     "hg_round_f16": ("hg_f16_to_f32", "hg_f32_to_f16"),
-    "hg_round_bf16": ("hg_f32_to_bf16",),
     "hg_fma": ("hg_u64",),
     "hg_f32_to_i64": ("hg_u64",),
     "hg_i64_to_f32": ("hg_u64",),

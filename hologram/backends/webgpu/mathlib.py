@@ -189,6 +189,12 @@ class WGSLEmitter(MathEmitter):
     def iand(self, a, b):
         return self._i(f"{a} & {b}")
 
+    def ior(self, a, b):
+        return self._i(f"{a} | {b}")
+
+    def ixor(self, a, b):
+        return self._i(f"{a} ^ {b}")
+
     def shl(self, a, b):
         return self._i(f"{a} << u32({b})")
 
@@ -212,6 +218,27 @@ class WGSLEmitter(MathEmitter):
 
     def from_bits(self, n):
         return self._f(f"bitcast<f32>({n})")
+
+
+def function(signature: str, rule: Callable[..., str], args: tuple[str, ...],
+             result: str = "{}") -> str:
+    """A WGSL function (``signature``: ``fn name(params) -> type``) whose body is
+    ``rule(emitter, *args)`` (a shared rule, :mod:`hologram.codegen.numerics`; ``args``:
+    WGSL expressions of the parameters) written out by a :class:`WGSLEmitter`, returning
+    ``result`` formatted with the rule's value. The rules compute on integers and
+    bit casts, so no float constant needs the kernel's folding barrier."""
+    lines: list[str] = []
+
+    def bind(wgsl_type: str, expression: str) -> str:
+        name = f"v{len(lines)}"
+        typed = "" if wgsl_type == "auto" else f": {wgsl_type}"
+        lines.append(f"  let {name}{typed} = {expression};")
+        return name
+
+    used: set[str] = set()
+    value = rule(WGSLEmitter(bind, used, exact_fma=False), *args)
+    assert not used, f"{signature}: the rule calls helpers {sorted(used)}"
+    return "\n".join([f"{signature} {{", *lines, f"  return {result.format(value)};", "}"])
 
 
 # ---------------------------------------------------------------- pow without f64

@@ -60,7 +60,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hologram.codegen import loops
+from hologram.codegen import loops, schedule
 from hologram.codegen import mathlib as shared_math
 from hologram.compiler.capabilities import Capabilities
 from hologram.errors import CompileError, DTypeError
@@ -138,12 +138,13 @@ def split(kernel: Kernel, caps: Capabilities) -> tuple[int, int]:
     softmax's sum of ``exp(x - max)``), and stores may run in loop nests (the softmax's
     quotients): those nests are cut into ``parts`` chunks as well. ``chunk`` is a whole
     number of :data:`WORKGROUP` terms (each invocation of a partial's workgroup takes as
-    many) and no partial is empty."""
+    many) and no partial is empty. The numbers are ``caps.row_split``'s
+    (:func:`hologram.codegen.schedule.parts`)."""
     plan = loops.plan(kernel, caps)
     body = kernel.body
     reductions = [i for i, x in enumerate(body) if x.op in ("reduce", "contract")]
     points = math.prod(kernel.grid) if kernel.grid_rank else 1
-    if (plan.unsupported or 0 in kernel.domain or not reductions
+    if (caps.row_split is None or plan.unsupported or 0 in kernel.domain or not reductions
             or any(plan.in_nest(i) for i in reductions) or points >= GROUP_POINTS
             or len({body[i].axes for i in reductions}) != 1
             or any(x.op == "scatter" for x in body)
@@ -152,18 +153,10 @@ def split(kernel: Kernel, caps: Capabilities) -> tuple[int, int]:
     total = math.prod(kernel.domain[a] for a in body[reductions[0]].axes)
     nest = max((math.prod(kernel.domain[d] for d in dims) for dims, _ in plan.store_nests),
                default=1)
-    parts = min(total // SPLIT_WORK, -(-SPLIT_GROUPS // points))
-    parts = max(parts, -(-total // MAX_CHUNK), -(-nest // MAX_CHUNK))
-    if parts < 2:
+    parts = schedule.parts(caps.row_split, total, points, nest)
+    if not parts:
         return 0, 0
-    chunk = _chunk(total, parts)
-    return -(-total // chunk), chunk
-
-
-def _chunk(total: int, parts: int) -> int:
-    """The indices of one part when ``total`` are cut into ``parts``: a whole number of
-    :data:`WORKGROUP` (each invocation of a part's workgroup takes as many)."""
-    return -(-total // (parts * WORKGROUP)) * WORKGROUP
+    return schedule.chunks(total, parts, WORKGROUP)
 
 
 def render(program: Program, kernel: Kernel, caps: Capabilities,
@@ -440,7 +433,7 @@ class _Kernel:
             self.block("if (lid == 0u)", lambda: self.serial(dims, emit))
         elif self.spread:  # this workgroup's chunk of the nest
             total = math.prod(self.kernel.domain[d] for d in dims)
-            chunk = _chunk(total, self.split.parts)
+            chunk = schedule.chunks(total, self.split.parts, WORKGROUP)[1]
             start = self.bind("i32", f"i32(part) * {chunk}")
             self.strided(dims, emit, span=(start, f"min({start} + {chunk}, {total})", chunk))
         else:

@@ -1,54 +1,82 @@
-"""Kernels with several reductions over few long rows, cut into one kernel per reduction
-so each can be split across the GPU (docs/cuda.md, "Split reductions").
+"""The schedule decisions the GPU backends make the same way, from the target's
+:class:`~hologram.compiler.capabilities.Capabilities`:
 
-A split reduction (:func:`.render.split`) spreads one reduction's rows over many program
-instances. A kernel with several reductions (softmax's max then sum, layer norm's mean
-then variance, a log-sum-exp) cannot be split that way in one launch: its second
-reduction needs its first one's result for the whole row. Over many rows that is fine
-(one program instance per row keeps the GPU busy); over few long rows (a softmax over a
-vocabulary at batch 1) the kernel runs on as many SMs as it has rows.
+- **split reductions** (:func:`parts`, :func:`chunks`, ``caps.row_split``): a reduction over
+  few long rows leaves most of a GPU idle (one program instance or workgroup per row), so
+  each row is cut into chunks whose partial results are combined afterwards. A chunk holds
+  at least ``work`` terms, a row is cut into at most ``max_parts`` and only into as many
+  as it takes to give ``units`` parallel units, and into enough that no chunk exceeds
+  ``max_chunk`` terms; chunks are whole multiples of the renderer's tile (``granule``).
+  The same arithmetic cuts a matrix product of few output tiles along k (split-K,
+  ``caps.k_split``). Which kernels a renderer can split (one reduction or several, stores
+  along the row, tiles) is its own question; how many parts is answered here.
+- **fission** (:func:`fission`, ``caps.fission``): a kernel with several reductions (a
+  softmax's max then sum, a layer norm's mean then variance) cannot be split in one
+  launch when its second reduction needs its first one's result for the whole row. Over
+  few long rows it is rewritten into:
 
-:func:`fission` rewrites such a kernel, where its rows would leave the GPU idle, into:
+  * one kernel per reduction, in order: the instructions that reduction needs, the
+    earlier reductions' results loaded from temporaries (one element per row), its result
+    stored into its own temporary. Each has one reduction and stores once per row, so it
+    is split like any such kernel. The last one also makes the kernel's stores of one
+    value per row (a log-sum-exp's result);
+  * one kernel for the stores along the row (softmax's probabilities), the reductions'
+    results loaded per row: every element of the domain is a grid point when those stores
+    write distinct elements, so it too spreads over the device.
 
-* one kernel per reduction, in order: the instructions that reduction needs, the earlier
-  reductions' results loaded from temporaries (one element per row), its result stored
-  into its own temporary. Each has one reduction and stores once per row, so it is split
-  like any such kernel (partials and their combination in one launch). The last one also
-  makes the kernel's stores of one value per row (a log-sum-exp's result);
-* one kernel for the stores along the row (softmax's probabilities), the reductions'
-  results loaded per row: every element of the domain is a grid point when those stores
-  write distinct elements, so it too spreads over the GPU.
+  The instructions are the kernel's own, so each value is computed exactly as before; the
+  reductions' results pass through memory in their own dtype (exact). What changes is
+  only that of a split reduction: the partials' combination (docs/cuda.md).
 
-The instructions are the kernel's own, so each value is computed exactly as before; the
-reductions' results pass through memory in their own dtype (exact). What changes is only
-that of a split reduction: the partials' combination (docs/cuda.md).
+The cpu backend's split of whole-domain reductions across its threads is
+:func:`hologram.codegen.loops.split_parts`.
 """
 
 from __future__ import annotations
 
-from hologram.compiler.capabilities import Capabilities
+from collections.abc import Callable
+
+from hologram.compiler.capabilities import Split
 from hologram.isa.ir import BufferDecl, IndexMap, Instr, Kernel, Program
 
-from . import render
+
+def parts(rule: Split, total: int, rows: int, longest: int = 0) -> int:
+    """Into how many chunks each of ``rows`` rows of ``total`` reduced terms is cut by
+    ``rule`` (0: not cut, fewer than two). ``longest``: the longest other loop cut along
+    with the row (stores along it), which ``max_chunk`` bounds as well."""
+    n = min(rule.max_parts, total // rule.work, -(-rule.units // rows))
+    if rule.max_chunk:
+        n = max(n, -(-max(total, longest) // rule.max_chunk))
+    return n if n >= 2 else 0
 
 
-def fission(program: Program, caps: Capabilities) -> Program:
-    """``program`` with each kernel that :func:`cut` cuts replaced by its pieces."""
+def chunks(total: int, parts: int, granule: int) -> tuple[int, int]:
+    """``(parts, chunk)``: ``total`` terms cut into about ``parts`` chunks of ``chunk``
+    terms, a whole multiple of ``granule`` (the renderer's tile), none empty (so there may
+    be fewer parts than asked)."""
+    chunk = -(-total // (parts * granule)) * granule
+    return -(-total // chunk), chunk
+
+
+def fission(program: Program, splits: Callable[[Kernel], bool]) -> Program:
+    """``program`` with each kernel that :func:`cut` cuts replaced by its pieces;
+    ``splits(kernel)``: whether the renderer splits a piece's reduction (the target's
+    own split rule)."""
     buffers = list(program.buffers)
     kernels: list[Kernel] = []
     for kernel in program.kernels:
-        kernels.extend(cut(kernel, buffers, caps) or [kernel])
+        kernels.extend(cut(kernel, buffers, splits) or [kernel])
     if len(kernels) == len(program.kernels):
         return program
     return program.evolve(buffers=tuple(buffers), kernels=tuple(kernels))
 
 
-def cut(kernel: Kernel, buffers: list[BufferDecl], caps: Capabilities) -> list[Kernel] | None:
+def cut(kernel: Kernel, buffers: list[BufferDecl],
+        splits: Callable[[Kernel], bool]) -> list[Kernel] | None:
     """The pieces of ``kernel`` (module docstring), appending their temporaries to
     ``buffers``, or None where it is left whole: fewer than two reductions, a contraction
     or scatter, a reduction whose result varies along a loop dimension, a buffer both read
-    and written, or rows that a split would not spread (:func:`.render.split` refuses a
-    piece)."""
+    and written, or rows that a split would not spread (``splits`` refuses a piece)."""
     body, g = kernel.body, kernel.grid_rank
     reductions = [p for p, x in enumerate(body) if x.op == "reduce"]
     if (len(reductions) < 2 or any(x.op in ("contract", "scatter") for x in body)
@@ -78,7 +106,7 @@ def cut(kernel: Kernel, buffers: list[BufferDecl], caps: Capabilities) -> list[K
                        for s in along)
         pieces.append(_piece(kernel, f"{kernel.name}e", along, reductions, temps, None)
                       .evolve(grid_rank=len(domain) if disjoint else g))
-    if any(not render.split(piece, caps)[0] for piece in pieces[:len(reductions)]):
+    if not all(splits(piece) for piece in pieces[:len(reductions)]):
         return None
     for i, p in enumerate(stored):
         shape = tuple(n for d, n in enumerate(body[p].shape) if d < g)
