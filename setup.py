@@ -1,8 +1,9 @@
 """Builds the native parts; everything else is in pyproject.toml.
 
-- ``hologram._native`` (hologram/csrc/native.c: the host pool's core and the SDK ops'
-  allocating fast path), always. A C compiler and Python's headers are needed to build
-  from source (`make venv` installs them on Debian); wheels carry it built.
+- ``hologram._native`` (hologram/csrc: native.c and a file per concern beside it, the host
+  pool's core, registries, launcher and the SDK ops' allocating fast path), always. A C
+  compiler and Python's headers are needed to build from source (`make venv` installs
+  them on Debian); wheels carry it built.
 - The torch device's C++ hooks (hologram_torch/csrc), prebuilt into the wheel when torch
   is importable at build time (``pip wheel --no-build-isolation`` or ``python -m build
   --no-isolation`` in an environment with the supported torch): hologram_torch/native.py
@@ -72,7 +73,10 @@ class BuildExt(build_ext):
               f"{library}", flush=True)
 
 
-setup(ext_modules=[Extension("hologram._native", ["hologram/csrc/native.c"],
-                             depends=["hologram/csrc/native_api.h"],
+_NATIVE = [f"hologram/csrc/{name}.c" for name in ("native", "pool", "registry", "launcher",
+                                                   "fastop")]
+setup(ext_modules=[Extension("hologram._native", _NATIVE,
+                             depends=["hologram/csrc/native_api.h",
+                                      "hologram/csrc/native_internal.h"],
                              extra_compile_args=["-O2", "-Wall"])],
       cmdclass={"build_ext": BuildExt})

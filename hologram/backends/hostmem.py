@@ -18,7 +18,7 @@ Promises:
 * allocate and free are O(1): the class index is arithmetic on the size, a free list is a
   stack, and no search happens on either path (occasional trimming, below, is amortized
   O(1): each block it returns to the OS was mapped once);
-* thread-safe: the pool's state lives in native code (``hologram/csrc/native.c``) whose
+* thread-safe: the pool's state lives in native code (``hologram/csrc/pool.c``) whose
   functions run under the GIL and never call back into Python midway;
 * grows on demand; memory comes from anonymous private mmap and is page aligned, except
   classes of up to ``SLAB_BYTES // 4`` (16 KiB with 4 KiB pages), which are carved from
@@ -145,7 +145,7 @@ class Pool(Allocator):
     """
 
     def __init__(self, memory_limit: int | None = None):
-        # The free lists, slabs and counters (hologram/csrc/native.c). Its functions run
+        # The free lists, slabs and counters (hologram/csrc/pool.c). Its functions run
         # under the GIL and never call back into Python midway, which makes them atomic:
         # the GIL is the pool's lock, and a fork never sees a half-updated pool.
         self._core = PoolCore()

@@ -420,7 +420,7 @@ class _Executable(Executable):
         return run
 
     def native_plan(self) -> tuple | bool | None:
-        """How native code may launch this program without Python (hologram/csrc/native.c's
+        """How native code may launch this program without Python (hologram/csrc/launcher.c's
         Launcher, which every launch goes through): ``(pointer array length, slot of each
         parameter, steps)`` when every step is a kernel call, which is what :meth:`launch`
         would do: ``(kernel address, rows)``, one call ``kernel(pointers, 0, rows)`` on the
