@@ -291,7 +291,10 @@ def _flush(reason: str) -> None:
     # the compiled program can write them in place (_staging).
     staged = tuple(region.out_storage[k] in region.read for k in live)
     aliases = tuple(_aliases(region, k) if stage else () for k, stage in zip(live, staged))
-    key = (tuple(entry.key for entry in region.nodes), region.wiring, live, aliases)
+    # The entries themselves, not their launch keys (long tuples, hashed anew each time):
+    # one entry serves each launch key while the launch cache holds it, and the memo holds
+    # them, so an entry the cache dropped is never mistaken for its successor.
+    key = (tuple(region.nodes), region.wiring, live, aliases)
     memo = _memo.get(key)
     if memo is None:
         memo = _memo[key] = _Memo()

@@ -46,16 +46,7 @@
 namespace {
 
 using Key = std::vector<int64_t>;
-
-struct KeyHash {
-  size_t operator()(const Key& key) const noexcept {
-    uint64_t h = 1469598103934665603ull;  // FNV-1a over the words
-    for (int64_t word : key) {
-      h = (h ^ static_cast<uint64_t>(word)) * 1099511628211ull;
-    }
-    return static_cast<size_t>(h);
-  }
-};
+using KeyHash = hologram_region::WordsHash;
 
 // How a filed call runs.
 struct Entry {
@@ -228,8 +219,10 @@ bool fresh(const Entry& entry, at::Tensor& out, PyObject** lease) {
   return true;
 }
 
-// Run a filed call; false when it must go to the Python kernel after all.
-bool launch(const Entry& entry, const c10::IValue* args, at::Tensor& result) {
+// Run a filed call, or record it in the pending region when recorded execution is on
+// (hologram_torch/lazy.py); false when it must go to the Python kernel after all (which
+// records through Python, running the region first where a hazard requires it).
+bool run(const Entry& entry, const c10::IValue* args, at::Tensor& result) {
   if (entry.written >= 0) {
     result = args[entry.written].toTensor();
     if (overlaps(result, args, entry)) {
@@ -241,45 +234,27 @@ bool launch(const Entry& entry, const c10::IValue* args, at::Tensor& result) {
       return false;
     }
   }
-  void* out = result.data_ptr();
-  if (entry.launcher != Py_None) {
-    c10::SmallVector<void*, 8> addresses;
-    for (int pos : entry.operands) {
-      addresses.push_back(args[pos].toTensor().data_ptr());
-    }
-    addresses.push_back(out);
-    if (g_api->launch(entry.launcher, addresses.data(),
-                      static_cast<Py_ssize_t>(addresses.size())) < 0) {
-      throw pybind11::error_already_set();  // the result (and its lease) dies with it
-    }
-  }
-  return true;
-}
-
-// Record a filed call in the pending region (hologram_torch/lazy.py) instead of launching
-// it; false when it must go to the Python kernel after all (which records it through
-// Python, running the region first where a hazard requires it).
-bool record(const Entry& entry, const c10::IValue* args, at::Tensor& result) {
-  if (entry.written >= 0) {
-    result = args[entry.written].toTensor();
-    if (overlaps(result, args, entry)) {
-      return false;
-    }
-  } else {
-    PyObject* lease;  // owned by the result's storage from here
-    if (!fresh(entry, result, &lease)) {
-      return false;
-    }
-  }
-  if (entry.launcher == Py_None) {
+  if (entry.launcher == Py_None) {  // nothing to compute
     return true;
   }
-  std::vector<at::Tensor> operands;
-  operands.reserve(entry.operands.size());
-  for (int pos : entry.operands) {
-    operands.push_back(args[pos].toTensor());
+  if (hologram_region::recording()) {
+    std::vector<at::Tensor> operands;
+    operands.reserve(entry.operands.size());
+    for (int pos : entry.operands) {
+      operands.push_back(args[pos].toTensor());
+    }
+    return hologram_region::record(entry.node, operands, {result}, entry.written >= 0);
   }
-  return hologram_region::record(entry.node, operands, {result}, entry.written >= 0);
+  c10::SmallVector<void*, 8> addresses;
+  for (int pos : entry.operands) {
+    addresses.push_back(args[pos].toTensor().data_ptr());
+  }
+  addresses.push_back(result.data_ptr());
+  if (g_api->launch(entry.launcher, addresses.data(),
+                    static_cast<Py_ssize_t>(addresses.size())) < 0) {
+    throw pybind11::error_already_set();  // the result (and its lease) dies with it
+  }
+  return true;
 }
 
 // The Python kernel's arguments: positional ones, and keyword-only ones by name. A dtype
@@ -334,9 +309,7 @@ void front(const c10::OperatorHandle& handle, c10::DispatchKeySet, torch::jit::S
   at::Tensor result;
   if (keyed) {
     auto found = op->entries.find(scratch);
-    if (found != op->entries.end() &&
-        (hologram_region::recording() ? record(found->second, args, result)
-                                      : launch(found->second, args, result))) {
+    if (found != op->entries.end() && run(found->second, args, result)) {
       ++g_hits;
       torch::jit::drop(*stack, n);
       torch::jit::push(*stack, std::move(result));

@@ -574,17 +574,7 @@ PyObject* record_rows(PyObject*, PyObject* const* args, Py_ssize_t n) {
 // row and operand a tensor's device, dtype, sizes and strides or a number's kind.
 using RowsKey = std::vector<int64_t>;
 
-struct RowsKeyHash {
-  size_t operator()(const RowsKey& key) const noexcept {
-    uint64_t h = 1469598103934665603ull;  // FNV-1a over the words
-    for (int64_t word : key) {
-      h = (h ^ static_cast<uint64_t>(word)) * 1099511628211ull;
-    }
-    return static_cast<size_t>(h);
-  }
-};
-
-std::unordered_map<RowsKey, PyObject*, RowsKeyHash> g_rows;  // strong values
+std::unordered_map<RowsKey, PyObject*, hologram_region::WordsHash> g_rows;  // strong values
 constexpr size_t kMaxRows = 4096;
 
 // The signature of `rows` (a tuple of operand tuples) for op `op`; false (no error set)

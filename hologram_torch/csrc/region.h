@@ -5,9 +5,22 @@
 #include <ATen/core/Tensor.h>
 #include <Python.h>
 
+#include <cstddef>
+#include <cstdint>
 #include <vector>
 
 namespace hologram_region {
+
+// FNV-1a over a key's words: the hash of the native tables keyed by call signatures.
+struct WordsHash {
+  size_t operator()(const std::vector<int64_t>& key) const noexcept {
+    uint64_t h = 1469598103934665603ull;
+    for (int64_t word : key) {
+      h = (h ^ static_cast<uint64_t>(word)) * 1099511628211ull;
+    }
+    return static_cast<size_t>(h);
+  }
+};
 
 // Is recorded execution on (and not paused by a running region)?
 bool recording();
