@@ -82,12 +82,35 @@ static int64_t pieces_threads, pieces_chunks;
 static parallel_fn pieces_parallel;
 static PyObject *pieces_environ, *pieces_key, *pieces_seen;
 
-/* threads._pieces, for a known thread count n. */
+/* Into how many pieces `total` items go on `threads` threads, pieces of at least `grain`
+ * items, up to `per_thread` each: total / grain when that is fewer than the threads (at
+ * least 1; 0 for no items), else a multiple of the threads. The one statement of the
+ * rule: the cpu backend's threads.chunk_count is this function (module chunk_count). */
+int64_t chunk_count(int64_t total, int64_t grain, int64_t threads, int64_t per_thread)
+{
+    if (total <= 0)
+        return 0;
+    grain = grain > 1 ? grain : 1;
+    threads = threads > 1 ? threads : 1;
+    int64_t fits = total / grain;
+    if (fits < threads)
+        return fits > 1 ? fits : 1;
+    int64_t each = per_thread < fits / threads ? per_thread : fits / threads;
+    return threads * (each > 1 ? each : 1);
+}
+
+PyObject *chunk_count_py(PyObject *module, PyObject *args)
+{
+    long long total, grain, threads, per_thread = 1;
+    if (!PyArg_ParseTuple(args, "LLL|L", &total, &grain, &threads, &per_thread))
+        return NULL;
+    return PyLong_FromLongLong(chunk_count(total, grain, threads, per_thread));
+}
+
+/* threads._pieces, for a known thread count n (a step has rows: total > 0). */
 static void split(int64_t total, int64_t grain, int64_t n, int64_t *count)
 {
-    int64_t fits = total / grain;
-    *count = fits >= n ? n * (pieces_chunks < fits / n ? pieces_chunks : fits / n)
-                       : (fits > 1 ? fits : 1);
+    *count = total > 0 ? chunk_count(total, grain, n, pieces_chunks) : 1;
 }
 
 /* How a step of `total` rows and `grain` runs on the pool: 0 with *fn, *count, *helpers

@@ -88,6 +88,9 @@ static PyMethodDef module_methods[] = {
      "element must lie in [0, bound) for a call to launch here (else the general path "
      "runs it)"},
     {"size_class", size_class_py, METH_O, "size_class(nbytes) -> (index or -1, class bytes)"},
+    {"chunk_count", chunk_count_py, METH_VARARGS,
+     "chunk_count(total, grain, threads, per_thread=1) -> how many pieces a split launch "
+     "makes (hologram.backends.cpu.threads.chunk_count; total >= 0)"},
     {NULL},
 };
 

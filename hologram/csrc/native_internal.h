@@ -147,6 +147,9 @@ HG_INTERNAL int launcher_run(Launcher *l, void *const *addresses, Py_ssize_t n,
                              PyObject *handles);
 HG_INTERNAL PyObject *forget_pieces(PyObject *module, PyObject *unused);
 HG_INTERNAL PyObject *set_parallel(PyObject *module, PyObject *args);
+HG_INTERNAL int64_t chunk_count(int64_t total, int64_t grain, int64_t threads,
+                                int64_t per_thread);
+HG_INTERNAL PyObject *chunk_count_py(PyObject *module, PyObject *args);
 
 /* --- fastop.c: the SDK ops' allocating fast path ---------------------------------------- */
 

@@ -40,6 +40,7 @@ import threading
 from collections.abc import Callable
 
 from hologram import config
+from hologram._native import chunk_count as _chunk_count
 from hologram._native import forget_pieces, set_parallel
 from hologram.backends.cpu import workers
 from hologram.config import available_cores as _available_cores
@@ -102,13 +103,9 @@ def chunk_count(total: int, grain: int, threads: int, per_thread: int = 1) -> in
     finish together."""
     if total < 0:
         raise HologramError(f"chunks: total={total} must be >= 0")
-    if total == 0:
-        return 0
-    grain, threads = max(grain, 1), max(threads, 1)
-    fits = total // grain
-    if fits < threads:
-        return max(1, fits)
-    return threads * max(1, min(per_thread, fits // threads))
+    # The rule is native code's (hologram/csrc/launcher.c), which launches split kernels
+    # by it without asking Python.
+    return _chunk_count(total, grain, threads, per_thread)
 
 
 class _Worker:
@@ -265,10 +262,8 @@ def min_chunk_work() -> int:
 
 def _pieces(total: int, grain: int, n: int) -> tuple[int, int]:
     """(chunk count, helper workers) of a call on native workers: ``CHUNKS_PER_THREAD``
-    pieces per thread where the work allows (chunk_count(total, grain, n,
-    CHUNKS_PER_THREAD), inlined)."""
-    fits = total // grain
-    return (n * min(CHUNKS_PER_THREAD, fits // n) if fits >= n else max(fits, 1)), n - 1
+    pieces per thread where the work allows (:func:`chunk_count`; one for no rows)."""
+    return (_chunk_count(total, grain, n, CHUNKS_PER_THREAD) if total > 0 else 1), n - 1
 
 
 def native_pieces(total: int, grain: int) -> tuple[int, int, int] | None:
