@@ -32,8 +32,8 @@ $(VENV_PY):
 # Without them it prints why, and the device runs on its Python hooks.
 BUILD_NATIVE_HOOKS := $(VENV_PY) -c "import hologram_torch.native as n; n.report()"
 
-# setup.py and the C source: pip compiles hologram/csrc/native.c into hologram/_native*.so.
-NATIVE_SOURCES := setup.py hologram/csrc/native.c hologram/csrc/native_api.h
+# setup.py and the C sources: pip compiles hologram/csrc/*.c into hologram/_native*.so.
+NATIVE_SOURCES := setup.py $(wildcard hologram/csrc/*.c hologram/csrc/*.h)
 
 # The distribution was named "hologram" before 0.2.0 (on the package index that name is
 # an unrelated project's): a venv made then has it beside hologram-tensor; remove it first.
