@@ -24,10 +24,17 @@ learning rate or a step count that changes every step never recompiles. Results 
 by the region whose storage is already gone (temporaries) are not written by the fused
 program at all.
 
+The region itself lives in the device's native library (``csrc/region.cpp``): the front
+kernels of the hot ops record their filed calls there without reaching Python, the other
+kernels through :func:`record` (one native call), foreach calls through
+:func:`record_rows`. This module decides the rest: when a region runs, the memo of fused
+programs, staging.
+
 Hazards. A node reads a tensor whose storage a pending node writes: exactly that tensor,
-or any view of a contiguous write of the same dtype, becomes a value in the fused
-program; another view (of a strided write) cuts the region first, and so does a node
-writing another view of a storage a pending node writes. Results written over memory the
+or any view of a dense write (contiguous, channels_last, transposed) of the same dtype,
+becomes a value in the fused program; another view cuts the region first, and so does a
+node writing another view of a storage a pending node writes (unless it is the same
+memory whole, through a reshape). Results written over memory the
 region also reads (in-place updates: an optimizer's) are written in place when the
 compiled kernels read that memory only before the kernel that writes it, or in it at the
 written element itself (:func:`_staging`); otherwise they are *staged*: written to
