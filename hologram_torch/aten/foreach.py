@@ -125,8 +125,8 @@ def _each(name, self, *others, inplace):
         else:
             results.append(_pointwise(name, fn, (x, *rest), x.dtype))
     if lazy.active():  # file the rows' entries for _recorded
-        entries = tuple(program.entry(name, (_spec(fn, row[0].dtype),), row,
-                                      (row[0],) if inplace else None) for row in rows)
+        entries = tuple(program.used_entry(name, (_spec(fn, row[0].dtype),), row,
+                                           (row[0],) if inplace else None) for row in rows)
         if all(e is not None and e.launch is not None for e in entries):
             lazy.file_rows(_OPS.setdefault((name, inplace), len(_OPS)), rows, entries)
     return None if inplace else results

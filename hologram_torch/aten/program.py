@@ -160,24 +160,18 @@ def remember(shortcut: tuple, name: str, static: tuple, args: Sequence,
     operands (and, with ``out``, the layout of ``out``: its launch writes there), and with
     the native front kernel running this call, if any (``result``: what the launch
     produced, :func:`native.file_fast`)."""
-    key = [name, static, _state["backend"], False]
-    for x in args:
-        if isinstance(x, torch.Tensor) and not x.is_cpu:
-            key.append((x.dtype, x.shape, x.stride()))
-        elif type(x) in _NUMBER:  # as run() keys a number: by its type
-            key.append(type(x))
-        else:
-            return
-    if out is not None:
-        key.append(tuple((o.dtype, o.shape, o.stride()) for o in out))
-    entry = _LAUNCHES.get(tuple(key))
+    # (only device tensors and numbers: a filed call's operands are those)
+    if not all(type(x) in _NUMBER if not isinstance(x, torch.Tensor) else not x.is_cpu
+               for x in args):
+        return
+    entry = used_entry(name, static, args, out)
     if entry is not None and entry.single and (out is None or entry.launch is not None):
         shortcuts.put(shortcut, entry)
         native.file_fast(entry, tuple(args), result, out is not None)
 
 
-def entry(name: str, static: tuple, args: Sequence,
-          out: Sequence[torch.Tensor] | None = None) -> _Entry | None:
+def used_entry(name: str, static: tuple, args: Sequence,
+               out: Sequence[torch.Tensor] | None = None) -> _Entry | None:
     """The entry :func:`run` used (or would use) for these arguments, if compiled."""
     key = [name, static, _state["backend"], False]
     for x in args:
