@@ -727,3 +727,76 @@ def test_byte_masks_refused_as_pytorch_without_a_fallback_warning(name):
                 fn(device)
         outcomes.append((str(info.value), [str(w.message) for w in caught]))
     assert outcomes[1] == outcomes[0]
+
+
+# --- writes into a slice: slice_scatter, select_scatter and autograd's backward ops ------
+
+SLICES = [(0, 1, 3, 1), (1, -4, None, 2), (2, 0, 5, 3), (1, 2, 2, 1), (1, 5, 100, 1),
+          (2, None, None, 1), (0, -1, None, 1)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_slice_and_select_writes_and_their_gradients_match_pytorch(dtype):
+    """``slice_scatter``/``select_scatter`` and ``slice_backward``/``select_backward``
+    (one program each: the gradient among zeros, never a fill and a copy into a view) bit
+    for bit, every step, empty slices, a source of another dtype and a transposed one."""
+    x = make((4, 6, 5), dtype)
+    same = same_bits
+    with fallbacks() as ran:
+        for seed, (dim, start, end, step) in enumerate(SLICES):
+            shape = x[(slice(None),) * dim + (slice(start, end, step),)].shape
+            src = make(shape, dtype, seed + 1)
+            same(torch.slice_scatter(dev(x), dev(src), dim, start, end, step),
+                 torch.slice_scatter(x, src, dim, start, end, step))
+            args = (list(x.shape), dim, 0 if start is None else start,
+                    2**62 if end is None else end, step)
+            same(torch.ops.aten.slice_backward(dev(src), *args),
+                 torch.ops.aten.slice_backward(src, *args))
+        for seed, (dim, index) in enumerate([(0, 2), (1, -1), (2, 0)]):
+            src = make(x.select(dim, index).shape, dtype, seed + 9)
+            same(torch.select_scatter(dev(x), dev(src), dim, index),
+                 torch.select_scatter(x, src, dim, index))
+            same(torch.ops.aten.select_backward(dev(src), list(x.shape), dim, index),
+                 torch.ops.aten.select_backward(src, list(x.shape), dim, index))
+        base, src = make((6, 5), dtype), make((3, 6), dtype, 20).t()  # a strided source
+        same(torch.slice_scatter(dev(base), dev(src), 1, 1, 4),
+             torch.slice_scatter(base, src, 1, 1, 4))
+        wide = make((6, 3), torch.float64, 21)  # cast to self's dtype, as torch does
+        if dtype.is_floating_point:
+            same(torch.slice_scatter(dev(base), dev(wide), 1, 0, 3),
+                 torch.slice_scatter(base, wide, 1, 0, 3))
+    assert ran == []
+
+
+def test_slice_writes_refuse_what_pytorch_refuses():
+    x = torch.zeros(5, 6)
+    for fn in (lambda t, s: torch.slice_scatter(t, s, 1, 0, 3),
+               lambda t, s: torch.select_scatter(t, s[:, 0], 1, 9)):
+        outcomes = []
+        for device in ("cpu", D):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", hologram_torch.FallbackWarning)
+                with pytest.raises((RuntimeError, IndexError)) as info:
+                    fn(x.to(device), torch.ones(5, 2, device=device))
+            outcomes.append((type(info.value), str(info.value)))
+        assert outcomes[1] == outcomes[0]
+
+
+def test_attention_gradients_through_select_run_on_the_device():
+    """Multi-head attention splits its packed projection with ``select``; the gradient
+    goes back through ``select_backward``, a device kernel (no CPU fallback), as does
+    its softmax (``_safe_softmax``)."""
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+    x = torch.randn(2, 5, 8)
+    grads = []
+    for device in ("cpu", D):
+        m = mha.to(device)
+        xd = x.detach().to(device).requires_grad_()
+        with fallbacks() as ran:
+            m(xd, xd, xd, need_weights=False)[0].sum().backward()
+        assert ran == []
+        grads.append([xd.grad.cpu(), m.in_proj_weight.grad.cpu()])
+        m.zero_grad()
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

@@ -203,6 +203,38 @@ def test_views_of_dense_results_and_whole_reshaped_writes_do_not_cut():
     matches_eager(run)
 
 
+def test_an_attention_training_step_is_one_region():
+    """A transformer layer's step (attention splits its packed projection with
+    ``select``: the gradient is ``select_backward``, one program, not a fill and copies
+    into views) records into one region, cut only at the synchronize; the loss and
+    weights as eager gives them."""
+    def run():
+        torch.manual_seed(0)
+        layer = torch.nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0,
+                                                 batch_first=True).to(DEV)
+        opt = torch.optim.Adam(layer.parameters(), lr=1e-2)
+        x = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(1)).to(DEV)
+        losses = []
+        for _ in range(3):
+            torch.hologram.synchronize()
+            lazy.reset_stats()
+            opt.zero_grad()
+            loss = layer(x).square().mean()
+            loss.backward()
+            opt.step()
+            torch.hologram.synchronize()
+            if lazy.active():
+                assert lazy.stats()["cuts"] == {"synchronize": 1}, lazy.stats()
+            losses.append(loss.detach())
+        return (*losses, *(p.detach() for p in layer.parameters()))
+
+    with hologram_torch.set_lazy(False):
+        want = run()
+    for got in repeat(run, 2):
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a.cpu(), b.cpu(), rtol=1e-5, atol=1e-6)
+
+
 def test_foreach_calls_seen_before_record_their_rows_straight_away():
     """An optimizer's foreach calls: from the second call of a signature the rows are
     recorded without the per-row kernels (their scalar lists change every step: runtime

@@ -289,6 +289,22 @@ def test_softmax(dtype):
     same(lambda a: F.softmax(a, 1), torch.full((2, 3), -math.inf, dtype=dtype))
 
 
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_safe_softmax_zeroes_rows_of_only_minus_infinity(dtype):
+    """Attention's softmax (``_safe_softmax``): one device program whose fully masked
+    rows are zeros, not NaN; a NaN row stays NaN; ``dtype=`` converts first."""
+    safe = torch.ops.aten._safe_softmax
+    inf = math.inf
+    rows = torch.tensor([[-inf, -inf, -inf], [1.0, 2.0, -inf], [math.nan, -inf, -inf],
+                         [0.0, -0.0, 1e-40]], dtype=dtype)
+    for x in (rows, _make((3, 4, 5), dtype), torch.tensor(-inf, dtype=dtype),
+              torch.empty(2, 0, 3, dtype=dtype), _make((6, 4), dtype).t()):
+        for dim in range(-max(x.dim(), 1), max(x.dim(), 1)):
+            same(lambda a, dim=dim: safe(a, dim), x, native=["_safe_softmax.default"])
+    same(lambda a: safe(a, 1, torch.float64), rows)
+    same(lambda a: safe(a, 1), rows.double(), grad=True)
+
+
 def test_softmax_gradients():
     x = _make((3, 4), torch.float64)
     same(lambda a: F.softmax(a, 1), x, grad=True, native=["_softmax_backward_data.default"])

@@ -85,6 +85,7 @@ def _register_softmax(name: str) -> None:
 
 _register_softmax("_softmax")
 _register_softmax("_log_softmax")
+lowered.register("_safe_softmax")  # attention's softmax: one program instead of four ops
 
 
 # --- losses -------------------------------------------------------------------------------

@@ -156,6 +156,18 @@ def log_softmax_int(g, self, dim, dtype=None):
     return log_softmax(g, self if dtype is None else cast(self, isa(dtype)), dim)
 
 
+@register(aten._safe_softmax.default)
+def safe_softmax(g, self, dim, dtype=None):
+    """Softmax whose rows of only ``-inf`` are zeros, not NaN (attention's fully masked
+    rows): one program, where torch's kernel is four ops."""
+    y = softmax_int(g, self, dim, dtype)
+    axis = _axis(self, dim)
+    (x,) = _rows(self)
+    masked = g.reduce("min", cast(g.binary("eq", x, -math.inf), dt.int32), axis, True)
+    y = g.where(g.binary("eq", masked, 1), 0.0, y.reshape(*x.shape))
+    return y.reshape(*self.shape)
+
+
 # --- pointwise losses ---------------------------------------------------------------------
 # Each loss is f(d) of d = input - target and a parameter, and its gradient f'(d); the
 # comparisons are torch's own (strict in the forward, inclusive in the backward). ``r``

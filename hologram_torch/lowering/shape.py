@@ -1,7 +1,8 @@
 """Joining and index-based selection and writes: ``cat``, ``index.Tensor`` (advanced
 indexing), ``index_select``, ``gather``; ``index_put``, ``scatter`` (``src``, ``value``
 and ``reduce=`` forms), ``scatter_add``, ``scatter_reduce`` (``.two``), ``index_add``,
-``index_copy``, ``index_fill``; ``arange``.
+``index_copy``, ``index_fill``; ``slice_scatter``, ``select_scatter`` and their
+gradients ``slice_backward``, ``select_backward``; ``arange``.
 
 ``cat`` is one program: a kernel per non-empty input stores it (cast to the promoted
 dtype) into its slice of a temporary; the output kernel writes that to the result.
@@ -93,6 +94,68 @@ def cat(g, tensors, dim=0):
             k.store(part.buffer, value, part.offset, part.strides, part.shape)
         start += n
     return g.copy(joined)
+
+
+# --- writes into a slice (the autograd of slicing) ----------------------------------
+
+def _zeros(g, dtype, shape):
+    return cast(g.arange(1), dtype)[0].broadcast_to(tuple(shape))
+
+
+@register(aten.slice_scatter.default)
+def slice_scatter(g, self, src, dim=0, start=None, end=None, step=1):
+    """``self`` with ``self[..., start:end:step, ...]`` (along ``dim``) replaced by ``src``,
+    cast to ``self``'s dtype. A unit step (or a single position) is a ``cat`` of
+    ``self``'s two sides and ``src``, elementwise and so fused with its neighbours; a
+    longer step is the ISA's scatter at the computed positions."""
+    if step <= 0 or self.ndim == 0:
+        raise Unsupported("slice_scatter of a 0-d tensor or with a step below 1")  # torch
+    d = _dim(self, dim)
+    n = self.shape[d]
+    start = 0 if start is None else min(max(start + n if start < 0 else start, 0), n)
+    end = n if end is None else min(max(end + n if end < 0 else end, 0), n)
+    count = len(range(start, end, step))
+    if src.shape != self.shape[:d] + (count,) + self.shape[d + 1:]:
+        raise Unsupported("slice_scatter: src is not the slice's shape")  # torch raises
+    if src.dtype is not self.dtype:
+        src = cast(src, self.dtype)
+    if count == 0:
+        return g.copy(self)
+    if step == 1 or count == 1:
+        lead = (slice(None),) * d
+        return cat(g, [self[lead + (slice(0, start),)], src,
+                       self[lead + (slice(start + count, n),)]], d)
+    at = g.binary("add", g.binary("mul", g.arange(count), step), start)
+    at = at.reshape(count, *(1,) * (self.ndim - d - 1))
+    coords = tuple(at if a == d else a for a in range(self.ndim))
+    return g.scatter(self, coords, src, src.shape)
+
+
+@register(aten.select_scatter.default)
+def select_scatter(g, self, src, dim, index):
+    """``self`` with ``self.select(dim, index)`` replaced by ``src``."""
+    d = _dim(self, dim)
+    n = self.shape[d]
+    if not -n <= index < n or src.shape != self.shape[:d] + self.shape[d + 1:]:
+        raise Unsupported("select_scatter: index out of range or src of another shape")
+    index %= n
+    src = src._view(src.shape[:d] + (1,) + src.shape[d:],
+                    src.strides[:d] + (0,) + src.strides[d:], src.offset)
+    return slice_scatter(g, self, src, d, index, index + 1)
+
+
+@register(aten.slice_backward.default)
+def slice_backward(g, grad_output, input_sizes, dim, start, end, step):
+    """The gradient of ``slice``: ``grad_output`` in its place among zeros."""
+    zeros = _zeros(g, grad_output.dtype, input_sizes)
+    return slice_scatter(g, zeros, grad_output, dim, start, end, step)
+
+
+@register(aten.select_backward.default)
+def select_backward(g, grad_output, input_sizes, dim, index):
+    """The gradient of ``select``: ``grad_output`` in its place among zeros."""
+    return select_scatter(g, _zeros(g, grad_output.dtype, input_sizes), grad_output, dim,
+                          index)
 
 
 # --- selection (the ISA's gather) ------------------------------------------------------
