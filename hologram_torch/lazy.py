@@ -44,8 +44,11 @@ Errors a launch raises surface at the cut, with the recorded ops named (PyTorch'
 device reports asynchronous errors the same way). ``HOLOGRAM_LAZY=0`` (the default for
 now) runs op by op, for debugging.
 
-One region serves the process, under a lock: autograd's device thread records the
-backward ops into the region the forward ops are in.
+One region serves the process: autograd's device thread records the backward ops into
+the region the forward ops are in, and threads that use the device at once record into
+it together. A region runs under a lock, held until its launch returns (which lets go of
+the GIL while kernels run); a host access to device memory, a synchronize and the next
+region wait for it, so another thread never reads memory a running region writes.
 """
 
 from __future__ import annotations
@@ -138,25 +141,38 @@ def untouched(x: torch.Tensor | torch.UntypedStorage) -> bool:
     """Does the pending region neither read nor write the storage of ``x`` (a tensor or a
     storage)? The host may then read or write it at once, before whatever is recorded
     next, without running the region (a memset, a CPU kernel's operand)."""
-    if _native is None or not _native["pending"]():
+    if _idle():
         return True
-    st = x if isinstance(x, torch.UntypedStorage) else x.untyped_storage()
-    return not _native["touched"](st.data_ptr(), False)
+    with _lock:  # (a region another thread is running has finished)
+        if not _native["pending"]():
+            return True
+        st = x if isinstance(x, torch.UntypedStorage) else x.untyped_storage()
+        return not _native["touched"](st.data_ptr(), False)
 
 
 def unwritten(x: torch.Tensor) -> bool:
     """Does the pending region not write ``x``'s storage? The host may then read it at
     once."""
-    if _native is None or not _native["pending"]():
+    if _idle():
         return True
-    return not _native["touched"](x.untyped_storage().data_ptr(), True)
+    with _lock:
+        return not _native["pending"]() or \
+            not _native["touched"](x.untyped_storage().data_ptr(), True)
 
 
 def sync(reason: str = "sync") -> None:
-    """Run the pending region (a no-op when nothing is pending)."""
-    if _native is not None and _native["pending"]():
+    """Run the pending region, and wait for one another thread is running."""
+    if not _idle():
         with _lock:
             _flush(reason)
+
+
+def _idle() -> bool:
+    """Nothing pending, and no region can be running: recording is off (switching it off
+    ran the last region, under the lock). Otherwise a region another thread took may
+    still be running (its launch lets go of the GIL) until the lock is free: the host
+    must not touch memory before it has finished, nor run the next region."""
+    return _native is None or not (_state["on"] or _native["pending"]())
 
 
 def set_max_nodes(n: int) -> None:

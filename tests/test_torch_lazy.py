@@ -370,6 +370,55 @@ def test_training_matches_eager_and_compiles_nothing_after_step_three(opt):
     assert lazy.stats()["fused_runs"] > 0
 
 
+def test_threads_using_the_device_at_once_get_eager_results():
+    """Four threads train their own models at once, recording into the process's one
+    region (each op records under its lock; a thread's host read cuts the region, so the
+    others' pending ops run with it): every thread's losses and weights are its eager
+    ones."""
+    import copy
+    import threading
+
+    initial = []
+    for seed in range(4):  # made here: the global generator is shared by the threads
+        torch.manual_seed(seed)
+        initial.append(torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(),
+                                           torch.nn.Linear(16, 1)))
+
+    def train(seed, out):
+        model = copy.deepcopy(initial[seed]).to(DEV)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        g = torch.Generator().manual_seed(seed)
+        losses = []
+        for _ in range(6):
+            x, y = torch.randn(8, 6, generator=g).to(DEV), torch.randn(8, 1, generator=g)
+            loss = torch.nn.functional.mse_loss(model(x), y.to(DEV))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        out[seed] = (losses, [p.detach().cpu() for p in model.parameters()])
+
+    def run_all():
+        out = {}
+        threads = [threading.Thread(target=train, args=(seed, out)) for seed in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return out
+
+    with hologram_torch.set_lazy(False):
+        want = run_all()
+    for _ in range(2):
+        got = run_all()
+        assert lazy.wait_for_compiles(120)
+        for seed in range(4):
+            assert got[seed][0] == pytest.approx(want[seed][0], rel=1e-5)
+            for a, b in zip(got[seed][1], want[seed][1]):
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert lazy.stats()["recorded"] > 0
+
+
 def test_errors_are_raised_at_the_op_as_eagerly():
     a, b = torch.ones(3, device=DEV), torch.ones(4, device=DEV)
     with pytest.raises(RuntimeError, match="must match the size"):
