@@ -14,6 +14,13 @@ backward + ``optimizer.step`` (Adam), on a fixed batch. Cases:
   run zero-copy on CPU memory; Adam stays PyTorch's) against ``torch.nn`` on the CPU.
 - ``transformer``: embedding, 2 ``nn.TransformerEncoderLayer`` (d_model 64, 4 heads, ff 128,
   dropout 0, batch_first), linear head, cross-entropy; batch 16 x sequence 32.
+- ``cnn``: the MobileNet-style CNN of the first-step rows (below), batch 8 of 3x32x32.
+- ``gru``: a GRU language model: embedding 32, one ``nn.GRU`` layer of 64, linear head,
+  cross-entropy; batch 16 x sequence 32.
+
+Then the inference of the same four models: the forward pass in eval mode under
+``torch.no_grad()`` at batch 32 (the outputs read back), the outputs checked against the
+CPU's.
 
 Before timing, two steps from the same initial weights must give the same losses on both
 sides (within 1e-4 relative; the second loss checks the first update), and one warm step
@@ -67,13 +74,20 @@ SIZES = {
     "transformer": {"vocab": 32, "d_model": 64, "heads": 4, "ff": 128, "layers": 2,
                     "batch": 16, "seq": 32},
     "cnn": {"batch": 8, "image": 32, "classes": 10},
+    "gru": {"vocab": 32, "embed": 32, "hidden": 64, "batch": 16, "seq": 32},
 }
+#: The training rows' models, in order (``mlp`` also has a hologram_torch.nn row); then the
+#: inference rows of the same models.
+TRAINING_CASES = ("mlp", "transformer", "cnn", "gru")
+#: The batch of the inference rows (at the full sizes; the tiny ones keep their own).
+INFERENCE_BATCH = 32
 # Small enough for a test: the same code paths, a fraction of the time.
 TINY_SIZES = {
     "mlp": {"features": 16, "hidden": 32, "batch": 8},
     "transformer": {"vocab": 8, "d_model": 16, "heads": 2, "ff": 32, "layers": 1,
                     "batch": 2, "seq": 6},
     "cnn": {"batch": 2, "image": 8, "classes": 3},
+    "gru": {"vocab": 8, "embed": 8, "hidden": 16, "batch": 2, "seq": 6},
 }
 
 
@@ -118,6 +132,21 @@ def _cnn(torch, s):
                          nn.Linear(64, s["classes"]))
 
 
+def _gru(torch, s):
+    """A GRU language model: embedding -> one GRU layer -> vocabulary logits."""
+    class GruModel(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(s["vocab"], s["embed"])
+            self.gru = torch.nn.GRU(s["embed"], s["hidden"], batch_first=True)
+            self.head = torch.nn.Linear(s["hidden"], s["vocab"])
+
+        def forward(self, tokens):
+            return self.head(self.gru(self.embed(tokens))[0])
+
+    return GruModel()
+
+
 def cnn_inputs(torch, s):
     torch.manual_seed(0)
     x = torch.randn(s["batch"], 3, s["image"], s["image"])
@@ -134,14 +163,14 @@ def _case(torch, case: str, s: dict):
         x, y = cnn_inputs(torch, s)
         torch.manual_seed(1)
         return _cnn(torch, s), torch.nn.functional.cross_entropy, x, y
-    x, y = transformer_inputs(torch, s)
+    x, y = transformer_inputs(torch, s)  # token ids: the transformer's and the GRU's
     torch.manual_seed(1)
 
     def loss_fn(logits, target):
         return torch.nn.functional.cross_entropy(logits.reshape(-1, s["vocab"]),
                                                  target.reshape(-1))
 
-    return _token_model(torch, s), loss_fn, x, y
+    return (_gru if case == "gru" else _token_model)(torch, s), loss_fn, x, y
 
 
 def _stepper(torch, model, loss_fn, x, y):
@@ -318,7 +347,7 @@ def bench_mlp(torch, settings, s) -> list[dict]:
 
     (dev_us, hg_us, cpu_us), (dev_best, hg_best, cpu_best) = _interleaved(
         [dev_step, hg_step, cpu_step], settings)
-    label = f"MLP {s['features']}-{s['hidden']}-{s['hidden']}-1, batch {s['batch']}"
+    label = _label("mlp", s)
     return [
         _row(label, _device(), dev_us / 1e3, "CPU eager", cpu_us / 1e3, check,
              _note(fallbacks, kernels), fallbacks, kernels, (dev_best, cpu_best), peak),
@@ -335,22 +364,59 @@ def transformer_inputs(torch, s):
     return x, (x + 1) % s["vocab"]  # predict the next token id
 
 
-def bench_transformer(torch, settings, s) -> list[dict]:
-    x, y = transformer_inputs(torch, s)
-    torch.manual_seed(1)
-    model = _token_model(torch, s)
-    vocab = s["vocab"]
+def _label(case: str, s: dict) -> str:
+    if case == "mlp":
+        return f"MLP {s['features']}-{s['hidden']}-{s['hidden']}-1, batch {s['batch']}"
+    if case == "transformer":
+        return (f"Transformer {s['layers']}x(d {s['d_model']}, {s['heads']} heads, "
+                f"ff {s['ff']}), batch {s['batch']}x{s['seq']}")
+    if case == "cnn":
+        return f"CNN (MobileNet-style), batch {s['batch']}x3x{s['image']}x{s['image']}"
+    return f"GRU LM (embed {s['embed']}, hidden {s['hidden']}), batch {s['batch']}x{s['seq']}"
 
-    def loss_fn(logits, target):
-        return torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), target.reshape(-1))
 
+def bench_model(torch, settings, case: str, s: dict) -> list[dict]:
+    """The device's training step of ``case`` against CPU eager's."""
+    model, loss_fn, x, y = _case(torch, case, s)
     dev_step, cpu_step, check, fallbacks, kernels, peak = _device_case(torch, model, loss_fn,
                                                                         x, y)
     (dev_us, cpu_us), (dev_best, cpu_best) = _interleaved([dev_step, cpu_step], settings)
-    label = (f"Transformer {s['layers']}x(d {s['d_model']}, {s['heads']} heads, ff {s['ff']}), "
-             f"batch {s['batch']}x{s['seq']}")
-    return [_row(label, _device(), dev_us / 1e3, "CPU eager", cpu_us / 1e3, check,
+    return [_row(_label(case, s), _device(), dev_us / 1e3, "CPU eager", cpu_us / 1e3, check,
                  _note(fallbacks, kernels), fallbacks, kernels, (dev_best, cpu_best), peak)]
+
+
+def bench_inference(torch, settings, case: str, s: dict) -> list[dict]:
+    """The forward pass of ``case`` in eval mode under ``torch.no_grad()`` (the outputs
+    read back: synchronized) on the device against CPU eager; the check compares the
+    outputs (1e-4 relative to their largest magnitude)."""
+    model, _, x, _ = _case(torch, case, s)
+    model.eval()
+    device = torch.device("hologram")
+    dev_model, dx = copy.deepcopy(model).to(device), x.to(device)
+
+    def dev_forward():
+        with torch.no_grad():
+            out = dev_model(dx)
+        torch.hologram.synchronize()
+        return out
+
+    def cpu_forward():
+        with torch.no_grad():
+            return model(x)
+
+    want, got = cpu_forward(), dev_forward().cpu()
+    scale = float(want.abs().max()) or 1.0
+    error = float((got - want).abs().max()) / scale
+    check = "ok" if error <= RTOL else f"MISMATCH: max error {error:.3g} of the largest output"
+    from hologram_torch import lazy
+
+    fallbacks, kernels = _one_step_costs(dev_forward)
+    lazy.wait_for_compiles()
+    (dev_us, cpu_us), (dev_best, cpu_best) = _interleaved([dev_forward, cpu_forward],
+                                                          settings)
+    return [_row(f"{_label(case, s)}, inference", _device(), dev_us / 1e3, "CPU eager",
+                 cpu_us / 1e3, check, _note(fallbacks, kernels), fallbacks, kernels,
+                 (dev_best, cpu_best))]
 
 
 def run(quick: bool = False, sizes: dict | None = None) -> dict:
@@ -370,7 +436,11 @@ def run(quick: bool = False, sizes: dict | None = None) -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", hologram_torch.FallbackWarning)
         rows = bench_mlp(torch, settings, sizes["mlp"])
-        rows += bench_transformer(torch, settings, sizes["transformer"])
+        for case in TRAINING_CASES[1:]:
+            rows += bench_model(torch, settings, case, sizes[case])
+        for case in TRAINING_CASES:
+            s = sizes[case] if sizes is not SIZES else dict(sizes[case], batch=INFERENCE_BATCH)
+            rows += bench_inference(torch, settings, case, s)
     load_after = os.getloadavg()
     return {"threads": torch.get_num_threads(),
             "load_average": [round(v, 2) for v in (load_before[0], load_after[0])],
