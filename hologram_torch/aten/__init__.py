@@ -13,6 +13,8 @@ every op with a graph form is its entry in :mod:`hologram_torch.lowering` (launc
 - :mod:`.random`: random draws (the CPU generator, into device memory) and arange
 - :mod:`.conv`: convolutions (PyTorch's CPU kernels, counted as fallbacks)
 - :mod:`.rnn`: the fused LSTM/GRU cells PyTorch picks for the device, from device ops
+- :mod:`.attention`: the inference fast paths of multi-head attention and the transformer
+  encoder layer, from device ops
 - :mod:`.activation`: hardswish and hardsigmoid (with backward)
 - :mod:`.indexing`: tril and triu
 - :mod:`.generate`: linspace, logspace, eye, flip, roll
@@ -23,6 +25,7 @@ every op with a graph form is its entry in :mod:`hologram_torch.lowering` (launc
 
 from hologram_torch.aten import (  # noqa: F401  (importing registers the kernels)
     activation,
+    attention,
     conv,
     elementwise,
     foreach,
