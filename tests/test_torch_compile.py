@@ -264,7 +264,7 @@ def test_dropout_runs_eagerly_between_compiled_regions():
         torch.testing.assert_close(compiled(x), model(x))
 
 
-def test_cnn_convolution_runs_eagerly_the_rest_compiles():
+def test_cnn_compiles_convolutions_included():
     torch.manual_seed(0)
     cnn = torch.nn.Sequential(
         torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Flatten(),
@@ -272,9 +272,8 @@ def test_cnn_convolution_runs_eagerly_the_rest_compiles():
     eager, compiled = run_both(cnn, torch.randn(2, 3, 8, 8))
     assert_same(eager, compiled)
     s = stats()
-    assert s["eager_ops"].get("aten.convolution.default") == 1
-    assert s["eager_ops"].get("aten.convolution_backward.default") == 1
-    assert s["ops_lowered"] > 0 and s["partitions"] >= 2 and s["eager_fallbacks"] == 0
+    # the forward and the backward graph are one program each
+    assert s["eager_ops"] == {} and s["partitions"] == 2 and s["eager_fallbacks"] == 0
 
 
 def test_graph_break():

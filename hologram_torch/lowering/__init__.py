@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from hologram_torch.lowering import (  # noqa: F401 (importing registers the entries)
     activation,
+    conv,
     elementwise,
     foreach,
     generate,
