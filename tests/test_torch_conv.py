@@ -85,6 +85,10 @@ EDGES = {  # name: (transposed, input shape, weight shape, bias, kwargs)
                                           {"stride": 3}),
     "3d depthwise": (False, (1, 4, 4, 5, 3), (4, 1, 2, 3, 1), True,
                      {"padding": (1, 0, 1), "groups": 4}),
+    "padding beyond the dilated kernel": (False, (2, 3, 5, 4), (4, 3, 3, 2), True,
+                                          {"padding": (3, 2)}),
+    "transposed, stride 1, output_padding under the dilation": (
+        True, (2, 3, 5, 5), (3, 4, 3, 3), True, {"dilation": 2, "output_padding": 1}),
     "transposed, batch 1": (True, (1, 3, 4, 4), (3, 2, 3, 3), True,
                             {"stride": 3, "dilation": 2, "output_padding": 1}),
     "transposed, 1x1 kernel": (True, (2, 4, 3, 5), (4, 3, 1, 1), True, {"stride": 2}),

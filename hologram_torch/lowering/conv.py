@@ -2,14 +2,27 @@
 stride, padding, dilation and groups, transposed or not.
 
 A convolution is a product with the input's columns (im2col): the input, zero-padded into
-a temporary, is read through a strided view of shape ``(G, Cg, *kernel, N, *out)`` (one
-window element per kernel offset and output position) and copied contiguously, so that
-``weight (G, Og, Cg*K) @ columns (G, Cg*K, N*out)`` is one batched GEMM that the CPU
-backend hands to BLAS. Its gradients are products too: the weight's is ``grad_out (G, Og,
-N*out) @ columns^T``, the input's is ``weight^T @ grad_out`` (the columns' gradient) added
-back into the padded input's positions by one scatter-add (col2im), the padding sliced
-off. A transposed convolution's forward is that input gradient; its own input gradient is
-the forward convolution of ``grad_out``, its weight gradient the weight gradient with the
+a temporary, is read through a strided view of shape ``(N, G, Cg, *kernel, *out)`` (one
+window element per kernel offset and output position) and copied contiguously (no copy
+for a 1x1 kernel at stride 1 without padding), so that ``weight (Og, Cg*K) @ columns
+(Cg*K, out)`` per sample and group is a batched GEMM that the CPU backend hands to BLAS,
+written straight into the output's layout. Its gradients:
+
+- the weight's, ``grad_out (G, Og, N*out) @ columns^T``: one GEMM per group, both
+  operands copied into those layouts;
+- the input's, at stride 1 (padding within the dilated kernel), the "full" convolution
+  of ``grad_out`` by the weight flipped in space with its channel axes swapped (a forward
+  convolution); otherwise ``weight^T @ grad_out`` per sample and group (the columns'
+  gradient) added back into the padded input's positions by one scatter-add (col2im),
+  the padding sliced off.
+
+Depthwise convolutions (one input channel per group) have products as short as the
+kernel, too short for a GEMM: they are multiplications of the windows by the weight and
+sums over the kernel (forward), over the batch and positions (the weight's gradient), a
+multiplication for the columns' gradient.
+
+A transposed convolution's forward is that input gradient; its own input gradient is the
+forward convolution of ``grad_out``, its weight gradient the weight gradient with the
 roles of input and ``grad_out`` exchanged.
 
 float16/bfloat16 compute in float32 and round once, as torch's CPU kernels do.
@@ -24,7 +37,7 @@ backward are composite ops above these two.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hologram.isa import dtypes as dt
 from hologram_torch.lowering.common import Unsupported, aten, cast, opmath, register
@@ -139,21 +152,33 @@ def _padded(g, x, padding, dtype):
     return out
 
 
-def _columns(g, x, conv: _Conv, out, dtype):
-    """The im2col matrix of ``x`` (N, C, *spatial) for output sizes ``out``: contiguous
-    (G, Cg*K, N*out) in ``dtype``, element ``[g, (c, k), (n, o)]`` the padded input at
-    ``o * stride + k * dilation`` of channel ``g * Cg + c`` of sample ``n``."""
+def _windows(g, x, conv: _Conv, out, dtype):
+    """The windows of ``x`` (N, C, *spatial) for output sizes ``out``: a view of shape (N,
+    G, Cg, *kernel, *out) of the zero-padded input (in ``dtype`` where padded, else ``x``
+    itself), element ``[n, g, c, k, o]`` at ``o * stride + k * dilation`` of channel ``g *
+    Cg + c``. Made contiguous, it is im2col's matrix."""
     xp = _padded(g, x, conv.padding, dtype)
     n, c = x.shape[:2]
     cg = c // conv.groups
     sn, sc, *ss = xp.strides
-    view = xp._view(
-        (conv.groups, cg, *conv.kernel, n, *out),
-        (cg * sc, sc, *(d * s for d, s in zip(conv.dilation, ss)), sn,
+    return xp._view(
+        (n, conv.groups, cg, *conv.kernel, *out),
+        (sn, cg * sc, sc, *(d * s for d, s in zip(conv.dilation, ss)),
          *(st * s for st, s in zip(conv.stride, ss))),
         xp.offset)
-    cols = g.copy(view) if view.dtype is dtype else g.cast(view, dtype)
-    return cols.reshape(conv.groups, cg * math.prod(conv.kernel), n * math.prod(out))
+
+
+def _by_group(t, groups: int):
+    """``t`` (N, G * Cg, *rest) viewed as (N, G, Cg, *rest)."""
+    n, c, *rest = t.shape
+    sn, sc, *ss = t.strides
+    return t._view((n, groups, c // groups, *rest), (sn, c // groups * sc, sc, *ss), t.offset)
+
+
+def _matrices(t, dims: int, dtype):
+    """``t`` (..., *spatial) in ``dtype`` with its last ``dims`` dimensions as one: a copy
+    only where its layout needs one (e.g. im2col's), so that products reach BLAS."""
+    return cast(t, dtype).reshape(*t.shape[:t.ndim - dims], math.prod(t.shape[t.ndim - dims:]))
 
 
 def _grouped(g, w, conv: _Conv, dtype):
@@ -162,39 +187,64 @@ def _grouped(g, w, conv: _Conv, dtype):
     return cast(w, dtype).reshape(conv.groups, o // conv.groups, cg * math.prod(conv.kernel))
 
 
-def _grouped_grad(g, grad_out, groups: int, dtype):
-    """``grad_out`` (N, O, *out) as contiguous (G, Og, N*out) in ``dtype``."""
-    n, o, *out = grad_out.shape
-    sn, so, *ss = grad_out.strides
-    view = grad_out._view((groups, o // groups, n, *out), (o // groups * so, so, sn, *ss),
-                          grad_out.offset)
-    rows = g.copy(view) if view.dtype is dtype else g.cast(view, dtype)
-    return rows.reshape(groups, o // groups, n * math.prod(out))
+def _depthwise(conv: _Conv, cg: int) -> bool:
+    """One input channel per group: the products would be as long as the kernel, too short
+    for a GEMM to pay; these convolutions are multiplications and sums over windows."""
+    return cg == 1 and conv.groups > 1
 
 
 def _forward(g, x, w, conv: _Conv, out, dtype):
     """The convolution of ``x`` by ``w`` (no bias): (N, O, *out) in ``dtype``."""
     n = x.shape[0]
     o = w.shape[0]
+    dims = len(out)
     if n == 0:
         return _zeros(g, dtype, (0, o, *out))
-    product = g.matmul(_grouped(g, w, conv, dtype), _columns(g, x, conv, out, dtype))
-    # (G, Og, N, *out) read as (N, G*Og, *out): G and Og merge into one stride
-    size = math.prod(out)
-    spatial = tuple(math.prod(out[i + 1:]) for i in range(len(out)))
-    return product._view((n, o, *out), (size, n * size, *spatial), product.offset)
+    windows = _windows(g, x, conv, out, dtype)  # (N, G, Cg, *kernel, *out)
+    if _depthwise(conv, w.shape[1]):
+        # out[n, g, j, o] = sum_k w[g, j, k] window[n, g, o, k], for j < O / G
+        m = o // conv.groups
+        windows = windows.permute(0, 1, 2, *range(3 + dims, 3 + 2 * dims),
+                                  *range(3, 3 + dims))
+        windows = windows.broadcast_to((n, conv.groups, m, *out, *conv.kernel))
+        weight = _grouped(g, w, conv, dtype).reshape(conv.groups, m, *(1,) * dims,
+                                                     *conv.kernel)
+        total = g.sum(cast(windows, dtype) * weight, tuple(range(3 + dims, 3 + 2 * dims)))
+        return total.reshape(n, o, *out)
+    # one GEMM per sample and group: weight (Og, Cg*K) @ columns (Cg*K, out), written as
+    # the output's (N, O, out) layout; the columns are copied unless the input's layout
+    # is theirs already (a 1x1 kernel at stride 1 without padding)
+    cols = _matrices(windows, dims, dtype).reshape(n, conv.groups, -1, math.prod(out))
+    product = g.matmul(_grouped(g, w, conv, dtype), cols)
+    return product.reshape(n, o, *out)
 
 
 def _weight_grad(g, x, grad_out, conv: _Conv, dtype):
     """The gradient of the weight (O, Cg, *kernel) of a convolution of ``x`` whose output
     has gradient ``grad_out``, in ``dtype``."""
-    o = grad_out.shape[1]
-    cg = x.shape[1] // conv.groups
-    if x.shape[0] == 0:
+    n, o, *out = grad_out.shape
+    dims = len(out)
+    groups = conv.groups
+    cg = x.shape[1] // groups
+    if n == 0:
         return _zeros(g, dtype, (o, cg, *conv.kernel))
-    cols = _columns(g, x, conv, grad_out.shape[2:], dtype)
-    product = g.matmul(_grouped_grad(g, grad_out, conv.groups, dtype), cols.permute(0, 2, 1))
-    return product.reshape(o, cg, *conv.kernel)
+    windows = _windows(g, x, conv, out, dtype)  # (N, G, Cg, *kernel, *out)
+    if _depthwise(conv, cg):
+        # dw[g, j, k] = sum_{n, o} grad_out[n, g, j, o] window[n, g, o, k]
+        m = o // groups
+        windows = windows.permute(0, 1, 2, *range(3 + dims, 3 + 2 * dims),
+                                  *range(3, 3 + dims))
+        windows = windows.broadcast_to((n, groups, m, *out, *conv.kernel))
+        dy = _by_group(grad_out, groups).reshape(n, groups, m, *out, *(1,) * dims)
+        total = g.sum(cast(windows, dtype) * cast(dy, dtype),
+                      (0, *range(3, 3 + dims)))
+        return total.reshape(o, 1, *conv.kernel)
+    # (G, Og, N*out) @ (G, N*out, Cg*K): both operands copied into those layouts
+    dy = _by_group(grad_out, groups).permute(1, 2, 0, *range(3, 3 + dims))
+    dy = _matrices(dy, dims + 1, dtype)
+    cols = windows.permute(1, 2, *range(3, 3 + dims), 0, *range(3 + dims, 3 + 2 * dims))
+    cols = _matrices(cols, dims + 1, dtype).reshape(groups, -1, n * math.prod(out))
+    return g.matmul(dy, cols.permute(0, 2, 1)).reshape(o, cg, *conv.kernel)
 
 
 def _input_grad(g, grad_out, w, conv: _Conv, sizes, dtype):
@@ -202,27 +252,54 @@ def _input_grad(g, grad_out, w, conv: _Conv, sizes, dtype):
     gradient ``grad_out``, in ``dtype``: the columns' gradient, then col2im (one
     scatter-add into the padded input; windows overlap where the stride is below the
     dilated kernel)."""
-    n, _, *out = grad_out.shape
+    n, o, *out = grad_out.shape
+    dims = len(out)
     groups = conv.groups
     cg = w.shape[1]
     if n == 0:
         return _zeros(g, dtype, (0, groups * cg, *sizes))
-    weight = _grouped(g, w, conv, dtype).permute(0, 2, 1)
-    cols = g.matmul(weight, _grouped_grad(g, grad_out, groups, dtype))
-    dims = len(sizes)
-    shape = (groups, cg, *conv.kernel, n, *out)
-    cols = cols.reshape(*shape)
+    full = replace(conv, padding=tuple(d * (k - 1) - p for k, p, d in zip(
+        conv.kernel, conv.padding, conv.dilation)))
+    if conv.stride == (1,) * dims and min(full.padding) >= 0 and \
+            full.out_sizes(out) == tuple(sizes):
+        # At stride 1 the gradient is the "full" convolution of grad_out by the weight
+        # flipped in space, its channel axes swapped within each group: a forward
+        # convolution, with no scatter.
+        grouped = w._view((groups, o // groups, cg, *conv.kernel),
+                          (o // groups * w.strides[0], *w.strides), w.offset)
+        flipped = grouped.permute(0, 2, 1, *range(3, 3 + dims))[
+            (slice(None),) * 3 + (slice(None, None, -1),) * dims]
+        flipped = flipped.reshape(groups * cg, o // groups, *conv.kernel)
+        return _forward(g, grad_out, flipped, full, tuple(sizes), dtype)
+    dy = _by_group(grad_out, groups)  # (N, G, Og, *out)
+    if _depthwise(conv, cg):
+        # dcols[n, g, 0, k, o] = sum_j w[g, j, k] grad_out[n, g, j, o]
+        m = o // groups
+        weight = _grouped(g, w, conv, dtype).permute(0, 2, 1)  # (G, K, m)
+        weight = weight.reshape(groups, 1, *conv.kernel, *(1,) * dims, m)
+        dy = dy.permute(0, 1, *range(3, 3 + dims), 2)
+        dy = dy._view((n, groups, 1, *(1,) * dims, *out, m),
+                      (*dy.strides[:2], 0, *(0,) * dims, *dy.strides[2:]), dy.offset)
+        cols = cast(dy, dtype) * weight
+        cols = g.sum(cols, cols.ndim - 1) if m > 1 else cols.reshape(*cols.shape[:-1])
+    else:
+        # one GEMM per sample and group: weight^T (Cg*K, Og) @ grad_out (Og, out)
+        weight = _grouped(g, w, conv, dtype).permute(0, 2, 1)
+        cols = g.matmul(weight, _matrices(dy, dims, dtype))
+        cols = cols.reshape(n, groups, cg, *conv.kernel, *out)
+    if conv.kernel == (1,) * dims and conv.stride == (1,) * dims and not any(conv.padding):
+        return cols.reshape(n, groups * cg, *sizes)  # each window is one input element
     padded = tuple(s + 2 * p for s, p in zip(sizes, conv.padding))
     coords = []
     for i in range(dims):
-        # o * stride + k * dilation, k at axis 2 + i and o at axis 3 + dims + i
+        # o * stride + k * dilation, k at axis 3 + i and o at axis 3 + dims + i
         k = g.binary("mul", g.arange(conv.kernel[i]), conv.dilation[i])
         o = g.binary("mul", g.arange(out[i]), conv.stride[i])
-        k = k.reshape(conv.kernel[i], *(1,) * (dims - 1 - i + 1 + dims))
+        k = k.reshape(conv.kernel[i], *(1,) * (2 * dims - 1 - i))
         o = o.reshape(out[i], *(1,) * (dims - 1 - i))
         coords.append(k + o)
     target = _zeros(g, dtype, (n, groups, cg, *padded))
-    summed = g.scatter(target, (2 + dims, 0, 1, *coords), cols, shape, mode="add")
+    summed = g.scatter(target, (0, 1, 2, *coords), cols, cols.shape, mode="add")
     summed = summed.reshape(n, groups * cg, *padded)
     return summed[(slice(None), slice(None))
                   + tuple(slice(p, p + s) for s, p in zip(sizes, conv.padding))]
