@@ -58,6 +58,26 @@ def test_native_hooks_active_wherever_they_can_be_built():
 
 
 @needs_native
+def test_the_device_guard_is_native():
+    """Ops taking a device guard (a linear layer's: about 30 guard calls) never call into
+    Python for it (torch's Python guard asks Python for the device type every time), and
+    the guard answers as the Python one did: hologram:0, its default stream."""
+    import cProfile
+    import pstats
+
+    x, w = torch.randn(4, 8, device="hologram"), torch.randn(3, 8, device="hologram")
+    profile = cProfile.Profile()
+    profile.enable()
+    torch.nn.functional.linear(x, w).sum().item()
+    profile.disable()
+    called = {name for (_, _, name) in pstats.Stats(profile).stats}
+    assert "type_" not in called
+    assert torch.empty(1, device="hologram").device == torch.device("hologram", 0)
+    with torch.device("hologram"):
+        assert torch.zeros(1).device == torch.device("hologram", 0)
+
+
+@needs_native
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.bool,
                                    torch.bfloat16])
 def test_pinned_memory_is_host_memory_that_says_so(dtype):

@@ -12,6 +12,7 @@
 // pin_memory() copies and an ordinary CPU tensor is not pinned).
 
 #include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/alloc_cpu.h>
 
 #include <cstdint>
@@ -100,13 +101,64 @@ struct HologramHooks final : public at::PrivateUse1HooksInterface {
   }
 };
 
+// The device guard: what torch's Python guard (torch._C._acc.DeviceGuard) answers, without
+// its call into Python for the device type, which every op taking a guard made (a linear
+// layer's forward: about 30 calls, each taking the GIL). One device, hologram:0; its one
+// stream is the default stream, on which work is complete when the host sees it (events
+// and stream queries answer "done").
+struct HologramGuard final : public c10::impl::DeviceGuardImplInterface {
+  static constexpr c10::DeviceType kType = c10::DeviceType::PrivateUse1;
+
+  c10::DeviceType type() const override {
+    return kType;
+  }
+  c10::Device exchangeDevice(c10::Device /*device*/) const override {
+    return getDevice();
+  }
+  c10::Device getDevice() const override {
+    return {kType, 0};
+  }
+  void setDevice(c10::Device /*device*/) const override {}
+  void uncheckedSetDevice(c10::Device /*device*/) const noexcept override {}
+  c10::Stream getStream(c10::Device /*device*/) const noexcept override {
+    return c10::Stream(c10::Stream::DEFAULT, getDevice());
+  }
+  c10::Stream getNewStream(c10::Device /*device*/, int /*priority*/) const override {
+    return c10::Stream(c10::Stream::DEFAULT, getDevice());
+  }
+  c10::Stream exchangeStream(c10::Stream /*stream*/) const noexcept override {
+    return c10::Stream(c10::Stream::DEFAULT, getDevice());
+  }
+  c10::DeviceIndex deviceCount() const noexcept override {
+    return 1;
+  }
+  void record(void** /*event*/, const c10::Stream& /*stream*/,
+              const c10::DeviceIndex /*device_index*/,
+              const c10::EventFlag /*flag*/) const override {}
+  void block(void* /*event*/, const c10::Stream& /*stream*/) const override {}
+  bool queryEvent(void* /*event*/) const override {
+    return true;
+  }
+  void destroyEvent(void* /*event*/,
+                    const c10::DeviceIndex /*device_index*/) const noexcept override {}
+  bool queryStream(const c10::Stream& /*stream*/) const override {
+    return true;
+  }
+  void synchronizeStream(const c10::Stream& /*stream*/) const override {}
+};
+
 }  // namespace
 
 // 1: these hooks are registered (now or by an earlier call); 0: other hooks were
 // registered first (torch accepts one registration per process); -1: torch refused.
 extern "C" __attribute__((visibility("default"))) int hologram_torch_register_hooks() {
   static auto* hooks = new HologramHooks();  // lives as long as the process
+  static auto* guard = new HologramGuard();
   try {
+    // First: torch's Python guard is then not registered (it keeps the first one).
+    if (!c10::impl::hasDeviceGuardImpl(c10::DeviceType::PrivateUse1)) {
+      c10::impl::registerDeviceGuard(c10::DeviceType::PrivateUse1, guard);
+    }
     if (at::isPrivateUse1HooksRegistered()) {
       return &at::detail::getPrivateUse1Hooks() == hooks ? 1 : 0;
     }
