@@ -187,6 +187,38 @@ def test_convolutions_run_on_the_device_and_the_rest_falls_back():
     assert hologram_torch.fallback_stats() == {"aten.convolution_overrideable.default": 1}
 
 
+LAYOUTS = {  # name: (dims, dtype, transposed, channels_last (input, weight), kwargs)
+    "2d, channels_last input": (2, torch.float32, False, (True, False), {"padding": 1}),
+    "2d, channels_last weight": (2, torch.float64, False, (False, True), {"stride": 2}),
+    "2d transposed": (2, torch.float32, True, (True, False), {"stride": 2}),
+    "3d, channels_last input": (3, torch.float32, False, (True, False), {"groups": 2}),
+    "3d float64 (slow path: contiguous)": (3, torch.float64, False, (True, True), {}),
+    "3d transposed, output_padding at the stride (slow path: contiguous)": (
+        3, torch.float32, True, (True, False), {"dilation": 2, "output_padding": 1}),
+}
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_results_and_gradients_have_the_cpus_layout(name):
+    dims, dtype, transposed, (x_last, w_last), kwargs = LAYOUTS[name]
+    fmt = torch.channels_last if dims == 2 else torch.channels_last_3d
+    torch.manual_seed(11)
+    x = torch.randn(2, 4, *(5,) * dims, dtype=dtype)
+    w = torch.randn(4, 4 // kwargs.get("groups", 1) if not transposed else 3, *(3,) * dims,
+                    dtype=dtype)
+    x = x.to(memory_format=fmt) if x_last else x
+    w = w.to(memory_format=fmt) if w_last else w
+    conv = getattr(F, f"conv{'_transpose' if transposed else ''}{dims}d")
+    results = []
+    for device in ("cpu", "hologram"):
+        xd = x.detach().to(device).requires_grad_()
+        wd = w.detach().to(device).requires_grad_()
+        y = conv(xd, wd, **kwargs)
+        y.backward(torch.ones_like(y))
+        results.append([t.stride() for t in (y, xd.grad, wd.grad)])
+    assert results[1] == results[0]
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_types_match_cpu_exactly(dtype):
     torch.manual_seed(7)
