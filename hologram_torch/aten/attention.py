@@ -51,15 +51,21 @@ def native_multi_head_attention(query, key, value, embed_dim, num_head, qkv_weig
     if not query.shape == key.shape == value.shape:
         raise RuntimeError("expected `query`/`key`/`value` shapes to match")  # PyTorch's
     batch, length = query.shape[0], query.shape[1]
+    # The CPU kernel's rounding: the projections without their bias, then the bias added
+    # and the queries scaled at float precision at least, rounded once to the dtype.
     if query is key and key is value:  # self-attention: one projection
-        q, k, v = F.linear(query, qkv_weight, qkv_bias).chunk(3, dim=-1)
+        qkv = F.linear(query, qkv_weight)
     else:
-        (wq, wk, wv), (bq, bk, bv) = qkv_weight.chunk(3), qkv_bias.chunk(3)
-        q, k, v = F.linear(query, wq, bq), F.linear(key, wk, bk), F.linear(value, wv, bv)
-    q, k, v = (_heads(t, batch, num_head) for t in (q, k, v))
+        wq, wk, wv = qkv_weight.chunk(3)
+        qkv = torch.cat([F.linear(query, wq), F.linear(key, wk), F.linear(value, wv)], -1)
+    dtype = qkv.dtype
+    wide = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    q, k, v = (qkv.to(wide) + qkv_bias.to(wide)).chunk(3, dim=-1)
+    q = q * (1.0 / math.sqrt(embed_dim // num_head))
+    q, k, v = (_heads(t.to(dtype), batch, num_head) for t in (q, k, v))
     masked = _mask(mask, mask_type, batch, length)
     # The CPU kernel's softmax: a row masked whole is NaN there, so it is here too.
-    scores = (q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(-2, -1)
+    scores = q @ k.transpose(-2, -1)
     if masked is not None:
         scores = scores.masked_fill(masked, -math.inf)
     weights = torch.softmax(scores, -1)
