@@ -57,6 +57,7 @@ import ctypes
 import os
 import queue
 import threading
+import time
 import warnings
 from collections import OrderedDict
 
@@ -74,6 +75,9 @@ from hologram.frontend.graph import Graph
 MAX_NODES = 512
 #: Region structures remembered (their counts and fused programs), least recent dropped.
 MEMO_ENTRIES = 256
+#: Once a region's fused program is ready, one run in this many takes the other way (op
+#: by op or fused) than the one that has been faster, to keep both timings current.
+RESAMPLE = 32
 
 _lock = threading.RLock()
 _state = {"on": config.get().lazy}
@@ -288,13 +292,31 @@ class _Region:
 # --- running -------------------------------------------------------------------------
 
 class _Memo:
-    __slots__ = ("launch", "seen", "staged", "state")
+    __slots__ = ("fused", "launch", "seconds", "seen", "staged", "state")
 
     def __init__(self) -> None:
         self.seen = 0
         self.launch = None
         self.staged = ()  # per live result: is it staged (see _run_fused)?
         self.state = "new"  # "compiling", "ready", "failed"
+        self.seconds = [None, None]  # running means: op by op, fused (see fused_now)
+        self.fused = 0  # fused runs so far
+
+    def fused_now(self) -> bool:
+        """Run the fused program this time? Always for its first runs (until its quick
+        build has been promoted to a full one: ``HOLOGRAM_PROMOTE_AFTER``); then
+        whichever way has been faster, except one run in :data:`RESAMPLE`. A fused
+        program is not always faster: one whose fusion recomputes a long chain per
+        element of a reduction can lose to the ops' own programs."""
+        op_by_op, fused = self.seconds
+        if self.fused <= config.get().promote_after or op_by_op is None:
+            return True
+        return (fused <= op_by_op) != (self.seen % RESAMPLE == 0)
+
+    def timed(self, fused: bool, seconds: float) -> None:
+        self.fused += fused
+        mean = self.seconds[fused]
+        self.seconds[fused] = seconds if mean is None else 0.75 * mean + 0.25 * seconds
 
 
 _memo: OrderedDict[tuple, _Memo] = OrderedDict()
@@ -327,16 +349,18 @@ def _flush(reason: str) -> None:
         _memo.move_to_end(key)
     memo.seen += 1
     try:
-        if memo.launch is not None:
+        fused = memo.launch is not None and memo.fused_now()
+        start = time.perf_counter()
+        if fused:
             _run_fused(region, memo.launch, live, memo.staged)
-            _stats["fused_runs"] += 1
         else:
             for entry, addresses in zip(region.nodes, region.launches):
                 entry.launch(addresses)
-            _stats["op_by_op_runs"] += 1
-            if memo.seen >= 2 and memo.state == "new" and len(region.nodes) > 1:
-                memo.state = "compiling"
-                _compiler.submit(memo, _plan(region, live, staged), aliases)
+        memo.timed(fused, time.perf_counter() - start)
+        _stats["fused_runs" if fused else "op_by_op_runs"] += 1
+        if memo.seen >= 2 and memo.state == "new" and len(region.nodes) > 1:
+            memo.state = "compiling"
+            _compiler.submit(memo, _plan(region, live, staged), aliases)
     except Exception as e:
         names = sorted({entry.name for entry in region.nodes})
         more = ", ..." if len(names) > 12 else ""

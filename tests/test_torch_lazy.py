@@ -370,6 +370,35 @@ def test_training_matches_eager_and_compiles_nothing_after_step_three(opt):
     assert lazy.stats()["fused_runs"] > 0
 
 
+def test_a_region_runs_the_faster_way_and_keeps_checking():
+    """Once its fused program has had its first runs, a region runs whichever way (fused
+    or op by op) has been faster, the other way one run in ``RESAMPLE``; both give the
+    eager results."""
+    import hologram
+
+    g = torch.Generator().manual_seed(9)
+    a = torch.randn(64, 32, generator=g)
+
+    def run():
+        x = a.to(DEV)
+        return (((x * 3 + 1).relu() * x).sum(1),)
+
+    with hologram_torch.set_lazy(False):
+        (want,) = run()
+    runs = hologram.config.get().promote_after + 4
+    for got in repeat(run, runs):
+        same(got[0].cpu(), want.cpu())
+    (memo,) = [m for m in lazy._memo.values() if m.launch is not None]
+    assert memo.fused > hologram.config.get().promote_after
+    memo.seconds = [1e-9, 1.0]  # op by op far faster from now on
+    memo.seen = lazy.RESAMPLE  # (so the last of the next RESAMPLE runs is the fused one)
+    lazy.reset_stats()
+    for got in repeat(run, lazy.RESAMPLE):
+        same(got[0].cpu(), want.cpu())
+    stats = lazy.stats()
+    assert (stats["fused_runs"], stats["op_by_op_runs"]) == (1, lazy.RESAMPLE - 1), stats
+
+
 def test_threads_using_the_device_at_once_get_eager_results():
     """Four threads train their own models at once, recording into the process's one
     region (each op records under its lock; a thread's host read cuts the region, so the

@@ -304,12 +304,28 @@ def _device_case(torch, model, loss_fn, x, y):
 
     cpu_step = _stepper(torch, copy.deepcopy(model), loss_fn, x, y)
     fallbacks, kernels = _one_step_costs(dev_step)
-    # Recorded, the step's fused programs compile in the background from its second
-    # sighting: the timed steps are the ones after (the first steps are first_step's).
-    lazy.wait_for_compiles()
+    _settle(dev_step)
     peak = (_peak_mb(torch, dev_step, True), _peak_mb(torch, cpu_step, False))
     lazy.wait_for_compiles()
     return dev_step, cpu_step, check, fallbacks, kernels, peak
+
+
+def _settle(step) -> None:
+    """Run ``step`` until its code is in its final form, so that the timed steps are the
+    ones after (the first steps are first_step's): recorded, the step's fused programs
+    compile in the background from its second sighting; every program first compiled at
+    the quick tier is built in full on a background thread after
+    ``HOLOGRAM_PROMOTE_AFTER`` calls (timed meanwhile, a step would share the cores with
+    that build)."""
+    from hologram import config
+    from hologram.backends.cpu import backend
+    from hologram_torch import lazy
+
+    lazy.wait_for_compiles()
+    for _ in range(config.get().promote_after + 1):
+        step()
+    lazy.wait_for_compiles()
+    backend.wait_for_promotions()
 
 
 def _device() -> str:
@@ -408,10 +424,9 @@ def bench_inference(torch, settings, case: str, s: dict) -> list[dict]:
     scale = float(want.abs().max()) or 1.0
     error = float((got - want).abs().max()) / scale
     check = "ok" if error <= RTOL else f"MISMATCH: max error {error:.3g} of the largest output"
-    from hologram_torch import lazy
 
     fallbacks, kernels = _one_step_costs(dev_forward)
-    lazy.wait_for_compiles()
+    _settle(dev_forward)
     (dev_us, cpu_us), (dev_best, cpu_best) = _interleaved([dev_forward, cpu_forward],
                                                           settings)
     return [_row(f"{_label(case, s)}, inference", _device(), dev_us / 1e3, "CPU eager",
