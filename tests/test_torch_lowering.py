@@ -255,6 +255,9 @@ for _f, _b in ((aten._softmax.default, aten._softmax_backward_data.default),
     case(_b, T, _y, 1, torch.float32, tol=_TOL)
     case(_b, T.half(), _y.half(), -1, torch.float16, tol=_HTOL)
 case(aten.softmax.int, X, 1, tol=_TOL)
+case(aten._safe_softmax.default, X, 1, tol=_TOL)
+case(aten._safe_softmax.default, torch.tensor([[-math.inf] * 3, [0.0, -math.inf, 1.0]]), 1,
+     tol=_TOL)
 case(aten.softmax.int, H, 0, torch.float32, tol=_TOL)
 case(aten.log_softmax.int, X3, -1, tol=_TOL)
 _P = torch.sigmoid(X)
@@ -384,6 +387,11 @@ case(aten.cat.default, [X, T, randn(2, 5, seed=40)])
 case(aten.cat.default, [X, H, torch.empty(0)], 1)
 case(aten.cat.default, [I, B.long(), J.expand(4, 5)], -1)
 case(aten.cat.default, [B, mask(1, 5, seed=41)])
+case(aten.slice_scatter.default, X, randn(4, 2, seed=42), 1, 1, 5, 2)
+case(aten.slice_scatter.default, I, ints(2, 5, seed=43), 0, 1, 3)
+case(aten.select_scatter.default, X, randn(5, seed=44), 0, -1)
+case(aten.slice_backward.default, randn(4, 2, seed=45), [4, 5], 1, 1, 5, 2)
+case(aten.select_backward.default, randn(4, seed=46), [4, 5], 1, 3)
 _GI = torch.tensor([[0, 4, 4, 1, 2], [3, 3, 0, 0, 1], [2, 2, 2, 2, 2]])
 case(aten.gather.default, X, 0, torch.tensor([[0, 3, 1, 1, 2], [3, 3, 0, 0, 1]]))
 case(aten.gather.default, X, 1, _GI)
@@ -524,6 +532,18 @@ for _f in (aten.tril.default, aten.triu.default):
     case(_f, X3, 1)
     case(_f, I, -1)
     case(_f, B)
+
+
+# --- convolutions ----------------------------------------------------------------------
+
+_CX, _CW = randn(2, 4, 6, 6, seed=50), randn(6, 2, 3, 3, seed=51)
+_CG = randn(2, 6, 3, 3, seed=52)
+_CONV = (_CX, _CW, randn(6, seed=53), [2, 2], [1, 1], [1, 1], False, [0, 0], 2)
+case(aten.convolution.default, *_CONV, tol=_TOL)
+case(aten.convolution.default, randn(1, 3, 7, seed=54), randn(3, 1, 3, seed=55), None, [1],
+     [2], [2], False, [0], 3, tol=_TOL)  # depthwise, dilated
+case(aten.convolution_backward.default, _CG, _CX, _CW, [6], [2, 2], [1, 1], [1, 1], False,
+     [0, 0], 2, [True, True, True], tol=_TOL)
 
 
 @pytest.mark.parametrize("op, args, kwargs, tol", CASES,
