@@ -4,8 +4,8 @@
 In eval mode (or without autograd) PyTorch hands a whole attention block or encoder layer
 of a CPU, CUDA or PrivateUse1 tensor to one fused op, which has CPU and CUDA kernels only:
 on the device it ran through the CPU fallback, copies included. Here each is the same
-math as its CPU kernel, composed of the device's ops (projections, scaled dot product
-attention, layer norm, the feed-forward block), so it runs on the device and, recorded
+math as its CPU kernel, composed of the device's ops (projections, attention scores and
+their softmax, layer norm, the feed-forward block), so it runs on the device and, recorded
 (``HOLOGRAM_LAZY=1``), fuses with its neighbours.
 
 Masks arrive as PyTorch's fast path merges them (``mask_type`` 0: an attention mask

@@ -144,6 +144,11 @@ def cast(x, dtype: dt.DType):
     return float(x) if dtype.is_float else int(x)
 
 
+def zeros(g, dtype: dt.DType, shape) -> Tensor:
+    """Zeros of ``dtype`` and ``shape``: one element broadcast (nothing is stored)."""
+    return cast(g.arange(1), dtype)[0].broadcast_to(tuple(shape))
+
+
 def is_float(x) -> bool:
     return torch_dtype(x).is_floating_point
 

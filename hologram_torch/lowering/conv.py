@@ -40,7 +40,7 @@ import math
 from dataclasses import dataclass, replace
 
 from hologram.isa import dtypes as dt
-from hologram_torch.lowering.common import Unsupported, aten, cast, opmath, register
+from hologram_torch.lowering.common import Unsupported, aten, cast, opmath, register, zeros
 
 _FLOATS = (dt.float16, dt.bfloat16, dt.float32, dt.float64)
 
@@ -115,10 +115,6 @@ def _out_channels(weight, transposed: bool, groups: int) -> int:
     return weight.shape[1] * groups if transposed else weight.shape[0]
 
 
-def _zeros(g, dtype, shape):
-    return cast(g.arange(1), dtype)[0].broadcast_to(tuple(shape))
-
-
 def _store(g, target, value) -> None:
     """One kernel writing ``value`` (cast to ``target``'s dtype) into the view
     ``target``."""
@@ -138,7 +134,7 @@ def _padded(g, x, padding, dtype):
         return x
     shape = x.shape[:2] + tuple(n + 2 * p for n, p in zip(x.shape[2:], padding))
     out = g._temp(dtype, shape)
-    zero = _zeros(g, dtype, ())
+    zero = zeros(g, dtype, ())
     # The slabs of dimension i cover the full extent of the dimensions after it and the
     # interior of those before it, so they tile the border exactly once.
     interior = [slice(None), slice(None)] + [slice(p, p + n) for n, p in
@@ -199,7 +195,7 @@ def _forward(g, x, w, conv: _Conv, out, dtype):
     o = w.shape[0]
     dims = len(out)
     if n == 0:
-        return _zeros(g, dtype, (0, o, *out))
+        return zeros(g, dtype, (0, o, *out))
     windows = _windows(g, x, conv, out, dtype)  # (N, G, Cg, *kernel, *out)
     if _depthwise(conv, w.shape[1]):
         # out[n, g, j, o] = sum_k w[g, j, k] window[n, g, o, k], for j < O / G
@@ -227,7 +223,7 @@ def _weight_grad(g, x, grad_out, conv: _Conv, dtype):
     groups = conv.groups
     cg = x.shape[1] // groups
     if n == 0:
-        return _zeros(g, dtype, (o, cg, *conv.kernel))
+        return zeros(g, dtype, (o, cg, *conv.kernel))
     windows = _windows(g, x, conv, out, dtype)  # (N, G, Cg, *kernel, *out)
     if _depthwise(conv, cg):
         # dw[g, j, k] = sum_{n, o} grad_out[n, g, j, o] window[n, g, o, k]
@@ -257,7 +253,7 @@ def _input_grad(g, grad_out, w, conv: _Conv, sizes, dtype):
     groups = conv.groups
     cg = w.shape[1]
     if n == 0:
-        return _zeros(g, dtype, (0, groups * cg, *sizes))
+        return zeros(g, dtype, (0, groups * cg, *sizes))
     full = replace(conv, padding=tuple(d * (k - 1) - p for k, p, d in zip(
         conv.kernel, conv.padding, conv.dilation)))
     if conv.stride == (1,) * dims and min(full.padding) >= 0 and \
@@ -298,7 +294,7 @@ def _input_grad(g, grad_out, w, conv: _Conv, sizes, dtype):
         k = k.reshape(conv.kernel[i], *(1,) * (2 * dims - 1 - i))
         o = o.reshape(out[i], *(1,) * (dims - 1 - i))
         coords.append(k + o)
-    target = _zeros(g, dtype, (n, groups, cg, *padded))
+    target = zeros(g, dtype, (n, groups, cg, *padded))
     summed = g.scatter(target, (0, 1, 2, *coords), cols, cols.shape, mode="add")
     summed = summed.reshape(n, groups * cg, *padded)
     return summed[(slice(None), slice(None))

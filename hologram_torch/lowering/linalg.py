@@ -24,6 +24,7 @@ from hologram_torch.lowering.common import (
     is_float,
     opmath,
     register,
+    zeros,
 )
 
 
@@ -136,5 +137,5 @@ def _addbmm_rounded(g, bias, a, b, beta, alpha, dtype):
         acc = products[i] if acc is None else acc + products[i]
         acc = cast(cast(acc, dtype), m)
     if acc is None:  # no batch entries and beta == 0: zeros
-        acc = cast(g.arange(1), m)[0].broadcast_to(products.shape[1:])
+        acc = zeros(g, m, products.shape[1:])
     return acc

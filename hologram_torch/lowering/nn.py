@@ -36,6 +36,7 @@ from hologram_torch.lowering.common import (
     isa,
     opmath,
     register,
+    zeros,
 )
 
 NONE, MEAN = 0, 1  # at::Reduction (2 is sum)
@@ -471,17 +472,17 @@ def embedding_dense_backward(g, grad_output, indices, num_weights, padding_idx,
         raise Unsupported("embedding_dense_backward arguments")
     rows, t = int(num_weights), grad_output.dtype
     n, width = math.prod(indices.shape), grad_output.shape[-1]
-    zeros = cast(g.arange(1), t)[0].broadcast_to((rows, width))
+    table = zeros(g, t, (rows, width))
     if n == 0:
-        return g.copy(zeros)
+        return g.copy(table)
     idx = cast(indices, dt.int64).reshape(n, 1)
     dy = grad_output.reshape(n, width)
     if scale_grad_by_freq:  # torch: alpha = 1.0 / count (a double) per row
-        counts = g.scatter(cast(zeros[:, 0], dt.int64), (idx,), 1, (n, 1), "add")
+        counts = g.scatter(cast(table[:, 0], dt.int64), (idx,), 1, (n, 1), "add")
         scale = 1.0 / cast(g.gather(counts, (idx,), (n, 1)), dt.float64)
         dy = cast(cast(dy, opmath(t)) * cast(scale, opmath(t)), t)
     dy = g.where(g.binary("ne", idx, int(padding_idx)), dy, 0.0)
-    return g.scatter(zeros, (idx, 1), dy, (n, width), "add")
+    return g.scatter(table, (idx, 1), dy, (n, width), "add")
 
 
 # --- dropout (the backward: the forward draws its mask, an eager op) -----------------------

@@ -47,7 +47,9 @@ from hologram_torch.lowering.common import (
     opmath,
     register,
     result_type,
+    zeros,
 )
+from hologram_torch.lowering.views import slice_bounds
 
 _SELECT_INDEX = (dt.int64, dt.int32)  # torch's index dtypes for index_select/index_add
 _SCATTER_INDEX = (dt.int64,)  # and for gather, index_copy, index_fill (scatters: both)
@@ -98,10 +100,6 @@ def cat(g, tensors, dim=0):
 
 # --- writes into a slice (the autograd of slicing) ----------------------------------
 
-def _zeros(g, dtype, shape):
-    return cast(g.arange(1), dtype)[0].broadcast_to(tuple(shape))
-
-
 @register(aten.slice_scatter.default)
 def slice_scatter(g, self, src, dim=0, start=None, end=None, step=1):
     """``self`` with ``self[..., start:end:step, ...]`` (along ``dim``) replaced by ``src``,
@@ -112,8 +110,7 @@ def slice_scatter(g, self, src, dim=0, start=None, end=None, step=1):
         raise Unsupported("slice_scatter of a 0-d tensor or with a step below 1")  # torch
     d = _dim(self, dim)
     n = self.shape[d]
-    start = 0 if start is None else min(max(start + n if start < 0 else start, 0), n)
-    end = n if end is None else min(max(end + n if end < 0 else end, 0), n)
+    start, end = slice_bounds(n, start, end)
     count = len(range(start, end, step))
     if src.shape != self.shape[:d] + (count,) + self.shape[d + 1:]:
         raise Unsupported("slice_scatter: src is not the slice's shape")  # torch raises
@@ -147,14 +144,14 @@ def select_scatter(g, self, src, dim, index):
 @register(aten.slice_backward.default)
 def slice_backward(g, grad_output, input_sizes, dim, start, end, step):
     """The gradient of ``slice``: ``grad_output`` in its place among zeros."""
-    zeros = _zeros(g, grad_output.dtype, input_sizes)
-    return slice_scatter(g, zeros, grad_output, dim, start, end, step)
+    return slice_scatter(g, zeros(g, grad_output.dtype, input_sizes), grad_output, dim,
+                         start, end, step)
 
 
 @register(aten.select_backward.default)
 def select_backward(g, grad_output, input_sizes, dim, index):
     """The gradient of ``select``: ``grad_output`` in its place among zeros."""
-    return select_scatter(g, _zeros(g, grad_output.dtype, input_sizes), grad_output, dim,
+    return select_scatter(g, zeros(g, grad_output.dtype, input_sizes), grad_output, dim,
                           index)
 
 
@@ -398,7 +395,7 @@ def scatter_reduce_two(g, self, dim, index, src, reduce, *, include_self=True):
     if reduce != "mean":
         return scatter_into(g, base, dim, index, src, reduce)
     total = scatter_into(g, base, dim, index, src, "sum")
-    zero = cast(g.arange(1), self.dtype)[0].broadcast_to(self.shape)
+    zero = zeros(g, self.dtype, self.shape)
     count = scatter_into(g, cast(zero, self.dtype) + (1 if include_self else 0), dim, index,
                          1, "sum")
     count = g.where(g.binary("eq", count, 0), cast(1, self.dtype), count)

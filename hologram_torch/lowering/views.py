@@ -93,15 +93,20 @@ def squeeze(g, self, dim=None):
                       self.offset)
 
 
+def slice_bounds(n: int, start: int | None, end: int | None) -> tuple[int, int]:
+    """``slice``'s start and end along a dimension of ``n``: torch clamps them into
+    ``[0, n]`` after wrapping negative ones once."""
+    start = 0 if start is None else min(max(start + n if start < 0 else start, 0), n)
+    end = n if end is None else min(max(end + n if end < 0 else end, 0), n)
+    return start, end
+
+
 @register(aten.slice.Tensor)
 def slice_(g, self, dim=0, start=None, end=None, step=1):
     if step <= 0:
         raise Unsupported("slice step must be positive")  # torch raises
     d = _dim(self, dim)
-    n = self.shape[d]
-    # torch clamps start/end into [0, n] (after wrapping negative ones once)
-    start = 0 if start is None else min(max(start + n if start < 0 else start, 0), n)
-    end = n if end is None else min(max(end + n if end < 0 else end, 0), n)
+    start, end = slice_bounds(self.shape[d], start, end)
     return self[(slice(None),) * d + (slice(start, max(start, end), step),)]
 
 
