@@ -722,23 +722,27 @@ def test_scatter_max_and_min_give_the_interpreters_nan_and_signed_zeros(emulate,
 
 
 #: Shares of the emulated conformance suite, each a child pytest: the suite's cost is a
-#: few split-reduction cases of 15-150 s each (per dtype), dealt round-robin so no share
+#: few split-reduction cases of 15-25 s each (per dtype), dealt round-robin so no share
 #: holds two, and under pytest-xdist the shares run in parallel.
-CONFORMANCE_SHARDS = 8
+CONFORMANCE_SHARDS = 6
 #: A hang guard, not a time limit: a share takes 1-3 min on 2 busy cores.
 SHARD_TIMEOUT_S = 1800
+#: What CI leaves out for time (docs/cuda.md says how to run it): the ~1e6-term sums, the
+#: 2**18-write scatter, and the long-row splits of i8, i16, u8 and f16, whose kernels
+#: differ from i32's and bf16's in the loaded type alone (their unsplit reductions run).
+EMULATED = ("cuda and not large_sums and not large_accumulation and not "
+            "(few_long_rows_every_kind and (cuda-i8 or cuda-i16 or cuda-u8 or cuda-f16))")
 
 
 @pytest.mark.parametrize("shard", range(CONFORMANCE_SHARDS))
 def test_conformance_suite_runs_emulated(shard):
     """The backend-conformance suite with cuda joined (HOLOGRAM_CUDA_EMULATE=1), one
     share of its cases per child pytest (the suite picks its backends at collection;
-    ``--shard``: tests/conformance/conftest.py). The ~1e6-term sums and the 2**18-write
-    scatter are left out for time (docs/cuda.md)."""
+    ``--shard``: tests/conformance/conftest.py), less :data:`EMULATED`'s exclusions."""
     env = dict(os.environ, HOLOGRAM_CUDA_EMULATE="1")
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "tests/conformance", "-q", "-p", "no:randomly",
-         "-p", "no:cacheprovider", "-k", "cuda and not large_sums and not large_accumulation",
+         "-p", "no:cacheprovider", "-k", EMULATED,
          "--shard", f"{shard}/{CONFORMANCE_SHARDS}"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=SHARD_TIMEOUT_S)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]

@@ -12,33 +12,43 @@ from __future__ import annotations
 import math
 
 import torch
-import torch._inductor.inductor_prims  # defines torch.ops.prims.fma, registered below
 
 from hologram_torch import lowering, memory
 from hologram_torch.lowering.common import Tensor, Unsupported, cast, isa, opmath, result_type
 
 aten = torch.ops.aten
 EXTRA: dict = {}
+#: Entries for operators that another module defines, by their names (``prims::fma``
+#: comes with ``torch._inductor``, whose import takes seconds: a graph holding the
+#: operator has imported it, and ``import hologram_torch`` does not).
+BY_NAME: dict = {}
 
 
 def _register(*ops):
     def decorate(fn):
         for op in ops:
-            EXTRA[op] = fn
+            (BY_NAME if isinstance(op, str) else EXTRA)[op] = fn
         return fn
 
     return decorate
 
 
+def _extra(op):
+    fn = EXTRA.get(op)
+    if fn is None and isinstance(op, torch._ops.OpOverload):
+        fn = BY_NAME.get(op.name())
+    return fn
+
+
 def get(op):
     """The lowering of ``op`` for compiled graphs, or None."""
-    return EXTRA.get(op) or lowering.get(op)
+    return _extra(op) or lowering.get(op)
 
 
 def lower(op, g, *args, **kwargs):
     """``op`` on graph values, as :func:`hologram_torch.lowering.lower` (raises
     :class:`~hologram_torch.lowering.Unsupported`)."""
-    fn = EXTRA.get(op)
+    fn = _extra(op)
     if fn is None:
         return lowering.lower(op, g, *args, **kwargs)
     result = fn(g, *args, **kwargs)
@@ -123,7 +133,7 @@ def lift_fresh_copy(g, self):
 
 # --- what optimizers' graphs leave (Adam's lerp and bias correction) -----------------------
 
-@_register(torch.ops.prims.fma.default)
+@_register("prims::fma")
 def fma(g, a, b, c):
     """``a * b + c`` rounded once (decomposed ``lerp`` leaves it), in opmath."""
     if not isinstance(a, Tensor):
