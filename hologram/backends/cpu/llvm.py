@@ -40,7 +40,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from functools import cache
 
-import lief
 import llvmlite.binding as llvm
 
 from hologram.backends.cpu import loader
@@ -247,6 +246,8 @@ def undefined_symbols(obj: bytes) -> list[str]:
     Mach-O's leading underscore."""
     if not obj:  # a program of library calls only (BLAS) has no object code
         return []
+    import lief  # here, not with the module: its import takes a second
+
     binary = lief.parse(obj)
     if isinstance(binary, lief.ELF.Binary):
         names = [s.name for s in binary.symtab_symbols if s.shndx == 0 and s.name]
@@ -279,6 +280,8 @@ def check_object(obj: bytes, target: Target, allowed: Iterable[str] = PROCESS_SY
 
 
 def _defined_functions(obj: bytes) -> list[str]:
+    import lief
+
     binary = lief.parse(obj)
     if isinstance(binary, lief.ELF.Binary):
         return [s.name for s in binary.symtab_symbols

@@ -21,8 +21,7 @@ import ctypes
 import mmap
 import struct
 from collections.abc import Callable
-
-import lief
+from functools import cache
 
 _PAGE = mmap.PAGESIZE
 _PROT_READ, _PROT_WRITE, _PROT_EXEC = 1, 2, 4
@@ -37,28 +36,36 @@ _munmap = _libc.munmap
 _munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _MAP_FAILED = ctypes.c_void_p(-1).value
 
-_R = lief.ELF.Relocation.TYPE
-# Relocation type -> (field size, signed, how the value is computed from S (the symbol's
-# address), A (the addend), P (the place), GOT (the table's address) and G (the symbol's
-# slot offset in the table)).
-_RELOCATIONS: dict[object, tuple[int, bool, Callable[[int, int, int, int, int], int]]] = {
-    _R.X86_64_64: (8, False, lambda s, a, p, got, g: s + a),
-    _R.X86_64_PC32: (4, True, lambda s, a, p, got, g: s + a - p),
-    _R.X86_64_PLT32: (4, True, lambda s, a, p, got, g: s + a - p),
-    _R.X86_64_PC64: (8, True, lambda s, a, p, got, g: s + a - p),
-    _R.X86_64_GOTOFF64: (8, True, lambda s, a, p, got, g: s + a - got),
-    _R.X86_64_GOTPC32: (4, True, lambda s, a, p, got, g: got + a - p),
-    _R.X86_64_GOTPC64: (8, True, lambda s, a, p, got, g: got + a - p),
-    _R.X86_64_GOT64: (8, True, lambda s, a, p, got, g: g + a),
-    _R.X86_64_GOTPCREL: (4, True, lambda s, a, p, got, g: got + g + a - p),
-    _R.X86_64_GOTPCRELX: (4, True, lambda s, a, p, got, g: got + g + a - p),
-    _R.X86_64_REX_GOTPCRELX: (4, True, lambda s, a, p, got, g: got + g + a - p),
-    _R.X86_64_GOTPCREL64: (8, True, lambda s, a, p, got, g: got + g + a - p),
-}
-_USES_SLOT = {_R.X86_64_GOT64, _R.X86_64_GOTPCREL, _R.X86_64_GOTPCRELX,
-              _R.X86_64_REX_GOTPCRELX, _R.X86_64_GOTPCREL64}
-_LOADED_TYPES = {lief.ELF.Section.TYPE.PROGBITS, lief.ELF.Section.TYPE.NOBITS}
-_F = lief.ELF.Section.FLAGS
+
+@cache
+def _elf():
+    """lief and the tables keyed by its enums: imported on the first load, not with the
+    module (lief's import takes a second, and ``import torch`` imports this package)."""
+    import lief
+
+    r = lief.ELF.Relocation.TYPE
+    # Relocation type -> (field size, signed, how the value is computed from S (the
+    # symbol's address), A (the addend), P (the place), GOT (the table's address) and G (the
+    # symbol's slot offset in the table)).
+    relocations: dict[object, tuple[int, bool, Callable[[int, int, int, int, int], int]]] = {
+        r.X86_64_64: (8, False, lambda s, a, p, got, g: s + a),
+        r.X86_64_PC32: (4, True, lambda s, a, p, got, g: s + a - p),
+        r.X86_64_PLT32: (4, True, lambda s, a, p, got, g: s + a - p),
+        r.X86_64_PC64: (8, True, lambda s, a, p, got, g: s + a - p),
+        r.X86_64_GOTOFF64: (8, True, lambda s, a, p, got, g: s + a - got),
+        r.X86_64_GOTPC32: (4, True, lambda s, a, p, got, g: got + a - p),
+        r.X86_64_GOTPC64: (8, True, lambda s, a, p, got, g: got + a - p),
+        r.X86_64_GOT64: (8, True, lambda s, a, p, got, g: g + a),
+        r.X86_64_GOTPCREL: (4, True, lambda s, a, p, got, g: got + g + a - p),
+        r.X86_64_GOTPCRELX: (4, True, lambda s, a, p, got, g: got + g + a - p),
+        r.X86_64_REX_GOTPCRELX: (4, True, lambda s, a, p, got, g: got + g + a - p),
+        r.X86_64_GOTPCREL64: (8, True, lambda s, a, p, got, g: got + g + a - p),
+    }
+    uses_slot = {r.X86_64_GOT64, r.X86_64_GOTPCREL, r.X86_64_GOTPCRELX,
+                 r.X86_64_REX_GOTPCRELX, r.X86_64_GOTPCREL64}
+    return lief, relocations, uses_slot
+
+
 _FIELD = {(4, True): "<i", (8, True): "<q", (8, False): "<Q"}
 
 
@@ -79,6 +86,7 @@ def load(obj: bytes, names: list[str], resolve: Callable[[str], int]) -> dict[st
     gives the address of a symbol the object takes from outside (0: none). Raises
     :class:`Unsupported` for what is outside this loader (see the module docstring) and
     ``LookupError`` for a name or symbol that cannot be found."""
+    lief, known, uses_slot = _elf()
     binary = lief.parse(obj)
     if not isinstance(binary, lief.ELF.Binary) or \
             binary.header.machine_type != lief.ELF.ARCH.X86_64:
@@ -92,11 +100,11 @@ def load(obj: bytes, names: list[str], resolve: Callable[[str], int]) -> dict[st
                    if r.section is not None and index_of[_identity(r.section)] in placed]
     slots: dict[str, int] = {}
     for _, r in relocations:
-        if r.type not in _RELOCATIONS:
+        if r.type not in known:
             raise Unsupported(f"relocation {r.type}")
         if r.symbol is None:
             raise Unsupported(f"relocation {r.type} without a symbol")
-        if r.type in _USES_SLOT:
+        if r.type in uses_slot:
             if not r.symbol.name:
                 raise Unsupported(f"relocation {r.type} through an unnamed symbol")
             slots.setdefault(r.symbol.name, 8 * len(slots))
@@ -125,6 +133,7 @@ def _fill(base: int, writable_start: int, sections: list, placed: dict, symbols:
           resolve: Callable[[str], int]) -> dict[str, int]:
     """Copy the sections into the mapping at ``base``, fill the GOT, relocate, protect
     the pages, and return the addresses of ``names``."""
+    lief, known, _ = _elf()
     address = {index: base + (writable_start if w else 0) + start
                for index, (start, _, w) in placed.items()}
     for index in placed:
@@ -150,7 +159,7 @@ def _fill(base: int, writable_start: int, sections: list, placed: dict, symbols:
     for name, offset in slots.items():
         ctypes.c_uint64.from_address(got + offset).value = symbol_address(by_name[name])
     for index, r in relocations:
-        width, signed, value = _RELOCATIONS[r.type]
+        width, signed, value = known[r.type]
         place = address[index] + r.address
         result = value(symbol_address(r.symbol), r.addend, place, got,
                        slots.get(r.symbol.name, 0))
@@ -173,14 +182,16 @@ def _fill(base: int, writable_start: int, sections: list, placed: dict, symbols:
 def _layout(sections: list) -> dict[int, tuple[int, int, bool]]:
     """Section index -> (start, end, writable) of each section to load: the read-only ones
     from offset 0 of the mapping, the writable ones from offset 0 of the writable part."""
+    section_type, flags = _elf()[0].ELF.Section.TYPE, _elf()[0].ELF.Section.FLAGS
+    loaded_types = {section_type.PROGBITS, section_type.NOBITS}
     placed: dict[int, tuple[int, int, bool]] = {}
     ends = {False: 0, True: 0}
     for index, section in enumerate(sections):
-        if not section.has(_F.ALLOC) or section.name == ".eh_frame":
+        if not section.has(flags.ALLOC) or section.name == ".eh_frame":
             continue
-        if section.type not in _LOADED_TYPES or section.has(_F.TLS):
+        if section.type not in loaded_types or section.has(flags.TLS):
             raise Unsupported(f"section {section.name} ({section.type})")
-        writable = section.has(_F.WRITE)
+        writable = section.has(flags.WRITE)
         start = _align(ends[writable], max(int(section.alignment), 1))
         ends[writable] = start + section.size
         placed[index] = (start, ends[writable], writable)
