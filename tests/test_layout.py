@@ -247,3 +247,17 @@ def test_importing_torch_probes_no_gpu_backend(configured):
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                           text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_importing_torch_imports_no_compiler_stack():
+    """``import torch`` imports the device (the entry point): it must not pull in what only
+    compiling needs — torch._dynamo and torch._inductor (with Triton: 7 s), lief (1 s)."""
+    heavy = ("torch._dynamo", "torch._inductor", "triton", "lief")
+    code = ("import sys, torch\n"
+            "assert 'hologram_torch' in sys.modules\n"
+            f"print([m for m in {heavy!r} if m in sys.modules])\n")
+    env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "1"}
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["[]"], done.stdout
