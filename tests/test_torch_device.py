@@ -630,11 +630,12 @@ def _run_risky(snippets):
     proc = subprocess.run([sys.executable, "-W", "ignore", "-c", code],
                           capture_output=True, text=True, env=env, timeout=300)
     printed: dict[str, list[str]] = {}
+    lines: list[str] = []
     for line in proc.stdout.splitlines():
         if line.startswith("@@ "):
-            printed[line[3:]] = []
-        elif printed:
-            printed[list(printed)[-1]].append(line)
+            lines = printed[line[3:]] = []
+        else:
+            lines.append(line)
     return proc, printed
 
 
@@ -648,14 +649,14 @@ def risky_run():
 def test_risky_path_does_not_crash(risky_run, name):
     code, expected = RISKY[name]
     proc, printed = risky_run
-    names = list(printed)
-    # the shared process crashed in this snippet or never reached it: a process of its own
-    if proc.returncode != 0 and (name not in printed or name == names[-1]):
+    # The shared process stopped in this snippet or before it: a process of its own. (A
+    # snippet followed by another's marker ran to its end.)
+    if proc.returncode != 0 and (name not in printed or name == list(printed)[-1]):
         proc, printed = _run_risky([(name, code)])
-    assert proc.returncode == 0, (
-        f"{name}: exit status {proc.returncode} (negative: killed by signal "
-        f"{-proc.returncode})\n{proc.stderr[-3000:]}")
-    assert printed[name] and printed[name][-1] == expected, printed[name]
+        assert proc.returncode == 0, (
+            f"{name}: exit status {proc.returncode} (negative: killed by signal "
+            f"{-proc.returncode})\n{proc.stderr[-3000:]}")
+    assert printed[name][-1:] == [expected], printed[name]
 
 
 # --- the torch.backends entry point -----------------------------------------------------

@@ -182,8 +182,9 @@ def _fill(base: int, writable_start: int, sections: list, placed: dict, symbols:
 def _layout(sections: list) -> dict[int, tuple[int, int, bool]]:
     """Section index -> (start, end, writable) of each section to load: the read-only ones
     from offset 0 of the mapping, the writable ones from offset 0 of the writable part."""
-    section_type, flags = _elf()[0].ELF.Section.TYPE, _elf()[0].ELF.Section.FLAGS
-    loaded_types = {section_type.PROGBITS, section_type.NOBITS}
+    lief = _elf()[0]
+    flags = lief.ELF.Section.FLAGS
+    loaded_types = {lief.ELF.Section.TYPE.PROGBITS, lief.ELF.Section.TYPE.NOBITS}
     placed: dict[int, tuple[int, int, bool]] = {}
     ends = {False: 0, True: 0}
     for index, section in enumerate(sections):
