@@ -370,14 +370,17 @@ def _flush(reason: str) -> None:
         raise
 
 
-def _aliases(region: _Region, k: int) -> tuple:
+def _aliases(region: _Region, k: int) -> tuple | None:
     """How the region's inputs read the memory result ``k`` writes: per input over its
-    storage, (input, whether it is exactly the written tensor, contiguous)."""
+    storage, (input, whether it is exactly the written tensor); None when the written
+    tensor is not contiguous (a column, a diagonal): the fused program writes a staged
+    result contiguously (:func:`_plan`), so it must stay staged (:func:`_staging`)."""
     from hologram_torch import memory
 
     view = region.written[region.out_storage[k]][0]
-    contiguous = tuple(memory.contiguous_strides(view[1])) == tuple(view[2])
-    return tuple((i, contiguous and region.addresses[i] == view[0]
+    if tuple(memory.contiguous_strides(view[1])) != tuple(view[2]):
+        return None
+    return tuple((i, region.addresses[i] == view[0]
                   and region.inputs[i][2:] == (view[1], view[2]))
                  for i in region.inputs_over[region.out_storage[k]])
 
@@ -472,11 +475,12 @@ def _staging(program, aliases: tuple) -> tuple:
     when the compiled kernels read that memory only before the one kernel that writes
     it, or in it element for element at the write's own index through the very tensor it
     writes (an optimizer's update ``p = p - lr * ...``): each element is then read before
-    it is written, whatever order the kernels take."""
+    it is written, whatever order the kernels take. A result whose written tensor is not
+    contiguous (``over`` None) is always staged."""
     final = pipeline.run(program, CompileOptions.from_env())
     index = {buffer.name: i for i, buffer in enumerate(final.buffers)}
-    return tuple(bool(over) and not _in_place(
-        final, index.get(f"o{x}"), {index.get(f"i{i}"): exact for i, exact in over})
+    return tuple(over is None or (bool(over) and not _in_place(
+        final, index.get(f"o{x}"), {index.get(f"i{i}"): exact for i, exact in over}))
         for x, over in enumerate(aliases))
 
 

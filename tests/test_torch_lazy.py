@@ -163,6 +163,24 @@ def test_updates_read_only_at_their_own_elements_are_written_in_place():
     assert lazy.stats()["fused_runs"] == 1 and lazy.stats()["staged"] == 1
 
 
+def test_strided_writes_over_memory_the_region_reads_are_staged():
+    """A diagonal or a column written over memory the region reads before it: the fused
+    program writes such a result contiguously, so it goes to a scratch block copied into
+    place through the view's strides (it was written in place, contiguously from the
+    view's first element: a row instead of the diagonal)."""
+    def run():
+        a, b = torch.zeros(4, 4, device=DEV), torch.ones(3, 5, device=DEV)
+        torch.hologram.synchronize()
+        d = a.diagonal().clone()
+        a.diagonal().fill_(9)  # reads nothing; writes memory read before it
+        c = b.sum(1)
+        b[:, 1].fill_(7)
+        return a.cpu(), d.cpu(), b.cpu(), c.cpu()
+
+    matches_eager(run)
+    assert lazy.stats()["fused_runs"] >= 1 and lazy.stats()["staged"] >= 2
+
+
 def test_zero_fills_of_memory_the_region_does_not_touch_are_memsets_at_once():
     start = torch.randn(6, 5, generator=torch.Generator().manual_seed(5))
 
