@@ -25,7 +25,9 @@ from hologram.frontend.graph import Graph
 # Backends that run here on host memory (their programs are called with NumPy arrays).
 HOST_BACKENDS = [b for b in backends.available() if backends.get(b).allocator().host_visible]
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+# Children import the hologram this process imported: the checkout, or an installed wheel.
+PACKAGE_ROOT = Path(hologram.__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
 HEADER_SIZE = 48  # magic, body length, sha256 of the body
 KEY_SIZE = 32  # the body starts with the key's digest
 
@@ -296,12 +298,12 @@ for _ in range(3):
 
 
 def test_concurrent_processes(tmp_path: Path) -> None:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), *sys.path]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(PACKAGE_ROOT), *sys.path]))
     start = time.time() + 1.0
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", _WORKER, str(tmp_path), str(start)],
-            cwd=REPO_ROOT,
+            cwd=tmp_path,
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -499,8 +501,8 @@ print(cache.get(make_key(), lambda: b"rebuilt", identity).decode(), cache.info()
 
 
 def _get_in_child(directory: Path) -> list[str]:
-    code = _GET_IN_CHILD.format(tests=str(REPO_ROOT / "tests"), directory=str(directory))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), *sys.path]))
+    code = _GET_IN_CHILD.format(tests=str(TESTS), directory=str(directory))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(PACKAGE_ROOT), *sys.path]))
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr

@@ -432,6 +432,7 @@ print("ok")
 """
 
 
+@pytest.mark.needs_torch
 @pytest.mark.parametrize("target", [n for n in ("x86-64", "x86-64-v3") if n in RUNNABLE])
 def test_everyday_f16_calls_on_cpus_without_fp16_hardware(target, tmp_path):
     """The calls that crashed the interpreter, run where half conversions are ours

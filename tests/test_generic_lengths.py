@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from util import execute, inputs_for, same_bits
 
 import hologram
 from hologram.backends.cpu import backend as cpu
@@ -14,7 +15,6 @@ from hologram.backends.cpu import target as targets
 from hologram.backends.cpu.render import render
 from hologram.compiler import generic, pipeline
 from hologram.frontend.graph import Graph
-from tests.util import execute, inputs_for, same_bits
 
 pytestmark = pytest.mark.skipif("cpu" not in hologram.backends.available(),
                                 reason="the cpu backend cannot run here")

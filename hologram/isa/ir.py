@@ -32,7 +32,7 @@ import hashlib
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from enum import StrEnum
+from enum import Enum
 from functools import cached_property
 
 import numpy as np
@@ -41,7 +41,15 @@ from hologram.isa.dtypes import DType, round_bf16
 
 
 # --- opcodes ---------------------------------------------------------------------------
-class Opcode(StrEnum):
+class _StrEnum(str, Enum):
+    """``enum.StrEnum`` (Python 3.11) for 3.10 too: ``str()`` and ``format()`` give the
+    value, as the string itself would."""
+
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+
+class Opcode(_StrEnum):
     """The ISA's operations, in groups (:attr:`group`). Members are strings
     (``Opcode.ADD == "add"``, same hash), so code may compare an instruction's ``op``
     with either; ``repr`` is the string's, so program keys and fingerprints do not depend
