@@ -209,7 +209,7 @@ def test_opcodes_are_one_enum_in_groups() -> None:
     assert instr.op is Opcode.ADD and instr == Instr(Opcode.ADD, dt.float32, (4,), (0, 1))
     assert repr(Opcode.ADD) == "'add'" and f"{Opcode.ADD}" == "add"
     # on every Python (3.10 has no enum.StrEnum): the string itself, hash included
-    assert str(Opcode.ADD) == "add" and "add" == Opcode.ADD
+    assert str(Opcode.ADD) == "add" and Opcode.ADD == "add"
     assert "-".join((Opcode.ADD, Opcode.MUL)) == "add-mul"
     assert hash(Opcode.ADD) == hash("add") and {"add": 1}[Opcode.ADD] == 1
     program = ALL_PROGRAMS[next(iter(ALL_PROGRAMS))]()
