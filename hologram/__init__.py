@@ -16,7 +16,7 @@ try:  # first, so that a missing build says what to do rather than where it was 
     from hologram import _native  # noqa: F401
 except ImportError as exc:
     raise ImportError(
-        "hologram's native extension (hologram._native, built from hologram/csrc/native.c) "
+        "hologram's native extension (hologram._native, built from hologram/csrc/*.c) "
         "is missing or was built for another Python; install the package: `pip install "
         "hologram-tensor` (a wheel carries it built), or `pip install -e .` in a checkout "
         "(`make venv` does), which compiles it with a C compiler and Python's headers "

@@ -381,6 +381,6 @@ class Buffer(SdkOperators):
                 "allocate a new buffer")
 
 
-# The SDK ops' native allocating path makes result buffers itself (hologram/csrc/native.c):
+# The SDK ops' native allocating path makes result buffers itself (hologram/csrc/fastop.c):
 # it fills this class's slots, read from their descriptors, and views memory as ndarrays.
 set_buffer_type(Buffer, np.ndarray)

@@ -60,7 +60,7 @@ class Executor:
         self.device = self.allocator.device
         # This executor's buffers, held weakly, and whether it is closed; with the pool's
         # core, what the ops' native allocating path needs of the executor (see
-        # hologram/csrc/native.c).
+        # hologram/csrc/fastop.c and registry.c).
         core = self.allocator._core if type(self.allocator) is Pool else None
         self._buffers = Registry(core)
         self._lock = threading.Lock()

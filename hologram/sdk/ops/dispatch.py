@@ -115,7 +115,7 @@ def native_op(op: Op, general: Callable, arity: int) -> Callable:
     values), runs ``general`` the first time; once :func:`run` has validated and compiled
     it as an allocating call (no out, no n), later calls whose buffers have the same launch
     keys, whose numbers have the same types and whose keywords are the same allocate their
-    result and launch in native code (``hologram/csrc/native.c``, about 1 us). Every
+    result and launch in native code (``hologram/csrc/fastop.c``, about 1 us). Every
     other call is ``general(*args, **kwargs)``. Nothing is cached but the launch: every
     call allocates and computes, with its own numbers' values."""
     fast = FastOp(general, arity)
