@@ -54,9 +54,11 @@ from util import execute, inputs_for, random_array, same_bits
 import hologram
 from hologram.backends.cpu import backend as interpreted
 from hologram.backends.cpu import gemm, llvm, threads
+from hologram.backends.cpu import target as cpu_targets
 from hologram.backends.cpu.backend import CpuBackend
 from hologram.backends.cpu.render import (
     EXTREMUM_INTERLEAVE,
+    FAST_EXTREMUM_INTERLEAVE,
     MATH_INTERLEAVE,
     PART_WORK,
     independent_iterations,
@@ -1677,17 +1679,26 @@ def test_only_innermost_loops_with_math_ask_for_interleaving():
 
 
 def test_float_max_and_min_reductions_keep_more_vectors_in_flight():
-    """Their innermost loop asks LLVM for EXTREMUM_INTERLEAVE vectors per iteration; an
-    integer max and a sum do not (the sum's lanes are its own, see _blocks)."""
-    def interleaved(kind: str, dtype: str) -> bool:
+    """Their innermost loop asks LLVM for EXTREMUM_INTERLEAVE vectors per iteration with
+    ``llvm.maximum``/``minimum``, FAST_EXTREMUM_INTERLEAVE with ``maxnum``/``minnum`` and
+    integer reductions where the target has unsigned vector max/min of the width; an
+    integer max and a sum ask for none (the sum's lanes are its own, see _blocks)."""
+    def step(kind: str, dtype: str, target: str) -> tuple[str, int | None]:
         g = Graph(f"{kind}_{dtype}")
         g.output("r", g.reduce(kind, g.input("x", dtype, (64, 1000)), axes=1))
         lowered = pipeline.run(g.program())
-        ir = render(lowered, {k.name: f"ir_{k.name}" for k in lowered.kernels})
-        return f'!"llvm.loop.interleave.count", i32 {EXTREMUM_INTERLEAVE}' in ir
+        ir = render(lowered, {k.name: f"ir_{k.name}" for k in lowered.kernels},
+                    cpu_targets.named(target))
+        count = re.search(r'!"llvm.loop.interleave.count", i32 (\d+)', ir)
+        fast = re.search(r"call nnan nsz \w+ @\"?llvm\.(max|min)num", ir) is not None
+        return ("fast" if fast else "exact"), (int(count.group(1)) if count else None)
 
-    assert interleaved("max", "f32") and interleaved("min", "f64")
-    assert not interleaved("max", "i32") and not interleaved("sum", "f32")
+    exact, fast = ("exact", EXTREMUM_INTERLEAVE), ("fast", FAST_EXTREMUM_INTERLEAVE)
+    for target, f32, f64 in (("x86-64", exact, exact), ("x86-64-v3", fast, exact),
+                             ("x86-64-v4", fast, fast), ("neoverse-n1", fast, exact)):
+        assert step("max", "f32", target) == step("min", "f16", target) == f32, target
+        assert step("min", "f64", target) == f64, target
+    assert step("max", "i32", "x86-64-v4") == step("sum", "f32", "x86-64-v4") == ("exact", None)
 
 
 def test_kernels_without_dependences_through_memory_have_parallel_loops():

@@ -577,6 +577,14 @@ def test_flags_that_let_llvm_change_results_keep_a_module_at_the_full_tier():
     for flagged in ("fadd reassoc float", "fadd contract float", "fadd fast float",
                     "fadd nnan float", "add nsw i32"):
         assert not llvm.same_bits_at_every_tier(plain.replace("fadd float", flagged))
+    # the max/min reductions' maxnum/minnum, exact after the renderer's fixup
+    extremum = plain.replace("fadd float %x, 1.0",
+                             "call nnan nsz float @\"llvm.maxnum.f32\"(float %x, float %x)")
+    assert llvm.same_bits_at_every_tier(extremum)
+    assert llvm.same_bits_at_every_tier(extremum.replace('"', "").replace("max", "min"))
+    assert not llvm.same_bits_at_every_tier(extremum.replace("maxnum", "maximum"))
+    flagged = "%z = fadd nnan float %y, 1.0\n  ret float %z"
+    assert not llvm.same_bits_at_every_tier(extremum.replace("ret float %y", flagged))
     fused = plain.replace("fadd float %x, 1.0",
                           "call float @llvm.fmuladd.f32(float %x, float %x, float %x)")
     assert not llvm.same_bits_at_every_tier(fused)

@@ -122,6 +122,52 @@ def test_max_min_propagate_nan_and_order_signed_zeros(backend, name):
         assert same_bits(a, b)
 
 
+def _long_extreme_rows(n: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Rows where a vectorized max/min's NaN and signed-zero handling decides the result,
+    the special element at a random place (any lane, any unrolled vector, the tail)."""
+    def at(row: np.ndarray, value: float) -> np.ndarray:
+        row = row.copy()
+        row[rng.integers(n)] = value
+        return row
+
+    neg, pos = -rng.uniform(1, 2, n), rng.uniform(1, 2, n)
+    return [
+        at(rng.standard_normal(n), NAN), at(np.full(n, NAN), 1.0), np.full(n, -0.0),
+        np.full(n, 0.0), at(np.full(n, -0.0), 0.0), at(np.full(n, 0.0), -0.0),
+        at(neg, 0.0), at(neg, -0.0), at(pos, 0.0), at(pos, -0.0), at(neg, -INF),
+        np.full(n, -INF), at(pos, INF), at(at(pos, NAN), INF), rng.standard_normal(n),
+    ]
+
+
+@pytest.mark.parametrize("name", [t.name for t in dt.FLOATS])
+def test_max_min_of_long_rows_propagate_nan_and_order_signed_zeros(backend, name):
+    """As above on rows long enough to be reduced in vectors (several per row, a tail),
+    over the last axis and over a whole tensor."""
+    t = dt.dtype(name)
+    if not supported(backend, "reduce", t):
+        pytest.skip(f"{backend} does not declare reductions on {name}")
+    rng = np.random.default_rng(seed_of("long extremes", name))
+    n = 1003
+    rows = _long_extreme_rows(n, rng)
+    g = Graph("long_extremes")
+    x = g.input("x", t, (len(rows), n))
+    flat = [g.input(f"r{i}", t, (n,)) for i in range(len(rows))]
+    for kind in ("max", "min"):
+        g.output(kind, g.reduce(kind, x, 1))
+        for i, r in enumerate(flat):
+            g.output(f"{kind}{i}", g.reduce(kind, r, 0))
+    data = [storage(np.stack(rows), t).reshape(-1), *(storage(r, t) for r in rows)]
+    got, want = both(g.program(), backend, data)
+    for a, b in zip(got, want):
+        assert same_bits(a, b), (a, b)
+    mx, mn = (as_float(w, t) for w in want[:: len(rows) + 1])
+    assert np.isnan(mx[:2]).all() and np.isnan(mn[:2]).all()
+    assert np.signbit(mx[2:6]).tolist() == [True, False, False, False]
+    assert np.signbit(mn[2:6]).tolist() == [True, False, True, True]
+    assert mx[6] == 0 and not np.signbit(mx[6]) and mx[7] == 0 and np.signbit(mx[7])
+    assert mn[8] == 0 and not np.signbit(mn[8]) and mn[9] == 0 and np.signbit(mn[9])
+
+
 EMPTY = [((0,), (0,)), ((3, 0), (1,)), ((0, 4), (0,)), ((2, 0, 3), (1, 2)), ((2, 0, 3), (0, 2))]
 
 

@@ -73,6 +73,11 @@ TIERS = ("full", "quick")
 _TIER_SENSITIVE_WORDS = ("fast", "reassoc", "nnan", "ninf", "nsz", "arcp", "contract", "afn",
                          "nsw", "nuw", "exact", "nneg", "disjoint", "samesign", "fmuladd")
 _TIER_SENSITIVE = re.compile(rf"\b({'|'.join(_TIER_SENSITIVE_WORDS)})\b|-fp-math")
+# Except the float max/min reductions' maxnum/minnum (render's ``_float_extremum``): the
+# renderer puts the NaN and the zero's sign back after the loop, so every result the flags
+# allow ends in the same bits.
+_EXACT_AFTER_FIXUP = re.compile(
+    r'call nnan nsz (float|double) @("?)llvm\.(maxnum|minnum)\.f(32|64)\2\(')
 # The quick tier's passes: registers instead of stack slots (the renderer's accumulators
 # and loop variables are allocas), then local simplification; no loop transformation.
 _QUICK_PASSES = ("sroa", "instruction_combine", "simplify_cfg")
@@ -109,6 +114,8 @@ def same_bits_at_every_tier(ir: str) -> bool:
     # position, took ~0.3 ms of a kernel's compile; most modules contain none of the words.
     if not any(word in ir for word in _TIER_SENSITIVE_WORDS) and "-fp-math" not in ir:
         return True
+    if "call nnan nsz" in ir:
+        ir = _EXACT_AFTER_FIXUP.sub(r"call \1 @\2llvm.\3.f\4\2(", ir)
     return _TIER_SENSITIVE.search(ir) is None
 
 

@@ -716,7 +716,7 @@ class IRBuilder:
 
     def call(self, fn, args, name="", cconv=None, tail=False, fastmath=(), attrs=(),
              arg_attrs=None):
-        if cconv or tail or fastmath or attrs or arg_attrs:
+        if cconv or tail or attrs or arg_attrs:
             raise NotImplementedError("textir: call() with options")
         fnty = fn.function_type
         if len(args) != len(fnty.args):
@@ -726,7 +726,8 @@ class IRBuilder:
                 raise TypeError(f"Type of #{i + 1} arg mismatch: {expected} != {arg.type}")
         ret = fnty.return_type
         text = ", ".join(f"{a.type} {a.get_reference()}" for a in args)
-        return self._op(ret, f"call {ret} {fn.get_reference()}({text})", name)
+        flags = "".join(f"{flag} " for flag in fastmath)
+        return self._op(ret, f"call {flags}{ret} {fn.get_reference()}({text})", name)
 
     # terminators
     def _terminate(self, ty: Type, body: str) -> Instruction:
