@@ -623,8 +623,8 @@ class _KernelRenderer:
 
     def _float_extremum(self, instr: Instr, kind: str, t: DType, ty: ir.Type) -> ir.Value:
         """A float max or min over the reduction's axes as three reductions that LLVM
-        vectorizes to one ``vmaxps`` (``vminps``) and three integer ops per vector, all in
-        vector registers: ``maxnum`` (``minnum``) told there are no NaNs and that the sign
+        vectorizes to one ``vmaxps`` (``vminps``) and three integer ops per vector (four for
+        min), all in vector registers: ``maxnum`` (``minnum``) told there are no NaNs and that the sign
         of a zero does not matter (``nnan nsz``); the largest magnitude's bits (``umax``
         of the bits without the sign: above infinity's only if a NaN was seen); and the
         smallest bits of the zero that orders last (``umin`` of the bits, or of the bits
