@@ -16,15 +16,19 @@ arguments as the CPU kernel casts CPU ones, then runs the op with autocast off f
   FFTs, ...): low-precision arguments cast to float32.
 
 Ops on no list run as they are (the fallthrough :mod:`hologram_torch.compat` installs), so
-elementwise ops follow their inputs' dtypes. float64 arguments are never cast. PyTorch
-keeps the low-precision copy of a leaf tensor that requires grad (a weight) for the rest
-of the region; here every use casts it again.
+elementwise ops follow their inputs' dtypes. float64 arguments are never cast. As in
+PyTorch (``at::autocast::cached_cast``), the low-precision copy of a float32 leaf tensor
+that requires grad (a weight) is kept for the rest of the region (unless
+``cache_enabled=False``) and dropped when the outermost region exits; unlike PyTorch's,
+a copy is made again if the weight was written in place since.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import threading
+import weakref
 
 import torch
 
@@ -95,6 +99,9 @@ PROMOTE = frozenset({"aten::cat", "aten::stack", "aten::index_copy"})
 _DEVICE = "hologram"
 _KEY = "AutocastPrivateUse1"
 _libraries: list[torch.library.Library] = []
+# This thread's kept low-precision copies, as PyTorch's cache is per thread: (id of the
+# weight, dtype) -> (the weight, weakly; its version; the copy).
+_kept = threading.local()
 
 
 def policy(name: str) -> str:
@@ -155,7 +162,7 @@ def _kernel(op, kind: str):
             target = _promoted((*args, *kwargs.values()), torch.get_autocast_dtype(_DEVICE))
 
         def cast(t):
-            return t.to(target) if target is not None and _eligible(t) and (
+            return _cast(t, target) if target is not None and _eligible(t) and (
                 kind != "fp32" or t.dtype in (torch.float16, torch.bfloat16)) else t
 
         args = _map(cast, args)
@@ -164,6 +171,38 @@ def _kernel(op, kind: str):
             return op(*args, **kwargs)
 
     return run
+
+
+def _cast(t: torch.Tensor, target: torch.dtype) -> torch.Tensor:
+    """``t.to(target)``; for a weight cast to the region's low dtype, the copy kept since
+    its first cast in the region (PyTorch's conditions: a float32 leaf that requires grad
+    and is no view, with the autocast cache enabled)."""
+    if t.dtype is target:
+        return t
+    if not (t.dtype is torch.float32 and target is torch.get_autocast_dtype(_DEVICE)
+            and t.requires_grad and t.is_leaf and not t._is_view()
+            and torch.is_autocast_cache_enabled()):
+        return t.to(target)
+    kept = _kept.__dict__.setdefault("casts", {})
+    key = (id(t), target)
+    entry = kept.get(key)
+    if entry is not None and entry[0]() is t and entry[1] == t._version:
+        return entry[2]
+    copy = t.to(target)
+    kept[key] = (weakref.ref(t), t._version, copy)
+    return copy
+
+
+def _clear_kept(clear):
+    """``torch.clear_autocast_cache`` (which ``torch.autocast`` calls when its outermost
+    region exits) clearing this thread's kept copies too."""
+    @functools.wraps(clear)
+    def clear_both() -> None:
+        _kept.__dict__.pop("casts", None)
+        clear()
+
+    clear_both.hologram = True
+    return clear_both
 
 
 def _overload(name: str):
@@ -182,6 +221,8 @@ def install() -> None:
         op = _overload(name)
         library.impl(op, _kernel(op, policy(name)), _KEY)
     _libraries.append(library)
+    if not getattr(torch.clear_autocast_cache, "hologram", False):
+        torch.clear_autocast_cache = _clear_kept(torch.clear_autocast_cache)
 
 
 # --- GradScaler's ops as device programs ----------------------------------------------

@@ -87,6 +87,60 @@ def test_elementwise_ops_keep_their_dtype_and_gradients_flow_in_float32():
         assert torch.mm(x.double(), x.double().T).dtype is torch.float64  # never cast
 
 
+class _CountCasts(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts ``aten._to_copy`` (every dtype cast) below autocast."""
+
+    def __init__(self):
+        super().__init__()
+        self.casts = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.casts += func is torch.ops.aten._to_copy.default
+        return func(*args, **(kwargs or {}))
+
+
+def _weight_used_twice(device: str, cache_enabled: bool = True):
+    """(casts, outputs, the weight's gradient) of a region using a weight twice, a
+    non-leaf copy of it and a weight that needs no gradient."""
+    gen = torch.Generator().manual_seed(3)
+    w = torch.randn(8, 8, generator=gen).to(device).requires_grad_()
+    frozen, x = torch.randn(8, 8, generator=gen).to(device), torch.randn(5, 8, generator=gen)
+    x = x.to(device)
+    with _CountCasts() as counted:
+        with torch.autocast(device, dtype=torch.bfloat16, cache_enabled=cache_enabled):
+            y = torch.mm(x, w) + torch.mm(torch.relu(x), w)
+            z = torch.mm(x, w * 1) + torch.mm(x, frozen) + torch.mm(x, frozen)
+        (y.float().sum() + z.float().sum()).backward()
+    return counted.casts, (y, z), w.grad
+
+
+@pytest.mark.parametrize("cache_enabled", (True, False))
+def test_a_weight_is_cast_once_per_region_as_on_the_cpu(cache_enabled):
+    casts, outputs, grad = _weight_used_twice("hologram", cache_enabled)
+    cpu_casts, cpu_outputs, cpu_grad = _weight_used_twice("cpu", cache_enabled)
+    assert casts == cpu_casts
+    for got, want in zip(outputs, cpu_outputs):
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(grad.cpu(), cpu_grad, rtol=1e-2, atol=1e-2)
+
+
+def test_kept_copies_last_until_the_outermost_region_exits():
+    w = torch.randn(4, 4, device="hologram", requires_grad=True)
+    x = torch.randn(2, 4, device="hologram")
+    with torch.autocast("hologram", dtype=torch.bfloat16):
+        with torch.autocast("hologram", dtype=torch.bfloat16):
+            torch.mm(x, w)
+        assert len(autocast._kept.casts) == 1  # an inner region's exit keeps them
+        with _CountCasts() as counted:
+            torch.mm(x, w)
+        assert counted.casts == 1  # x only
+        with torch.no_grad():
+            w.mul_(2)  # written in place: cast again, unlike PyTorch
+        torch.testing.assert_close(torch.mm(x, w).float().cpu(),
+                                   (x.bfloat16() @ w.bfloat16()).float().cpu())
+    assert not getattr(autocast._kept, "casts", None)
+
+
 def _train(device: str, steps: int = 6):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(),
