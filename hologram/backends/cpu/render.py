@@ -624,12 +624,12 @@ class _KernelRenderer:
     def _float_extremum(self, instr: Instr, kind: str, t: DType, ty: ir.Type) -> ir.Value:
         """A float max or min over the reduction's axes as three reductions that LLVM
         vectorizes to one ``vmaxps`` (``vminps``) and three integer ops per vector (four for
-        min), all in vector registers: ``maxnum`` (``minnum``) told there are no NaNs and that the sign
-        of a zero does not matter (``nnan nsz``); the largest magnitude's bits (``umax``
-        of the bits without the sign: above infinity's only if a NaN was seen); and the
-        smallest bits of the zero that orders last (``umin`` of the bits, or of the bits
-        with the sign flipped for min: 0 only if +0.0, or -0.0 for min, was seen). After
-        the loop: NaN if one was seen (its payload is not kept), and a zero result gets
+        min), all in vector registers: ``maxnum`` (``minnum``) told there are no NaNs and
+        that the sign of a zero does not matter (``nnan nsz``); the largest magnitude's
+        bits (``umax`` of the bits without the sign: above infinity's only if a NaN was
+        seen); and the smallest bits of the zero that orders last (``umin`` of the bits,
+        or of the bits with the sign flipped for min: 0 only if +0.0, or -0.0 for min, was
+        seen). After the loop: NaN if one was seen (its payload is not kept), and a zero result gets
         that zero's sign if it was seen, else the other's. With a NaN, the ``nnan`` result
         is poison; the select after the loop never picks it then. ``llvm.maximum`` is
         exact by itself, but lowered to a max plus blends for NaN and signed zeros: its
