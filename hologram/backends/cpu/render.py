@@ -588,8 +588,6 @@ class _KernelRenderer:
 
             self._loop(ir.Constant(I64, self.parts), partial, dim=-1)
         else:
-            saved_local, self.local = self.local, {}
-
             def flat_index() -> ir.Value:
                 flat = ir.Constant(I64, 0)
                 for a, n in zip(axes, extents):
@@ -605,11 +603,20 @@ class _KernelRenderer:
                     value = self._widen(values[0], t, acc_type)
                 fold(value, flat_index)
 
-            self.extremum = EXTREMUM_INTERLEAVE if kind in ("max", "min") and t.is_float else 0
-            self._nest(axes, step)
-            self.extremum = 0
-            self.local = saved_local
+            extremum = kind in ("max", "min") and t.is_float
+            self._reduction_nest(axes, step, EXTREMUM_INTERLEAVE if extremum else 0)
         return b.load(acc), (b.load(best) if best is not None else None), acc_type
+
+    def _reduction_nest(self, axes: list[int], step: Callable[[], None],
+                        interleave: int) -> None:
+        """The loops over a reduction's ``axes`` around ``step``, whose values are its own
+        (not the grid point's); ``interleave``: the float max/min vectors in flight (0:
+        LLVM's choice)."""
+        saved_local, self.local = self.local, {}
+        self.extremum = interleave
+        self._nest(axes, step)
+        self.extremum = 0
+        self.local = saved_local
 
     def _unsigned_vector_extrema(self, ty: ir.Type) -> bool:
         """Has the target unsigned max/min of vectors of ``ty``'s width, which
@@ -646,24 +653,19 @@ class _KernelRenderer:
         suffix = "f32" if ty == F32 else "f64"
         extremum = intrinsics.declare(self.module, f"{'maxnum' if largest else 'minnum'}."
                                       f"{suffix}", ty, [ty, ty])
-        umax = intrinsics.declare(self.module, f"umax.i{bits.width}", bits, [bits, bits])
-        umin = intrinsics.declare(self.module, f"umin.i{bits.width}", bits, [bits, bits])
 
         def step() -> None:
             value = self._widen(self._value(instr.args[0]), t, ty)
             b.store(b.call(extremum, [b.load(extreme), value], fastmath=("nnan", "nsz")),
                     extreme)
             raw = b.bitcast(value, bits)
-            b.store(b.call(umax, [b.load(magnitude), b.and_(raw, ir.Constant(bits, sign - 1))]),
+            without_sign = b.and_(raw, ir.Constant(bits, sign - 1))
+            b.store(self._intrinsic("umax", bits, [b.load(magnitude), without_sign]),
                     magnitude)
             last = raw if largest else b.xor(raw, ir.Constant(bits, sign))
-            b.store(b.call(umin, [b.load(zero), last]), zero)
+            b.store(self._intrinsic("umin", bits, [b.load(zero), last]), zero)
 
-        saved_local, self.local = self.local, {}
-        self.extremum = FAST_EXTREMUM_INTERLEAVE
-        self._nest(list(instr.axes), step)
-        self.extremum = 0
-        self.local = saved_local
+        self._reduction_nest(list(instr.axes), step, FAST_EXTREMUM_INTERLEAVE)
         result = b.load(extreme)
         seen = b.icmp_unsigned("==", b.load(zero), ir.Constant(bits, 0))
         winner, other = (0.0, -0.0) if largest else (-0.0, 0.0)
