@@ -17,6 +17,8 @@ named in :data:`hologram.backends.BUILTIN`. It has four parts:
   executors get their memory only through this (``hologram.runtime.executor``), so a
   backend whose memory the host cannot see (``host_visible = False``) works unchanged:
   buffers are copied in and out through :meth:`Allocator.copy_in` / ``copy_out``.
+  Allocators whose handles are byte addresses (host memory, CUDA memory and its
+  emulation) also copy at a handle plus an offset (:meth:`Allocator.write` / ``read``).
 - **identity** — :meth:`Backend.target`: everything about the target machine that changes
   the artifact (CPU name and features, GPU architecture). It is part of every cache key, so
   an artifact never runs on a machine it was not built for.
@@ -92,6 +94,23 @@ class Allocator(ABC):
         """Copy the first ``destination.nbytes`` bytes of ``allocation`` into the
         C-contiguous host array ``destination``."""
 
+    # --- copies at addresses (allocators whose handles are byte addresses) -------------
+    def write(self, handle: int, source: np.ndarray) -> None:
+        """Copy the C-contiguous host array ``source`` to the device memory at ``handle``:
+        a :meth:`handle`, or one plus a byte offset into its allocation (the caller vouches
+        that ``source.nbytes`` bytes fit there). A copy of 0 bytes does nothing. Only for
+        allocators whose handles are byte addresses (host memory, CUDA memory): the
+        default raises :class:`~hologram.errors.DeviceError`."""
+        raise DeviceError(f"{type(self).__name__}: write at a handle is not supported: its "
+                          "handles are not addresses; copy into an allocation with copy_in")
+
+    def read(self, handle: int, destination: np.ndarray) -> None:
+        """Copy ``destination.nbytes`` bytes of device memory at ``handle`` (as in
+        :meth:`write`) into the C-contiguous host array ``destination``. A copy of 0 bytes
+        does nothing. The default raises :class:`~hologram.errors.DeviceError`."""
+        raise DeviceError(f"{type(self).__name__}: read at a handle is not supported: its "
+                          "handles are not addresses; copy an allocation out with copy_out")
+
     def synchronize(self) -> None:  # noqa: B027 (host work is done when launch returns)
         """Wait until every launch and copy queued on the device has finished."""
 
@@ -147,6 +166,18 @@ def host_arrays(params: Sequence[BufferDecl], addresses: Sequence[int]) -> list[
         raw = (ctypes.c_char * param.nbytes).from_address(address)
         arrays.append(np.frombuffer(raw, dtype, param.size))
     return arrays
+
+
+def contiguous(array: np.ndarray, where: str, writable: bool = False) -> np.ndarray:
+    """``array`` itself, checked to be C-contiguous (and writable, with ``writable``): the
+    host side of :meth:`Allocator.read` and :meth:`Allocator.write`.
+    :class:`~hologram.errors.ShapeError` otherwise."""
+    flags = array.flags
+    if not flags.c_contiguous or (writable and not flags.writeable):
+        what = "C-contiguous (np.ascontiguousarray)" if not flags.c_contiguous else "writable"
+        raise ShapeError(f"{where}: the host array {list(array.shape)} {array.dtype} must be "
+                         f"{what}")
+    return array
 
 
 def check_arrays(program: Program, arrays: Sequence[object], where: str) -> list[np.ndarray]:

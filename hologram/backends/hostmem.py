@@ -56,7 +56,7 @@ from numpy.typing import DTypeLike
 
 from hologram._native import CACHE_SLACK, NUM_CLASSES, SLAB_BYTES, Lease, PoolCore
 from hologram._native import size_class as _size_class
-from hologram.backends.base import Allocator
+from hologram.backends.base import Allocator, contiguous
 from hologram.errors import DTypeError, HologramError, OutOfMemoryError, ShapeError
 
 __all__ = [
@@ -203,6 +203,19 @@ class Pool(Allocator):
     def copy_out(self, allocation: np.ndarray, destination: np.ndarray) -> None:
         raw = destination.reshape(-1).view(np.uint8)
         np.copyto(raw, allocation.reshape(-1).view(np.uint8)[: raw.size])
+
+    def write(self, handle: int, source: np.ndarray) -> None:
+        """Copy ``source`` (C-contiguous) to the host address ``handle``."""
+        contiguous(source, "Pool.write")
+        if source.nbytes:
+            ctypes.memmove(handle, source.ctypes.data, source.nbytes)
+
+    def read(self, handle: int, destination: np.ndarray) -> None:
+        """Copy ``destination.nbytes`` bytes at the host address ``handle`` into
+        ``destination`` (C-contiguous, writable)."""
+        contiguous(destination, "Pool.read", writable=True)
+        if destination.nbytes:
+            ctypes.memmove(destination.ctypes.data, handle, destination.nbytes)
 
     @property
     def core(self) -> PoolCore:

@@ -17,10 +17,14 @@ Triton, toolkit and driver versions. It ran once on an H100 (the conformance sui
 there, docs/cuda.md "On an H100"); CI tests it against a fake driver.
 
 **Run**, emulated: with ``HOLOGRAM_CUDA_EMULATE=1`` the backend is available and runs the
-same generated kernels in Triton's interpreter (``TRITON_INTERPRET=1``) on host memory;
-this is *not* a GPU run. A kernel the renderer cannot express (a reduction whose result
-varies along a loop dimension) runs on the reference interpreter, declared in the
-artifact (``interpreted``), emulated and on a GPU alike.
+same generated kernels in Triton's interpreter (``TRITON_INTERPRET=1``); this is *not* a
+GPU run. Its memory (:mod:`.emulated`) is host memory behind device-style handles: not
+host-visible, handles that are not host addresses (a host dereference faults), copied in
+and out as a GPU's is, so host code that would touch device memory fails here too.
+
+A kernel the renderer cannot express (a reduction whose result varies along a loop
+dimension) runs on the reference interpreter, declared in the artifact (``interpreted``),
+emulated and on a GPU alike.
 """
 
 from __future__ import annotations
@@ -38,7 +42,6 @@ import numpy as np
 
 from hologram import config
 from hologram.backends.base import Allocator, Backend, Executable, host_arrays
-from hologram.backends.hostmem import Pool
 from hologram.codegen import loops, schedule
 from hologram.codegen import mathlib as shared_math
 from hologram.compiler import pipeline
@@ -52,6 +55,7 @@ from hologram.isa.text import parse_program, print_program
 from . import kernels as kernels_cache
 from . import render as render_module
 from . import worker
+from .emulated import EmulatedMemory, untag
 from .render import PRELUDE, render
 from .runtime import ALIGNMENT, DeviceMemory, DeviceProgram
 
@@ -203,7 +207,7 @@ class CudaBackend(Backend):
 
     def allocator(self, memory_limit: int | None = None) -> Allocator:
         if self._device_target() is None:
-            return Pool(memory_limit)  # emulated: host memory
+            return EmulatedMemory(memory_limit)  # host memory behind device handles
         return DeviceMemory(gpu()[0], memory_limit)
 
     def compile(self, program: Program, target: str | None = None) -> bytes:
@@ -354,8 +358,9 @@ def _for_torch(array: np.ndarray) -> np.ndarray:
 
 
 class _Emulated(Executable):
-    """Runs the artifact's kernels in Triton's interpreter (a child process) on host
-    memory; temporaries are the executable's own host arrays."""
+    """Runs the artifact's kernels in Triton's interpreter (a child process) on the
+    emulated device memory (:mod:`.emulated`: its handles are untagged to the host
+    addresses behind them); temporaries are the executable's own host arrays."""
 
     _warned: ClassVar[set[str]] = set()
 
@@ -371,7 +376,7 @@ class _Emulated(Executable):
         if len(handles) != len(program.params):
             raise ShapeError(f"cuda program {program.name}: takes {len(program.params)} "
                              f"buffers, got {len(handles)}")
-        given = iter(host_arrays(program.params, handles))
+        given = iter(host_arrays(program.params, [untag(h) for h in handles]))
         memory = []
         for buf in program.buffers:
             if buf.kind != "temp":

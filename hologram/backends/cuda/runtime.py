@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from hologram.backends.base import Allocator, Executable
+from hologram.backends.base import Allocator, Executable, contiguous
 from hologram.backends.hostmem import CLASS_SIZES, NUM_CLASSES, size_class
 from hologram.errors import DeviceError, HologramError, OutOfMemoryError, ShapeError
 from hologram.isa.text import parse_program
@@ -389,6 +389,20 @@ class DeviceMemory(Allocator):
     def copy_out(self, allocation: DeviceBlock, destination: np.ndarray) -> None:
         self._check(allocation, destination.nbytes, "copy out")
         self.driver.copy_out(destination, allocation.pointer)
+
+    def write(self, handle: int, source: np.ndarray) -> None:
+        """Copy ``source`` (C-contiguous) to the device address ``handle`` (a block's
+        pointer, or one plus an offset into it): ``cuMemcpyHtoD``."""
+        contiguous(source, "cuda write")
+        if source.nbytes:
+            self.driver.copy_in(handle, source)
+
+    def read(self, handle: int, destination: np.ndarray) -> None:
+        """Copy ``destination.nbytes`` bytes at the device address ``handle`` into
+        ``destination`` (C-contiguous, writable): ``cuMemcpyDtoH``."""
+        contiguous(destination, "cuda read", writable=True)
+        if destination.nbytes:
+            self.driver.copy_out(destination, handle)
 
     def synchronize(self) -> None:
         self.driver.synchronize()
