@@ -20,6 +20,7 @@ Values are read at call time, so tests and users can change the environment at r
 | ``HOLOGRAM_CUDA_ALLOW_TF32`` | ``1``: ``cuda`` f32 matmuls may use TF32 (docs/cuda.md) | ``0`` |
 | ``HOLOGRAM_SHARE_OPENMP`` | ``1``: CPU kernels use the process's OpenMP threads, if any | ``1`` |
 | ``HOLOGRAM_LAZY`` | ``1``: the torch device records ops, runs fused regions (torch.md) | ``0`` |
+| ``HOLOGRAM_TORCH_BACKEND`` | the torch device's backend: cpu, interp, cuda (torch.md) | ``auto`` |
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ class Settings:
     share_openmp: bool = True
     # The torch device records its ops and runs them as fused regions (hologram_torch.lazy).
     lazy: bool = False
+    # The backend of the torch device's kernels and memory (hologram_torch.aten.program).
+    torch_backend: str = "auto"
 
 
 def _flag(name: str) -> bool:
@@ -94,7 +97,7 @@ _VARIABLES = (
     "HOLOGRAM_FAST_MATH", "HOLOGRAM_BENCH_QUICK", "HOLOGRAM_CPU_TARGET", "HOLOGRAM_CUDA_EMULATE",
     "HOLOGRAM_CUDA_ALLOW_TF32",
     "HOLOGRAM_QUICK_COMPILE", "HOLOGRAM_PROMOTE_AFTER", "HOLOGRAM_SHARE_OPENMP",
-    "HOLOGRAM_LAZY", "XDG_CACHE_HOME",
+    "HOLOGRAM_LAZY", "HOLOGRAM_TORCH_BACKEND", "XDG_CACHE_HOME",
     "HOME",
 )
 _last: tuple[tuple, Settings] | None = None
@@ -177,4 +180,6 @@ def _read() -> Settings:
         promote_after=_int("HOLOGRAM_PROMOTE_AFTER", 16, 1),
         share_openmp=_flag_default("HOLOGRAM_SHARE_OPENMP", True),
         lazy=_flag("HOLOGRAM_LAZY"),
+        torch_backend=os.environ.get("HOLOGRAM_TORCH_BACKEND", "auto").strip().lower()
+        or "auto",
     )

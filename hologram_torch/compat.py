@@ -95,7 +95,9 @@ def _new_storage(*args, device, allocator=None):
     host = _original["storage_new"](torch.UntypedStorage, args[0])
     st = memory.storage(host.nbytes())
     if host.nbytes():
-        memory.cpu_alias_bytes(st).copy_(torch.empty(0, dtype=torch.uint8).set_(host))
+        alias = memory.cpu_alias_bytes(st)
+        alias.copy_(torch.empty(0, dtype=torch.uint8).set_(host))
+        memory.write_back(alias)
     return st
 
 
@@ -154,7 +156,9 @@ def _deserialize(storage, location: str):
     st = memory.storage(storage.nbytes())
     if storage.nbytes():
         source = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
-        memory.cpu_alias_bytes(st).copy_(source)
+        alias = memory.cpu_alias_bytes(st)
+        alias.copy_(source)
+        memory.write_back(alias)
     return st
 
 

@@ -1,11 +1,12 @@
 """``torch.hologram``: the device module, mirroring ``torch.cuda``, and the registration of
 PrivateUse1 as ``hologram``.
 
-The device is a host-memory device: its memory comes from a Hologram pool
-(:mod:`hologram_torch.memory`) and its kernels are compiled by the Hologram backend chosen
-with :func:`hologram_torch.set_backend` (today the CPU backend, or the reference
-interpreter). Kernels run synchronously, so :func:`synchronize` has nothing to wait for.
-There is one device, ``hologram:0``.
+The device's kernels are compiled by the Hologram backend chosen with
+``HOLOGRAM_TORCH_BACKEND`` or :func:`hologram_torch.set_backend`, and its memory is that
+backend's (:mod:`hologram_torch.memory`): host memory from a Hologram pool on the cpu
+backend (and the reference interpreter), whose kernels run synchronously; GPU memory on
+the cuda backend, whose kernels are queued in order on one stream (:func:`synchronize`
+waits for them). There is one device, ``hologram:0``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import warnings
 
 import torch
 
-import hologram
 from hologram.errors import DeviceError
 from hologram_torch import native
 from hologram_torch.constants import NAME
@@ -102,7 +102,9 @@ def set_device(device: object) -> None:
 
 def get_device_name(device: object = None) -> str:
     _index(device)
-    return f"Hologram ({hologram.backend.get_default_backend()} backend)"
+    from hologram_torch.aten import program  # lazy: it needs the registered device
+
+    return f"Hologram ({program.backend()} backend)"
 
 
 class DeviceProperties(types.SimpleNamespace):
@@ -131,12 +133,14 @@ class device(contextlib.AbstractContextManager):
 
 
 def synchronize(device: object = None) -> None:
-    """Run the recorded ops still pending (:mod:`hologram_torch.lazy`); kernels
-    themselves run synchronously on the host, so nothing else is ever pending."""
+    """Run the recorded ops still pending (:mod:`hologram_torch.lazy`), and wait for the
+    kernels and copies queued on a GPU backend's stream (on host memory kernels run
+    synchronously, so nothing else is ever pending)."""
     _index(device)
-    from hologram_torch import lazy
+    from hologram_torch import lazy, memory
 
     lazy.sync("synchronize")
+    memory.synchronize()
 
 
 def manual_seed(seed: int) -> None:
@@ -175,7 +179,7 @@ def get_amp_supported_dtype() -> list[torch.dtype]:
 
 
 def memory_allocated(device: object = None) -> int:
-    """Bytes held by live tensors (pool blocks, rounded to their size class)."""
+    """Bytes held by live tensors (blocks, rounded to their size class)."""
     _index(device)
     from hologram_torch import memory  # lazy: it needs the registered device
 
@@ -190,7 +194,7 @@ def max_memory_allocated(device: object = None) -> int:
 
 
 def memory_reserved(device: object = None) -> int:
-    """Bytes the pool has mapped from the OS (live blocks plus its cache)."""
+    """Bytes the memory holds from the OS or the driver (live blocks plus its cache)."""
     _index(device)
     from hologram_torch import memory  # lazy: it needs the registered device
 
@@ -198,7 +202,8 @@ def memory_reserved(device: object = None) -> int:
 
 
 def memory_stats(device: object = None) -> dict:
-    """The pool's counters (see :meth:`hologram.backends.hostmem.Pool.stats`), plus the
+    """The memory's counters (see :meth:`hologram.backends.hostmem.Pool.stats`, on a GPU
+    :meth:`hologram.backends.cuda.runtime.DeviceMemory.stats`), plus the
     ``torch.cuda``-style names ``allocated_bytes.all.current``, ``.peak`` and
     ``reserved_bytes.all.current``."""
     _index(device)
@@ -215,11 +220,11 @@ def reset_peak_memory_stats(device: object = None) -> None:
     _index(device)
     from hologram_torch import memory  # lazy: it needs the registered device
 
-    memory.pool().reset_peak_stats()
+    memory.allocator().reset_peak_stats()
 
 
 def empty_cache() -> None:
-    """Return the pool's cached (free) blocks to the OS."""
+    """Return the memory's cached (free) blocks to the OS or the driver."""
     from hologram_torch import memory  # lazy: it needs the registered device
 
     memory.empty_cache()

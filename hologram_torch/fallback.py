@@ -1,12 +1,15 @@
 """The CPU fallback: every aten op without a hologram kernel runs on the CPU.
 
-One boxed kernel for the whole dispatch key. Device memory is host memory, so inputs are
-passed to the CPU kernel as CPU tensors *aliasing* it (no copy), and in-place results land
-directly in device memory. ``out=`` arguments (which the CPU kernel may resize) go through
-ordinary CPU copies and are copied back, unless they overlap themselves or an input: then
-the CPU kernel writes through an alias, sees the overlap and raises PyTorch's error (or
-computes what PyTorch computes). New results are copied to the device. View ops only
-build metadata, so they run as the CPU kernel on the device tensor itself.
+One boxed kernel for the whole dispatch key. On host memory, inputs are passed to the
+CPU kernel as CPU tensors *aliasing* it (no copy), and in-place results land directly in
+device memory; on device memory (cuda) they are CPU copies of their storages, and the
+storages of the arguments the op writes are copied back after it
+(:func:`hologram_torch.memory.cpu_alias`). ``out=`` arguments (which the CPU kernel may
+resize) go through ordinary CPU copies and are copied back, unless they overlap
+themselves or an input: then the CPU kernel writes through an alias, sees the overlap
+and raises PyTorch's error (or computes what PyTorch computes). New results are copied
+to the device. View ops only build metadata, so they run as the CPU kernel on the device
+tensor itself.
 
 Each op warns once (:class:`FallbackWarning`); :func:`fallback_stats` counts every call.
 """
@@ -22,6 +25,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from hologram_torch import memory
 from hologram_torch.constants import CPU_KEYS, NAME
+from hologram_torch.memory import cpu_view
 
 _CPU = torch.device("cpu")
 _counts: Counter[str] = Counter()
@@ -44,19 +48,6 @@ def reset_fallback_stats() -> None:
     """Forget the counts (and warn again for the next fallback of each op)."""
     with _lock:
         _counts.clear()
-
-
-def cpu_view(x: torch.Tensor, storages: dict | None = None) -> torch.Tensor:
-    """A CPU tensor aliasing the device tensor ``x`` that means what ``x`` means: with
-    ``x``'s lazy conjugate and negative bits (``z.conj()``, ``z.conj().imag`` are views
-    that only set a bit), which CPU kernels and copies honour and the raw alias lacks.
-    ``storages``: as for :func:`memory.cpu_alias`."""
-    c = memory.cpu_alias(x, storages)
-    if x.is_conj():
-        c = c.conj()
-    if x.is_neg():
-        c = c._neg_view()
-    return c
 
 
 def _is_device(x: object) -> bool:
@@ -108,8 +99,9 @@ def run_on_cpu_as(op, cpu_fn, *args, **kwargs):
                       "(or for these operands); new results are copied to the device. "
                       "hologram_torch.fallback_stats() counts these calls.",
                       FallbackWarning, stacklevel=3)
-    out_args = {a.name for a in op._schema.arguments
-                if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write}
+    written = [a.alias_info is not None and a.alias_info.is_write
+               for a in op._schema.arguments]
+    out_args = {a.name for a, w in zip(op._schema.arguments, written) if a.kwarg_only and w}
     aliases: dict[int, torch.Tensor] = {}  # id(CPU tensor) -> the device tensor it stands for
     copies: list[tuple] = []  # out= (CPU copy, device tensor, the copy's first strides)
 
@@ -146,6 +138,11 @@ def run_on_cpu_as(op, cpu_fn, *args, **kwargs):
     ckwargs = {k: tree_map(out_to_cpu if k in out_args else to_cpu, v)
                for k, v in kwargs.items()}
     result = cpu_fn(*cargs, **ckwargs)
+    if not memory.host_memory():  # the written arguments' shadows go back to the device
+        memory.write_back(*(c for c in tree_flatten(
+            ([a for a, w in zip(cargs, written) if w], [ckwargs[k] for k in out_args
+                                                        if k in ckwargs]))[0]
+            if isinstance(c, torch.Tensor) and id(c) in aliases))
     for c, x, first in copies:  # write out= results back (resizing the device tensor)
         if x.shape != c.shape:
             x.resize_(c.shape)
@@ -155,7 +152,7 @@ def run_on_cpu_as(op, cpu_fn, *args, **kwargs):
             # tensor, whose memory holds the same number of elements
             memory.point_at(x, x.untyped_storage(), x.storage_offset(), c.shape, c.stride())
         if x.numel():
-            cpu_view(x).copy_(c)
+            memory.upload(x, c)
 
     def to_device(x):
         if isinstance(x, torch.Tensor):

@@ -107,10 +107,25 @@ class set_lazy:
         _switch(self.previous)
 
 
+def refuse(reason: str | None) -> None:
+    """Turn recorded execution off and refuse it with ``reason`` (a :class:`DeviceError`
+    from :func:`set_lazy`), or allow it again (None). ``HOLOGRAM_LAZY=1`` then warns."""
+    with _lock:
+        _refused[0] = reason
+        if reason is not None and _state["on"]:
+            _switch(False)
+            warnings.warn(reason, stacklevel=3)
+
+
+_refused: list = [None]
+
+
 def _switch(on: bool) -> None:
     with _lock:
         if not on:
             _flush("mode")
+        elif _refused[0] is not None:
+            raise DeviceError(_refused[0])
         elif not _state["on"]:
             _functions()  # refuses where the native library is missing
         _state["on"] = on

@@ -1,12 +1,23 @@
-"""Device memory: torch storages over Hologram pool blocks, and tensors made on them.
+"""Device memory: torch storages over blocks of the backend's memory, and tensors made on
+them.
 
 No allocator can be registered with torch from Python, so every device storage is built
-here: a pool lease (:meth:`hologram.backends.hostmem.Pool.lease`) wrapped by a non-owning
-``c10::Storage``; the lease hangs on the storage's Python object, which torch preserves
-for as long as the ``StorageImpl`` lives, so the block returns to the pool exactly when
-the last tensor or view using it is gone. A tensor is an empty ``TensorImpl`` of the
-device's dispatch key pointed at such a storage (``set_`` run by the CPU kernel, which
-only writes metadata).
+here: a block wrapped by a non-owning ``c10::Storage``; the block hangs on the storage's
+Python object, which torch preserves for as long as the ``StorageImpl`` lives, so the
+block returns to its allocator exactly when the last tensor or view using it is gone. A
+tensor is an empty ``TensorImpl`` of the device's dispatch key pointed at such a storage
+(``set_`` run by the CPU kernel, which only writes metadata).
+
+Two kinds of memory, chosen with the backend (:func:`use_memory`, before the first
+device tensor):
+
+* **host memory** (the cpu and interp backends): blocks of a Hologram pool
+  (:meth:`hologram.backends.hostmem.Pool.lease`); the host reads and writes them in
+  place, so :func:`cpu_alias` is a CPU tensor on the same memory;
+* **device memory** (cuda): blocks of the backend's allocator, whose data pointers are
+  device addresses the host never dereferences. The host reaches them by copies only
+  (:func:`read`, :func:`write`): :func:`cpu_alias` is then a CPU *copy* of the whole
+  storage (a shadow), and code that writes through it calls :func:`write_back`.
 """
 
 from __future__ import annotations
@@ -14,9 +25,10 @@ from __future__ import annotations
 import math
 import multiprocessing.queues
 
+import numpy as np
 import torch
 
-from hologram.errors import OutOfMemoryError
+from hologram.errors import DeviceError, OutOfMemoryError
 from hologram.isa.ir import IndexMap
 from hologram.runtime import Pool
 from hologram_torch import lazy
@@ -29,6 +41,10 @@ _create = torch._C._acc.create_empty_tensor
 _set = torch.ops.aten.set_.source_Storage_storage_offset._handle.redispatch_boxed
 
 _pool = Pool()
+#: The device's memory when it is not host memory: ``allocator`` (a backend's
+#: :class:`~hologram.backends.base.Allocator` whose handles are device addresses), and
+#: whether a device storage was made yet (the kind of memory is fixed from then on).
+_device: dict = {"allocator": None, "used": False}
 SPARSE_UNSUPPORTED = (
     f"sparse tensors are not supported on the {NAME} device (its storages are dense "
     "memory blocks); keep sparse tensors and sparse ops on the CPU: x.cpu().to_sparse()")
@@ -41,17 +57,64 @@ _SWAP = hasattr(torch.UntypedStorage, "_swap_data_ptr_")
 
 
 def pool() -> Pool:
-    """The pool every device tensor's memory comes from."""
+    """The pool every device tensor's memory comes from on host memory."""
     return _pool
 
 
+def allocator():
+    """The allocator of the device's memory: the pool, or the backend's device memory."""
+    return _device["allocator"] or _pool
+
+
+def host_memory() -> bool:
+    """Is the device's memory host memory (the host reads and writes it in place)?"""
+    return _device["allocator"] is None
+
+
+def use_memory(device_allocator, name: str) -> None:
+    """Make device tensors from now on in host memory (``device_allocator`` None) or in
+    ``device_allocator``'s memory (backend ``name``'s). Refused once a device tensor has
+    been made in another kind of memory: tensors cannot move under torch's feet."""
+    if device_allocator is _device["allocator"]:
+        return
+    if _device["used"]:
+        where = "host memory" if _device["allocator"] is None else "device memory"
+        raise DeviceError(
+            f"{NAME}: cannot switch the device to backend {name!r}: device tensors already "
+            f"live in {where}; choose the backend before the first {NAME} tensor "
+            f"(HOLOGRAM_TORCH_BACKEND={name}, or hologram_torch.set_backend({name!r}) "
+            "first thing)")
+    _device["allocator"] = device_allocator
+
+
 def stats() -> dict:
-    """The pool's counters."""
-    return _pool.stats()
+    """The memory's counters (the pool's, or the backend allocator's)."""
+    return allocator().stats()
 
 
 def empty_cache() -> None:
-    _pool.empty_cache()
+    allocator().empty_cache()
+
+
+def synchronize() -> None:
+    """Wait for every kernel and copy queued on the device's memory."""
+    if _device["allocator"] is not None:
+        _device["allocator"].synchronize()
+
+
+def read(address: int, nbytes: int) -> np.ndarray:
+    """``nbytes`` of device memory from ``address`` (a data pointer), as a new host array
+    of bytes: a copy that waits for the kernels queued before it."""
+    out = np.empty(nbytes, np.uint8)
+    if nbytes:
+        allocator().read(address, out)
+    return out
+
+
+def write(address: int, data: np.ndarray) -> None:
+    """Copy the C-contiguous host array ``data`` to device memory at ``address``."""
+    if data.nbytes:
+        allocator().write(address, np.ascontiguousarray(data))
 
 
 class DeviceOutOfMemoryError(OutOfMemoryError, torch.OutOfMemoryError):
@@ -59,9 +122,22 @@ class DeviceOutOfMemoryError(OutOfMemoryError, torch.OutOfMemoryError):
     code written for CUDA catches) and Hologram's :class:`OutOfMemoryError`."""
 
 
+class _DeviceLease:
+    """A block of a backend's device memory, as the storages hold it: ``address`` (the
+    device address) and the allocation, which returns to its allocator when this goes."""
+
+    __slots__ = ("address", "block")
+
+    def __init__(self, allocator, nbytes: int):
+        self.block = allocator.alloc((nbytes,), np.uint8)
+        self.address = allocator.handle(self.block)
+
+
 def _lease(nbytes: int):
+    _device["used"] = True
     try:
-        return _pool.lease(nbytes)
+        device = _device["allocator"]
+        return _pool.lease(nbytes) if device is None else _DeviceLease(device, nbytes)
     except OutOfMemoryError as e:
         raise DeviceOutOfMemoryError(f"{NAME}:0 is out of memory. {e}") from None
 
@@ -157,23 +233,106 @@ def empty(size, dtype: torch.dtype | None = None, stride=None) -> torch.Tensor:
 
 def cpu_alias(t: torch.Tensor, storages: dict | None = None, *,
               read_only: bool = False) -> torch.Tensor:
-    """An ordinary CPU tensor sharing ``t``'s memory and layout (no copy); it keeps
-    ``t``'s storage alive. Its storage is not resizable. ``storages``: CPU storages made
-    so far, by device storage address; aliases of one device storage made with the same
-    dict share one CPU storage, so CPU kernels see that they overlap. Pending recorded
-    ops that read or write the memory run first (:mod:`.lazy`): the host is about to read
-    or write it; ``read_only``: the host only reads it, and only pending writes run."""
+    """An ordinary CPU tensor standing for ``t``, with ``t``'s layout; it keeps ``t``'s
+    storage alive and is not resizable. On host memory it shares ``t``'s memory (no copy);
+    on device memory it views a CPU copy of ``t``'s whole storage (a shadow), and the
+    caller that writes through it makes the writes land with :func:`write_back`.
+    ``storages``: CPU storages made so far, by device storage address; aliases of one
+    device storage made with the same dict share one CPU storage, so CPU kernels see that
+    they overlap. Pending recorded ops that read or write the memory run first
+    (:mod:`.lazy`): the host is about to read or write it; ``read_only``: the host only
+    reads it, and only pending writes run."""
     if not (lazy.unwritten(t) if read_only else lazy.untouched(t)):
         lazy.sync("host")
     st = t.untyped_storage()
     key = st.data_ptr()
     cst = None if storages is None else storages.get(key)
     if cst is None:
-        cst = _construct(key, _CPU_DEVICE, st.nbytes())
-        cst._hologram_storage = st
+        cst = _host_storage(st)
         if storages is not None:
             storages[key] = cst
     return torch.empty(0, dtype=t.dtype).set_(cst, t.storage_offset(), t.shape, t.stride())
+
+
+def _host_storage(st: torch.UntypedStorage) -> torch.UntypedStorage:
+    """A CPU storage of device storage ``st``'s bytes: the same memory (host memory), or
+    a copy of them (device memory; a shadow that :func:`write_back` copies back)."""
+    if _device["allocator"] is None:
+        cst = _construct(st.data_ptr(), _CPU_DEVICE, st.nbytes())
+        cst._hologram_storage = st
+        return cst
+    # (a storage made by torch from the bytes: not resizable, as the host alias is not)
+    host = read(st.data_ptr(), st.nbytes())
+    cst = _construct(host.ctypes.data, _CPU_DEVICE, host.nbytes)
+    cst._hologram_storage, cst._hologram_shadow = st, host
+    return cst
+
+
+def write_back(*aliases: torch.Tensor | torch.UntypedStorage) -> None:
+    """Make what the host wrote through :func:`cpu_alias` or :func:`cpu_alias_bytes`
+    tensors (or their storages) land in device memory: their shadows are copied back.
+    Nothing to do on host memory, where the aliases are the memory."""
+    if _device["allocator"] is None:
+        return
+    done = set()
+    for c in aliases:
+        cst = c if isinstance(c, torch.UntypedStorage) else c.untyped_storage()
+        host = getattr(cst, "_hologram_shadow", None)
+        if host is not None and id(host) not in done:
+            done.add(id(host))
+            write(cst._hologram_storage.data_ptr(), host)
+
+
+def upload(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst.copy_(src)`` from the CPU tensor ``src`` into the device tensor ``dst`` (cast
+    and broadcast as ``copy_`` does): one copy of the bytes where both are contiguous
+    with one shape and dtype (on device memory: no shadow), else through
+    :func:`cpu_view`."""
+    if (_device["allocator"] is not None and dst.is_contiguous() and src.is_contiguous()
+            and src.shape == dst.shape and src.dtype == dst.dtype
+            and not _bits(src) and not _bits(dst)):
+        if not lazy.untouched(dst):
+            lazy.sync("host")
+        write(dst.data_ptr(), _bytes(src))
+        return
+    alias = cpu_view(dst)
+    alias.copy_(src)
+    write_back(alias)
+
+
+def _bits(t: torch.Tensor) -> bool:
+    """Is ``t`` a conjugate or negative view (a bit its raw memory does not show)?"""
+    return t.is_conj() or t.is_neg()
+
+
+def cpu_view(x: torch.Tensor, storages: dict | None = None) -> torch.Tensor:
+    """:func:`cpu_alias` of ``x`` that means what ``x`` means: with ``x``'s lazy conjugate
+    and negative bits (``z.conj()``, ``z.conj().imag`` are views that only set a bit),
+    which CPU kernels and copies honour and the raw alias lacks."""
+    c = cpu_alias(x, storages)
+    if x.is_conj():
+        c = c.conj()
+    if x.is_neg():
+        c = c._neg_view()
+    return c
+
+
+def download(src: torch.Tensor) -> torch.Tensor:
+    """A CPU tensor holding the device tensor ``src``'s values, in its layout (read-only
+    use: on host memory it is an alias)."""
+    if _device["allocator"] is not None and src.is_contiguous() and not _bits(src):
+        if not src.numel():
+            return torch.empty(src.shape, dtype=src.dtype)
+        if not lazy.unwritten(src):
+            lazy.sync("host")
+        host = read(src.data_ptr(), src.numel() * src.element_size())
+        return torch.from_numpy(host).view(src.dtype).view(src.shape)
+    return cpu_view(src)
+
+
+def _bytes(t: torch.Tensor) -> np.ndarray:
+    """The bytes of the contiguous CPU tensor ``t`` (any dtype, 0-d included)."""
+    return t.reshape(-1).view(torch.uint8).numpy() if t.numel() else np.empty(0, np.uint8)
 
 
 def from_cpu(t: torch.Tensor) -> torch.Tensor:
@@ -183,7 +342,7 @@ def from_cpu(t: torch.Tensor) -> torch.Tensor:
     keep = t.dim() > 1 and stride != contiguous_strides(t.shape) and dense(t.shape, stride)
     out = empty(t.shape, t.dtype, stride if keep else None)
     if out.numel():
-        cpu_alias(out).copy_(t)
+        upload(out, t)
     return out
 
 
@@ -206,20 +365,21 @@ def resize(t: torch.Tensor, size, memory_format: torch.memory_format | None = No
     if need > st.nbytes():
         new = storage(need)
         if st.nbytes():
-            cpu_alias_bytes(new).narrow(0, 0, st.nbytes()).copy_(cpu_alias_bytes(st))
+            head = cpu_alias_bytes(new)
+            head.narrow(0, 0, st.nbytes()).copy_(cpu_alias_bytes(st))
+            write_back(head)
         st = new
     _set(CPU_KEYS, t, st, t.storage_offset(), size, stride)
     return t
 
 
 def cpu_alias_bytes(st: torch.UntypedStorage) -> torch.Tensor:
-    """The bytes of a device storage as a CPU uint8 tensor (no copy), after the pending
+    """The bytes of a device storage as a CPU uint8 tensor (as :func:`cpu_alias`: the
+    memory itself, or a shadow that :func:`write_back` writes), after the pending
     recorded ops that read or write it."""
     if not lazy.untouched(st):
         lazy.sync("host")
-    cst = _construct(st.data_ptr(), _CPU_DEVICE, st.nbytes())
-    cst._hologram_storage = st
-    return torch.empty(0, dtype=torch.uint8).set_(cst)
+    return torch.empty(0, dtype=torch.uint8).set_(_host_storage(st))
 
 
 def internal_overlap(t: torch.Tensor) -> bool:

@@ -262,8 +262,19 @@ def file_fast(entry, operands: tuple, result, in_place: bool = False) -> None:
     program's operands in order: tensors and Python numbers) into ``result`` (fresh, or
     written in place). It serves the call's signature from then on if the kernel returns
     ``result``: launching it, or recording it (:mod:`.lazy`)."""
-    if _fast is not None:
+    if _fast is not None and _front[0]:
         _fast.hologram_torch_fast_file(entry.launch, entry, operands, result, int(in_place))
+
+
+_front = [True]
+
+
+def set_front(on: bool) -> None:
+    """Let the front kernels serve calls (on), or forget and stop filing them (off: the
+    device's memory is not host memory, and they pass numbers by host address)."""
+    _front[0] = on
+    if not on:
+        clear_fast()
 
 
 def region_functions() -> dict | None:

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import ctypes
 import math
+import warnings
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -79,27 +81,54 @@ _recent = _LAUNCHES.recent  # the hot lookup; a miss falls back to _LAUNCHES.get
 FRONT = native.fast_active()
 
 
-def _host_backend(name: str) -> str:
-    """``name`` if its memory is host memory, as the device's is (storages are host
-    blocks, and the CPU fallback aliases them). ``"auto"``: ``HOLOGRAM_BACKEND`` when it
-    names a host backend (cpu, interp), else cpu, else the interpreter; it never probes
-    GPU adapters nor fails: this runs on ``import torch`` (the device autoloads), where
-    loading a GPU driver costs time (Mesa's lavapipe brings a second LLVM into the
-    process), and ``HOLOGRAM_BACKEND=webgpu`` configures the SDK, not this device."""
+#: Backends whose memory the device can hold tensors in besides host memory: their
+#: allocations' handles are device addresses (a tensor's ``data_ptr()``, offsets
+#: included), which their programs launch on.
+DEVICE_MEMORY_BACKENDS = ("cuda",)
+
+
+def _choose(name: str) -> str:
+    """The backend ``name`` names for the device. ``"auto"``: cuda on an NVIDIA GPU (never
+    its emulation); else ``HOLOGRAM_BACKEND`` when it names a host backend (cpu, interp);
+    else cpu, else the interpreter. It never fails and never loads a GPU driver without
+    a GPU: this runs on ``import torch`` (the device autoloads), and
+    ``HOLOGRAM_BACKEND=webgpu`` configures the SDK, not this device."""
     if name == "auto":
+        if backends.backend_class("cuda").auto_available():
+            return "cuda"
         name = hologram.config.get().backend
         if name not in ("cpu", "interp") or not backends.backend_class(name).is_available():
             name = "cpu" if backends.backend_class("cpu").is_available() else "interp"
         return name
     name = hologram.backend.validate_backend(name)  # checked, errors worded, as everywhere
-    if not backends.get(name).allocator().host_visible:
-        raise DeviceError(f"torch device: backend {name!r} computes on memory the host "
-                          "cannot see, and the device's tensors are host memory; use a "
-                          "host backend (cpu or interp)")
+    if (name not in DEVICE_MEMORY_BACKENDS
+            and not backends.get(name).allocator().host_visible):
+        raise DeviceError(f"torch device: backend {name!r} is not supported yet: its "
+                          "buffers have no addresses a tensor's storage can hold; use cpu, "
+                          "interp or cuda")
     return name
 
 
-_state = {"backend": _host_backend("auto")}
+def _select(name: str) -> None:
+    """Run the device on backend ``name`` (chosen by :func:`_choose`): its memory becomes
+    the device's (refused once tensors live in other memory)."""
+    allocator = _allocators.get(name)
+    if allocator is None:
+        allocator = _allocators[name] = backends.get(name).allocator()
+    host = allocator.host_visible
+    memory.use_memory(None if host else allocator, name)
+    _state["backend"] = name
+    _HOST[0] = host
+    # Recorded regions and the native front kernels launch with host addresses of
+    # numbers and CPU scalars: on device memory, ops run one by one from Python.
+    lazy.refuse(None if host else f"recorded execution does not run on device memory "
+                f"(backend {name!r}) yet; the device runs op by op")
+    native.set_front(host)
+
+
+_HOST = [True]  # is the device's memory host memory (read on every launch)
+_allocators: dict = {}  # one per backend the device ran on (its memory's owner)
+_state: dict = {}
 _LAZY = lazy._state  # {"on": ...}: read on every launch
 
 
@@ -108,7 +137,7 @@ def backend() -> str:
 
 
 def set_backend(name: str) -> None:
-    _state["backend"] = _host_backend(name)
+    _select(_choose(name))
     shortcuts.clear()  # they hold kernels of the previous backend
 
 
@@ -153,6 +182,50 @@ class Shortcuts:
 shortcuts = Shortcuts()
 
 
+def _select_at_import() -> None:
+    """``HOLOGRAM_TORCH_BACKEND`` (default auto). A backend that cannot run here is
+    warned about, not raised: this runs on ``import torch``."""
+    wanted = hologram.config.get().torch_backend
+    try:
+        _select(_choose(wanted))
+    except HologramError as e:
+        warnings.warn(f"HOLOGRAM_TORCH_BACKEND={wanted}: {e}; the device uses 'auto'",
+                      stacklevel=2)
+        _select(_choose("auto"))
+
+
+_select_at_import()
+
+
+#: Device copies of the scalar operands seen last, by their bytes (never written again
+#: once made): a training loop's constants (learning rate, betas, 0.5, 2) are copied to
+#: the device once, not per launch. A copy from the host waits for the stream's work
+#: (``cuMemcpyHtoD`` from pageable memory), so a new value is a synchronization.
+_scalars: OrderedDict = OrderedDict()
+SCALAR_ENTRIES = 4096
+
+
+def _staged(args: Sequence, addresses: list) -> None:
+    """On device memory: ``addresses`` with each host operand's (a boxed number, a CPU 0-d
+    tensor) replaced by the address of a device copy of its value (:data:`_scalars`)."""
+    for i, x in enumerate(args):
+        if isinstance(x, torch.Tensor):
+            if not x.is_cpu:
+                continue
+            value = memory._bytes(x.contiguous()).tobytes()
+        else:
+            value = bytes(_NUMBER[type(x)][1](x))
+        block = _scalars.get(value)
+        if block is None:
+            block = _scalars[value] = memory.storage(max(len(value), 1))
+            memory.write(block.data_ptr(), np.frombuffer(value, np.uint8))
+            if len(_scalars) > SCALAR_ENTRIES:
+                _scalars.popitem(last=False)  # (freed: reused by later work, in order)
+        else:
+            _scalars.move_to_end(value)
+        addresses[i] = block.data_ptr()
+
+
 def remember(shortcut: tuple, name: str, static: tuple, args: Sequence,
              result: torch.Tensor, out: Sequence[torch.Tensor] | None = None) -> None:
     """File the entry :func:`run` just used for ``(name, static, args)`` (device tensors;
@@ -193,8 +266,11 @@ def launch_fresh(entry: _Entry, args: Sequence) -> torch.Tensor:
             lazy.record(entry, args, (out,), False)
         elif type(args[-1]) in _NUMBER:  # boxed; the box must outlive the launch
             box = _NUMBER[type(args[-1])][1](args[-1])
-            entry.launch((*[x.data_ptr() for x in args[:-1]], ctypes.addressof(box),
-                          out.data_ptr()))
+            addresses = [*[x.data_ptr() for x in args[:-1]], ctypes.addressof(box),
+                         out.data_ptr()]
+            if not _HOST[0]:
+                _staged(args, addresses)
+            entry.launch(tuple(addresses))
         else:
             entry.launch((*[x.data_ptr() for x in args], out.data_ptr()))
     if FRONT:  # a front kernel that lost its entries (bounded tables, a new backend)
@@ -272,6 +348,8 @@ def run(name: str, build: Callable, args: Sequence, static: tuple = (),
         else:
             for o in out:
                 addresses.append(o.data_ptr())
+            if not _HOST[0]:
+                _staged(args, addresses)
             entry.launch(tuple(addresses))
     return out[0] if entry.single else tuple(out)
 
@@ -328,7 +406,9 @@ def _compile(name: str, build: Callable, args: Sequence, static: tuple,
         g.output(f"out{j}", r, strides)
     # The op waits for its kernel: the cache entry is written on a background thread.
     with deferred_writes():
-        compiled = hologram.compile(g.program(), backend())
+        # (CPU tensors computed on in place: on host memory, whatever the device's is)
+        compiled = hologram.compile(g.program(), "cpu" if host and not _HOST[0]
+                                    else backend())
     return _Entry(compiled.launch, outs, single)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from hologram_torch import memory
 from hologram_torch.aten import program
 from hologram_torch.aten.program import ISA
 from hologram_torch.aten.registry import impl, native_or_cpu, overload
@@ -31,7 +32,9 @@ def _drawn_on_host(name: str) -> None:
         args = [cpu_view(a) if isinstance(a, torch.Tensor) and not a.is_cpu else a
                 for a in args]
         if self.numel():
-            op(cpu_view(self), *args, **kwargs)
+            alias = cpu_view(self)
+            op(alias, *args, **kwargs)
+            memory.write_back(alias)
         return self
 
     impl(name)(kernel)

@@ -75,8 +75,7 @@ kernels("cat", _cat)
 
 def in_bounds(index: torch.Tensor, low: int, high: int) -> bool:
     """Are all of the device tensor ``index``'s values in ``[low, high)``? Read on the
-    host through a CPU view of the device memory (the device's memory is host memory and
-    its kernels have finished when they return): no launch, no copy."""
+    host through a CPU view of the device memory (on host memory: no launch, no copy)."""
     if index.numel() == 0:
         return True
     least, most = torch.aminmax(memory.cpu_alias(index, read_only=True))
@@ -320,7 +319,9 @@ def _index_fill_kernels(name: str) -> None:
                 return cpu_view(t, storages) if isinstance(t, torch.Tensor) and not t.is_cpu \
                     else t
 
-            alias(self).index_fill_(dim, alias(index), alias(value))
+            written = alias(self)
+            written.index_fill_(dim, alias(index), alias(value))
+            memory.write_back(written)
             return self
         if any(_shares_memory(self, t) for t in (index, value)):
             return run_on_cpu(inplace_op, self, dim, index, value)  # PyTorch's overlap rules

@@ -76,7 +76,9 @@ def fill_uninitialized(t: torch.Tensor) -> torch.Tensor:
     else:
         value = torch.iinfo(dtype).max
     if t.numel():
-        cpu_view(t).fill_(value)
+        alias = cpu_view(t)
+        alias.fill_(value)
+        memory.write_back(alias)
     return t
 
 
@@ -180,13 +182,17 @@ def copy_into(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
         # CPU storage, which raises its overlap error where PyTorch does (a partial
         # overlap of dense tensors) and computes what PyTorch computes elsewhere.
         storages: dict = {}
-        cpu_view(dst, storages).copy_(cpu_view(src, storages))
+        alias = cpu_view(dst, storages)
+        alias.copy_(cpu_view(src, storages))
+        memory.write_back(alias)
         return dst
     if _conj_or_neg(dst) or (not host and _conj_or_neg(src)) or memory.internal_overlap(dst):
         # Conjugate or negative views (complex results, .imag of a conjugate): the CPU
         # copy resolves the bits; the programs read raw memory. A destination whose
         # elements share memory (expanded): the CPU copy raises PyTorch's error.
-        cpu_view(dst).copy_(src if host else cpu_view(src))
+        alias = cpu_view(dst)
+        alias.copy_(src if host else cpu_view(src))
+        memory.write_back(alias)
         return dst
     try:
         program.run("copy", _copy_build, (src.item() if host else src,),
@@ -194,7 +200,9 @@ def copy_into(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
     except (Unsupported, KeyError):
         # dtypes no program takes (complex): the CPU's copy, from the scalar tensor itself
         # (its value as a Python number would become a complex64 or float32 tensor)
-        memory.cpu_alias(dst).copy_(src if host else memory.cpu_alias(src, read_only=True))
+        alias = memory.cpu_alias(dst)
+        alias.copy_(src if host else memory.cpu_alias(src, read_only=True))
+        memory.write_back(alias)
     return dst
 
 
@@ -212,10 +220,10 @@ def _plain(t: torch.Tensor) -> torch.Tensor:
 def _copy_from(src, dst, non_blocking=False):
     src, dst = _plain(src), _plain(dst)
     if dst.is_cpu:  # device -> host
-        dst.copy_(cpu_view(src))
+        dst.copy_(memory.download(src))
     elif src.is_cpu and src.dim() != 0:  # host -> device
         if dst.numel():
-            cpu_view(dst).copy_(src)
+            memory.upload(dst, src)
     else:
         copy_into(dst, src)
     return dst
@@ -230,7 +238,7 @@ def copy_(self, src, non_blocking=False):
     # does not mark it written). Everything else is torch's own copy_.
     if not self.is_cpu and (_conj_or_neg(self) or _conj_or_neg(src)) and self.numel():
         if src.is_cpu:
-            cpu_view(self).copy_(src)
+            memory.upload(self, src)
         else:
             copy_into(self, src)
         return self
@@ -262,7 +270,7 @@ def resize_(self, size, memory_format=None):
 
 @impl("_local_scalar_dense")
 def _local_scalar_dense(self):
-    return cpu_view(self).item()
+    return memory.download(self).item()
 
 
 # c10::MemoryFormat's values, as a call the native front kernel passes on gives them
@@ -302,7 +310,7 @@ def _fill_build(g, value, shape, dtype):
     return cast(value, dtype).broadcast_to(shape)
 
 
-#: Contiguous zero fills up to this size are a memset: the device's memory is host memory,
+#: Contiguous zero fills up to this size are a memset on host memory:
 #: one thread clears it at cache speed, and no program is compiled per shape (a first
 #: training step's state buffers, zeros_like). Larger ones run the fill program, which
 #: splits over the worker threads.
@@ -322,13 +330,16 @@ def fill_(self, value):
         return self
     nbytes = self.numel() * self.element_size()
     if (nbytes <= MEMSET_BYTES and _is_zero_bits(value) and self.is_contiguous()
+            and memory.host_memory()  # (device memory: a kernel, not a host copy)
             and lazy.untouched(self)):  # (else recorded: a fill is a node like any other)
         ctypes.memset(self.data_ptr(), 0, nbytes)
         return self
     if self.dtype not in ISA or memory.internal_overlap(self):
         # an expanded tensor: PyTorch fills it (every element sharing a location gets the
         # same value), a program may not store to one location twice
-        cpu_view(self).fill_(value)
+        alias = cpu_view(self)
+        alias.fill_(value)
+        memory.write_back(alias)
         return self
     if isinstance(value, bool) or self.dtype is torch.bool:
         value = bool(value) if self.dtype is torch.bool else value

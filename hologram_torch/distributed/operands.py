@@ -1,9 +1,10 @@
 """The tensors gloo sees: zero-copy CPU views of hologram tensors, and what a dtype gloo
 cannot handle becomes.
 
-The device's memory is host memory, so a hologram tensor is handed to gloo as a CPU tensor
-aliasing its bytes (:func:`hologram_torch.memory.cpu_alias`): results land in device
-memory with no copy. gloo (torch 2.13) accepts float32, float64, float16, bfloat16, int8,
+On host memory a hologram tensor is handed to gloo as a CPU tensor aliasing its bytes
+(:func:`hologram_torch.memory.cpu_alias`): results land in device memory with no copy. On
+device memory (cuda) gloo sees a host copy, and the results are copied back when the
+call finishes. gloo (torch 2.13) accepts float32, float64, float16, bfloat16, int8,
 uint8, int32, int64, bool and complex tensors. For the others:
 
 - ops that only move data (broadcast, gathers, scatters, all-to-all, send/recv) take a
@@ -59,6 +60,7 @@ class Staging:
     def __init__(self) -> None:
         self.after: list[Callable[[], None]] = []
         self.needed = False
+        self.written: list[torch.Tensor] = []  # host stand-ins of written device tensors
 
     def _dense(self, c: torch.Tensor, output: bool) -> torch.Tensor:
         """``c``, or a contiguous copy of it that the call uses instead (copied back into
@@ -73,11 +75,17 @@ class Staging:
             self.after.append(lambda: c.copy_(staged))
         return staged
 
-    def moved(self, t: torch.Tensor, output: bool = True) -> torch.Tensor:
-        """``t`` for an op that only moves its bytes (``output``: the op may write it)."""
+    def _alias(self, t: torch.Tensor, output: bool) -> torch.Tensor:
         c = alias(t)
         if c is not t:
             self.needed = True
+            if output:
+                self.written.append(c)
+        return c
+
+    def moved(self, t: torch.Tensor, output: bool = True) -> torch.Tensor:
+        """``t`` for an op that only moves its bytes (``output``: the op may write it)."""
+        c = self._alias(t, output)
         c = self._dense(c, output)
         if c.dtype in GLOO_DTYPES:
             return c
@@ -90,9 +98,7 @@ class Staging:
     def reduced(self, t: torch.Tensor, op: ReduceOp.RedOpType, output: bool = True
                 ) -> torch.Tensor:
         """``t`` for an op that reduces with ``op`` (``output``: the op writes it)."""
-        c = alias(t)
-        if c is not t:
-            self.needed = True
+        c = self._alias(t, output)
         c = self._dense(c, output)
         if c.dtype in GLOO_DTYPES:
             return c
@@ -113,6 +119,7 @@ class Staging:
     def finish(self) -> None:
         for step in self.after:
             step()
+        memory.write_back(*self.written)  # on device memory, the results land there
 
 
 def _names(dtypes) -> list[str]:

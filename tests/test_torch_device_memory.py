@@ -1,0 +1,190 @@
+"""The torch device on GPU memory: ``HOLOGRAM_TORCH_BACKEND=cuda``, emulated.
+
+On the cuda backend a device tensor's storage is a block of GPU memory whose data pointer
+the host never dereferences (hologram_torch/memory.py): copies go through the backend,
+host computations (the CPU fallback, errors that read values, printing) work on copies
+that are written back, and numbers reach the kernels through device memory. Without a
+GPU, ``HOLOGRAM_CUDA_EMULATE=1`` runs the same kernels in Triton's interpreter on host
+memory behind device-style handles (hologram/backends/cuda/emulated.py): a host access
+through a data pointer faults, as on a GPU, instead of silently working.
+
+The backend is chosen before the first device tensor, so the checks run in one fresh
+process; each compares with PyTorch on the CPU. (The same checks ran on an H200:
+docs/cuda.md.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: Each check is a snippet that sets ``ok`` (True, or a string saying what differs).
+CHECKS = {
+    "memory is GPU-style": """
+x = torch.ones(3, device=D)
+ok = (hologram_torch.get_backend() == "cuda" and not memory.host_memory()
+      and x.data_ptr() >> 55 & 1 == 1)
+""",
+    "copies both ways, every dtype and layout": """
+ok = True
+for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64,
+              torch.int8, torch.uint8, torch.bool, torch.complex64):
+    c = torch.testing.make_tensor((5, 7), dtype=dtype, device="cpu")
+    d = c.to(D)
+    for got, want in ((d.cpu(), c), (d.t().cpu(), c.t()), (d[1:4, ::2].cpu(), c[1:4, ::2]),
+                      (d[2, 3].cpu(), c[2, 3]), (d[:0].cpu(), c[:0]),
+                      (c.t().to(D).cpu(), c.t()), (d.conj().cpu(), c.conj())):
+        ok = ok and got.dtype == want.dtype and torch.equal(got, want)
+""",
+    "numbers and CPU scalars": """
+x = torch.randn(4, 5)
+d = x.to(D)
+ok = all(torch.allclose((d * s + torch.tensor(t)).cpu(), x * s + torch.tensor(t), rtol=0,
+                        atol=0, equal_nan=True)
+         for s, t in ((2.5, 1.0), (-0.0, float("nan")), (3, -2.0), (2.5, 1.0)))
+ok = ok and torch.equal((d > 0).sum().cpu(), (x > 0).sum()) and d[1, 2].item() == x[1, 2].item()
+""",
+    "writes through views": """
+x = torch.randn(6, 8)
+d = x.to(D)
+for t in (x, d):
+    t[1:3, ::2] = 5.0
+    t[:, 7].zero_()
+    t.t()[2].mul_(3)
+    t[torch.tensor([0, 4]).to(t.device)] = -1.0
+    t.masked_fill_(t > 2, 2.0)
+ok = torch.equal(d.cpu(), x)
+""",
+    "CPU fallback: results, in place, out=": """
+x = torch.randn(5, 6)
+d = x.to(D)
+o, oc = torch.empty(5, 6, device=D), torch.empty(5, 6)
+torch.cumsum(d, 1, out=o)
+torch.cumsum(x, 1, out=oc)
+e, ec = d.clone(), x.clone()
+e.t().cumsum_(0)
+ec.t().cumsum_(0)
+ok = (torch.equal(torch.flip(d, [0]).cpu(), torch.flip(x, [0])) and torch.equal(o.cpu(), oc)
+      and torch.equal(e.cpu(), ec) and torch.equal(d[d > 0].cpu(), x[x > 0])
+      and torch.equal(d.nonzero().cpu(), x.nonzero()))
+""",
+    "random draws in place": """
+torch.manual_seed(3)
+a = torch.empty(4, 3, device=D).normal_()
+torch.manual_seed(3)
+ok = torch.equal(a.cpu(), torch.empty(4, 3).normal_())
+""",
+    "errors that read values": """
+d = torch.zeros(3, device=D)
+try:
+    d[torch.tensor([5]).to(D)]
+    ok = "no error"
+except IndexError as e:
+    ok = "out of bounds" in str(e)
+""",
+    "resize, storages, save and load": """
+import io
+d = torch.arange(6.0, device=D)
+d.resize_(20)
+s = torch.UntypedStorage([1, 2, 3], device=D)
+b = io.BytesIO()
+torch.save(torch.arange(4, device=D), b)
+b.seek(0)
+back = torch.load(b)
+ok = (torch.equal(d[:6].cpu(), torch.arange(6.0)) and bytes(s.cpu()) == bytes([1, 2, 3])
+      and back.device.type == "hologram" and torch.equal(back.cpu(), torch.arange(4)))
+""",
+    "printing": """
+ok = "tensor([1.5000, 2.0000], device='hologram:0')" == repr(
+    torch.tensor([1.5, 2.0]).to(D))
+""",
+    "a training step matches the CPU's": """
+losses = {}
+for dev in ("cpu", D):
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(),
+                            torch.nn.Linear(16, 4)).to(dev)
+    opt = torch.optim.AdamW(m.parameters(), lr=0.1)
+    torch.manual_seed(1)
+    x, t = torch.randn(6, 8).to(dev), torch.randint(0, 4, (6,)).to(dev)
+    seen = []
+    for _ in range(2):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(m(x), t)
+        loss.backward()
+        opt.step()
+        seen.append(loss.item())
+    losses[str(dev)] = seen
+ok = all(abs(a - b) <= 1e-5 * abs(a) for a, b in zip(losses["cpu"], losses["hologram"])) \
+    or str(losses)
+""",
+    "memory statistics, synchronize": """
+before = torch.hologram.memory_allocated()
+x = torch.empty(1 << 16, device=D)
+grown = torch.hologram.memory_allocated() - before
+torch.hologram.synchronize()
+del x
+torch.hologram.empty_cache()
+ok = grown >= 1 << 18 and torch.hologram.memory_allocated() == before
+""",
+    "the backend stays, recording is refused": """
+from hologram.errors import DeviceError
+try:
+    hologram_torch.set_backend("cpu")
+    ok = "switched to host memory"
+except DeviceError as e:
+    ok = "before the first hologram tensor" in str(e)
+try:
+    hologram_torch.set_lazy(True)
+    ok = "recording allowed"
+except DeviceError as e:
+    ok = ok is True and "device memory" in str(e)
+""",
+}
+
+_RUNNER = """
+import json, sys, traceback, warnings
+warnings.simplefilter("ignore")
+import torch, hologram_torch
+from hologram_torch import memory
+D = torch.device("hologram")
+results = {}
+for name, code in CHECKS.items():
+    scope = {"torch": torch, "hologram_torch": hologram_torch, "memory": memory, "D": D}
+    try:
+        exec(code, scope)
+        ok = scope["ok"]
+        results[name] = ok if isinstance(ok, (bool, str)) else repr(ok)
+    except Exception:
+        results[name] = traceback.format_exc()[-2000:]
+print("@@" + json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def results():
+    env = dict(os.environ, HOLOGRAM_CUDA_EMULATE="1", HOLOGRAM_TORCH_BACKEND="cuda",
+               PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [
+                   os.environ.get("PYTHONPATH")])]))
+    env.pop("HOLOGRAM_LAZY", None)
+    proc = subprocess.run([sys.executable, "-c", f"CHECKS = {CHECKS!r}\n{_RUNNER}"],
+                          capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, (f"exit status {proc.returncode} (negative: a signal; "
+                                  f"SIGSEGV: the host read GPU memory)\n{proc.stderr[-3000:]}")
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("@@"))
+    return json.loads(line[2:])
+
+
+@pytest.mark.parametrize("name", list(CHECKS))
+def test_device_on_gpu_memory(results, name):
+    assert results[name] is True, results[name]
