@@ -107,25 +107,10 @@ class set_lazy:
         _switch(self.previous)
 
 
-def refuse(reason: str | None) -> None:
-    """Turn recorded execution off and refuse it with ``reason`` (a :class:`DeviceError`
-    from :func:`set_lazy`), or allow it again (None). ``HOLOGRAM_LAZY=1`` then warns."""
-    with _lock:
-        _refused[0] = reason
-        if reason is not None and _state["on"]:
-            _switch(False)
-            warnings.warn(reason, stacklevel=3)
-
-
-_refused: list = [None]
-
-
 def _switch(on: bool) -> None:
     with _lock:
         if not on:
             _flush("mode")
-        elif _refused[0] is not None:
-            raise DeviceError(_refused[0])
         elif not _state["on"]:
             _functions()  # refuses where the native library is missing
         _state["on"] = on
@@ -343,6 +328,8 @@ def _flush(reason: str) -> None:
     if taken is None:
         return
     region = _Region(taken)  # taken first: a launch's error must not leave it pending
+    if not _host_memory():
+        _to_device(region)
     cuts = _stats["cuts"]
     cuts[reason] = cuts.get(reason, 0) + 1
     _stats["regions"] += 1
@@ -385,6 +372,32 @@ def _flush(reason: str) -> None:
         raise
 
 
+def _host_memory() -> bool:
+    from hologram_torch import memory
+
+    return memory.host_memory()
+
+
+def _to_device(region: _Region) -> None:
+    """On device memory: the region's host operands (numbers, CPU scalars, which the
+    native region boxes in host memory) replaced by device copies of their values, in the
+    fused program's inputs and in every op's launch. (Device and host addresses never
+    coincide: CUDA's unified addressing, the emulation's tagged handles.)"""
+    from hologram_torch.aten.program import device_scalar
+
+    moved = {}
+    addresses = list(region.addresses)
+    for i, (kind, code, *_) in enumerate(region.inputs):
+        if kind != "m":
+            nbytes = _DTYPES[code].itemsize if kind == "c" else 8  # a box: 8 bytes
+            host = addresses[i]
+            addresses[i] = moved[host] = device_scalar(ctypes.string_at(host, nbytes))
+    if moved:
+        region.addresses = tuple(addresses)
+        region.launches = tuple(tuple(moved.get(a, a) for a in launch)
+                                for launch in region.launches)
+
+
 def _aliases(region: _Region, k: int) -> tuple | None:
     """How the region's inputs read the memory result ``k`` writes: per input over its
     storage, (input, whether it is exactly the written tensor); None when the written
@@ -422,13 +435,18 @@ def _run_fused(region: _Region, launch, live: tuple, staged: tuple) -> None:
     _stats["staged"] += len(scratch)
     for k, block in scratch:  # in place, after every read of the memory
         view, _, offset, _, contiguous, _ = region.written[region.out_storage[k]]
-        if contiguous:
-            ctypes.memmove(view[0], block.data_ptr(), _layout(region, k)[2])
+        nbytes = _layout(region, k)[2]
+        if contiguous and memory.host_memory():
+            ctypes.memmove(view[0], block.data_ptr(), nbytes)
+        elif contiguous:  # (through the host: the allocators copy only to and from it)
+            memory.write(view[0], memory.read(block.data_ptr(), nbytes))
         else:
             dtype = _DTYPES[view[3]]
             target = memory.on_storage(region.storages[k], dtype, view[1], view[2], offset)
             source = memory.on_storage(block, dtype, view[1], memory.contiguous_strides(view[1]))
-            memory.cpu_alias(target).copy_(memory.cpu_alias(source))
+            alias = memory.cpu_alias(target)
+            alias.copy_(memory.cpu_alias(source))
+            memory.write_back(alias)
 
 
 def _plan(region: _Region, live: tuple, staged: tuple) -> tuple:

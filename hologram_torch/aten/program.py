@@ -117,12 +117,12 @@ def _select(name: str) -> None:
         allocator = _allocators[name] = backends.get(name).allocator()
     host = allocator.host_visible
     memory.use_memory(None if host else allocator, name)
+    if not host:
+        _scalars.reserve()
     _state["backend"] = name
     _HOST[0] = host
-    # Recorded regions and the native front kernels launch with host addresses of
-    # numbers and CPU scalars: on device memory, ops run one by one from Python.
-    lazy.refuse(None if host else f"recorded execution does not run on device memory "
-                f"(backend {name!r}) yet; the device runs op by op")
+    # The native front kernels launch with host addresses of numbers: on device memory,
+    # ops dispatch from Python.
     native.set_front(host)
 
 
@@ -194,36 +194,57 @@ def _select_at_import() -> None:
         _select(_choose("auto"))
 
 
+class _Scalars:
+    """Device copies of scalar operands (numbers, CPU scalars) by their bytes, on device
+    memory: a training loop's constants (learning rate, betas, 0.5, 2) are copied to the
+    device once, not per launch. A copy from the host waits for the stream's work
+    (``cuMemcpyHtoD`` from pageable memory), so a new value is a synchronization.
+
+    The copies live in :data:`SLOTS` slots of one block, taken when the device's memory
+    is chosen, and are reused least recently used first. Never a block of their own at a
+    cut: a recorded region may still write the block of a temporary that died before the
+    cut, which the allocator would hand out again. A region uses fewer values than there
+    are slots, so its own values stay put while it runs."""
+
+    SLOTS, SLOT = 4096, 16  # 16: the kernels assume 16-byte aligned pointers
+
+    def __init__(self) -> None:
+        self.block: torch.UntypedStorage | None = None
+        self.slots: OrderedDict[bytes, int] = OrderedDict()
+
+    def reserve(self) -> None:
+        if self.block is None:
+            self.block = memory.storage(self.SLOTS * self.SLOT)
+
+    def address(self, value: bytes) -> int:
+        slot = self.slots.get(value)
+        if slot is None:
+            self.reserve()
+            full = len(self.slots) >= self.SLOTS
+            slot = self.slots.popitem(last=False)[1] if full else len(self.slots)
+            self.slots[value] = slot
+            memory.write(self.block.data_ptr() + slot * self.SLOT,
+                         np.frombuffer(value, np.uint8))
+        else:
+            self.slots.move_to_end(value)
+        return self.block.data_ptr() + slot * self.SLOT
+
+
+_scalars = _Scalars()
+#: The device address of a copy of a scalar operand's bytes (on device memory).
+device_scalar = _scalars.address
 _select_at_import()
-
-
-#: Device copies of the scalar operands seen last, by their bytes (never written again
-#: once made): a training loop's constants (learning rate, betas, 0.5, 2) are copied to
-#: the device once, not per launch. A copy from the host waits for the stream's work
-#: (``cuMemcpyHtoD`` from pageable memory), so a new value is a synchronization.
-_scalars: OrderedDict = OrderedDict()
-SCALAR_ENTRIES = 4096
 
 
 def _staged(args: Sequence, addresses: list) -> None:
     """On device memory: ``addresses`` with each host operand's (a boxed number, a CPU 0-d
-    tensor) replaced by the address of a device copy of its value (:data:`_scalars`)."""
+    tensor) replaced by the address of a device copy of its value."""
     for i, x in enumerate(args):
         if isinstance(x, torch.Tensor):
-            if not x.is_cpu:
-                continue
-            value = memory._bytes(x.contiguous()).tobytes()
+            if x.is_cpu:
+                addresses[i] = device_scalar(memory._bytes(x.contiguous()).tobytes())
         else:
-            value = bytes(_NUMBER[type(x)][1](x))
-        block = _scalars.get(value)
-        if block is None:
-            block = _scalars[value] = memory.storage(max(len(value), 1))
-            memory.write(block.data_ptr(), np.frombuffer(value, np.uint8))
-            if len(_scalars) > SCALAR_ENTRIES:
-                _scalars.popitem(last=False)  # (freed: reused by later work, in order)
-        else:
-            _scalars.move_to_end(value)
-        addresses[i] = block.data_ptr()
+            addresses[i] = device_scalar(bytes(_NUMBER[type(x)][1](x)))
 
 
 def remember(shortcut: tuple, name: str, static: tuple, args: Sequence,
