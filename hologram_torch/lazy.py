@@ -435,11 +435,8 @@ def _run_fused(region: _Region, launch, live: tuple, staged: tuple) -> None:
     _stats["staged"] += len(scratch)
     for k, block in scratch:  # in place, after every read of the memory
         view, _, offset, _, contiguous, _ = region.written[region.out_storage[k]]
-        nbytes = _layout(region, k)[2]
-        if contiguous and memory.host_memory():
-            ctypes.memmove(view[0], block.data_ptr(), nbytes)
-        elif contiguous:  # (through the host: the allocators copy only to and from it)
-            memory.write(view[0], memory.read(block.data_ptr(), nbytes))
+        if contiguous:
+            memory.copy(view[0], block.data_ptr(), _layout(region, k)[2])
         else:
             dtype = _DTYPES[view[3]]
             target = memory.on_storage(region.storages[k], dtype, view[1], view[2], offset)

@@ -117,6 +117,12 @@ def write(address: int, data: np.ndarray) -> None:
         allocator().write(address, np.ascontiguousarray(data))
 
 
+def copy(destination: int, source: int, nbytes: int) -> None:
+    """Copy ``nbytes`` of device memory between two addresses, in order with the
+    kernels queued before (on host memory: a ``memmove``)."""
+    allocator().copy(destination, source, nbytes)
+
+
 class DeviceOutOfMemoryError(OutOfMemoryError, torch.OutOfMemoryError):
     """The device's pool cannot give a block: PyTorch's ``torch.OutOfMemoryError`` (what
     code written for CUDA catches) and Hologram's :class:`OutOfMemoryError`."""
@@ -365,9 +371,9 @@ def resize(t: torch.Tensor, size, memory_format: torch.memory_format | None = No
     if need > st.nbytes():
         new = storage(need)
         if st.nbytes():
-            head = cpu_alias_bytes(new)
-            head.narrow(0, 0, st.nbytes()).copy_(cpu_alias_bytes(st))
-            write_back(head)
+            if not (lazy.untouched(st) and lazy.untouched(new)):  # (new: a dead temporary's
+                lazy.sync("host")                                 # block a region writes)
+            copy(new.data_ptr(), st.data_ptr(), st.nbytes())
         st = new
     _set(CPU_KEYS, t, st, t.storage_offset(), size, stride)
     return t

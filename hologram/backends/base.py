@@ -111,6 +111,16 @@ class Allocator(ABC):
         raise DeviceError(f"{type(self).__name__}: read at a handle is not supported: its "
                           "handles are not addresses; copy an allocation out with copy_out")
 
+    def copy(self, destination: int, source: int, nbytes: int) -> None:
+        """Copy ``nbytes`` of device memory from handle ``source`` to handle
+        ``destination`` (as in :meth:`write`; the ranges do not overlap), in order with
+        the launches queued before it. A copy of 0 bytes does nothing. The default reads
+        to the host and writes back."""
+        if nbytes:
+            staged = np.empty(nbytes, np.uint8)
+            self.read(source, staged)
+            self.write(destination, staged)
+
     def synchronize(self) -> None:  # noqa: B027 (host work is done when launch returns)
         """Wait until every launch and copy queued on the device has finished."""
 

@@ -210,6 +210,11 @@ class Pool(Allocator):
         if source.nbytes:
             ctypes.memmove(handle, source.ctypes.data, source.nbytes)
 
+    def copy(self, destination: int, source: int, nbytes: int) -> None:
+        """Copy ``nbytes`` from host address ``source`` to ``destination``."""
+        if nbytes:
+            ctypes.memmove(destination, source, nbytes)
+
     def read(self, handle: int, destination: np.ndarray) -> None:
         """Copy ``destination.nbytes`` bytes at the host address ``handle`` into
         ``destination`` (C-contiguous, writable)."""

@@ -191,6 +191,13 @@ class Driver:
             self.check("cuMemcpyDtoH", self.cu.cuMemcpyDtoH(destination.ctypes.data, pointer,
                                                             destination.nbytes))
 
+    def copy_device(self, destination: int, source: int, nbytes: int) -> None:
+        """Device to device, queued on this driver's stream after its launches."""
+        self._bind()
+        if nbytes:
+            self.check("cuMemcpyDtoDAsync", self.cu.cuMemcpyDtoDAsync(destination, source,
+                                                                      nbytes, self.stream))
+
     def load_module(self, cubin: bytes) -> Any:
         self._bind()
         return self.check("cuModuleLoadData", self.cu.cuModuleLoadData(cubin))

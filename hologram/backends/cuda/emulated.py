@@ -122,6 +122,10 @@ class EmulatedMemory(Allocator):
         if source.nbytes:
             ctypes.memmove(untag(handle), source.ctypes.data, source.nbytes)
 
+    def copy(self, destination: int, source: int, nbytes: int) -> None:
+        if nbytes:
+            ctypes.memmove(untag(destination), untag(source), nbytes)
+
     def read(self, handle: int, destination: np.ndarray) -> None:
         contiguous(destination, "cuda (emulated) read", writable=True)
         if destination.nbytes:

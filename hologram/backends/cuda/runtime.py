@@ -397,6 +397,11 @@ class DeviceMemory(Allocator):
         if source.nbytes:
             self.driver.copy_in(handle, source)
 
+    def copy(self, destination: int, source: int, nbytes: int) -> None:
+        """``cuMemcpyDtoDAsync`` on the stream the kernels run on (in order with them)."""
+        if nbytes:
+            self.driver.copy_device(destination, source, nbytes)
+
     def read(self, handle: int, destination: np.ndarray) -> None:
         """Copy ``destination.nbytes`` bytes at the device address ``handle`` into
         ``destination`` (C-contiguous, writable): ``cuMemcpyDtoH``."""
