@@ -134,13 +134,12 @@ class device(contextlib.AbstractContextManager):
 
 def synchronize(device: object = None) -> None:
     """Run the recorded ops still pending (:mod:`hologram_torch.lazy`), and wait for the
-    kernels and copies queued on a GPU backend's stream (on host memory kernels run
-    synchronously, so nothing else is ever pending)."""
+    kernels and copies queued on every stream of a GPU backend (on host memory kernels
+    run synchronously, so nothing else is ever pending)."""
     _index(device)
-    from hologram_torch import lazy, memory
+    from hologram_torch import streams  # lazy: it needs the registered device
 
-    lazy.sync("synchronize")
-    memory.synchronize()
+    streams.synchronize()
 
 
 def manual_seed(seed: int) -> None:
@@ -239,10 +238,25 @@ _MODULE_FUNCTIONS = (
 )
 
 
+#: What the module takes from :mod:`hologram_torch.streams` on first use (it needs the
+#: registered device).
+_STREAM_NAMES = ("Stream", "Event", "current_stream", "default_stream", "set_stream",
+                 "stream")
+
+
+def _stream_attribute(name: str) -> object:
+    if name in _STREAM_NAMES:
+        from hologram_torch import streams
+
+        return getattr(streams, name)
+    raise AttributeError(f"module 'torch.{NAME}' has no attribute {name!r}")
+
+
 def _module() -> types.ModuleType:
     module = types.ModuleType(f"torch.{NAME}", __doc__)
     for fn in _MODULE_FUNCTIONS:
         setattr(module, fn.__name__, fn)
+    module.__getattr__ = _stream_attribute
     return module
 
 

@@ -44,7 +44,7 @@ _pool = Pool()
 #: The device's memory when it is not host memory: ``allocator`` (a backend's
 #: :class:`~hologram.backends.base.Allocator` whose handles are device addresses), and
 #: whether a device storage was made yet (the kind of memory is fixed from then on).
-_device: dict = {"allocator": None, "used": False}
+_device: dict = {"allocator": None, "used": False, "hold": None}
 SPARSE_UNSUPPORTED = (
     f"sparse tensors are not supported on the {NAME} device (its storages are dense "
     "memory blocks); keep sparse tensors and sparse ops on the CPU: x.cpu().to_sparse()")
@@ -137,6 +137,17 @@ class _DeviceLease:
     def __init__(self, allocator, nbytes: int):
         self.block = allocator.alloc((nbytes,), np.uint8)
         self.address = allocator.handle(self.block)
+
+    def __del__(self) -> None:
+        hold = _device["hold"]
+        if hold is not None:  # side streams may still use it (hologram_torch.streams)
+            hold(self.block)
+
+
+def hold_released(hold) -> None:
+    """From now on, hand each device block its tensors let go to ``hold(block)``, which
+    keeps it until no stream's queued work can use it (:mod:`.streams`)."""
+    _device["hold"] = hold
 
 
 def _lease(nbytes: int):

@@ -137,6 +137,20 @@ del x
 torch.hologram.empty_cache()
 ok = grown >= 1 << 18 and torch.hologram.memory_allocated() == before
 """,
+    "streams and events": """
+H = torch.hologram
+s, start, end = H.Stream(), H.Event(enable_timing=True), H.Event(enable_timing=True)
+x = torch.arange(5.0, device=D)
+start.record()
+with H.stream(s):
+    y = x * 2 + 1
+    y.record_stream(s)
+    s.record_event(end)
+H.current_stream().wait_stream(s)
+H.synchronize()
+ok = (torch.equal(y.cpu(), torch.arange(5.0) * 2 + 1) and s.query() and end.query()
+      and start.elapsed_time(end) >= 0)
+""",
     "the backend stays": """
 from hologram.errors import DeviceError
 try:

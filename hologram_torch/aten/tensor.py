@@ -268,6 +268,16 @@ def resize_(self, size, memory_format=None):
     return self
 
 
+@impl("record_stream")
+def record_stream(self, s):
+    # The allocator already holds a let-go block until every stream's queued work has
+    # completed (hologram_torch/streams.py): nothing to record. A stream of another
+    # device is refused, as PyTorch's CUDA allocator refuses one.
+    if s.device.type != self.device.type:
+        raise RuntimeError(f"record_stream: the stream is on {s.device}, the tensor on "
+                           f"{self.device}")
+
+
 @impl("_local_scalar_dense")
 def _local_scalar_dense(self):
     return memory.download(self).item()

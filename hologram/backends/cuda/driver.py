@@ -58,7 +58,9 @@ class Driver:
         self.check("cuCtxSetCurrent", cu.cuCtxSetCurrent(self.context))
         self._thread = threading.local()  # .bound: this thread has the context current
         self._thread.bound = True
-        self.stream = self.check("cuStreamCreate", cu.cuStreamCreate(0))
+        #: The driver's own stream; created blocking (flag 0), as every stream here, so the
+        #: legacy stream's copies (cuMemcpyHtoD, DtoH) wait for its work and it for theirs.
+        self.default_stream = self.check("cuStreamCreate", cu.cuStreamCreate(0))
         self._event: Any = None  # record_event's, created on first use
         self._spare_events: list[Any] = []  # event_on's, back from event_done
         # launch's parameter blocks by parameter count: (values, their addresses)
@@ -97,6 +99,68 @@ class Driver:
     def version(self) -> int:
         """The driver's CUDA version (``cuDriverGetVersion``: 12040 for 12.4)."""
         return int(self.check("cuDriverGetVersion", self.cu.cuDriverGetVersion()))
+
+    @property
+    def stream(self) -> Any:
+        """The stream this thread's launches and device copies are queued on: the one
+        :meth:`use_stream` made current on it, else :attr:`default_stream`."""
+        return getattr(self._thread, "stream", None) or self.default_stream
+
+    def use_stream(self, stream: Any | None) -> None:
+        """Queue this thread's work on ``stream`` from now on (None: the default one)."""
+        self._thread.stream = stream
+
+    def new_stream(self) -> Any:
+        """A new stream (``cuStreamCreate``, blocking as the default one)."""
+        self._bind()
+        return self.check("cuStreamCreate", self.cu.cuStreamCreate(0))
+
+    def stream_done(self, stream: Any, wait: bool = False) -> bool:
+        """Has the work queued on ``stream`` completed (``cuStreamQuery``)? With ``wait``,
+        once it has (``cuStreamSynchronize``)."""
+        self._bind()
+        if wait:
+            self.check("cuStreamSynchronize", self.cu.cuStreamSynchronize(stream))
+            return True
+        return self._query("cuStreamQuery", self.cu.cuStreamQuery(stream))
+
+    def new_event(self, timing: bool = False) -> Any:
+        """A new event (``cuEventCreate``); ``timing``: it records a time."""
+        self._bind()
+        flags = self.cu.CUevent_flags
+        return self.check("cuEventCreate", self.cu.cuEventCreate(
+            flags.CU_EVENT_DEFAULT if timing else flags.CU_EVENT_DISABLE_TIMING))
+
+    def record(self, event: Any, stream: Any) -> None:
+        """Record ``event`` on ``stream`` (``cuEventRecord``)."""
+        self._bind()
+        self.check("cuEventRecord", self.cu.cuEventRecord(event, stream))
+
+    def event_finished(self, event: Any, wait: bool = False) -> bool:
+        """Has the work ``event`` was recorded after completed (``cuEventQuery``)? With
+        ``wait``, once it has (``cuEventSynchronize``)."""
+        self._bind()
+        if wait:
+            self.check("cuEventSynchronize", self.cu.cuEventSynchronize(event))
+            return True
+        return self._query("cuEventQuery", self.cu.cuEventQuery(event))
+
+    def elapsed_ms(self, start: Any, end: Any) -> float:
+        """Milliseconds between two timed events' records (``cuEventElapsedTime``)."""
+        self._bind()
+        return float(self.check("cuEventElapsedTime", self.cu.cuEventElapsedTime(start, end)))
+
+    def synchronize_all(self) -> None:
+        """Wait for the work of every stream of the context (``cuCtxSynchronize``)."""
+        self._bind()
+        self.check("cuCtxSynchronize", self.cu.cuCtxSynchronize())
+
+    def _query(self, call: str, result: Any) -> bool:
+        code = int(result[0] if isinstance(result, tuple) else result)
+        if code == _NOT_READY:
+            return False
+        self.check(call, result)
+        return True
 
     def stream_handle(self) -> int:
         """This driver's stream as an integer (``CUstream``), the ``stream`` a DLPack
@@ -149,12 +213,8 @@ class Driver:
         with self._pushed():
             if wait:
                 self.check("cuEventSynchronize", cu.cuEventSynchronize(event))
-            else:
-                result = cu.cuEventQuery(event)
-                code = int(result[0] if isinstance(result, tuple) else result)
-                if code == _NOT_READY:
-                    return False
-                self.check("cuEventQuery", result)
+            elif not self._query("cuEventQuery", cu.cuEventQuery(event)):
+                return False
         self._spare_events.append(event)
         return True
 

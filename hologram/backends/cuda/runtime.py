@@ -293,6 +293,14 @@ class DeviceMemory(Allocator):
         until they complete."""
         self._defer(stream, _let_go, block)
 
+    def release_after(self, block: DeviceBlock, streams: Any) -> None:
+        """Hold ``block``, which its owner let go, until the work queued so far on each of
+        ``streams`` (handles as integers) has completed: no later request gets it while
+        work on another stream may still use it (the torch device's
+        ``Tensor.record_stream`` and side streams)."""
+        for stream in streams:
+            self._defer(stream, _let_go, block)
+
     def free(self, allocation: DeviceBlock) -> None:
         """End ``allocation`` now: its block returns to the pool."""
         if not allocation.end.alive:
