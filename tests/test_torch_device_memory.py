@@ -151,6 +151,13 @@ H.synchronize()
 ok = (torch.equal(y.cpu(), torch.arange(5.0) * 2 + 1) and s.query() and end.query()
       and start.elapsed_time(end) >= 0)
 """,
+    "torch.compile runs its graphs eagerly": """
+f = torch.compile(lambda a, b: torch.relu(a * b + 1), backend="hologram",
+                  options={"backend": "cpu"})  # a host backend: never on GPU addresses
+a, b = torch.randn(8), torch.randn(8)
+ok = (torch.equal(f(a.to(D), b.to(D)).cpu(), torch.relu(a * b + 1))
+      and hologram_torch.compile_stats()["eager_fallbacks"] >= 1)
+""",
     "the backend stays": """
 from hologram.errors import DeviceError
 try:

@@ -167,9 +167,13 @@ def _output_node(gm: torch.fx.GraphModule) -> torch.fx.Node:
 def build(gm: torch.fx.GraphModule, name: str, args, options: Options) -> _Entry:
     """Lower ``gm`` on the concrete arguments ``args`` into one program and compile it."""
     backend = options.backend()
-    if not backends.get(backend).allocator().host_visible:
-        # launches pass tensors' host addresses (CPU and hologram tensors are host memory)
-        raise Unsupported(f"backend {backend!r} computes on memory the host cannot see")
+    on_gpu = not memory.host_memory() and any(
+        isinstance(a, torch.Tensor) and not a.is_cpu for a in args)
+    if on_gpu or not backends.get(backend).allocator().host_visible:
+        # launches pass tensors' host addresses: CPU tensors, and hologram tensors while
+        # the device's memory is host memory (on a GPU backend its graphs run eagerly)
+        raise Unsupported(f"backend {backend!r} computes on memory the host cannot see, or "
+                          "the graph's hologram tensors are in a GPU's memory")
     g = Graph(name)
     env: dict[torch.fx.Node, object] = {}
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
