@@ -22,6 +22,7 @@ device tensor):
 
 from __future__ import annotations
 
+import contextlib
 import math
 import multiprocessing.queues
 
@@ -141,7 +142,9 @@ class _DeviceLease:
     def __del__(self) -> None:
         hold = _device["hold"]
         if hold is not None:  # side streams may still use it (hologram_torch.streams)
-            hold(self.block)
+            # (a finalizer: at exit the driver may be gone, and with it every stream's work)
+            with contextlib.suppress(Exception):
+                hold(self.block)
 
 
 def hold_released(hold) -> None:
