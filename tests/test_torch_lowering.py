@@ -594,6 +594,7 @@ EAGER_ONLY = {
     "empty.memory_format", "empty_strided.default", "resize_.default", "set_.default",
     "set_.source_Storage", "set_.source_Storage_storage_offset", "set_.source_Tensor",
     "_copy_from.default", "_copy_from_and_resize.default", "_local_scalar_dense.default",
+    "record_stream.default",  # nothing to compute (hologram_torch/streams.py)
     "fill_.Scalar", "fill_.Tensor", "zero_.default", "_foreach_zero_.default",
     "_foreach_copy_.default", "as_strided.default", "unfold.default",
     "view_as_complex.default", "view_as_real.default",
