@@ -108,12 +108,19 @@ def get_device_name(device: object = None) -> str:
 
 
 class DeviceProperties(types.SimpleNamespace):
-    """What :func:`get_device_properties` tells: ``name``, ``total_memory`` (bytes: the
-    device's memory is the host's) and ``multi_processor_count`` (the host's CPUs)."""
+    """What :func:`get_device_properties` tells: ``name``, ``total_memory`` (bytes) and
+    ``multi_processor_count``: on host memory, the host's memory and CPUs; on a GPU, the
+    GPU's (its driver's answers)."""
 
 
 def get_device_properties(device: object = None) -> DeviceProperties:
     _index(device)
+    from hologram_torch import memory  # lazy: it needs the registered device
+
+    driver = getattr(memory.allocator(), "driver", None)
+    if driver is not None:
+        found = driver.properties()
+        return DeviceProperties(**{**found, "name": f"{get_device_name()}: {found['name']}"})
     try:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):  # not every platform names them

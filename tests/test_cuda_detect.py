@@ -272,3 +272,57 @@ def test_auto_may_pick_cuda_only_on_a_real_gpu(probe, monkeypatch):
     assert cuda.CudaBackend.is_available() and not cuda.CudaBackend.auto_available()
     probe(fake_cu(count=0))
     assert cuda.CudaBackend.is_available() and not cuda.CudaBackend.auto_available()
+
+
+def test_streams_events_and_device_copies_go_to_the_current_stream():
+    """driver.py's calls behind the torch device's streams (hologram_torch/streams.py): a
+    thread's launches and device copies go to the stream it made current, events are
+    timed or not as asked, queries read CUDA_ERROR_NOT_READY as "not yet"."""
+    cu = fake_cu()
+    launched = []
+    cu.cuLaunchKernel = lambda function, *rest: launched.append(rest[7]) or (SUCCESS,)
+    cu.cuMemcpyDtoDAsync = lambda *args: cu.calls.append(("DtoD", args)) or (SUCCESS,)
+    cu.CUevent_flags.CU_EVENT_DEFAULT = 0
+    ready = {"stream": 600, "event": SUCCESS}  # 600: CUDA_ERROR_NOT_READY
+    cu.cuStreamQuery = lambda stream: (ready["stream"],)
+    cu.cuEventQuery = lambda event: (ready["event"],)
+    cu.cuEventElapsedTime = lambda start, end: (SUCCESS, 2.5)
+    cu.cuCtxSynchronize = lambda: cu.calls.append(("ctx sync", ())) or (SUCCESS,)
+    driver = driver_module.Driver(cu=cu)
+    assert driver.stream == driver.default_stream == 0x5EED
+    cu.cuStreamCreate = lambda flags: (SUCCESS, 0x51DE)
+    side = driver.new_stream()
+    driver.use_stream(side)
+    driver.launch("f", (1, 1, 1), (32, 1, 1), 0, [0])
+    driver.copy_device(0x100, 0x200, 64)
+    seen = []
+    other = threading.Thread(target=lambda: seen.append(driver.stream))
+    other.start()
+    other.join()
+    assert seen == [0x5EED]  # the current stream is the thread's own
+    driver.use_stream(None)
+    driver.launch("f", (1, 1, 1), (32, 1, 1), 0, [0])
+    assert launched == [0x51DE, 0x5EED]
+    assert cu.calls[-1] == ("DtoD", (0x100, 0x200, 64, 0x51DE))
+    assert not driver.stream_done(side) and driver.event_finished("event")
+    ready["stream"] = SUCCESS
+    assert driver.stream_done(side)
+    cu.calls.clear()
+    timed = driver.new_event(timing=True)
+    driver.record(timed, side)
+    assert cu.calls == [("cuEventCreate", (0,)), ("cuEventRecord", ("event", 0x51DE))]
+    assert driver.elapsed_ms(timed, timed) == 2.5
+    driver.synchronize_all()
+    assert cu.calls[-1] == ("ctx sync", ())
+
+
+def test_device_properties_come_from_the_driver():
+    cu = fake_cu()
+    cu.cuDeviceGetName = lambda length, device: (SUCCESS, b"NVIDIA H200\0\0\0")
+    cu.cuDeviceTotalMem = lambda device: (SUCCESS, 150 << 30)
+    cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = "sms"
+    capability = cu.cuDeviceGetAttribute
+    cu.cuDeviceGetAttribute = lambda which, device: (
+        (SUCCESS, 132) if which == "sms" else capability(which, device))
+    assert driver_module.Driver(cu=cu).properties() == {
+        "name": "NVIDIA H200", "total_memory": 150 << 30, "multi_processor_count": 132}

@@ -96,6 +96,17 @@ class Driver:
             attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self.device))
         return major, minor
 
+    def properties(self) -> dict[str, Any]:
+        """``name``, ``total_memory`` (bytes) and ``multi_processor_count`` of the device
+        (``cuDeviceGetName``, ``cuDeviceTotalMem``, ``cuDeviceGetAttribute``)."""
+        cu = self.cu
+        name = self.check("cuDeviceGetName", cu.cuDeviceGetName(256, self.device))
+        total = self.check("cuDeviceTotalMem", cu.cuDeviceTotalMem(self.device))
+        sms = self.check("cuDeviceGetAttribute", cu.cuDeviceGetAttribute(
+            cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, self.device))
+        name = name.split(b"\0", 1)[0].decode() if isinstance(name, bytes) else str(name)
+        return {"name": name, "total_memory": int(total), "multi_processor_count": int(sms)}
+
     def version(self) -> int:
         """The driver's CUDA version (``cuDriverGetVersion``: 12040 for 12.4)."""
         return int(self.check("cuDriverGetVersion", self.cu.cuDriverGetVersion()))
