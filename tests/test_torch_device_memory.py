@@ -157,6 +157,10 @@ f = torch.compile(lambda a, b: torch.relu(a * b + 1), backend="hologram",
 a, b = torch.randn(8), torch.randn(8)
 ok = (torch.equal(f(a.to(D), b.to(D)).cpu(), torch.relu(a * b + 1))
       and hologram_torch.compile_stats()["eager_fallbacks"] >= 1)
+hologram_torch.reset_compile_stats()
+g = torch.compile(lambda a, b: torch.relu(a * b + 1), backend="hologram")
+ok = ok and torch.equal(g(a, b), torch.relu(a * b + 1)) and \
+    hologram_torch.compile_stats()["eager_fallbacks"] == 0  # CPU tensors: for the host
 """,
     "the backend stays": """
 from hologram.errors import DeviceError

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import hologram
 from hologram.compiler.options import CompileOptions
 from hologram.errors import HologramError
+from hologram_torch import memory
 from hologram_torch.aten import program
 
 #: option -> what it does (the error for an unknown option lists these).
@@ -51,9 +52,12 @@ class Options:
         return cls(threads, fast_math, backend)
 
     def backend(self) -> str:
+        """The backend named in the options, else the device's while its memory is host
+        memory, else cpu: on a GPU backend the device's graphs run eagerly (kernel.py),
+        and CPU tensors' graphs compile for the host."""
         if self.backend_name is not None:
             return self.backend_name
-        return program.backend()
+        return program.backend() if memory.host_memory() else "cpu"
 
     def compile_options(self) -> CompileOptions:
         if self.fast_math is None:
