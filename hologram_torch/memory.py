@@ -45,7 +45,7 @@ _pool = Pool()
 #: The device's memory when it is not host memory: ``allocator`` (a backend's
 #: :class:`~hologram.backends.base.Allocator` whose handles are device addresses), and
 #: whether a device storage was made yet (the kind of memory is fixed from then on).
-_device: dict = {"allocator": None, "used": False, "hold": None}
+_device: dict = {"allocator": None, "used": False, "hold": None, "resolve": None}
 SPARSE_UNSUPPORTED = (
     f"sparse tensors are not supported on the {NAME} device (its storages are dense "
     "memory blocks); keep sparse tensors and sparse ops on the CPU: x.cpu().to_sparse()")
@@ -64,12 +64,27 @@ def pool() -> Pool:
 
 def allocator():
     """The allocator of the device's memory: the pool, or the backend's device memory."""
+    if _device["resolve"] is not None:
+        _resolve()
     return _device["allocator"] or _pool
 
 
 def host_memory() -> bool:
     """Is the device's memory host memory (the host reads and writes it in place)?"""
+    if _device["resolve"] is not None:
+        _resolve()
     return _device["allocator"] is None
+
+
+def defer(resolve) -> None:
+    """Choose the device's memory when it is first needed, by calling ``resolve()`` (which
+    calls :func:`use_memory`); None: nothing deferred."""
+    _device["resolve"] = resolve
+
+
+def _resolve() -> None:
+    resolve, _device["resolve"] = _device["resolve"], None
+    resolve()
 
 
 def use_memory(device_allocator, name: str) -> None:
@@ -154,6 +169,8 @@ def hold_released(hold) -> None:
 
 
 def _lease(nbytes: int):
+    if _device["resolve"] is not None:
+        _resolve()
     _device["used"] = True
     try:
         device = _device["allocator"]

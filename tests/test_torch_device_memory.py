@@ -30,6 +30,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: Each check is a snippet that sets ``ok`` (True, or a string saying what differs).
 CHECKS = {
+    "the GPU is probed at first use, not on import": """
+ok = memory._device["resolve"] is not None and memory._device["allocator"] is None
+""",
     "memory is GPU-style": """
 x = torch.ones(3, device=D)
 ok = (hologram_torch.get_backend() == "cuda" and not memory.host_memory()
@@ -208,3 +211,25 @@ def results(request):
 @pytest.mark.parametrize("name", list(CHECKS))
 def test_device_on_gpu_memory(results, name):
     assert results[name] is True, results[name]
+
+
+def test_a_named_cuda_that_cannot_run_here_gives_the_host_backend_at_first_use():
+    """HOLOGRAM_TORCH_BACKEND=cuda without a GPU (and without the emulation): importing
+    torch probes nothing; the first device tensor warns and the device runs on the host."""
+    env = dict(os.environ, HOLOGRAM_TORCH_BACKEND="cuda", PYTHONPATH=os.pathsep.join(
+        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    env.pop("HOLOGRAM_CUDA_EMULATE", None)
+    code = ("import warnings, torch, hologram_torch\n"
+            "from hologram_torch import memory\n"
+            "assert hologram_torch.get_backend() == 'cuda' and memory._device['resolve']\n"
+            "with warnings.catch_warnings(record=True) as seen:\n"
+            "    warnings.simplefilter('always')\n"
+            "    x = torch.ones(3, device='hologram') * 2\n"
+            "said = [str(w.message) for w in seen if 'HOLOGRAM_TORCH_BACKEND' in str(w.message)]\n"
+            "print(hologram_torch.get_backend(), memory.host_memory(), x.cpu().tolist(), said)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.startswith("cpu True [2.0, 2.0, 2.0] ")
+    assert "HOLOGRAM_TORCH_BACKEND=cuda: backend 'cuda' cannot run on this machine" in \
+        proc.stdout and "the device uses cpu" in proc.stdout

@@ -87,19 +87,20 @@ FRONT = native.fast_active()
 DEVICE_MEMORY_BACKENDS = ("cuda",)
 
 
+def _host_choice() -> str:
+    """``HOLOGRAM_BACKEND`` when it names a host backend (cpu, interp), else cpu, else the
+    interpreter (``HOLOGRAM_BACKEND=webgpu`` configures the SDK, not this device)."""
+    name = hologram.config.get().backend
+    if name not in ("cpu", "interp") or not backends.backend_class(name).is_available():
+        name = "cpu" if backends.backend_class("cpu").is_available() else "interp"
+    return name
+
+
 def _choose(name: str) -> str:
     """The backend ``name`` names for the device. ``"auto"``: cuda on an NVIDIA GPU (never
-    its emulation); else ``HOLOGRAM_BACKEND`` when it names a host backend (cpu, interp);
-    else cpu, else the interpreter. It never fails and never loads a GPU driver without
-    a GPU: this runs on ``import torch`` (the device autoloads), and
-    ``HOLOGRAM_BACKEND=webgpu`` configures the SDK, not this device."""
+    its emulation), else :func:`_host_choice`; it never fails."""
     if name == "auto":
-        if backends.backend_class("cuda").auto_available():
-            return "cuda"
-        name = hologram.config.get().backend
-        if name not in ("cpu", "interp") or not backends.backend_class(name).is_available():
-            name = "cpu" if backends.backend_class("cpu").is_available() else "interp"
-        return name
+        return "cuda" if backends.backend_class("cuda").auto_available() else _host_choice()
     name = hologram.backend.validate_backend(name)  # checked, errors worded, as everywhere
     if (name not in DEVICE_MEMORY_BACKENDS
             and not backends.get(name).allocator().host_visible):
@@ -112,6 +113,7 @@ def _choose(name: str) -> str:
 def _select(name: str) -> None:
     """Run the device on backend ``name`` (chosen by :func:`_choose`): its memory becomes
     the device's (refused once tensors live in other memory)."""
+    memory.defer(None)  # (a choice deferred at import is overridden)
     allocator = _allocators.get(name)
     if allocator is None:
         allocator = _allocators[name] = backends.get(name).allocator()
@@ -183,15 +185,35 @@ shortcuts = Shortcuts()
 
 
 def _select_at_import() -> None:
-    """``HOLOGRAM_TORCH_BACKEND`` (default auto). A backend that cannot run here is
-    warned about, not raised: this runs on ``import torch``."""
+    """``HOLOGRAM_TORCH_BACKEND`` (default auto). This runs on ``import torch`` (the device
+    autoloads): a backend that cannot run here is warned about, not raised; and cuda
+    (named, or ``auto`` where a GPU may be) is only probed when the device's memory is
+    first needed, so that importing torch loads no GPU driver and makes no CUDA context,
+    as PyTorch's own CUDA initializes lazily."""
     wanted = hologram.config.get().torch_backend
+    if wanted == "cuda" or (wanted == "auto"
+                            and backends.backend_class("cuda").may_be_available()):
+        _state["backend"], _HOST[0] = "cuda", False  # (until resolved: no host launches)
+        native.set_front(False)
+        memory.defer(lambda: _resolve(wanted))
+        return
     try:
         _select(_choose(wanted))
     except HologramError as e:
         warnings.warn(f"HOLOGRAM_TORCH_BACKEND={wanted}: {e}; the device uses 'auto'",
                       stacklevel=2)
         _select(_choose("auto"))
+
+
+def _resolve(wanted: str) -> None:
+    """The backend chosen at import (``wanted``: cuda or auto), probed now. A cuda that
+    cannot run here gives the host backend, with a warning where it was named."""
+    try:
+        _select(_choose(wanted))
+    except HologramError as e:
+        warnings.warn(f"HOLOGRAM_TORCH_BACKEND={wanted}: {e}; the device uses "
+                      f"{_host_choice()}", stacklevel=4)
+        _select(_host_choice())
 
 
 class _Scalars:

@@ -30,6 +30,7 @@ emulated and on a GPU alike.
 from __future__ import annotations
 
 import base64
+import importlib.util
 import json
 import os
 import re
@@ -149,6 +150,18 @@ class CudaBackend(Backend):
         emulated (the interpreter is slow, and its runs say nothing about a GPU)."""
         return (not config.get().cuda_emulate and worker.triton_installed()
                 and is_gpu_available())
+
+    @classmethod
+    def may_be_available(cls) -> bool:
+        """Whether a GPU may be here, without loading the driver: not emulated, Triton and
+        cuda-bindings installed, and (on Linux) an NVIDIA device node. The torch device's
+        ``auto`` asks this on ``import torch`` and probes (:meth:`auto_available`) at
+        first use."""
+        if config.get().cuda_emulate or not worker.triton_installed():
+            return False
+        if importlib.util.find_spec("cuda") is None:
+            return False
+        return sys.platform != "linux" or any(map(os.path.exists, _DEVICE_NODES))
 
     @classmethod
     def unavailable_reason(cls) -> str:
