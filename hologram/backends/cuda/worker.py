@@ -66,6 +66,12 @@ class _Worker:
                                   "stderr above says why (is triton "
                                   f"{TRITON_VERSION} installed? pip install "
                                   "'hologram-tensor[cuda]')") from err
+            except BaseException:
+                # Interrupted between the request and its reply (Ctrl-C, a test's time
+                # limit): the reply would answer the next request. The child goes; the
+                # next call starts another.
+                self.process.kill()
+                raise
 
     def close(self) -> None:
         if self.process.poll() is None:
