@@ -330,7 +330,7 @@ def upload(dst: torch.Tensor, src: torch.Tensor) -> None:
             and not _bits(src) and not _bits(dst)):
         if not lazy.untouched(dst):
             lazy.sync("host")
-        write(dst.data_ptr(), _bytes(src))
+        write(dst.data_ptr(), host_bytes(src))
         return
     alias = cpu_view(dst)
     alias.copy_(src)
@@ -367,7 +367,7 @@ def download(src: torch.Tensor) -> torch.Tensor:
     return cpu_view(src)
 
 
-def _bytes(t: torch.Tensor) -> np.ndarray:
+def host_bytes(t: torch.Tensor) -> np.ndarray:
     """The bytes of the contiguous CPU tensor ``t`` (any dtype, 0-d included)."""
     return t.reshape(-1).view(torch.uint8).numpy() if t.numel() else np.empty(0, np.uint8)
 

@@ -154,6 +154,11 @@ H.synchronize()
 ok = (torch.equal(y.cpu(), torch.arange(5.0) * 2 + 1) and s.query() and end.query()
       and start.elapsed_time(end) >= 0)
 """,
+    "CPU tensors still compute on the host": """
+a, b = torch.randn(6), torch.randn(6)
+ok = torch.equal(hologram_torch.functional.mul(a, b), a * b) and torch.equal(
+    hologram_torch.functional.add(a, torch.tensor(2.0)), a + 2.0)
+""",
     "torch.compile runs its graphs eagerly": """
 f = torch.compile(lambda a, b: torch.relu(a * b + 1), backend="hologram",
                   options={"backend": "cpu"})  # a host backend: never on GPU addresses

@@ -264,7 +264,7 @@ def _staged(args: Sequence, addresses: list) -> None:
     for i, x in enumerate(args):
         if isinstance(x, torch.Tensor):
             if x.is_cpu:
-                addresses[i] = device_scalar(memory._bytes(x.contiguous()).tobytes())
+                addresses[i] = device_scalar(memory.host_bytes(x.contiguous()).tobytes())
         else:
             addresses[i] = device_scalar(bytes(_NUMBER[type(x)][1](x)))
 
@@ -391,7 +391,7 @@ def run(name: str, build: Callable, args: Sequence, static: tuple = (),
         else:
             for o in out:
                 addresses.append(o.data_ptr())
-            if not _HOST[0]:
+            if not (_HOST[0] or host):  # (host: CPU tensors, computed on in place)
                 _staged(args, addresses)
             entry.launch(tuple(addresses))
     return out[0] if entry.single else tuple(out)
