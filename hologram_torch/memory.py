@@ -43,8 +43,10 @@ _set = torch.ops.aten.set_.source_Storage_storage_offset._handle.redispatch_boxe
 
 _pool = Pool()
 #: The device's memory when it is not host memory: ``allocator`` (a backend's
-#: :class:`~hologram.backends.base.Allocator` whose handles are device addresses), and
-#: whether a device storage was made yet (the kind of memory is fixed from then on).
+#: :class:`~hologram.backends.base.Allocator` whose handles are device addresses);
+#: ``used``: whether a device storage was made yet (the kind of memory is fixed from then
+#: on); ``hold``: what keeps let-go blocks from other streams' work (:func:`hold_released`);
+#: ``resolve``: the choice of memory deferred to its first use (:func:`defer`).
 _device: dict = {"allocator": None, "used": False, "hold": None, "resolve": None}
 SPARSE_UNSUPPORTED = (
     f"sparse tensors are not supported on the {NAME} device (its storages are dense "
