@@ -115,7 +115,8 @@ class Driver:
     def stream(self) -> Any:
         """The stream this thread's launches and device copies are queued on: the one
         :meth:`use_stream` made current on it, else :attr:`default_stream`."""
-        return getattr(self._thread, "stream", None) or self.default_stream
+        current = getattr(self._thread, "stream", None)
+        return self.default_stream if current is None else current
 
     def use_stream(self, stream: Any | None) -> None:
         """Queue this thread's work on ``stream`` from now on (None: the default one)."""
