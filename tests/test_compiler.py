@@ -741,6 +741,56 @@ def test_fusion_does_not_nest_reductions():
     assert same_bits(execute(p, inputs)[0], execute(q, inputs)[0])
 
 
+def test_fusion_keeps_each_contraction_in_a_kernel_of_its_own():
+    """A weight gradient summed over time steps, ``sum_t g[t].T @ x[t]``: each product
+    reads the running sum in its epilogue, and merging them all would give one loop nest
+    of many contractions, which no library call takes. Each stays a kernel of its own (a
+    GEMM with the addition as its epilogue)."""
+    from hologram.backends.cpu import gemm
+
+    def summed_products(g):
+        gs, xs = g.input("g", "f32", (6, 4, 12)), g.input("x", "f32", (6, 4, 8))
+        total = gs[0].T @ xs[0]
+        for t in range(1, 6):
+            total = total + gs[t].T @ xs[t]
+        g.output("w", total)
+
+    p = _graph(summed_products)
+    q = pipeline.run(p)
+    assert [sum(i.op == "contract" for i in k.body) for k in q.kernels] == [1] * 6
+    assert sum(map(len, gemm.split(q)[1].values())) == 6  # every product a BLAS call
+    inputs = inputs_for(p, seed=7)
+    assert same_bits(execute(p, inputs)[0], execute(q, inputs)[0])
+
+
+def test_a_recurrence_read_twice_per_step_is_not_recomputed_from_its_start():
+    """``h[t] = h[t-1] * a[t] + b[t]``, each step also written out: every ``h[t]`` is read
+    twice (the next step, its output). Inlined at both reads, step ``t``'s kernel would
+    recompute the chain from the first step: quadratic work. Past ``SHARED_READS``
+    reads a step's value is stored once instead."""
+    from hologram.compiler.passes.fuse import SHARED_READS
+
+    def recurrence(g):
+        a, b = g.input("a", "f32", (steps, 16)), g.input("b", "f32", (steps, 16))
+        h = a[0]
+        for t in range(1, steps):
+            h = h * a[t] + b[t]
+            g.output(f"h{t}", g.unary("tanh", h))
+
+    for steps in (16, 64):
+        p = _graph(recurrence)
+        q = pipeline.run(p)
+        work = sum(i.op not in ("load", "store", "const", "cast")
+                   for k in q.kernels for i in k.body)
+        # A step is a multiply, an add and a tanh, its chain recomputed at no more than
+        # SHARED_READS reads: linear in the steps (165 and 551 instructions here;
+        # unbounded, 255 and 4,095).
+        assert work <= 3 * SHARED_READS * steps, (steps, work)
+    inputs = inputs_for(p, seed=11)
+    for x, y in zip(execute(p, inputs), execute(q, inputs)):
+        assert same_bits(x, y)
+
+
 # --- HOLOGRAM_DUMP_DIR that is missing or not a directory (issue 16, part 6) ------------
 def test_dump_dir_is_created_with_its_parents(tmp_path, monkeypatch):
     target = tmp_path / "missing" / "nested" / "dumps"

@@ -28,14 +28,18 @@ copy into an output).
 values through the same map into an output nothing else accesses, the temporary's readers
 read the output instead, and the temporary goes.
 
+A temporary read more than once is inlined only while the work it duplicates is small
+(:data:`SHARED_WORK`): every read recomputes it.
+
 Inlining goes first so that elementwise values are recomputed from their sources before
 merges make their producers reductions. A temporary stays materialized when it is read
 in another index space after a reduction, when no position keeps memory accesses in order,
 or when merging would nest reductions (per-row results reduced again over the rows: the
-rows would stop being a parallel grid), or when it is read by a ``gather`` (which of its
-elements are read is data, so it cannot be recomputed in the reader's index space). A
-producer's own gathers inline like its loads: their maps are composed the same way. The
-producer's store is kept; the next canonicalize drops it if nothing reads it.
+rows would stop being a parallel grid) or put two contractions in one kernel (each alone
+may be a library call), or when it is read by a ``gather`` (which of its elements are
+read is data, so it cannot be recomputed in the reader's index space). A producer's own
+gathers inline like its loads: their maps are composed the same way. The producer's
+store is kept; the next canonicalize drops it if nothing reads it.
 
 A ``scatter`` is a write whose address is data; along the dimensions where two of its
 points may write one element its kernel runs on one thread. Elementwise producers of its
@@ -150,7 +154,12 @@ class _Fusion:
             return False
         loaded = frozenset(producer.body[i].buffer for i in part
                            if producer.body[i].op in READ_OPS)
-        computes = any(producer.body[i].op not in _MOVES for i in part)
+        work = sum(producer.body[i].op not in _MOVES for i in part)
+        computes = work > 0
+        reads = sum(i.op in READ_OPS and i.buffer == t for c in readers
+                    for i in self.kernels[c].body)
+        if work and (reads > SHARED_READS or work * (reads - 1) > SHARED_WORK):
+            return False  # recomputed at every read: see SHARED_WORK
         fused = {}
         for c in readers:
             if self._conflicts(range(p + 1, c + 1), loaded, frozenset()):
@@ -213,7 +222,8 @@ class _Fusion:
                 store = producer.body[_store_of(producer, t)]
                 refit = _refit(flat or consumer, t, store)
                 merged = None if refit is None else _merge_pair(producer, refit, t)
-            if merged is None or _nests_reductions(merged) or not self._valid(merged):
+            if (merged is None or _nests_reductions(merged) or _contractions(merged) > 1
+                    or not self._valid(merged)):
                 continue
             between = range(p + 1, c)
             if not self._conflicts(between, producer.reads(), producer.writes()):
@@ -230,6 +240,16 @@ class _Fusion:
 
 #: Instructions that only move values: a producer of nothing else inlines into a scatter.
 _MOVES = frozenset({"load", "gather", "const", "cast"})
+#: The most computing instructions inlining a temporary may duplicate (its computation
+#: times its reads beyond the first); past it, the temporary is stored once. Unbounded, a
+#: recurrence (a hidden state's gradient through a recurrent network's time steps) is
+#: recomputed from its last step at every step: each step's few instructions inline
+#: into the readers of the step before, whose number grows by one a step, so the work is
+#: quadratic in the steps (32 steps: kernels of 200 instructions, 1.2 ms of the GRU
+#: benchmark's 3 ms training step).
+SHARED_WORK = 32
+#: The most reads a computed temporary is inlined at (the same reason).
+SHARED_READS = 4
 
 
 def _serial_scatter(kernel: Kernel) -> bool:
@@ -539,6 +559,15 @@ def _refit(kernel: Kernel, t: int, store: Instr) -> Kernel | None:
             if kernel is None:
                 return None
     return kernel if j == 0 else None
+
+
+def _contractions(kernel: Kernel) -> int:
+    """How many contractions ``kernel`` holds. A merge never puts two in one kernel: each
+    alone may be a library call (``library_calls``: one contraction per kernel), and the
+    generated loops of several (a weight gradient summed over a recurrent network's time
+    steps: 32 products of 192 x 32 x 16 in one loop nest) ran at a tenth of their BLAS
+    calls' speed."""
+    return sum(i.op == "contract" for i in kernel.body)
 
 
 def _nests_reductions(kernel: Kernel) -> bool:
