@@ -28,8 +28,9 @@ copy into an output).
 values through the same map into an output nothing else accesses, the temporary's readers
 read the output instead, and the temporary goes.
 
-A temporary read more than once is inlined only while the work it duplicates is small
-(:data:`SHARED_WORK`): every read recomputes it.
+A temporary read more than once is inlined only at a few reads (:data:`SHARED_READS`)
+and while the work it duplicates is small (:data:`SHARED_WORK`): every read recomputes
+it.
 
 Inlining goes first so that elementwise values are recomputed from their sources before
 merges make their producers reductions. A temporary stays materialized when it is read
@@ -159,7 +160,7 @@ class _Fusion:
         reads = sum(i.op in READ_OPS and i.buffer == t for c in readers
                     for i in self.kernels[c].body)
         if work and (reads > SHARED_READS or work * (reads - 1) > SHARED_WORK):
-            return False  # recomputed at every read: see SHARED_WORK
+            return False  # recomputed at every read: see SHARED_READS
         fused = {}
         for c in readers:
             if self._conflicts(range(p + 1, c + 1), loaded, frozenset()):
@@ -246,7 +247,7 @@ _MOVES = frozenset({"load", "gather", "const", "cast"})
 #: recomputed from its last step at every step: each step's few instructions inline
 #: into the readers of the step before, whose number grows by one a step, so the work is
 #: quadratic in the steps (32 steps: kernels of 200 instructions, 1.2 ms of the GRU
-#: benchmark's 3 ms training step).
+#: benchmark's fused training step).
 SHARED_WORK = 32
 #: The most reads a computed temporary is inlined at (the same reason).
 SHARED_READS = 4
