@@ -327,7 +327,6 @@ def test_copies_between_handles(make):
                 12) in memory.driver.calls
 
 
-
 @needs_triton
 def test_a_call_interrupted_before_its_reply_ends_the_triton_process(emulate):
     """A request whose reply never gets read (Ctrl-C, a test's time limit) must not leave

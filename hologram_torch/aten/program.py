@@ -211,9 +211,10 @@ def _resolve(wanted: str) -> None:
     try:
         _select(_choose(wanted))
     except HologramError as e:
-        warnings.warn(f"HOLOGRAM_TORCH_BACKEND={wanted}: {e}; the device uses "
-                      f"{_host_choice()}", stacklevel=4)
-        _select(_host_choice())
+        host = _host_choice()
+        warnings.warn(f"HOLOGRAM_TORCH_BACKEND={wanted}: {e}; the device uses {host}",
+                      stacklevel=4)
+        _select(host)
 
 
 class _Scalars:
