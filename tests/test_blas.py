@@ -10,7 +10,30 @@ from hologram.errors import DeviceError, DTypeError, HologramError, ShapeError
 
 pytestmark = pytest.mark.skipif(not blas.available(), reason=blas.describe())
 
-DTYPES = {"f32": np.float32, "f64": np.float64}
+DTYPES = {"f32": np.float32, "f64": np.float64, "f16": np.float16, "bf16": np.uint16}
+
+
+def make(values: np.ndarray, dtype: str) -> np.ndarray:
+    """``values`` stored as ``dtype`` (bf16: the high halves of their float32 bits)."""
+    if dtype == "bf16":
+        return (values.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    return values.astype(DTYPES[dtype])
+
+
+def wide(x: np.ndarray, dtype: str) -> np.ndarray:
+    """The values of ``x`` (stored as ``dtype``) in float64."""
+    if dtype == "bf16":
+        return (x.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return x.astype(np.float64)
+
+
+def out_dtype(dtype: str) -> str:
+    """C's dtype: float32 for products of f16/bf16 matrices."""
+    return "f32" if dtype in blas.HALF else dtype
+
+
+def tolerance(dtype: str, k: int) -> float:
+    return (2e-6 if out_dtype(dtype) == "f32" else 1e-14) * (k + 1) * 4
 
 
 def addr(a: np.ndarray) -> int:
@@ -30,29 +53,28 @@ def check(dtype, trans_a, trans_b, m, n, k, alpha=1.0, beta=0.0, pad=0, seed=0,
     sub-blocks and compare with float64 matmul; the padding around C must stay
     untouched."""
     rng = np.random.default_rng(seed)
-    np_t = DTYPES[dtype]
     a_shape = (k, m) if trans_a else (m, k)
     b_shape = (n, k) if trans_b else (k, n)
 
-    def block(rows, cols):
-        big = rng.uniform(-1, 1, (rows + 2 * pad, cols + 3 * pad)).astype(np_t)
+    def block(rows, cols, dtype=dtype):
+        big = make(rng.uniform(-1, 1, (rows + 2 * pad, cols + 3 * pad)), dtype)
         return big, big[pad:pad + rows, pad:pad + cols]
 
     _, a = block(*a_shape)
     _, b = block(*b_shape)
-    c_big, c = block(m, n)
+    c_big, c = block(m, n, out_dtype(dtype))
     c_big_before = c_big.copy()
     c_before = c.astype(np.float64)
-    op_a = a.T if trans_a else a
-    op_b = b.T if trans_b else b
-    expected = alpha * (op_a.astype(np.float64) @ op_b.astype(np.float64)) + beta * c_before
+    op_a = wide(a.T if trans_a else a, dtype)
+    op_b = wide(b.T if trans_b else b, dtype)
+    expected = alpha * (op_a @ op_b) + beta * c_before
     if library is None:
         blas.gemm(dtype, trans_a, trans_b, m, n, k, alpha, addr(a), ld(a), addr(b), ld(b),
                   beta, addr(c), ld(c))
     else:
         blas.prepare(dtype, trans_a, trans_b, m, n, k, alpha, ld(a), ld(b), beta, ld(c),
                      library)(addr(a), addr(b), addr(c))
-    tol = (2e-6 if dtype == "f32" else 1e-14) * (k + 1) * 4
+    tol = tolerance(dtype, k)
     np.testing.assert_allclose(c.astype(np.float64), expected, rtol=tol, atol=tol)
     mask = np.ones(c_big.shape, bool)
     mask[pad:pad + m, pad:pad + n] = False
@@ -105,8 +127,8 @@ def test_empty_output_is_a_no_op(m, n):
 def test_argument_errors():
     a = np.zeros((4, 4), np.float32)
     p = addr(a)
-    with pytest.raises(DTypeError, match="f16"):
-        blas.gemm("f16", False, False, 2, 2, 2, 1.0, p, 4, p, 4, 0.0, p, 4)
+    with pytest.raises(DTypeError, match="'f32', 'f64', 'bf16' or 'f16'"):
+        blas.gemm("i16", False, False, 2, 2, 2, 1.0, p, 4, p, 4, 0.0, p, 4)
     with pytest.raises(ShapeError, match="lda=2 < 3"):
         blas.gemm("f32", False, False, 2, 2, 3, 1.0, p, 2, p, 4, 0.0, p, 4)
     with pytest.raises(ShapeError, match="ldb=1 < 3"):
@@ -215,12 +237,12 @@ def batched(dtype, trans_a, trans_b, batch, m, n, k, broadcast=(), seed=0, libra
     that skip memory, stride 0 for the operands in ``broadcast``) against float64 matmul;
     memory of C outside its matrices stays untouched."""
     rng = np.random.default_rng(seed)
-    np_t = DTYPES[dtype]
 
     def operand(name, rows, cols, transposed):
         stored = (cols, rows) if transposed else (rows, cols)
         shape = tuple(1 if name in broadcast else b for b in batch)
-        big = rng.uniform(-1, 1, (*shape, stored[0] + 1, stored[1] + 2)).astype(np_t)
+        big = make(rng.uniform(-1, 1, (*shape, stored[0] + 1, stored[1] + 2)),
+                   out_dtype(dtype) if name == "c" else dtype)
         view = big[..., 1:, 2:]
         strides = tuple(0 if name in broadcast else s // view.itemsize
                         for s in view.strides[:-2])
@@ -236,8 +258,8 @@ def batched(dtype, trans_a, trans_b, batch, m, n, k, broadcast=(), seed=0, libra
                                 ld(b[(0,) * len(batch)]), ld(c[(0,) * len(batch)]), batch,
                                 a_strides, b_strides, c_strides, library)
     call(addr(a), addr(b), addr(c))
-    expected = op_a.astype(np.float64) @ op_b.astype(np.float64)
-    tol = (2e-6 if dtype == "f32" else 1e-14) * (k + 1) * 4
+    expected = wide(op_a, dtype) @ wide(op_b, dtype)
+    tol = tolerance(dtype, k)
     np.testing.assert_allclose(c.astype(np.float64), expected, rtol=tol, atol=tol)
     mask = np.ones(c_big.shape, bool)
     mask[..., 1:, 2:] = False
@@ -298,6 +320,29 @@ def test_batched_products_go_to_mkls_batch_entry(mkl, monkeypatch):
                                                        mkl.set_local_threads))
     batched("f32", False, True, (4,), 3, 3, 3)
     assert len(used) == 2
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("library", ["openblas", "mkl"])
+def test_half_precision_products_into_float32(request, library, dtype):
+    """f16/bf16 matrices multiply into a float32 C: through MKL's mixed-precision entry
+    with torch imported, else (``"openblas"``) as float32 products of widened copies;
+    sub-blocks, alpha and beta, k = 0, and batches (a loop of single products)."""
+    if library == "mkl":
+        mkl = request.getfixturevalue("mkl")
+        if dtype not in dict(mkl.half_gemm):
+            pytest.skip(f"this MKL has no {dtype} product")
+    for trans_a, trans_b in ((False, False), (True, False), (False, True), (True, True)):
+        for m, n, k in ((1, 1, 1), (7, 5, 3), (65, 33, 130)):
+            check(dtype, trans_a, trans_b, m, n, k, library=library)
+        check(dtype, trans_a, trans_b, 9, 6, 11, alpha=-0.5, beta=3.0, pad=4,
+              library=library)
+        batched(dtype, trans_a, trans_b, (2, 3), 7, 5, 9, library=library)
+    batched(dtype, False, True, (3, 2), 6, 4, 5, broadcast=("a",), library=library)
+    c = np.full((4, 5), 3.0, np.float32)
+    blas.prepare(dtype, False, False, 4, 5, 0, 1.0, 1, 5, 2.0, 5, library)(1, 1, addr(c))
+    assert (c == 6.0).all()  # k = 0: C scaled by beta, no product
+    batched(dtype, False, False, (3,), 4, 5, 0, library=library)
 
 
 def test_batched_gemm_with_k_zero_writes_zeros():

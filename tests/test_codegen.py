@@ -76,6 +76,45 @@ def test_whole_array_sums_are_split_and_the_dump_says_so():
     assert f"x{loops.LANES} lanes per block of {loops.BLOCK}" in text
 
 
+@pytest.mark.parametrize("case, tiled", [
+    ("rows of a matrix", True), ("a batch of rows, per feature", True),
+    ("per batch entry", True), ("two sums of one read", True),
+    ("along the contiguous axis", False), ("two passes", False), ("int", False),
+    ("f64", False), ("few columns", False)])
+def test_column_sums_are_tiled_where_the_grid_is_contiguous(case, tiled):
+    """Float sums whose values are contiguous along the last grid dimension and strided
+    along the reduced one are column sums (rendered a tile of grid points at a time);
+    sums along the contiguous axis, sums of terms that need another sum, integer and f64
+    sums, and grids of fewer than MIN_COLUMNS points are not."""
+    def build(g):
+        dtype = {"int": "i32", "f64": "f64"}.get(case, "f32")
+        x = g.input("x", dtype, (3, 40, 5 if case == "few columns" else 24))
+        if case in ("rows of a matrix", "int", "f64", "few columns"):
+            g.output("y", g.sum(x, 1))
+        elif case == "a batch of rows, per feature":
+            g.output("y", g.sum(x, (0, 1)))
+        elif case == "per batch entry":
+            g.output("y", g.sum(g.input("z", "f32", (3, 40, 24)) * x, 1) / 40.0)
+        elif case == "two sums of one read":
+            g.output("y", g.sum(x * x, (0, 1)))
+            g.output("z", g.sum(x, (0, 1)))
+        elif case == "along the contiguous axis":
+            g.output("y", g.sum(x, 2))
+        else:
+            g.output("y", g.sum(x - g.sum(x, 1, keepdim=True), 1))
+
+    kernels = _kernels(build)
+    tiles = [loops.plan(k, CPU).columns for k in kernels]
+    assert any(tiles) == tiled, [str(k) for k in kernels]
+    assert set(tiles) <= {0, loops.COLUMN_TILE}
+    if tiled:
+        text = loops.plan(kernels[tiles.index(loops.COLUMN_TILE)], CPU).dump()
+        assert f"column sums in tiles of {loops.COLUMN_TILE}" in text
+        assert f"blocks of {loops.SHORT_ROW} rows, blocks in f64" in text
+    gpu = Capabilities(f64=False, i64=False)  # float32 block sums: not these
+    assert not any(loops.plan(k, gpu).columns for k in kernels)
+
+
 def test_values_invariant_along_inner_grid_dimensions_are_hoisted():
     def broadcast(g):
         x = g.input("x", "f32", (64, 1))

@@ -784,6 +784,69 @@ def test_f32_sum_follows_the_documented_order(n):
     assert same_bits(got, np.array([blocked_sum(x)])), (got, blocked_sum(x))
 
 
+def column_sum(x: np.ndarray) -> np.ndarray:
+    """The order docs/isa.md states for column sums (sums over axis 0 of ``x``, float32):
+    blocks of loops.SHORT_ROW rows, each a sequential float32 sum, added in order in
+    float64, rounded once."""
+    total = np.full(x.shape[1:], -0.0)
+    for start in range(0, x.shape[0], loops.SHORT_ROW):
+        partial = np.full(x.shape[1:], -0.0, np.float32)
+        for row in x[start:start + loops.SHORT_ROW]:
+            partial = partial + row
+        total = total + partial.astype(np.float64)
+    return total.astype(np.float32)
+
+
+@pytest.mark.parametrize("rows, columns", [(3, 8), (16, 9), (37, 300), (64, 600)])
+def test_column_sums_follow_the_documented_order(rows, columns):
+    """``x.sum(0)`` of a row-major matrix is summed a tile of columns at a time
+    (loops.column_tile), bit for bit in the documented order, on any thread count (the
+    threads' ranges split tiles), with the terms and epilogue of a mean of a product."""
+    rng = np.random.default_rng(seed_of("columns", str(rows), str(columns)))
+    x = (rng.standard_normal((rows, columns))
+         * 10.0 ** rng.uniform(-4, 4, (rows, columns))).astype(np.float32)
+    w = rng.standard_normal(columns).astype(np.float32)
+    g = Graph("column_sums")
+    xs, ws = g.input("x", "f32", (rows, columns)), g.input("w", "f32", (columns,))
+    g.output("s", g.sum(xs, 0))
+    g.output("m", g.sum(xs * ws, 0) / float(rows))
+    caps = cpu_targets.host().capabilities
+    assert all(loops.plan(k, caps).columns == loops.COLUMN_TILE
+               for k in pipeline.run(g.program()).kernels if k.grid_rank)
+    for n in (1, 2, 3):
+        with num_threads(n):
+            s, m = run_cpu(g.program(), [x, w])
+        assert same_bits(s, column_sum(x)), n
+        mean = (column_sum(x * w).astype(np.float64) / np.float32(rows)).astype(np.float32)
+        assert same_bits(m, column_sum(x * w) / np.float32(rows)) or same_bits(m, mean), n
+
+
+@pytest.mark.parametrize("name", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("shape, axes", [((40, 24), (0,)), ((5, 20, 24), (0, 1)),
+                                         ((3, 21, 24), (1,)), ((2, 18, 3, 40), (1, 2))])
+def test_column_sums_match_the_interpreter_with_edge_values(name, shape, axes):
+    """Column sums of every float dtype they serve, over one or several axes and under a
+    batch (a grid of two dimensions), on random values and on NaN, infinities, signed
+    zeros and subnormals: within the sum bound, with NaN, infinity and zero signs where
+    the interpreter has them."""
+    t = dt.dtype(name)
+    g = Graph("column_edges")
+    x = g.input("x", t, shape)
+    g.output("s", g.sum(x, axes))
+    g.output("q", g.sum(x * x, axes))
+    assert all(loops.plan(k, cpu_targets.host().capabilities).columns
+               for k in pipeline.run(g.program()).kernels)
+    rng = np.random.default_rng(seed_of("column edges", name, str(shape)))
+    (param,) = [p for p in g.program().params if p.kind == "in"]
+    for edges in (False, True):
+        inputs = [random_array(param, rng, edges=edges)]
+        got, want = run_cpu(g.program(), inputs), run_interp(g.program(), inputs)
+        values = as_float(inputs[0], t).reshape(shape)
+        for out, gv, wv, terms in zip("sq", got, want, (values, values * values)):
+            ulps, atol = reduce_tolerance("sum", t, wv, storage(terms, t), shape, axes)
+            assert_close(gv, wv, t, ulps, atol, what=f"column sum {out} {name} {shape}")
+
+
 @pytest.mark.parametrize("name", ["f32", "f16", "bf16"])
 def test_many_equal_terms_do_not_stall_the_sum(name):
     """2**25 ones (2**15 in f16, whose largest finite value is 65504), loaded broadcast,
@@ -1109,6 +1172,29 @@ def test_matmul_in_other_dtypes_runs_the_generated_loops(name):
     got, want = run_cpu(g.program(), inputs), run_interp(g.program(), inputs)
     for g_, w in zip(got, want):
         assert_close(g_, w, t, ulps=1 if t is dt.bfloat16 else 0, what=f"matmul {name}")
+
+
+@pytest.mark.parametrize("name", ["f16", "bf16"])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_half_precision_operands_of_a_float32_product_make_a_mixed_precision_gemm(
+        name, transposed):
+    """A float32 product of f16/bf16 operands widened by casts (what PyTorch's
+    half-precision ``mm`` lowers to) fuses the casts into the contraction, which is then one
+    GEMM of the half-precision matrices into float32 (no widened copies of them); the
+    epilogue rounds once. Within the GEMM bound of the exact products, plus the rounding:
+    one ulp of the result's dtype."""
+    t = dt.dtype(name)
+    g = Graph("mm_mixed_" + name)
+    a = g.input("a", t, (33, 70))
+    b = g.input("bt", t, (17, 70)).T if transposed else g.input("b", t, (70, 17))
+    g.output("y", g.cast(g.cast(a, "f32") @ g.cast(b, "f32"), t))
+    lowered, gemms = gemm.split(pipeline.run(g.program()))
+    assert [(x.dtype, x.out) for group in gemms.values() for x in group] == [(name, "f32")]
+    assert len(lowered.kernels) == 1  # the epilogue: no kernel widens an operand
+    rng = np.random.default_rng(seed_of("mm_mixed", name))
+    inputs = [random_array(p, rng, edges=False) for p in g.program().params if p.kind == "in"]
+    (got,), (want,) = run_cpu(g.program(), inputs), run_interp(g.program(), inputs)
+    assert_close(got, want, t, ulps=1, what=f"mixed-precision matmul {name}")
 
 
 @pytest.mark.parametrize("name", ["f32", "i32"])

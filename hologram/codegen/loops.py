@@ -14,7 +14,11 @@ emits anything is the same on every device, and is decided here:
   which is the order its writes must keep);
 - how each reduction accumulates (:class:`Accumulator`): float sums in lanes of the operand
   precision, blocked, block sums in the target's ``block_sum_dtype``; products, extremes
-  and integer sums in one accumulator; argmax indices in the target's ``index_dtype``.
+  and integer sums in one accumulator; argmax indices in the target's ``index_dtype``;
+- which float sums run across columns (:func:`column_tile`): where the summed values are
+  contiguous along the last grid dimension and not along the reduced one (a bias's
+  gradient, ``x.sum(0)``), a tile of neighbouring grid points is summed together, row by
+  row, so that the loads are vectors instead of one strided element per grid point.
 
 :func:`plan` returns all of it as a :class:`KernelPlan`, and :meth:`KernelPlan.dump` as
 text; compilers write it under ``HOLOGRAM_DUMP_DIR`` (stage ``loops``). The cpu renderer
@@ -50,6 +54,10 @@ LANES = 64
 BLOCK = 1024
 VECTOR = 16
 SHORT_ROW = 16
+#: Column sums (:func:`column_tile`): the grid points summed together, and the fewest
+#: neighbouring grid points that make a tile worth it (below, the rows are short).
+COLUMN_TILE = 256
+MIN_COLUMNS = 8
 
 
 #: The capabilities plans assume where none are given (a 64-bit target).
@@ -112,6 +120,53 @@ def part_bounds(domain: tuple[int, ...], parts: int) -> tuple[int, int]:
     return divmod(n, parts)
 
 
+def column_tile(kernel: Kernel, caps: Capabilities = _PLAIN) -> int:
+    """The grid points of a column-sum tile (0: the kernel is not a column sum).
+
+    A kernel is a column sum when its reductions are all float sums of f32, f16 or bf16
+    values over the same axes (its loop dimensions), none of whose terms needs another's
+    result, it stores only once per grid point,
+    it reads with plain loads that step by one element or none along its last grid
+    dimension ``g`` (of at least :data:`MIN_COLUMNS` points), and one of them steps along
+    the innermost reduced axis by more than one element. Such a kernel is rendered tile by
+    tile of up to :data:`COLUMN_TILE` neighbouring points along ``g``: for each row of the
+    reduced axes, the tile's terms are added elementwise into one float32 accumulator per
+    point (vector loads along ``g``), the innermost reduced axis in blocks of
+    :data:`SHORT_ROW` terms (one sequential sum each, as a short row's), and the block
+    sums in order in the target's ``block_sum_dtype`` (docs/isa.md, "Float sums"), which
+    must be float64: uncompensated, its 29 extra bits keep the bound."""
+    g = kernel.grid_rank - 1
+    if caps.block_sum_dtype != "f64":
+        return 0
+    loop_dims = tuple(range(kernel.grid_rank, len(kernel.domain)))
+    if g < 0 or not loop_dims or kernel.domain[g] < MIN_COLUMNS or 0 in kernel.domain:
+        return 0
+    body = kernel.body
+    reductions = [x for x in body if x.op in ("reduce", "contract")]
+    if not reductions or any(
+            x.op != "reduce" or x.kind != "sum" or tuple(sorted(x.axes)) != loop_dims
+            or body[x.args[0]].dtype not in (dt.float32, dt.float16, dt.bfloat16)
+            for x in reductions):
+        return 0
+    if any(x.op in ("gather", "scatter") for x in body):
+        return 0
+    reduced: set[int] = set()  # reductions and what depends on them
+    for i, x in enumerate(body):
+        if x.op == "reduce" or reduced.intersection(x.args):
+            if x.op == "reduce" and x.args[0] in reduced:
+                return 0  # a sum of terms that need another sum (two passes)
+            reduced.add(i)
+    if any(x.op in WRITE_OPS and any(x.shape[d] > 1 for d in loop_dims) for x in body):
+        return 0
+    loads = [x for x in body if x.op == "load"]
+    if any(x.shape[g] > 1 and x.map.strides[g] not in (0, 1) for x in loads):
+        return 0
+    inner = reductions[0].axes[-1]
+    strided = any(x.shape[g] > 1 and x.map.strides[g] == 1 and x.shape[inner] > 1
+                  and x.map.strides[inner] not in (0, 1) for x in loads)
+    return COLUMN_TILE if strided else 0
+
+
 @dataclass(frozen=True)
 class Accumulator:
     """How one reduction accumulates."""
@@ -171,6 +226,7 @@ class KernelPlan:
     # (None: not hoisted), and the loop dimensions it varies along.
     hoist: tuple[int | None, ...] = ()
     varying: tuple[tuple[int, ...], ...] = ()
+    columns: int = 0  # column_tile: grid points summed together (0: none)
 
     def hoisted_at(self, level: int) -> list[int]:
         """The instructions computed before the grid loop over dimension ``level``, in
@@ -203,14 +259,20 @@ class KernelPlan:
 
     def dump(self) -> str:
         lines = [f"kernel {self.name} grid {list(self.grid)} loops {list(self.loops)}"
-                 + (f" split {self.parts} partials" if self.parts else "")]
+                 + (f" split {self.parts} partials" if self.parts else "")
+                 + (f" column sums in tiles of {self.columns}" if self.columns else "")]
         if self.unsupported:
             lines.append(f"  unsupported: {self.unsupported}")
         for position, where in enumerate(self.placement):
             lines.append(f"  %{position}: {where}")
         for dims, stores in self.store_nests:
             lines.append(f"  stores {['%' + str(s) for s in stores]} in nest {list(dims)}")
-        lines += [f"  accumulate {a.describe()}" for a in self.accumulators]
+        if self.columns:
+            lines += [f"  accumulate %{a.position} sum axes {list(a.axes)} of {a.operand}: "
+                      f"{a.dtype} per grid point, blocks of {SHORT_ROW} rows, blocks in "
+                      f"{a.outer}" for a in self.accumulators]
+        else:
+            lines += [f"  accumulate {a.describe()}" for a in self.accumulators]
         return "\n".join(lines)
 
 
@@ -281,7 +343,7 @@ def plan(kernel: Kernel, caps: Capabilities = _PLAIN) -> KernelPlan:
         tuple((dims, tuple(stores)) for dims, stores in nests.items()),
         tuple(accumulator(kernel, i, caps) for i, x in enumerate(kernel.body)
               if x.op in ("reduce", "contract")),
-        reason, tuple(hoist), tuple(varies))
+        reason, tuple(hoist), tuple(varies), column_tile(kernel, caps) if reason is None else 0)
 
 
 def dump(program: Program, caps: Capabilities = _PLAIN) -> str:

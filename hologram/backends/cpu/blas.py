@@ -48,7 +48,7 @@ import numpy as np
 
 from hologram.errors import DeviceError, DTypeError, HologramError, ShapeError
 
-__all__ = ["Entry", "available", "blas_threads", "describe", "entry", "gemm", "prepare",
+__all__ = ["HALF", "Entry", "available", "blas_threads", "describe", "entry", "gemm", "prepare",
            "prepare_batched", "set_blas_threads", "set_openblas_threads"]
 
 #: CBLAS enum values (cblas.h); also the trampolines' constants (:mod:`.parallel_gemm`).
@@ -88,8 +88,13 @@ class _Mkl:
     # arrays, one per group; 0 where the build lacks them)
     sgemm_batch: int = 0
     dgemm_batch: int = 0
+    # ``cblas_gemm_bf16bf16f32``/``cblas_gemm_f16f16f32`` (row-major CBLAS, by value):
+    # half-precision operands, float32 C and scalars
+    half_gemm: tuple[tuple[str, int], ...] = ()
 
 
+#: Operand dtypes whose products are float32 matrices (:func:`prepare`).
+HALF = ("bf16", "f16")
 _lock = threading.Lock()
 _state: _Library | str | None = None  # None: not looked yet; str: why none was found
 _mkl_state: _Mkl | bool | None = None  # None: not looked yet; False: none
@@ -257,8 +262,10 @@ def _bind_mkl(path: str) -> _Mkl | None:
         fn = getattr(lib, name, None)
         return 0 if fn is None else ctypes.cast(fn, address).value
 
+    half = tuple((dtype, optional(f"cblas_gemm_{dtype}{dtype}f32")) for dtype in HALF)
     return _Mkl(path, ctypes.cast(sgemm, address).value, ctypes.cast(dgemm, address).value,
-                set_local, optional("cblas_sgemm_batch"), optional("cblas_dgemm_batch"))
+                set_local, optional("cblas_sgemm_batch"), optional("cblas_dgemm_batch"),
+                tuple((dtype, fn) for dtype, fn in half if fn))
 
 
 def available() -> bool:
@@ -347,8 +354,9 @@ def gemm(dtype: str, trans_a: bool, trans_b: bool, m: int, n: int, k: int,
 
     ``op(A)`` is m x k (A is stored k x m when ``trans_a``), ``op(B)`` is k x n, C is m x n;
     ``lda``, ``ldb``, ``ldc`` are row strides in elements and must cover a stored row.
-    ``dtype`` is ``"f32"`` or ``"f64"``. Nothing happens when m or n is 0; when k is 0,
-    C is scaled by beta without calling the library.
+    ``dtype`` is the operands' dtype: ``"f32"`` or ``"f64"`` (C's too), or ``"bf16"`` or
+    ``"f16"`` with C (and alpha, beta) in float32. Nothing happens when m or n is 0; when
+    k is 0, C is scaled by beta without calling the library.
     """
     prepare(dtype, trans_a, trans_b, m, n, k, alpha, lda, ldb, beta, ldc)(a, b, c)
 
@@ -363,9 +371,13 @@ def prepare(dtype: str, trans_a: bool, trans_b: bool, m: int, n: int, k: int,
 
     ``library``: ``"openblas"``, ``"mkl"`` (PyTorch's; :class:`DeviceError` when the
     process has none) or None: MKL where the process has it, else OpenBLAS (see the
-    module's docstring)."""
-    if dtype not in ("f32", "f64"):
-        raise DTypeError(f"gemm: dtype {dtype!r} is not supported by BLAS; use 'f32' or 'f64'")
+    module's docstring). Products of f16/bf16 matrices go to MKL's mixed-precision entry
+    (``cblas_gemm_bf16bf16f32``, ``cblas_gemm_f16f16f32``: float32 products and sums, as
+    the ISA's ``contract`` defines them) where the process has it; elsewhere both
+    operands are widened to float32 copies first (:func:`_prepare_half`)."""
+    if dtype not in ("f32", "f64") + HALF:
+        raise DTypeError(f"gemm: dtype {dtype!r} is not supported by BLAS; use 'f32', 'f64', "
+                         f"'bf16' or 'f16'")
     if m < 0 or n < 0 or k < 0:
         raise ShapeError(f"gemm: sizes m={m}, n={n}, k={k} must be >= 0")
     lib = _load()
@@ -380,7 +392,7 @@ def prepare(dtype: str, trans_a: bool, trans_b: bool, m: int, n: int, k: int,
         def scale(a: int, b: int, c: int) -> None:
             if not c:
                 raise HologramError("gemm: C is a null address")
-            _scale(dtype, m, n, beta, c, ldc)
+            _scale("f32" if dtype in HALF else dtype, m, n, beta, c, ldc)
         return scale
     a_rows, a_cols = (k, m) if trans_a else (m, k)
     b_rows, b_cols = (n, k) if trans_b else (k, n)
@@ -391,6 +403,9 @@ def prepare(dtype: str, trans_a: bool, trans_b: bool, m: int, n: int, k: int,
         raise ShapeError(f"gemm: ldb={ldb} < {b_cols}: B is stored {b_rows} x {b_cols}, "
                          f"row-major; pass its row stride in elements")
     mkl = _choose_mkl(library, max(m, n, k, lda, ldb, ldc))
+    if dtype in HALF:
+        return _prepare_half(mkl, dtype, trans_a, trans_b, m, n, k, alpha, lda, ldb, beta,
+                             ldc, library)
     if mkl is not None:
         return _prepare_mkl(mkl, dtype, trans_a, trans_b, m, n, k, alpha, lda, ldb, beta, ldc)
     fn = lib.sgemm if dtype == "f32" else lib.dgemm
@@ -411,6 +426,64 @@ def prepare(dtype: str, trans_a: bool, trans_b: bool, m: int, n: int, k: int,
         raw(*head, pointer(a), lda_, pointer(b), ldb_, beta_, pointer(c), ldc_)
 
     return call
+
+
+def _prepare_half(mkl: _Mkl | None, dtype: str, trans_a: bool, trans_b: bool, m: int,
+                  n: int, k: int, alpha: float, lda: int, ldb: int, beta: float, ldc: int,
+                  library: str | None) -> Callable[[int, int, int], None]:
+    """:func:`prepare`'s call for f16/bf16 operands, sizes already checked: MKL's entry for
+    ``dtype`` (threads as :func:`_prepare_mkl`'s), or, without one, a float32 product of
+    widened copies of A and B. MKL's kernels on CPUs with bfloat16 dot-product
+    instructions (AVX512-BF16, AMX) read subnormal bfloat16 operands as zero, as
+    PyTorch's own bfloat16 products there do; the widened copies keep them."""
+    entry = dict(mkl.half_gemm).get(dtype) if mkl is not None else None
+    if entry:
+        raw = _RAW(entry)
+        i32, f32 = ctypes.c_int32, ctypes.c_float
+        head = (ctypes.c_int(ROW_MAJOR), ctypes.c_int(TRANS if trans_a else NO_TRANS),
+                ctypes.c_int(TRANS if trans_b else NO_TRANS), i32(m), i32(n), i32(k),
+                f32(alpha))
+        lda_, ldb_, beta_, ldc_ = i32(lda), i32(ldb), f32(beta), i32(ldc)
+        pointer, set_local, count = ctypes.c_void_p, mkl.set_local_threads, _mkl_threads
+
+        def call(a: int, b: int, c: int) -> None:
+            if not (a and b and c):
+                raise HologramError("gemm: A, B or C is a null address")
+            previous = set_local(count[0])
+            try:
+                raw(*head, pointer(a), lda_, pointer(b), ldb_, beta_, pointer(c), ldc_)
+            finally:
+                set_local(previous)
+
+        return call
+    a_shape = (k, m) if trans_a else (m, k)
+    b_shape = (n, k) if trans_b else (k, n)
+    widen_a, widen_b = _widener(dtype, *a_shape, lda), _widener(dtype, *b_shape, ldb)
+    product = prepare("f32", trans_a, trans_b, m, n, k, alpha, a_shape[1], b_shape[1], beta,
+                      ldc, library)
+
+    def widened(a: int, b: int, c: int) -> None:
+        if not (a and b and c):
+            raise HologramError("gemm: A, B or C is a null address")
+        wa, wb = widen_a(a), widen_b(b)
+        product(wa.ctypes.data, wb.ctypes.data, c)
+
+    return widened
+
+
+def _widener(dtype: str, rows: int, cols: int, ld: int) -> Callable[[int], np.ndarray]:
+    """``widen(address)``: a contiguous float32 copy of the rows x cols f16/bf16 matrix
+    stored at ``address`` with row stride ``ld``."""
+    count = (rows - 1) * ld + cols
+
+    def widen(address: int) -> np.ndarray:
+        flat = np.ctypeslib.as_array((ctypes.c_uint16 * count).from_address(address))
+        block = np.lib.stride_tricks.as_strided(flat, (rows, cols), (ld * 2, 2))
+        if dtype == "f16":
+            return block.view(np.float16).astype(np.float32)
+        return (block.astype(np.uint32) << 16).view(np.float32)  # bf16: the high half
+
+    return widen
 
 
 def _choose_mkl(library: str | None, largest: int) -> _Mkl | None:
@@ -507,7 +580,8 @@ def prepare_batched(dtype: str, trans_a: bool, trans_b: bool, m: int, n: int, k:
     of NumPy's matmul loop, which calls OpenBLAS for each matrix from C: a Python loop of
     :func:`prepare` calls costs ~1.5 µs of argument passing per matrix, more than a 32 x
     16 @ 16 x 32 product itself. (OpenBLAS's own ``cblas_?gemm_batch`` entries crash in
-    the wheels' builds tried, 0.3.31.)"""
+    the wheels' builds tried, 0.3.31.) f16/bf16 operands have no batched entry: their
+    products are such a loop of :func:`prepare`'s calls."""
     batch = tuple(batch)
     if not len(batch) == len(a_strides) == len(b_strides) == len(c_strides):
         raise ShapeError(f"gemm batch {list(batch)}: strides {list(a_strides)}, "
@@ -520,6 +594,17 @@ def prepare_batched(dtype: str, trans_a: bool, trans_b: bool, m: int, n: int, k:
         return single
     if single is _nothing or math.prod(batch) == 0:
         return _nothing
+    if dtype in HALF:  # no batched entry: the single product, matrix by matrix
+        steps = list(zip(*(_offsets(batch, s, size).tolist() for s, size in
+                           ((a_strides, 2), (b_strides, 2), (c_strides, 4)))))
+
+        def each(a: int, b: int, c: int) -> None:
+            if not (a and b and c):
+                raise HologramError("gemm: A, B or C is a null address")
+            for da, db, dc in steps:
+                single(a + da, b + db, c + dc)
+
+        return each
     size = 4 if dtype == "f32" else 8
     mkl = _choose_mkl(library, max(m, n, k, lda, ldb, ldc, math.prod(batch)))
     entry = mkl and (mkl.sgemm_batch if dtype == "f32" else mkl.dgemm_batch)

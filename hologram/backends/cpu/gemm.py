@@ -1,6 +1,6 @@
 """The cpu backend's library calls: the GEMMs :mod:`hologram.compiler.passes.library_calls`
-finds, for the dtypes OpenBLAS takes; :func:`step` makes one a program step, run through
-:mod:`.blas`."""
+finds, for the operand dtypes :mod:`.blas` multiplies; :func:`step` makes one a program
+step, run through :mod:`.blas`."""
 
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ from hologram.isa.ir import Program
 
 __all__ = ["DTYPES", "Gemm", "Matrix", "split", "step"]
 
-#: What the BLAS the cpu backend binds (sgemm, dgemm) multiplies.
-DTYPES = ("f32", "f64")
+#: The operand dtypes :mod:`.blas` multiplies: sgemm, dgemm, and f16/bf16 matrices into a
+#: float32 one (MKL's mixed-precision entries, else widened copies). The choice does not
+#: depend on the process (an artifact runs with or without MKL).
+DTYPES = ("f32", "f64") + blas.HALF
 
 
 def split(program: Program) -> tuple[Program, dict[int, list[Gemm]]]:
@@ -28,7 +30,8 @@ def step(g: dict) -> Callable:
     process's thread count: a batch in one call of :func:`.blas.prepare_batched`, a single
     product in pieces on the worker pool (:mod:`.parallel_gemm`). Sizes and strides are
     checked once, here."""
-    itemsize = 4 if g["dtype"] == "f32" else 8
+    size = {"f64": 8, "f32": 4, "bf16": 2, "f16": 2}
+    itemsize, out_size = size[g["dtype"]], size[g.get("out", g["dtype"])]
     (a, a_off, a_bs, a_t, lda), (b, b_off, b_bs, b_t, ldb), (c, c_off, c_bs, _, ldc) = (
         g["a"], g["b"], g["c"])
     if g["batch"]:
@@ -38,7 +41,7 @@ def step(g: dict) -> Callable:
     else:
         product = parallel_gemm.prepare(g["dtype"], a_t, b_t, g["m"], g["n"], g["k"], lda,
                                         ldb, ldc)
-    da, db, dc = a_off * itemsize, b_off * itemsize, c_off * itemsize
+    da, db, dc = a_off * itemsize, b_off * itemsize, c_off * out_size
     set_threads = blas.thread_setter()
 
     def at(a: int, b: int, c: int) -> None:  # the operands' first elements

@@ -67,6 +67,8 @@ def prepare(dtype: str, trans_a: bool, trans_b: bool, m: int, n: int, k: int, ld
     there), run on the process's threads (:func:`threads.num_threads`) as pieces of C,
     each one single-threaded library call; checked once, like :func:`.blas.prepare`."""
     single = blas.prepare(dtype, trans_a, trans_b, m, n, k, 1.0, lda, ldb, 0.0, ldc, library)
+    if dtype in blas.HALF:  # the library threads mixed-precision products itself
+        return single
     blocks, grain = cut(dtype, m, n, k)
     if blocks < 2 * grain:  # too small to share (or empty)
         return single

@@ -20,7 +20,10 @@ every dimension along which two of its writes could meet off the grid, so the lo
 which LLVM may only transform preserving the order of dependent memory accesses, keep
 the ISA's order.
 A large reduction of a whole domain becomes two functions instead, partials and their
-fold, so that the partials run on all threads (:func:`split_parts`).
+fold, so that the partials run on all threads (:func:`split_parts`). A column sum
+(:func:`hologram.codegen.loops.column_tile`: summed values contiguous along the last grid
+dimension, strided along the reduced one) sums a tile of grid points at once, row by row,
+so that its loads are vectors (:meth:`_KernelRenderer._columns`).
 Float sums and contractions accumulate in the operand precision (float32 for f16/bf16) in
 vector lanes, blocked, with block sums added in float64 (:data:`LANES`; the error bound is
 docs/isa.md's); products accumulate in float64 with ``reassoc`` so their loops vectorize.
@@ -233,7 +236,10 @@ class _KernelRenderer:
         else:
             start, stop = self.fn.args[1], self.fn.args[2]
             self._hoist(0)
-            self._loop(stop, lambda i: self._grid(1), start=start, dim=0)
+            if self.plan.columns and kernel.grid_rank == 1:
+                self._columns(start, stop)
+            else:
+                self._loop(stop, lambda i: self._grid(1), start=start, dim=0)
         b.ret_void()
 
     def _grid(self, d: int) -> None:
@@ -241,11 +247,88 @@ class _KernelRenderer:
         if d < self.kernel.grid_rank:
             saved = dict(self.hoisted)
             self._hoist(d)
-            self._loop(ir.Constant(I64, self.kernel.domain[d]), lambda i: self._grid(d + 1),
-                       dim=d)
+            extent = ir.Constant(I64, self.kernel.domain[d])
+            if self.plan.columns and d == self.kernel.grid_rank - 1:
+                self._columns(ir.Constant(I64, 0), extent)
+            else:
+                self._loop(extent, lambda i: self._grid(d + 1), dim=d)
             self.hoisted = saved
         else:
             self._grid_point()
+
+    def _columns(self, lo: ir.Value, hi: ir.Value) -> None:
+        """The grid points ``[lo, hi)`` of the last grid dimension of a column sum
+        (:func:`hologram.codegen.loops.column_tile`), a tile of up to ``plan.columns`` at a
+        time. The innermost reduced axis goes in blocks of :data:`SHORT_ROW` rows (the
+        last block shorter); for each block, a loop over the tile's grid points (which
+        LLVM vectorizes: its loads are vectors along the grid) adds the block's rows in
+        order into one float32 sum per grid point and reduction, the rows written out one
+        after the other (a loop over them would be innermost, and it does not vectorize),
+        and adds that sum to the grid point's block sum. Then each grid point's stores,
+        from its sums narrowed to their dtypes. Every term is computed in the tile's loop,
+        also the values that vary along the grid only."""
+        b, kernel = self.b, self.kernel
+        g, tile = kernel.grid_rank - 1, self.plan.columns
+        sums = [(i, self.plan.accumulator(i)) for i, x in enumerate(kernel.body)
+                if x.op == "reduce"]
+        axes = list(kernel.body[sums[0][0]].axes)
+        inner, rows = axes[-1], kernel.domain[axes[-1]]
+        zero = ir.Constant(I64, 0)
+        totals = [self._alloca(ir.ArrayType(_FLOAT[a.outer], tile)) for _, a in sums]
+
+        def tile_at(first: ir.Value) -> None:
+            end = b.add(first, ir.Constant(I64, tile))
+            count = b.sub(b.select(b.icmp_signed("<", end, hi), end, hi), first)
+
+            def each(body: Callable[[ir.Value], None]) -> None:  # over the tile's points
+                def at(j: ir.Value) -> None:
+                    self.index[g] = b.add(first, j)
+                    self.point, self.local = dict(self.hoisted), {}
+                    body(j)
+                self._loop(count, at, dim=-2, lanes=True)
+
+            def clear(j: ir.Value) -> None:
+                for total, (_, a) in zip(totals, sums):
+                    b.store(_float_const(_FLOAT[a.outer], -0.0), b.gep(total, [zero, j]))
+
+            def block(start: ir.Value, size: int) -> None:
+                def column(j: ir.Value) -> None:
+                    partial = [_float_const(_FLOAT[a.dtype], -0.0) for _, a in sums]
+                    for k in range(size):
+                        self.index[inner] = b.add(start, ir.Constant(I64, k))
+                        self.local = {}
+                        for n, (i, a) in enumerate(sums):
+                            arg = kernel.body[i].args[0]
+                            term = self._widen(self._value(arg), kernel.body[arg].dtype,
+                                               _FLOAT[a.dtype])
+                            partial[n] = b.fadd(partial[n], term)
+                    for total, value in zip(totals, partial):
+                        slot = b.gep(total, [zero, j])
+                        b.store(b.fadd(b.load(slot), b.fpext(value, slot.type.pointee)), slot)
+                each(column)
+                self.index.pop(inner, None)
+
+            def row() -> None:
+                whole = rows // SHORT_ROW * SHORT_ROW
+                if whole:
+                    self._loop(ir.Constant(I64, whole), lambda r: block(r, SHORT_ROW),
+                               dim=-4, step=SHORT_ROW)
+                if rows > whole:
+                    block(ir.Constant(I64, whole), rows - whole)
+
+            each(clear)
+            self._nest(axes[:-1], row)
+
+            def finish(j: ir.Value) -> None:
+                for total, (i, _) in zip(totals, sums):
+                    value = b.load(b.gep(total, [zero, j]))
+                    self.point[i] = self._narrow(value, value.type, kernel.body[i].dtype)
+                self._stores()
+
+            each(finish)
+            self.index.pop(g, None)
+
+        self._loop(hi, tile_at, dim=-5, start=lo, step=tile)
 
     def _hoist(self, level: int) -> None:
         """Emit here, before the grid loop over dimension ``level``, the values the plan
@@ -262,9 +345,9 @@ class _KernelRenderer:
     def _loop(self, stop: ir.Value, body: Callable[[ir.Value], None], dim: int,
               start: ir.Value | None = None, step: int = 1, lanes: bool = False) -> None:
         """``for i in [start, stop) by step: body(i)``, with ``i`` bound to domain dimension
-        ``dim`` (negative: to none). ``lanes``: an elementwise loop over accumulator lanes,
-        vectorized but never unrolled first (unrolled, the lanes become scalars that LLVM
-        does not put back into vectors)."""
+        ``dim`` (negative: to none). ``lanes``: an elementwise loop over accumulators,
+        vectorized, and over a constant number of lanes never unrolled first (unrolled,
+        the lanes become scalars that LLVM does not put back into vectors)."""
         b = self.b
         start = start if start is not None else ir.Constant(I64, 0)
         before = b.block
@@ -287,9 +370,10 @@ class _KernelRenderer:
         # update (an output at its input's address) fails: 2-4x slower scalar code.
         parallel = ([("llvm.loop.parallel_accesses", self.group)]
                     if self.group is not None and dim >= 0 else [])
-        if lanes:
+        if lanes:  # unrolled whole after vectorizing where the length is a constant
+            first = self._vectorize_first() if isinstance(stop, ir.Constant) else []
             back.set_metadata("llvm.loop", self._loop_id(
-                [("llvm.loop.vectorize.enable", ir.Constant(I1, 1)), *self._vectorize_first()]))
+                [("llvm.loop.vectorize.enable", ir.Constant(I1, 1)), *first]))
         else:
             innermost = self.loops_done == loops
             interleave = (MATH_INTERLEAVE if innermost and self.math_calls > calls else
@@ -377,6 +461,11 @@ class _KernelRenderer:
 
     def _grid_point(self) -> None:
         self.point = dict(self.hoisted)
+        self._stores()
+
+    def _stores(self) -> None:
+        """The grid point's stores (and scatters), each group in its nest, after the values
+        they need that :attr:`point` lacks."""
         body = self.kernel.body
         for dims, stores in self.plan.store_nests:
             for pos in stores:

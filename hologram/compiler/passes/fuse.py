@@ -68,6 +68,7 @@ from hologram.compiler.passes.canonicalize import drop_stores
 from hologram.compiler.passes.coalesce import coalesce_kernel
 from hologram.compiler.passes.schedule import grid_rank
 from hologram.errors import IRError
+from hologram.isa import dtypes as dt
 from hologram.isa.body import Body
 from hologram.isa.ir import MEMORY_OPS, READ_OPS, WRITE_OPS, IndexMap, Instr, Kernel, Program
 from hologram.isa.verify import verify_kernel
@@ -165,7 +166,7 @@ class _Fusion:
         for c in readers:
             if self._conflicts(range(p + 1, c + 1), loaded, frozenset()):
                 return False
-            if _contracts(self.kernels[c], t):
+            if _contracts(self.kernels[c], t) and not _widens(producer, part):
                 return False
             if computes and _serial_scatter(self.kernels[c]):
                 return False  # computed on every thread, not on the scatter's one
@@ -295,6 +296,18 @@ def _contracts(consumer: Kernel, t: int) -> bool:
                 return True
             tainted.add(i)
     return False
+
+
+def _widens(producer: Kernel, part: list[int]) -> bool:
+    """Is the value ``part`` computes a load of f16/bf16 widened to f32? Such an operand
+    of a contraction is inlined: the kernel is then a half-precision product that a
+    library multiplies from the half-precision data (``library_calls``), not a copy of
+    it at twice the size followed by a float32 product."""
+    if len(part) != 2:
+        return False
+    load, cast = (producer.body[i] for i in part)
+    return (load.op == "load" and load.dtype in (dt.float16, dt.bfloat16)
+            and cast.op == "cast" and cast.dtype == dt.float32)
 
 
 def _inline_into(producer: Kernel, part: list[int], store: Instr, consumer: Kernel,

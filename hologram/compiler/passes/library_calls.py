@@ -4,8 +4,12 @@ A kernel whose one contraction multiplies two loads over its last dimension — 
 ``hologram.graph`` gives a (batched) matmul: domain ``[*batch, M, N, K]``, ``a`` read as
 ``[.., M, 1, K]``, ``b`` as ``[.., 1, N, K]`` — is a GEMM per batch index when both operands
 are laid out as BLAS matrices (unit stride along one dimension; either may be transposed).
-:func:`split` rewrites such kernels before rendering, for the dtypes the backend's library
-takes (the cpu backend: OpenBLAS, f32 and f64):
+A float32 contraction of two float16 (or two bfloat16) loads widened by a ``cast`` — the
+form a half-precision product takes once fusion folds its operands' casts into it
+(PyTorch's ``mm`` in bfloat16 computes in float32 and rounds once) — is a GEMM of the
+half-precision matrices into a float32 one, the mixed-precision product BLAS libraries
+offer (``cblas_gemm_bf16bf16f32``). :func:`split` rewrites such kernels before rendering,
+for the operand dtypes the backend's library takes (the cpu backend: f32, f64, bf16, f16):
 
 - if the kernel only stores the product, and the output is a row-major matrix, BLAS writes
   straight into the output and the kernel disappears;
@@ -40,7 +44,8 @@ class Matrix:
 @dataclass(frozen=True)
 class Gemm:
     """C = A @ B for every batch index; runs before kernel ``before`` (or instead of the
-    kernel that was removed)."""
+    kernel that was removed). ``dtype`` is the operands' dtype, ``out`` C's: the same, or
+    f32 for f16/bf16 operands."""
 
     dtype: str
     batch: tuple[int, ...]
@@ -50,11 +55,17 @@ class Gemm:
     a: Matrix
     b: Matrix
     c: Matrix
+    out: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.out:
+            object.__setattr__(self, "out", self.dtype)
 
     def to_json(self) -> dict:
-        return {"dtype": self.dtype, "batch": list(self.batch), "m": self.m, "n": self.n,
-                "k": self.k, **{name: [x.buffer, x.offset, list(x.batch_strides), x.trans, x.ld]
-                                for name, x in (("a", self.a), ("b", self.b), ("c", self.c))}}
+        return {"dtype": self.dtype, "out": self.out, "batch": list(self.batch), "m": self.m,
+                "n": self.n, "k": self.k,
+                **{name: [x.buffer, x.offset, list(x.batch_strides), x.trans, x.ld]
+                   for name, x in (("a", self.a), ("b", self.b), ("c", self.c))}}
 
 
 def _layout(rows: int, cols: int, s_row: int, s_col: int) -> tuple[bool, int] | None:
@@ -87,10 +98,12 @@ def _plan(kernel: Kernel) -> tuple[Gemm, int, int | None] | None:
         return None
     pos = contracts[0]
     instr = kernel.body[pos]
-    a, b = (kernel.body[x] for x in instr.args)
-    if instr.axes != (rank - 1,) or a.op != "load" or b.op != "load":
+    a, b = (_loaded(kernel, x) for x in instr.args)
+    if instr.axes != (rank - 1,) or a is None or b is None or a.dtype != b.dtype:
         return None
     if instr.dtype not in (dt.float32, dt.float64) or 0 in kernel.domain:
+        return None
+    if a.dtype != instr.dtype and (a.dtype not in _HALF or instr.dtype != dt.float32):
         return None
     *batch, m, n, k = kernel.domain
     mdim, ndim, kdim = rank - 3, rank - 2, rank - 1
@@ -106,15 +119,29 @@ def _plan(kernel: Kernel) -> tuple[Gemm, int, int | None] | None:
     direct = None
     if len(uses) == 1 and kernel.body[uses[0]].op == "store":
         direct = uses[0]
-    gemm = Gemm(instr.dtype.name, tuple(batch), m, n, k, ma, mb, ma)
+    gemm = Gemm(a.dtype.name, tuple(batch), m, n, k, ma, mb, ma, instr.dtype.name)
     return gemm, pos, direct
+
+
+_HALF = (dt.float16, dt.bfloat16)
+
+
+def _loaded(kernel: Kernel, x: int) -> Instr | None:
+    """The load a contraction's operand ``x`` reads: the instruction itself, or the load a
+    cast from f16/bf16 widens; None for anything else."""
+    instr = kernel.body[x]
+    if instr.op == "cast":
+        instr = kernel.body[instr.args[0]]
+        if instr.dtype not in _HALF:
+            return None
+    return instr if instr.op == "load" else None
 
 
 def split(program: Program, dtypes: tuple[str, ...] = ("f32", "f64")
           ) -> tuple[Program, dict[int, list[Gemm]]]:
-    """Move BLAS-able contractions of ``dtypes`` out of their kernels. Returns the
-    rewritten program and, by kernel index in it, the GEMMs to run (in order) before that
-    kernel; an index equal to the number of kernels means "at the end"."""
+    """Move BLAS-able contractions whose operands are of ``dtypes`` out of their kernels.
+    Returns the rewritten program and, by kernel index in it, the GEMMs to run (in order)
+    before that kernel; an index equal to the number of kernels means "at the end"."""
     buffers = list(program.buffers)
     kernels: list[Kernel] = []
     gemms: dict[int, list[Gemm]] = {}
@@ -159,7 +186,8 @@ def dump(program: Program, gemms: dict[int, list[Gemm]]) -> str:
             if index < len(program.kernels) else "at the end"
         for g in gemms.get(index, ()):
             names = [program.buffers[x.buffer].name for x in (g.a, g.b, g.c)]
-            lines.append(f"gemm {g.dtype} batch {list(g.batch)} m {g.m} n {g.n} k {g.k}: "
+            dtypes = g.dtype if g.out == g.dtype else f"{g.dtype}->{g.out}"
+            lines.append(f"gemm {dtypes} batch {list(g.batch)} m {g.m} n {g.n} k {g.k}: "
                          f"@{names[2]} = @{names[0]}{'.T' if g.a.trans else ''} @ "
                          f"@{names[1]}{'.T' if g.b.trans else ''} {where}")
     return "\n".join(lines) + "\n" if lines else "no library calls\n"
