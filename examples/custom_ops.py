@@ -16,6 +16,8 @@ import torch
 from torch import Tensor
 
 import hologram_torch
+from hologram import config
+from hologram.backends.cpu import backend
 from hologram.frontend import functional as hf
 
 
@@ -101,7 +103,9 @@ def step(f, args, grad) -> None:
 
 def bench(n: int, repeat: int) -> None:
     """Forward + backward of each op against the unfused composition, in one process,
-    interleaved, medians of ``repeat`` runs."""
+    interleaved, medians of ``repeat`` runs. Timed once each program is in its final form:
+    a program first compiled at the quick tier is rebuilt in full in the background after
+    ``HOLOGRAM_PROMOTE_AFTER`` calls (docs/performance.md, "First step")."""
     torch.manual_seed(0)
     print(f"forward + backward at {n:.0e} elements, float32, {torch.get_num_threads()} "
           f"threads, medians of {repeat}")
@@ -110,9 +114,10 @@ def bench(n: int, repeat: int) -> None:
         grad = torch.randn_like(op(*args))
         fused = functools.partial(step, op, args, grad)
         unfused = functools.partial(step, functools.partial(reference, name), args, grad)
-        for _ in range(3):  # compile and warm up both
+        for _ in range(config.get().promote_after + 1):  # compile, promote, warm up
             fused()
             unfused()
+        backend.wait_for_promotions()
         fused, unfused = median_times([fused, unfused], repeat)
         print(f"  {name:17s} hologram {fused * 1e3:7.3f} ms   pytorch {unfused * 1e3:7.3f} ms"
               f"   speedup {unfused / fused:5.2f}x")

@@ -16,8 +16,10 @@ def test_training_bench_rows_are_well_formed():
     rows = result["rows"]
     device = training._device()  # "hologram device", "(lazy)" with recorded execution
     assert [r["hologram"] for r in rows] == [
-        device, "hologram_torch.nn on CPU tensors", *[device] * 7]
-    assert [r["case"].endswith(", inference") for r in rows] == [False] * 5 + [True] * 4
+        device, "hologram_torch.nn on CPU tensors", *[device] * 8]
+    assert [r["case"].endswith(", inference") for r in rows] == [False] * 6 + [True] * 4
+    assert rows[5]["case"].endswith("bf16 autocast")
+    assert rows[5]["baseline"] == "hologram device, float32"
     for r in rows:
         assert r["check"] == "ok", r
         assert r["hologram_ms"] > 0 and r["cpu_ms"] > 0

@@ -18,6 +18,13 @@ backward + ``optimizer.step`` (Adam), on a fixed batch. Cases:
 - ``gru``: a GRU language model: embedding 32, one ``nn.GRU`` layer of 64, linear head,
   cross-entropy; batch 16 x sequence 32.
 
+Then ``autocast``: one ``nn.TransformerEncoderLayer`` (d_model 256, 8 heads, ff 1024,
+dropout 0, batch_first) trained on a batch of 8 x 128 random embeddings (loss: the mean
+square of its output) on the device under ``torch.autocast('hologram',
+dtype=torch.bfloat16)`` against the same step in float32 on the device (the baseline
+column); its check compares two autocast losses with ``torch.autocast('cpu')``'s (1e-2
+relative: both compute the products in bfloat16).
+
 Then the inference of the same four models: the forward pass in eval mode under
 ``torch.no_grad()`` at batch 32 (the outputs read back), the outputs checked against the
 CPU's.
@@ -75,6 +82,7 @@ SIZES = {
                     "batch": 16, "seq": 32},
     "cnn": {"batch": 8, "image": 32, "classes": 10},
     "gru": {"vocab": 32, "embed": 32, "hidden": 64, "batch": 16, "seq": 32},
+    "autocast": {"d_model": 256, "heads": 8, "ff": 1024, "batch": 8, "seq": 128},
 }
 #: The training rows' models, in order (``mlp`` also has a hologram_torch.nn row); then the
 #: inference rows of the same models.
@@ -88,7 +96,10 @@ TINY_SIZES = {
                     "batch": 2, "seq": 6},
     "cnn": {"batch": 2, "image": 8, "classes": 3},
     "gru": {"vocab": 8, "embed": 8, "hidden": 16, "batch": 2, "seq": 6},
+    "autocast": {"d_model": 16, "heads": 2, "ff": 32, "batch": 2, "seq": 6},
 }
+#: How close the device's bfloat16 autocast losses are to the CPU's.
+AUTOCAST_RTOL = 1e-2
 
 
 def _mlp(torch, nn, s):
@@ -388,6 +399,9 @@ def _label(case: str, s: dict) -> str:
                 f"ff {s['ff']}), batch {s['batch']}x{s['seq']}")
     if case == "cnn":
         return f"CNN (MobileNet-style), batch {s['batch']}x3x{s['image']}x{s['image']}"
+    if case == "autocast":
+        return (f"Encoder layer (d {s['d_model']}, {s['heads']} heads, ff {s['ff']}), "
+                f"batch {s['batch']}x{s['seq']}, bf16 autocast")
     return f"GRU LM (embed {s['embed']}, hidden {s['hidden']}), batch {s['batch']}x{s['seq']}"
 
 
@@ -399,6 +413,50 @@ def bench_model(torch, settings, case: str, s: dict) -> list[dict]:
     (dev_us, cpu_us), (dev_best, cpu_best) = _interleaved([dev_step, cpu_step], settings)
     return [_row(_label(case, s), _device(), dev_us / 1e3, "CPU eager", cpu_us / 1e3, check,
                  _note(fallbacks, kernels), fallbacks, kernels, (dev_best, cpu_best), peak)]
+
+
+def bench_autocast(torch, settings, s: dict) -> list[dict]:
+    """The device's training step of an encoder layer under bfloat16 autocast against the
+    same step in float32 on the device (see the module docstring)."""
+    torch.manual_seed(0)
+    x = torch.randn(s["batch"], s["seq"], s["d_model"])
+    torch.manual_seed(1)
+    layer = torch.nn.TransformerEncoderLayer(s["d_model"], s["heads"], s["ff"], dropout=0.0,
+                                             batch_first=True)
+    device = torch.device("hologram")
+    dx = x.to(device)
+
+    def stepper(where: str, low: bool):
+        model = copy.deepcopy(layer).to(where)
+        inputs = dx if where == "hologram" else x
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+        def step():
+            optimizer.zero_grad()
+            with torch.autocast(where, dtype=torch.bfloat16, enabled=low):
+                loss = model(inputs).float().pow(2).mean()
+            loss.backward()
+            optimizer.step()
+            if where == "hologram":
+                torch.hologram.synchronize()
+            return loss
+
+        return step
+
+    got, want = _losses(stepper("hologram", True)), _losses(stepper("cpu", True))
+    check = "ok"
+    for i, (h, c) in enumerate(zip(got, want)):
+        if not abs(h - c) <= AUTOCAST_RTOL * abs(c):
+            check = f"MISMATCH at step {i}: loss {h:.6g} vs CPU autocast {c:.6g}"
+    low, full = stepper("hologram", True), stepper("hologram", False)
+    fallbacks, kernels = _one_step_costs(low)
+    _settle(low)
+    _settle(full)
+    peak = (_peak_mb(torch, low, True), _peak_mb(torch, full, True))
+    (low_us, full_us), (low_best, full_best) = _interleaved([low, full], settings)
+    return [_row(_label("autocast", s), _device(), low_us / 1e3, "hologram device, float32",
+                 full_us / 1e3, check, _note(fallbacks, kernels), fallbacks, kernels,
+                 (low_best, full_best), peak)]
 
 
 def bench_inference(torch, settings, case: str, s: dict) -> list[dict]:
@@ -453,6 +511,7 @@ def run(quick: bool = False, sizes: dict | None = None) -> dict:
         rows = bench_mlp(torch, settings, sizes["mlp"])
         for case in TRAINING_CASES[1:]:
             rows += bench_model(torch, settings, case, sizes[case])
+        rows += bench_autocast(torch, settings, sizes["autocast"])
         for case in TRAINING_CASES:
             s = sizes[case] if sizes is not SIZES else dict(sizes[case], batch=INFERENCE_BATCH)
             rows += bench_inference(torch, settings, case, s)
@@ -463,8 +522,8 @@ def run(quick: bool = False, sizes: dict | None = None) -> dict:
 
 
 def table(result: dict) -> str:
-    lines = ["| case | hologram | hologram ms | baseline | CPU ms | ratio | fastest ms "
-             "(hologram / CPU) | peak MB (hologram / CPU) | check | note |",
+    lines = ["| case | hologram | hologram ms | baseline | baseline ms | ratio | fastest ms "
+             "(hologram / baseline) | peak MB (hologram / baseline) | check | note |",
              "|" + "---|" * 10]
     for r in result["rows"]:
         best = " / ".join(str(v) for v in r["best_ms"])
@@ -609,7 +668,7 @@ def first_step_table(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = cpu.cli(__doc__)
-    parser.add_argument("--profile", nargs="?", const="mlp", choices=sorted(SIZES),
+    parser.add_argument("--profile", nargs="?", const="mlp", choices=TRAINING_CASES,
                         help="print a cProfile of device steps of this case instead")
     parser.add_argument("--first-step", action="store_true",
                         help="only the first-step cases, each in fresh processes")
