@@ -42,7 +42,7 @@ import torch
 
 from hologram.errors import DeviceError
 from hologram_torch import memory, native
-from hologram_torch.constants import CPU_KEYS, NAME
+from hologram_torch.constants import NAME
 from hologram_torch.device import _index
 
 _installed = False
@@ -183,20 +183,6 @@ def _pin_memory(self, device=None):
     return _original["pin_memory"](self, device)
 
 
-def _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None,
-             non_blocking=False, memory_format=None):
-    # A non-blocking copy to the CPU allocates a pinned destination (the missing hook
-    # again). Device memory is host memory and kernels are synchronous, so a blocking
-    # copy is what non-blocking would amount to. Everything else is torch's composite
-    # kernel, reached through the CPU key (which has no kernel of its own for _to_copy).
-    if non_blocking and _is_ours(self.device) and (device is None or
-                                                   torch.device(device).type == "cpu"):
-        non_blocking = False
-    return torch.ops.aten._to_copy.default._handle.redispatch_boxed(
-        CPU_KEYS, self, dtype=dtype, layout=layout, device=device, pin_memory=pin_memory,
-        non_blocking=non_blocking, memory_format=memory_format)
-
-
 # --- torch.accelerator ------------------------------------------------------------------
 
 def _accelerator_synchronize(device=None, /):
@@ -256,14 +242,6 @@ def install() -> None:
         # Priority 9 runs before torch's own taggers (CPU is 10, PrivateUse1 23, whose
         # deserializer would construct the storage through C++).
         torch.serialization.register_package(9, _tag, _deserialize)
-
-        # Only when no kernel family registered a _to_copy of its own (which must then
-        # handle non_blocking itself): a second registration would override it.
-        if not torch._C._dispatch_has_kernel_for_dispatch_key("aten::_to_copy",
-                                                             "PrivateUse1"):
-            library = torch.library.Library("aten", "IMPL")
-            library.impl("_to_copy", _to_copy, "PrivateUse1")
-            _libraries.append(library)
 
         # Without a kernel for AutocastPrivateUse1, every op inside
         # torch.autocast('hologram') fails to dispatch. A fallthrough runs each op as is;

@@ -314,6 +314,45 @@ def clone(self, memory_format=None):
     return copy_into(out, self)
 
 
+@impl("_to_copy", hot=True)
+def _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None,
+             non_blocking=False, memory_format=None):
+    """A device tensor's copy, on the device (a dtype cast: autocast's casts of weights
+    and activations, ``x.float()``) or to another device. On the device, preserving the
+    layout and of dtypes the programs take, one cast program whose launch the front
+    kernel serves from the second call on; anything else is torch's composite kernel,
+    reached through the CPU key (which has no kernel of its own for ``_to_copy``)."""
+    to = self.device if device is None else torch.device(device)
+    here = to.type == self.device.type and to.index in (None, self.device.index)
+    # (the front kernel passes a layout or a memory format as its enum's value)
+    strided = layout is None or layout is torch.strided or layout == 0
+    if isinstance(memory_format, int):
+        memory_format = _MEMORY_FORMATS[memory_format]
+    # (a subclass's Python attributes are not ours to read: an UninitializedParameter's
+    # shape raises; the composite kernel copies it through _copy_from's plain view)
+    if type(self) is torch.Tensor and here and not pin_memory and strided and (
+            memory_format in (None, torch.preserve_format)) and self.dtype in ISA and (
+            (dtype or self.dtype) in ISA) and not _conj_or_neg(self):
+        target = dtype or self.dtype
+        static = (tuple(self.shape), ISA[target])
+        out = program.run("to_copy", _copy_build, (self,), static, layout=_PRESERVED)
+        program.remember(("to_copy", self.dtype, target, self.shape, self.stride()),
+                         "to_copy", static, (self,), out)
+        return out
+    if non_blocking and (device is None or to.type == "cpu"):
+        # A non-blocking copy to the CPU would allocate a pinned destination (a hook
+        # PyTorch lacks for other devices); kernels have finished by then, so a blocking
+        # copy is what a non-blocking one amounts to.
+        non_blocking = False
+    return _TO_COPY_HANDLE.redispatch_boxed(
+        CPU_KEYS, self, dtype=dtype, layout=layout, device=device, pin_memory=pin_memory,
+        non_blocking=non_blocking, memory_format=memory_format)
+
+
+_TO_COPY_HANDLE = aten._to_copy.default._handle
+_PRESERVED = layout.preserved  # (``layout`` is also _to_copy's argument)
+
+
 # --- fills ------------------------------------------------------------------------------
 
 def _fill_build(g, value, shape, dtype):

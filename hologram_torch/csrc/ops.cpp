@@ -144,6 +144,11 @@ bool make_key(const c10::IValue* args, size_t n, Key& key) {
         std::memcpy(&word, text.data() + at, std::min(sizeof word, text.size() - at));
         key.push_back(word);
       }
+    } else if (v.isDevice()) {  // _to_copy's device=
+      const c10::Device device = v.toDevice();
+      key.push_back(7);
+      key.push_back(static_cast<int64_t>(device.type()));
+      key.push_back(device.index());
     } else {
       return false;  // lists, generators...: never filed
     }

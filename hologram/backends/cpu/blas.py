@@ -48,8 +48,10 @@ import numpy as np
 
 from hologram.errors import DeviceError, DTypeError, HologramError, ShapeError
 
-__all__ = ["HALF", "Entry", "available", "blas_threads", "describe", "entry", "gemm", "prepare",
-           "prepare_batched", "set_blas_threads", "set_openblas_threads"]
+__all__ = ["HALF", "Entry", "available", "batch_offsets", "blas_threads", "describe", "entry",
+           "gemm",
+           "half_entry", "prepare", "prepare_batched", "set_blas_threads",
+           "set_openblas_threads"]
 
 #: CBLAS enum values (cblas.h); also the trampolines' constants (:mod:`.parallel_gemm`).
 ROW_MAJOR = 101
@@ -471,6 +473,19 @@ def _prepare_half(mkl: _Mkl | None, dtype: str, trans_a: bool, trans_b: bool, m:
     return widened
 
 
+def half_entry(dtype: str, largest: int, library: str | None = None
+               ) -> tuple[int, int] | None:
+    """(address of MKL's mixed-precision CBLAS entry for f16/bf16 ``dtype``, address of
+    its ``MKL_Set_Num_Threads_Local``) for products whose largest size or leading
+    dimension is ``largest``, or None where :func:`prepare` would widen the operands
+    instead (no such MKL in the process, or ``library`` says OpenBLAS)."""
+    mkl = _choose_mkl(library, largest)
+    entry = dict(mkl.half_gemm).get(dtype) if mkl is not None else None
+    if not entry:
+        return None
+    return entry, ctypes.cast(mkl.set_local_threads, ctypes.c_void_p).value
+
+
 def _widener(dtype: str, rows: int, cols: int, ld: int) -> Callable[[int], np.ndarray]:
     """``widen(address)``: a contiguous float32 copy of the rows x cols f16/bf16 matrix
     stored at ``address`` with row stride ``ld``."""
@@ -595,7 +610,7 @@ def prepare_batched(dtype: str, trans_a: bool, trans_b: bool, m: int, n: int, k:
     if single is _nothing or math.prod(batch) == 0:
         return _nothing
     if dtype in HALF:  # no batched entry: the single product, matrix by matrix
-        steps = list(zip(*(_offsets(batch, s, size).tolist() for s, size in
+        steps = list(zip(*(batch_offsets(batch, s, size).tolist() for s, size in
                            ((a_strides, 2), (b_strides, 2), (c_strides, 4)))))
 
         def each(a: int, b: int, c: int) -> None:
@@ -610,7 +625,7 @@ def prepare_batched(dtype: str, trans_a: bool, trans_b: bool, m: int, n: int, k:
     entry = mkl and (mkl.sgemm_batch if dtype == "f32" else mkl.dgemm_batch)
     if entry and k:
         return _prepare_mkl_batched(mkl, entry, dtype, trans_a, trans_b, m, n, k, lda, ldb,
-                                    ldc, [_offsets(batch, s, size)
+                                    ldc, [batch_offsets(batch, s, size)
                                           for s in (a_strides, b_strides, c_strides)])
     typestr = "<f4" if dtype == "f32" else "<f8"
 
@@ -640,7 +655,7 @@ def prepare_batched(dtype: str, trans_a: bool, trans_b: bool, m: int, n: int, k:
     return call
 
 
-def _offsets(batch: tuple[int, ...], strides: tuple[int, ...], size: int) -> np.ndarray:
+def batch_offsets(batch: tuple[int, ...], strides: tuple[int, ...], size: int) -> np.ndarray:
     """The byte offset of each matrix of the batch, in row-major order of its indices."""
     grid = np.zeros((), np.uint64)
     for n, stride in zip(batch, strides):

@@ -27,17 +27,18 @@ def split(program: Program) -> tuple[Program, dict[int, list[Gemm]]]:
 def step(g: dict) -> Callable:
     """The program step of one GEMM (``Gemm.to_json()``): ``run(pointers, memory)`` computes
     ``C = A @ B`` from the buffers' addresses in ``pointers`` (``memory`` is unused), on the
-    process's thread count: a batch in one call of :func:`.blas.prepare_batched`, a single
-    product in pieces on the worker pool (:mod:`.parallel_gemm`). Sizes and strides are
+    process's thread count: a batch in one call of :func:`.blas.prepare_batched` (of
+    half-precision matrices: a native loop on the worker pool), a single product in
+    pieces on the worker pool (:mod:`.parallel_gemm`). Sizes and strides are
     checked once, here."""
     size = {"f64": 8, "f32": 4, "bf16": 2, "f16": 2}
     itemsize, out_size = size[g["dtype"]], size[g.get("out", g["dtype"])]
     (a, a_off, a_bs, a_t, lda), (b, b_off, b_bs, b_t, ldb), (c, c_off, c_bs, _, ldc) = (
         g["a"], g["b"], g["c"])
     if g["batch"]:
-        product = blas.prepare_batched(g["dtype"], a_t, b_t, g["m"], g["n"], g["k"], lda,
-                                       ldb, ldc, tuple(g["batch"]), tuple(a_bs), tuple(b_bs),
-                                       tuple(c_bs))
+        product = parallel_gemm.prepare_batched(g["dtype"], a_t, b_t, g["m"], g["n"], g["k"],
+                                                lda, ldb, ldc, tuple(g["batch"]), tuple(a_bs),
+                                                tuple(b_bs), tuple(c_bs))
     else:
         product = parallel_gemm.prepare(g["dtype"], a_t, b_t, g["m"], g["n"], g["k"], lda,
                                         ldb, ldc)

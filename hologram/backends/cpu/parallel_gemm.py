@@ -23,18 +23,21 @@ Products too small to share, and every product on one thread, make one call.
 from __future__ import annotations
 
 import ctypes
+import math
 import threading
 from collections.abc import Callable
 from functools import cache
 
+import numpy as np
 from llvmlite import ir
 
 from hologram.backends.cpu import blas, llvm, threads
 from hologram.backends.cpu import target as targets
 from hologram.errors import HologramError
 
-__all__ = ["BLOCK", "MIN_PIECE_FLOPS", "MIN_SHARED_PIECE", "SHARED_BYTES", "cut", "prepare",
-           "trampoline_ir", "trampoline_name"]
+__all__ = ["BATCH_TRAMPOLINE", "BLOCK", "MIN_PIECE_FLOPS", "MIN_SHARED_PIECE", "SHARED_BYTES",
+           "batch_trampoline_ir", "cut", "prepare", "prepare_batched", "trampoline_ir",
+           "trampoline_name"]
 
 #: Rows (or columns) of C a piece holds a multiple of: BLAS kernels compute tiles of 4 to
 #: 16 rows, so a piece boundary inside a tile would cost a partial tile on both sides.
@@ -100,6 +103,45 @@ def prepare(dtype: str, trans_a: bool, trans_b: bool, m: int, n: int, k: int, ld
     return call
 
 
+def prepare_batched(dtype: str, trans_a: bool, trans_b: bool, m: int, n: int, k: int,
+                    lda: int, ldb: int, ldc: int, batch: tuple[int, ...],
+                    a_strides: tuple[int, ...], b_strides: tuple[int, ...],
+                    c_strides: tuple[int, ...]) -> Callable[[int, int, int], None]:
+    """:func:`.blas.prepare_batched` (checked there), with the products of f16/bf16
+    matrices into float32 run by a native loop over the batch on the worker pool: MKL
+    has no batched mixed-precision entry, and a Python loop over its single one cost ~3 µs
+    a matrix, more than a 128 x 128 x 32 product itself; each piece of the batch calls
+    the entry single-threaded. Other dtypes, and half products without MKL's entry, are
+    :func:`.blas.prepare_batched`'s."""
+    checked = blas.prepare_batched(dtype, trans_a, trans_b, m, n, k, lda, ldb, ldc, batch,
+                                   a_strides, b_strides, c_strides)
+    count = math.prod(batch)
+    found = (blas.half_entry(dtype, max(m, n, k, lda, ldb, ldc))
+             if dtype in blas.HALF and batch and count and k else None)
+    if found is None:
+        return checked
+    entry, set_local = found
+    offsets = np.stack([blas.batch_offsets(batch, strides, size) for strides, size in
+                        ((a_strides, 2), (b_strides, 2), (c_strides, 4))], axis=1)
+    kernel = _batch_trampoline()
+    words = dict(fn=entry, set_local=set_local, trans_a=int(trans_a), trans_b=int(trans_b),
+                 m=m, n=n, k=k, lda=lda, ldb=ldb, ldc=ldc, a=0, b=0, c=0,
+                 offsets=offsets.ctypes.data)
+    template = _BATCH_JOB(*(words[name] for name in _BATCH_WORDS))
+    grain = max(1, -(-MIN_PIECE_FLOPS // (2 * m * n * k)))
+    at_a, at_b, at_c = (_BATCH_AT[x] for x in "abc")
+
+    def call(a: int, b: int, c: int) -> None:
+        if not (a and b and c):
+            raise HologramError("gemm: A, B or C is a null address")
+        job = _BATCH_JOB.from_buffer_copy(template)  # a copy per call: calls may be concurrent
+        job[at_a], job[at_b], job[at_c] = a, b, c
+        threads.run_kernel(kernel, job, count, grain)
+
+    call.offsets = offsets  # kept alive with the call: the job holds their address
+    return call
+
+
 def cut(dtype: str, m: int, n: int, k: int) -> tuple[int, int]:
     """How :func:`prepare` cuts the ``m x n`` C of a product over ``k`` (no pieces where
     ``blocks < 2 * grain``): ``(blocks, grain)``, C's blocks of ``BLOCK`` rows (of columns
@@ -150,6 +192,77 @@ def _trampoline(abi: str, int64: bool, dtype: str) -> int:
     obj = llvm.compile_ir(trampoline_ir(abi, int64, dtype, host.triple), host, allowed=(),
                           tier="quick")
     return llvm.load_object(obj, [name], allowed=(), target=host)[name]
+
+
+# The batch loop's job: the entry, its thread setter, the sizes, the bases, and the
+# address of the matrices' byte offsets (uint64 [count, 3]: A's, B's, C's).
+_BATCH_WORDS = ("fn", "set_local", "trans_a", "trans_b", "m", "n", "k", "lda", "ldb", "ldc",
+                "a", "b", "c", "offsets")
+_BATCH_AT = {name: i for i, name in enumerate(_BATCH_WORDS)}
+_BATCH_JOB = ctypes.c_int64 * len(_BATCH_WORDS)
+BATCH_TRAMPOLINE = "hg_gemm_batch_half"
+
+
+@cache
+def _batch_trampoline() -> int:
+    """The address of the batch loop (:func:`batch_trampoline_ir`), compiled for this
+    machine on first use, like :func:`_trampoline`."""
+    host = targets.host()
+    obj = llvm.compile_ir(batch_trampoline_ir(host.triple), host, allowed=(), tier="quick")
+    return llvm.load_object(obj, [BATCH_TRAMPOLINE], allowed=(),
+                            target=host)[BATCH_TRAMPOLINE]
+
+
+def batch_trampoline_ir(triple: str) -> str:
+    """``hg_gemm_batch_half(job, start, stop)``: matrices ``[start, stop)`` of a batch of
+    mixed-precision products, each one call of the job's row-major CBLAS entry (32-bit
+    sizes, float32 alpha 1 and beta 0) on one thread (MKL's setting of the calling thread,
+    put back after). It calls only the addresses the job holds: it compiles for any
+    target."""
+    module = ir.Module("hologram_gemm_batch")
+    module.triple = triple
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [_PTR.as_pointer(), _I64, _I64]),
+                     BATCH_TRAMPOLINE)
+    entry_block = fn.append_basic_block("entry")
+    head, body, done = (fn.append_basic_block(x) for x in ("head", "body", "done"))
+    b = ir.IRBuilder(entry_block)
+    words = b.bitcast(fn.args[0], _I64.as_pointer())
+    w = {name: b.load(b.gep(words, [ir.Constant(_I64, i)]), name=name)
+         for i, name in enumerate(_BATCH_WORDS)}
+    f32 = ir.FloatType()
+    zero = ir.Constant(_I64, 0)
+    flag = {False: ir.Constant(_I32, blas.NO_TRANS), True: ir.Constant(_I32, blas.TRANS)}
+    ta = b.select(b.icmp_unsigned("!=", w["trans_a"], zero), flag[True], flag[False])
+    tb = b.select(b.icmp_unsigned("!=", w["trans_b"], zero), flag[True], flag[False])
+    small = {key: b.trunc(w[key], _I32) for key in ("m", "n", "k", "lda", "ldb", "ldc")}
+    kind = ir.FunctionType(ir.VoidType(), [_I32, _I32, _I32, _I32, _I32, _I32, f32, _PTR,
+                                           _I32, _PTR, _I32, f32, _PTR, _I32])
+    call_entry = b.inttoptr(w["fn"], kind.as_pointer())
+    set_local = b.inttoptr(w["set_local"], ir.FunctionType(_I32, [_I32]).as_pointer())
+    offsets = b.inttoptr(w["offsets"], _I64.as_pointer())
+    previous = b.call(set_local, [ir.Constant(_I32, 1)])
+    b.branch(head)
+    b.position_at_end(head)
+    i = b.phi(_I64)
+    i.add_incoming(fn.args[1], entry_block)
+    b.cbranch(b.icmp_signed("<", i, fn.args[2]), body, done)
+    b.position_at_end(body)
+    row = b.mul(i, ir.Constant(_I64, 3))
+
+    def address(base: str, column: int) -> ir.Value:
+        offset = b.load(b.gep(offsets, [b.add(row, ir.Constant(_I64, column))]))
+        return b.inttoptr(b.add(w[base], offset), _PTR)
+
+    b.call(call_entry, [ir.Constant(_I32, blas.ROW_MAJOR), ta, tb, small["m"], small["n"],
+                        small["k"], ir.Constant(f32, 1.0), address("a", 0), small["lda"],
+                        address("b", 1), small["ldb"], ir.Constant(f32, 0.0),
+                        address("c", 2), small["ldc"]])
+    i.add_incoming(b.add(i, ir.Constant(_I64, 1)), body)
+    b.branch(head)
+    b.position_at_end(done)
+    b.call(set_local, [previous])
+    b.ret_void()
+    return str(module)
 
 
 def trampoline_name(abi: str, int64: bool, dtype: str) -> str:
