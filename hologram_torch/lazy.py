@@ -267,6 +267,13 @@ def record_rows(entries: tuple, rows: tuple, outs: tuple, given: bool) -> bool:
             start += i
 
 
+def launch_rows(entries: tuple, rows: tuple, outs: tuple, given: bool) -> bool:
+    """Run a foreach op's rows now (op by op), ``entries[i]`` on ``rows[i]`` writing
+    ``outs[i]``, each row's launch from native code; False, with nothing run, where
+    :func:`record_rows` would refuse them."""
+    return _functions()["launch_rows"](entries, rows, outs, given) is None
+
+
 def rows_entries(op: int, rows: tuple) -> tuple | None:
     """The entries :func:`file_rows` filed for foreach op ``op`` on rows of this
     signature (operands' dtypes, shapes and strides, numbers' types), or None."""

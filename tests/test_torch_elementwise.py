@@ -200,6 +200,59 @@ def test_foreach_and_lerp_against_cpu():
     same(dev(a).addcmul(dev(b), dev(b), value=-2), a.addcmul(b, b, value=-2))
 
 
+def test_foreach_calls_seen_before_launch_their_rows_from_native_code(monkeypatch):
+    """Op by op, a foreach call whose signature ran before launches its rows from native
+    code, no program.run per row, each call with its own scalars; the results are the
+    CPU's. The same signature writing over its operand's memory takes the checked path
+    (PyTorch's own kernel, through the CPU fallback), as before."""
+    from hologram_torch.aten import program
+
+    if not program.FRONT:
+        pytest.skip("the device's native library is not loaded")
+    g = torch.Generator().manual_seed(5)
+    start = [torch.randn(3, 6, generator=g), torch.randn(11, generator=g)]  # (shapes of
+    runs = [0]  # this test's own: another test in the process may have filed others)
+    real = program.run
+
+    def counted(*args, **kwargs):
+        runs[0] += 1
+        return real(*args, **kwargs)
+
+    def train(device):
+        ps = [t.to(device) for t in start]
+        ms = [torch.zeros_like(p) for p in ps]
+        counts = []
+        for step in range(4):
+            runs[0] = 0
+            torch._foreach_mul_(ms, 0.9)
+            torch._foreach_add_(ms, ps, alpha=0.1)
+            roots = torch._foreach_sqrt(torch._foreach_add(ms, 1.0))
+            torch._foreach_addcdiv_(ps, ms, roots, [-0.1 * (step + 1), 0.2 / (step + 1)])
+            counts.append(runs[0])
+        return [*ps, *ms], counts
+
+    monkeypatch.setattr(program, "run", counted)
+    got, counts = train("hologram")
+    want, _ = train("cpu")
+    for a, b in zip(got, want):
+        same(a, b, (1e-6, 1e-6))
+    assert counts[1:] == [0, 0, 0], counts
+
+    def overlapping(device):
+        base = torch.arange(12.0, device=device)
+        torch._foreach_add_([base[0:5]], [base[6:11]])  # the signature, disjoint
+        try:
+            torch._foreach_add_([base[1:6]], [base[0:5]])
+        except RuntimeError as e:
+            return str(e)
+        return base.cpu().tolist()
+
+    assert overlapping("hologram") == overlapping("cpu")
+    # (the overlapping call ran on the CPU, as the checked path sends it there)
+    assert hologram_torch.fallback_stats() == {"aten._foreach_add_.List": 1}
+    hologram_torch.reset_fallback_stats()
+
+
 def test_empty_and_zero_dim():
     e = torch.empty(0, 3)
     same(dev(e) + 1, e + 1)

@@ -2,10 +2,12 @@
 
 The math is :mod:`hologram_torch.lowering.foreach`'s: the single-tensor ops run their
 lowering entries; a foreach op runs the per-tensor math of its entry once per tensor of
-the list (one compiled kernel per distinct shape); the Python loop is the dispatch cost
-PyTorch's own foreach kernels save on CUDA, and it is small next to the kernels at
-training sizes. Lists with a tensor the device cannot compute natively go to the CPU
-fallback as a whole.
+the list (one compiled kernel per distinct shape). The first call of a signature (the
+rows' dtypes, shapes, strides and number types) does so through :func:`program.run`,
+with every check, and files the rows' entries; later calls of it are recorded row by row
+in one native call (recorded execution), or launched so (op by op): an optimizer's step
+over small parameters paid ~7 µs of Python a tensor and op. Lists with a tensor the
+device cannot compute natively go to the CPU fallback as a whole.
 """
 
 from __future__ import annotations
@@ -79,7 +81,7 @@ def lerp_(self, end, weight):
 # --- foreach ----------------------------------------------------------------------------
 
 #: Recorded execution: a number for each (name, in place) of the foreach kernels, which
-#: the native region files their rows' entries under (see :func:`_recorded`).
+#: the native region files their rows' entries under (see :func:`_filed`).
 _OPS: dict[tuple, int] = {}
 
 
@@ -89,13 +91,14 @@ def _rows(self, others) -> tuple:
     return tuple(zip(self, *columns))
 
 
-def _recorded(name, self, *others, inplace):
-    """Recorded execution's path (:mod:`hologram_torch.lazy`): a call whose signature
-    (every row's operands' dtypes, shapes and strides, numbers' types) :func:`_each` ran
-    before records its rows' entries straight away (the checks and lookups of that call
-    held for all of them; the native region checks written tensors' overlaps itself);
-    NotImplemented otherwise."""
-    if not lazy.active():
+def _filed(name, self, *others, inplace):
+    """The path of a call whose signature (every row's operands' dtypes, shapes and
+    strides, numbers' types) :func:`_each` ran before: its rows' entries are recorded
+    (:mod:`hologram_torch.lazy`) or launched (op by op, on host memory) straight away, the
+    checks and lookups of that call holding for all of them (native code checks written
+    tensors' overlaps itself); NotImplemented otherwise."""
+    recorded = lazy.active()
+    if not recorded and not (program.FRONT and program.host_memory()):
         return NotImplemented
     rows = _rows(self, others)
     entries = lazy.rows_entries(_OPS.setdefault((name, inplace), len(_OPS)), rows)
@@ -103,7 +106,8 @@ def _recorded(name, self, *others, inplace):
         return NotImplemented
     outs = (tuple(row[0] for row in rows) if inplace else
             tuple(memory.new(*entry.layouts[0]) for entry in entries))
-    if not lazy.record_rows(entries, rows, outs, inplace):
+    done = (lazy.record_rows if recorded else lazy.launch_rows)(entries, rows, outs, inplace)
+    if not done:
         return NotImplemented
     return None if inplace else list(outs)
 
@@ -124,7 +128,7 @@ def _each(name, self, *others, inplace):
             _pointwise(name, fn, (x, *rest), x.dtype, out=(x,))
         else:
             results.append(_pointwise(name, fn, (x, *rest), x.dtype))
-    if lazy.active():  # file the rows' entries for _recorded
+    if lazy.active() or program.FRONT:  # file the rows' entries for _filed
         entries = tuple(program.used_entry(name, (_spec(fn, row[0].dtype),), row,
                                            (row[0],) if inplace else None) for row in rows)
         if all(e is not None and e.launch is not None for e in entries):
@@ -149,7 +153,7 @@ def _foreach(name, overloads, *, alpha=False):
         dotted = f".{suffix}" if suffix else ""
         for inplace in (False, True):
             native_or_cpu(f"_foreach_{name}{'_' if inplace else ''}{dotted}",
-                          first=_kernel(name, alpha, inplace, _recorded))(
+                          first=_kernel(name, alpha, inplace, _filed))(
                 _kernel(name, alpha, inplace))
 
 
@@ -174,7 +178,7 @@ def _foreach_ternary(name):
     for suffix in ("Scalar", "ScalarList", "Tensor"):
         for inplace in (False, True):
             native_or_cpu(f"_foreach_{name}{'_' if inplace else ''}.{suffix}",
-                          first=kernel(inplace, _recorded))(kernel(inplace))
+                          first=kernel(inplace, _filed))(kernel(inplace))
 
 
 def _values(value, tensors):

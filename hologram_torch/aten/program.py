@@ -138,6 +138,11 @@ def backend() -> str:
     return _state["backend"]
 
 
+def host_memory() -> bool:
+    """Is the device's memory host memory (launches take host addresses of numbers)?"""
+    return _HOST[0]
+
+
 def set_backend(name: str) -> None:
     _select(_choose(name))
     shortcuts.clear()  # they hold kernels of the previous backend

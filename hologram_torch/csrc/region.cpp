@@ -570,6 +570,63 @@ PyObject* record_rows(PyObject*, PyObject* const* args, Py_ssize_t n) {
   Py_RETURN_NONE;
 }
 
+// launch_rows(entries, rows, outs, given): a foreach op's rows run now, op by op (recorded
+// execution off): entries[i].launch(addresses) on row i's operands (tensors' data, numbers
+// boxed as program.run boxes them) and outs[i]. None once all ran; ("unsafe", -1), with
+// nothing run, when a written tensor overlaps as memory.unsafe_write refuses. The entries
+// are what file_rows filed for the rows' signature: every check but the overlaps held.
+PyObject* launch_rows(PyObject*, PyObject* const* args, Py_ssize_t n) {
+  if (n != 4 || !PyTuple_Check(args[0]) || !PyTuple_Check(args[1]) ||
+      !PyTuple_Check(args[2]) || PyTuple_GET_SIZE(args[0]) != PyTuple_GET_SIZE(args[1]) ||
+      PyTuple_GET_SIZE(args[1]) != PyTuple_GET_SIZE(args[2])) {
+    PyErr_SetString(PyExc_TypeError, "launch_rows(entries, rows, outs, given)");
+    return nullptr;
+  }
+  const bool given = PyObject_IsTrue(args[3]) == 1;
+  const Py_ssize_t count = PyTuple_GET_SIZE(args[1]);
+  std::vector<std::vector<Operand>> rows(count);
+  try {
+    for (Py_ssize_t i = 0; i < count; ++i) {
+      if (!operands_of(PyTuple_GET_ITEM(args[1], i), rows[i])) {
+        return nullptr;
+      }
+      if (given && unsafe(THPVariable_Unpack(PyTuple_GET_ITEM(args[2], i)), rows[i])) {
+        return Py_BuildValue("(si)", "unsafe", -1);
+      }
+    }
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+  for (Py_ssize_t i = 0; i < count; ++i) {
+    const std::vector<Operand>& row = rows[i];
+    std::vector<int64_t> boxes(row.size());  // the numbers, where the kernel reads them
+    PyObject* addresses = PyTuple_New(static_cast<Py_ssize_t>(row.size()) + 1);
+    if (addresses == nullptr) {
+      return nullptr;
+    }
+    for (size_t j = 0; j < row.size(); ++j) {
+      // (a bool box's first byte is the bool: little-endian, as every target here)
+      boxes[j] = row[j].bits;
+      void* at = row[j].kind == 0 ? row[j].tensor.data_ptr() : &boxes[j];
+      PyTuple_SET_ITEM(addresses, static_cast<Py_ssize_t>(j),
+                       PyLong_FromVoidPtr(at));
+    }
+    const at::Tensor& out = THPVariable_Unpack(PyTuple_GET_ITEM(args[2], i));
+    PyTuple_SET_ITEM(addresses, static_cast<Py_ssize_t>(row.size()),
+                     PyLong_FromVoidPtr(out.data_ptr()));
+    PyObject* launch = PyObject_GetAttrString(PyTuple_GET_ITEM(args[0], i), "launch");
+    PyObject* done = launch == nullptr ? nullptr : PyObject_CallOneArg(launch, addresses);
+    Py_XDECREF(launch);
+    Py_DECREF(addresses);
+    if (done == nullptr) {
+      return nullptr;
+    }
+    Py_DECREF(done);
+  }
+  Py_RETURN_NONE;
+}
+
 // Foreach calls' rows' entries, by signature: the op (a number lazy.py gives it), then per
 // row and operand a tensor's device, dtype, sizes and strides or a number's kind.
 using RowsKey = std::vector<int64_t>;
@@ -725,6 +782,9 @@ PyMethodDef kMethods[] = {
      METH_FASTCALL, nullptr},
     {"record_rows",
      reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&record_rows)),
+     METH_FASTCALL, nullptr},
+    {"launch_rows",
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&launch_rows)),
      METH_FASTCALL, nullptr},
     {"rows_entries",
      reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&rows_entries)),
