@@ -49,8 +49,7 @@ import numpy as np
 from hologram.errors import DeviceError, DTypeError, HologramError, ShapeError
 
 __all__ = ["HALF", "Entry", "available", "batch_offsets", "blas_threads", "describe", "entry",
-           "gemm",
-           "half_entry", "prepare", "prepare_batched", "set_blas_threads",
+           "gemm", "half_entry", "prepare", "prepare_batched", "set_blas_threads",
            "set_openblas_threads"]
 
 #: CBLAS enum values (cblas.h); also the trampolines' constants (:mod:`.parallel_gemm`).
