@@ -279,6 +279,32 @@ def test_front_kernels_serve_filed_calls_with_the_cpu_results(case, layout, dtyp
     torch.testing.assert_close(got.cpu(), expected, equal_nan=True, rtol=1e-5, atol=1e-6)
 
 
+SCALAR_CASES = {
+    "hardtanh": lambda g, x, lo, hi: torch.nn.functional.hardtanh(x, lo, hi),
+    "hardtanh_backward": lambda g, x, lo, hi: torch.ops.aten.hardtanh_backward(g, x, lo, hi),
+    "leaky_relu": lambda g, x, lo, hi: torch.nn.functional.leaky_relu(x, hi),
+}
+
+
+@needs_native
+@pytest.mark.parametrize("case", SCALAR_CASES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_front_kernels_serve_calls_with_scalar_arguments(case, dtype):
+    """A kernel that launched with an op's Scalar arguments as runtime numbers is filed
+    under their values and served from then on, each value its own entry: ReLU6's
+    gradient (hardtanh_backward(g, x, 0, 6)) on every step without Python."""
+    fn = SCALAR_CASES[case]
+    g, x = (torch.testing.make_tensor((9, 13), dtype=dtype, device="cpu", low=-9, high=9)
+            for _ in range(2))
+    # (no NaN: PyTorch's CPU hardtanh_backward passes a NaN's gradient in its scalar loop
+    # and drops it in its vectorized one, so its own answer depends on the position)
+    x.view(-1)[:3] = torch.tensor([float("inf"), -0.0, float("-inf")])
+    for lo, hi in ((0.0, 6.0), (-1.0, 1.0), (-2.5, 0.25)):
+        expected = fn(g, x, lo, hi)
+        got = _served(fn, *_on_device(g, x), lo, hi)
+        torch.testing.assert_close(got.cpu(), expected, equal_nan=True, rtol=0, atol=0)
+
+
 @needs_native
 def test_front_kernels_write_in_place_and_refuse_partial_overlaps():
     a, b = torch.randn(64), torch.randn(64)

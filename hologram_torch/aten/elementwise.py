@@ -635,7 +635,13 @@ def _activation(name: str, *, inplace: bool = True, ints: bool = False, defaults
             return NotImplemented
         if not scalars:
             return _unary_fresh(name, op, self)
-        return _lowered(name, op, (self, *scalars))
+        args = (self, *scalars)
+        r = _lowered(name, op, args)
+        if r is not NotImplemented:  # the front kernel serves it from now on
+            program.remember((name, self.dtype, self.shape, self.stride(),
+                              *((type(x), x) for x in scalars)),
+                             name, lowered.spec(op, args), args, r)
+        return r
 
     def in_place(self, *scalars):
         scalars = scalars + defaults[len(scalars):]
@@ -661,15 +667,13 @@ def _backward(name: str):
             return NotImplemented
         args = (grad_output, saved, *scalars)
         r = _lowered(name, op, args)
-        if hot and r is not NotImplemented:  # the front kernel serves it from now on
+        if r is not NotImplemented:  # the front kernel serves it from now on
             program.remember((name, grad_output.dtype, grad_output.shape,
                               grad_output.stride(), saved.dtype, saved.shape, saved.stride()),
                              name, lowered.spec(op, args), args, r)
         return r
 
-    # (the front kernels file calls whose operands are tensors: not those with a threshold)
-    hot = len(op._schema.arguments) == 2
-    native_or_cpu(name, hot=hot)(kernel)
+    native_or_cpu(name, hot=True)(kernel)
 
 
 _activation("relu", ints=True)

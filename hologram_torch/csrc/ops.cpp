@@ -246,13 +246,30 @@ bool run(const Entry& entry, const c10::IValue* args, at::Tensor& result) {
     std::vector<at::Tensor> operands;
     operands.reserve(entry.operands.size());
     for (int pos : entry.operands) {
+      if (!args[pos].isTensor()) {
+        return false;  // a number operand: the Python kernel records the call
+      }
       operands.push_back(args[pos].toTensor());
     }
     return hologram_region::record(entry.node, operands, {result}, entry.written >= 0);
   }
+  // A number operand (a Scalar argument) is passed boxed, as program.run boxes it: int64,
+  // double, or a bool in the first byte (every target here is little-endian).
+  c10::SmallVector<int64_t, 8> boxes(entry.operands.size(), 0);
   c10::SmallVector<void*, 8> addresses;
-  for (int pos : entry.operands) {
-    addresses.push_back(args[pos].toTensor().data_ptr());
+  for (size_t i = 0; i < entry.operands.size(); ++i) {
+    const c10::IValue& v = args[entry.operands[i]];
+    if (v.isTensor()) {
+      addresses.push_back(v.toTensor().data_ptr());
+      continue;
+    }
+    if (v.isDouble()) {
+      const double d = v.toDouble();
+      std::memcpy(&boxes[i], &d, sizeof d);
+    } else {
+      boxes[i] = v.isBool() ? static_cast<int64_t>(v.toBool()) : v.toInt();
+    }
+    addresses.push_back(&boxes[i]);
   }
   addresses.push_back(result.data_ptr());
   if (g_api->launch(entry.launcher, addresses.data(),
@@ -368,11 +385,30 @@ torch::Library& library() {
   return *lib;
 }
 
-// The argument position of the Python object `obj` among the pending call's arguments:
-// the same tensor, or for a Python number the next wrapped number of its type. -1: none.
+bool same_bits(double a, double b) {
+  return std::memcmp(&a, &b, sizeof a) == 0;
+}
+
+// The argument position of the Python object `obj` (an operand the Python kernel launched
+// with) among the pending call's arguments: the same tensor; for a Python number a Scalar
+// argument of its type and value, or the next wrapped number of its type. -1: none.
 int position(const Pending& pending, PyObject* obj, std::vector<bool>& used) {
   for (size_t i = 0; i < pending.nargs; ++i) {
-    if (used[i] || !pending.args[i].isTensor()) {
+    const c10::IValue& v = pending.args[i];
+    if (!used[i] && !v.isTensor() && !THPVariable_Check(obj)) {
+      // a number the kernel launched with, the Scalar argument of the same type and
+      // value (the key holds the value, so every call of it passes that value)
+      const bool match =
+          (PyBool_Check(obj) && v.isBool() && (obj == Py_True) == v.toBool()) ||
+          (PyLong_CheckExact(obj) && v.isInt() && PyLong_AsLongLong(obj) == v.toInt()) ||
+          (PyFloat_CheckExact(obj) && v.isDouble() && same_bits(PyFloat_AS_DOUBLE(obj),
+                                                                 v.toDouble()));
+      if (match) {
+        used[i] = true;
+        return static_cast<int>(i);
+      }
+    }
+    if (used[i] || !v.isTensor()) {
       continue;
     }
     const at::Tensor& t = pending.args[i].toTensor();
