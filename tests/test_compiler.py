@@ -710,28 +710,6 @@ def test_coalesce_flattens_contiguous_grids_only():
     assert q.kernels[0].domain == (6, 4) and q.kernels[0].grid_rank == 1
 
 
-@pytest.mark.parametrize("kind", ["sum", "max", "argmax"])
-def test_coalesce_merges_loop_dimensions_reduced_together(kind):
-    """A per-channel reduction of an NCHW tensor over (N, H, W): H and W are one run of
-    memory, reduced together, and merge into one loop dimension (rows of H*W terms); N,
-    strided, stays; argmax's flat index stays row-major. Results as the interpreter's."""
-    def per_channel(g):
-        x = g.input("x", "f32", (4, 5, 6, 7)).permute(1, 0, 2, 3)  # [C, N, H, W]
-        g.output("y", g.reduce(kind, x, (1, 2, 3)))
-        g.output("z", g.reduce(kind, g.input("w", "f32", (5, 6, 7)), 2))  # last only
-
-    p = _graph(per_channel)
-    q = pipeline.run(p)
-    domains = sorted(k.domain for k in q.kernels)
-    assert (5, 4, 42) in domains and (30, 7) in domains, domains
-    inputs = inputs_for(p)
-    for got, want in zip(execute(q, inputs), execute(p, inputs)):
-        if kind == "sum":
-            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-        else:
-            assert same_bits(got, want)
-
-
 def test_empty_tensors_go_through_the_pipeline():
     def empty_softmax(g):
         x = g.input("x", "f32", (0, 7))

@@ -1,17 +1,12 @@
-"""Coalescing: merge adjacent dimensions that every access walks as one.
+"""Coalescing: merge adjacent grid dimensions that every access walks as one.
 
 Dimensions ``d`` and ``d+1`` of a kernel's grid can become one dimension of extent
 ``D[d] * D[d+1]`` when every value either varies along both or along neither, and every
 load and store steps through memory along ``d`` exactly as far as a whole run along
 ``d+1`` (``stride[d] == stride[d+1] * D[d+1]``). A contiguous elementwise kernel over
 ``[64, 1000]`` thus becomes one loop of 64,000 points, which vectorizes and splits across
-threads without a division per element. Two adjacent loop dimensions merge on the same
-condition where every reduction reduces both or neither: a batch norm's per-channel sums
-over ``[8, 16, 16]`` become sums over rows of 2,048 terms (vector lanes) instead of 128
-short rows of 16 (each one sequential sum). Runs after scheduling (it needs grid ranks).
-Merging grid dimensions changes no result; merging reduced ones changes the order of a
-float sum's terms within the bound docs/isa.md gives (the order is the merged axis's),
-and keeps argmax/argmin's row-major flat index.
+threads without a division per element. Runs after scheduling (it needs grid ranks) and
+changes no result.
 """
 
 from __future__ import annotations
@@ -35,20 +30,7 @@ def coalesce_kernel(kernel: Kernel) -> Kernel:
             kernel = _merge(kernel, d)
         else:
             d += 1
-    d = kernel.grid_rank
-    while d + 1 < len(kernel.domain):
-        if _mergeable(kernel, d) and _reduced_together(kernel, d):
-            kernel = _merge(kernel, d)
-        else:
-            d += 1
     return kernel
-
-
-def _reduced_together(kernel: Kernel, d: int) -> bool:
-    """Does every reduction of ``kernel`` reduce both loop dimensions ``d`` and ``d+1`` or
-    neither?"""
-    return all((d in i.axes) == (d + 1 in i.axes) for i in kernel.body
-               if i.op in ("reduce", "contract"))
 
 
 def _mergeable(kernel: Kernel, d: int) -> bool:
@@ -80,10 +62,10 @@ def _merge(kernel: Kernel, d: int) -> Kernel:
                      *instr.attrs[2:])  # a gather's operand bounds
         elif instr.op == "index":
             attrs = (instr.axis - (instr.axis > d),)
-        elif instr.op in ("reduce", "contract"):  # (d and d+1 reduced together: one axis)
-            axes = tuple(dict.fromkeys(a - (a > d) for a in instr.axes))
+        elif instr.op in ("reduce", "contract"):
+            axes = tuple(a - (a > d) for a in instr.axes)
             attrs = (instr.kind, axes) if instr.op == "reduce" else (axes,)
         return Instr(instr.op, instr.dtype, merged(instr.shape), instr.args, attrs)
 
     return kernel.evolve(domain=merged(kernel.domain), body=tuple(map(rewrite, kernel.body)),
-                         grid_rank=kernel.grid_rank - (d < kernel.grid_rank))
+                         grid_rank=kernel.grid_rank - 1)
