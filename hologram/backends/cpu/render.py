@@ -280,14 +280,14 @@ class _KernelRenderer:
             end = b.add(first, ir.Constant(I64, tile))
             count = b.sub(b.select(b.icmp_signed("<", end, hi), end, hi), first)
 
-            def each(body: Callable[[ir.Value], None], lanes: bool = False) -> None:
+            def each(body: Callable[[ir.Value], None]) -> None:
                 def at(j: ir.Value) -> None:  # over the tile's points
                     self.index[g] = b.add(first, j)
                     self.point, self.local = dict(self.hoisted), {}
                     body(j)
-                # (only the sums' loop asks to be vectorized: asked of the stores'
-                # loop, whose epilogue may be anything, LLVM warns where it cannot)
-                self._loop(count, at, dim=-2, lanes=lanes)
+                # (no vectorization hint: LLVM vectorizes the sums' loop by itself where
+                # it can, and asked to where it cannot, it warns on the user's stderr)
+                self._loop(count, at, dim=-2)
 
             def clear(j: ir.Value) -> None:
                 for total, (_, a) in zip(totals, sums):
@@ -307,7 +307,7 @@ class _KernelRenderer:
                     for total, value in zip(totals, partial):
                         slot = b.gep(total, [zero, j])
                         b.store(b.fadd(b.load(slot), b.fpext(value, slot.type.pointee)), slot)
-                each(column, lanes=True)
+                each(column)
                 self.index.pop(inner, None)
 
             def row() -> None:
