@@ -347,9 +347,9 @@ class _KernelRenderer:
     def _loop(self, stop: ir.Value, body: Callable[[ir.Value], None], dim: int,
               start: ir.Value | None = None, step: int = 1, lanes: bool = False) -> None:
         """``for i in [start, stop) by step: body(i)``, with ``i`` bound to domain dimension
-        ``dim`` (negative: to none). ``lanes``: an elementwise loop over accumulators,
-        vectorized, and over a constant number of lanes never unrolled first (unrolled,
-        the lanes become scalars that LLVM does not put back into vectors)."""
+        ``dim`` (negative: to none). ``lanes``: an elementwise loop over accumulator lanes,
+        vectorized but never unrolled first (unrolled, the lanes become scalars that LLVM
+        does not put back into vectors)."""
         b = self.b
         start = start if start is not None else ir.Constant(I64, 0)
         before = b.block
@@ -372,10 +372,9 @@ class _KernelRenderer:
         # update (an output at its input's address) fails: 2-4x slower scalar code.
         parallel = ([("llvm.loop.parallel_accesses", self.group)]
                     if self.group is not None and dim >= 0 else [])
-        if lanes:  # unrolled whole after vectorizing where the length is a constant
-            first = self._vectorize_first() if isinstance(stop, ir.Constant) else []
+        if lanes:
             back.set_metadata("llvm.loop", self._loop_id(
-                [("llvm.loop.vectorize.enable", ir.Constant(I1, 1)), *first]))
+                [("llvm.loop.vectorize.enable", ir.Constant(I1, 1)), *self._vectorize_first()]))
         else:
             innermost = self.loops_done == loops
             interleave = (MATH_INTERLEAVE if innermost and self.math_calls > calls else
