@@ -445,18 +445,9 @@ def _prepare_half(mkl: _Mkl | None, dtype: str, trans_a: bool, trans_b: bool, m:
                 ctypes.c_int(TRANS if trans_b else NO_TRANS), i32(m), i32(n), i32(k),
                 f32(alpha))
         lda_, ldb_, beta_, ldc_ = i32(lda), i32(ldb), f32(beta), i32(ldc)
-        pointer, set_local, count = ctypes.c_void_p, mkl.set_local_threads, _mkl_threads
-
-        def call(a: int, b: int, c: int) -> None:
-            if not (a and b and c):
-                raise HologramError("gemm: A, B or C is a null address")
-            previous = set_local(count[0])
-            try:
-                raw(*head, pointer(a), lda_, pointer(b), ldb_, beta_, pointer(c), ldc_)
-            finally:
-                set_local(previous)
-
-        return call
+        pointer = ctypes.c_void_p
+        return _on_mkl_threads(mkl, lambda a, b, c: raw(
+            *head, pointer(a), lda_, pointer(b), ldb_, beta_, pointer(c), ldc_))
     a_shape = (k, m) if trans_a else (m, k)
     b_shape = (n, k) if trans_b else (k, n)
     widen_a, widen_b = _widener(dtype, *a_shape, lda), _widener(dtype, *b_shape, ldb)
@@ -562,14 +553,24 @@ def _prepare_mkl(mkl: _Mkl, dtype: str, trans_a: bool, trans_b: bool, m: int, n:
     ldb_, lda_ = ref(ctypes.c_int32(ldb)), ref(ctypes.c_int32(lda))
     tail = (ref(real(beta)),)
     ldc_ = ref(ctypes.c_int32(ldc))
-    pointer, set_local, count = ctypes.c_void_p, mkl.set_local_threads, _mkl_threads
+    pointer = ctypes.c_void_p
+    return _on_mkl_threads(mkl, lambda a, b, c: raw(
+        *head, pointer(b), ldb_, pointer(a), lda_, *tail, pointer(c), ldc_))
+
+
+def _on_mkl_threads(mkl: _Mkl, run: Callable[[int, int, int], None]
+                    ) -> Callable[[int, int, int], None]:
+    """``call(a, b, c)``: ``run(a, b, c)`` (an MKL product at those addresses, checked not
+    null) on the count :func:`set_blas_threads` last set, as a setting of the calling
+    thread put back afterwards."""
+    set_local, count = mkl.set_local_threads, _mkl_threads
 
     def call(a: int, b: int, c: int) -> None:
         if not (a and b and c):
             raise HologramError("gemm: A, B or C is a null address")
         previous = set_local(count[0])
         try:
-            raw(*head, pointer(b), ldb_, pointer(a), lda_, *tail, pointer(c), ldc_)
+            run(a, b, c)
         finally:
             set_local(previous)
 
@@ -679,12 +680,10 @@ def _prepare_mkl_batched(mkl: _Mkl, entry: int, dtype: str, trans_a: bool, trans
             one(real, 1.0))
     lda_, ldb_, beta, ldc_ = one(i32, lda), one(i32, ldb), one(real, 0.0), one(i32, ldc)
     groups = (i32(1), one(i32, len(offsets[0])))
-    set_local, count, add = mkl.set_local_threads, _mkl_threads, np.add
+    add = np.add
     local = threading.local()  # each calling thread fills address arrays of its own
 
-    def call(a: int, b: int, c: int) -> None:
-        if not (a and b and c):
-            raise HologramError("gemm: A, B or C is a null address")
+    def run(a: int, b: int, c: int) -> None:
         try:
             arrays, pointers = local.state
         except AttributeError:
@@ -693,13 +692,9 @@ def _prepare_mkl_batched(mkl: _Mkl, entry: int, dtype: str, trans_a: bool, trans
             local.state = arrays, pointers
         for out, offset, base in zip(arrays, offsets, (a, b, c)):
             add(offset, base, out=out)
-        previous = set_local(count[0])
-        try:
-            raw(*head, pointers[0], lda_, pointers[1], ldb_, beta, pointers[2], ldc_, *groups)
-        finally:
-            set_local(previous)
+        raw(*head, pointers[0], lda_, pointers[1], ldb_, beta, pointers[2], ldc_, *groups)
 
-    return call
+    return _on_mkl_threads(mkl, run)
 
 
 class _View:
