@@ -531,36 +531,56 @@ bool unsafe(const at::Tensor& out, const std::vector<Operand>& operands) {
   return false;
 }
 
+// A foreach op's rows: (entries, rows, outs, given), checked and parsed into `rows` and
+// `outs`. 1 when parsed; 0 when a written tensor overlaps as memory.unsafe_write refuses
+// (nothing parsed may then run); -1 with a Python error set.
+int parse_rows(const char* usage, PyObject* const* args, Py_ssize_t n,
+               std::vector<std::vector<Operand>>& rows, std::vector<at::Tensor>& outs) {
+  if (n != 4 || !PyTuple_Check(args[0]) || !PyTuple_Check(args[1]) ||
+      !PyTuple_Check(args[2]) || PyTuple_GET_SIZE(args[0]) != PyTuple_GET_SIZE(args[1]) ||
+      PyTuple_GET_SIZE(args[1]) != PyTuple_GET_SIZE(args[2])) {
+    PyErr_SetString(PyExc_TypeError, usage);
+    return -1;
+  }
+  const bool given = PyObject_IsTrue(args[3]) == 1;
+  const Py_ssize_t count = PyTuple_GET_SIZE(args[1]);
+  rows.assign(count, {});
+  outs.assign(count, at::Tensor());
+  try {
+    for (Py_ssize_t i = 0; i < count; ++i) {
+      if (!operands_of(PyTuple_GET_ITEM(args[1], i), rows[i])) {
+        return -1;
+      }
+      outs[i] = THPVariable_Unpack(PyTuple_GET_ITEM(args[2], i));
+      if (given && unsafe(outs[i], rows[i])) {
+        return 0;
+      }
+    }
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return -1;
+  }
+  return 1;
+}
+
 // record_rows(entries, rows, outs, given): record each row (a tuple of operands) of a
 // foreach op writing its out, in order. None once all are recorded; ("unsafe", -1), with
 // nothing recorded, when a written tensor overlaps as memory.unsafe_write refuses; else
 // (reason, i): rows before i are recorded, the region must run before row i.
 PyObject* record_rows(PyObject*, PyObject* const* args, Py_ssize_t n) {
-  if (n != 4 || !PyTuple_Check(args[0]) || !PyTuple_Check(args[1]) ||
-      !PyTuple_Check(args[2]) || PyTuple_GET_SIZE(args[0]) != PyTuple_GET_SIZE(args[1]) ||
-      PyTuple_GET_SIZE(args[1]) != PyTuple_GET_SIZE(args[2])) {
-    PyErr_SetString(PyExc_TypeError, "record_rows(entries, rows, outs, given)");
-    return nullptr;
+  std::vector<std::vector<Operand>> rows;
+  std::vector<at::Tensor> outs;
+  const int parsed = parse_rows("record_rows(entries, rows, outs, given)", args, n, rows, outs);
+  if (parsed <= 0) {
+    return parsed < 0 ? nullptr : Py_BuildValue("(si)", "unsafe", -1);
   }
   const bool given = PyObject_IsTrue(args[3]) == 1;
-  const Py_ssize_t count = PyTuple_GET_SIZE(args[1]);
-  std::vector<std::vector<Operand>> rows(count);
-  std::vector<at::Tensor> outs(count);
   try {
-    for (Py_ssize_t i = 0; i < count; ++i) {
-      if (!operands_of(PyTuple_GET_ITEM(args[1], i), rows[i])) {
-        return nullptr;
-      }
-      outs[i] = THPVariable_Unpack(PyTuple_GET_ITEM(args[2], i));
-      if (given && unsafe(outs[i], rows[i])) {
-        return Py_BuildValue("(si)", "unsafe", -1);
-      }
-    }
-    for (Py_ssize_t i = 0; i < count; ++i) {
+    for (size_t i = 0; i < rows.size(); ++i) {
       const char* why = record_operands(PyTuple_GET_ITEM(args[0], i), rows[i], {outs[i]},
                                         given);
       if (why != nullptr) {
-        return Py_BuildValue("(sn)", why, i);
+        return Py_BuildValue("(sn)", why, static_cast<Py_ssize_t>(i));
       }
     }
   } catch (const std::exception& e) {
@@ -576,28 +596,13 @@ PyObject* record_rows(PyObject*, PyObject* const* args, Py_ssize_t n) {
 // nothing run, when a written tensor overlaps as memory.unsafe_write refuses. The entries
 // are what file_rows filed for the rows' signature: every check but the overlaps held.
 PyObject* launch_rows(PyObject*, PyObject* const* args, Py_ssize_t n) {
-  if (n != 4 || !PyTuple_Check(args[0]) || !PyTuple_Check(args[1]) ||
-      !PyTuple_Check(args[2]) || PyTuple_GET_SIZE(args[0]) != PyTuple_GET_SIZE(args[1]) ||
-      PyTuple_GET_SIZE(args[1]) != PyTuple_GET_SIZE(args[2])) {
-    PyErr_SetString(PyExc_TypeError, "launch_rows(entries, rows, outs, given)");
-    return nullptr;
+  std::vector<std::vector<Operand>> rows;
+  std::vector<at::Tensor> outs;
+  const int parsed = parse_rows("launch_rows(entries, rows, outs, given)", args, n, rows, outs);
+  if (parsed <= 0) {
+    return parsed < 0 ? nullptr : Py_BuildValue("(si)", "unsafe", -1);
   }
-  const bool given = PyObject_IsTrue(args[3]) == 1;
-  const Py_ssize_t count = PyTuple_GET_SIZE(args[1]);
-  std::vector<std::vector<Operand>> rows(count);
-  try {
-    for (Py_ssize_t i = 0; i < count; ++i) {
-      if (!operands_of(PyTuple_GET_ITEM(args[1], i), rows[i])) {
-        return nullptr;
-      }
-      if (given && unsafe(THPVariable_Unpack(PyTuple_GET_ITEM(args[2], i)), rows[i])) {
-        return Py_BuildValue("(si)", "unsafe", -1);
-      }
-    }
-  } catch (const std::exception& e) {
-    PyErr_SetString(PyExc_RuntimeError, e.what());
-    return nullptr;
-  }
+  const Py_ssize_t count = static_cast<Py_ssize_t>(rows.size());
   for (Py_ssize_t i = 0; i < count; ++i) {
     const std::vector<Operand>& row = rows[i];
     std::vector<int64_t> boxes(row.size());  // the numbers, where the kernel reads them
@@ -612,9 +617,8 @@ PyObject* launch_rows(PyObject*, PyObject* const* args, Py_ssize_t n) {
       PyTuple_SET_ITEM(addresses, static_cast<Py_ssize_t>(j),
                        PyLong_FromVoidPtr(at));
     }
-    const at::Tensor& out = THPVariable_Unpack(PyTuple_GET_ITEM(args[2], i));
     PyTuple_SET_ITEM(addresses, static_cast<Py_ssize_t>(row.size()),
-                     PyLong_FromVoidPtr(out.data_ptr()));
+                     PyLong_FromVoidPtr(outs[i].data_ptr()));
     PyObject* launch = PyObject_GetAttrString(PyTuple_GET_ITEM(args[0], i), "launch");
     PyObject* done = launch == nullptr ? nullptr : PyObject_CallOneArg(launch, addresses);
     Py_XDECREF(launch);
