@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -211,6 +214,33 @@ def test_products_go_to_mkl_and_keep_the_threads_setting(mkl, monkeypatch):
         assert seen == [1, 3]  # ran on 1, then put back what it found
     finally:
         set_local(setting)
+        blas.set_blas_threads(before)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_mkl_products_set_the_openmp_count_too(mkl, monkeypatch, dtype):
+    """MKL's mixed-precision products follow the calling thread's OpenMP count, not MKL's
+    setting: every MKL product sets both to set_blas_threads' count and puts both back.
+    (On an AMD EPYC, a bf16 product asked for one thread ran on PyTorch's two, and its
+    bits depended on PyTorch's thread count.)"""
+    if mkl.openmp is None:
+        pytest.skip("no OpenMP runtime found beside this MKL")
+    if dtype == "bf16" and blas.half_entry(dtype, 64) is None:
+        pytest.skip("this process's MKL has no bf16 product")
+    omp_get, omp_set = mkl.openmp
+    for found in (blas.entry("f32", 64), blas.half_entry("bf16", 64)):
+        if found is not None:  # what the native trampolines call
+            assert found.openmp == tuple(ctypes.cast(fn, ctypes.c_void_p).value
+                                         for fn in mkl.openmp)
+    seen = []
+    monkeypatch.setattr(blas, "_mkl_state", dataclasses.replace(
+        mkl, openmp=(omp_get, lambda n: seen.append(n) or omp_set(n))))
+    before, openmp = blas.blas_threads(), omp_get()
+    try:
+        blas.set_blas_threads(1)
+        check(dtype, False, True, 16, 16, 16)
+        assert seen == [1, openmp] and omp_get() == openmp
+    finally:
         blas.set_blas_threads(before)
 
 

@@ -383,12 +383,82 @@ def test_programs_with_products_are_launched_natively(ex):
         threading.Event().wait(0.01)
     assert compiled.launch.planned
     steps = compiled.launch.executable.native_plan()[2]
-    assert any(callable(step[0]) for step in steps), steps
+    # a callback, or with PyTorch's MKL in the process a job (the next test's subject)
+    assert any(callable(step[0]) or len(step) == 4 and isinstance(step[3], tuple)
+               for step in steps), steps
     a, b, c = ex.from_numpy(x), ex.from_numpy(w), ex.from_numpy(bias)
     for _ in range(3):
         out = ex.empty(want.shape, np.float32)
         compiled.launch((a.handle, b.handle, c.handle, out.handle))
         np.testing.assert_allclose(out.to_numpy(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("m", "k", "n"), [(64, 64, 64), (5, 3, 700), (512, 96, 80)])
+def test_products_on_mkl_are_native_jobs(ex, threads, m, k, n, monkeypatch):
+    """With PyTorch's MKL in the process, a product step is a job of the launcher: its
+    trampoline called from C on words holding the sizes and operand addresses, as one
+    piece with every thread or as pieces on the pool (the last shape: rows cut in
+    pieces on 2 threads; the second: columns). Its bits are those of the same program
+    launched through Python, on every thread count."""
+    pytest.importorskip("torch")  # its MKL: without it, products are OpenBLAS callbacks
+    from hologram.backends.cpu import blas, parallel_gemm
+
+    monkeypatch.setenv("HOLOGRAM_NUM_THREADS", str(threads))
+    assert blas.entry("f32", 1).abi == "fortran"
+    x, w = (RNG.standard_normal(s).astype(np.float32) for s in ((m, k), (k, n)))
+    g = Graph("product_job")
+    g.output("y", g.input("x", "f32", x.shape) @ g.input("w", "f32", w.shape))
+    compiled = hg.compile(g.program(), "cpu")
+    deadline = time.monotonic() + 60  # promoted on a background thread
+    while not compiled.launch.planned and time.monotonic() < deadline:
+        compiled(x, w)
+        threading.Event().wait(0.01)
+    assert compiled.launch.planned
+    executable = compiled.launch.executable
+    (step,) = executable.native_plan()[2]
+    assert len(step) == 4 and isinstance(step[3], tuple), step
+    blocks, grain = parallel_gemm.cut("f32", m, n, k)
+    assert step[1:3] == (blocks, grain)
+    a, b = ex.from_numpy(x), ex.from_numpy(w)
+    native, python = ex.empty((m, n), np.float32), ex.empty((m, n), np.float32)
+    for _ in range(3):
+        compiled.launch((a.handle, b.handle, native.handle))
+        executable.launch((a.handle, b.handle, python.handle))
+        np.testing.assert_array_equal(native.to_numpy(), python.to_numpy())
+    np.testing.assert_allclose(native.to_numpy(), x @ w, rtol=1e-4, atol=1e-4)
+
+
+def test_job_steps_are_checked_when_planned():
+    """A job step's words, operands and thread word are checked when the plan is made (a
+    ValueError, nothing run); an operand in an empty slot sends the launch to Python,
+    which raises the product's error, before any step runs."""
+
+    class Program:
+        def __init__(self, steps):
+            self.steps, self.python = steps, 0
+
+        def native_plan(self):
+            return 3, (0, 1, 2), self.steps
+
+        def launch(self, handles):
+            self.python += 1
+
+    words = bytes(8 * 4)
+    good = ((0, 0, 0), (1, 0, 1), (2, 0, 2))
+    for job in [(bytes(7), good, -1, None), (bytes(8 * 25), good, -1, None),
+                (words, good, 4, None), (words, ((0, 0, 0), (1, 0, 1)), -1, None),
+                (words, ((0, 0, 0), (1, 0, 1), (3, 0, 2)), -1, None),
+                (words, ((0, 0, 0), (1, -8, 1), (2, 0, 2)), -1, None),
+                (words, ((0, 0, 0), (1, 0, 1), (2, 0, 4)), -1, None)]:
+        with pytest.raises(ValueError, match="native_plan"):
+            _native.Launcher(Program(((1, 1, 1, job),)))((8, 16, 24))
+    with pytest.raises(ValueError, match="without rows"):
+        _native.Launcher(Program(((1, 0, 1, (words, good, -1, None)),)))((8, 16, 24))
+    program = Program(((1, 1, 1, (words, good, -1, None)),))
+    launcher = _native.Launcher(program)
+    launcher((8, 0, 24))  # B in no buffer: through Python (a kernel at address 1 never runs)
+    assert launcher.planned and program.python == 1
 
 
 def torch_free_cross_entropy(x: np.ndarray, t: np.ndarray) -> float:

@@ -141,12 +141,15 @@ def test_concurrent_callers_of_one_product():
 
 def test_pieces_that_read_a_large_operand_whole_are_large():
     """Each piece's library call packs the operand it reads whole (B for pieces of rows,
-    A for pieces of columns) again: beyond SHARED_BYTES of it, pieces hold at least
-    MIN_SHARED_PIECE rows (or columns); below, the work alone decides."""
+    A for pieces of columns) again: pieces hold at least MIN_PIECE rows (or columns), and
+    beyond SHARED_BYTES of that operand at least MIN_SHARED_PIECE; the work may ask for
+    more."""
     least = parallel_gemm.MIN_SHARED_PIECE // parallel_gemm.BLOCK
-    assert least > 1
-    assert parallel_gemm.cut("f32", 1024, 64, 64) == (64, 2)  # B of 16 KiB
-    assert parallel_gemm.cut("f32", 1024, 512, 512) == (64, 1)  # B of 1 MiB exactly
+    few = parallel_gemm.MIN_PIECE // parallel_gemm.BLOCK
+    assert least > few > 1
+    assert parallel_gemm.cut("f32", 1024, 64, 64) == (64, few)  # B of 16 KiB
+    assert parallel_gemm.cut("f32", 1024, 16, 16) == (64, 32)  # 1 << 18 flops a piece
+    assert parallel_gemm.cut("f32", 1024, 512, 512) == (64, few)  # B of 1 MiB exactly
     assert parallel_gemm.cut("f64", 1024, 512, 512) == (64, least)  # 2 MiB
     assert parallel_gemm.cut("f32", 1024, 1024, 1024) == (64, least)
     assert parallel_gemm.cut("f32", 256, 4096, 4096) == (256, least)  # columns: A of 4 MiB

@@ -14,12 +14,14 @@ static void forget_plan(Launcher *l)
     if (l->callbacks != NULL)
         for (int s = 0; s < l->nsteps; s++)
             Py_CLEAR(l->callbacks[s].fn);
+    Py_CLEAR(l->keep);
     PyMem_Free(l->memory);
     l->memory = NULL;
     l->slots = l->temp_slots = NULL;
     l->steps = l->finals = NULL;
     l->rows = l->grains = l->temp_offsets = NULL;
     l->callbacks = NULL;
+    l->jobs = NULL;
     l->nsteps = l->ntemps = 0;
 }
 
@@ -32,6 +34,7 @@ static size_t carve(Launcher *l, char *m, Py_ssize_t nparams, Py_ssize_t nsteps,
 #define TAKE(field, type, n) \
     (l->field = m ? (type *)(m + at) : NULL, at += (size_t)(n) * sizeof(type))
     TAKE(callbacks, Callback, nsteps);
+    TAKE(jobs, Job, nsteps);
     TAKE(steps, kernel_fn, nsteps);
     TAKE(finals, kernel_fn, nsteps);
     TAKE(rows, int64_t, nsteps);
@@ -159,10 +162,49 @@ static int pieces(int64_t total, int64_t grain, parallel_fn *fn, int64_t *count,
     return 0;
 }
 
+/* A job step's job, (words: bytes, ((slot, byte offset, word),) * 3, threads word or -1,
+ * owner), into *j; the owner (what the words' addresses point into) joins l->keep.
+ * 0, or -1 with an exception. */
+static int parse_job(Launcher *l, PyObject *job, int nbuffers, Job *j)
+{
+    const char *words;
+    Py_ssize_t nbytes;
+    PyObject *operands, *owner;
+    if (!PyArg_ParseTuple(job, "y#O!iO", &words, &nbytes, &PyTuple_Type, &operands,
+                          &j->threads_at, &owner))
+        return -1;
+    Py_ssize_t nwords = nbytes / (Py_ssize_t)sizeof(int64_t);
+    if (nbytes % (Py_ssize_t)sizeof(int64_t) || nwords < 1 || nwords > MAX_JOB_WORDS ||
+        j->threads_at >= nwords || j->threads_at < -1 || PyTuple_GET_SIZE(operands) != 3) {
+        PyErr_SetString(PyExc_ValueError, "native_plan: a bad job");
+        return -1;
+    }
+    for (int k = 0; k < 3; k++) {
+        long long offset;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(operands, k), "iLi", &j->slots[k], &offset,
+                              &j->at[k]))
+            return -1;
+        if (j->slots[k] < 0 || j->slots[k] >= nbuffers || offset < 0 || j->at[k] < 0 ||
+            j->at[k] >= nwords) {
+            PyErr_SetString(PyExc_ValueError, "native_plan: a job's operand out of range");
+            return -1;
+        }
+        j->offsets[k] = offset;
+    }
+    if (l->keep == NULL && (l->keep = PyList_New(0)) == NULL)
+        return -1;
+    if (PyList_Append(l->keep, owner) < 0)
+        return -1;
+    memcpy(j->words, words, (size_t)nbytes);
+    j->nwords = (int)nwords;
+    return 0;
+}
+
 /* Ask the executable for its plan (backends/cpu/backend.py, _Executable.native_plan):
  * (pointer array length, parameter slots, steps, arena) when every step is a call of
  * native kernels: (kernel address, rows) on this thread, (address, rows, grain) over the
- * worker pool, (partial address, parts, 1, final address) a split reduction; arena None
+ * worker pool, (partial address, parts, 1, final address) a split reduction, (kernel
+ * address, rows, grain, job) a job step (see Job; grain 0: never split); arena None
  * or (bytes, ((slot, offset), ...), pool core). False: not yet (a build that may still
  * be replaced); None: never. */
 static int refresh_plan(Launcher *l)
@@ -256,8 +298,18 @@ static int refresh_plan(Launcher *l)
         }
         void *address, *final = NULL;
         long long rows, grain = 0;
-        if (!PyArg_ParseTuple(step, "O&L|LO&", as_address, &address, &rows, &grain,
-                              as_address, &final))
+        if (PyTuple_Check(step) && PyTuple_GET_SIZE(step) == 4 &&
+            PyTuple_Check(PyTuple_GET_ITEM(step, 3))) {
+            PyObject *job;
+            if (!PyArg_ParseTuple(step, "O&LLO", as_address, &address, &rows, &grain, &job) ||
+                parse_job(l, job, nbuffers, &l->jobs[i]) < 0)
+                goto fail;
+            if (rows < 1 || grain < 1) {
+                PyErr_SetString(PyExc_ValueError, "native_plan: a job step without rows");
+                goto fail;
+            }
+        } else if (!PyArg_ParseTuple(step, "O&L|LO&", as_address, &address, &rows, &grain,
+                                     as_address, &final))
             goto fail;
         if ((grain > 0 && native_pieces == NULL) ||
             (final != NULL && (grain != 1 || rows > MAX_SPLIT_PARTS))) {
@@ -302,6 +354,26 @@ done:
     return 0;
 }
 
+/* A job step on this call's pointers: its words with the operands' addresses; one piece
+ * (count 1) on this thread with every thread given to the library, else `count` pieces on
+ * the pool with one each. The GIL is let go, as ctypes does: a product takes a while. */
+static void run_job(const Job *j, kernel_fn kernel, void *const *pointers, int64_t rows,
+                    parallel_fn parallel, int64_t count, int64_t helpers)
+{
+    int64_t words[MAX_JOB_WORDS];
+    memcpy(words, j->words, (size_t)j->nwords * sizeof(int64_t));
+    for (int k = 0; k < 3; k++)
+        words[j->at[k]] = (int64_t)(intptr_t)((char *)pointers[j->slots[k]] + j->offsets[k]);
+    if (j->threads_at >= 0)
+        words[j->threads_at] = count <= 1 ? helpers + 1 : 1;
+    Py_BEGIN_ALLOW_THREADS
+    if (count <= 1)
+        kernel((void **)words, 0, rows);
+    else
+        parallel(kernel, (void **)words, rows, count, helpers);
+    Py_END_ALLOW_THREADS
+}
+
 /* Run the plan on the parameters' addresses (l->plan == 1): 0, or 1 when the launch must
  * go through Python after all (no native workers now), or -1 with an exception. Split
  * steps run with the GIL released, as ctypes runs them. */
@@ -330,6 +402,13 @@ static int run_plan(Launcher *l, void *const *addresses)
         for (int i = 0; i < l->ntemps; i++)
             pointers[l->temp_slots[i]] = (char *)arena->block->addr + l->temp_offsets[i];
     }
+    /* A job's operand in no buffer is an error that the Python launch raises. */
+    for (int s = 0; s < l->nsteps; s++)
+        for (int k = 0; l->jobs[s].nwords > 0 && k < 3; k++)
+            if (pointers[l->jobs[s].slots[k]] == NULL) {
+                Py_XDECREF(arena);
+                return 1;
+            }
     /* The partials of split reductions (16 bytes each: an accumulator and an index),
      * this call's own. */
     int64_t partials[2 * MAX_SPLIT_PARTS];
@@ -340,6 +419,9 @@ static int run_plan(Launcher *l, void *const *addresses)
                 Py_XDECREF(arena);
                 return -1;
             }
+        } else if (l->jobs[s].nwords > 0) {
+            run_job(&l->jobs[s], l->steps[s], pointers, l->rows[s], parallel[s], counts[s],
+                    helpers[s]);
         } else if (l->grains[s] == 0) {
             l->steps[s](pointers, 0, l->rows[s]);
         } else if (l->rows[s] > 0) {

@@ -112,12 +112,28 @@ typedef struct {
     int64_t offsets[3];
 } Callback;
 
+/* A step whose kernel runs on words of its own instead of the pointer array: the cpu
+ * backend's products, whose native trampolines (parallel_gemm.py) read the library entry,
+ * the sizes and the operands' addresses from int64 words. Each launch copies the words,
+ * writes three operands' addresses (a pointer slot's plus a byte offset) at their word
+ * indices and, when the step runs as one piece, the thread count at word `threads_at`
+ * (the library may use them all; pieces each get 1). */
+#define MAX_JOB_WORDS 24
+typedef struct {
+    int nwords; /* 0: not a job step */
+    int slots[3], at[3];
+    int64_t offsets[3];
+    int threads_at; /* -1: none */
+    int64_t words[MAX_JOB_WORDS];
+} Job;
+
 /* A loaded program's launch(handles) (what the SDK's ops, hg.jit and the torch device
  * call), run without Python when the program allows it: the executable's native_plan()
  * says which kernels to call on which pointer array. */
 typedef struct {
     PyObject_HEAD
     PyObject *executable;
+    PyObject *keep;   /* what the plan's job steps point into (their owners), kept alive */
     PyObject *launch; /* executable.launch: every call without a plan */
     int plan;         /* 0: ask native_plan() at the next call, 1: planned, -1: never */
     int nbuffers, nparams, nsteps;
@@ -131,6 +147,7 @@ typedef struct {
      * partials into scratch (pointer slot nbuffers), then finals[s](pointers, 0, 1). */
     kernel_fn *finals;
     Callback *callbacks;
+    Job *jobs;
     /* Scratch memory per call (the program's temporaries): a block of arena_bytes from
      * arena_pool, temporary i at its offset temp_offsets[i] in pointer slot temp_slots[i]. */
     PoolCore *arena_pool;

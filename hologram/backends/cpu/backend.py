@@ -428,9 +428,11 @@ class _Executable(Executable):
         split over the worker threads as :func:`threads.run_kernel` splits them (see
         :func:`threads.native_pieces`), or ``(partial address, parts, 1, final
         address)``, a split reduction (:meth:`_split_step`: its partials into scratch at
-        pointer ``nbuffers``, then the final function), or ``(fn, ((slot, byte offset),) *
-        3)``, a product: ``fn(a, b, c)`` called back on its operands' addresses
-        (:func:`.gemm.step`); then, for a program with
+        pointer ``nbuffers``, then the final function), or a product (:func:`.gemm.step`):
+        ``(kernel address, rows, grain, (words, ((slot, byte offset, word),) * 3, threads
+        word, owner))``, its native job (:class:`.parallel_gemm.NativeJob`), or ``(fn,
+        ((slot, byte offset),) * 3)``, ``fn(a, b, c)`` called back on its operands'
+        addresses; then, for a program with
         temporaries, ``(arena bytes, ((slot, offset), ...), pool core)``: each call's
         scratch, a block of that pool, as :meth:`_launch` takes it. ``False`` while this
         build may still be replaced by a promotion (ask again later); ``None`` when it

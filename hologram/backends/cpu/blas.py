@@ -79,7 +79,11 @@ class _Library:
 class _Mkl:
     """PyTorch's MKL: the Fortran ``sgemm_``/``dgemm_`` entries (LP64: 32-bit integers,
     every argument by reference) and ``MKL_Set_Num_Threads_Local`` (by value; returns the
-    calling thread's previous setting, 0 meaning MKL's global count)."""
+    calling thread's previous setting, 0 meaning MKL's global count). ``openmp``: the
+    ``omp_get_max_threads``/``omp_set_num_threads`` of the OpenMP runtime MKL threads
+    with, where found: MKL's mixed-precision products follow the calling thread's OpenMP
+    count and not MKL's setting (on an AMD EPYC, Zen 4, a product asked to run on one
+    thread ran on PyTorch's two), so a product sets both."""
 
     path: str
     sgemm: int
@@ -92,6 +96,7 @@ class _Mkl:
     # ``cblas_gemm_bf16bf16f32``/``cblas_gemm_f16f16f32`` (row-major CBLAS, by value):
     # half-precision operands, float32 C and scalars
     half_gemm: tuple[tuple[str, int], ...] = ()
+    openmp: tuple[Callable[[], int], Callable[[int], None]] | None = None
 
 
 #: Operand dtypes whose products are float32 matrices (:func:`prepare`).
@@ -264,9 +269,18 @@ def _bind_mkl(path: str) -> _Mkl | None:
         return 0 if fn is None else ctypes.cast(fn, address).value
 
     half = tuple((dtype, optional(f"cblas_gemm_{dtype}{dtype}f32")) for dtype in HALF)
+    # libtorch_cpu's OpenMP runtime, found through its handle (dlsym searches the
+    # libraries it depends on)
+    omp_get, omp_set = (getattr(lib, name, None)
+                        for name in ("omp_get_max_threads", "omp_set_num_threads"))
+    openmp = None
+    if omp_get is not None and omp_set is not None:
+        omp_get.restype, omp_get.argtypes = ctypes.c_int, []
+        omp_set.restype, omp_set.argtypes = None, [ctypes.c_int]
+        openmp = (omp_get, omp_set)
     return _Mkl(path, ctypes.cast(sgemm, address).value, ctypes.cast(dgemm, address).value,
                 set_local, optional("cblas_sgemm_batch"), optional("cblas_dgemm_batch"),
-                tuple((dtype, fn) for dtype, fn in half if fn))
+                tuple((dtype, fn) for dtype, fn in half if fn), openmp)
 
 
 def available() -> bool:
@@ -463,17 +477,23 @@ def _prepare_half(mkl: _Mkl | None, dtype: str, trans_a: bool, trans_b: bool, m:
     return widened
 
 
-def half_entry(dtype: str, largest: int, library: str | None = None
-               ) -> tuple[int, int] | None:
-    """(address of MKL's mixed-precision CBLAS entry for f16/bf16 ``dtype``, address of
-    its ``MKL_Set_Num_Threads_Local``) for products whose largest size or leading
-    dimension is ``largest``, or None where :func:`prepare` would widen the operands
-    instead (no such MKL in the process, or ``library`` says OpenBLAS)."""
+def half_entry(dtype: str, largest: int, library: str | None = None) -> Entry | None:
+    """The :class:`Entry` (``"cblas"``, 32-bit integers, MKL's thread setters) of MKL's
+    mixed-precision entry for f16/bf16 ``dtype``, for products whose largest size or
+    leading dimension is ``largest``, or None where :func:`prepare` would widen the
+    operands instead (no such MKL in the process, or ``library`` says OpenBLAS)."""
     mkl = _choose_mkl(library, largest)
     entry = dict(mkl.half_gemm).get(dtype) if mkl is not None else None
     if not entry:
         return None
-    return entry, ctypes.cast(mkl.set_local_threads, ctypes.c_void_p).value
+    return Entry("cblas", entry, False, *_mkl_setters(mkl))
+
+
+def _mkl_setters(mkl: _Mkl) -> tuple[int, tuple[int, int]]:
+    """The addresses of MKL's thread setter and of the OpenMP count's (0, 0: none)."""
+    address = ctypes.c_void_p
+    openmp = tuple(ctypes.cast(fn, address).value for fn in mkl.openmp or ())
+    return ctypes.cast(mkl.set_local_threads, address).value, openmp or (0, 0)
 
 
 def _widener(dtype: str, rows: int, cols: int, ld: int) -> Callable[[int], np.ndarray]:
@@ -508,13 +528,16 @@ class Entry:
     """The gemm entry :func:`prepare` calls, for native code that calls it itself
     (:mod:`.parallel_gemm`). ``abi``: ``"cblas"`` (row-major CBLAS, arguments by value,
     64-bit integers when ``int64``) or ``"fortran"`` (MKL's LP64 Fortran entry, every
-    argument by reference, with ``set_local_threads`` the address of its
-    ``MKL_Set_Num_Threads_Local``; 0 for ``"cblas"``)."""
+    argument by reference). For MKL's entries (Fortran, and its mixed-precision CBLAS
+    ones), ``set_local_threads`` is the address of its ``MKL_Set_Num_Threads_Local`` and
+    ``openmp`` those of ``omp_get_max_threads`` and ``omp_set_num_threads`` (0, 0 where
+    not found; see :class:`_Mkl`); 0 and (0, 0) for OpenBLAS."""
 
     abi: str
     address: int
     int64: bool
     set_local_threads: int
+    openmp: tuple[int, int] = (0, 0)
 
 
 def entry(dtype: str, largest: int, library: str | None = None) -> Entry:
@@ -525,12 +548,11 @@ def entry(dtype: str, largest: int, library: str | None = None) -> Entry:
     if not isinstance(lib, _Library):
         raise DeviceError(f"gemm: {lib}")
     mkl = _choose_mkl(library, largest)
-    address = ctypes.c_void_p
     if mkl is not None:
         return Entry("fortran", mkl.sgemm if dtype == "f32" else mkl.dgemm, False,
-                     ctypes.cast(mkl.set_local_threads, address).value)
+                     *_mkl_setters(mkl))
     fn = lib.sgemm if dtype == "f32" else lib.dgemm
-    return Entry("cblas", ctypes.cast(fn, address).value, lib.int64, 0)
+    return Entry("cblas", ctypes.cast(fn, ctypes.c_void_p).value, lib.int64, 0)
 
 
 def _prepare_mkl(mkl: _Mkl, dtype: str, trans_a: bool, trans_b: bool, m: int, n: int,
@@ -562,17 +584,24 @@ def _on_mkl_threads(mkl: _Mkl, run: Callable[[int, int, int], None]
                     ) -> Callable[[int, int, int], None]:
     """``call(a, b, c)``: ``run(a, b, c)`` (an MKL product at those addresses, checked not
     null) on the count :func:`set_blas_threads` last set, as a setting of the calling
-    thread put back afterwards."""
+    thread (MKL's, and OpenMP's where found) put back afterwards."""
     set_local, count = mkl.set_local_threads, _mkl_threads
+    omp_get, omp_set = mkl.openmp or (None, None)
 
     def call(a: int, b: int, c: int) -> None:
         if not (a and b and c):
             raise HologramError("gemm: A, B or C is a null address")
-        previous = set_local(count[0])
+        n = count[0]
+        previous = set_local(n)
+        omp = omp_get() if omp_get is not None and n > 0 else 0
+        if omp:
+            omp_set(n)
         try:
             run(a, b, c)
         finally:
             set_local(previous)
+            if omp:
+                omp_set(omp)
 
     return call
 

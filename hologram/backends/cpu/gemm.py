@@ -52,7 +52,14 @@ def step(g: dict) -> Callable:
     def run(pointers, memory) -> None:
         at((pointers[a] or 0) + da, (pointers[b] or 0) + db, (pointers[c] or 0) + dc)
 
-    # For a native launch of the program (backend.py, _Executable.native_plan): ``at`` on
-    # each operand's pointer slot plus its byte offset.
-    run.call = (at, ((a, da), (b, db), (c, dc)))
+    # For a native launch of the program (backend.py, _Executable.native_plan): the
+    # product's native job on each operand's pointer slot plus its byte offset, or, for
+    # products without one, ``at`` called back on those addresses.
+    job = getattr(product, "job", None)
+    if job is None:
+        run.call = (at, ((a, da), (b, db), (c, dc)))
+    else:
+        operands = tuple(zip((a, b, c), (da, db, dc), job.operands))
+        run.call = (job.kernel, job.rows, job.grain,
+                    (job.words, operands, job.threads, job.owner))
     return run

@@ -26,6 +26,7 @@ import ctypes
 import math
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import cache
 
 import numpy as np
@@ -35,7 +36,9 @@ from hologram.backends.cpu import blas, llvm, threads
 from hologram.backends.cpu import target as targets
 from hologram.errors import HologramError
 
-__all__ = ["BATCH_TRAMPOLINE", "BLOCK", "MIN_PIECE_FLOPS", "MIN_SHARED_PIECE", "SHARED_BYTES",
+__all__ = ["BATCH_TRAMPOLINE", "BLOCK", "MIN_PIECE", "MIN_PIECE_FLOPS", "MIN_SHARED_PIECE",
+           "SHARED_BYTES",
+           "NativeJob",
            "batch_trampoline_ir", "cut", "prepare", "prepare_batched", "trampoline_ir",
            "trampoline_name"]
 
@@ -45,23 +48,44 @@ BLOCK = 16
 #: Floating-point operations below which a piece is not worth handing to another thread
 #: (~5 µs on one core; a hand-off costs ~1 µs).
 MIN_PIECE_FLOPS = 1 << 18
-#: Where the operand every piece reads whole (B for pieces of rows, A for pieces of
-#: columns) is larger than ``SHARED_BYTES``, pieces hold at least ``MIN_SHARED_PIECE``
-#: rows (or columns): each library call packs that operand again, and a library's own
-#: threads pack it once between them. On the 2-core Intel Xeon (MKL, 2 threads), pieces
-#: of 64 rows left products at 0.69-0.83x of torch's (1024 x 4096 x 1024: 34 ms against
-#: 24), pieces of 128 no better, pieces of 256 or more at 0.94-1.03x; products whose B
-#: fits in 1 MiB ran at the same speed with either.
+#: Each library call packs the operand every piece reads whole (B for pieces of rows, A
+#: for pieces of columns) again, where a library's own threads pack it once between them:
+#: pieces hold at least ``MIN_PIECE`` rows (or columns), and ``MIN_SHARED_PIECE`` where
+#: that operand is larger than ``SHARED_BYTES``. On the 2-core Intel Xeon (MKL, 2
+#: threads), pieces of 64 rows left products at 0.69-0.83x of torch's (1024 x 4096 x
+#: 1024: 34 ms against 24), pieces of 128 no better, pieces of 256 or more at 0.94-1.03x.
+#: On a 2-core AMD EPYC (Zen 4), pieces of 16 rows left products whose B fits in 1 MiB
+#: at 0.83-0.88x (256^3: 264 µs against torch's 226), pieces of 64 rows at 1.0-1.1x
+#: (214 µs).
+MIN_PIECE = 64
 SHARED_BYTES = 1 << 20
 MIN_SHARED_PIECE = 256
 
 # The job: the words the trampoline reads.
-_WORDS = ("fn", "set_local", "trans_a", "trans_b", "m", "n", "k", "lda", "ldb", "ldc", "a",
-          "b", "c", "columns")
+_WORDS = ("fn", "set_local", "omp_get", "omp_set", "trans_a", "trans_b", "m", "n", "k", "lda",
+          "ldb", "ldc", "a", "b", "c", "columns", "threads")
 _AT = {name: i for i, name in enumerate(_WORDS)}
 _JOB = ctypes.c_int64 * len(_WORDS)
 _I8, _I32, _I64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
 _PTR = _I8.as_pointer()
+
+
+@dataclass(frozen=True)
+class NativeJob:
+    """How native code runs a product without Python (a job step of the launcher,
+    hologram/csrc/launcher.c): ``kernel(words, start, stop)`` over ``rows`` pieces of at
+    least ``grain``, on a copy of ``words`` (int64s) with the operands' addresses written at
+    word indices ``operands`` (A, B, C) and, where ``threads >= 0``, the thread count the
+    library gets at word ``threads``: all of them when the step runs as one piece, else 1
+    per piece. ``owner`` holds what the words point into."""
+
+    kernel: int
+    rows: int
+    grain: int
+    words: bytes
+    operands: tuple[int, int, int]
+    threads: int
+    owner: object
 
 
 def prepare(dtype: str, trans_a: bool, trans_b: bool, m: int, n: int, k: int, lda: int,
@@ -73,21 +97,28 @@ def prepare(dtype: str, trans_a: bool, trans_b: bool, m: int, n: int, k: int, ld
     if dtype in blas.HALF:  # the library threads mixed-precision products itself
         return single
     blocks, grain = cut(dtype, m, n, k)
-    if blocks < 2 * grain:  # too small to share (or empty)
+    if blocks == 0:  # empty
+        return single
+    found = blas.entry(dtype, max(m, n, k, lda, ldb, ldc), library)
+    # MKL's products all get a native job (one piece with the calling thread's count, as
+    # ``single``, or pieces of one thread each); OpenBLAS's thread count is the process's,
+    # so its pieces hold a lock that only Python takes.
+    mkl = found.abi == "fortran"
+    if blocks < 2 * grain and not mkl:  # too small to share
         return single
     columns = n > m
-    found = blas.entry(dtype, max(m, n, k, lda, ldb, ldc), library)
     kernel = _trampoline(found.abi, found.int64, dtype)
-    words = dict(fn=found.address, set_local=found.set_local_threads, trans_a=int(trans_a),
+    words = dict(fn=found.address, set_local=found.set_local_threads,
+                 omp_get=found.openmp[0], omp_set=found.openmp[1], trans_a=int(trans_a),
                  trans_b=int(trans_b), m=m, n=n, k=k, lda=lda, ldb=ldb, ldc=ldc, a=0, b=0,
-                 c=0, columns=int(columns))
+                 c=0, columns=int(columns), threads=1)
     template = _JOB(*(words[name] for name in _WORDS))
-    one_thread = _openblas_threads if found.abi == "cblas" else None
+    one_thread = None if mkl else _openblas_threads
     at_a, at_b, at_c = _AT["a"], _AT["b"], _AT["c"]
 
     def call(a: int, b: int, c: int) -> None:
         count = threads.num_threads()
-        if count == 1:
+        if count == 1 or blocks < 2 * grain:
             single(a, b, c)
             return
         if not (a and b and c):
@@ -100,6 +131,9 @@ def prepare(dtype: str, trans_a: bool, trans_b: bool, m: int, n: int, k: int, ld
         with one_thread:
             threads.run_kernel(kernel, job, blocks, grain)
 
+    if mkl:
+        call.job = NativeJob(kernel, blocks, grain, bytes(template), (at_a, at_b, at_c),
+                             _AT["threads"], call)
     return call
 
 
@@ -120,13 +154,13 @@ def prepare_batched(dtype: str, trans_a: bool, trans_b: bool, m: int, n: int, k:
              if dtype in blas.HALF and batch and count and k else None)
     if found is None:
         return checked
-    entry, set_local = found
     offsets = np.stack([blas.batch_offsets(batch, strides, size) for strides, size in
                         ((a_strides, 2), (b_strides, 2), (c_strides, 4))], axis=1)
     kernel = _batch_trampoline()
-    words = dict(fn=entry, set_local=set_local, trans_a=int(trans_a), trans_b=int(trans_b),
-                 m=m, n=n, k=k, lda=lda, ldb=ldb, ldc=ldc, a=0, b=0, c=0,
-                 offsets=offsets.ctypes.data)
+    words = dict(fn=found.address, set_local=found.set_local_threads,
+                 omp_get=found.openmp[0], omp_set=found.openmp[1], trans_a=int(trans_a),
+                 trans_b=int(trans_b), m=m, n=n, k=k, lda=lda, ldb=ldb, ldc=ldc, a=0, b=0,
+                 c=0, offsets=offsets.ctypes.data)
     template = _BATCH_JOB(*(words[name] for name in _BATCH_WORDS))
     grain = max(1, -(-MIN_PIECE_FLOPS // (2 * m * n * k)))
     at_a, at_b, at_c = (_BATCH_AT[x] for x in "abc")
@@ -139,6 +173,7 @@ def prepare_batched(dtype: str, trans_a: bool, trans_b: bool, m: int, n: int, k:
         threads.run_kernel(kernel, job, count, grain)
 
     call.offsets = offsets  # kept alive with the call: the job holds their address
+    call.job = NativeJob(kernel, count, grain, bytes(template), (at_a, at_b, at_c), -1, call)
     return call
 
 
@@ -146,12 +181,12 @@ def cut(dtype: str, m: int, n: int, k: int) -> tuple[int, int]:
     """How :func:`prepare` cuts the ``m x n`` C of a product over ``k`` (no pieces where
     ``blocks < 2 * grain``): ``(blocks, grain)``, C's blocks of ``BLOCK`` rows (of columns
     when ``n > m``) and the fewest blocks a piece holds (``MIN_PIECE_FLOPS``,
-    ``MIN_SHARED_PIECE``)."""
+    ``MIN_PIECE``, ``MIN_SHARED_PIECE``)."""
     extent, other = (n, m) if n > m else (m, n)
     work = 2 * BLOCK * other * k  # per block of rows (or columns)
     if work == 0:  # an empty product, or C set to 0
         return 0, 1
-    grain = max(1, -(-MIN_PIECE_FLOPS // work))
+    grain = max(MIN_PIECE // BLOCK, -(-MIN_PIECE_FLOPS // work))
     if other * k * (8 if dtype == "f64" else 4) > SHARED_BYTES:
         grain = max(grain, MIN_SHARED_PIECE // BLOCK)
     return -(-extent // BLOCK), grain
@@ -194,10 +229,10 @@ def _trampoline(abi: str, int64: bool, dtype: str) -> int:
     return llvm.load_object(obj, [name], allowed=(), target=host)[name]
 
 
-# The batch loop's job: the entry, its thread setter, the sizes, the bases, and the
+# The batch loop's job: the entry, its thread setters, the sizes, the bases, and the
 # address of the matrices' byte offsets (uint64 [count, 3]: A's, B's, C's).
-_BATCH_WORDS = ("fn", "set_local", "trans_a", "trans_b", "m", "n", "k", "lda", "ldb", "ldc",
-                "a", "b", "c", "offsets")
+_BATCH_WORDS = ("fn", "set_local", "omp_get", "omp_set", "trans_a", "trans_b", "m", "n", "k",
+                "lda", "ldb", "ldc", "a", "b", "c", "offsets")
 _BATCH_AT = {name: i for i, name in enumerate(_BATCH_WORDS)}
 _BATCH_JOB = ctypes.c_int64 * len(_BATCH_WORDS)
 BATCH_TRAMPOLINE = "hg_gemm_batch_half"
@@ -216,8 +251,7 @@ def _batch_trampoline() -> int:
 def batch_trampoline_ir(triple: str) -> str:
     """``hg_gemm_batch_half(job, start, stop)``: matrices ``[start, stop)`` of a batch of
     mixed-precision products, each one call of the job's row-major CBLAS entry (32-bit
-    sizes, float32 alpha 1 and beta 0) on one thread (MKL's setting of the calling thread,
-    put back after). It calls only the addresses the job holds: it compiles for any
+    sizes, float32 alpha 1 and beta 0) on one thread (:func:`_on_threads`). It calls only the addresses the job holds: it compiles for any
     target."""
     module = ir.Module("hologram_gemm_batch")
     module.triple = triple
@@ -238,13 +272,13 @@ def batch_trampoline_ir(triple: str) -> str:
     kind = ir.FunctionType(ir.VoidType(), [_I32, _I32, _I32, _I32, _I32, _I32, f32, _PTR,
                                            _I32, _PTR, _I32, f32, _PTR, _I32])
     call_entry = b.inttoptr(w["fn"], kind.as_pointer())
-    set_local = b.inttoptr(w["set_local"], ir.FunctionType(_I32, [_I32]).as_pointer())
     offsets = b.inttoptr(w["offsets"], _I64.as_pointer())
-    previous = b.call(set_local, [ir.Constant(_I32, 1)])
+    restore = _on_threads(b, w, ir.Constant(_I32, 1))
+    start_block = b.block
     b.branch(head)
     b.position_at_end(head)
     i = b.phi(_I64)
-    i.add_incoming(fn.args[1], entry_block)
+    i.add_incoming(fn.args[1], start_block)
     b.cbranch(b.icmp_signed("<", i, fn.args[2]), body, done)
     b.position_at_end(body)
     row = b.mul(i, ir.Constant(_I64, 3))
@@ -260,7 +294,7 @@ def batch_trampoline_ir(triple: str) -> str:
     i.add_incoming(b.add(i, ir.Constant(_I64, 1)), body)
     b.branch(head)
     b.position_at_end(done)
-    b.call(set_local, [previous])
+    restore()
     b.ret_void()
     return str(module)
 
@@ -337,13 +371,35 @@ def _define(module: ir.Module, name: str, abi: str, integer: ir.IntType, real: i
         letter = {False: ir.Constant(_I8, ord("N")), True: ir.Constant(_I8, ord("T"))}
         kind = ir.FunctionType(ir.VoidType(), [_PTR] * 13)
         entry = b.inttoptr(w["fn"], kind.as_pointer())
-        set_local = b.inttoptr(w["set_local"],
-                               ir.FunctionType(_I32, [_I32]).as_pointer())
-        previous = b.call(set_local, [ir.Constant(_I32, 1)])  # MKL: one thread, here
+        restore = _on_threads(b, w, b.trunc(w["threads"], _I32))  # 1 for a piece
         b.call(entry, [ref(b.select(trans_b, letter[True], letter[False])),
                        ref(b.select(trans_a, letter[True], letter[False])), ref(n), ref(m),
                        ref(ints["k"]), ref(alpha), pointers[1], ref(ints["ldb"]),
                        pointers[0], ref(ints["lda"]), ref(beta), pointers[2],
                        ref(ints["ldc"])])
-        b.call(set_local, [previous])
+        restore()
     b.ret_void()
+
+
+def _on_threads(b: ir.IRBuilder, w: dict[str, ir.Value], count: ir.Value
+                ) -> Callable[[], None]:
+    """Set the calling thread's MKL thread count to ``count`` (an i32) from the job's
+    ``set_local``, and its OpenMP count too where the job has ``omp_get``/``omp_set``
+    (MKL's mixed-precision products follow that one: :class:`.blas._Mkl`); returns what
+    emits putting both back."""
+    set_local = b.inttoptr(w["set_local"], ir.FunctionType(_I32, [_I32]).as_pointer())
+    omp_get = b.inttoptr(w["omp_get"], ir.FunctionType(_I32, []).as_pointer())
+    omp_set = b.inttoptr(w["omp_set"], ir.FunctionType(ir.VoidType(), [_I32]).as_pointer())
+    openmp = b.icmp_unsigned("!=", w["omp_set"], ir.Constant(_I64, 0))
+    saved = b.alloca(_I32)
+    previous = b.call(set_local, [count])
+    with b.if_then(openmp):
+        b.store(b.call(omp_get, []), saved)
+        b.call(omp_set, [count])
+
+    def restore() -> None:
+        b.call(set_local, [previous])
+        with b.if_then(openmp):
+            b.call(omp_set, [b.load(saved)])
+
+    return restore
