@@ -384,7 +384,7 @@ def test_programs_with_products_are_launched_natively(ex):
     assert compiled.launch.planned
     steps = compiled.launch.executable.native_plan()[2]
     # a callback, or with PyTorch's MKL in the process a job (the next test's subject)
-    assert any(callable(step[0]) or len(step) == 4 and isinstance(step[3], tuple)
+    assert any(callable(step[0]) or (len(step) == 4 and isinstance(step[3], tuple))
                for step in steps), steps
     a, b, c = ex.from_numpy(x), ex.from_numpy(w), ex.from_numpy(bias)
     for _ in range(3):

@@ -251,8 +251,8 @@ def _batch_trampoline() -> int:
 def batch_trampoline_ir(triple: str) -> str:
     """``hg_gemm_batch_half(job, start, stop)``: matrices ``[start, stop)`` of a batch of
     mixed-precision products, each one call of the job's row-major CBLAS entry (32-bit
-    sizes, float32 alpha 1 and beta 0) on one thread (:func:`_on_threads`). It calls only the addresses the job holds: it compiles for any
-    target."""
+    sizes, float32 alpha 1 and beta 0) on one thread (:func:`_on_threads`). It calls
+    only the addresses the job holds: it compiles for any target."""
     module = ir.Module("hologram_gemm_batch")
     module.triple = triple
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [_PTR.as_pointer(), _I64, _I64]),
