@@ -58,7 +58,7 @@ MIN_PIECE_FLOPS = 1 << 18
 #: at 0.83-0.88x (256^3: 264 µs against torch's 226), pieces of 64 rows at 1.0-1.1x
 #: (214 µs).
 MIN_PIECE = 64
-SHARED_BYTES = 1 << 20
+SHARED_BYTES = 1 << 19
 MIN_SHARED_PIECE = 256
 
 # The job: the words the trampoline reads.
