@@ -149,8 +149,8 @@ def test_pieces_that_read_a_large_operand_whole_are_large():
     assert least > few > 1
     assert parallel_gemm.cut("f32", 1024, 64, 64) == (64, few)  # B of 16 KiB
     assert parallel_gemm.cut("f32", 1024, 16, 16) == (64, 32)  # 1 << 18 flops a piece
-    assert parallel_gemm.cut("f32", 1024, 512, 512) == (64, few)  # B of 1 MiB exactly
-    assert parallel_gemm.cut("f64", 1024, 512, 512) == (64, least)  # 2 MiB
+    assert parallel_gemm.cut("f32", 1024, 256, 512) == (64, few)  # B of 512 KiB exactly
+    assert parallel_gemm.cut("f32", 1024, 512, 512) == (64, least)  # 1 MiB
     assert parallel_gemm.cut("f32", 1024, 1024, 1024) == (64, least)
     assert parallel_gemm.cut("f32", 256, 4096, 4096) == (256, least)  # columns: A of 4 MiB
     assert parallel_gemm.cut("f32", 64, 64, 0) == (0, 1)  # nothing to share
