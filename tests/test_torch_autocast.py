@@ -68,7 +68,16 @@ def test_policy_matches_cpu_op_by_op(fn, args, kwargs, dtype):
     want = want if isinstance(want, torch.Tensor) else want[0]
     got = got if isinstance(got, torch.Tensor) else got[0]
     tol = 0.05 if want.dtype in LOW else 2e-3  # summation orders differ
-    torch.testing.assert_close(got.cpu().float(), want.float(), rtol=tol, atol=tol)
+    try:
+        torch.testing.assert_close(got.cpu().float(), want.float(), rtol=tol, atol=tol)
+    except AssertionError:
+        # PyTorch's CPU adds some half-precision products in half precision on CPUs
+        # without AVX512-FP16 (float16 conv_transpose3d on an AMD EPYC: 0.35 off): the
+        # device's result must then be the float64 computation's, rounded to its dtype.
+        exact = fn(*autocast._map(lambda t: t.double() if t.is_floating_point() else t,
+                                  args), **kwargs)
+        exact = (exact if isinstance(exact, torch.Tensor) else exact[0]).to(want.dtype)
+        torch.testing.assert_close(got.cpu().float(), exact.float(), rtol=tol, atol=tol)
 
 
 def test_elementwise_ops_keep_their_dtype_and_gradients_flow_in_float32():

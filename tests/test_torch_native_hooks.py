@@ -305,6 +305,88 @@ def test_front_kernels_serve_calls_with_scalar_arguments(case, dtype):
         torch.testing.assert_close(got.cpu(), expected, equal_nan=True, rtol=0, atol=0)
 
 
+def _layer_norm(x, w, b):
+    return torch.ops.aten.native_layer_norm(x, [x.shape[-1]], w, b, 1e-5)
+
+
+def _layer_norm_backward(x, w, b, mask=(True, True, True)):
+    out, mean, rstd = torch.ops.aten.native_layer_norm(x, [x.shape[-1]], w, b, 1e-5)
+    return torch.ops.aten.native_layer_norm_backward(out.sin(), x, [x.shape[-1]], mean,
+                                                     rstd, w, b, list(mask))
+
+
+def _gru_cell(x, w, b):
+    gates = torch.cat([x[:, :3], x[:, 3:6]], 1).repeat(1, 2)
+    return torch.ops.aten._thnn_fused_gru_cell(gates[:, :6], gates[:, 6:], x[:, :2],
+                                               b[:6], b[6:12])
+
+
+def _gru_cell_backward(x, w, b):
+    _, workspace = _gru_cell(x, w, b)
+    return torch.ops.aten._thnn_fused_gru_cell_backward(x[:, :2].cos(), workspace, True)
+
+
+def _lstm_cell(x, w, b):
+    return torch.ops.aten._thnn_fused_lstm_cell(x[:, :8], x[:, 8:16], x[:, :2], b[:8],
+                                                b[8:16])
+
+
+def _lstm_cell_backward(x, w, b):
+    hy, cy, workspace = _lstm_cell(x, w, b)
+    return torch.ops.aten._thnn_fused_lstm_cell_backward_impl(
+        hy.cos(), cy.sin(), x[:, :2], cy, workspace, True)
+
+
+MULTI_CASES = {"layer_norm": _layer_norm, "layer_norm_backward": _layer_norm_backward,
+               "gru_cell": _gru_cell, "gru_cell_backward": _gru_cell_backward,
+               "lstm_cell": _lstm_cell, "lstm_cell_backward": _lstm_cell_backward}
+
+
+@needs_native
+@pytest.mark.parametrize("case", MULTI_CASES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_front_kernels_serve_ops_with_several_results(case, dtype):
+    """Ops that return several tensors (layer norm and its gradients, the fused GRU/LSTM
+    cells and theirs) are filed as one launch into all their results and served from
+    then on without Python: every result fresh, each the CPU's (the CPU composes the
+    cells; the recurrent cases compare with the device's own first, Python-run call)."""
+    x = torch.testing.make_tensor((6, 16), dtype=dtype, device="cpu", low=-2, high=2)
+    w, b = (torch.testing.make_tensor((16,), dtype=dtype, device="cpu", low=-2, high=2)
+            for _ in range(2))
+    fn = MULTI_CASES[case]
+    first = [t.cpu() for t in fn(*_on_device(x, w, b))]
+    hits = native.fast_stats()["hits"]
+    got = fn(*_on_device(x, w, b))
+    # the cells' backward cases run their forward first: every op of the case served
+    assert native.fast_stats()["hits"] >= hits + (2 if "backward" in case else 1)
+    ptrs = {t.data_ptr() for t in got}
+    assert len(ptrs) == len(got), "results must not share memory"
+    for g, f in zip(got, first):
+        assert g.device.type == "hologram"
+        torch.testing.assert_close(g.cpu(), f, rtol=0, atol=0)
+    if case.startswith("layer_norm"):
+        for g, e in zip(got, fn(x, w, b)):
+            torch.testing.assert_close(g.cpu(), e, rtol=1e-5, atol=1e-6)
+
+
+@needs_native
+def test_a_call_whose_results_are_not_all_launched_is_not_filed():
+    """layer_norm_backward without a weight gradient returns None in its place: its launch
+    made two results of three, so the call stays with the Python kernel (and is right)."""
+    x, w, b = (torch.randn(s, dtype=torch.float64) for s in ((5, 7), (7,), (7,)))
+    mask = (True, False, True)
+    expected = _layer_norm_backward(x, w, b, mask)
+    on_device = _on_device(x, w, b)
+    _layer_norm_backward(*on_device, mask)
+    for _ in range(3):
+        misses = native.fast_stats()["misses"]
+        got = _layer_norm_backward(*on_device, mask)
+        assert native.fast_stats()["misses"] == misses + 1  # the backward's Python kernel
+        assert got[1] is None
+        torch.testing.assert_close(got[0].cpu(), expected[0])
+        torch.testing.assert_close(got[2].cpu(), expected[2])
+
+
 @needs_native
 def test_front_kernels_write_in_place_and_refuse_partial_overlaps():
     a, b = torch.randn(64), torch.randn(64)

@@ -113,9 +113,24 @@ def test_opinfo(op, dtype):
             if not _flat_tensors([device.input, *device.args]):  # a factory
                 kwargs["device"] = "hologram"
             actual = op(device.input, *device.args, **kwargs)
-            for a, e in zip(_flat_tensors(actual), _flat_tensors(expected)):
+            exact = None
+            for j, (a, e) in enumerate(zip(_flat_tensors(actual), _flat_tensors(expected))):
                 assert a.device.type == "hologram", f"{what}: result on {a.device}"
-                _close(a, e, e.dtype, what, OVERRIDES.get((_key(op), dtype)))
+                try:
+                    _close(a, e, e.dtype, what, OVERRIDES.get((_key(op), dtype)))
+                except AssertionError:
+                    if dtype not in (torch.float16, torch.bfloat16):
+                        raise
+                    # PyTorch's CPU adds some half-precision products in half precision
+                    # on CPUs without AVX512-FP16 (float16 conv_transpose on an AMD EPYC:
+                    # 2 steps off the exact sum): the device's result must then be the
+                    # float64 computation's, rounded to the dtype.
+                    if exact is None:
+                        wide = sample.transform(lambda t: t.detach().double() if isinstance(
+                            t, torch.Tensor) and t.is_floating_point() else t)
+                        torch.manual_seed(i)
+                        exact = _flat_tensors(op(wide.input, *wide.args, **wide.kwargs))
+                    _close(a, exact[j].to(e.dtype), e.dtype, f"{what} (float64 reference)")
             if not grads:
                 continue
             outs = [(a, e) for a, e in zip(_flat_tensors(actual), _flat_tensors(expected))

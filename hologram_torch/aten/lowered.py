@@ -74,11 +74,15 @@ def run(op: torch._ops.OpOverload, args: Sequence, static: tuple = (), kwargs: t
 
 
 def call(op: torch._ops.OpOverload, *args, kwargs: tuple = (),
-         out: Sequence[torch.Tensor] | None = None, name: str | None = None):
+         out: Sequence[torch.Tensor] | None = None, name: str | None = None,
+         file: bool = False):
     """``op``'s lowering on its ATen positional arguments ``args``: the tensors among them
     are launch operands, everything else (numbers, lists, None) is compile-time (and must
     be hashable, lists aside). Absent results (None from the entry: a masked-off gradient)
-    are left out of the results. NotImplemented as :func:`run`."""
+    are left out of the results. NotImplemented as :func:`run`. ``file``: a multi-output
+    op's results are filed with the front kernel running the call
+    (:func:`program.file_front`), which serves the signature from then on if the kernel
+    returns them as they are."""
     operands = []
     template = []
     for a in args:
@@ -87,7 +91,11 @@ def call(op: torch._ops.OpOverload, *args, kwargs: tuple = (),
             template.append(SLOT)
         else:
             template.append(_frozen(a) if isinstance(a, list) else a)
-    return _launch(op, operands, ((op, (), tuple(template), kwargs),), out, name)
+    spec = ((op, (), tuple(template), kwargs),)
+    result = _launch(op, operands, spec, out, name)
+    if file and out is None and isinstance(result, tuple):
+        program.file_front(name or op.__name__.partition(".")[0], spec, operands, result)
+    return result
 
 
 def _layout(args: Sequence, spec: tuple, shapes) -> list | None:

@@ -165,6 +165,11 @@ def _nll_native(x, target, weight, reduction, ignore_index) -> bool:
     if weight is not None and tuple(weight.shape) != (classes,):
         return False
     t = _host(target)
+    if not t.numel():
+        return True
+    low, high = torch.aminmax(t)  # one pass where every target is a class (the usual case)
+    if low >= 0 and high < classes:
+        return True
     return bool(((t == ignore_index) | ((t >= 0) & (t < classes))).all())
 
 
@@ -207,25 +212,27 @@ def _layer_norm_native(x, normalized_shape, weight, bias) -> bool:
             and math.prod(shape) > 0)
 
 
-@impl("native_layer_norm")
+@impl("native_layer_norm", hot=True)
 def native_layer_norm(x, normalized_shape, weight, bias, eps):
     r = lowered.call(aten.native_layer_norm.default, x, tuple(normalized_shape), weight, bias,
-                     float(eps), name="layer_norm")
+                     float(eps), name="layer_norm", file=True)
     if r is NotImplemented:
         return run_on_cpu(aten.native_layer_norm.default, x, normalized_shape, weight, bias,
                           eps)
     return r
 
 
-@impl("native_layer_norm_backward")
+@impl("native_layer_norm_backward", hot=True)
 def native_layer_norm_backward(grad, x, normalized_shape, mean, rstd, weight, bias,
                                output_mask):
     # Parameter gradients exist only for parameters that exist (else undefined, as torch).
+    # (Filed with the front kernel when all three are computed: it returns them as they
+    # are.)
     mask = (bool(output_mask[0]), bool(output_mask[1]) and weight is not None,
             bool(output_mask[2]) and bias is not None)
     r = lowered.call(aten.native_layer_norm_backward.default, grad, x,
                      tuple(normalized_shape), mean, rstd, weight, bias, mask,
-                     name="layer_norm_backward") if any(mask) else ()
+                     name="layer_norm_backward", file=all(mask)) if any(mask) else ()
     if r is NotImplemented:
         return run_on_cpu(aten.native_layer_norm_backward.default, grad, x, normalized_shape,
                           mean, rstd, weight, bias, output_mask)

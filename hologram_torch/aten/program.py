@@ -292,6 +292,18 @@ def remember(shortcut: tuple, name: str, static: tuple, args: Sequence,
         native.file_fast(entry, tuple(args), result, out is not None)
 
 
+def file_front(name: str, static: tuple, args: Sequence, results: tuple) -> None:
+    """File the call the front kernel on this thread runs, if any, as the launch :func:`run`
+    just made for ``(name, static, args)`` into the fresh ``results`` (a tuple of every
+    result the op returns, in order: :func:`native.file_fast`). For multi-output ops
+    whose kernel's decision depends only on the call's signature."""
+    if FRONT and all(type(x) in _NUMBER if not isinstance(x, torch.Tensor) else not x.is_cpu
+                     for x in args):
+        entry = used_entry(name, static, args)
+        if entry is not None:
+            native.file_fast(entry, tuple(args), tuple(results))
+
+
 def used_entry(name: str, static: tuple, args: Sequence,
                out: Sequence[torch.Tensor] | None = None) -> _Entry | None:
     """The entry :func:`run` used (or would use) for these arguments, if compiled."""

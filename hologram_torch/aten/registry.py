@@ -33,14 +33,16 @@ def impl(*names: str, hot: bool = False) -> Callable:
     return register
 
 
-def composed(*names: str) -> Callable:
+def composed(*names: str, hot: bool = False) -> Callable:
     """Register the decorated function as the hologram kernel of each overload ``names``,
     a kernel that runs other ops rather than a program of its own (listed in
-    :data:`COMPOSED`, not :data:`NATIVE`)."""
+    :data:`COMPOSED`, not :data:`NATIVE`); or one program where it can, filed with the
+    native front kernel (``hot``, as :func:`impl`'s)."""
 
     def register(fn: Callable) -> Callable:
         for name in names:
-            _lib.impl(name, fn, "PrivateUse1")
+            if not (hot and native.register_fast(name, fn, memory.pool().core)):
+                _lib.impl(name, fn, "PrivateUse1")
             COMPOSED.add(name if "." in name else f"{name}.default")
         return fn
 

@@ -50,13 +50,18 @@ def _chunks(x, n: int) -> list:
 
 def _one_program(name: str, build, operands, present, fallback, *args):
     """``build`` over the present operands in one program, or ``fallback(*args)`` (the
-    op-by-op composition) where no program takes them."""
+    op-by-op composition) where no program takes them. The program's results are filed
+    with the front kernel running the call (:func:`program.file_front`): the cell ops'
+    kernels return them as they are."""
     tensors = [t for t in operands if t is not None]
     if tensors[0].dim() == 2 and program.supported(*tensors):
         try:
-            return program.run(name, build, tensors, (present,))
+            results = program.run(name, build, tensors, (present,))
         except (Unsupported, program.Unsupported, HologramError):
             pass
+        else:
+            program.file_front(name, (present,), tensors, results)
+            return results
     return fallback(*args)
 
 
@@ -143,14 +148,14 @@ def _gru_cell_backward_build(g, grad_hy, workspace, has_bias):
     return (*results, ops.sum0(grad_input_gates), ops.sum0(grad_hidden_gates))
 
 
-@composed("_thnn_fused_lstm_cell")
+@composed("_thnn_fused_lstm_cell", hot=True)
 def fused_lstm_cell(input_gates, hidden_gates, cx, input_bias=None, hidden_bias=None):
     operands = (input_gates, hidden_gates, cx, input_bias, hidden_bias)
     return _one_program("lstm_cell", _lstm_cell_build, operands,
                         tuple(t is not None for t in operands), _lstm_cell, *operands)
 
 
-@composed("_thnn_fused_lstm_cell_backward_impl")
+@composed("_thnn_fused_lstm_cell_backward_impl", hot=True)
 def fused_lstm_cell_backward(grad_hy, grad_cy, cx, cy, workspace, has_bias):
     operands = (grad_hy, grad_cy, cx, cy, workspace)
     present = (*(t is not None for t in operands), bool(has_bias))
@@ -159,21 +164,25 @@ def fused_lstm_cell_backward(grad_hy, grad_cy, cx, cy, workspace, has_bias):
     return results if len(results) == 3 else (*results, None)
 
 
-@composed("_thnn_fused_gru_cell")
+@composed("_thnn_fused_gru_cell", hot=True)
 def fused_gru_cell(input_gates, hidden_gates, hx, input_bias=None, hidden_bias=None):
     operands = (input_gates, hidden_gates, hx, input_bias, hidden_bias)
     return _one_program("gru_cell", _gru_cell_build, operands,
                         tuple(t is not None for t in operands), _gru_cell, *operands)
 
 
-@composed("_thnn_fused_gru_cell_backward")
+@composed("_thnn_fused_gru_cell_backward", hot=True)
 def fused_gru_cell_backward(grad_hy, workspace, has_bias):
     tensors = (grad_hy, workspace)
     if workspace.dim() == 2 and program.supported(*tensors):
         try:
+            static = (bool(has_bias),)
             results = program.run("gru_cell_backward", _gru_cell_backward_build, tensors,
-                                  (bool(has_bias),))
-            return results if has_bias else (*results, None, None)
+                                  static)
+            if not has_bias:
+                return (*results, None, None)
+            program.file_front("gru_cell_backward", static, tensors, results)
+            return results
         except (Unsupported, program.Unsupported, HologramError):
             pass
     return _gru_cell_backward(grad_hy, workspace, has_bias)

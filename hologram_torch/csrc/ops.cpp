@@ -48,15 +48,20 @@ namespace {
 using Key = std::vector<int64_t>;
 using KeyHash = hologram_region::WordsHash;
 
+// A fresh result's layout.
+struct Fresh {
+  std::vector<int64_t> sizes, strides;
+  int64_t nbytes = 0;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+};
+
 // How a filed call runs.
 struct Entry {
   PyObject* launcher = nullptr;  // strong; Py_None when there is nothing to compute
   PyObject* node = nullptr;      // strong: its launch-cache entry, which a region records
   std::vector<int> operands;     // argument positions, in the launch's order
-  int written = -1;              // the argument written in place, or -1: a fresh result
-  std::vector<int64_t> sizes, strides;  // the fresh result's layout
-  int64_t nbytes = 0;
-  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  int written = -1;              // the argument written in place, or -1: fresh results
+  std::vector<Fresh> fresh;      // the fresh results' layouts, in the op's return order
 };
 
 void clear_entry(Entry& entry) {
@@ -67,6 +72,7 @@ void clear_entry(Entry& entry) {
 struct Op {
   c10::OperatorHandle handle;
   PyObject* kernel;  // the Python kernel (strong)
+  size_t returns;    // the tensors the op returns (its kernel returns a tuple of more than 1)
   std::unordered_map<Key, Entry, KeyHash> entries;
 };
 
@@ -92,7 +98,7 @@ struct Pending {
   bool keyed;
   bool filed = false;
   Entry entry;
-  const c10::TensorImpl* result = nullptr;
+  std::vector<const c10::TensorImpl*> results;  // what the filed launch produced
   Pending* outer;
 };
 thread_local Pending* g_pending = nullptr;
@@ -149,8 +155,22 @@ bool make_key(const c10::IValue* args, size_t n, Key& key) {
       key.push_back(7);
       key.push_back(static_cast<int64_t>(device.type()));
       key.push_back(device.index());
+    } else if (v.isIntList()) {  // sizes (layer_norm's normalized_shape)
+      const auto list = v.toIntList();
+      key.push_back(8);
+      key.push_back(static_cast<int64_t>(list.size()));
+      for (int64_t x : list) {
+        key.push_back(x);
+      }
+    } else if (v.isBoolList()) {  // output masks of backward ops
+      const auto list = v.toBoolList();
+      key.push_back(9);
+      key.push_back(static_cast<int64_t>(list.size()));
+      for (bool x : list) {
+        key.push_back(x);
+      }
     } else {
-      return false;  // lists, generators...: never filed
+      return false;  // tensor lists, generators...: never filed
     }
   }
   return true;
@@ -201,42 +221,46 @@ void release_lease(void* lease) {
   PyGILState_Release(state);
 }
 
-// A fresh result of `entry`'s layout on a new pool block; false (no Python error set)
-// when the pool refuses, so that the Python kernel raises its OutOfMemoryError.
-bool fresh(const Entry& entry, at::Tensor& out, PyObject** lease) {
+// A fresh result of `layout` on a new pool block (owned by the result's storage); false
+// (no Python error set) when the pool refuses, so that the Python kernel raises its
+// OutOfMemoryError.
+bool fresh(const Fresh& layout, at::Tensor& out) {
   void* data = nullptr;
-  *lease = nullptr;
-  if (entry.nbytes > 0) {
-    *lease = g_api->alloc(g_pool, entry.nbytes, &data);
-    if (*lease == nullptr) {
+  PyObject* lease = nullptr;
+  if (layout.nbytes > 0) {
+    lease = g_api->alloc(g_pool, layout.nbytes, &data);
+    if (lease == nullptr) {
       PyErr_Clear();
       return false;
     }
   }
-  c10::DataPtr ptr(data, *lease, &release_lease,
+  c10::DataPtr ptr(data, lease, &release_lease,
                    c10::Device(c10::DeviceType::PrivateUse1, 0));
   c10::Storage storage(c10::make_intrusive<c10::StorageImpl>(
-      c10::StorageImpl::use_byte_size_t(), entry.nbytes, std::move(ptr), nullptr, false));
+      c10::StorageImpl::use_byte_size_t(), layout.nbytes, std::move(ptr), nullptr, false));
   out = at::detail::make_tensor<c10::TensorImpl>(
       std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-      c10::scalarTypeToTypeMeta(entry.dtype));
-  out.unsafeGetTensorImpl()->set_sizes_and_strides(entry.sizes, entry.strides);
+      c10::scalarTypeToTypeMeta(layout.dtype));
+  out.unsafeGetTensorImpl()->set_sizes_and_strides(layout.sizes, layout.strides);
   return true;
 }
 
 // Run a filed call, or record it in the pending region when recorded execution is on
 // (hologram_torch/lazy.py); false when it must go to the Python kernel after all (which
 // records through Python, running the region first where a hazard requires it).
-bool run(const Entry& entry, const c10::IValue* args, at::Tensor& result) {
+bool run(const Entry& entry, const c10::IValue* args, std::vector<at::Tensor>& results) {
+  results.clear();
   if (entry.written >= 0) {
-    result = args[entry.written].toTensor();
-    if (overlaps(result, args, entry)) {
+    results.push_back(args[entry.written].toTensor());
+    if (overlaps(results[0], args, entry)) {
       return false;
     }
   } else {
-    PyObject* lease;  // owned by the result's storage from here
-    if (!fresh(entry, result, &lease)) {
-      return false;
+    results.resize(entry.fresh.size());
+    for (size_t i = 0; i < entry.fresh.size(); ++i) {
+      if (!fresh(entry.fresh[i], results[i])) {
+        return false;
+      }
     }
   }
   if (entry.launcher == Py_None) {  // nothing to compute
@@ -251,7 +275,7 @@ bool run(const Entry& entry, const c10::IValue* args, at::Tensor& result) {
       }
       operands.push_back(args[pos].toTensor());
     }
-    return hologram_region::record(entry.node, operands, {result}, entry.written >= 0);
+    return hologram_region::record(entry.node, operands, results, entry.written >= 0);
   }
   // A number operand (a Scalar argument) is passed boxed, as program.run boxes it: int64,
   // double, or a bool in the first byte (every target here is little-endian).
@@ -271,10 +295,12 @@ bool run(const Entry& entry, const c10::IValue* args, at::Tensor& result) {
     }
     addresses.push_back(&boxes[i]);
   }
-  addresses.push_back(result.data_ptr());
+  for (const at::Tensor& result : results) {
+    addresses.push_back(result.data_ptr());
+  }
   if (g_api->launch(entry.launcher, addresses.data(),
                     static_cast<Py_ssize_t>(addresses.size())) < 0) {
-    throw pybind11::error_already_set();  // the result (and its lease) dies with it
+    throw pybind11::error_already_set();  // the results (and their leases) die with them
   }
   return true;
 }
@@ -328,13 +354,15 @@ void front(const c10::OperatorHandle& handle, c10::DispatchKeySet, torch::jit::S
   thread_local Key scratch;
   const bool keyed = make_key(args, n, scratch);
   pybind11::gil_scoped_acquire gil;
-  at::Tensor result;
+  std::vector<at::Tensor> results;
   if (keyed) {
     auto found = op->entries.find(scratch);
-    if (found != op->entries.end() && run(found->second, args, result)) {
+    if (found != op->entries.end() && run(found->second, args, results)) {
       ++g_hits;
       torch::jit::drop(*stack, n);
-      torch::jit::push(*stack, std::move(result));
+      for (at::Tensor& result : results) {
+        torch::jit::push(*stack, std::move(result));
+      }
       return;
     }
   }
@@ -350,14 +378,37 @@ void front(const c10::OperatorHandle& handle, c10::DispatchKeySet, torch::jit::S
     throw pybind11::error_already_set();
   }
   pybind11::object owned = pybind11::reinterpret_steal<pybind11::object>(got);
-  if (!THPVariable_Check(got)) {
+  // The returned tensors (None: an undefined tensor, as an absent gradient), one or a
+  // tuple of op->returns.
+  const bool single = op->returns == 1;
+  results.clear();  // (a filed call the pool refused may have made some)
+  if (single ? !THPVariable_Check(got)
+             : !(PyTuple_Check(got) &&
+                 static_cast<size_t>(PyTuple_GET_SIZE(got)) == op->returns)) {
     clear_entry(pending.entry);
-    TORCH_CHECK(false, "hologram: the kernel of ", handle.schema().name(),
-                " returned ", Py_TYPE(got)->tp_name, ", not a tensor");
+    TORCH_CHECK(false, "hologram: the kernel of ", handle.schema().name(), " returned ",
+                Py_TYPE(got)->tp_name, ", not ",
+                single ? "a tensor" : std::to_string(op->returns) + " tensors");
   }
-  result = THPVariable_Unpack(got);
+  for (size_t i = 0; i < op->returns; ++i) {
+    PyObject* item = single ? got : PyTuple_GET_ITEM(got, i);
+    if (item == Py_None) {
+      results.emplace_back();
+    } else if (THPVariable_Check(item)) {
+      results.push_back(THPVariable_Unpack(item));
+    } else {
+      clear_entry(pending.entry);
+      TORCH_CHECK(false, "hologram: the kernel of ", handle.schema().name(), " returned ",
+                  Py_TYPE(item)->tp_name, " among its results, not a tensor");
+    }
+  }
   // Filed only when what the kernel returned is what the filed launch produced.
-  if (pending.filed && result.unsafeGetTensorImpl() == pending.result) {
+  bool same = pending.filed && pending.results.size() == results.size();
+  for (size_t i = 0; same && i < results.size(); ++i) {
+    same = results[i].defined() &&
+           results[i].unsafeGetTensorImpl() == pending.results[i];
+  }
+  if (same) {
     if (op->entries.size() >= kMaxEntries) {
       for (auto& [key, entry] : op->entries) {
         clear_entry(entry);
@@ -375,7 +426,9 @@ void front(const c10::OperatorHandle& handle, c10::DispatchKeySet, torch::jit::S
     clear_entry(pending.entry);
   }
   torch::jit::drop(*stack, n);
-  torch::jit::push(*stack, std::move(result));
+  for (at::Tensor& result : results) {
+    torch::jit::push(*stack, std::move(result));
+  }
 }
 
 torch::Library& library() {
@@ -433,8 +486,8 @@ int position(const Pending& pending, PyObject* obj, std::vector<bool>& used) {
 }  // namespace
 
 // Register `fn` (the op's Python kernel) behind a front kernel for `name` ("add.Tensor");
-// 1 on success, 0 when the op's schema does not return one tensor (then the caller
-// registers `fn` itself), -1 with a Python error set.
+// 1 on success, 0 when the op's schema returns something other than tensors (then the
+// caller registers `fn` itself), -1 with a Python error set.
 extern "C" __attribute__((visibility("default"))) int hologram_torch_fast_register(
     const char* name, PyObject* fn) {
   try {
@@ -445,11 +498,16 @@ extern "C" __attribute__((visibility("default"))) int hologram_torch_fast_regist
     auto handle = c10::Dispatcher::singleton().findSchemaOrThrow(base.c_str(),
                                                                   overload.c_str());
     const auto& returns = handle.schema().returns();
-    if (returns.size() != 1 || returns[0].type()->kind() != c10::TypeKind::TensorType) {
+    if (returns.empty()) {
       return 0;
     }
+    for (const c10::Argument& r : returns) {
+      if (r.type()->kind() != c10::TypeKind::TensorType) {
+        return 0;
+      }
+    }
     Py_INCREF(fn);
-    ops().push_back(std::make_unique<Op>(Op{handle, fn, {}}));
+    ops().push_back(std::make_unique<Op>(Op{handle, fn, returns.size(), {}}));
     library().impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&front>());
     return 1;
   } catch (const std::exception& e) {
@@ -500,15 +558,17 @@ extern "C" __attribute__((visibility("default"))) int hologram_torch_fast_setup(
 }
 
 // File the pending call on this thread: `launcher` run on `operands` (Python tensors and
-// numbers, the program's operands in order) produced `result`, a fresh tensor, or wrote
-// the operand `result` in place (`in_place`); `node` is the launch-cache entry recorded
-// execution records instead. 1: filed (committed if the kernel returns `result`), 0: no
-// pending call, or one whose arguments cannot express it.
+// numbers, the program's operands in order) produced `result`, a fresh tensor (or a
+// tuple of them, the op's results in order), or wrote the operand `result` in place
+// (`in_place`); `node` is the launch-cache entry recorded execution records instead.
+// 1: filed (committed if the kernel returns `result`), 0: no pending call, or one whose
+// arguments cannot express it.
 extern "C" __attribute__((visibility("default"))) int hologram_torch_fast_file(
     PyObject* launcher, PyObject* node, PyObject* operands, PyObject* result, int in_place) {
   Pending* pending = g_pending;
+  const bool several = PyTuple_Check(result);
   if (pending == nullptr || !pending->keyed || !PyTuple_Check(operands) ||
-      !THPVariable_Check(result)) {
+      !(several ? !in_place && PyTuple_GET_SIZE(result) > 0 : THPVariable_Check(result))) {
     return 0;
   }
   std::vector<bool> used(pending->nargs, false);
@@ -520,22 +580,34 @@ extern "C" __attribute__((visibility("default"))) int hologram_torch_fast_file(
     }
     entry.operands.push_back(pos);
   }
-  const at::Tensor& out = THPVariable_Unpack(result);
+  std::vector<const c10::TensorImpl*> produced;
   if (in_place) {
     std::vector<bool> any(pending->nargs, false);
     entry.written = position(*pending, result, any);
     if (entry.written < 0) {
       return 0;
     }
+    produced.push_back(THPVariable_Unpack(result).unsafeGetTensorImpl());
   } else {
-    if (out.storage_offset() != 0 || !out.is_non_overlapping_and_dense() ||
-        out.device().type() != c10::DeviceType::PrivateUse1) {
-      return 0;
+    const Py_ssize_t count = several ? PyTuple_GET_SIZE(result) : 1;
+    for (Py_ssize_t i = 0; i < count; ++i) {
+      PyObject* item = several ? PyTuple_GET_ITEM(result, i) : result;
+      if (!THPVariable_Check(item)) {
+        return 0;
+      }
+      const at::Tensor& out = THPVariable_Unpack(item);
+      if (out.storage_offset() != 0 || !out.is_non_overlapping_and_dense() ||
+          out.device().type() != c10::DeviceType::PrivateUse1) {
+        return 0;
+      }
+      Fresh layout;
+      layout.sizes.assign(out.sizes().begin(), out.sizes().end());
+      layout.strides.assign(out.strides().begin(), out.strides().end());
+      layout.nbytes = static_cast<int64_t>(out.nbytes());
+      layout.dtype = out.scalar_type();
+      entry.fresh.push_back(std::move(layout));
+      produced.push_back(out.unsafeGetTensorImpl());
     }
-    entry.sizes.assign(out.sizes().begin(), out.sizes().end());
-    entry.strides.assign(out.strides().begin(), out.strides().end());
-    entry.nbytes = static_cast<int64_t>(out.nbytes());
-    entry.dtype = out.scalar_type();
   }
   Py_INCREF(launcher);
   entry.launcher = launcher;
@@ -543,7 +615,7 @@ extern "C" __attribute__((visibility("default"))) int hologram_torch_fast_file(
   entry.node = node;
   clear_entry(pending->entry);
   pending->entry = std::move(entry);
-  pending->result = out.unsafeGetTensorImpl();
+  pending->results = std::move(produced);
   pending->filed = true;
   return 1;
 }
