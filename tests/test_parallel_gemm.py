@@ -195,36 +195,42 @@ def test_the_trampolines_compile_for_other_machines(triple, cpu, abi, int64):
 @pytest.mark.parametrize("triple, cpu", [(None, "host"), (None, "x86-64"),
                                          ("aarch64-unknown-linux-gnu", "neoverse-v1"),
                                          ("arm64-apple-macosx", "apple-m1")])
-def test_the_batch_loop_compiles_for_other_machines(triple, cpu):
+@pytest.mark.parametrize("kind", parallel_gemm.BATCH_KINDS)
+def test_the_batch_loops_compile_for_other_machines(triple, cpu, kind):
     tgt = targets.named(cpu) if triple is None else \
         targets.Target("test", triple, cpu, "", frozenset())
-    obj = llvm.compile_ir(parallel_gemm.batch_trampoline_ir(tgt.triple), tgt, allowed=(),
-                          tier="quick", cached=False)
+    obj = llvm.compile_ir(parallel_gemm.batch_trampoline_ir(tgt.triple, kind), tgt,
+                          allowed=(), tier="quick", cached=False)
     assert not set(llvm.undefined_symbols(obj)) - {"_GLOBAL_OFFSET_TABLE_"}
 
 
 def half(values: np.ndarray, dtype: str) -> np.ndarray:
-    """float32 ``values`` stored as f16, or as bf16 bits (their high halves)."""
+    """float32 ``values`` stored as f16, or as bf16 bits (their high halves); f32/f64 as
+    they are."""
+    if dtype in ("f32", "f64"):
+        return values.astype(np.float32 if dtype == "f32" else np.float64)
     if dtype == "f16":
         return values.astype(np.float16)
     return (values.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
 
 
 def widened(x: np.ndarray, dtype: str) -> np.ndarray:
-    if dtype == "f16":
+    if dtype in ("f16", "f32", "f64"):
         return x.astype(np.float64)
     return (x.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
 
 
-@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("dtype", ["bf16", "f16", "f32", "f64"])
 @pytest.mark.parametrize("trans_a,trans_b", [(False, False), (True, False), (False, True)])
-def test_half_precision_batches_run_as_a_native_loop_on_every_thread_count(dtype, trans_a,
-                                                                          trans_b):
-    """A batch of f16/bf16 products into float32 (a batch dimension of stride 0 for B
-    included) through MKL's mixed-precision entry, the batch split over the pool's
-    threads: within the float32 GEMM bound of the exact products, the same bits on any
-    thread count, nothing written between C's matrices."""
-    if blas.half_entry(dtype, 64) is None:
+def test_batches_on_mkl_run_as_a_native_loop_on_every_thread_count(dtype, trans_a, trans_b):
+    """A batch of products (f16/bf16 into float32 through MKL's mixed-precision entry,
+    f32/f64 through its sgemm/dgemm; a batch dimension of stride 0 for B included), the
+    batch split over the pool's threads as a native job: within the float32 GEMM bound
+    of the exact products, the same bits on any thread count, nothing written between
+    C's matrices."""
+    found = (blas.half_entry(dtype, 64) if dtype in blas.HALF else
+             blas.entry(dtype, 64) if blas.entry(dtype, 64).abi == "fortran" else None)
+    if found is None:
         pytest.skip(f"this process's MKL has no {dtype} product")
     rng = np.random.default_rng(3)
     batch, m, n, k = (3, 7), 24, 20, 40
@@ -232,12 +238,13 @@ def test_half_precision_batches_run_as_a_native_loop_on_every_thread_count(dtype
     b_rows, b_cols = (n, k) if trans_b else (k, n)
     a = half(rng.uniform(-1, 1, (*batch, a_rows, a_cols)), dtype)
     b = half(rng.uniform(-1, 1, (1, batch[1], b_rows, b_cols)), dtype)
-    c_big = np.full((*batch, m, n + 3), 7.0, np.float32)
+    c_big = np.full((*batch, m, n + 3), 7.0, np.float64 if dtype == "f64" else np.float32)
     c = c_big[..., :n]
     elements = [s // x.itemsize for x in (a, b, c_big) for s in x.strides[:2]]
     call = parallel_gemm.prepare_batched(dtype, trans_a, trans_b, m, n, k, a_cols, b_cols,
                                          n + 3, batch, tuple(elements[:2]),
                                          (0, elements[3]), tuple(elements[4:]))
+    assert call.job.kernel  # what the launcher runs (test_native: its job steps)
     op_a, op_b = widened(a, dtype), widened(b, dtype)
     op_a = np.swapaxes(op_a, -1, -2) if trans_a else op_a
     op_b = np.swapaxes(op_b, -1, -2) if trans_b else op_b

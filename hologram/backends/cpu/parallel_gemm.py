@@ -36,10 +36,9 @@ from hologram.backends.cpu import blas, llvm, threads
 from hologram.backends.cpu import target as targets
 from hologram.errors import HologramError
 
-__all__ = ["BATCH_TRAMPOLINE", "BLOCK", "MIN_PIECE", "MIN_PIECE_FLOPS", "MIN_SHARED_PIECE",
+__all__ = ["BATCH_KINDS", "BLOCK", "MIN_PIECE", "MIN_PIECE_FLOPS", "MIN_SHARED_PIECE",
            "SHARED_BYTES",
-           "NativeJob",
-           "batch_trampoline_ir", "cut", "prepare", "prepare_batched", "trampoline_ir",
+           "NativeJob", "batch_trampoline_ir", "batch_trampoline_name", "cut", "prepare", "prepare_batched", "trampoline_ir",
            "trampoline_name"]
 
 #: Rows (or columns) of C a piece holds a multiple of: BLAS kernels compute tiles of 4 to
@@ -141,22 +140,30 @@ def prepare_batched(dtype: str, trans_a: bool, trans_b: bool, m: int, n: int, k:
                     lda: int, ldb: int, ldc: int, batch: tuple[int, ...],
                     a_strides: tuple[int, ...], b_strides: tuple[int, ...],
                     c_strides: tuple[int, ...]) -> Callable[[int, int, int], None]:
-    """:func:`.blas.prepare_batched` (checked there), with the products of f16/bf16
-    matrices into float32 run by a native loop over the batch on the worker pool: MKL
-    has no batched mixed-precision entry, and a Python loop over its single one cost ~3 µs
-    a matrix, more than a 128 x 128 x 32 product itself; each piece of the batch calls
-    the entry single-threaded. Other dtypes, and half products without MKL's entry, are
-    :func:`.blas.prepare_batched`'s."""
+    """:func:`.blas.prepare_batched` (checked there), with the products on MKL run by a
+    native loop over the batch on the worker pool, each piece of the batch calling the
+    single-product entry on one thread: MKL has no batched mixed-precision entry (a
+    Python loop over its single one cost ~3 µs a matrix, more than a 128 x 128 x 32
+    product itself), and its ``cblas_?gemm_batch`` is reached from Python (~5 µs a call
+    of filling address arrays, more than a 64-matrix batch of attention products takes
+    in the loop). Products without MKL are :func:`.blas.prepare_batched`'s."""
     checked = blas.prepare_batched(dtype, trans_a, trans_b, m, n, k, lda, ldb, ldc, batch,
                                    a_strides, b_strides, c_strides)
     count = math.prod(batch)
-    found = (blas.half_entry(dtype, max(m, n, k, lda, ldb, ldc))
-             if dtype in blas.HALF and batch and count and k else None)
+    if not (batch and count and k):
+        return checked
+    largest = max(m, n, k, lda, ldb, ldc)
+    if dtype in blas.HALF:
+        found, kind, sizes = blas.half_entry(dtype, largest), "half", (2, 2, 4)
+    else:
+        found, kind = blas.entry(dtype, largest), dtype
+        sizes = (4, 4, 4) if dtype == "f32" else (8, 8, 8)
+        found = found if found.abi == "fortran" else None
     if found is None:
         return checked
     offsets = np.stack([blas.batch_offsets(batch, strides, size) for strides, size in
-                        ((a_strides, 2), (b_strides, 2), (c_strides, 4))], axis=1)
-    kernel = _batch_trampoline()
+                        zip((a_strides, b_strides, c_strides), sizes)], axis=1)
+    kernel = _batch_trampoline(kind)
     words = dict(fn=found.address, set_local=found.set_local_threads,
                  omp_get=found.openmp[0], omp_set=found.openmp[1], trans_a=int(trans_a),
                  trans_b=int(trans_b), m=m, n=n, k=k, lda=lda, ldb=ldb, ldc=ldc, a=0, b=0,
@@ -235,43 +242,46 @@ _BATCH_WORDS = ("fn", "set_local", "omp_get", "omp_set", "trans_a", "trans_b", "
                 "lda", "ldb", "ldc", "a", "b", "c", "offsets")
 _BATCH_AT = {name: i for i, name in enumerate(_BATCH_WORDS)}
 _BATCH_JOB = ctypes.c_int64 * len(_BATCH_WORDS)
-BATCH_TRAMPOLINE = "hg_gemm_batch_half"
+#: The batch loops: MKL's mixed-precision CBLAS entry (f16/bf16 into float32), and its
+#: Fortran sgemm/dgemm.
+BATCH_KINDS = ("half", "f32", "f64")
+
+
+def batch_trampoline_name(kind: str) -> str:
+    return f"hg_gemm_batch_{kind}"
 
 
 @cache
-def _batch_trampoline() -> int:
-    """The address of the batch loop (:func:`batch_trampoline_ir`), compiled for this
-    machine on first use, like :func:`_trampoline`."""
+def _batch_trampoline(kind: str) -> int:
+    """The address of the batch loop of ``kind`` (:func:`batch_trampoline_ir`), compiled
+    for this machine on first use, like :func:`_trampoline`."""
     host = targets.host()
-    obj = llvm.compile_ir(batch_trampoline_ir(host.triple), host, allowed=(), tier="quick")
-    return llvm.load_object(obj, [BATCH_TRAMPOLINE], allowed=(),
-                            target=host)[BATCH_TRAMPOLINE]
+    name = batch_trampoline_name(kind)
+    obj = llvm.compile_ir(batch_trampoline_ir(host.triple, kind), host, allowed=(),
+                          tier="quick")
+    return llvm.load_object(obj, [name], allowed=(), target=host)[name]
 
 
-def batch_trampoline_ir(triple: str) -> str:
-    """``hg_gemm_batch_half(job, start, stop)``: matrices ``[start, stop)`` of a batch of
-    mixed-precision products, each one call of the job's row-major CBLAS entry (32-bit
-    sizes, float32 alpha 1 and beta 0) on one thread (:func:`_on_threads`). It calls
+def batch_trampoline_ir(triple: str, kind: str = "half") -> str:
+    """``hg_gemm_batch_<kind>(job, start, stop)``: matrices ``[start, stop)`` of a batch of
+    products, each one call of the job's entry (alpha 1, beta 0, 32-bit sizes) on one
+    thread (:func:`_on_threads`): ``kind`` ``"half"``, MKL's row-major mixed-precision
+    CBLAS entry (float32 scalars); ``"f32"``/``"f64"``, its Fortran sgemm/dgemm. It calls
     only the addresses the job holds: it compiles for any target."""
     module = ir.Module("hologram_gemm_batch")
     module.triple = triple
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [_PTR.as_pointer(), _I64, _I64]),
-                     BATCH_TRAMPOLINE)
+                     batch_trampoline_name(kind))
     entry_block = fn.append_basic_block("entry")
     head, body, done = (fn.append_basic_block(x) for x in ("head", "body", "done"))
     b = ir.IRBuilder(entry_block)
     words = b.bitcast(fn.args[0], _I64.as_pointer())
     w = {name: b.load(b.gep(words, [ir.Constant(_I64, i)]), name=name)
          for i, name in enumerate(_BATCH_WORDS)}
-    f32 = ir.FloatType()
     zero = ir.Constant(_I64, 0)
-    flag = {False: ir.Constant(_I32, blas.NO_TRANS), True: ir.Constant(_I32, blas.TRANS)}
-    ta = b.select(b.icmp_unsigned("!=", w["trans_a"], zero), flag[True], flag[False])
-    tb = b.select(b.icmp_unsigned("!=", w["trans_b"], zero), flag[True], flag[False])
+    trans_a = b.icmp_unsigned("!=", w["trans_a"], zero)
+    trans_b = b.icmp_unsigned("!=", w["trans_b"], zero)
     small = {key: b.trunc(w[key], _I32) for key in ("m", "n", "k", "lda", "ldb", "ldc")}
-    kind = ir.FunctionType(ir.VoidType(), [_I32, _I32, _I32, _I32, _I32, _I32, f32, _PTR,
-                                           _I32, _PTR, _I32, f32, _PTR, _I32])
-    call_entry = b.inttoptr(w["fn"], kind.as_pointer())
     offsets = b.inttoptr(w["offsets"], _I64.as_pointer())
     restore = _on_threads(b, w, ir.Constant(_I32, 1))
     start_block = b.block
@@ -287,11 +297,11 @@ def batch_trampoline_ir(triple: str) -> str:
         offset = b.load(b.gep(offsets, [b.add(row, ir.Constant(_I64, column))]))
         return b.inttoptr(b.add(w[base], offset), _PTR)
 
-    b.call(call_entry, [ir.Constant(_I32, blas.ROW_MAJOR), ta, tb, small["m"], small["n"],
-                        small["k"], ir.Constant(f32, 1.0), address("a", 0), small["lda"],
-                        address("b", 1), small["ldb"], ir.Constant(f32, 0.0),
-                        address("c", 2), small["ldc"]])
-    i.add_incoming(b.add(i, ir.Constant(_I64, 1)), body)
+    real = ir.DoubleType() if kind == "f64" else ir.FloatType()
+    _product(b, "cblas" if kind == "half" else "fortran", w["fn"], real, trans_a, trans_b,
+             small["m"], small["n"], small["k"], small["lda"], small["ldb"], small["ldc"],
+             address("a", 0), address("b", 1), address("c", 2))
+    i.add_incoming(b.add(i, ir.Constant(_I64, 1)), b.block)
     b.branch(head)
     b.position_at_end(done)
     restore()
@@ -344,41 +354,52 @@ def _define(module: ir.Module, name: str, abi: str, integer: ir.IntType, real: i
     c = b.add(w["c"], b.mul(c_skip, size))
     m = b.select(columns, w["m"], count)
     n = b.select(columns, count, w["n"])
-    alpha, beta = ir.Constant(real, 1.0), ir.Constant(real, 0.0)
     ints = {key: b.trunc(w[key], integer) if integer.width < 64 else w[key]
             for key in ("k", "lda", "ldb", "ldc")}
     m, n = (b.trunc(v, integer) if integer.width < 64 else v for v in (m, n))
     pointers = [b.inttoptr(v, _PTR) for v in (a, b_, c)]
+    restore = _on_threads(b, w, b.trunc(w["threads"], _I32)) if abi == "fortran" else None
+    _product(b, abi, w["fn"], real, trans_a, trans_b, m, n, ints["k"], ints["lda"],
+             ints["ldb"], ints["ldc"], *pointers)
+    if restore is not None:  # MKL: the job's thread count (1 for a piece), here
+        restore()
+    b.ret_void()
+
+
+def _product(b: ir.IRBuilder, abi: str, entry: ir.Value, real: ir.Type, trans_a: ir.Value,
+             trans_b: ir.Value, m: ir.Value, n: ir.Value, k: ir.Value, lda: ir.Value,
+             ldb: ir.Value, ldc: ir.Value, a: ir.Value, b_: ir.Value, c: ir.Value) -> None:
+    """Emit one call of the gemm entry at address ``entry`` (an i64): ``C = op(A) @ op(B)``
+    on row-major matrices (alpha 1, beta 0 of type ``real``), the sizes of the entry's
+    integer type, ``trans_a``/``trans_b`` i1 flags, ``a``/``b_``/``c`` pointers. ``abi``:
+    ``"cblas"`` (row-major CBLAS, by value) or ``"fortran"`` (column-major, every argument
+    by reference)."""
+    alpha, beta = ir.Constant(real, 1.0), ir.Constant(real, 0.0)
+    integer = m.type
     if abi == "cblas":
         flag = {False: ir.Constant(_I32, blas.NO_TRANS), True: ir.Constant(_I32, blas.TRANS)}
         kind = ir.FunctionType(ir.VoidType(), [_I32, _I32, _I32, integer, integer, integer,
                                                real, _PTR, integer, _PTR, integer, real,
                                                _PTR, integer])
-        entry = b.inttoptr(w["fn"], kind.as_pointer())
-        b.call(entry, [ir.Constant(_I32, blas.ROW_MAJOR),
-                       b.select(trans_a, flag[True], flag[False]),
-                       b.select(trans_b, flag[True], flag[False]), m, n, ints["k"], alpha,
-                       pointers[0], ints["lda"], pointers[1], ints["ldb"], beta,
-                       pointers[2], ints["ldc"]])
-    else:
-        # Column-major: row-major C = op(A) @ op(B) is C.T = op(B).T @ op(A).T, the same
-        # memory with the operands swapped. Every argument by reference.
-        def ref(value: ir.Value) -> ir.Value:
-            slot = b.alloca(value.type)
-            b.store(value, slot)
-            return b.bitcast(slot, _PTR)
+        b.call(b.inttoptr(entry, kind.as_pointer()),
+               [ir.Constant(_I32, blas.ROW_MAJOR), b.select(trans_a, flag[True], flag[False]),
+                b.select(trans_b, flag[True], flag[False]), m, n, k, alpha, a, lda, b_, ldb,
+                beta, c, ldc])
+        return
 
-        letter = {False: ir.Constant(_I8, ord("N")), True: ir.Constant(_I8, ord("T"))}
-        kind = ir.FunctionType(ir.VoidType(), [_PTR] * 13)
-        entry = b.inttoptr(w["fn"], kind.as_pointer())
-        restore = _on_threads(b, w, b.trunc(w["threads"], _I32))  # 1 for a piece
-        b.call(entry, [ref(b.select(trans_b, letter[True], letter[False])),
-                       ref(b.select(trans_a, letter[True], letter[False])), ref(n), ref(m),
-                       ref(ints["k"]), ref(alpha), pointers[1], ref(ints["ldb"]),
-                       pointers[0], ref(ints["lda"]), ref(beta), pointers[2],
-                       ref(ints["ldc"])])
-        restore()
-    b.ret_void()
+    # Column-major: row-major C = op(A) @ op(B) is C.T = op(B).T @ op(A).T, the same
+    # memory with the operands swapped. Every argument by reference.
+    def ref(value: ir.Value) -> ir.Value:
+        slot = b.alloca(value.type)
+        b.store(value, slot)
+        return b.bitcast(slot, _PTR)
+
+    letter = {False: ir.Constant(_I8, ord("N")), True: ir.Constant(_I8, ord("T"))}
+    kind = ir.FunctionType(ir.VoidType(), [_PTR] * 13)
+    b.call(b.inttoptr(entry, kind.as_pointer()),
+           [ref(b.select(trans_b, letter[True], letter[False])),
+            ref(b.select(trans_a, letter[True], letter[False])), ref(n), ref(m), ref(k),
+            ref(alpha), b_, ref(ldb), a, ref(lda), ref(beta), c, ref(ldc)])
 
 
 def _on_threads(b: ir.IRBuilder, w: dict[str, ir.Value], count: ir.Value
