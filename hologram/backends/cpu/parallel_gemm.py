@@ -37,9 +37,8 @@ from hologram.backends.cpu import target as targets
 from hologram.errors import HologramError
 
 __all__ = ["BATCH_KINDS", "BLOCK", "MIN_PIECE", "MIN_PIECE_FLOPS", "MIN_SHARED_PIECE",
-           "SHARED_BYTES",
-           "NativeJob", "batch_trampoline_ir", "batch_trampoline_name", "cut", "prepare", "prepare_batched", "trampoline_ir",
-           "trampoline_name"]
+           "NativeJob", "SHARED_BYTES", "batch_trampoline_ir", "batch_trampoline_name", "cut",
+           "prepare", "prepare_batched", "trampoline_ir", "trampoline_name"]
 
 #: Rows (or columns) of C a piece holds a multiple of: BLAS kernels compute tiles of 4 to
 #: 16 rows, so a piece boundary inside a tile would cost a partial tile on both sides.
