@@ -37,7 +37,7 @@ from hologram.backends.cpu import target as targets
 from hologram.errors import HologramError
 
 __all__ = ["BATCH_KINDS", "BLOCK", "MIN_PIECE", "MIN_PIECE_FLOPS", "MIN_SHARED_PIECE",
-           "NativeJob", "SHARED_BYTES", "batch_trampoline_ir", "batch_trampoline_name", "cut",
+           "SHARED_BYTES", "NativeJob", "batch_trampoline_ir", "batch_trampoline_name", "cut",
            "prepare", "prepare_batched", "trampoline_ir", "trampoline_name"]
 
 #: Rows (or columns) of C a piece holds a multiple of: BLAS kernels compute tiles of 4 to
