@@ -309,21 +309,44 @@ class _Memo:
         self.seconds = [None, None]  # running means: op by op, fused (see fused_now)
         self.fused = 0  # fused runs so far
 
-    def fused_now(self) -> bool:
+    def fused_now(self, nodes: tuple) -> bool:
         """Run the fused program this time? Always for its first runs (until its quick
-        build has been promoted to a full one: ``HOLOGRAM_PROMOTE_AFTER``); then
-        whichever way has been faster, except one run in :data:`RESAMPLE`. A fused
-        program is not always faster: one whose fusion recomputes a long chain per
-        element of a reduction can lose to the ops' own programs."""
+        build has been promoted to a full one: ``HOLOGRAM_PROMOTE_AFTER``); then once op
+        by op, when the ops' own programs are full builds too (asked for now: a region
+        that runs fused never calls them, so they would stay quick builds, and a quick
+        build's time says nothing); then whichever way has been faster, except one run
+        in :data:`RESAMPLE`. A fused program is not always faster: one whose fusion
+        recomputes a long chain per element of a reduction can lose to the ops' own
+        programs, and one whose products fuse with their neighbours may lose BLAS."""
         op_by_op, fused = self.seconds
-        if self.fused <= config.get().promote_after or op_by_op is None:
+        if self.fused <= config.get().promote_after:
             return True
+        if op_by_op is None:
+            for entry in nodes:
+                promote = getattr(_executable(entry), "promote_now", None)
+                if promote is not None:
+                    promote()
+            return not _final(nodes)
         return (fused <= op_by_op) != (self.seen % RESAMPLE == 0)
 
-    def timed(self, fused: bool, seconds: float) -> None:
+    def timed(self, fused: bool, seconds: float, nodes: tuple) -> None:
+        """Count a run of ``seconds``; an op-by-op run's time only where its programs were
+        their final builds (see :meth:`fused_now`)."""
         self.fused += fused
+        if not (fused or _final(nodes)):
+            return
         mean = self.seconds[fused]
         self.seconds[fused] = seconds if mean is None else 0.75 * mean + 0.25 * seconds
+
+
+def _executable(entry):
+    """The executable an entry's launch runs (None where it has no such thing)."""
+    return getattr(entry.launch, "executable", None)
+
+
+def _final(nodes: tuple) -> bool:
+    """Do the nodes' programs run their final builds (no promotion pending)?"""
+    return all(getattr(_executable(entry), "final", True) for entry in nodes)
 
 
 _memo: OrderedDict[tuple, _Memo] = OrderedDict()
@@ -358,14 +381,14 @@ def _flush(reason: str) -> None:
         _memo.move_to_end(key)
     memo.seen += 1
     try:
-        fused = memo.launch is not None and memo.fused_now()
+        fused = memo.launch is not None and memo.fused_now(region.nodes)
         start = time.perf_counter()
         if fused:
             _run_fused(region, memo.launch, live, memo.staged)
         else:
             for entry, addresses in zip(region.nodes, region.launches):
                 entry.launch(addresses)
-        memo.timed(fused, time.perf_counter() - start)
+        memo.timed(fused, time.perf_counter() - start, region.nodes)
         _stats["fused_runs" if fused else "op_by_op_runs"] += 1
         if memo.seen >= 2 and memo.state == "new" and len(region.nodes) > 1:
             memo.state = "compiling"

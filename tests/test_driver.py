@@ -230,6 +230,24 @@ def test_a_hot_program_is_promoted_to_the_full_build(cache_dir, monkeypatch):
     assert out == ["full", "1", "0"]
 
 
+def test_a_promotion_asked_for_is_made_without_more_calls(cache_dir, monkeypatch):
+    """``promote_now``: the full build is made at once (recorded execution asks for it
+    before timing a region's ops one by one); ``final`` says when it is in."""
+    from hologram.backends.cpu import backend as cpu
+
+    _cpu_only()
+    monkeypatch.setenv("HOLOGRAM_PROMOTE_AFTER", "1000")
+    compiled = hologram.compile(axpy("b"), backend="cpu")
+    x = np.linspace(-3, 3, 64, dtype=np.float32)
+    compiled(x, x)
+    assert compiled.executable.tier == "quick" and not compiled.executable.final
+    compiled.executable.promote_now()
+    assert cpu.wait_for_promotions(60)
+    assert compiled.executable.tier == "full" and compiled.executable.final
+    compiled.executable.promote_now()  # nothing left to promote
+    np.testing.assert_array_equal(compiled(x, x), x * 2 + x)
+
+
 def test_calls_while_a_program_is_promoted_stay_right(cache_dir, monkeypatch):
     from hologram.backends.cpu import backend as cpu
 

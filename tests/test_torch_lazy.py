@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -416,6 +417,43 @@ def test_a_region_runs_the_faster_way_and_keeps_checking():
         same(got[0].cpu(), want.cpu())
     stats = lazy.stats()
     assert (stats["fused_runs"], stats["op_by_op_runs"]) == (1, lazy.RESAMPLE - 1), stats
+
+
+def test_op_by_op_is_timed_on_full_builds_before_it_is_compared():
+    """A region that runs fused never calls its ops' own programs, which stay quick
+    builds: their time is no measure. After the fused program's first runs the region
+    asks for the ops' full builds and runs fused until they are in; only op-by-op runs
+    on final builds count towards the comparison."""
+
+    class Executable:
+        def __init__(self):
+            self.final, self.asked = False, 0
+
+        def promote_now(self):
+            self.asked += 1
+
+    class Node:
+        def __init__(self):
+            self.launch = types.SimpleNamespace(executable=Executable())
+
+    import hologram
+
+    nodes = (Node(), Node())
+    memo = lazy._Memo()
+    memo.timed(False, 5.0, nodes)  # the first sighting, on quick builds: not counted
+    assert memo.seconds == [None, None]
+    for _ in range(hologram.config.get().promote_after + 1):
+        assert memo.fused_now(nodes)
+        memo.timed(True, 2.0, nodes)
+    assert memo.fused_now(nodes)  # full builds asked for, not in yet: still fused
+    assert [n.launch.executable.asked for n in nodes] == [1, 1]
+    for n in nodes:
+        n.launch.executable.final = True
+    assert not memo.fused_now(nodes)  # now timed op by op, once
+    memo.timed(False, 1.0, nodes)
+    assert memo.seconds == [1.0, 2.0]
+    memo.seen = 1
+    assert not memo.fused_now(nodes)  # op by op was faster
 
 
 def test_threads_using_the_device_at_once_get_eager_results():

@@ -322,6 +322,7 @@ class _Executable(Executable):
                 other._final = False
                 if self._count is not None and self.steps[0] is self._count:
                     other.steps = [self._count, *other.steps]
+                    other._count = self._count  # (its promote_now promotes this one)
                 self._resized.add(other)
         return other
 
@@ -333,14 +334,31 @@ class _Executable(Executable):
         steps, left = self.steps, [config.get().promote_after]
         self._final = False
 
+        def submit() -> None:  # a race may submit twice: the second build is the same
+            self.steps = steps
+            _promoter.submit(self, full)
+
         def count(pointers, memory) -> None:
             left[0] -= 1
-            if left[0] == 0:  # a race may submit twice: the second build is the same
-                self.steps = steps
-                _promoter.submit(self, full)
+            if left[0] == 0:
+                submit()
 
+        count.submit = submit
         self._count = count
         self.steps = [count, *steps]
+
+    def promote_now(self) -> None:
+        """Have the full build made now, not after more calls (a caller about to time
+        this program against another way of computing the same thing); nothing once it
+        is submitted or built."""
+        count = self._count
+        if count is not None and self.steps and self.steps[0] is count:
+            count.submit()
+
+    @property
+    def final(self) -> bool:
+        """Is this the code calls will run from now on (no promotion pending)?"""
+        return self._final
 
     def adopt(self, other: _Executable) -> None:
         """Run ``other``'s code from now on (the same program compiled again), and so do
