@@ -226,7 +226,7 @@ def _load_fast(library: ctypes.CDLL) -> None:
     fast.hologram_torch_fast_register.restype = ctypes.c_int
     fast.hologram_torch_fast_setup.argtypes = (ctypes.py_object,) * 2
     fast.hologram_torch_fast_setup.restype = ctypes.c_int
-    fast.hologram_torch_fast_file.argtypes = (ctypes.py_object,) * 4 + (ctypes.c_int,)
+    fast.hologram_torch_fast_file.argtypes = (ctypes.py_object,) * 4
     fast.hologram_torch_fast_file.restype = ctypes.c_int
     fast.hologram_torch_fast_clear.argtypes = ()
     fast.hologram_torch_fast_clear.restype = None
@@ -256,14 +256,16 @@ def register_metadata(name: str) -> bool:
     return _fast is not None and _fast.hologram_torch_metadata_register(name.encode()) == 1
 
 
-def file_fast(entry, operands: tuple, result, in_place: bool = False) -> None:
+def file_fast(entry, operands: tuple, outs) -> None:
     """Tell the front kernel running on this thread, if any, that its call launched
     ``entry`` (a launch-cache entry of :mod:`.aten.program`) on ``operands`` (the
-    program's operands in order: tensors and Python numbers) into ``result`` (fresh, or
-    written in place). It serves the call's signature from then on if the kernel returns
-    ``result``: launching it, or recording it (:mod:`.lazy`)."""
+    program's operands in order: tensors and Python numbers) into ``outs``, a tensor or a
+    tuple of them in the launch's order, each one of the call's arguments (written in
+    place) or a fresh tensor. It serves the call's signature from then on if the kernel
+    returns the first of ``outs`` (as many as the op returns): launching it, or recording
+    it (:mod:`.lazy`)."""
     if _fast is not None and _front[0]:
-        _fast.hologram_torch_fast_file(entry.launch, entry, operands, result, int(in_place))
+        _fast.hologram_torch_fast_file(entry.launch, entry, operands, outs)
 
 
 _front = [True]

@@ -337,7 +337,16 @@ def _lstm_cell_backward(x, w, b):
         hy.cos(), cy.sin(), x[:, :2], cy, workspace, True)
 
 
+def _batch_norm_backward(x, w, b):
+    x = x.reshape(2, 4, 3, 4)
+    out, mean, invstd = torch.ops.aten.native_batch_norm(x, w[:4], b[:4], None, None, True,
+                                                         0.1, 1e-5)
+    return torch.ops.aten.native_batch_norm_backward(out.sin(), x, w[:4], None, None, mean,
+                                                     invstd, True, 1e-5, [True] * 3)
+
+
 MULTI_CASES = {"layer_norm": _layer_norm, "layer_norm_backward": _layer_norm_backward,
+               "batch_norm_backward": _batch_norm_backward,
                "gru_cell": _gru_cell, "gru_cell_backward": _gru_cell_backward,
                "lstm_cell": _lstm_cell, "lstm_cell_backward": _lstm_cell_backward}
 
@@ -364,9 +373,33 @@ def test_front_kernels_serve_ops_with_several_results(case, dtype):
     for g, f in zip(got, first):
         assert g.device.type == "hologram"
         torch.testing.assert_close(g.cpu(), f, rtol=0, atol=0)
-    if case.startswith("layer_norm"):
+    if "norm" in case:
         for g, e in zip(got, fn(x, w, b)):
             torch.testing.assert_close(g.cpu(), e, rtol=1e-5, atol=1e-6)
+
+
+@needs_native
+def test_batch_norm_is_served_with_its_running_statistics_updated_in_place():
+    """Batch norm in training launches one program into its three fresh results and over
+    the running statistics (arguments, written in place): served from then on, each call
+    returns fresh results and updates the running tensors as the CPU's does."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 6, 5, 5, generator=g, dtype=torch.float64)
+    w, b = torch.randn(6, generator=g, dtype=torch.float64), torch.randn(6, generator=g,
+                                                                          dtype=torch.float64)
+    stats = [torch.zeros(6, dtype=torch.float64), torch.ones(6, dtype=torch.float64)]
+    dx, dw, db = _on_device(x, w, b)
+    dstats = _on_device(*stats)
+    for i in range(4):
+        want = torch.ops.aten.native_batch_norm(x, w, b, *stats, True, 0.1, 1e-5)
+        misses = native.fast_stats()["misses"]
+        got = torch.ops.aten.native_batch_norm(dx, dw, db, *dstats, True, 0.1, 1e-5)
+        assert native.fast_stats()["misses"] == misses + (i == 0)  # served after the first
+        assert len({t.data_ptr() for t in got}) == 3
+        for a, e in zip(got, want):
+            torch.testing.assert_close(a.cpu(), e)
+        for a, e in zip(dstats, stats):
+            torch.testing.assert_close(a.cpu(), e)
 
 
 @needs_native

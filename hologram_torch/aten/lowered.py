@@ -80,9 +80,9 @@ def call(op: torch._ops.OpOverload, *args, kwargs: tuple = (),
     are launch operands, everything else (numbers, lists, None) is compile-time (and must
     be hashable, lists aside). Absent results (None from the entry: a masked-off gradient)
     are left out of the results. NotImplemented as :func:`run`. ``file``: a multi-output
-    op's results are filed with the front kernel running the call
+    op's launch (its results, or ``out``) is filed with the front kernel running the call
     (:func:`program.file_front`), which serves the signature from then on if the kernel
-    returns them as they are."""
+    returns the first of them as they are."""
     operands = []
     template = []
     for a in args:
@@ -93,8 +93,9 @@ def call(op: torch._ops.OpOverload, *args, kwargs: tuple = (),
             template.append(_frozen(a) if isinstance(a, list) else a)
     spec = ((op, (), tuple(template), kwargs),)
     result = _launch(op, operands, spec, out, name)
-    if file and out is None and isinstance(result, tuple):
-        program.file_front(name or op.__name__.partition(".")[0], spec, operands, result)
+    if file and isinstance(result, tuple):
+        program.file_front(name or op.__name__.partition(".")[0], spec, operands,
+                           result if out is None else tuple(out), out is not None)
     return result
 
 

@@ -44,7 +44,7 @@ def _update_in_place(x, weight, bias, running_mean, running_var, momentum, eps):
            memory.empty((c,), stats), running_mean, running_var)
     r = lowered.call(aten._native_batch_norm_legit_functional.default, x, weight, bias,
                      running_mean, running_var, True, float(momentum), float(eps),
-                     out=out, name="batch_norm_train")
+                     out=out, name="batch_norm_train", file=True)
     return NotImplemented if r is NotImplemented else out[:3]
 
 
@@ -80,7 +80,7 @@ def _inference(g, x, running_mean, running_var, *rest):
     return norm.inference(g, x, weight, bias, running_mean, running_var, eps)
 
 
-@impl("native_batch_norm")
+@impl("native_batch_norm", hot=True)
 def native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum,
                       eps):
     r = _forward(input, weight, bias, running_mean, running_var, training, momentum, eps)
@@ -134,7 +134,7 @@ def native_batch_norm_legit_functional(input, weight, bias, running_mean, runnin
     return r
 
 
-@impl("native_batch_norm_backward")
+@impl("native_batch_norm_backward", hot=True)
 def native_batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean,
                                save_invstd, train, eps, output_mask):
     mask = (bool(output_mask[0]), bool(output_mask[1]) and weight is not None,
@@ -143,7 +143,8 @@ def native_batch_norm_backward(grad_out, input, weight, running_mean, running_va
     if _native(grad_out, input, weight, running_mean, running_var, save_mean, save_invstd):
         r = lowered.call(aten.native_batch_norm_backward.default, grad_out, input, weight,
                          running_mean, running_var, save_mean, save_invstd, bool(train),
-                         float(eps), mask, name="batch_norm_backward") if any(mask) else ()
+                         float(eps), mask, name="batch_norm_backward",
+                         file=all(mask)) if any(mask) else ()
     if r is NotImplemented:
         return run_on_cpu(aten.native_batch_norm_backward.default, grad_out, input, weight,
                           running_mean, running_var, save_mean, save_invstd, train, eps,

@@ -289,19 +289,21 @@ def remember(shortcut: tuple, name: str, static: tuple, args: Sequence,
     entry = used_entry(name, static, args, out)
     if entry is not None and entry.single and (out is None or entry.launch is not None):
         shortcuts.put(shortcut, entry)
-        native.file_fast(entry, tuple(args), result, out is not None)
+        native.file_fast(entry, tuple(args), result)
 
 
-def file_front(name: str, static: tuple, args: Sequence, results: tuple) -> None:
+def file_front(name: str, static: tuple, args: Sequence, outs: tuple,
+               given: bool = False) -> None:
     """File the call the front kernel on this thread runs, if any, as the launch :func:`run`
-    just made for ``(name, static, args)`` into the fresh ``results`` (a tuple of every
-    result the op returns, in order: :func:`native.file_fast`). For multi-output ops
-    whose kernel's decision depends only on the call's signature."""
+    just made for ``(name, static, args)`` into ``outs``: its fresh results, or with
+    ``given`` the ``out`` it was given (results made by the caller and arguments written
+    in place); the op returns the first of them (:func:`native.file_fast`). For
+    multi-output ops whose kernel's decision depends only on the call's signature."""
     if FRONT and all(type(x) in _NUMBER if not isinstance(x, torch.Tensor) else not x.is_cpu
                      for x in args):
-        entry = used_entry(name, static, args)
+        entry = used_entry(name, static, args, outs if given else None)
         if entry is not None:
-            native.file_fast(entry, tuple(args), tuple(results))
+            native.file_fast(entry, tuple(args), tuple(outs))
 
 
 def used_entry(name: str, static: tuple, args: Sequence,
@@ -347,7 +349,7 @@ def launch_into(entry: _Entry, args: Sequence, out: torch.Tensor) -> None:
     else:
         entry.launch((*[x.data_ptr() for x in args], out.data_ptr()))
     if FRONT:  # see launch_fresh
-        native.file_fast(entry, tuple(args), out, in_place=True)
+        native.file_fast(entry, tuple(args), out)
 
 
 def supported(*tensors: torch.Tensor) -> bool:

@@ -55,13 +55,20 @@ struct Fresh {
   c10::ScalarType dtype = c10::ScalarType::Undefined;
 };
 
-// How a filed call runs.
+// Where a launch writes one of its outputs: an argument, in place, or a fresh result.
+struct Out {
+  int written = -1;  // the argument's position, or -1: fresh, of `layout`
+  Fresh layout;
+};
+
+// How a filed call runs. The op returns its first outputs (as many as it returns): an
+// in-place op its written argument; batch norm its three fresh results, not the running
+// statistics it writes after them.
 struct Entry {
   PyObject* launcher = nullptr;  // strong; Py_None when there is nothing to compute
   PyObject* node = nullptr;      // strong: its launch-cache entry, which a region records
   std::vector<int> operands;     // argument positions, in the launch's order
-  int written = -1;              // the argument written in place, or -1: fresh results
-  std::vector<Fresh> fresh;      // the fresh results' layouts, in the op's return order
+  std::vector<Out> outs;         // in the launch's order
 };
 
 void clear_entry(Entry& entry) {
@@ -189,13 +196,14 @@ std::pair<uintptr_t, uintptr_t> extent(const at::Tensor& t) {
   return {start, start + static_cast<uintptr_t>(span) * t.element_size()};
 }
 
-// Does writing `out` in place while reading the other tensor operands need the Python
-// kernel (registry.native_or_cpu's overlap rule)? Yes when an operand shares memory with
-// it other than element for element.
-bool overlaps(const at::Tensor& out, const c10::IValue* args, const Entry& entry) {
+// Does writing `out` (argument `written`) in place while reading the other tensor
+// operands need the Python kernel (registry.native_or_cpu's overlap rule)? Yes when an
+// operand shares memory with it other than element for element.
+bool overlaps(const at::Tensor& out, int written, const c10::IValue* args,
+              const Entry& entry) {
   auto [start, end] = extent(out);
   for (int pos : entry.operands) {
-    if (pos == entry.written || !args[pos].isTensor()) {
+    if (pos == written || !args[pos].isTensor()) {
       continue;
     }
     const at::Tensor& t = args[pos].toTensor();
@@ -250,17 +258,18 @@ bool fresh(const Fresh& layout, at::Tensor& out) {
 // records through Python, running the region first where a hazard requires it).
 bool run(const Entry& entry, const c10::IValue* args, std::vector<at::Tensor>& results) {
   results.clear();
-  if (entry.written >= 0) {
-    results.push_back(args[entry.written].toTensor());
-    if (overlaps(results[0], args, entry)) {
-      return false;
-    }
-  } else {
-    results.resize(entry.fresh.size());
-    for (size_t i = 0; i < entry.fresh.size(); ++i) {
-      if (!fresh(entry.fresh[i], results[i])) {
+  results.resize(entry.outs.size());
+  bool given = false;  // some output is an argument
+  for (size_t i = 0; i < entry.outs.size(); ++i) {
+    const Out& out = entry.outs[i];
+    if (out.written >= 0) {
+      given = true;
+      results[i] = args[out.written].toTensor();
+      if (overlaps(results[i], out.written, args, entry)) {
         return false;
       }
+    } else if (!fresh(out.layout, results[i])) {
+      return false;
     }
   }
   if (entry.launcher == Py_None) {  // nothing to compute
@@ -275,7 +284,7 @@ bool run(const Entry& entry, const c10::IValue* args, std::vector<at::Tensor>& r
       }
       operands.push_back(args[pos].toTensor());
     }
-    return hologram_region::record(entry.node, operands, results, entry.written >= 0);
+    return hologram_region::record(entry.node, operands, results, given);
   }
   // A number operand (a Scalar argument) is passed boxed, as program.run boxes it: int64,
   // double, or a bool in the first byte (every target here is little-endian).
@@ -360,8 +369,8 @@ void front(const c10::OperatorHandle& handle, c10::DispatchKeySet, torch::jit::S
     if (found != op->entries.end() && run(found->second, args, results)) {
       ++g_hits;
       torch::jit::drop(*stack, n);
-      for (at::Tensor& result : results) {
-        torch::jit::push(*stack, std::move(result));
+      for (size_t i = 0; i < op->returns; ++i) {
+        torch::jit::push(*stack, std::move(results[i]));
       }
       return;
     }
@@ -558,17 +567,21 @@ extern "C" __attribute__((visibility("default"))) int hologram_torch_fast_setup(
 }
 
 // File the pending call on this thread: `launcher` run on `operands` (Python tensors and
-// numbers, the program's operands in order) produced `result`, a fresh tensor (or a
-// tuple of them, the op's results in order), or wrote the operand `result` in place
-// (`in_place`); `node` is the launch-cache entry recorded execution records instead.
-// 1: filed (committed if the kernel returns `result`), 0: no pending call, or one whose
-// arguments cannot express it.
+// numbers, the program's operands in order) wrote `outs`, a tensor or a tuple of them in
+// the launch's order: each an argument (written in place) or a fresh tensor; `node` is
+// the launch-cache entry recorded execution records instead. 1: filed (committed if the
+// kernel returns the first of `outs`, as many as the op returns), 0: no pending call, or
+// one whose arguments cannot express it.
 extern "C" __attribute__((visibility("default"))) int hologram_torch_fast_file(
-    PyObject* launcher, PyObject* node, PyObject* operands, PyObject* result, int in_place) {
+    PyObject* launcher, PyObject* node, PyObject* operands, PyObject* outs) {
   Pending* pending = g_pending;
-  const bool several = PyTuple_Check(result);
+  const bool several = PyTuple_Check(outs);
   if (pending == nullptr || !pending->keyed || !PyTuple_Check(operands) ||
-      !(several ? !in_place && PyTuple_GET_SIZE(result) > 0 : THPVariable_Check(result))) {
+      !(several || THPVariable_Check(outs))) {
+    return 0;
+  }
+  const Py_ssize_t count = several ? PyTuple_GET_SIZE(outs) : 1;
+  if (static_cast<size_t>(count) < pending->op->returns) {
     return 0;
   }
   std::vector<bool> used(pending->nargs, false);
@@ -581,32 +594,28 @@ extern "C" __attribute__((visibility("default"))) int hologram_torch_fast_file(
     entry.operands.push_back(pos);
   }
   std::vector<const c10::TensorImpl*> produced;
-  if (in_place) {
-    std::vector<bool> any(pending->nargs, false);
-    entry.written = position(*pending, result, any);
-    if (entry.written < 0) {
+  for (Py_ssize_t i = 0; i < count; ++i) {
+    PyObject* item = several ? PyTuple_GET_ITEM(outs, i) : outs;
+    if (!THPVariable_Check(item)) {
       return 0;
     }
-    produced.push_back(THPVariable_Unpack(result).unsafeGetTensorImpl());
-  } else {
-    const Py_ssize_t count = several ? PyTuple_GET_SIZE(result) : 1;
-    for (Py_ssize_t i = 0; i < count; ++i) {
-      PyObject* item = several ? PyTuple_GET_ITEM(result, i) : result;
-      if (!THPVariable_Check(item)) {
+    const at::Tensor& tensor = THPVariable_Unpack(item);
+    Out out;
+    std::vector<bool> any(pending->nargs, false);
+    out.written = position(*pending, item, any);
+    if (out.written < 0) {  // fresh: a dense block of its own, made again per call
+      if (tensor.storage_offset() != 0 || !tensor.is_non_overlapping_and_dense() ||
+          tensor.device().type() != c10::DeviceType::PrivateUse1) {
         return 0;
       }
-      const at::Tensor& out = THPVariable_Unpack(item);
-      if (out.storage_offset() != 0 || !out.is_non_overlapping_and_dense() ||
-          out.device().type() != c10::DeviceType::PrivateUse1) {
-        return 0;
-      }
-      Fresh layout;
-      layout.sizes.assign(out.sizes().begin(), out.sizes().end());
-      layout.strides.assign(out.strides().begin(), out.strides().end());
-      layout.nbytes = static_cast<int64_t>(out.nbytes());
-      layout.dtype = out.scalar_type();
-      entry.fresh.push_back(std::move(layout));
-      produced.push_back(out.unsafeGetTensorImpl());
+      out.layout.sizes.assign(tensor.sizes().begin(), tensor.sizes().end());
+      out.layout.strides.assign(tensor.strides().begin(), tensor.strides().end());
+      out.layout.nbytes = static_cast<int64_t>(tensor.nbytes());
+      out.layout.dtype = tensor.scalar_type();
+    }
+    entry.outs.push_back(std::move(out));
+    if (static_cast<size_t>(i) < pending->op->returns) {
+      produced.push_back(tensor.unsafeGetTensorImpl());
     }
   }
   Py_INCREF(launcher);
