@@ -79,8 +79,8 @@ def call(op: torch._ops.OpOverload, *args, kwargs: tuple = (),
     """``op``'s lowering on its ATen positional arguments ``args``: the tensors among them
     are launch operands, everything else (numbers, lists, None) is compile-time (and must
     be hashable, lists aside). Absent results (None from the entry: a masked-off gradient)
-    are left out of the results. NotImplemented as :func:`run`. ``file``: a multi-output
-    op's launch (its results, or ``out``) is filed with the front kernel running the call
+    are left out of the results. NotImplemented as :func:`run`. ``file``: the launch (into
+    its results, or ``out``) is filed with the front kernel running the call, if any
     (:func:`program.file_front`), which serves the signature from then on if the kernel
     returns the first of them as they are."""
     operands = []
@@ -93,9 +93,11 @@ def call(op: torch._ops.OpOverload, *args, kwargs: tuple = (),
             template.append(_frozen(a) if isinstance(a, list) else a)
     spec = ((op, (), tuple(template), kwargs),)
     result = _launch(op, operands, spec, out, name)
-    if file and isinstance(result, tuple):
-        program.file_front(name or op.__name__.partition(".")[0], spec, operands,
-                           result if out is None else tuple(out), out is not None)
+    if file and result is not NotImplemented:
+        outs = tuple(out) if out is not None else (
+            result if isinstance(result, tuple) else (result,))
+        program.file_front(name or op.__name__.partition(".")[0], spec, operands, outs,
+                           out is not None)
     return result
 
 
@@ -139,12 +141,15 @@ def register(name: str, functional: str | None = None) -> None:
     """Register ``name``'s kernel: its lowering on the device, else the CPU fallback (the
     dispatcher passes every argument of the schema, defaults filled in). With
     ``functional``, ``name`` is that op's in-place form: the functional op's result is
-    written over the first argument (element for element, through its strides)."""
+    written over the first argument (element for element, through its strides). Behind
+    the native front kernel: the decision depends on the call's signature alone, so a
+    launch is filed and the signature served natively from then on."""
     lowering = overload(functional or name)
 
     def kernel(*args):
         out = (args[0],) if functional else None
-        r = call(lowering, *(static(a) for a in args), out=out, name=functional or name)
+        r = call(lowering, *(static(a) for a in args), out=out, name=functional or name,
+                 file=True)
         return args[0] if functional and r is not NotImplemented else r
 
-    native_or_cpu(name)(kernel)
+    native_or_cpu(name, hot=True)(kernel)
