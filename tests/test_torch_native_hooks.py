@@ -378,6 +378,34 @@ def test_front_kernels_serve_ops_with_several_results(case, dtype):
             torch.testing.assert_close(g.cpu(), e, rtol=1e-5, atol=1e-6)
 
 
+LOWERED_CASES = {
+    "select_backward": lambda x: torch.ops.aten.select_backward(x, [3, *x.shape], 0, 1),
+    "slice_backward": lambda x: torch.ops.aten.slice_backward(x, [x.shape[0] + 4, x.shape[1]],
+                                                              0, 2, x.shape[0] + 2, 1),
+    "tril": lambda x: torch.tril(x, -1), "triu_": lambda x: x.clone().triu_(1),
+    "hardswish": torch.nn.functional.hardswish,
+    "_safe_softmax": lambda x: torch.ops.aten._safe_softmax(x, -1),
+    "flip": lambda x: torch.flip(x, [0, 1]), "roll": lambda x: torch.roll(x, 2, 1)}
+
+
+@needs_native
+@pytest.mark.parametrize("case", LOWERED_CASES)
+def test_lowered_ops_are_served_natively(case):
+    """The ops whose kernel is their lowering entry (``lowered.register``: list arguments,
+    in-place forms included) are filed and served by the front kernels, with the CPU's
+    results."""
+    x = torch.testing.make_tensor((6, 7), dtype=torch.float32, device="cpu", low=-4, high=4)
+    fn = LOWERED_CASES[case]
+    got = _served(fn, *_on_device(x)) if case != "triu_" else None
+    if case == "triu_":  # (clone, then the in-place op: two served calls)
+        d = _on_device(x)[0]
+        fn(d)
+        hits = native.fast_stats()["hits"]
+        got = fn(d)
+        assert native.fast_stats()["hits"] == hits + 2
+    torch.testing.assert_close(got.cpu(), fn(x), rtol=1e-6, atol=1e-6)
+
+
 @needs_native
 def test_batch_norm_is_served_with_its_running_statistics_updated_in_place():
     """Batch norm in training launches one program into its three fresh results and over
