@@ -66,11 +66,16 @@ def spec(op: torch._ops.OpOverload, args: Sequence, static: tuple = (),
 
 
 def run(op: torch._ops.OpOverload, args: Sequence, static: tuple = (), kwargs: tuple = (),
-        out: Sequence[torch.Tensor] | None = None, name: str | None = None):
+        out: Sequence[torch.Tensor] | None = None, name: str | None = None,
+        file: bool = False):
     """``op``'s lowering on ``args`` (see the module docstring) into fresh tensors or ``out``;
     NotImplemented when the lowering (or the operands' dtypes) is unsupported, for the
-    caller to run the CPU fallback."""
-    return _launch(op, args, spec(op, args, static, kwargs), out, name)
+    caller to run the CPU fallback. ``file`` as :func:`call`'s."""
+    launched = spec(op, args, static, kwargs)
+    result = _launch(op, args, launched, out, name)
+    if file:
+        _file(op, name, launched, args, out, result)
+    return result
 
 
 def call(op: torch._ops.OpOverload, *args, kwargs: tuple = (),
@@ -91,14 +96,21 @@ def call(op: torch._ops.OpOverload, *args, kwargs: tuple = (),
             template.append(SLOT)
         else:
             template.append(_frozen(a) if isinstance(a, list) else a)
-    spec = ((op, (), tuple(template), kwargs),)
-    result = _launch(op, operands, spec, out, name)
-    if file and result is not NotImplemented:
+    launched = ((op, (), tuple(template), kwargs),)
+    result = _launch(op, operands, launched, out, name)
+    if file:
+        _file(op, name, launched, operands, out, result)
+    return result
+
+
+def _file(op, name, launched: tuple, operands: Sequence, out, result) -> None:
+    """File the launch just made (into its results, or ``out``) with the front kernel
+    running the call, if any (:func:`program.file_front`)."""
+    if result is not NotImplemented:
         outs = tuple(out) if out is not None else (
             result if isinstance(result, tuple) else (result,))
-        program.file_front(name or op.__name__.partition(".")[0], spec, operands, outs,
+        program.file_front(name or op.__name__.partition(".")[0], launched, operands, outs,
                            out is not None)
-    return result
 
 
 def _layout(args: Sequence, spec: tuple, shapes) -> list | None:

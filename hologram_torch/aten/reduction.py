@@ -65,16 +65,17 @@ def _float_result(x: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype | N
 
 # --- sum / mean ---------------------------------------------------------------------------
 
-def _run(op, x, static, kwargs=(), out=None, name=None):
-    """``op``'s lowering (:mod:`hologram_torch.lowering.reduction`) on ``x``."""
-    return lowered.run(op, (x,), static, kwargs, out, name)
+def _run(op, x, static, kwargs=(), out=None, name=None, file=False):
+    """``op``'s lowering (:mod:`hologram_torch.lowering.reduction`) on ``x``; ``file``: with
+    the front kernel running the call (as :func:`lowered.call`'s)."""
+    return lowered.run(op, (x,), static, kwargs, out, name, file)
 
 
-@impl("sum.dim_IntList")
+@impl("sum.dim_IntList", hot=True)
 def sum_dim(x, dim, keepdim=False, dtype=None):
     axes = _dims(x, dim)
     r = NotImplemented if axes is None else _run(aten.sum.dim_IntList, x, (axes, keepdim),
-                                                 (("dtype", dtype),))
+                                                 (("dtype", dtype),), file=True)
     if r is NotImplemented:
         return run_on_cpu(aten.sum.dim_IntList, x, dim, keepdim, dtype=dtype)
     return r
@@ -103,11 +104,11 @@ def sum_all(x, dtype=None):
     return _whole(aten.sum.dim_IntList, sum_dim, x, dtype)
 
 
-@impl("mean.dim")
+@impl("mean.dim", hot=True)
 def mean_dim(x, dim, keepdim=False, dtype=None):
     axes = _dims(x, dim)
     r = NotImplemented if axes is None else _run(aten.mean.dim, x, (axes, keepdim),
-                                                 (("dtype", dtype),))
+                                                 (("dtype", dtype),), file=True)
     if r is NotImplemented:
         return run_on_cpu(aten.mean.dim, x, dim, keepdim, dtype=dtype)
     return r
