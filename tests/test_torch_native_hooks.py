@@ -548,9 +548,11 @@ def test_front_kernels_from_several_threads():
 
 @needs_native
 def test_views_are_served_from_native_code():
-    """Metadata-only ops (views, set_) are the CPU kernel redispatched from csrc/ops.cpp,
-    not from Python; their results view the device memory as before."""
-    for op in ("aten::view", "aten::as_strided", "aten::_reshape_alias", "aten::alias"):
+    """Metadata-only ops (views, set_) are the CPU's kernels called from csrc/ops.cpp
+    (unboxed for the commonest views, redispatched for the rest), not from Python; their
+    results view the device memory as before."""
+    for op in ("aten::view", "aten::as_strided", "aten::_reshape_alias", "aten::alias",
+               "aten::_unsafe_view", "aten::unfold", "aten::set_.source_Storage"):
         table = torch._C._dispatch_dump(op)
         assert any(line.startswith("PrivateUse1") and "ops.cpp" in line
                    for line in table.splitlines()), table
@@ -559,6 +561,13 @@ def test_views_are_served_from_native_code():
     assert v._base is x and v.device.type == "hologram" and v.stride() == (1, 4)
     x.view(12)[5] = -1.0
     assert v[1, 1].item() == -1.0
+    y = torch.arange(24.0)
+    for fn in (lambda t: t.as_strided((3, 2), (1, 5), 4), lambda t: t.unfold(0, 5, 3),
+               lambda t: torch.ops.aten._unsafe_view(t, [4, 6]),
+               lambda t: torch.ops.aten._reshape_alias(t, [6, 4], [4, 1]).t()):
+        got = fn(y.to("hologram"))
+        assert got.device.type == "hologram" and got.stride() == fn(y).stride()
+        torch.testing.assert_close(got.cpu(), fn(y))
 
 
 @needs_native
