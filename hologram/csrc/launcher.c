@@ -204,7 +204,7 @@ static int parse_job(Launcher *l, PyObject *job, int nbuffers, Job *j)
  * (pointer array length, parameter slots, steps, arena) when every step is a call of
  * native kernels: (kernel address, rows) on this thread, (address, rows, grain) over the
  * worker pool, (partial address, parts, 1, final address) a split reduction, (kernel
- * address, rows, grain, job) a job step (see Job; grain 0: never split); arena None
+ * address, rows, grain, job) a job step (see Job); arena None
  * or (bytes, ((slot, offset), ...), pool core). False: not yet (a build that may still
  * be replaced); None: never. */
 static int refresh_plan(Launcher *l)

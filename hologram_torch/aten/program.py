@@ -297,8 +297,8 @@ def file_front(name: str, static: tuple, args: Sequence, outs: tuple,
     """File the call the front kernel on this thread runs, if any, as the launch :func:`run`
     just made for ``(name, static, args)`` into ``outs``: its fresh results, or with
     ``given`` the ``out`` it was given (results made by the caller and arguments written
-    in place); the op returns the first of them (:func:`native.file_fast`). For
-    multi-output ops whose kernel's decision depends only on the call's signature."""
+    in place); the op returns the first of them (:func:`native.file_fast`). For ops
+    whose kernel's decision depends only on the call's signature."""
     if FRONT and all(type(x) in _NUMBER if not isinstance(x, torch.Tensor) else not x.is_cpu
                      for x in args):
         entry = used_entry(name, static, args, outs if given else None)
