@@ -330,10 +330,12 @@ class _Memo:
         return (fused <= op_by_op) != (self.seen % RESAMPLE == 0)
 
     def timed(self, fused: bool, seconds: float, nodes: tuple) -> None:
-        """Count a run of ``seconds``; an op-by-op run's time only where its programs were
-        their final builds (see :meth:`fused_now`)."""
+        """Count a run of ``seconds``; an op-by-op run's time only once there is a fused
+        program to compare it with, and on its programs' final builds (see
+        :meth:`fused_now`): the first runs of a region's ops pay for their first
+        launches (plans made, memory touched the first time)."""
         self.fused += fused
-        if not (fused or _final(nodes)):
+        if not (fused or (self.launch is not None and _final(nodes))):
             return
         mean = self.seconds[fused]
         self.seconds[fused] = seconds if mean is None else 0.75 * mean + 0.25 * seconds

@@ -441,7 +441,11 @@ def test_op_by_op_is_timed_on_full_builds_before_it_is_compared():
     nodes = (Node(), Node())
     memo = lazy._Memo()
     memo.timed(False, 5.0, nodes)  # the first sighting, on quick builds: not counted
+    nodes[0].launch.executable.final = nodes[1].launch.executable.final = True
+    memo.timed(False, 5.0, nodes)  # nor on full builds, before there is a fused program
     assert memo.seconds == [None, None]
+    nodes[0].launch.executable.final = nodes[1].launch.executable.final = False
+    memo.launch = object()  # (its fused program compiled)
     for _ in range(hologram.config.get().promote_after + 1):
         assert memo.fused_now(nodes)
         memo.timed(True, 2.0, nodes)
