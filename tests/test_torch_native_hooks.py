@@ -252,6 +252,8 @@ FRONT_CASES = {
     "exp": lambda a, b: torch.exp(a), "neg": lambda a, b: -a, "sum": lambda a, b: a.sum(),
     "mean": lambda a, b: a.mean(), "gelu": lambda a, b: torch.nn.functional.gelu(a),
     "sum dim": lambda a, b: a.sum(-1), "mean dim": lambda a, b: a.mean([-1], keepdim=True),
+    "mul.Scalar": lambda a, b: torch.ops.aten.mul.Scalar(a, 0.5),
+    "sub.Scalar": lambda a, b: torch.ops.aten.sub.Scalar(a, 3),
 }
 
 
@@ -262,7 +264,7 @@ FRONT_CASES = {
 def test_front_kernels_serve_filed_calls_with_the_cpu_results(case, layout, dtype):
     fn = FRONT_CASES[case]
     if dtype is torch.int32 and case in ("exp", "mean", "mean dim", "gelu", "mul float",
-                                         "add bool"):
+                                         "add bool", "mul.Scalar"):
         return  # float-only ops (and int + bool, an int op: the int cases cover it)
     shapes = {"flat": ((1000,), (1000,)), "broadcast": ((7, 33), (33,)),
               "transposed": ((33, 7), (33, 7)), "empty": ((0, 5), (5,)), "0-d": ((), ())}

@@ -255,7 +255,7 @@ def _arithmetic(name: str, floating=False, bool_ok=True, alpha=True):
 
     alpha_arg = alpha
     impl(f"{name}.Tensor", hot=True)(hot)
-    native_or_cpu(f"{name}.Scalar")(functional)
+    native_or_cpu(f"{name}.Scalar", hot=True)(functional)  # (x * 0.5: attention's scaling)
     native_or_cpu(f"{name}_.Tensor", hot=True)(inplace)
     native_or_cpu(f"{name}_.Scalar")(inplace)
     native_or_cpu(f"{name}.out")(out_variant)
