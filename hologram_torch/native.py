@@ -226,7 +226,7 @@ def _load_fast(library: ctypes.CDLL) -> None:
     fast.hologram_torch_fast_register.restype = ctypes.c_int
     fast.hologram_torch_fast_setup.argtypes = (ctypes.py_object,) * 2
     fast.hologram_torch_fast_setup.restype = ctypes.c_int
-    fast.hologram_torch_fast_file.argtypes = (ctypes.py_object,) * 4
+    fast.hologram_torch_fast_file.argtypes = (ctypes.py_object,) * 5
     fast.hologram_torch_fast_file.restype = ctypes.c_int
     fast.hologram_torch_fast_clear.argtypes = ()
     fast.hologram_torch_fast_clear.restype = None
@@ -256,16 +256,20 @@ def register_metadata(name: str) -> bool:
     return _fast is not None and _fast.hologram_torch_metadata_register(name.encode()) == 1
 
 
-def file_fast(entry, operands: tuple, outs) -> None:
+def file_fast(entry, operands: tuple, outs, checks: tuple = ()) -> None:
     """Tell the front kernel running on this thread, if any, that its call launched
     ``entry`` (a launch-cache entry of :mod:`.aten.program`) on ``operands`` (the
     program's operands in order: tensors and Python numbers) into ``outs``, a tensor or a
     tuple of them in the launch's order, each one of the call's arguments (written in
     place) or a fresh tensor. It serves the call's signature from then on if the kernel
     returns the first of ``outs`` (as many as the op returns): launching it, or recording
-    it (:mod:`.lazy`)."""
+    it (:mod:`.lazy`). ``checks``: ``(index, bound, dim, ignore)`` argument positions, the
+    index ranges every call must pass first (else its Python kernel runs, which raises
+    PyTorch's error): every value of argument ``index`` in ``[0, size)`` or equal to the
+    int argument ``ignore`` (-1: none), ``size`` being dimension ``dim`` of tensor argument
+    ``bound``, or the int argument ``bound`` where ``dim`` is -1. Not while recording."""
     if _fast is not None and _front[0]:
-        _fast.hologram_torch_fast_file(entry.launch, entry, operands, outs)
+        _fast.hologram_torch_fast_file(entry.launch, entry, operands, outs, checks)
 
 
 _front = [True]

@@ -411,6 +411,42 @@ def test_lowered_ops_are_served_natively(case):
 
 
 @needs_native
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
+def test_served_index_ops_check_every_calls_indices(index_dtype):
+    """nll_loss (forward and backward) and embedding are served natively once filed; each
+    call's indices are checked first (in range, or nll_loss's ignore_index), and a call
+    that fails the check runs the Python kernel, which raises PyTorch's error: the same
+    signature with a target out of range does not launch."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(6, 5, generator=g, dtype=torch.float64).log_softmax(1)
+    good = torch.tensor([0, 4, -100, 2, 1, 3])
+    dx = x.to("hologram").requires_grad_()
+    for _ in range(3):
+        hits = native.fast_stats()["hits"]
+        loss = torch.nn.functional.nll_loss(dx, good.to("hologram"))
+        loss.backward()
+        want = torch.nn.functional.nll_loss(x, good)
+        torch.testing.assert_close(loss.cpu(), want)
+    assert native.fast_stats()["hits"] >= hits + 2  # forward and backward served
+    for bad in (5, -1, -101):
+        target = good.clone()
+        target[1] = bad
+        with pytest.raises(IndexError, match="out of bounds"):
+            torch.nn.functional.nll_loss(dx, target.to("hologram"))
+    table = torch.randn(7, 3, generator=g)
+    indices = torch.tensor([[0, 6], [3, 3]], dtype=index_dtype)
+    dt = table.to("hologram")
+    for _ in range(3):
+        got = torch.nn.functional.embedding(indices.to("hologram"), dt)
+        torch.testing.assert_close(got.cpu(), torch.nn.functional.embedding(indices, table))
+    for bad in (7, -1):
+        wrong = indices.clone()
+        wrong[1, 0] = bad
+        with pytest.raises(IndexError, match="index out of range"):
+            torch.nn.functional.embedding(wrong.to("hologram"), dt)
+
+
+@needs_native
 def test_batch_norm_is_served_with_its_running_statistics_updated_in_place():
     """Batch norm in training launches one program into its three fresh results and over
     the running statistics (arguments, written in place): served from then on, each call

@@ -80,14 +80,15 @@ def run(op: torch._ops.OpOverload, args: Sequence, static: tuple = (), kwargs: t
 
 def call(op: torch._ops.OpOverload, *args, kwargs: tuple = (),
          out: Sequence[torch.Tensor] | None = None, name: str | None = None,
-         file: bool = False):
+         file: bool = False, checks: tuple = ()):
     """``op``'s lowering on its ATen positional arguments ``args``: the tensors among them
     are launch operands, everything else (numbers, lists, None) is compile-time (and must
     be hashable, lists aside). Absent results (None from the entry: a masked-off gradient)
     are left out of the results. NotImplemented as :func:`run`. ``file``: the launch (into
     its results, or ``out``) is filed with the front kernel running the call, if any
     (:func:`program.file_front`), which serves the signature from then on if the kernel
-    returns the first of them as they are."""
+    returns the first of them as they are, and its calls pass the index ``checks``
+    (:func:`native.file_fast`)."""
     operands = []
     template = []
     for a in args:
@@ -99,18 +100,19 @@ def call(op: torch._ops.OpOverload, *args, kwargs: tuple = (),
     launched = ((op, (), tuple(template), kwargs),)
     result = _launch(op, operands, launched, out, name)
     if file:
-        _file(op, name, launched, operands, out, result)
+        _file(op, name, launched, operands, out, result, checks)
     return result
 
 
-def _file(op, name, launched: tuple, operands: Sequence, out, result) -> None:
+def _file(op, name, launched: tuple, operands: Sequence, out, result,
+          checks: tuple = ()) -> None:
     """File the launch just made (into its results, or ``out``) with the front kernel
     running the call, if any (:func:`program.file_front`)."""
     if result is not NotImplemented:
         outs = tuple(out) if out is not None else (
             result if isinstance(result, tuple) else (result,))
         program.file_front(name or op.__name__.partition(".")[0], launched, operands, outs,
-                           out is not None)
+                           out is not None, checks)
 
 
 def _layout(args: Sequence, spec: tuple, shapes) -> list | None:

@@ -176,22 +176,26 @@ def _nll_native(x, target, weight, reduction, ignore_index) -> bool:
 def _register_nll(name: str) -> None:
     forward, backward = getattr(aten, f"{name}_forward"), getattr(aten, f"{name}_backward")
 
-    @impl(f"{name}_forward")
+    # Filed with the front kernel, which checks every call's targets natively: in
+    # [0, classes) or ignore_index (classes: the input's dimension min(dim, 2) - 1).
+    @impl(f"{name}_forward", hot=True)
     def kernel(x, target, weight, reduction, ignore_index):
         r = NotImplemented
         if _nll_native(x, target, weight, reduction, ignore_index):
             r = lowered.call(forward.default, x, target, weight, reduction, int(ignore_index),
-                             name=name)
+                             name=name, file=True,
+                             checks=((1, 0, min(x.dim(), 2) - 1, 4),))
         if r is NotImplemented:
             return run_on_cpu(forward.default, x, target, weight, reduction, ignore_index)
         return r
 
-    @impl(f"{name}_backward")
+    @impl(f"{name}_backward", hot=True)
     def backward_kernel(grad, x, target, weight, reduction, ignore_index, total_weight):
         r = NotImplemented
         if _nll_native(x, target, weight, reduction, ignore_index):
             r = lowered.call(backward.default, grad, x, target, weight, reduction,
-                             int(ignore_index), total_weight, name=f"{name}_backward")
+                             int(ignore_index), total_weight, name=f"{name}_backward",
+                             file=True, checks=((2, 1, min(x.dim(), 2) - 1, 5),))
         if r is NotImplemented:
             return run_on_cpu(backward.default, grad, x, target, weight, reduction,
                               ignore_index, total_weight)
@@ -242,7 +246,7 @@ def native_layer_norm_backward(grad, x, normalized_shape, mean, rstd, weight, bi
 
 # --- embedding ----------------------------------------------------------------------------
 
-@impl("embedding")
+@impl("embedding", hot=True)
 def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     """Rows of ``weight`` at ``indices``: one gather, O(N·D) for N indices into a
     [V, D] table. An index out of range raises PyTorch's IndexError (its CPU kernel's,
@@ -254,21 +258,24 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
     if not in_bounds(indices, 0, weight.shape[0]):  # torch raises its IndexError
         return cpu_error(aten.embedding.default, weight, indices, padding_idx,
                          scale_grad_by_freq, sparse)
-    r = lowered.call(aten.embedding.default, weight, indices)
+    # (filed with the front kernel, which checks every call's indices natively)
+    r = lowered.call(aten.embedding.default, weight, indices, file=True,
+                     checks=((1, 0, 0, -1),))
     if r is NotImplemented:
         return run_on_cpu(aten.embedding.default, weight, indices, padding_idx,
                           scale_grad_by_freq, sparse)
     return r
 
 
-@impl("embedding_dense_backward")
+@impl("embedding_dense_backward", hot=True)
 def embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad_by_freq):
     """The gradient of :func:`embedding` for its [num_weights, D] table: the grad rows
     added per index in index order, one ISA scatter (its lowering in
     :mod:`hologram_torch.lowering.nn`), O((V + N)·D) like the CPU kernel's loop, at any
     multiplicity of an index."""
     r = lowered.call(aten.embedding_dense_backward.default, grad, indices, int(num_weights),
-                     int(padding_idx), bool(scale_grad_by_freq), name="embedding_backward")
+                     int(padding_idx), bool(scale_grad_by_freq), name="embedding_backward",
+                     file=True, checks=((1, 2, -1, -1),))
     if r is NotImplemented:
         return run_on_cpu(aten.embedding_dense_backward.default, grad, indices, num_weights,
                           padding_idx, scale_grad_by_freq)

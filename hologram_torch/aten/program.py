@@ -293,17 +293,18 @@ def remember(shortcut: tuple, name: str, static: tuple, args: Sequence,
 
 
 def file_front(name: str, static: tuple, args: Sequence, outs: tuple,
-               given: bool = False) -> None:
+               given: bool = False, checks: tuple = ()) -> None:
     """File the call the front kernel on this thread runs, if any, as the launch :func:`run`
     just made for ``(name, static, args)`` into ``outs``: its fresh results, or with
     ``given`` the ``out`` it was given (results made by the caller and arguments written
-    in place); the op returns the first of them (:func:`native.file_fast`). For ops
-    whose kernel's decision depends only on the call's signature."""
+    in place); the op returns the first of them (:func:`native.file_fast`, with its index
+    ``checks``). For ops whose kernel's decision depends only on the call's signature and
+    on those checks."""
     if FRONT and all(type(x) in _NUMBER if not isinstance(x, torch.Tensor) else not x.is_cpu
                      for x in args):
         entry = used_entry(name, static, args, outs if given else None)
         if entry is not None:
-            native.file_fast(entry, tuple(args), tuple(outs))
+            native.file_fast(entry, tuple(args), tuple(outs), checks)
 
 
 def used_entry(name: str, static: tuple, args: Sequence,

@@ -67,6 +67,15 @@ struct Out {
   Fresh layout;
 };
 
+// What a filed call checks of its data before it launches (a program would read out of
+// bounds): every value of the index argument `index` (int64 or int32, contiguous) is in
+// [0, size) or equals the int argument `ignore` (-1: none), `size` being dimension `dim`
+// of tensor argument `bound`, or the int argument `bound` itself where `dim` is -1. The
+// Python kernel raises PyTorch's error for a call that fails it.
+struct IndexCheck {
+  int index, bound, dim, ignore;
+};
+
 // How a filed call runs. The op returns its first outputs (as many as it returns): an
 // in-place op its written argument; batch norm its three fresh results, not the running
 // statistics it writes after them.
@@ -75,6 +84,7 @@ struct Entry {
   PyObject* node = nullptr;      // strong: its launch-cache entry, which a region records
   std::vector<int> operands;     // argument positions, in the launch's order
   std::vector<Out> outs;         // in the launch's order
+  std::vector<IndexCheck> checks;
 };
 
 void clear_entry(Entry& entry) {
@@ -225,6 +235,38 @@ bool overlaps(const at::Tensor& out, int written, const c10::IValue* args,
   return false;
 }
 
+template <typename T>
+bool all_in_range(const T* values, int64_t n, int64_t size, bool has_ignore, int64_t ignore) {
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t v = static_cast<int64_t>(values[i]);
+    if ((v < 0 || v >= size) && !(has_ignore && v == ignore)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Does the call pass `check`? (Host memory: the front kernels serve no other.)
+bool passes(const IndexCheck& check, const c10::IValue* args) {
+  const at::Tensor& index = args[check.index].toTensor();
+  if (!index.is_contiguous()) {
+    return false;
+  }
+  const int64_t size = check.dim < 0 ? args[check.bound].toInt()
+                                     : args[check.bound].toTensor().size(check.dim);
+  const bool has_ignore = check.ignore >= 0;
+  const int64_t ignore = has_ignore ? args[check.ignore].toInt() : 0;
+  const int64_t n = index.numel();
+  switch (index.scalar_type()) {
+    case c10::ScalarType::Long:
+      return all_in_range(index.const_data_ptr<int64_t>(), n, size, has_ignore, ignore);
+    case c10::ScalarType::Int:
+      return all_in_range(index.const_data_ptr<int32_t>(), n, size, has_ignore, ignore);
+    default:
+      return false;
+  }
+}
+
 void release_lease(void* lease) {
   // A tensor may die after the interpreter: its block then goes with the process.
   if (lease == nullptr || !Py_IsInitialized() || _Py_IsFinalizing()) {
@@ -263,6 +305,18 @@ bool fresh(const Fresh& layout, at::Tensor& out) {
 // (hologram_torch/lazy.py); false when it must go to the Python kernel after all (which
 // records through Python, running the region first where a hazard requires it).
 bool run(const Entry& entry, const c10::IValue* args, std::vector<at::Tensor>& results) {
+  if (!entry.checks.empty()) {
+    // Recorded, an index may be written by a pending op: the Python kernel runs the
+    // region first where it must.
+    if (hologram_region::recording()) {
+      return false;
+    }
+    for (const IndexCheck& check : entry.checks) {
+      if (!passes(check, args)) {
+        return false;
+      }
+    }
+  }
   results.clear();
   results.resize(entry.outs.size());
   bool given = false;  // some output is an argument
@@ -629,23 +683,45 @@ extern "C" __attribute__((visibility("default"))) int hologram_torch_fast_setup(
 // File the pending call on this thread: `launcher` run on `operands` (Python tensors and
 // numbers, the program's operands in order) wrote `outs`, a tensor or a tuple of them in
 // the launch's order: each an argument (written in place) or a fresh tensor; `node` is
-// the launch-cache entry recorded execution records instead. 1: filed (committed if the
-// kernel returns the first of `outs`, as many as the op returns), 0: no pending call, or
-// one whose arguments cannot express it.
+// the launch-cache entry recorded execution records instead; `checks`, a tuple of
+// (index, bound, dim, ignore) argument positions (see IndexCheck), what every call checks
+// before it launches. 1: filed (committed if the kernel returns the first of `outs`, as
+// many as the op returns), 0: no pending call, or one whose arguments cannot express it.
 extern "C" __attribute__((visibility("default"))) int hologram_torch_fast_file(
-    PyObject* launcher, PyObject* node, PyObject* operands, PyObject* outs) {
+    PyObject* launcher, PyObject* node, PyObject* operands, PyObject* outs,
+    PyObject* checks) {
   Pending* pending = g_pending;
   const bool several = PyTuple_Check(outs);
   if (pending == nullptr || !pending->keyed || !PyTuple_Check(operands) ||
-      !(several || THPVariable_Check(outs))) {
+      !(several || THPVariable_Check(outs)) || !PyTuple_Check(checks)) {
     return 0;
+  }
+  Entry entry;
+  const auto nargs = static_cast<int>(pending->nargs);
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(checks); ++i) {
+    IndexCheck check;
+    if (!PyArg_ParseTuple(PyTuple_GET_ITEM(checks, i), "iiii", &check.index, &check.bound,
+                          &check.dim, &check.ignore)) {
+      PyErr_Clear();
+      return 0;
+    }
+    const c10::IValue* args = pending->args;
+    const bool ok = check.index >= 0 && check.index < nargs && args[check.index].isTensor() &&
+                    check.bound >= 0 && check.bound < nargs &&
+                    (check.dim < 0 ? args[check.bound].isInt()
+                                   : args[check.bound].isTensor() &&
+                                         check.dim < args[check.bound].toTensor().dim()) &&
+                    check.ignore < nargs && (check.ignore < 0 || args[check.ignore].isInt());
+    if (!ok) {
+      return 0;
+    }
+    entry.checks.push_back(check);
   }
   const Py_ssize_t count = several ? PyTuple_GET_SIZE(outs) : 1;
   if (static_cast<size_t>(count) < pending->op->returns) {
     return 0;
   }
   std::vector<bool> used(pending->nargs, false);
-  Entry entry;
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(operands); ++i) {
     const int pos = position(*pending, PyTuple_GET_ITEM(operands, i), used);
     if (pos < 0) {
