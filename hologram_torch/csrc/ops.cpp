@@ -6,13 +6,15 @@
 // Python. For an op registered here, the registered kernel is this file's `front`: it
 // makes a key of the call's arguments (every tensor's device, dtype, sizes and strides;
 // every other argument's value) and looks it up among the calls it has filed. A filed
-// call is launched from here: the output's block from the device's pool, the program's
-// launcher (hologram._native.Launcher) called on the operands' addresses, the tensor made
-// in C++. Any other call runs the op's Python kernel, as torch would; when that kernel
-// launched one program whose output is its result (hologram_torch/aten/program.py's
-// `remember`), it files the call through `hologram_torch_fast_file`, and the same key is
-// served here from then on. Nothing is cached but which program a signature runs: every
-// call launches it on its own operands into its own output.
+// call is launched from here: the outputs' blocks from the device's pool, the program's
+// launcher (hologram._native.Launcher) called on the operands' addresses, the tensors
+// made in C++. Any other call runs the op's Python kernel, as torch would; when that
+// kernel launched one program whose outputs are its results (hologram_torch/aten/
+// program.py's `remember` and `file_front`; some outputs may be arguments written in
+// place), it files the call through `hologram_torch_fast_file`, with the checks of its
+// index arguments it made, and the same key is served here from then on. Nothing is
+// cached but which program a signature runs: every call launches it on its own operands
+// into its own outputs.
 //
 // The key holds everything the Python kernel's decision depended on, so a filed call is
 // valid for every call with that key; except for in-place calls, whose written tensor may
