@@ -282,9 +282,7 @@ def remember(shortcut: tuple, name: str, static: tuple, args: Sequence,
     operands (and, with ``out``, the layout of ``out``: its launch writes there), and with
     the native front kernel running this call, if any (``result``: what the launch
     produced, :func:`native.file_fast`)."""
-    # (only device tensors and numbers: a filed call's operands are those)
-    if not all(type(x) in _NUMBER if not isinstance(x, torch.Tensor) else not x.is_cpu
-               for x in args):
+    if not _fileable(args):
         return
     entry = used_entry(name, static, args, out)
     if entry is not None and entry.single and (out is None or entry.launch is not None):
@@ -300,11 +298,16 @@ def file_front(name: str, static: tuple, args: Sequence, outs: tuple,
     in place); the op returns the first of them (:func:`native.file_fast`, with its index
     ``checks``). For ops whose kernel's decision depends only on the call's signature and
     on those checks."""
-    if FRONT and all(type(x) in _NUMBER if not isinstance(x, torch.Tensor) else not x.is_cpu
-                     for x in args):
+    if FRONT and _fileable(args):
         entry = used_entry(name, static, args, outs if given else None)
         if entry is not None:
             native.file_fast(entry, tuple(args), tuple(outs), checks)
+
+
+def _fileable(args: Sequence) -> bool:
+    """Are these a filed call's kind of operands: device tensors and numbers only?"""
+    return all(type(x) in _NUMBER if not isinstance(x, torch.Tensor) else not x.is_cpu
+               for x in args)
 
 
 def used_entry(name: str, static: tuple, args: Sequence,

@@ -59,9 +59,12 @@ MIN_PIECE = 64
 SHARED_BYTES = 1 << 19
 MIN_SHARED_PIECE = 256
 
-# The job: the words the trampoline reads.
-_WORDS = ("fn", "set_local", "omp_get", "omp_set", "trans_a", "trans_b", "m", "n", "k", "lda",
-          "ldb", "ldc", "a", "b", "c", "columns", "threads")
+# The words every trampoline's job starts with: the entry, its thread setters, the
+# product's flags and sizes, the operands' addresses (filled per call).
+_PRODUCT_WORDS = ("fn", "set_local", "omp_get", "omp_set", "trans_a", "trans_b", "m", "n", "k",
+                  "lda", "ldb", "ldc", "a", "b", "c")
+# The job of a product's pieces: whether they are of columns, the thread count MKL gets.
+_WORDS = _PRODUCT_WORDS + ("columns", "threads")
 _AT = {name: i for i, name in enumerate(_WORDS)}
 _JOB = ctypes.c_int64 * len(_WORDS)
 _I8, _I32, _I64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
@@ -106,11 +109,8 @@ def prepare(dtype: str, trans_a: bool, trans_b: bool, m: int, n: int, k: int, ld
         return single
     columns = n > m
     kernel = _trampoline(found.abi, found.int64, dtype)
-    words = dict(fn=found.address, set_local=found.set_local_threads,
-                 omp_get=found.openmp[0], omp_set=found.openmp[1], trans_a=int(trans_a),
-                 trans_b=int(trans_b), m=m, n=n, k=k, lda=lda, ldb=ldb, ldc=ldc, a=0, b=0,
-                 c=0, columns=int(columns), threads=1)
-    template = _JOB(*(words[name] for name in _WORDS))
+    template = _template(_WORDS, found, trans_a, trans_b, m, n, k, lda, ldb, ldc,
+                         columns=int(columns), threads=1)
     one_thread = None if mkl else _openblas_threads
     at_a, at_b, at_c = _AT["a"], _AT["b"], _AT["c"]
 
@@ -163,11 +163,8 @@ def prepare_batched(dtype: str, trans_a: bool, trans_b: bool, m: int, n: int, k:
     offsets = np.stack([blas.batch_offsets(batch, strides, size) for strides, size in
                         zip((a_strides, b_strides, c_strides), sizes)], axis=1)
     kernel = _batch_trampoline(kind)
-    words = dict(fn=found.address, set_local=found.set_local_threads,
-                 omp_get=found.openmp[0], omp_set=found.openmp[1], trans_a=int(trans_a),
-                 trans_b=int(trans_b), m=m, n=n, k=k, lda=lda, ldb=ldb, ldc=ldc, a=0, b=0,
-                 c=0, offsets=offsets.ctypes.data)
-    template = _BATCH_JOB(*(words[name] for name in _BATCH_WORDS))
+    template = _template(_BATCH_WORDS, found, trans_a, trans_b, m, n, k, lda, ldb, ldc,
+                         offsets=offsets.ctypes.data)
     grain = max(1, -(-MIN_PIECE_FLOPS // (2 * m * n * k)))
     at_a, at_b, at_c = (_BATCH_AT[x] for x in "abc")
 
@@ -181,6 +178,17 @@ def prepare_batched(dtype: str, trans_a: bool, trans_b: bool, m: int, n: int, k:
     call.offsets = offsets  # kept alive with the call: the job holds their address
     call.job = NativeJob(kernel, count, grain, bytes(template), (at_a, at_b, at_c), -1, call)
     return call
+
+
+def _template(names: tuple[str, ...], found: blas.Entry, trans_a: bool, trans_b: bool,
+              m: int, n: int, k: int, lda: int, ldb: int, ldc: int, **rest: int):
+    """A job's words ``names`` (an int64 array): ``found``'s entry and thread setters, the
+    product's flags and sizes, null operands, and ``rest`` by name."""
+    words = dict(fn=found.address, set_local=found.set_local_threads,
+                 omp_get=found.openmp[0], omp_set=found.openmp[1], trans_a=int(trans_a),
+                 trans_b=int(trans_b), m=m, n=n, k=k, lda=lda, ldb=ldb, ldc=ldc, a=0, b=0,
+                 c=0, **rest)
+    return (ctypes.c_int64 * len(names))(*(words[name] for name in names))
 
 
 def cut(dtype: str, m: int, n: int, k: int) -> tuple[int, int]:
@@ -235,10 +243,9 @@ def _trampoline(abi: str, int64: bool, dtype: str) -> int:
     return llvm.load_object(obj, [name], allowed=(), target=host)[name]
 
 
-# The batch loop's job: the entry, its thread setters, the sizes, the bases, and the
-# address of the matrices' byte offsets (uint64 [count, 3]: A's, B's, C's).
-_BATCH_WORDS = ("fn", "set_local", "omp_get", "omp_set", "trans_a", "trans_b", "m", "n", "k",
-                "lda", "ldb", "ldc", "a", "b", "c", "offsets")
+# The batch loop's job: the address of the matrices' byte offsets (uint64 [count, 3]: A's,
+# B's, C's) after the product's words.
+_BATCH_WORDS = _PRODUCT_WORDS + ("offsets",)
 _BATCH_AT = {name: i for i, name in enumerate(_BATCH_WORDS)}
 _BATCH_JOB = ctypes.c_int64 * len(_BATCH_WORDS)
 #: The batch loops: MKL's mixed-precision CBLAS entry (f16/bf16 into float32), and its
