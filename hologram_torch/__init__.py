@@ -43,6 +43,7 @@ from hologram_torch import (  # noqa: E402,F401
     autocast,
     compat,
     distributed,
+    dlpack,
     fallback,
     functional,
     nn,
@@ -50,6 +51,7 @@ from hologram_torch import (  # noqa: E402,F401
 from hologram_torch.aten import program  # noqa: E402
 from hologram_torch.compile import compile_stats, reset_compile_stats  # noqa: E402,F401
 from hologram_torch.custom_ops import custom_op  # noqa: E402
+from hologram_torch.dlpack import from_dlpack  # noqa: E402
 from hologram_torch.fallback import (  # noqa: E402
     FallbackWarning,
     fallback_stats,
@@ -64,8 +66,8 @@ _connect_lazy()  # HOLOGRAM_LAZY=1: the native region, or a warning and op-by-op
 Executor = hologram.Executor
 
 __all__ = [
-    "NAME", "Executor", "FallbackWarning", "custom_op", "fallback_stats", "functional",
-    "get_backend",
+    "NAME", "Executor", "FallbackWarning", "custom_op", "fallback_stats", "from_dlpack",
+    "functional", "get_backend",
     "is_available", "list_available_backends", "nn", "reset_fallback_stats", "set_backend",
     "set_lazy",
 ]
@@ -83,8 +85,9 @@ def get_backend() -> str:
 
 def set_backend(name: str) -> None:
     """Compile the device's kernels for backend ``name`` from now on (``"auto"``, ``"cpu"``,
-    ``"interp"``; :class:`hologram.DeviceError` names the available ones). Tensors stay
-    where they are: every backend available today uses host memory."""
+    ``"interp"``, ``"cuda"``; :class:`hologram.DeviceError` names the available ones),
+    before the first device tensor: the backend decides the device's memory (host memory,
+    or the GPU's for cuda), and tensors cannot move under torch's feet."""
     program.set_backend(name)
 
 

@@ -246,7 +246,7 @@ _MODULE_FUNCTIONS = (
 
 
 #: What the module takes from :mod:`hologram_torch.streams` on first use (it needs the
-#: registered device).
+#: registered device); ``from_dlpack`` comes from :mod:`hologram_torch.dlpack`.
 _STREAM_NAMES = ("Stream", "Event", "current_stream", "default_stream", "set_stream",
                  "stream")
 
@@ -256,6 +256,10 @@ def _stream_attribute(name: str) -> object:
         from hologram_torch import streams
 
         return getattr(streams, name)
+    if name == "from_dlpack":
+        from hologram_torch import dlpack
+
+        return dlpack.from_dlpack
     raise AttributeError(f"module 'torch.{NAME}' has no attribute {name!r}")
 
 

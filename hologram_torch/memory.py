@@ -152,9 +152,8 @@ class _DeviceLease:
 
     __slots__ = ("address", "block")
 
-    def __init__(self, allocator, nbytes: int):
-        self.block = allocator.alloc((nbytes,), np.uint8)
-        self.address = allocator.handle(self.block)
+    def __init__(self, block, address: int):
+        self.block, self.address = block, address
 
     def __del__(self) -> None:
         hold = _device["hold"]
@@ -176,7 +175,10 @@ def _lease(nbytes: int):
     _device["used"] = True
     try:
         device = _device["allocator"]
-        return _pool.lease(nbytes) if device is None else _DeviceLease(device, nbytes)
+        if device is None:
+            return _pool.lease(nbytes)
+        block = device.alloc((nbytes,), np.uint8)
+        return _DeviceLease(block, device.handle(block))
     except OutOfMemoryError as e:
         raise DeviceOutOfMemoryError(f"{NAME}:0 is out of memory. {e}") from None
 
@@ -188,6 +190,17 @@ def storage(nbytes: int) -> torch.UntypedStorage:
     lease = _lease(nbytes)
     st = _construct(lease.address, DEVICE, nbytes)
     st._hologram = lease  # the block returns to the pool when the storage dies
+    return st
+
+
+def shared_storage(address: int, nbytes: int, owner: object,
+                   allocator: object = None) -> torch.UntypedStorage:
+    """A device storage of ``nbytes`` at ``address``, memory another library owns
+    (:mod:`.dlpack`): ``owner`` (its tensor; on GPU memory, ``allocator``'s block of it)
+    is kept alive by the storage."""
+    _device["used"] = True
+    st = _construct(address, DEVICE, nbytes)
+    st._hologram = owner if allocator is None else _DeviceLease(owner, address)
     return st
 
 
@@ -322,17 +335,22 @@ def write_back(*aliases: torch.Tensor | torch.UntypedStorage) -> None:
             write(cst._hologram_storage.data_ptr(), host)
 
 
-def upload(dst: torch.Tensor, src: torch.Tensor) -> None:
+def upload(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> None:
     """``dst.copy_(src)`` from the CPU tensor ``src`` into the device tensor ``dst`` (cast
     and broadcast as ``copy_`` does): one copy of the bytes where both are contiguous
     with one shape and dtype (on device memory: no shadow), else through
-    :func:`cpu_view`."""
+    :func:`cpu_view`. ``non_blocking`` from pinned memory (``src.pin_memory()``): the
+    copy is queued on the current stream and the host returns at once (on GPU memory;
+    elsewhere copies are synchronous), as with CUDA."""
     if (_device["allocator"] is not None and dst.is_contiguous() and src.is_contiguous()
             and src.shape == dst.shape and src.dtype == dst.dtype
             and not _bits(src) and not _bits(dst)):
         if not lazy.untouched(dst):
             lazy.sync("host")
-        write(dst.data_ptr(), host_bytes(src))
+        if non_blocking and src.is_pinned():
+            _device["allocator"].write_async(dst.data_ptr(), host_bytes(src), src)
+        else:
+            write(dst.data_ptr(), host_bytes(src))
         return
     alias = cpu_view(dst)
     alias.copy_(src)

@@ -5,9 +5,11 @@ a GPU: nothing here runs a kernel (docs/cuda.md)."""
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import json
 import re
+import weakref
 
 import numpy as np
 import pytest
@@ -60,6 +62,10 @@ class FakeDriver:
 
     def copy_in(self, pointer: int, source: np.ndarray) -> None:
         self.memory[pointer][: source.nbytes] = source.tobytes()
+
+    def copy_in_async(self, pointer: int, source: np.ndarray) -> None:
+        self.calls.append(("copy in async", pointer, source.nbytes, self.stream))
+        self.copy_in(pointer, source)
 
     def copy_out(self, destination: np.ndarray, pointer: int) -> None:
         destination.reshape(-1).view(np.uint8)[:] = np.frombuffer(
@@ -340,3 +346,57 @@ def test_on_a_gpu_a_kernel_the_renderer_cannot_express_runs_on_the_interpreter(f
     np.testing.assert_allclose(got, want, rtol=1e-5)
     assert not [c for c in driver.calls if c[0] == "launch"]
     assert ("sync",) in driver.calls
+
+
+@needs_triton
+def test_a_launch_at_an_unaligned_address_runs_a_twin_compiled_without_the_alignment(
+        fake_gpu):
+    """The kernels' pointers are compiled as multiples of 16 bytes (vector loads); a view
+    that starts between two boundaries (torch's ``x[1:]``: its data pointer) would fault
+    on a GPU. Such a launch runs the program's twin, compiled without that assumption."""
+    g = Graph("offset")
+    g.output("y", g.input("x", "f32", (1024,)) * 2.0)
+    impl = backends.get("cuda")
+    artifact = impl.compile(g.program())
+    program = impl.load(artifact)
+    kernels = json.loads(artifact)["kernels"]
+    name = kernels[0]["name"]
+    assert "ld.global.v4" in cuda.ptx(artifact, name)
+    blocks = [program.memory.alloc((4096 + 16,), np.uint8) for _ in range(2)]
+    x, y = (program.memory.handle(b) for b in blocks)
+    loads = lambda: sum(c[0] == "load" for c in fake_gpu.calls)  # noqa: E731
+    loaded = loads()
+    program.launch((x, y))
+    assert program.twin is None and loads() == loaded
+    program.launch((x + 4, y + 16))
+    twin = program.twin
+    assert twin is not None and loads() == loaded + len(kernels)
+    ptx = cuda.ptx(twin.artifact, name)
+    assert "ld.global.v4" not in ptx and "ld.global" in ptx
+    program.launch((x, y + 8))  # the twin serves every unaligned launch, built once
+    assert program.twin is twin and loads() == loaded + len(kernels)
+    launched = [c[5][:2] for c in fake_gpu.calls if c[0] == "launch"]
+    assert [p[0] for p in launched[::len(kernels)]] == [x, x + 4, x]  # the input x
+
+
+def test_an_asynchronous_write_holds_its_source_until_the_stream_passes_it():
+    driver = FakeDriver()
+    memory = DeviceMemory(driver)
+    block = memory.alloc((16,), np.uint8)
+    source = np.arange(16, dtype=np.uint8)
+
+    class Owner:  # what owns the source's memory (a pinned torch tensor)
+        pass
+
+    owner = Owner()
+    alive = weakref.ref(owner)
+    memory.write_async(block.pointer, source, owner)
+    del owner
+    gc.collect()
+    assert driver.calls[0] == ("copy in async", block.pointer, 16, driver.stream)
+    assert bytes(driver.memory[block.pointer][:16]) == source.tobytes()
+    assert alive() is not None  # the copy may still be reading it
+    driver.finish()
+    memory.synchronize()
+    gc.collect()
+    assert alive() is None

@@ -154,6 +154,17 @@ H.synchronize()
 ok = (torch.equal(y.cpu(), torch.arange(5.0) * 2 + 1) and s.query() and end.query()
       and start.elapsed_time(end) >= 0)
 """,
+    "DLPack: the emulated GPU memory is shared with no one": """
+from hologram.errors import DeviceError
+x = torch.ones(3, device=D)
+ok = x.__dlpack_device__() == (torch.utils.dlpack.DLDeviceType.kDLExtDev, 0)
+for attempt in (lambda: x.__dlpack__(), lambda: hologram_torch.from_dlpack(torch.ones(3))):
+    try:
+        attempt()
+        ok = "shared"
+    except DeviceError as e:
+        ok = ok and "HOLOGRAM_CUDA_EMULATE" in str(e)
+""",
     "CPU tensors still compute on the host": """
 a, b = torch.randn(6), torch.randn(6)
 ok = torch.equal(hologram_torch.functional.mul(a, b), a * b) and torch.equal(

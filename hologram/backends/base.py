@@ -104,6 +104,12 @@ class Allocator(ABC):
         raise DeviceError(f"{type(self).__name__}: write at a handle is not supported: its "
                           "handles are not addresses; copy into an allocation with copy_in")
 
+    def write_async(self, handle: int, source: np.ndarray, keep: object) -> None:
+        """:meth:`write`, queued after the launches before it where the device runs
+        asynchronously: the host may return before the copy is done, so ``keep`` (what
+        owns ``source``'s memory) is held until it is. The default is :meth:`write`."""
+        self.write(handle, source)
+
     def read(self, handle: int, destination: np.ndarray) -> None:
         """Copy ``destination.nbytes`` bytes of device memory at ``handle`` (as in
         :meth:`write`) into the C-contiguous host array ``destination``. A copy of 0 bytes

@@ -223,7 +223,7 @@ def _copy_from(src, dst, non_blocking=False):
         dst.copy_(memory.download(src))
     elif src.is_cpu and src.dim() != 0:  # host -> device
         if dst.numel():
-            memory.upload(dst, src)
+            memory.upload(dst, src, non_blocking)
     else:
         copy_into(dst, src)
     return dst

@@ -279,7 +279,7 @@ class CudaBackend(Backend):
                 return _Emulated(header)
             if self._temps is None:
                 self._temps = DeviceMemory(gpu()[0])
-            return DeviceProgram(artifact, gpu()[0], self._temps)
+            return DeviceProgram(artifact, gpu()[0], self._temps, _unaligned)
         where = f"this machine's GPU ({device})" if device else (
             "the emulation (HOLOGRAM_CUDA_EMULATE=1)" if config.get().cuda_emulate else
             f"no GPU here ({why_no_gpu()})")
@@ -333,18 +333,31 @@ def resources(ptxas_report: str, metadata: dict, cuobjdump_report: str = "") -> 
             "profile_scratch_size": int(metadata.get("profile_scratch_size", 0))}
 
 
-def _compile(source: str, kernels: list[dict], arch: int) -> list[dict]:
-    """Every kernel compiled for ``arch``: from the disk cache of compiled kernels
-    (:mod:`.kernels`), the rest by Triton (one request for all of them) and stored."""
+def _unaligned(artifact: bytes) -> bytes:
+    """``artifact`` with its kernels compiled for pointers of any alignment (a program's
+    twin for views that start between 16-byte boundaries: a torch view's data pointer)."""
+    header = json.loads(artifact)
+    header["compiled"] = _compile(header["source"], header["kernels"],
+                                  TARGETS[header["target"]], alignment=1)
+    return json.dumps(header).encode()
+
+
+def _compile(source: str, kernels: list[dict], arch: int, alignment: int = ALIGNMENT
+             ) -> list[dict]:
+    """Every kernel compiled for ``arch``, its pointers known to be multiples of
+    ``alignment`` bytes: from the disk cache of compiled kernels (:mod:`.kernels`), the
+    rest by Triton (one request for all of them) and stored."""
     found = gpu()
     driver = found[0].version() if found is not None else None
-    keys = [kernels_cache.key(source, k, OPTIONS, arch, driver) for k in kernels]
+    # (the aligned kernels' keys predate the alignment: only the twins name it)
+    options = OPTIONS if alignment == ALIGNMENT else {**OPTIONS, "alignment": alignment}
+    keys = [kernels_cache.key(source, k, options, arch, driver) for k in kernels]
     out = [kernels_cache.load(key) for key in keys]
     missing = [i for i, entry in enumerate(out) if entry is None]
     if not missing:
         return out
     request = {"op": "compile", "source": source, "arch": arch, "options": OPTIONS,
-               "alignment": ALIGNMENT,
+               "alignment": alignment,
                "kernels": [{"name": kernels[i]["name"], "signature": kernels[i]["signature"],
                             "num_warps": kernels[i]["num_warps"],
                             "num_stages": kernels[i]["num_stages"]} for i in missing]}

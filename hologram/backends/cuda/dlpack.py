@@ -46,9 +46,11 @@ NO_SYNC, LEGACY_STREAM, PER_THREAD_STREAM = -1, 1, 2
 DEVICE_NAMES = {1: "cpu", 2: "cuda", 3: "cuda_host", 4: "opencl", 7: "vulkan", 8: "metal",
                 10: "rocm", 13: "cuda_managed", 14: "oneapi", 15: "webgpu"}
 _READ_ONLY = 1  # DLPACK_FLAG_BITMASK_READ_ONLY
-# DLDataTypeCode: kDLInt, kDLUInt, kDLFloat, kDLBool, by NumPy's dtype kind.
-_CODES = {"i": 0, "u": 1, "f": 2, "b": 6}
+# DLDataTypeCode: kDLInt, kDLUInt, kDLFloat, kDLComplex, kDLBool, by NumPy's dtype kind
+# (kDLBfloat, 4, has no NumPy dtype: :class:`Tensor` keeps its code and bits).
+_CODES = {"i": 0, "u": 1, "f": 2, "c": 5, "b": 6}
 _KINDS = {code: kind for kind, code in _CODES.items()}
+_BFLOAT = 4
 
 
 class DLDevice(ctypes.Structure):
@@ -170,25 +172,29 @@ def dtype_code(dtype: np.dtype) -> tuple[int, int]:
     return _CODES[dtype.kind], dtype.itemsize * 8
 
 
-def export(pointer: int, shape: tuple[int, ...], dtype: np.dtype, device: tuple[int, int],
-           owner: object, max_version: tuple[int, int] | None = None,
-           on_delete: Callable[[object], None] | None = None) -> Any:
-    """A capsule of the C-contiguous ``shape`` elements of ``dtype`` at ``pointer`` on
-    ``device`` (``(device type, id)``): ``"dltensor_versioned"`` (DLPack 1.0, writable)
+def export(pointer: int, shape: tuple[int, ...], dtype: np.dtype | tuple[int, int],
+           device: tuple[int, int], owner: object, max_version: tuple[int, int] | None = None,
+           on_delete: Callable[[object], None] | None = None,
+           strides: tuple[int, ...] | None = None) -> Any:
+    """A capsule of the ``shape`` elements of ``dtype`` (a NumPy dtype, or DLPack's
+    ``(code, bits)``) at ``pointer`` on ``device`` (``(device type, id)``), C-contiguous
+    or with ``strides`` (in elements): ``"dltensor_versioned"`` (DLPack 1.0, writable)
     when ``max_version`` is 1.x or later, else ``"dltensor"``. ``owner`` (the allocation)
     stays alive until the consumer calls the deleter, or the capsule goes unconsumed;
     ``on_delete(owner)`` is then called, if given (to hold it longer)."""
     versioned = max_version is not None and max_version[0] >= 1
     managed = DLManagedTensorVersioned() if versioned else DLManagedTensor()
     dims = (ctypes.c_int64 * max(len(shape), 1))(*shape)
+    steps = None if strides is None else (ctypes.c_int64 * max(len(shape), 1))(*strides)
     tensor = managed.dl_tensor
     tensor.data = pointer
     tensor.device = DLDevice(*device)
     tensor.ndim = len(shape)
-    code, bits = dtype_code(np.dtype(dtype))
+    code, bits = dtype if isinstance(dtype, tuple) else dtype_code(np.dtype(dtype))
     tensor.dtype = DLDataType(code, bits, 1)
     tensor.shape = ctypes.cast(dims, ctypes.POINTER(ctypes.c_int64))
-    tensor.strides = None  # NULL: compact row-major
+    # NULL: compact row-major
+    tensor.strides = None if steps is None else ctypes.cast(steps, ctypes.POINTER(ctypes.c_int64))
     tensor.byte_offset = 0
     managed.manager_ctx = None
     if versioned:
@@ -199,7 +205,7 @@ def export(pointer: int, shape: tuple[int, ...], dtype: np.dtype, device: tuple[
         managed.deleter = _deleter
     address = ctypes.addressof(managed)
     with _exported_lock:
-        _exported[address] = (managed, dims, owner, on_delete)
+        _exported[address] = (managed, (dims, steps), owner, on_delete)
     name = b"dltensor_versioned" if versioned else b"dltensor"
     return _api.PyCapsule_New(address, name, _capsule_destructor)
 
@@ -219,10 +225,12 @@ class Tensor:
     device: tuple[int, int]
     shape: tuple[int, ...]
     strides: tuple[int, ...] | None  # in elements; None: compact row-major
-    dtype: np.dtype
+    dtype: np.dtype | None  # None: a DLPack type NumPy lacks (bfloat16); see code, bits
     byte_offset: int
     read_only: bool
     release: Callable[[], None]
+    code: int = 2  # DLPack's DLDataTypeCode and bits
+    bits: int = 32
 
     @property
     def c_contiguous(self) -> bool:
@@ -254,11 +262,12 @@ def unpack(capsule: Any, where: str) -> Tensor:
     tensor = managed.dl_tensor
     dt = tensor.dtype
     kind_code = _KINDS.get(dt.code)
-    if kind_code is None or dt.lanes != 1 or dt.bits % 8:
+    if (kind_code is None and dt.code != _BFLOAT) or dt.lanes != 1 or dt.bits % 8:
         raise DTypeError(f"{where}: DLPack dtype (code {dt.code}, {dt.bits} bits, {dt.lanes} "
                          "lanes) has no buffer dtype; convert the tensor first (e.g. to "
                          "float32)")
-    dtype = np.dtype(f"{kind_code}{dt.bits // 8}") if kind_code != "b" else np.dtype(bool)
+    dtype = (None if kind_code is None else np.dtype(bool) if kind_code == "b"
+             else np.dtype(f"{kind_code}{dt.bits // 8}"))
     _api.PyCapsule_SetName(capsule, b"used_dltensor_versioned" if versioned
                            else b"used_dltensor")
     ndim = tensor.ndim
@@ -275,4 +284,5 @@ def unpack(capsule: Any, where: str) -> Tensor:
 
     return Tensor((tensor.data or 0) + tensor.byte_offset,
                   (tensor.device.device_type, tensor.device.device_id), shape, strides, dtype,
-                  tensor.byte_offset, versioned and bool(managed.flags & _READ_ONLY), release)
+                  tensor.byte_offset, versioned and bool(managed.flags & _READ_ONLY), release,
+                  dt.code, dt.bits)

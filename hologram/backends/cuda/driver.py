@@ -257,6 +257,14 @@ class Driver:
             self.check("cuMemcpyHtoD", self.cu.cuMemcpyHtoD(pointer, source.ctypes.data,
                                                             source.nbytes))
 
+    def copy_in_async(self, pointer: int, source: np.ndarray) -> None:
+        """Host to device, queued on this thread's stream (the caller keeps ``source``
+        alive until the stream passes it)."""
+        self._bind()
+        if source.nbytes:
+            self.check("cuMemcpyHtoDAsync", self.cu.cuMemcpyHtoDAsync(
+                pointer, source.ctypes.data, source.nbytes, self.stream))
+
     def copy_out(self, destination: np.ndarray, pointer: int) -> None:
         self._bind()
         if destination.nbytes:

@@ -20,6 +20,7 @@ import operator
 import threading
 import warnings
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +28,7 @@ import numpy as np
 
 from hologram.backends.base import Allocator, Executable, contiguous
 from hologram.backends.hostmem import CLASS_SIZES, NUM_CLASSES, size_class
-from hologram.errors import DeviceError, HologramError, OutOfMemoryError, ShapeError
+from hologram.errors import DeviceError, DTypeError, HologramError, OutOfMemoryError, ShapeError
 from hologram.isa.text import parse_program
 
 from . import dlpack
@@ -313,11 +314,13 @@ class DeviceMemory(Allocator):
 
     # --- DLPack (kDLCUDA) ---------------------------------------------------------------
     def export_dlpack(self, allocation: DeviceBlock, shape: tuple[int, ...],
-                      dtype: np.dtype, max_version: tuple[int, int] | None = None,
-                      stream: object = None) -> Any:
-        """A DLPack capsule of ``allocation``'s first ``shape`` elements (kDLCUDA, this
-        device; versioned when ``max_version`` allows), keeping the block alive until the
-        consumer's deleter call.
+                      dtype: np.dtype | tuple[int, int],
+                      max_version: tuple[int, int] | None = None, stream: object = None, *,
+                      offset: int = 0, strides: tuple[int, ...] | None = None) -> Any:
+        """A DLPack capsule of ``allocation``'s ``shape`` elements from byte ``offset``
+        (kDLCUDA, this device; C-contiguous or with ``strides`` in elements; ``dtype`` a
+        NumPy dtype or DLPack's ``(code, bits)``; versioned when ``max_version`` allows),
+        keeping the block alive until the consumer's deleter call.
 
         ``stream`` is the consumer's (``__dlpack__``'s argument, :func:`.dlpack.
         consumer_stream`): the work queued on this driver's stream is ordered before it,
@@ -332,20 +335,17 @@ class DeviceMemory(Allocator):
         other = consumer is not None and consumer != ours
         if other:
             self.driver.wait_event(consumer, self.driver.record_event())
-        return dlpack.export(allocation.pointer, shape, dtype,
+        return dlpack.export(allocation.pointer + offset, shape, dtype,
                              (dlpack.KDL_CUDA, self.device_id), allocation, max_version,
                              functools.partial(self._after_consumer, consumer) if other
-                             else None)
+                             else None, strides)
 
-    def import_dlpack(self, producer: Any) -> tuple[DeviceBlock, tuple[int, ...], np.dtype]:
-        """The memory of a DLPack ``producer`` on this device, zero-copy: an allocation
-        (not this pool's) whose end calls the producer's deleter once and releases the
-        producer, with the tensor's shape and dtype. The producer is given this driver's
-        stream (``__dlpack__(stream=...)``), so it orders its queued work before ours, as
-        the protocol asks of it; when the allocation ends, the deleter is called once the
-        work queued on our stream by then has completed (:meth:`_defer`), so the producer
-        cannot reuse the memory under our kernels. Other devices, strided and read-only
-        tensors, and memory not aligned to :data:`ALIGNMENT` bytes are refused."""
+    def take_dlpack(self, producer: Any) -> dlpack.Tensor:
+        """The tensor of a DLPack ``producer`` of memory on this device, its capsule taken
+        (the caller calls ``release()`` once, or hands it to :meth:`foreign_block`). The
+        producer is given this driver's stream (``__dlpack__(stream=...)``), so it orders
+        its queued work before ours, as the protocol asks of it. Other devices are
+        refused."""
         kind, ordinal = map(int, producer.__dlpack_device__())
         if (kind, ordinal) != (dlpack.KDL_CUDA, self.device_id):
             name = dlpack.DEVICE_NAMES.get(kind, f"DLPack device type {kind}")
@@ -354,8 +354,6 @@ class DeviceMemory(Allocator):
                 f"this executor (cuda) keeps buffers on cuda:{self.device_id}; move it there "
                 f"first (torch: t.to('cuda:{self.device_id}')), or copy host data in with "
                 "ex.from_numpy(...)")
-        # The producer orders its pending work before this driver's stream (DLPack's
-        # stream argument: a producer on another stream makes ours wait for an event).
         # DLPack 1.x first (it says whether the memory is read-only); producers older
         # than max_version refuse the keyword.
         stream = dlpack.stream_argument(self.driver.stream_handle())
@@ -363,26 +361,46 @@ class DeviceMemory(Allocator):
             capsule = producer.__dlpack__(stream=stream, max_version=(1, 0))
         except TypeError:
             capsule = producer.__dlpack__(stream=stream)
-        tensor = dlpack.unpack(capsule, "from_dlpack")
+        return dlpack.unpack(capsule, "from_dlpack")
+
+    def foreign_block(self, tensor: dlpack.Tensor, producer: Any, pointer: int,
+                      nbytes: int) -> DeviceBlock:
+        """An allocation (not this pool's) of ``nbytes`` of ``tensor``'s memory from
+        ``pointer``, whose end calls its deleter once and releases ``producer``, once the
+        work queued on our stream by then has completed (:meth:`_defer`), so the producer
+        cannot reuse the memory under our kernels."""
+        block = DeviceBlock(pointer, nbytes, nbytes)
+        block.end = End(self._defer, None, _release_foreign, tensor.release, producer)
+        return block
+
+    def import_dlpack(self, producer: Any) -> tuple[DeviceBlock, tuple[int, ...], np.dtype]:
+        """The memory of a DLPack ``producer`` on this device, zero-copy
+        (:meth:`take_dlpack`, :meth:`foreign_block`), with the tensor's shape and dtype.
+        Strided and read-only tensors, dtypes without a buffer dtype (bfloat16) and memory
+        not aligned to :data:`ALIGNMENT` bytes are refused."""
+        tensor = self.take_dlpack(producer)
+        what = type(producer).__name__
         if not tensor.c_contiguous or tensor.read_only:
             tensor.release()
-            what = ("read-only" if tensor.read_only else
-                    f"not C-contiguous (strides {list(tensor.strides)})")
-            raise ShapeError(f"from_dlpack: {type(producer).__name__} {list(tensor.shape)} "
-                             f"{tensor.dtype} is {what}; buffers are contiguous and writable, "
-                             "so pass a contiguous, writable copy (.contiguous() or .clone() "
-                             "in torch)")
+            how = ("read-only" if tensor.read_only else
+                   f"not C-contiguous (strides {list(tensor.strides)})")
+            raise ShapeError(f"from_dlpack: {what} {list(tensor.shape)} {tensor.dtype} is "
+                             f"{how}; buffers are contiguous and writable, so pass a "
+                             "contiguous, writable copy (.contiguous() or .clone() in torch)")
+        if tensor.dtype is None:
+            tensor.release()
+            raise DTypeError(f"from_dlpack: DLPack dtype (code {tensor.code}, {tensor.bits} "
+                             "bits) has no buffer dtype; convert the tensor first (e.g. to "
+                             "float32)")
         if tensor.data % ALIGNMENT:
             tensor.release()
-            raise ShapeError(f"from_dlpack: {type(producer).__name__} {list(tensor.shape)} "
-                             f"{tensor.dtype} starts at {tensor.data:#x}, not on a "
-                             f"{ALIGNMENT}-byte boundary (a view into a larger tensor?); "
-                             "the kernels' vector loads assume it, so pass a copy "
-                             "(.clone() in torch)")
+            raise ShapeError(f"from_dlpack: {what} {list(tensor.shape)} {tensor.dtype} starts "
+                             f"at {tensor.data:#x}, not on a {ALIGNMENT}-byte boundary (a "
+                             "view into a larger tensor?); the kernels' vector loads assume "
+                             "it, so pass a copy (.clone() in torch)")
         nbytes = int(np.prod(tensor.shape, dtype=np.int64)) * tensor.dtype.itemsize
-        block = DeviceBlock(tensor.data, nbytes, nbytes)
-        block.end = End(self._defer, None, _release_foreign, tensor.release, producer)
-        return block, tensor.shape, tensor.dtype
+        return (self.foreign_block(tensor, producer, tensor.data, nbytes), tensor.shape,
+                tensor.dtype)
 
     # --- copies -------------------------------------------------------------------------
     def _check(self, allocation: DeviceBlock, nbytes: int, what: str) -> None:
@@ -404,6 +422,15 @@ class DeviceMemory(Allocator):
         contiguous(source, "cuda write")
         if source.nbytes:
             self.driver.copy_in(handle, source)
+
+    def write_async(self, handle: int, source: np.ndarray, keep: object) -> None:
+        """``cuMemcpyHtoDAsync`` on the current stream; ``keep`` (and ``source``) are held
+        until it completes. From page-locked memory (torch's ``pin_memory()``) the host
+        returns at once; from pageable memory the driver stages the bytes first."""
+        contiguous(source, "cuda write")
+        if source.nbytes:
+            self.driver.copy_in_async(handle, source)
+            self._defer(None, _let_go, keep, source)
 
     def copy(self, destination: int, source: int, nbytes: int) -> None:
         """``cuMemcpyDtoDAsync`` on the stream the kernels run on (in order with them)."""
@@ -509,10 +536,17 @@ _warned: set[str] = set()
 class DeviceProgram(Executable):
     """A compiled artifact loaded through ``driver``: each kernel's module (shared through
     :func:`module_of`), temporaries and scratch owned by the program, every kernel launched
-    in order on the stream."""
+    in order on the stream.
 
-    def __init__(self, artifact: bytes, driver: Any, memory: DeviceMemory):
+    The kernels assume their pointers are multiples of :data:`ALIGNMENT` (their vector
+    loads do); a launch given one that is not (a view starting inside a block, as torch's
+    ``x[1:]``) runs the program's twin compiled without that assumption (``unaligned``:
+    artifact -> the same artifact compiled so), built on first need."""
+
+    def __init__(self, artifact: bytes, driver: Any, memory: DeviceMemory,
+                 unaligned: Callable[[bytes], bytes] | None = None):
         header = json.loads(artifact)
+        self.artifact, self.unaligned, self.twin = artifact, unaligned, None
         if "compiled" not in header:
             raise DeviceError(f"cuda: program {header['program']} was not built for a GPU "
                               "target; build it with target='sm_80' or 'sm_90'")
@@ -557,6 +591,12 @@ class DeviceProgram(Executable):
         if len(handles) != len(self.params):
             raise ShapeError(f"cuda program {self.name}: takes {len(self.params)} buffers, "
                              f"got {len(handles)}")
+        if self.unaligned is not None and any(h % ALIGNMENT for h in handles):
+            if self.twin is None:
+                self.twin = DeviceProgram(self.unaligned(self.artifact), self.driver,
+                                          self.memory)
+            self.twin.launch(handles)
+            return
         for index, step in self.steps:
             if not isinstance(step, int):
                 self._interpret(index, step["reason"], self._pointers(handles))
