@@ -64,8 +64,9 @@ FORMAT = "triton-3"
 #: What the generated code uses: f16/bf16 arithmetic through f32 (rounded after each
 #: operation by the decompose pass; their fma through f64 steps); float min/max built from
 #: compares; gather (render.py: the operand clamped in its own width, the element summed
-#: in wrapping int32); scatter (render.py: one program instance makes a grid point's
-#: writes, in index order, in rounds of writes to distinct elements); split reductions,
+#: in wrapping int32, or in int64 where a kernel's indices reach 2**31); scatter
+#: (render.py: one program instance makes a grid point's writes, in index order, in
+#: rounds of writes to distinct elements); split reductions,
 #: split-K and fission with render.py's numbers (:meth:`CudaBackend.capabilities`).
 _CAPS = Capabilities(f64=True, i64=True, narrow_storage=True, ieee_minmax=False, gather=True,
                      scatter=True, fission=True)
@@ -84,6 +85,7 @@ _ANY = frozenset({"load", "gather", "store", "scatter", "const", "index", "cast"
                   "ge", "reduce"})
 _SPLIT_WORK = render_module.SPLIT_WORK  # the default split threshold
 _SPLIT_K_WORK = render_module.SPLIT_K_WORK  # the default split-K threshold
+_WIDE_INDICES = render_module.WIDE_INDICES  # the default reach of int64 indices
 #: Triton compile options: never contract a*b+c to an FMA (one rounding, not two).
 OPTIONS = {"enable_fp_fusion": False}
 
@@ -186,7 +188,7 @@ class CudaBackend(Backend):
                               f"{', '.join(TARGETS)}")
         # Everything the generated code depends on beyond the program is named here, so it
         # is part of every cache key (launch.build): TF32 matmuls, a lowered split
-        # threshold (tests).
+        # threshold, a lowered reach of int64 indices (tests).
         text = f"{FORMAT} triton-{worker.TRITON_VERSION} {name or 'interpret'}"
         if config.get().cuda_allow_tf32:
             text += " tf32"
@@ -194,6 +196,8 @@ class CudaBackend(Backend):
             text += f" split-work-{render_module.SPLIT_WORK}"
         if render_module.SPLIT_K_WORK != _SPLIT_K_WORK:
             text += f" split-k-work-{render_module.SPLIT_K_WORK}"
+        if render_module.WIDE_INDICES != _WIDE_INDICES:
+            text += f" wide-indices-{render_module.WIDE_INDICES}"
         return text
 
     def capabilities(self, target: str | None = None) -> Capabilities:

@@ -28,6 +28,15 @@ to an FMA, which would round once instead of twice). The transcendental
 functions are the shared algorithms of :mod:`hologram.codegen.mathlib`, written out by
 :class:`.mathlib.TritonEmitter`: the same bits as the cpu backend's.
 
+Indices (grid points, loop indices, coordinates, element addresses) are int32 in a kernel
+whose index arithmetic stays below ``WIDE_INDICES`` (2**31; :meth:`_Kernel.reach`), the
+fast case; a kernel that may reach it (a buffer of 2**31 elements or more, or as many
+points) computes them in int64, as PyTorch's kernels switch to 64-bit indexing: its
+program id and every ``tl.arange`` tile an index is made from are widened
+(``.to(tl.int64)``) before they are scaled or added, so everything derived from them is
+int64 (Python literals take the tile's type in Triton; a lone one past int32 is int64 or
+a zero-extended uint32 offset).
+
 A ``scatter`` (docs/isa.md) is written where a store would be (:meth:`_Kernel.scatter`).
 Its writes to one element all come from one grid point (the schedule keeps only disjoint
 dimensions on the grid), so the rows of a tile write different elements; one grid
@@ -109,6 +118,13 @@ SPLIT_K_PROGRAMS = 264
 #: A scatter nest's writes per tile row at most: its rounds compare every write of a row
 #: with every other, an ``[XBLOCK, RBLOCK, RBLOCK]`` tile of at most ``TILE`` elements.
 SCATTER_RBLOCK = 64
+#: Index width: a kernel whose indices may reach this many (:meth:`_Kernel.reach`: the
+#: elements of a buffer it touches, the points of its domain, a split's chunks and
+#: partials) computes them in int64, every other one in int32 (faster: 64-bit products,
+#: divisions and remainders take several instructions; its source is the same as before
+#: int64 indices existed). Tests lower it to run the int64 kernels of small programs (the
+#: backend's target string then names it, so cached artifacts never mix).
+WIDE_INDICES = 2**31
 #: The Triton pointer type of each buffer dtype (bf16 as its bits, bool as a byte).
 POINTER = {"f64": "*fp64", "f32": "*fp32", "f16": "*fp16", "bf16": "*i16", "i64": "*i64",
            "i32": "*i32", "i16": "*i16", "i8": "*i8", "u8": "*u8", "bool": "*u8"}
@@ -380,9 +396,6 @@ class _Kernel:
         if self.plan.unsupported and 0 not in kernel.domain:
             raise CompileError(f"cuda: kernel {kernel.name} cannot be rendered: "
                                f"{self.plan.unsupported}")
-        if any(b.size >= 2**31 for b in program.buffers):
-            raise CompileError(f"cuda: program {program.name} has a buffer of 2**31 "
-                               "elements or more (indices are int32); split it")
         self.xblock, self.rblock = blocks(kernel)
         if split is not None:  # one row per program instance, its chunk's tile
             self.xblock, self.rblock = 1, rblock
@@ -390,6 +403,9 @@ class _Kernel:
         # scratch buffer of each field of the partial state (name -> (buffer, register
         # type)), written by every chunk's program instance, read by the row's last.
         self.split = split
+        # int64 indices where they may reach 2**31 (WIDE_INDICES), else int32
+        self.wide = self.reach() >= WIDE_INDICES
+        self.index_t = "tl.int64" if self.wide else "tl.int32"
         self.partials: dict[str, tuple[int, str]] | None = None
         self.lines: list[str] = []
         self.depth = 1
@@ -398,7 +414,7 @@ class _Kernel:
         self.point: dict[int, str] = {}
         self.local: dict[int, str] = {}
         self.mask = "xmask"
-        self.zero = "xzero"  # an int32 zero tile of the mask's shape
+        self.zero = "xzero"  # a zero index tile (index_t) of the mask's shape
         self.width = 1  # the flat loop index's tile in the current store nest (1: none)
         self.stages = 1  # Triton's software pipeline: only matrix products' loads gain
         self.warps: int | None = None  # by the tile's size unless a matrix product sets it
@@ -412,6 +428,40 @@ class _Kernel:
         name = f"t{self.names}"
         self.line(f"{name} = {expr}")
         return name
+
+    # --- indices ------------------------------------------------------------------------
+    def reach(self) -> int:
+        """A bound on this kernel's index arithmetic: the largest of the sizes of the
+        buffers it touches (every address of an unmasked lane, and every partial sum of
+        one, is an element of its buffer), the grid's points and the loop dimensions'
+        (the flat indices: the grid's, a nest's or a reduction's over some of the loop
+        dimensions, a matrix product's rows, columns and k; their tiles end at most one
+        power-of-two block past them, which 2**31 is a multiple of), a split reduction's
+        chunks (``parts * chunk`` per row) and partials (``points * parts``), a split
+        matrix product's chunks of k and partial tiles."""
+        kernel = self.kernel
+        counts = [math.prod(kernel.grid), math.prod(kernel.loops)]
+        counts += [self.program.buffers[b].size for b in kernel.reads() | kernel.writes()]
+        if self.split is not None:
+            parts, chunk, _ = self.split
+            counts += [parts * chunk, math.prod(kernel.grid) * parts]
+        if self.split_k is not None:
+            parts, chunk, _ = self.split_k
+            mm = loops.matmul(kernel, self.plan)
+            bm, bn, _, _ = matmul_tiles(kernel, mm, self.tf32)
+            tiles = mm.batch * -(-kernel.domain[mm.m] // bm) * -(-kernel.domain[mm.n] // bn)
+            counts += [parts * chunk, tiles * parts * bm * bn]
+        return max(counts)
+
+    def pid(self) -> str:
+        """The program instance's number, int64 in a wide kernel."""
+        return "tl.program_id(0).to(tl.int64)" if self.wide else "tl.program_id(0)"
+
+    def arange(self, n: int, column: bool) -> str:
+        """``tl.arange(0, n)`` as a column (``[:, None]``) or a row (``[None, :]``) of an
+        index tile, int64 in a wide kernel."""
+        tile = f"tl.arange(0, {n})[{':, None' if column else 'None, :'}]"
+        return f"{tile}.to(tl.int64)" if self.wide else tile
 
     # --- structure ----------------------------------------------------------------------
     def render(self) -> dict:
@@ -467,10 +517,10 @@ class _Kernel:
         points = math.prod(kernel.grid)
         position = next(i for i, x in enumerate(kernel.body) if x.op in ("reduce", "contract"))
         instr = kernel.body[position]
-        self.line("pid = tl.program_id(0)")
+        self.line(f"pid = {self.pid()}")
         self.line(f"part = pid % {parts}")
         self.line(f"row = pid // {parts}")
-        self.line("x = row + tl.arange(0, 1)[:, None]")
+        self.line(f"x = row + {self.arange(1, True)}")
         self.line(f"xmask = x < {points}")
         self.line("xzero = x * 0")
         self.grid_indices()
@@ -506,8 +556,7 @@ class _Kernel:
         indices; the number of program instances."""
         kernel = self.kernel
         points = math.prod(kernel.grid)
-        self.line(f"x = tl.program_id(0) * {self.xblock} + "
-                  f"tl.arange(0, {self.xblock})[:, None]")
+        self.line(f"x = {self.pid()} * {self.xblock} + {self.arange(self.xblock, True)}")
         self.line(f"xmask = x < {points}")
         self.line("xzero = x * 0")
         self.grid_indices()
@@ -566,7 +615,7 @@ class _Kernel:
             self.stages = MATMUL_IEEE_STAGES
         tiles_m, tiles_n = -(-domain[mm.m] // bm), -(-domain[mm.n] // bn)
         parts, chunk = self.split_k[:2] if self.split_k else (1, domain[mm.k])
-        self.line("pid = tl.program_id(0)")
+        self.line(f"pid = {self.pid()}")
         if parts > 1:  # program instance pid takes chunk `part` of k of tile `pid // parts`
             self.line(f"part = pid % {parts}")
             self.line(f"pid = pid // {parts}")
@@ -582,8 +631,8 @@ class _Kernel:
             tile_m, tile_n = f"({first} + {within} % {size})", f"({within} // {size})"
         else:
             tile_m, tile_n = f"({tile} // {tiles_n})", f"({tile} % {tiles_n})"
-        rows = self.bind(f"{tile_m} * {bm} + tl.arange(0, {bm})[:, None]")
-        cols = self.bind(f"{tile_n} * {bn} + tl.arange(0, {bn})[None, :]")
+        rows = self.bind(f"{tile_m} * {bm} + {self.arange(bm, True)}")
+        cols = self.bind(f"{tile_n} * {bn} + {self.arange(bn, False)}")
 
         def inside(v: str, d: int, block: int) -> str | None:
             return self.bind(f"{v} < {domain[d]}") if domain[d] % block else None
@@ -622,9 +671,9 @@ class _Kernel:
                     value = f"tl.where({self.mask}, {value}, 0)"
             return self.bind(f"tl.broadcast_to({value}, {list(shape)})")
 
-        ka = self.bind(f"k0 + tl.arange(0, {bk})[None, :]")
+        ka = self.bind(f"k0 + {self.arange(bk, False)}")
         a = operand(instr.args[0], {mm.m: rows, mm.k: ka}, row_ok, ka, (bm, bk))
-        kb = self.bind(f"k0 + tl.arange(0, {bk})[:, None]")
+        kb = self.bind(f"k0 + {self.arange(bk, True)}")
         b = operand(instr.args[1], {mm.n: cols, mm.k: kb}, col_ok, kb, (bk, bn))
         if t is dt.float16:
             self.line(f"{acc} = tl.dot({a}, {b}, {acc}, out_dtype=tl.float32)")
@@ -649,7 +698,7 @@ class _Kernel:
         self.line(f"xmask = {' & '.join(masks)}" if len(masks) == 2 else
                   f"xmask = tl.broadcast_to({masks[0]}, [{bm}, {bn}])" if masks else
                   f"xmask = tl.full([{bm}, {bn}], 1, tl.int1)")
-        self.line(f"xzero = tl.zeros([{bm}, {bn}], tl.int32)")
+        self.line(f"xzero = tl.zeros([{bm}, {bn}], {self.index_t})")
         self.mask, self.zero, self.local = "xmask", "xzero", {}
         if compensated:
             acc = self.bind(f"tl.where(({comp} == 0.0) | ~(tl.abs({acc}) < HG_INF), "
@@ -725,7 +774,7 @@ class _Kernel:
         r0, flat = f"r{self.names}", f"f{self.names}"
         self.line(f"for {r0} in range(0, {total}, {rblock}):")
         self.depth += 1
-        self.line(f"{flat} = {r0} + tl.arange(0, {rblock})[None, :]")
+        self.line(f"{flat} = {r0} + {self.arange(rblock, False)}")
         self.mask = self.bind(f"xmask & ({flat} < {total})")
         self.zero = self.bind(f"xzero + {flat} * 0")
         self.coordinates(flat, dims)
@@ -757,23 +806,28 @@ class _Kernel:
 
     def gather_address(self, instr: Instr) -> str:
         """A gather's (or scatter's) element (docs/isa.md): the map's element plus the
-        operand clamped to the instruction's bounds, in int32 like every other address.
+        operand clamped to the instruction's bounds, in the kernel's index type like
+        every other address.
 
         The bounds are cut to the operand dtype's range here, so the clamp is exact in
         the operand's own width (int32 for the narrow ones, int64 for i64) and skips a
         side the operand cannot pass; bounds wholly outside that range make the clamped
-        operand a constant. The clamped operand (an i64 one truncated) and the map's
-        terms are then added in wrapping int32: the verifier has checked that the exact
-        sum is an element of the buffer (below 2**31, see ``__init__``), so the sum
-        modulo 2**32 is that element even where the map's own terms or the bounds lie
-        outside 32 bits (constants are wrapped here, so no literal widens the sum to
-        int64)."""
+        operand a constant. In an int32 kernel the clamped operand (an i64 one truncated)
+        and the map's terms are then added in wrapping int32: the verifier has checked
+        that the exact sum is an element of the buffer (below 2**31: a larger buffer
+        makes the kernel wide, :meth:`reach`), so the sum modulo 2**32 is that element
+        even where the map's own terms or the bounds lie outside 32 bits (constants are
+        wrapped here, so no literal widens the sum to int64). In a wide kernel the
+        clamped operand is widened to int64 (an i64 one kept whole) and the terms and
+        constants are exact."""
         operand = self.kernel.body[instr.args[-1]].dtype  # a scatter's second operand
         k = self.value(instr.args[-1])
         low, high = instr.bounds
         kmin, kmax = _LIMITS[_TL[operand.name]]
         lo, hi = max(low, kmin), min(high, kmax)
         constant, terms = instr.map.offset, [self.zero] if self.zero else []
+        # int64 sums are exact; int32 ones wrap (their literals wrapped too)
+        literal = (lambda v: v) if self.wide else _wrap32
         if lo >= hi:  # every operand value clamps to one bound
             constant += high if high <= kmin else low
         else:
@@ -783,11 +837,14 @@ class _Kernel:
                 k = f"tl.maximum({k}, {lo})"
             if hi < kmax:
                 k = f"tl.minimum({k}, {hi})"
-            terms.append(self.bind(f"({k}).to(tl.int32)" if operand.name == "i64" else k))
-        terms.insert(1, str(_wrap32(constant)))
+            if self.wide:
+                terms.append(self.bind(k if operand.name == "i64" else f"({k}).to(tl.int64)"))
+            else:
+                terms.append(self.bind(f"({k}).to(tl.int32)" if operand.name == "i64" else k))
+        terms.insert(1, str(literal(constant)))
         for d, (n, stride) in enumerate(zip(instr.shape, instr.map.strides)):
             if n > 1 and stride and d in self.index:
-                terms.append(f"{self.index[d]} * {_wrap32(stride)}")
+                terms.append(f"{self.index[d]} * {literal(stride)}")
         return " + ".join(terms)
 
     def load(self, instr: Instr, address: str | None = None, mask: str | None = None,
@@ -1115,7 +1172,7 @@ class _Kernel:
             ident = lo if kind in ("max", "argmax") else hi
             self.line(f"{acc} = tl.full({shape}, {ident}, {key_t})")
             if kind.startswith("arg"):
-                self.line(f"{best} = tl.full({shape}, {total}, tl.int32)")
+                self.line(f"{best} = tl.full({shape}, {total}, {self.index_t})")
         else:
             raise CompileError(f"cuda: kernel {kernel.name}: no {kind} reduction on {t.name} "
                                "(Backend.supports should have refused it)")
@@ -1124,7 +1181,7 @@ class _Kernel:
         r0, flat = f"r{self.names}", f"f{self.names}"
         self.line(f"for {r0} in range(0, {span}, {rblock}):")
         self.depth += 1
-        self.line(f"{flat} = {start}{r0} + tl.arange(0, {rblock})[None, :]")
+        self.line(f"{flat} = {start}{r0} + {self.arange(rblock, False)}")
         self.mask = self.bind(f"xmask & ({flat} < {total})")
         self.zero = self.bind(f"xzero + {flat} * 0")
         self.coordinates(flat, axes)
@@ -1191,7 +1248,7 @@ class _Kernel:
             index = self.bind(f"tl.min(tl.where({acc} == {top}, {best}, {total}), 1)"
                               "[:, None]")
             if part:
-                return {"key": (top, key_t), "index": (index, "tl.int32")}
+                return {"key": (top, key_t), "index": (index, self.index_t)}
             return self.bind(f"{index}.to({_TL[instr.dtype.name]})")
         return {"key": (top, key_t)} if part else self.unkey(top, t)
 
