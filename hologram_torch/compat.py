@@ -17,8 +17,9 @@ What each patch gives (and what stays unsupported, with a clear error):
 * ``storage.resize_()`` and ``share_memory_()`` of device storages raise
   :class:`UnsupportedError` (pool blocks cannot grow in place, nor be shared with other
   processes).
-* Pinned memory comes from the native hooks (:mod:`hologram_torch.native`): ordinary
-  host memory that ``is_pinned()`` recognizes (the device's memory *is* host memory).
+* Pinned memory comes from the native hooks (:mod:`hologram_torch.native`): on host
+  memory, ordinary host memory that ``is_pinned()`` recognizes; on a GPU's memory, the
+  driver's page-locked memory (``pin_memory()`` starts the device's memory first).
   Without them (no C++ compiler), ``Tensor.pin_memory()`` (so
   ``DataLoader(pin_memory=True)``) returns an ordinary CPU copy, warning once, and
   ``torch.empty(..., pin_memory=True)`` (a C++ factory) raises torch's
@@ -178,6 +179,11 @@ def _pin_memory(self, device=None):
                           "copy: the device's memory is host memory, so pinning would "
                           "not speed anything up", UserWarning, stacklevel=2)
         return self.clone()
+    if device is None or _is_ours(device):
+        # The device's memory starts now if its choice was deferred: on a GPU the hooks'
+        # pinned memory is then the driver's page-locked memory (aten/program.py's
+        # _select), not ordinary memory that copies would stage.
+        memory.allocator()
     if device is None:
         return _original["pin_memory"](self)
     return _original["pin_memory"](self, device)

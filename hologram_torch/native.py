@@ -212,6 +212,9 @@ def register() -> bool:
     status = library.hologram_torch_register_hooks()
     if status == 1:
         _load_fast(library)
+        library.hologram_torch_page_lock.argtypes = (ctypes.c_void_p,) * 4
+        library.hologram_torch_page_lock.restype = None
+        _state["library"] = library
     reasons = {0: "other PrivateUse1 hooks were registered first (torch takes one set per "
                   "process)",
                -1: "torch refused to register the native hooks"}
@@ -235,6 +238,18 @@ def _load_fast(library: ctypes.CDLL) -> None:
     fast.hologram_torch_metadata_register.argtypes = (ctypes.c_char_p,)
     fast.hologram_torch_metadata_register.restype = ctypes.c_int
     _fast = fast
+
+
+def page_lock(functions: tuple[int, int, int, int] | None) -> bool:
+    """Make the pinned memory the hooks hand out (``pin_memory()``, DataLoader's) page-locked
+    through a GPU driver's ``(cuMemHostAlloc, cuMemFreeHost, cuCtxSetCurrent, context)``
+    (addresses), or ordinary host memory again (None). False where the native hooks are
+    not active (pinning then copies: :mod:`hologram_torch.compat`)."""
+    library = _state.get("library")
+    if library is None or not _state["active"]:
+        return False
+    library.hologram_torch_page_lock(*(functions or (None,) * 4))
+    return True
 
 
 def register_fast(name: str, kernel: Callable, pool) -> bool:

@@ -115,6 +115,67 @@ def test_pinned_blocks_are_forgotten_when_freed():
     assert empty.device.type == "cpu" and empty.numel() == 0
 
 
+_ALLOC = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t,
+                          ctypes.c_uint)
+_FREE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+_libc = ctypes.CDLL(None)
+_libc.malloc.restype, _libc.malloc.argtypes = ctypes.c_void_p, (ctypes.c_size_t,)
+_libc.free.restype, _libc.free.argtypes = None, (ctypes.c_void_p,)
+
+
+@needs_native
+def test_on_a_gpu_pinned_memory_is_page_locked_through_the_drivers_functions():
+    """On GPU memory the hooks' pinned memory comes from the driver (cuMemHostAlloc, with
+    the driver's context made current on the allocating thread) and goes back to it
+    (cuMemFreeHost): here stand-ins with the same C signatures, which record their calls."""
+    calls, status = [], [0]
+
+    def alloc(out, nbytes, flags):
+        calls.append(("alloc", nbytes, flags))
+        if status[0]:
+            return status[0]
+        out[0] = _libc.malloc(nbytes)
+        return 0
+
+    def free(address):
+        calls.append(("free", address))
+        _libc.free(address)
+        return 0
+
+    functions = (_ALLOC(alloc), _FREE(free), _FREE(lambda context: calls.append(
+        ("current", context)) or 0))
+    addresses = tuple(ctypes.cast(f, ctypes.c_void_p).value for f in functions)
+    assert native.page_lock((*addresses, 0x5EED))
+    try:
+        pinned = torch.arange(1000.0).pin_memory()
+        assert pinned.is_pinned() and pinned.tolist() == list(range(1000))
+        assert ("current", 0x5EED) in calls and ("alloc", 4000, 1) in calls  # portable
+        address = pinned.data_ptr()
+        on_device = pinned.to("hologram", non_blocking=True)
+        del pinned
+        assert calls[-1] == ("free", address) and on_device.sum().item() == 499500
+        status[0] = 2  # CUDA_ERROR_OUT_OF_MEMORY
+        with pytest.raises(RuntimeError, match=r"could not page-lock 400 bytes .*CUresult 2"):
+            torch.ones(100).pin_memory()
+    finally:
+        native.page_lock(None)
+    count = len(calls)
+    again = torch.ones(100).pin_memory()  # ordinary host memory again
+    assert again.is_pinned() and len(calls) == count
+
+
+@needs_native
+def test_pinning_starts_the_devices_memory_first(monkeypatch):
+    """The GPU (and with it the page-locking above) starts when the device's memory is
+    first needed; pinned memory is such a need: pinned before, it would stay pageable."""
+    from hologram_torch import memory
+
+    started = []
+    monkeypatch.setitem(memory._device, "resolve", lambda: started.append(True))
+    assert torch.ones(3).pin_memory().is_pinned()
+    assert started == [True] and memory._device["resolve"] is None
+
+
 @needs_native
 def test_processes_importing_together_share_one_build(tmp_path):
     """Three processes import with an empty extension directory: one builds (and says

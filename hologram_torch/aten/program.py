@@ -121,6 +121,10 @@ def _select(name: str) -> None:
     memory.use_memory(None if host else allocator, name)
     if not host:
         _scalars.reserve()
+        # pin_memory() gives page-locked memory of the GPU's driver (not the emulation's)
+        driver = getattr(allocator, "driver", None)
+        if hasattr(driver, "page_locking"):
+            native.page_lock(driver.page_locking())
     _state["backend"] = name
     _HOST[0] = host
     # The native front kernels launch with host addresses of numbers: on device memory,

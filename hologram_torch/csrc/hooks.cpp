@@ -5,29 +5,57 @@
 // is_built, is_available and has_primary_context to Python. Paths of torch's C++ core
 // that allocate pinned host memory for the device (DDP's reducer with
 // find_unused_parameters or static_graph, torch.empty(pin_memory=True)) ask the hooks for
-// a pinned-memory allocator, which the Python interface cannot provide. The device's
-// memory is host memory, so "pinned" memory is ordinary host memory: it comes from the
-// CPU allocator's functions, and this allocator remembers its blocks so that
-// is_pinned() is true for exactly the memory it handed out (as for CUDA, where
-// pin_memory() copies and an ordinary CPU tensor is not pinned).
+// a pinned-memory allocator, which the Python interface cannot provide. On host memory
+// (the cpu backend) "pinned" memory is ordinary host memory from the CPU allocator's
+// functions; on a GPU's memory (cuda) it is page-locked memory from the driver
+// (cuMemHostAlloc, whose functions Python hands over when the GPU starts:
+// hologram_torch_page_lock), so copies from it run asynchronously at the bus's speed. The
+// allocator remembers its blocks so that is_pinned() is true for exactly the memory it
+// handed out (as for CUDA, where pin_memory() copies and an ordinary CPU tensor is not
+// pinned).
 
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/alloc_cpu.h>
+#include <c10/util/Exception.h>
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <utility>
 
 namespace {
+
+// The GPU driver's functions for page-locked host memory (CUresult is an int).
+struct PageLocking {
+  int (*alloc)(void**, size_t, unsigned int);  // cuMemHostAlloc
+  int (*free)(void*);                          // cuMemFreeHost
+  int (*set_current)(void*);                   // cuCtxSetCurrent
+  void* context;                               // the driver's (primary) context
+};
+constexpr unsigned int kPortable = 1;  // CU_MEMHOSTALLOC_PORTABLE: pinned for every context
+std::atomic<const PageLocking*> page_locking{nullptr};
 
 class PinnedAllocator final : public c10::Allocator {
  public:
   c10::DataPtr allocate(size_t nbytes) override {
-    void* data = nbytes == 0 ? nullptr : c10::alloc_cpu(nbytes);
+    void* data = nullptr;
+    const PageLocking* locking = page_locking.load();
+    if (nbytes != 0 && locking != nullptr) {
+      // (a context is current per thread: DataLoader pins on a thread of its own)
+      int status = locking->set_current(locking->context);
+      if (status == 0) {
+        status = locking->alloc(&data, nbytes, kPortable);
+      }
+      TORCH_CHECK(status == 0, "pin_memory: the GPU driver could not page-lock ", nbytes,
+                  " bytes of host memory (CUresult ", status, ")");
+    } else if (nbytes != 0) {
+      data = c10::alloc_cpu(nbytes);
+    }
     if (data != nullptr) {
       std::lock_guard<std::mutex> guard(mutex_);
-      blocks_[reinterpret_cast<std::uintptr_t>(data)] = nbytes;
+      blocks_[reinterpret_cast<std::uintptr_t>(data)] = {nbytes, locking};
     }
     return {data, data, &release, c10::Device(c10::DeviceType::CPU)};
   }
@@ -49,7 +77,7 @@ class PinnedAllocator final : public c10::Allocator {
       return false;
     }
     --block;
-    return address < block->first + block->second;
+    return address < block->first + block->second.first;
   }
 
   static PinnedAllocator& instance() {
@@ -60,16 +88,27 @@ class PinnedAllocator final : public c10::Allocator {
 
  private:
   static void release(void* data) {
+    const PageLocking* locking = nullptr;
     {
       PinnedAllocator& self = instance();
       std::lock_guard<std::mutex> guard(self.mutex_);
-      self.blocks_.erase(reinterpret_cast<std::uintptr_t>(data));
+      auto block = self.blocks_.find(reinterpret_cast<std::uintptr_t>(data));
+      if (block != self.blocks_.end()) {
+        locking = block->second.second;
+        self.blocks_.erase(block);
+      }
     }
-    c10::free_cpu(data);
+    if (locking != nullptr) {
+      locking->set_current(locking->context);
+      locking->free(data);
+    } else {
+      c10::free_cpu(data);
+    }
   }
 
   mutable std::mutex mutex_;
-  std::map<std::uintptr_t, size_t> blocks_;  // start address -> bytes
+  // start address -> (bytes, the driver that page-locked it, or null: the CPU allocator's)
+  std::map<std::uintptr_t, std::pair<size_t, const PageLocking*>> blocks_;
 };
 
 // The answers the Python hooks gave (hologram_torch/device.py), plus the allocator and
@@ -148,6 +187,21 @@ struct HologramGuard final : public c10::impl::DeviceGuardImplInterface {
 };
 
 }  // namespace
+
+// From now on, pinned memory is page-locked through these driver functions (all null:
+// ordinary host memory again). Each set lives as long as the process: blocks handed out
+// with it are freed with it.
+extern "C" __attribute__((visibility("default"))) void hologram_torch_page_lock(
+    void* alloc, void* free, void* set_current, void* context) {
+  if (alloc == nullptr) {
+    page_locking.store(nullptr);
+    return;
+  }
+  page_locking.store(new PageLocking{
+      reinterpret_cast<int (*)(void**, size_t, unsigned int)>(alloc),
+      reinterpret_cast<int (*)(void*)>(free), reinterpret_cast<int (*)(void*)>(set_current),
+      context});
+}
 
 // 1: these hooks are registered (now or by an earlier call); 0: other hooks were
 // registered first (torch accepts one registration per process); -1: torch refused.

@@ -265,6 +265,18 @@ class Driver:
             self.check("cuMemcpyHtoDAsync", self.cu.cuMemcpyHtoDAsync(
                 pointer, source.ctypes.data, source.nbytes, self.stream))
 
+    def page_locking(self) -> tuple[int, int, int, int]:
+        """The addresses of libcuda's ``cuMemHostAlloc``, ``cuMemFreeHost`` and
+        ``cuCtxSetCurrent`` and this driver's context: what native code (the torch
+        device's pinned-memory allocator) calls to hand out page-locked host memory, from
+        which copies run asynchronously (``cuMemcpyHtoDAsync`` from pageable memory waits
+        for the copy)."""
+        self._bind()
+        library = ctypes.CDLL("libcuda.so.1")  # the one cuda-bindings loaded
+        return (*(ctypes.cast(getattr(library, name), ctypes.c_void_p).value
+                  for name in ("cuMemHostAlloc", "cuMemFreeHost", "cuCtxSetCurrent")),
+                int(self.context))
+
     def copy_out(self, destination: np.ndarray, pointer: int) -> None:
         self._bind()
         if destination.nbytes:
