@@ -64,10 +64,10 @@ def dlpack_device(t: torch.Tensor) -> tuple[DLDeviceType, int]:
     GPU's ordinal on GPU memory, kDLExtDev on the emulated GPU's."""
     if memory.host_memory():
         return DLDeviceType.kDLCPU, 0
-    ordinal = getattr(memory.allocator(), "device_id", None)
-    if ordinal is None or not hasattr(memory.allocator(), "take_dlpack"):
+    allocator = memory.allocator()
+    if not hasattr(allocator, "take_dlpack"):
         return DLDeviceType.kDLExtDev, 0
-    return DLDeviceType.kDLCUDA, ordinal
+    return DLDeviceType.kDLCUDA, allocator.device_id
 
 
 def export(t: torch.Tensor, stream: object = None, max_version: tuple[int, int] | None = None,

@@ -150,6 +150,16 @@ def test_a_rank_dying_mid_training_fails_the_others_quickly(ddp_run):
     assert "rank 0 saw:" in out0 and "Connection" in out0, out0[-4000:]
 
 
+def test_collectives_and_ddp_on_gpu_memory():
+    """The process group on device tensors in GPU memory, emulated (as on a GPU, host code
+    cannot read it): two ranks, gloo staging through host copies."""
+    pytest.importorskip("triton")
+    results, _ = _launch("gpu_memory", 2, env={"HOLOGRAM_CUDA_EMULATE": "1",
+                                               "HOLOGRAM_TORCH_BACKEND": "cuda"})
+    _ranks_printed(results, "GPU memory: collectives passed")
+    _ranks_printed(results, "GPU memory: DDP matches the single-process run")
+
+
 TEARDOWNS = 300
 
 
@@ -842,7 +852,52 @@ def _case_teardowns(torch, dist, rank: int, world: int) -> None:
     dist.barrier()  # for _worker's destroy_process_group (see above)
 
 
+def _case_gpu_memory(torch, dist, rank: int, world: int) -> None:
+    """Collectives and DDP on GPU memory (the cuda emulation, whose memory the host cannot
+    read): gloo works on host copies, and what it writes lands back on the device."""
+    import copy
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from hologram_torch import memory
+
+    x = torch.arange(6.0, device=DEVICE) * (rank + 1)
+    assert not memory.host_memory() and x.data_ptr() >> 55 == 1  # emulated device handles
+    dist.all_reduce(x)
+    assert x.cpu().tolist() == [v * world * (world + 1) / 2 for v in range(6)], x.cpu()
+    y = torch.full((3,), float(rank), device=DEVICE)
+    dist.broadcast(y, world - 1)
+    assert y.cpu().tolist() == [world - 1.0] * 3
+    parts = [torch.empty(2, device=DEVICE) for _ in range(world)]
+    dist.all_gather(parts, torch.full((2,), float(rank), device=DEVICE))
+    assert [p.cpu().tolist() for p in parts] == [[float(r)] * 2 for r in range(world)]
+    whole = torch.arange(8.0, device=DEVICE)
+    dist.all_reduce(whole[1:5])  # a view: only its elements of the storage change
+    assert whole.cpu().tolist() == [0.0, *(world * v for v in (1.0, 2.0, 3.0, 4.0)), 5.0,
+                                    6.0, 7.0]
+    print(f"rank {rank}: GPU memory: collectives passed", flush=True)
+    torch.manual_seed(0)
+    reference = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(),
+                                    torch.nn.Linear(8, 2))
+    ddp = DDP(copy.deepcopy(reference).to(DEVICE))
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    xs, ys = torch.randn(8, 4, generator=torch.Generator().manual_seed(1)), torch.randn(8, 2)
+    share = slice(rank * 8 // world, (rank + 1) * 8 // world)
+    for _ in range(2):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(ddp(xs[share].to(DEVICE)), ys[share].to(DEVICE)).backward()
+        opt.step()
+        ref_opt.zero_grad()
+        torch.nn.functional.mse_loss(reference(xs), ys).backward()
+        ref_opt.step()
+    for p, q in zip(ddp.module.parameters(), reference.parameters()):
+        assert torch.allclose(p.detach().cpu(), q.detach(), rtol=1e-5, atol=1e-6), (p, q)
+    print(f"rank {rank}: GPU memory: DDP matches the single-process run", flush=True)
+
+
 CASES = {
+    "gpu_memory": _case_gpu_memory,
     "collectives_then_mismatch_detail": _case_collectives_then_mismatch_detail,
     "collectives_then_mismatch": _case_collectives_then_mismatch,
     "ddp_then_rank_dies": _case_ddp_then_rank_dies,
