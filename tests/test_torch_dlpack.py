@@ -175,6 +175,15 @@ assert driver.calls[-2:] == [("record", "event", driver.stream), ("wait", 0x7E57
 got = cuda_dlpack.unpack(capsule, "test")
 assert got.data == t.data_ptr() + (1 * 5 + 2) * 4 == v.data_ptr(), (got.data, v.data_ptr())
 assert (got.shape, got.strides, got.device, got.code, got.bits) == ((3, 3), (5, 1), (2, 0), 2, 32)
+driver.copy_in(t.data_ptr(), np.arange(20, dtype=np.float32))
+host = torch.from_dlpack(t.__dlpack__(dl_device=(1, 0)))  # a host copy of GPU memory
+assert host.device.type == "cpu" and host.tolist() == np.arange(20.0).reshape(4, 5).tolist()
+try:
+    t.__dlpack__(dl_device=(1, 0), copy=False)
+except BufferError as e:
+    assert "only as a copy" in str(e), e
+else:
+    raise AssertionError("GPU memory was exported to the host without a copy")
 b = memory.empty([3], torch.bfloat16)
 got_b = cuda_dlpack.unpack(b.__dlpack__(stream=-1), "test")
 assert (got_b.code, got_b.bits, got_b.strides) == (4, 16, (1,))
