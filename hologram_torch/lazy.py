@@ -360,8 +360,7 @@ def _flush(reason: str) -> None:
     if taken is None:
         return
     region = _Region(taken)  # taken first: a launch's error must not leave it pending
-    if not _host_memory():
-        _to_device(region)
+    moved = {} if _host_memory() else _to_device(region)
     cuts = _stats["cuts"]
     cuts[reason] = cuts.get(reason, 0) + 1
     _stats["regions"] += 1
@@ -388,7 +387,7 @@ def _flush(reason: str) -> None:
         if fused:
             _run_fused(region, memo.launch, live, memo.staged)
         else:
-            for entry, addresses in zip(region.nodes, region.launches):
+            for entry, addresses in zip(region.nodes, _launches(region, moved)):
                 entry.launch(addresses)
         memo.timed(fused, time.perf_counter() - start, region.nodes)
         _stats["fused_runs" if fused else "op_by_op_runs"] += 1
@@ -410,11 +409,13 @@ def _host_memory() -> bool:
     return memory.host_memory()
 
 
-def _to_device(region: _Region) -> None:
+def _to_device(region: _Region) -> dict:
     """On device memory: the region's host operands (numbers, CPU scalars, which the
-    native region boxes in host memory) replaced by device copies of their values, in the
-    fused program's inputs and in every op's launch. (Device and host addresses never
-    coincide: CUDA's unified addressing, the emulation's tagged handles.)"""
+    native region boxes in host memory) replaced by device copies of their values in the
+    fused program's inputs; returns the replacements (host address -> device address),
+    which the ops' launches take too when the region runs op by op (:func:`_launches`).
+    (Device and host addresses never coincide: CUDA's unified addressing, the emulation's
+    tagged handles.)"""
     from hologram_torch.aten.program import device_scalar
 
     moved = {}
@@ -426,8 +427,15 @@ def _to_device(region: _Region) -> None:
             addresses[i] = moved[host] = device_scalar(ctypes.string_at(host, nbytes))
     if moved:
         region.addresses = tuple(addresses)
-        region.launches = tuple(tuple(moved.get(a, a) for a in launch)
-                                for launch in region.launches)
+    return moved
+
+
+def _launches(region: _Region, moved: dict):
+    """Each op's launch addresses, host operands replaced as :func:`_to_device` says
+    (rewritten only for a region that runs op by op: a fused run needs none)."""
+    if not moved:
+        return region.launches
+    return (tuple(moved.get(a, a) for a in launch) for launch in region.launches)
 
 
 def _aliases(region: _Region, k: int) -> tuple | None:
