@@ -139,6 +139,27 @@ def test_image_results_have_the_cpus_strides(name, kind):
     _check(expected, got)
 
 
+@pytest.mark.parametrize("fmt", [torch.channels_last, torch.channels_last_3d])
+def test_empty_results_are_laid_out_as_the_cpus(fmt):
+    """An empty tensor is contiguous in every format: TensorIterator then takes the
+    contiguous layout when the operands share a shape and orders by strides when they do
+    not, which the meta kernels do not (the empty batch norm of PyTorch's module tests is
+    ``x.clone() * weight[0] + bias[0]``)."""
+    shape = (0, 3, 4, 5) if fmt is torch.channels_last else (0, 3, 2, 4, 5)
+    x = torch.randn(shape).to(memory_format=fmt)
+    w = torch.tensor(2.0)
+    norm = torch.nn.BatchNorm2d(3) if x.dim() == 4 else torch.nn.BatchNorm3d(3)
+    cases = (lambda x, w: x * w, lambda x, w: x + x, lambda x, w: torch.relu(x) - w,
+             lambda x, w: x.sigmoid() * x)
+    for training in (True, False):
+        norm.train(training)
+        expected, got = norm(x), norm.to("hologram")(x.to("hologram"))
+        _check(expected, got)
+        norm.cpu()
+    for fn in cases:
+        _check(fn(x, w), fn(x.to("hologram"), w.to("hologram")))
+
+
 def test_mixed_layouts_follow_the_first_operand_that_tells():
     a = _permuted((3, 4, 5), (2, 0, 1))
     b = _permuted((3, 4, 5), (1, 2, 0))

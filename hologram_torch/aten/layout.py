@@ -128,7 +128,13 @@ def of_op(op: torch._ops.OpOverload, args: Sequence, kwargs: dict,
           shapes: Sequence[Sequence[int]]) -> list[Strides] | None:
     """The strides of ``op(*args, **kwargs)``'s results as its meta kernel lays them out,
     one per entry of ``shapes`` (the kernel's results, which must be the op's tensor
-    results in order); None where the meta kernel fails or disagrees on the results."""
+    results in order); None where the meta kernel fails or disagrees on the results.
+    Empty results of pointwise ops follow TensorIterator (:func:`pointwise`), as the CPU's
+    kernels do: the meta kernels lay them out otherwise (an empty channels_last ``x``:
+    ``x * w[0]`` is channels_last on the CPU and contiguous in meta, ``x + x`` the
+    reverse)."""
+    if torch.Tag.pointwise in op.tags and any(0 in tuple(s) for s in shapes):
+        return pointwise(args, (), shapes)
     try:
         result = op(*_meta(list(args)), **{k: _meta(v) for k, v in kwargs.items()})
     except Exception:  # no meta kernel, or arguments it takes differently
