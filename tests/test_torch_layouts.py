@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 
-import hologram_torch  # noqa: E402, F401
+import hologram_torch  # noqa: E402
 from hologram_torch.aten import layout  # noqa: E402
 
 aten = torch.ops.aten
@@ -318,6 +318,22 @@ def test_opinfo_results_have_the_cpus_strides(name):
                         assert g.stride() == e.stride(), (i, g.stride(), e.stride())
                     compared += 1
     assert compared, f"{name}: no sample compared"
+
+
+def test_channel_shuffle_is_the_cpus_without_the_cpu():
+    hologram_torch.reset_fallback_stats()
+    for x in (torch.randn(2, 6, 3, 4), torch.randn(2, 6, 3, 4).to(
+            memory_format=torch.channels_last), torch.randn(3, 12, 5), torch.randn(0, 6, 2, 2),
+              torch.randn(2, 6, 3, 4).transpose(2, 3), torch.arange(24).reshape(1, 6, 4)):
+        for groups in (1, 2, 3, 6):
+            _check(F.channel_shuffle(x, groups), F.channel_shuffle(x.to("hologram"), groups))
+    assert hologram_torch.fallback_stats() == {}
+    for shape, groups in (((6, 4), 2), ((2, 6, 4), 0), ((2, 6, 4), 4)):
+        with pytest.raises(RuntimeError) as expected:
+            F.channel_shuffle(torch.randn(shape), groups)
+        with pytest.raises(RuntimeError) as got:
+            F.channel_shuffle(torch.randn(shape, device="hologram"), groups)
+        assert str(got.value) == str(expected.value)
 
 
 @pytest.mark.parametrize("kind", ["channels_last", "contiguous", "permuted_3d"])

@@ -451,6 +451,24 @@ def pixel_shuffle(self, upscale_factor):
     return out
 
 
+@composed("channel_shuffle")
+def channel_shuffle(self, groups):
+    """(n, g * k, *) -> channels regrouped as (n, k * g, *), as the CPU kernel: laid out in
+    the input's suggested memory format, an empty input's view of itself, and its errors
+    (raised by the CPU kernel on a stand-in)."""
+    if self.dim() <= 2 or groups <= 0 or self.shape[1] % groups:
+        aten.channel_shuffle.default(torch.zeros((), dtype=self.dtype).expand(self.shape),
+                                     groups)
+    if not self.numel():
+        return self.view(self.shape)
+    n, c, *rest = self.shape
+    out = memory.empty(self.shape, self.dtype, layout.suggested(self))
+    # input channel j * k + i becomes output channel i * g + j
+    copy_into(out.view(n, c // groups, groups, *rest),
+              self.unflatten(1, (groups, c // groups)).transpose(1, 2))
+    return out
+
+
 @composed("pixel_unshuffle")
 def pixel_unshuffle(self, downscale_factor):
     r = downscale_factor
