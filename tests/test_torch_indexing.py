@@ -800,3 +800,21 @@ def test_attention_gradients_through_select_run_on_the_device():
         m.zero_grad()
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_index_add_of_half_types_rounds_as_the_cpu_kernel(dtype):
+    """The CPU kernel adds a vector's elements one by one in its dtype (each sum rounded)
+    and a larger tensor's slices in float32 (rounded once): with many duplicates the two
+    differ, and the device gives each the CPU's bits."""
+    g = torch.Generator().manual_seed(3)
+    index = torch.randint(0, 10, (400,), generator=g)
+    for shape in ((10,), (10, 3), (3, 10)):
+        dim = 1 if shape == (3, 10) else 0
+        self = torch.randn(shape, generator=g).to(dtype)
+        source = torch.randn(*(400 if d == dim else n for d, n in enumerate(shape)),
+                             generator=g).to(dtype)
+        want = self.clone().index_add_(dim, index, source)
+        got = self.to("hologram").index_add_(dim, index.to("hologram"),
+                                             source.to("hologram"))
+        assert torch.equal(got.cpu(), want), (shape, (got.cpu() - want).abs().max())

@@ -231,7 +231,8 @@ def _writes_build(g, self, index, src, alpha, dim, how, dtype, kind, include_sel
                                                  include_self=include_self)
     slices = kind in ("index_add", "index_copy", "index_fill")
     alpha = Number.of(alpha) if scaled else 1
-    return lowering_shape.scatter_into(g, self, dim, index, src, how, slices, alpha)
+    return lowering_shape.scatter_into(g, self, dim, index, src, how, slices, alpha,
+                                       stepwise=kind == "index_add" and self.ndim <= 1)
 
 
 #: Per kind of index write: the index dtypes torch takes, and whether negative indices

@@ -17,8 +17,8 @@ duplicates keep the last write (``scatter``, ``index_put``, ``index_copy``; torc
 kernels do so along ``dim``), reductions (``scatter_add``, ``index_add``, ``index_put``
 with ``accumulate``, ``scatter_reduce``) combine in order, as torch's CPU kernels loop:
 in self's dtype, except that float16 and bfloat16 accumulate in float32, rounded once at
-the end, in the scatter family and ``index_add`` (``index_put``'s accumulation rounds
-after every step, as its CPU kernel does).
+the end, in the scatter family and ``index_add`` of slices (``index_put``'s accumulation
+and ``index_add`` of a vector round after every step, as their CPU kernels do).
 
 Index *values* are not checked here (torch raises for out-of-range ones; the eager device
 checks them before it launches): negative indices count from the end where torch allows
@@ -285,7 +285,8 @@ def _values(self, src, region: tuple[int, ...]):
     return cast(src, self.dtype)
 
 
-def scatter_into(g, self, dim, index, src, mode: str, slices: bool = False, alpha=1):
+def scatter_into(g, self, dim, index, src, mode: str, slices: bool = False, alpha=1,
+                 stepwise: bool = False):
     """The scatter family, one ISA ``scatter`` (:meth:`hologram.frontend.graph.Graph
     .scatter`): ``self`` copied, then written at ``index`` in index order, O(numel(self)
     + numel(index)).
@@ -297,8 +298,10 @@ def scatter_into(g, self, dim, index, src, mode: str, slices: bool = False, alph
     ``src``: a tensor of self's dtype or a number. ``mode``: "replace" (the last write
     wins, torch's CPU order), or a reduction ("add"/"sum", "multiply"/"prod", "amax",
     "amin"), each write made in index order in self's dtype, float16 and bfloat16 in
-    float32 rounded once at the end (as torch's CPU kernels of this family compute them).
-    0-d operands are 1-element vectors; an empty index leaves ``self`` as it is."""
+    float32 rounded once at the end (as torch's CPU kernels of this family compute them),
+    or with ``stepwise`` rounded at every write (``index_add`` of a vector: that CPU
+    kernel's scalar loop). 0-d operands are 1-element vectors; an empty index leaves
+    ``self`` as it is."""
     if mode not in _MODES:
         raise Unsupported(f"reduce={mode!r}")  # torch raises
     dim = _dim(self, dim)
@@ -330,7 +333,7 @@ def scatter_into(g, self, dim, index, src, mode: str, slices: bool = False, alph
             values = cast(cast(values, acc) * cast(alpha, acc), self.dtype)
     how = _mode(mode, self.dtype)
     acc = opmath(self.dtype)
-    if how != "replace" and acc is not self.dtype:
+    if how != "replace" and acc is not self.dtype and not stepwise:
         # torch's CPU kernels of this family accumulate half types in float32 and round
         # once at the end (index_put's accumulation, below, rounds every step instead)
         r = cast(g.scatter(cast(self, acc), coords, cast(values, acc), region, how),
@@ -414,7 +417,10 @@ def scatter_reduce_two(g, self, dim, index, src, reduce, *, include_self=True):
 def index_add(g, self, dim, index, source, *, alpha=1):
     if index.dtype not in _SELECT_INDEX:
         raise Unsupported(f"index of {index.dtype}")  # torch raises
-    return scatter_into(g, self, dim, index, source, "add", slices=True, alpha=alpha)
+    # (the CPU kernel adds a vector's elements one by one in its dtype, rounding each
+    # sum; slices of a larger tensor it adds in float32, rounded once)
+    return scatter_into(g, self, dim, index, source, "add", slices=True, alpha=alpha,
+                        stepwise=self.ndim <= 1)
 
 
 @register(aten.index_copy.default)
