@@ -330,7 +330,9 @@ def scatter_into(g, self, dim, index, src, mode: str, slices: bool = False, alph
             values = g.binary("and", values, cast(alpha, dt.bool_))
         else:
             acc = opmath(self.dtype)
-            values = cast(cast(values, acc) * cast(alpha, acc), self.dtype)
+            # (stepwise, the CPU's scalar loop scales by alpha in self's dtype)
+            scale = cast(cast(alpha, self.dtype), acc) if stepwise else cast(alpha, acc)
+            values = cast(cast(values, acc) * scale, self.dtype)
     how = _mode(mode, self.dtype)
     acc = opmath(self.dtype)
     if how != "replace" and acc is not self.dtype and not stepwise:
