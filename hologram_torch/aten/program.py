@@ -337,11 +337,9 @@ def launch_fresh(entry: _Entry, args: Sequence) -> torch.Tensor:
             lazy.record(entry, args, (out,), False)
         elif type(args[-1]) in _NUMBER:  # boxed; the box must outlive the launch
             box = _NUMBER[type(args[-1])][1](args[-1])
-            addresses = [*[x.data_ptr() for x in args[:-1]], ctypes.addressof(box),
-                         out.data_ptr()]
-            if not _HOST[0]:
-                _staged(args, addresses)
-            entry.launch(tuple(addresses))
+            # (on device memory, the address of the value's device copy)
+            number = ctypes.addressof(box) if _HOST[0] else device_scalar(bytes(box))
+            entry.launch((*[x.data_ptr() for x in args[:-1]], number, out.data_ptr()))
         else:
             entry.launch((*[x.data_ptr() for x in args], out.data_ptr()))
     if FRONT:  # a front kernel that lost its entries (bounded tables, a new backend)
