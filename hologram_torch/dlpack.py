@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch.utils.dlpack import DLDeviceType
 
+from hologram.backends.cuda import dlpack as cuda_dlpack
 from hologram.errors import DeviceError
 from hologram_torch import lazy, memory
 from hologram_torch.constants import NAME
@@ -105,8 +106,12 @@ def export(t: torch.Tensor, stream: object = None, max_version: tuple[int, int] 
     code = CODES.get(t.dtype)
     if code is None:
         raise BufferError(f"{t.dtype} has no DLPack type")
+    lease = getattr(t.untyped_storage(), "_hologram", None)
+    if lease is None:  # no memory at all (an empty storage): nothing to order or hold
+        return cuda_dlpack.export(0, tuple(t.shape), code, (cuda_dlpack.KDL_CUDA,
+                                  gpu.device_id), None, max_version,
+                                  strides=tuple(t.stride()))
     # (the capsule holds the block: it returns to the pool once both are done with it)
-    lease = t.untyped_storage()._hologram
     return gpu.export_dlpack(lease.block, tuple(t.shape), code, max_version, stream,
                              offset=t.data_ptr() - lease.address, strides=tuple(t.stride()))
 

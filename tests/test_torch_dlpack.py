@@ -184,6 +184,9 @@ except BufferError as e:
     assert "only as a copy" in str(e), e
 else:
     raise AssertionError("GPU memory was exported to the host without a copy")
+empty = cuda_dlpack.unpack(memory.empty([0, 3], torch.float32).__dlpack__(), "test")
+assert (empty.shape, empty.device) == ((0, 3), (2, 0))
+empty.release()
 b = memory.empty([3], torch.bfloat16)
 got_b = cuda_dlpack.unpack(b.__dlpack__(stream=-1), "test")
 assert (got_b.code, got_b.bits, got_b.strides) == (4, 16, (1,))
