@@ -265,14 +265,17 @@ class Driver:
             self.check("cuMemcpyHtoDAsync", self.cu.cuMemcpyHtoDAsync(
                 pointer, source.ctypes.data, source.nbytes, self.stream))
 
-    def page_locking(self) -> tuple[int, int, int, int]:
+    def page_locking(self) -> tuple[int, int, int, int] | None:
         """The addresses of libcuda's ``cuMemHostAlloc``, ``cuMemFreeHost`` and
         ``cuCtxSetCurrent`` and this driver's context: what native code (the torch
         device's pinned-memory allocator) calls to hand out page-locked host memory, from
         which copies run asynchronously (``cuMemcpyHtoDAsync`` from pageable memory waits
-        for the copy)."""
+        for the copy). None where the library cannot be opened by its name."""
         self._bind()
-        library = ctypes.CDLL("libcuda.so.1")  # the one cuda-bindings loaded
+        try:
+            library = ctypes.CDLL("libcuda.so.1")  # the one cuda-bindings loaded
+        except OSError:
+            return None
         return (*(ctypes.cast(getattr(library, name), ctypes.c_void_p).value
                   for name in ("cuMemHostAlloc", "cuMemFreeHost", "cuCtxSetCurrent")),
                 int(self.context))
