@@ -188,14 +188,24 @@ def _dlpack_device_method(self):
     return dlpack_device(self)
 
 
+def _to_dlpack(tensor):
+    if isinstance(tensor, torch.Tensor) and tensor.device.type == NAME:
+        return export(tensor)
+    return _ORIGINAL["to_dlpack"](tensor)
+
+
 def install() -> None:
-    """Serve ``__dlpack__`` and ``__dlpack_device__`` of device tensors (idempotent)."""
+    """Serve ``__dlpack__`` and ``__dlpack_device__`` of device tensors, and
+    ``torch.utils.dlpack.to_dlpack`` (the legacy capsule; torch's own would say kDLExtDev,
+    which no consumer takes) (idempotent)."""
     if _ORIGINAL:
         return
     for name, method in (("__dlpack__", _dlpack_method),
                          ("__dlpack_device__", _dlpack_device_method)):
         _ORIGINAL[name] = getattr(torch.Tensor, name)
         setattr(torch.Tensor, name, functools.wraps(_ORIGINAL[name])(method))
+    _ORIGINAL["to_dlpack"] = torch.utils.dlpack.to_dlpack
+    torch.utils.dlpack.to_dlpack = _to_dlpack
 
 
 install()

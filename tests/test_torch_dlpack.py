@@ -104,6 +104,15 @@ def test_copy_and_dl_device_ask_for_a_copy_or_the_same_memory():
         h.__dlpack__(dl_device=(torch.utils.dlpack.DLDeviceType.kDLCUDA, 0))
 
 
+def test_the_legacy_to_dlpack_exports_the_devices_memory():
+    h = torch.arange(4.0, device=D)
+    back = torch.utils.dlpack.from_dlpack(torch.utils.dlpack.to_dlpack(h))
+    assert back.device.type == "cpu" and back.data_ptr() == h.data_ptr()
+    c = torch.arange(3)
+    assert torch.utils.dlpack.from_dlpack(torch.utils.dlpack.to_dlpack(c)).data_ptr() == \
+        c.data_ptr()
+
+
 def test_cpu_tensors_keep_torchs_own_protocol():
     c = torch.arange(3.0)
     assert c.__dlpack_device__() == (torch.utils.dlpack.DLDeviceType.kDLCPU, 0)
