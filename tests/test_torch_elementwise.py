@@ -700,3 +700,19 @@ def test_sin_cos_of_huge_arguments_match_the_cpu(dtype):
     for f in (torch.sin, torch.cos):
         same(f(dev(x)), f(x), (4 * torch.finfo(dtype).eps, 0.0))
     assert abs(torch.cos(dev(torch.tensor(-1e20))).item() - 0.7543) < 1e-4
+
+
+def test_resizing_a_nonempty_out_warns_as_the_cpu_does():
+    import warnings
+
+    a = torch.tensor((1.0, 2, 3), device="hologram")
+    for op, inputs in ((torch.exp, (a,)), (torch.add, (a, a))):
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            op(*inputs, out=torch.empty(3, device="hologram"))
+            op(*inputs, out=torch.empty(0, device="hologram"))
+            assert not w
+            out = torch.empty(2, device="hologram")
+            op(*inputs, out=out)
+            assert len(w) == 1 and "resized since it had shape [2]" in str(w[0].message)
+            assert out.shape == (3,)

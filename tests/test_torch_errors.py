@@ -546,3 +546,20 @@ def test_leaky_relu_backward_with_slopes_pytorch_allows():
             forward(a).backward(torch.ones(3, device=device))
             grads.append(a.grad.cpu())
         torch.testing.assert_close(grads[1], grads[0])
+
+
+def test_sub_and_alpha_refuse_what_the_cpu_refuses_in_its_words():
+    """PyTorch's sub_check and alpha_check: a bool operand of sub (tensor or number), a
+    bool alpha for a result that is not bool, a float alpha for integers."""
+    m = torch.tensor([True, False], device="hologram")
+    i8 = torch.tensor([1], dtype=torch.int8, device="hologram")
+    for fn, words in ((lambda: m - m, "with two bool tensors is not supported"),
+                      (lambda: 1 - m, "with a bool tensor is not supported"),
+                      (lambda: m - 1, "with a bool tensor is not supported"),
+                      (lambda: torch.sub(i8, i8, alpha=True), "Boolean alpha only supported"),
+                      (lambda: torch.add(i8, i8, alpha=True), "Boolean alpha only supported"),
+                      (lambda: torch.sub(i8, i8, alpha=1.0), "must not be a floating point")):
+        with pytest.raises(RuntimeError, match=words):
+            fn()
+    assert torch.add(m, m, alpha=True).cpu().tolist() == [True, False]
+    assert (m.to(torch.uint8) - 1).cpu().tolist() == [0, 255]

@@ -529,3 +529,36 @@ def test_whole_sums_and_means_keep_signatures_apart():
                     torch.testing.assert_close(view.mean().cpu(), ref.mean())
     assert (torch.ops.aten.sum.dim_IntList, torch.bool, torch.Size([5, 6]), (1, 5)) \
         in program.shortcuts
+
+
+def test_tensors_of_more_than_64_dimensions_reduce_as_on_the_cpu():
+    """A dim of a tensor of more than 64 dimensions is refused with torch's error (its
+    dims are a 64-bit mask); whole reductions run (on the CPU kernel: no program takes
+    so many dimensions) or raise as the CPU does."""
+    c = torch.randn([1] * 65)
+    x = c.to("hologram")
+    for op in (torch.sum, torch.mean, torch.nansum, torch.std, torch.var, torch.logsumexp,
+               torch.norm, torch.argmin, torch.amax):
+        for dim in (64, -1, 0):
+            with pytest.raises(RuntimeError, match="only tensors with up to 64 dims"):
+                op(x, dim=dim)
+    for op in (torch.sum, torch.mean, torch.std, torch.var, torch.norm, torch.amax,
+               torch.argmin, lambda t: t * 2):
+        try:
+            want = op(c)
+        except RuntimeError as e:
+            with pytest.raises(RuntimeError, match=str(e)):
+                op(x)
+            continue
+        got = op(x).cpu()  # (assert_close reduces over dims: flattened)
+        assert got.shape == want.shape
+        torch.testing.assert_close(got.reshape(-1), want.reshape(-1), equal_nan=True)
+
+
+def test_mode_into_out_tensors():
+    c = torch.randint(0, 3, (4, 5)).float()
+    values = torch.empty(0, device="hologram")
+    indices = torch.empty(0, dtype=torch.long, device="hologram")
+    torch.mode(c.to("hologram"), 1, out=(values, indices))
+    want = torch.mode(c, 1)
+    assert torch.equal(values.cpu(), want.values) and torch.equal(indices.cpu(), want.indices)

@@ -12,6 +12,7 @@ complex dtypes, what torch rejects).
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 
@@ -119,6 +120,14 @@ def _fit_out(out: torch.Tensor, shape, *operands) -> torch.Tensor:
     """``out`` (an ``out=`` argument) resized to ``shape`` where it differs, and then laid
     out as TensorIterator lays out a resized output: like ``operands``."""
     if tuple(out.shape) != tuple(shape):
+        if out.numel():  # PyTorch's resize_output warning, in its words
+            warnings.warn(
+                f"An output with one or more elements was resized since it had shape "
+                f"{list(out.shape)}, which does not match the required output shape "
+                f"{list(shape)}. This behavior is deprecated, and in a future PyTorch "
+                "release outputs will not be resized unless they have zero elements. You "
+                "can explicitly reuse an out tensor t by resizing it, inplace, to zero "
+                "elements with t.resize_(0).", UserWarning, stacklevel=2)
         out.resize_(shape)
         strides = layout.elementwise(shape, operands)
         if strides != tuple(out.stride()):
@@ -184,8 +193,9 @@ def _binary(name: str, op, self, other, alpha=1, out=None, inplace=False,
     result = torch.bool if compare else common
     if floating and not result.is_floating_point:
         result = torch.get_default_dtype()
-    if result not in ISA or (isinstance(alpha, float) and not result.is_floating_point):
-        return NotImplemented
+    if result not in ISA or (isinstance(alpha, float) and not result.is_floating_point) or (
+            isinstance(alpha, bool) and result is not torch.bool):
+        return NotImplemented  # the CPU kernel raises PyTorch's alpha errors
     args = (self, other) if alpha == 1 else (self, other, alpha)
     if inplace:
         _check_inplace(name, self, result, other)
@@ -201,11 +211,17 @@ def _binary(name: str, op, self, other, alpha=1, out=None, inplace=False,
     return r if out is None or r is NotImplemented else out
 
 
+def _is_bool(x) -> bool:
+    return x.dtype is torch.bool if isinstance(x, torch.Tensor) else isinstance(x, bool)
+
+
 def _arithmetic(name: str, floating=False, bool_ok=True, alpha=True):
     ops = getattr(aten, name)
 
     def ok(self, other):
-        return bool_ok or torch.result_type(self, other) is not torch.bool
+        # sub refuses any bool operand, tensor or number (PyTorch's sub_check; its CPU
+        # kernel then raises its error)
+        return bool_ok or not (_is_bool(self) or _is_bool(other))
 
     if alpha:
         def functional(self, other, alpha=1):

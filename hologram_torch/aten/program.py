@@ -34,6 +34,7 @@ from hologram import backends
 from hologram.compiler.cache import deferred_writes
 from hologram.errors import DeviceError, HologramError
 from hologram.frontend.graph import Graph, Tensor
+from hologram.frontend.mixin import MAX_NDIM
 from hologram.isa import dtypes as dt
 from hologram.runtime.launch import launch_cache
 from hologram_torch import lazy, memory, native
@@ -432,6 +433,8 @@ def _compile(name: str, build: Callable, args: Sequence, static: tuple,
         if isinstance(x, torch.Tensor):
             if x.dtype not in ISA:
                 raise Unsupported(f"{name}: dtype {x.dtype}")
+            if x.dim() > MAX_NDIM:  # (torch takes more; its CPU kernel then runs)
+                raise Unsupported(f"{name}: {x.dim()} dimensions")
             if x.is_cpu and not host:
                 if x.dim() != 0:
                     raise HologramError(

@@ -42,7 +42,11 @@ OPINFO = ("sum", "mean", "amax", "amin", "max.reduction_with_dim", "max.reductio
 
 def _dims(x: torch.Tensor, dim) -> tuple[int, ...] | None:
     """:func:`hologram_torch.lowering.reduction.dims`, or ``None`` where torch would reject
-    ``dim`` (so the caller falls back and torch raises its own error)."""
+    ``dim`` (so the caller falls back and torch raises its own error): a dimension out of
+    range, or any ``dim`` of a tensor of more than 64 dimensions (its dims are a 64-bit
+    mask there; ``dim=None`` reduces everything and is fine)."""
+    if x.dim() > 64 and dim is not None:
+        return None
     try:
         return reduction.dims(x, dim)
     except Unsupported:
@@ -81,10 +85,13 @@ def sum_dim(x, dim, keepdim=False, dtype=None):
     return r
 
 
-def _whole(op, general, x, dtype):
+def _whole(op, general, whole, x, dtype):
     """``x.sum()`` / ``x.mean()`` (no dim, no dtype) on a device tensor: the kernel
     remembered under ``x``'s signature, else ``general`` (which files it, see
-    program.shortcuts)."""
+    program.shortcuts); past 64 dimensions (no program takes them, and ``general`` with
+    ``dim=None`` is refused there) the CPU's ``whole``."""
+    if x.dim() > 64:
+        return run_on_cpu(whole, x, dtype=dtype)
     if dtype is not None or x.is_cpu:
         return general(x, None, False, dtype=dtype)
     key = (op, x.dtype, x.shape, x.stride())
@@ -101,7 +108,7 @@ def _whole(op, general, x, dtype):
 
 @impl("sum", hot=True)
 def sum_all(x, dtype=None):
-    return _whole(aten.sum.dim_IntList, sum_dim, x, dtype)
+    return _whole(aten.sum.dim_IntList, sum_dim, aten.sum.default, x, dtype)
 
 
 @impl("mean.dim", hot=True)
@@ -118,7 +125,7 @@ def mean_dim(x, dim, keepdim=False, dtype=None):
 def mean_all(x, dtype=None):
     if _float_result(x, dtype) is None:
         return run_on_cpu(aten.mean.default, x, dtype=dtype)
-    return _whole(aten.mean.dim, mean_dim, x, dtype)
+    return _whole(aten.mean.dim, mean_dim, aten.mean.default, x, dtype)
 
 
 def _reduced_shape(x: torch.Tensor, axes: tuple[int, ...], keepdim: bool) -> tuple[int, ...]:
@@ -265,3 +272,11 @@ def _all_any(name: str, kind: str):
 
 _all_any("all", "min")
 _all_any("any", "max")
+
+
+# torch's mode.values kernel is composite and refuses every device but CPU, CUDA and XPU
+# before it looks at the tensors; the CPU's, on aliases of them, is the device's (mode has
+# no program: it sorts).
+@impl("mode.values")
+def mode_values(x, dim=-1, keepdim=False, *, values, indices):
+    return run_on_cpu(aten.mode.values, x, dim, keepdim, values=values, indices=indices)

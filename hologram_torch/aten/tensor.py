@@ -17,7 +17,7 @@ import torch
 
 from hologram_torch import lazy, memory, native
 from hologram_torch.aten import layout, program
-from hologram_torch.aten.program import ISA, Unsupported, cast
+from hologram_torch.aten.program import ISA, MAX_NDIM, Unsupported, cast
 from hologram_torch.aten.registry import NATIVE, aten, composed, impl, overload
 from hologram_torch.constants import CPU_KEYS
 from hologram_torch.device import invalid_ordinal
@@ -294,7 +294,7 @@ def clone(self, memory_format=None):
         memory_format = _MEMORY_FORMATS[memory_format]
     preserve = memory_format is None or memory_format is torch.preserve_format
     if ((preserve or memory_format is torch.contiguous_format) and self.dtype in ISA
-            and not _conj_or_neg(self)):
+            and not _conj_or_neg(self) and self.dim() <= MAX_NDIM):
         # A fresh copy laid out as empty_like(self) (or contiguous), whose launch the
         # front kernel serves from the second call on (no Python at all).
         name = "clone" if preserve else "clone.contiguous"
@@ -331,6 +331,7 @@ def _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None,
     # (a subclass's Python attributes are not ours to read: an UninitializedParameter's
     # shape raises; the composite kernel copies it through _copy_from's plain view)
     if type(self) is torch.Tensor and here and not pin_memory and strided and (
+            self.dim() <= MAX_NDIM) and (
             memory_format in (None, torch.preserve_format)) and self.dtype in ISA and (
             (dtype or self.dtype) in ISA) and not _conj_or_neg(self):
         target = dtype or self.dtype
