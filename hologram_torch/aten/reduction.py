@@ -27,7 +27,7 @@ import torch
 from hologram_torch import memory
 from hologram_torch.aten import lowered, program
 from hologram_torch.aten.program import ISA
-from hologram_torch.aten.registry import aten, impl, native_or_cpu
+from hologram_torch.aten.registry import aten, composed, impl, native_or_cpu
 from hologram_torch.fallback import run_on_cpu
 from hologram_torch.lowering import Unsupported, reduction
 
@@ -277,6 +277,6 @@ _all_any("any", "max")
 # torch's mode.values kernel is composite and refuses every device but CPU, CUDA and XPU
 # before it looks at the tensors; the CPU's, on aliases of them, is the device's (mode has
 # no program: it sorts).
-@impl("mode.values")
+@composed("mode.values")
 def mode_values(x, dim=-1, keepdim=False, *, values, indices):
     return run_on_cpu(aten.mode.values, x, dim, keepdim, values=values, indices=indices)
