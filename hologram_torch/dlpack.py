@@ -84,8 +84,9 @@ def export(t: torch.Tensor, stream: object = None, max_version: tuple[int, int] 
         raise BufferError("Can't export tensors with the negative bit set; use "
                           "tensor.resolve_neg() first")
     here = tuple(map(int, dlpack_device(t)))
-    if dl_device is not None and tuple(map(int, dl_device)) != here:
-        if tuple(map(int, dl_device)) != (int(DLDeviceType.kDLCPU), 0):
+    wanted = here if dl_device is None else tuple(map(int, dl_device))
+    if wanted != here:
+        if wanted != (int(DLDeviceType.kDLCPU), 0):
             raise BufferError(f"{NAME} tensors export to DLPack on {here} or as a CPU copy "
                               f"(dl_device=(kDLCPU, 0)), not on {tuple(dl_device)}")
         if copy is False:
@@ -161,7 +162,7 @@ def from_dlpack(producer: Any) -> torch.Tensor:
         start, offset = tensor.data, 0
     nbytes = (offset + memory.span(shape, strides)) * dtype.itemsize
     block = gpu.foreign_block(tensor, producer, start, nbytes)
-    st = memory.shared_storage(start, nbytes, block, gpu)
+    st = memory.shared_storage(start, nbytes, block)
     return memory.on_storage(st, dtype, shape, strides, offset)
 
 

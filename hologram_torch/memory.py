@@ -193,14 +193,13 @@ def storage(nbytes: int) -> torch.UntypedStorage:
     return st
 
 
-def shared_storage(address: int, nbytes: int, owner: object,
-                   allocator: object = None) -> torch.UntypedStorage:
+def shared_storage(address: int, nbytes: int, owner: object) -> torch.UntypedStorage:
     """A device storage of ``nbytes`` at ``address``, memory another library owns
-    (:mod:`.dlpack`): ``owner`` (its tensor; on GPU memory, ``allocator``'s block of it)
+    (:mod:`.dlpack`): ``owner`` (its tensor; on GPU memory, the allocator's block of it)
     is kept alive by the storage."""
     _device["used"] = True
     st = _construct(address, DEVICE, nbytes)
-    st._hologram = owner if allocator is None else _DeviceLease(owner, address)
+    st._hologram = owner if _device["allocator"] is None else _DeviceLease(owner, address)
     return st
 
 

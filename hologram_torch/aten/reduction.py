@@ -26,7 +26,7 @@ import torch
 
 from hologram_torch import memory
 from hologram_torch.aten import lowered, program
-from hologram_torch.aten.program import ISA
+from hologram_torch.aten.program import ISA, MAX_NDIM
 from hologram_torch.aten.registry import aten, composed, impl, native_or_cpu
 from hologram_torch.fallback import run_on_cpu
 from hologram_torch.lowering import Unsupported, reduction
@@ -45,7 +45,7 @@ def _dims(x: torch.Tensor, dim) -> tuple[int, ...] | None:
     ``dim`` (so the caller falls back and torch raises its own error): a dimension out of
     range, or any ``dim`` of a tensor of more than 64 dimensions (its dims are a 64-bit
     mask there; ``dim=None`` reduces everything and is fine)."""
-    if x.dim() > 64 and dim is not None:
+    if x.dim() > MAX_NDIM and dim is not None:
         return None
     try:
         return reduction.dims(x, dim)
@@ -90,7 +90,7 @@ def _whole(op, general, whole, x, dtype):
     remembered under ``x``'s signature, else ``general`` (which files it, see
     program.shortcuts); past 64 dimensions (no program takes them, and ``general`` with
     ``dim=None`` is refused there) the CPU's ``whole``."""
-    if x.dim() > 64:
+    if x.dim() > MAX_NDIM:
         return run_on_cpu(whole, x, dtype=dtype)
     if dtype is not None or x.is_cpu:
         return general(x, None, False, dtype=dtype)
