@@ -14,8 +14,8 @@ What a device tensor exports is the memory it lives in (:mod:`.memory`):
   device's current stream (an event, not a host wait), and an import hands the producer
   our current stream, so it orders its work before ours; memory taken from a producer
   goes back to it only once our queued work is done.
-* **emulated GPU memory** (``HOLOGRAM_CUDA_EMULATE=1``): refused both ways (it is no
-  GPU's memory and the host may not read it).
+* **emulated GPU memory** (``HOLOGRAM_CUDA_EMULATE=1``) and webgpu's buffers: refused
+  both ways (no other library can address them, and the host may not read them).
 
 Exporting is a cut of the recorded ops (:mod:`.lazy`): those that read or write the
 tensor run first. Device ops after the export may run later, as on a GPU: a host
@@ -48,15 +48,16 @@ _DTYPES = {code: dtype for dtype, code in CODES.items()}
 
 
 def _gpu():
-    """The GPU allocator of the device's memory, or None on host memory; emulated GPU
-    memory (which exports nothing) is refused."""
+    """The GPU allocator of the device's memory, or None on host memory; memory no other
+    library can address (the emulated GPU's, webgpu's buffers) is refused."""
     if memory.host_memory():
         return None
     allocator = memory.allocator()
     if not hasattr(allocator, "take_dlpack"):
-        raise DeviceError(f"DLPack: the {NAME} device's memory is the emulated GPU's "
-                          "(HOLOGRAM_CUDA_EMULATE=1), which no other library can read; "
-                          "share a CPU copy (t.cpu()) instead")
+        whose = ("the emulated GPU's (HOLOGRAM_CUDA_EMULATE=1)" if allocator.device == "cuda"
+                 else f"{allocator.device} buffers, which have no addresses")
+        raise DeviceError(f"DLPack: the {NAME} device's memory is {whose}, which no other "
+                          "library can read; share a CPU copy (t.cpu()) instead")
     return allocator
 
 

@@ -61,6 +61,7 @@ import time
 import warnings
 from collections import OrderedDict
 
+import numpy as np
 import torch
 
 import hologram
@@ -416,15 +417,20 @@ def _to_device(region: _Region) -> dict:
     which the ops' launches take too when the region runs op by op (:func:`_launches`).
     (Device and host addresses never coincide: CUDA's unified addressing, the emulation's
     tagged handles.)"""
-    from hologram_torch.aten.program import device_scalar
+    from hologram_torch.aten.program import NUMBER_TYPES, device_scalar
 
     moved = {}
     addresses = list(region.addresses)
+    narrow = NUMBER_TYPES[float].itemsize == 4  # floats in f32 (webgpu), boxed as double
     for i, (kind, code, *_) in enumerate(region.inputs):
         if kind != "m":
             nbytes = _DTYPES[code].itemsize if kind == "c" else 8  # a box: 8 bytes
             host = addresses[i]
-            addresses[i] = moved[host] = device_scalar(ctypes.string_at(host, nbytes))
+            value = ctypes.string_at(host, nbytes)
+            if narrow and kind != "c" and _NUMBER_KIND[code] is float:
+                with np.errstate(over="ignore"):  # (past f32's range: inf, as a cast)
+                    value = np.frombuffer(value, np.float64).astype(np.float32).tobytes()
+            addresses[i] = moved[host] = device_scalar(value)
     if moved:
         region.addresses = tuple(addresses)
     return moved

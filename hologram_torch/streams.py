@@ -18,7 +18,10 @@ conservative than PyTorch's per-stream pools, and it makes ``record_stream`` a n
 On host memory (the cpu backend, the interpreter) and on the cuda emulation kernels run
 when they are launched: streams exist, nest and compare as on a GPU, but every stream is
 always complete, an event completes when it is recorded, a wait returns at once, and
-``elapsed_time`` measures the host's clock between two records.
+``elapsed_time`` measures the host's clock between two records. On webgpu, whose work
+runs in order on the device's one queue, the same holds once a record or a stream's
+query has waited for the queue: events order nothing the queue does not, and
+``elapsed_time`` is the host's clock between two such waits.
 """
 
 from __future__ import annotations
@@ -40,7 +43,9 @@ _streams: dict[int, Stream] = {}  # every stream made, by id (0: the default str
 
 
 class _HostStreams:
-    """Streams of a device whose kernels run when launched (see the module docstring)."""
+    """Streams of a device whose kernels run when launched, or run in order on one queue
+    (webgpu): there, a query or a record waits for the queue (see the module
+    docstring)."""
 
     def __init__(self) -> None:
         self.count = 1
@@ -53,9 +58,11 @@ class _HostStreams:
         pass
 
     def stream_done(self, stream_id: int, wait: bool = False) -> bool:
+        memory.synchronize()  # (nothing to wait for on host memory)
         return True
 
     def record(self, event: Event, stream_id: int) -> None:
+        memory.synchronize()
         event._time = time.perf_counter()
 
     def event_done(self, event: Event, wait: bool = False) -> bool:

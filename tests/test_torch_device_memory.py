@@ -1,16 +1,20 @@
-"""The torch device on GPU memory: ``HOLOGRAM_TORCH_BACKEND=cuda``, emulated.
+"""The torch device on GPU memory: ``HOLOGRAM_TORCH_BACKEND=cuda``, emulated, and
+``HOLOGRAM_TORCH_BACKEND=webgpu`` on Mesa's lavapipe.
 
-On the cuda backend a device tensor's storage is a block of GPU memory whose data pointer
+On a GPU backend a device tensor's storage is a block of device memory whose data pointer
 the host never dereferences (hologram_torch/memory.py): copies go through the backend,
 host computations (the CPU fallback, errors that read values, printing) work on copies
 that are written back, and numbers reach the kernels through device memory. Without a
 GPU, ``HOLOGRAM_CUDA_EMULATE=1`` runs the same kernels in Triton's interpreter on host
 memory behind device-style handles (hologram/backends/cuda/emulated.py): a host access
-through a data pointer faults, as on a GPU, instead of silently working.
+through a data pointer faults, as on a GPU, instead of silently working. webgpu runs its
+WGSL kernels for real on lavapipe, a Vulkan driver on the CPU (correctness only), on
+buffers whose data pointers are made-up handles (hologram/backends/webgpu/memory.py);
+ops on dtypes it lacks (f64, i64 division) run through the CPU fallback.
 
 The backend is chosen before the first device tensor, so the checks run in one fresh
-process; each compares with PyTorch on the CPU. (The same checks ran on an H200:
-docs/cuda.md.)
+process per backend and mode; each compares with PyTorch on the CPU. (The same checks
+ran on an H200 for cuda: docs/cuda.md.)
 """
 
 from __future__ import annotations
@@ -24,9 +28,9 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("torch")
-pytest.importorskip("triton")
 
 ROOT = Path(__file__).resolve().parents[1]
+REQUIRE_WEBGPU = os.environ.get("HOLOGRAM_REQUIRE_WEBGPU", "") not in ("", "0")
 
 #: Each check is a snippet that sets ``ok`` (True, or a string saying what differs).
 CHECKS = {
@@ -35,8 +39,37 @@ ok = memory._device["resolve"] is not None and memory._device["allocator"] is No
 """,
     "memory is GPU-style": """
 x = torch.ones(3, device=D)
-ok = (hologram_torch.get_backend() == "cuda" and not memory.host_memory()
-      and x.data_ptr() >> 55 & 1 == 1)
+handle = x.data_ptr() >> 55 & 1 == 1 if BACKEND == "cuda" else x.data_ptr() >> 32 > 0
+ok = hologram_torch.get_backend() == BACKEND and not memory.host_memory() and handle
+""",
+    "views at any offset, every dtype": """
+ok = True
+for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32,
+              torch.int16, torch.int8, torch.uint8, torch.bool):
+    c = torch.testing.make_tensor((7, 5), dtype=dtype, device="cpu", low=-9, high=9)
+    d = c.to(D)
+    for rows, cols in ((slice(1, None), slice(None)), (slice(None), slice(3, None)),
+                       (slice(2, 5), slice(1, 4))):
+        got, want = d[rows, cols], c[rows, cols]
+        n, m = want.shape  # another view of that shape, at the storage's other end
+        e, ec = d.clone(), c.clone()
+        e[rows, cols] = d[-n:, -m:]
+        ec[rows, cols] = c[-n:, -m:]
+        same = (torch.equal((got == got).cpu(), want == want)
+                and torch.equal(torch.where(got != got, got, got).cpu(), want)
+                and torch.equal(got.t().contiguous().cpu(), want.t().contiguous())
+                and torch.equal(e.cpu(), ec))
+        ok = ok and same or f"{dtype} {rows} {cols}"
+""",
+    "in place through aliases": """
+x = torch.randn(6, 5)
+d = x.to(D)
+for t in (x, d):
+    t.add_(t)
+    t[2:, 1:].mul_(t[2:, 1:])
+    t.t().add_(t.t(), alpha=2.0)
+    t.clamp_(-1, 1)
+ok = torch.equal(d.cpu(), x)
 """,
     "copies both ways, every dtype and layout": """
 ok = True
@@ -154,16 +187,32 @@ H.synchronize()
 ok = (torch.equal(y.cpu(), torch.arange(5.0) * 2 + 1) and s.query() and end.query()
       and start.elapsed_time(end) >= 0)
 """,
-    "DLPack: the emulated GPU memory is shared with no one": """
+    "DLPack: the memory is shared with no one": """
 from hologram.errors import DeviceError
 x = torch.ones(3, device=D)
 ok = x.__dlpack_device__() == (torch.utils.dlpack.DLDeviceType.kDLExtDev, 0)
+why = "HOLOGRAM_CUDA_EMULATE" if BACKEND == "cuda" else "webgpu buffers, which have no"
 for attempt in (lambda: x.__dlpack__(), lambda: hologram_torch.from_dlpack(torch.ones(3))):
     try:
         attempt()
         ok = "shared"
     except DeviceError as e:
-        ok = ok and "HOLOGRAM_CUDA_EMULATE" in str(e)
+        ok = ok and why in str(e)
+""",
+    "dtypes the backend lacks run through the CPU fallback": """
+import warnings
+a = torch.randn(4, 3, dtype=torch.float64)
+i = torch.arange(-6, 6)
+da, di = a.to(D), i.to(D)
+hologram_torch.reset_fallback_stats()
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", hologram_torch.FallbackWarning)
+    got = [(da * 2.5 + 1).cpu(), da.sum(0).cpu(), (di // 4).cpu(), (di % 5).cpu(),
+           (da[1:] @ da[1:].t()).cpu()]
+want = [a * 2.5 + 1, a.sum(0), i // 4, i % 5, a[1:] @ a[1:].t()]
+ok = all(g.dtype == w.dtype and torch.allclose(g, w) for g, w in zip(got, want))
+counted = sum(hologram_torch.fallback_stats().values())
+ok = ok and (counted > 0) == (BACKEND == "webgpu") or (ok, counted)
 """,
     "CPU tensors still compute on the host": """
 a, b = torch.randn(6), torch.randn(6)
@@ -198,8 +247,10 @@ import torch, hologram_torch
 from hologram_torch import memory
 D = torch.device("hologram")
 results = {}
+BACKEND = hologram_torch.get_backend()
 for name, code in CHECKS.items():
-    scope = {"torch": torch, "hologram_torch": hologram_torch, "memory": memory, "D": D}
+    scope = {"torch": torch, "hologram_torch": hologram_torch, "memory": memory, "D": D,
+             "BACKEND": BACKEND}
     try:
         exec(code, scope)
         ok = scope["ok"]
@@ -210,10 +261,23 @@ print("@@" + json.dumps(results))
 """
 
 
-@pytest.fixture(scope="module", params=["op by op", "recorded"])
+def _webgpu() -> bool:
+    from hologram.backends.webgpu.backend import WebGpuBackend
+
+    return WebGpuBackend.is_available()
+
+
+@pytest.fixture(scope="module", params=[("cuda", "op by op"), ("cuda", "recorded"),
+                                        ("webgpu", "op by op"), ("webgpu", "recorded")],
+                ids="-".join)
 def results(request):
-    env = dict(os.environ, HOLOGRAM_CUDA_EMULATE="1", HOLOGRAM_TORCH_BACKEND="cuda",
-               HOLOGRAM_LAZY="1" if request.param == "recorded" else "0",
+    backend, mode = request.param
+    if backend == "cuda":
+        pytest.importorskip("triton")
+    elif not (REQUIRE_WEBGPU or _webgpu()):
+        pytest.skip("no WebGPU adapter (apt-get install mesa-vulkan-drivers libvulkan1)")
+    env = dict(os.environ, HOLOGRAM_CUDA_EMULATE="1", HOLOGRAM_TORCH_BACKEND=backend,
+               HOLOGRAM_LAZY="1" if mode == "recorded" else "0",
                PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [
                    os.environ.get("PYTHONPATH")])]))
     proc = subprocess.run([sys.executable, "-c", f"CHECKS = {CHECKS!r}\n{_RUNNER}"],
@@ -232,6 +296,7 @@ def test_device_on_gpu_memory(results, name):
 def test_a_named_cuda_that_cannot_run_here_gives_the_host_backend_at_first_use():
     """HOLOGRAM_TORCH_BACKEND=cuda without a GPU (and without the emulation): importing
     torch probes nothing; the first device tensor warns and the device runs on the host."""
+    pytest.importorskip("triton")
     env = dict(os.environ, HOLOGRAM_TORCH_BACKEND="cuda", PYTHONPATH=os.pathsep.join(
         [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
     env.pop("HOLOGRAM_CUDA_EMULATE", None)

@@ -32,7 +32,7 @@ import torch
 import hologram
 from hologram import backends
 from hologram.compiler.cache import deferred_writes
-from hologram.errors import DeviceError, HologramError
+from hologram.errors import CompileError, DTypeError, HologramError
 from hologram.frontend.graph import Graph, Tensor
 from hologram.frontend.mixin import MAX_NDIM
 from hologram.isa import dtypes as dt
@@ -84,8 +84,9 @@ FRONT = native.fast_active()
 
 #: Backends whose memory the device can hold tensors in besides host memory: their
 #: allocations' handles are device addresses (a tensor's ``data_ptr()``, offsets
-#: included), which their programs launch on.
-DEVICE_MEMORY_BACKENDS = ("cuda",)
+#: included), which their programs launch on (webgpu's are made up, see
+#: :mod:`hologram.backends.webgpu.memory`).
+DEVICE_MEMORY_BACKENDS = ("cuda", "webgpu", "metal", "vulkan")
 
 
 def _host_choice() -> str:
@@ -99,16 +100,14 @@ def _host_choice() -> str:
 
 def _choose(name: str) -> str:
     """The backend ``name`` names for the device. ``"auto"``: cuda on an NVIDIA GPU (never
-    its emulation), else :func:`_host_choice`; it never fails."""
+    its emulation), else webgpu on a GPU adapter (never a CPU emulation such as
+    lavapipe), else :func:`_host_choice`; it never fails."""
     if name == "auto":
-        return "cuda" if backends.backend_class("cuda").auto_available() else _host_choice()
-    name = hologram.backend.validate_backend(name)  # checked, errors worded, as everywhere
-    if (name not in DEVICE_MEMORY_BACKENDS
-            and not backends.get(name).allocator().host_visible):
-        raise DeviceError(f"torch device: backend {name!r} is not supported yet: its "
-                          "buffers have no addresses a tensor's storage can hold; use cpu, "
-                          "interp or cuda")
-    return name
+        for gpu in ("cuda", "webgpu"):
+            if backends.backend_class(gpu).auto_available():
+                return gpu
+        return _host_choice()
+    return hologram.backend.validate_backend(name)  # checked, errors worded, as everywhere
 
 
 def _select(name: str) -> None:
@@ -128,6 +127,11 @@ def _select(name: str) -> None:
             native.page_lock(driver.page_locking())
     _state["backend"] = name
     _HOST[0] = host
+    # Python floats arrive as f64 where the backend computes in f64, else as f32 (webgpu,
+    # as CUDA's kernels take a float scalar in float for float32 tensors).
+    wide = backends.get(name).supports("load", dt.float64)
+    _NUMBER[float] = (dt.float64, ctypes.c_double) if wide else (dt.float32, ctypes.c_float)
+    NUMBER_TYPES[float] = _NUMBER[float][0]
     # The native front kernels launch with host addresses of numbers: on device memory,
     # ops dispatch from Python.
     native.set_front(host)
@@ -196,14 +200,16 @@ shortcuts = Shortcuts()
 
 def _select_at_import() -> None:
     """``HOLOGRAM_TORCH_BACKEND`` (default auto). This runs on ``import torch`` (the device
-    autoloads): a backend that cannot run here is warned about, not raised; and cuda
-    (named, or ``auto`` where a GPU may be) is only probed when the device's memory is
-    first needed, so that importing torch loads no GPU driver and makes no CUDA context,
-    as PyTorch's own CUDA initializes lazily."""
+    autoloads): a backend that cannot run here is warned about, not raised; and a GPU
+    backend (cuda, webgpu, named or ``auto`` where a GPU may be) is only probed when the
+    device's memory is first needed, so that importing torch loads no GPU driver and
+    makes no CUDA context or wgpu device, as PyTorch's own CUDA initializes lazily."""
     wanted = hologram.config.get().torch_backend
-    if wanted == "cuda" or (wanted == "auto"
-                            and backends.backend_class("cuda").may_be_available()):
-        _state["backend"], _HOST[0] = "cuda", False  # (until resolved: no host launches)
+    gpus = [name for name in ("cuda", "webgpu")
+            if backends.backend_class(name).may_be_available()]
+    if wanted in DEVICE_MEMORY_BACKENDS or (wanted == "auto" and gpus):
+        # (until resolved: no host launches)
+        _state["backend"], _HOST[0] = wanted if wanted != "auto" else gpus[0], False
         native.set_front(False)
         memory.defer(lambda: _resolve(wanted))
         return
@@ -216,8 +222,9 @@ def _select_at_import() -> None:
 
 
 def _resolve(wanted: str) -> None:
-    """The backend chosen at import (``wanted``: cuda or auto), probed now. A cuda that
-    cannot run here gives the host backend, with a warning where it was named."""
+    """The backend chosen at import (``wanted``: a GPU backend or auto), probed now. A GPU
+    backend that cannot run here gives the host backend, with a warning where it was
+    named."""
     try:
         _select(_choose(wanted))
     except HologramError as e:
@@ -479,9 +486,22 @@ def _compile(name: str, build: Callable, args: Sequence, static: tuple,
     # The op waits for its kernel: the cache entry is written on a background thread.
     with deferred_writes():
         # (CPU tensors computed on in place: on host memory, whatever the device's is)
-        compiled = hologram.compile(g.program(), "cpu" if host and not _HOST[0]
-                                    else backend())
+        compiled = compile_program(g.program(), "cpu" if host and not _HOST[0]
+                                   else backend())
     return _Entry(compiled.launch, outs, single)
+
+
+def compile_program(program, backend_name: str):
+    """``hologram.compile(program, backend_name)``, loaded; :class:`Unsupported` where the
+    backend cannot run it (webgpu: f64 and i64 division; a CPU emulation's loop limit),
+    so that the op runs through the CPU fallback."""
+    try:
+        compiled = hologram.compile(program, backend_name)  # (loaded: pipelines made)
+    except (DTypeError, CompileError) as e:
+        if backend_name not in DEVICE_MEMORY_BACKENDS[1:]:
+            raise
+        raise Unsupported(f"{program.name}: {e}") from e
+    return compiled
 
 
 def run_on(backend_name: str, name: str, build: Callable, args: Sequence,

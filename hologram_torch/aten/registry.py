@@ -6,7 +6,8 @@ from collections.abc import Callable
 
 import torch
 
-from hologram_torch import memory, native
+from hologram_torch import fallback, memory, native
+from hologram_torch.aten import program
 
 aten = torch.ops.aten
 _lib = torch.library.Library("aten", "IMPL")
@@ -17,6 +18,24 @@ NATIVE: set[str] = set()
 COMPOSED: set[str] = set()
 
 
+def _register(name: str, fn: Callable, hot: bool) -> None:
+    """Register ``fn`` for overload ``name``, behind a guard: operands no program of the
+    device's backend takes (:class:`program.Unsupported`, raised before anything ran: a
+    dtype the backend lacks, such as f64 on webgpu) run the op through the CPU fallback."""
+    op = overload(name)
+
+    def kernel(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except program.Unsupported:
+            return fallback.run_on_cpu(op, *args, **kwargs)
+
+    kernel.__name__ = kernel.__qualname__ = fn.__name__
+    kernel.__doc__, kernel.__wrapped__ = fn.__doc__, fn
+    if not (hot and native.register_fast(name, kernel, memory.pool().core)):
+        _lib.impl(name, kernel, "PrivateUse1")
+
+
 def impl(*names: str, hot: bool = False) -> Callable:
     """Register the decorated function as the hologram kernel of each overload ``names``
     (``"add.Tensor"``; a bare name means its ``.default`` overload). ``hot``: behind the
@@ -25,8 +44,7 @@ def impl(*names: str, hot: bool = False) -> Callable:
 
     def register(fn: Callable) -> Callable:
         for name in names:
-            if not (hot and native.register_fast(name, fn, memory.pool().core)):
-                _lib.impl(name, fn, "PrivateUse1")
+            _register(name, fn, hot)
             NATIVE.add(name if "." in name else f"{name}.default")
         return fn
 
@@ -41,8 +59,7 @@ def composed(*names: str, hot: bool = False) -> Callable:
 
     def register(fn: Callable) -> Callable:
         for name in names:
-            if not (hot and native.register_fast(name, fn, memory.pool().core)):
-                _lib.impl(name, fn, "PrivateUse1")
+            _register(name, fn, hot)
             COMPOSED.add(name if "." in name else f"{name}.default")
         return fn
 

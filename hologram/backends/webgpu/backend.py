@@ -8,8 +8,9 @@ bindings, mode and workgroup counts, and the program's buffers.
 **Load** (:meth:`WebGpuBackend.load`): each shader becomes a compute pipeline on the
 process's device (a shader that fails validation raises :class:`CompileError` with the
 WGSL and wgpu's message). :meth:`_Executable.launch` binds one allocation per parameter
-(temporaries are the executable's own), records every kernel's dispatch in one compute
-pass and submits it; bind groups are cached per set of buffers.
+(temporaries are the executable's own; a handle inside an allocation passes its offset to
+the shaders, :mod:`.memory`), records every kernel's dispatch in one compute pass and
+submits it; bind groups are cached per set of buffers.
 
 Names: ``webgpu`` runs on wgpu's high-performance adapter, whatever it is (on a machine
 without a GPU, Mesa's lavapipe); ``metal`` and ``vulkan`` only on an adapter with that
@@ -21,9 +22,12 @@ backend. ``"auto"`` may take ``webgpu`` on a GPU adapter, never on a CPU emulati
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from dataclasses import replace
 from typing import Any, ClassVar
+
+import numpy as np
 
 from hologram.backends.base import Allocator, Backend, Executable
 from hologram.codegen import schedule
@@ -41,7 +45,7 @@ from .render import EMULATED_LOOP_LIMIT, WORKGROUP, dispatch, render
 
 #: The artifact format's version (part of the target identity, so old cache entries are
 #: never loaded by a newer runtime).
-FORMAT = "wgsl-2"
+FORMAT = "wgsl-3"
 #: WebGPU's capabilities: no f64, no i64 arithmetic (two words, :data:`_I64_OPS`), 32-bit
 #: storage only (f16 with the shader-f16 feature is not used), float min/max left to the
 #: renderer (it orders the bits), gather (render.py: the operand clamped in its own
@@ -65,6 +69,14 @@ class WebGpuBackend(Backend):
     name: ClassVar[str] = "webgpu"
     _available: ClassVar[dict[str, bool]] = {}
     _auto: ClassVar[dict[str, bool]] = {}
+
+    @classmethod
+    def may_be_available(cls) -> bool:
+        """Whether a GPU adapter may be here, known without loading a driver: wgpu
+        installed and (on Linux) a GPU device node (:func:`.device.gpu_may_exist`). The
+        torch device's ``auto`` asks this on ``import torch`` and probes
+        (:meth:`auto_available`) at first use."""
+        return importlib.util.find_spec("wgpu") is not None and devices.gpu_may_exist()
 
     @classmethod
     def auto_available(cls) -> bool:
@@ -142,8 +154,8 @@ class WebGpuBackend(Backend):
             program = schedule.fission(program,
                                        lambda piece: render_module.split(piece, caps)[0])
         kernels = []
-        buffers = [{"name": b.name, "kind": b.kind, "nbytes": b.nbytes}
-                   for b in program.buffers]
+        buffers = [{"name": b.name, "kind": b.kind, "nbytes": b.nbytes,
+                    "itemsize": b.dtype.itemsize} for b in program.buffers]
         for kernel in program.kernels:
             for shader in render(program, kernel, caps, scratch=len(buffers)):
                 # A split reduction's partial states: a temporary after the program's
@@ -152,7 +164,7 @@ class WebGpuBackend(Backend):
                 if scratch is not None:
                     assert scratch["index"] == len(buffers)
                     buffers.append({"name": shader["name"], "kind": "temp",
-                                    "nbytes": scratch["nbytes"]})
+                                    "nbytes": scratch["nbytes"], "itemsize": 4})
                 shader["dispatch"] = dispatch(shader["points"], shader["mode"])
                 pipeline.dump(program.name, f"{shader['name']}.wgsl", shader["wgsl"])
                 kernels.append(shader)
@@ -202,15 +214,28 @@ class _Executable(Executable):
         self.buffers = header["buffers"]
         self.kernels = [k for k in header["kernels"] if k["points"] > 0]
         self.pipelines = [self._pipeline(k) for k in self.kernels]
-        self.bind_groups: list[dict[tuple[int, ...], Any]] = [{} for _ in self.kernels]
+        # The kernels' twins for launches that bind one buffer twice, once writable (an
+        # in-place op: WebGPU forbids a writable and a read-only binding of one buffer in
+        # a dispatch), all of whose storage bindings are writable; made on first need.
+        self.twins: list[Any] = [None] * len(self.kernels)
+        self.bind_groups: list[dict[tuple, Any]] = [{} for _ in self.kernels]
         self.temps: dict[int, memory.Allocation] = {}
+        # The buffers' starts in their bindings, in elements (render.py's hg_base): a
+        # uniform written before a launch whose starts differ from the last one's. (A
+        # write is ordered with the submissions around it on the queue.)
+        wgpu = devices.wgpu_module()
+        self.bases = dev.device.create_buffer(
+            size=16 * (len(self.buffers) // 4 + 1),
+            usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST)
+        self.written = (0,) * len(self.params)
+        self.itemsizes = [self.buffers[i]["itemsize"] for i in self.params]
         temps = [i for i, b in enumerate(self.buffers) if b["kind"] == "temp"]
         if temps:
             allocator = memory.WebGpuAllocator(dev.kind)
             for i in temps:
                 self.temps[i] = allocator.alloc((max(self.buffers[i]["nbytes"], 4),), "u1")
 
-    def _pipeline(self, kernel: dict) -> Any:
+    def _pipeline(self, kernel: dict, twin: bool = False) -> Any:
         device = self.dev.device
         if not self.dev.is_hardware and kernel["iterations"] > EMULATED_LOOP_LIMIT:
             raise CompileError(
@@ -227,14 +252,22 @@ class _Executable(Executable):
                 f"buffers, more than this adapter's max-storage-buffers-per-shader-stage "
                 f"({limit}, {self.dev.summary}); split the program", source=kernel["wgsl"])
         wgpu = devices.wgpu_module()
+        wgsl, writable = kernel["wgsl"], kernel["writable"]
+        if twin:
+            wgsl = wgsl.replace("var<storage, read>", "var<storage, read_write>")
+            writable = [True] * len(writable)
         try:
-            module = device.create_shader_module(code=kernel["wgsl"])
+            module = device.create_shader_module(code=wgsl)
             # An explicit layout: "auto" would drop a binding the shader declares but
             # never reaches, and the bind group would no longer match it.
             entries = [{"binding": slot, "visibility": wgpu.ShaderStage.COMPUTE,
-                        "buffer": {"type": wgpu.BufferBindingType.storage if writable else
+                        "buffer": {"type": wgpu.BufferBindingType.storage if w else
                                    wgpu.BufferBindingType.read_only_storage}}
-                       for slot, writable in enumerate(kernel["writable"])]
+                       for slot, w in enumerate(writable)]
+            if kernel["based"]:
+                entries.append({"binding": len(entries),
+                                "visibility": wgpu.ShaderStage.COMPUTE,
+                                "buffer": {"type": wgpu.BufferBindingType.uniform}})
             layout = device.create_bind_group_layout(entries=entries)
             pipeline_layout = device.create_pipeline_layout(bind_group_layouts=[layout])
             return layout, device.create_compute_pipeline(
@@ -249,13 +282,34 @@ class _Executable(Executable):
             raise ShapeError(f"webgpu program {self.header['program']}: takes "
                              f"{len(self.params)} buffers, got {len(handles)}")
         allocations = dict(self.temps)
-        for slot, handle in zip(self.params, handles):
-            allocations[slot] = memory.lookup(handle)
+        starts = []
+        for slot, handle, itemsize in zip(self.params, handles, self.itemsizes):
+            allocations[slot], offset = memory.locate(handle)
+            if offset % itemsize:
+                raise ShapeError(f"webgpu program {self.header['program']}: buffer "
+                                 f"{self.buffers[slot]['name']} starts {offset} bytes into "
+                                 f"its allocation, not a multiple of its {itemsize}-byte "
+                                 "elements")
+            starts.append(offset // itemsize)
+        starts = tuple(starts)
+        if starts != self.written:
+            words = np.zeros(self.bases.size // 4, np.uint32)
+            words[list(self.params)] = starts
+            self.dev.queue.write_buffer(self.bases, 0, words)
+            self.written = starts
         encoder = self.dev.device.create_command_encoder()
         compute = encoder.begin_compute_pass()
-        for kernel, pipeline_, groups in zip(self.kernels, self.pipelines, self.bind_groups):
+        for k, (kernel, groups) in enumerate(zip(self.kernels, self.bind_groups)):
             buffers = tuple(allocations[i] for i in kernel["bindings"])
             key = tuple(a.id for a in buffers)
+            twin = len(set(key)) < len(key) and any(
+                w and key.count(b) > 1 for b, w in zip(key, kernel["writable"]))
+            if twin:
+                if self.twins[k] is None:
+                    self.twins[k] = self._pipeline(kernel, twin=True)
+                pipeline_, key = self.twins[k], (*key, "twin")
+            else:
+                pipeline_ = self.pipelines[k]
             group = groups.get(key)
             if group is None:
                 if len(groups) >= _BIND_GROUPS:
@@ -263,10 +317,13 @@ class _Executable(Executable):
                 entries = [{"binding": slot, "resource": {"buffer": a.buffer, "offset": 0,
                                                           "size": a.buffer.size}}
                            for slot, a in enumerate(buffers)]
+                if kernel["based"]:
+                    entries.append({"binding": len(entries), "resource": {
+                        "buffer": self.bases, "offset": 0, "size": self.bases.size}})
                 group = self.dev.device.create_bind_group(layout=pipeline_[0],
                                                           entries=entries)
-                # Keyed by allocation ids, never reused: an entry whose allocations have
-                # died is never hit again (it holds their wgpu buffers, not them).
+                # Keyed by buffer ids, never reused: an entry whose buffers were
+                # destroyed is never hit again.
                 groups[key] = group
             compute.set_pipeline(pipeline_[1])
             compute.set_bind_group(0, group)

@@ -1,12 +1,21 @@
 """WebGPU device memory: storage buffers in the host pool's 96 size classes, reused.
 
 An allocation is a :class:`Allocation` holding a wgpu buffer of its size class (at least
-4 bytes, a multiple of 4, as WebGPU requires); its :meth:`Allocator.handle` is a small
-integer that executables map back to the buffer (:func:`lookup`). When the last
-reference to an allocation goes, its buffer returns to the allocator's free list of its
-class, where the next allocation of the class takes it. The host cannot see this memory
-(``host_visible = False``): buffers are copied in with ``queue.write_buffer`` and out with
+4 bytes, a multiple of 4, as WebGPU requires). When the last reference to an allocation
+goes, its buffer returns to the allocator's free list of its class, where the next
+allocation of the class takes it. The host cannot see this memory (``host_visible =
+False``): buffers are copied in with ``queue.write_buffer`` and out with
 ``queue.read_buffer`` (which waits for the queued work first).
+
+WebGPU memory has no addresses, so handles are made up: an allocation's
+:meth:`Allocator.handle` is its buffer's id (:class:`Block`) shifted left by :data:`SHIFT`
+bits, and a handle plus a byte offset below the buffer's size stands for that byte
+(:func:`locate` maps it back). So the memory behaves as byte-addressed memory: a PyTorch storage holds a handle
+as its data pointer, views add their offsets to it, and :meth:`WebGpuAllocator.read`,
+:meth:`~WebGpuAllocator.write` and :meth:`~WebGpuAllocator.copy` work at any handle (the
+parts of 4-byte words at the ends are read, merged and written back, as WebGPU copies
+whole words only). An executable binds the allocation and passes the offset to its
+shaders (``backend._Executable.launch``).
 """
 
 from __future__ import annotations
@@ -24,30 +33,48 @@ from hologram.errors import OutOfMemoryError, ShapeError
 
 from . import device as devices
 
+#: Bits of a handle below the buffer's id: a byte offset (a storage binding is at most
+#: 4 GiB, so every byte of a buffer has a handle of its own).
+SHIFT = 32
 _ids = itertools.count(1)
-_live: weakref.WeakValueDictionary[int, Allocation] = weakref.WeakValueDictionary()
+
+
+class Block:
+    """One wgpu buffer of the allocators', under an id for as long as it exists: a freed
+    allocation's buffer keeps its id (and its handles) in the free list and in the next
+    allocation that takes it, as a freed block of GPU memory keeps its address."""
+
+    __slots__ = ("buffer", "id")
+
+    def __init__(self, buffer: Any):
+        self.buffer, self.id = buffer, next(_ids)
+        _blocks[self.id] = self
+
+
+_blocks: dict[int, Block] = {}  # every buffer not destroyed, by id
 
 
 class Allocation:
-    """One device allocation: ``nbytes`` asked for, in ``buffer`` (its class's size)."""
+    """One device allocation: ``nbytes`` asked for, in ``block`` (its class's size)."""
 
-    __slots__ = ("__weakref__", "buffer", "id", "nbytes")
+    __slots__ = ("__weakref__", "block", "buffer", "id", "nbytes")
 
-    def __init__(self, buffer: Any, nbytes: int):
-        self.buffer, self.nbytes, self.id = buffer, nbytes, next(_ids)
-        _live[self.id] = self
+    def __init__(self, block: Block, nbytes: int):
+        self.block, self.nbytes = block, nbytes
+        self.buffer, self.id = block.buffer, block.id
 
     def __repr__(self) -> str:
-        return f"<webgpu allocation {self.id}: {self.nbytes} bytes>"
+        return f"<webgpu allocation of buffer {self.id}: {self.nbytes} bytes>"
 
 
-def lookup(handle: int) -> Allocation:
-    """The live allocation behind ``handle``."""
-    try:
-        return _live[handle]
-    except KeyError:
-        raise ShapeError(f"webgpu: handle {handle} is not a live webgpu allocation (a buffer "
-                         "of another executor's backend, or one already freed)") from None
+def locate(handle: int) -> tuple[Block, int]:
+    """The buffer behind ``handle``, and the byte offset into it."""
+    block = _blocks.get(handle >> SHIFT)
+    offset = handle & ((1 << SHIFT) - 1)
+    if block is None or offset > block.buffer.size:
+        raise ShapeError(f"webgpu: handle {handle:#x} is not in a webgpu buffer (memory of "
+                         "another executor's backend, or released by empty_cache)")
+    return block, offset
 
 
 def padded(nbytes: int) -> int:
@@ -65,7 +92,7 @@ class WebGpuAllocator(Allocator):
         self.kind = kind
         self.dev = devices.get(kind)
         self._limit = memory_limit
-        self._free: dict[int, list[Any]] = {}
+        self._free: dict[int, list[Block]] = {}
         self._lock = threading.Lock()
         self._stats = {"allocated_bytes": 0, "reserved_bytes": 0, "peak_allocated_bytes": 0,
                        "pool_hits": 0, "pool_misses": 0, "num_classes": 96}
@@ -89,56 +116,87 @@ class WebGpuAllocator(Allocator):
                     f"of {self._limit} bytes ({self._stats['allocated_bytes']} in use); free "
                     "buffers or raise the limit (set_memory_limit)")
             free = self._free.get(cbytes)
-            buffer = free.pop() if free else None
-            self._stats["pool_hits" if buffer is not None else "pool_misses"] += 1
-        if buffer is None:
+            block = free.pop() if free else None
+            self._stats["pool_hits" if block is not None else "pool_misses"] += 1
+        if block is None:
             wgpu = devices.wgpu_module()
             usage = (wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC
                      | wgpu.BufferUsage.COPY_DST)
-            buffer = self.dev.device.create_buffer(size=cbytes, usage=usage)
+            block = Block(self.dev.device.create_buffer(size=cbytes, usage=usage))
             with self._lock:
                 self._stats["reserved_bytes"] += cbytes
-        allocation = Allocation(buffer, nbytes)
+        allocation = Allocation(block, nbytes)
         with self._lock:
             s = self._stats
             s["allocated_bytes"] += cbytes
             s["peak_allocated_bytes"] = max(s["peak_allocated_bytes"], s["allocated_bytes"])
-        weakref.finalize(allocation, self._release, buffer, cbytes)
+        weakref.finalize(allocation, self._release, block, cbytes)
         return allocation
 
-    def _release(self, buffer: Any, cbytes: int) -> None:
+    def _release(self, block: Block, cbytes: int) -> None:
         with self._lock:
             self._stats["allocated_bytes"] -= cbytes
-            self._free.setdefault(cbytes, []).append(buffer)
+            self._free.setdefault(cbytes, []).append(block)
 
     def handle(self, allocation: Allocation) -> int:
-        return allocation.id
+        return allocation.id << SHIFT
 
     # --- copies -----------------------------------------------------------------------
     def copy_in(self, allocation: Allocation, source: np.ndarray) -> None:
-        data = np.ascontiguousarray(source).reshape(-1).view(np.uint8)
-        n = data.nbytes
-        if n == 0:
-            return
+        n = source.nbytes
         if n > allocation.nbytes:
             raise ShapeError(f"webgpu copy_in: {n} bytes into an allocation of "
                              f"{allocation.nbytes}")
-        whole = n - n % 4
-        queue = self.dev.queue
-        if whole:
-            queue.write_buffer(allocation.buffer, 0, data[:whole])
-        if n % 4:  # WebGPU writes whole words: keep the bytes after the source's end
-            tail = bytearray(queue.read_buffer(allocation.buffer, whole, 4))
-            tail[: n % 4] = data[whole:].tobytes()
-            queue.write_buffer(allocation.buffer, whole, bytes(tail))
+        self._write(allocation.buffer, 0, np.ascontiguousarray(source).reshape(-1))
 
     def copy_out(self, allocation: Allocation, destination: np.ndarray) -> None:
+        self._read(allocation.buffer, 0, destination)
+
+    def write(self, handle: int, source: np.ndarray) -> None:
+        allocation, offset = locate(handle)
+        self._write(allocation.buffer, offset, source.reshape(-1))
+
+    def read(self, handle: int, destination: np.ndarray) -> None:
+        allocation, offset = locate(handle)
+        self._read(allocation.buffer, offset, destination)
+
+    def copy(self, destination: int, source: int, nbytes: int) -> None:
+        if not nbytes:
+            return
+        (dst, at), (src, start) = locate(destination), locate(source)
+        if at % 4 or start % 4 or nbytes % 4:  # WebGPU copies whole words only
+            super().copy(destination, source, nbytes)
+            return
+        encoder = self.dev.device.create_command_encoder()
+        encoder.copy_buffer_to_buffer(src.buffer, start, dst.buffer, at, nbytes)
+        self.dev.queue.submit([encoder.finish()])
+
+    def _write(self, buffer: Any, offset: int, source: np.ndarray) -> None:
+        """``source``'s bytes into ``buffer`` at byte ``offset``: the words they cover,
+        those at the ends merged with the bytes already there."""
+        data = source.view(np.uint8)
+        n = data.nbytes
+        if not n:
+            return
+        start, stop = offset - offset % 4, padded(offset + n)
+        if start != offset or stop != offset + n:
+            words = np.empty(stop - start, np.uint8)
+            ends = [start] if stop - start == 4 else [start, stop - 4]
+            for end in ends:  # (the words partly written)
+                words[end - start:end - start + 4] = np.frombuffer(
+                    self.dev.queue.read_buffer(buffer, end, 4), np.uint8)
+            words[offset - start:offset - start + n] = data
+            data = words
+        self.dev.queue.write_buffer(buffer, start, data)
+
+    def _read(self, buffer: Any, offset: int, destination: np.ndarray) -> None:
         out = destination.reshape(-1).view(np.uint8)
         n = out.nbytes
-        if n == 0:
+        if not n:
             return
-        raw = self.dev.queue.read_buffer(allocation.buffer, 0, padded(n))
-        out[:] = np.frombuffer(raw, np.uint8, n)
+        start = offset - offset % 4
+        raw = self.dev.queue.read_buffer(buffer, start, padded(offset + n) - start)
+        out[:] = np.frombuffer(raw, np.uint8, n, offset - start)
 
     def synchronize(self) -> None:
         sync(self.dev)
@@ -149,14 +207,20 @@ class WebGpuAllocator(Allocator):
             return dict(self._stats, adapter=self.dev.summary,
                         flushes_subnormals=self.dev.flushes_subnormals)
 
+    def reset_peak_stats(self) -> None:
+        with self._lock:
+            self._stats["peak_allocated_bytes"] = self._stats["allocated_bytes"]
+
     def empty_cache(self) -> int:
         with self._lock:
             released = sum(size * len(bufs) for size, bufs in self._free.items())
-            buffers = [b for bufs in self._free.values() for b in bufs]
+            blocks = [b for bufs in self._free.values() for b in bufs]
             self._free.clear()
+            for b in blocks:
+                del _blocks[b.id]
             self._stats["reserved_bytes"] -= released
-        for b in buffers:
-            b.destroy()
+        for b in blocks:
+            b.buffer.destroy()
         return released
 
     @property

@@ -162,8 +162,8 @@ def split(kernel: Kernel, caps: Capabilities) -> tuple[int, int]:
 def render(program: Program, kernel: Kernel, caps: Capabilities,
            scratch: int = 0) -> list[dict]:
     """The shaders of ``kernel`` and what each launch needs: ``{"name", "wgsl", "mode",
-    "points", "iterations", "bindings", "writable"}`` (``bindings``: buffer indices, in
-    binding order). One shader, or for a split reduction (:func:`split`) one per
+    "points", "iterations", "bindings", "writable", "based"}`` (``bindings``: buffer
+    indices, in binding order; ``based``: a uniform of the buffers' starts follows them). One shader, or for a split reduction (:func:`split`) one per
     reduction, in the kernel's order, then the rest of the kernel, dispatched in that
     order: shader ``j`` stores reduction ``j``'s partial states into buffer ``scratch +
     j`` (past the program's; its ``"scratch"`` gives the size, ``{"index", "nbytes"}``),
@@ -324,7 +324,8 @@ class _Kernel:
         return {"name": name, "wgsl": self.source(), "mode": self.mode,
                 "points": self.points, "iterations": self.iterations,
                 "bindings": self.bindings(),
-                "writable": [b in self.writes for b in self.bindings()]}
+                "writable": [b in self.writes for b in self.bindings()],
+                "based": any(b < len(self.program.buffers) for b in self.bindings())}
 
     @property
     def row(self) -> str:
@@ -365,7 +366,8 @@ class _Kernel:
     def source(self) -> str:
         decls = []
         writes = self.writes
-        for slot, buf in enumerate(self.bindings()):
+        bindings = self.bindings()
+        for slot, buf in enumerate(bindings):
             if buf in self.narrow_out:
                 decls.append(f"@group(0) @binding({slot}) var<storage, read_write> b{buf}: "
                              "array<atomic<u32>>;")
@@ -373,6 +375,13 @@ class _Kernel:
                 access = "read_write" if buf in writes else "read"
                 decls.append(f"@group(0) @binding({slot}) var<storage, {access}> b{buf}: "
                              "array<u32>;")
+        # Where each buffer starts in its binding, in elements (a view's offset: the
+        # launch binds whole allocations), from a uniform array the launch writes.
+        # Scratch buffers (past the program's) start at 0.
+        own = [b for b in bindings if b < len(self.program.buffers)]
+        if own:
+            decls.append(f"@group(0) @binding({len(bindings)}) var<uniform> hg_base: "
+                         f"array<vec4<u32>, {max(own) // 4 + 1}>;")
         for t in sorted(self.shared):
             decls.append(f"var<workgroup> {shared_array(t)}: array<{t}, {WORKGROUP}>;")
         for t in sorted(self.tiles):
@@ -385,7 +394,9 @@ class _Kernel:
                 "fn main(@builtin(workgroup_id) wid: vec3<u32>, "
                 "@builtin(local_invocation_id) lid3: vec3<u32>, "
                 "@builtin(num_workgroups) nwg: vec3<u32>) {"]
-        return "\n".join(h for h in head if h) + "\n" + "\n".join(self.lines) + "\n}\n"
+        bases = [f"  let hg_o{b} = hg_base[{b // 4}].{'xyzw'[b % 4]};" for b in own]
+        return ("\n".join(h for h in head if h) + "\n" + "\n".join([*bases, *self.lines])
+                + "\n}\n")
 
     def prepare(self, root: int) -> None:
         """Emit, at grid-point level, every value ``root`` needs that varies along no loop
@@ -492,7 +503,7 @@ class _Kernel:
         for d, (n, stride) in enumerate(zip(instr.shape, instr.map.strides)):
             if n > 1 and stride and d in self.index:
                 terms.append(f"{self.index[d]} * {stride}")
-        return self.bind("u32", f"u32({' + '.join(terms)})")
+        return self.bind("u32", f"hg_o{instr.buffer} + u32({' + '.join(terms)})")
 
     def gather_address(self, instr: Instr) -> str:
         """A gather's element (docs/isa.md): the map's element plus the operand clamped to
@@ -536,7 +547,8 @@ class _Kernel:
         for d, (n, stride) in enumerate(zip(instr.shape, instr.map.strides)):
             if n > 1 and stride and d in self.index:
                 terms.append(f"bitcast<u32>({self.index[d]}) * {stride % 2**32}u")
-        return self.bind("u32", " + ".join([f"{constant % 2**32}u", *terms]))
+        return self.bind("u32", " + ".join([f"hg_o{instr.buffer}", f"{constant % 2**32}u",
+                                            *terms]))
 
     def word(self, buf: int, at: str) -> str:
         if buf in self.narrow_out:
