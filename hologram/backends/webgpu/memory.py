@@ -10,13 +10,12 @@ False``): buffers are copied in with ``queue.write_buffer`` and out with
 WebGPU memory has no addresses, so handles are made up: an allocation's
 :meth:`Allocator.handle` is its buffer's id (:class:`Block`) shifted left by :data:`SHIFT`
 bits, and a handle plus a byte offset below the buffer's size stands for that byte
-(:func:`locate` maps it back). So the memory behaves as byte-addressed memory: a PyTorch storage holds a handle
-as its data pointer, views add their offsets to it, and :meth:`WebGpuAllocator.read`,
-:meth:`~WebGpuAllocator.write` and :meth:`~WebGpuAllocator.copy` work at any handle (the
-parts of 4-byte words at the ends are read, merged and written back, as WebGPU copies
-whole words only). An executable binds the allocation and passes the offset to its
-shaders (``backend._Executable.launch``).
-"""
+(:func:`locate` maps it back). So the memory behaves as byte-addressed memory: a PyTorch
+storage holds a handle as its data pointer, views add their offsets to it, and
+:meth:`WebGpuAllocator.read`, :meth:`~WebGpuAllocator.write` and
+:meth:`~WebGpuAllocator.copy` work at any handle (the parts of 4-byte words at the ends are
+read, merged and written back, as WebGPU copies whole words only). An executable binds the
+allocation and passes the offset to its shaders (``backend._Executable.launch``). """
 
 from __future__ import annotations
 

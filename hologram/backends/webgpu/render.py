@@ -163,12 +163,13 @@ def render(program: Program, kernel: Kernel, caps: Capabilities,
            scratch: int = 0) -> list[dict]:
     """The shaders of ``kernel`` and what each launch needs: ``{"name", "wgsl", "mode",
     "points", "iterations", "bindings", "writable", "based"}`` (``bindings``: buffer
-    indices, in binding order; ``based``: a uniform of the buffers' starts follows them). One shader, or for a split reduction (:func:`split`) one per
-    reduction, in the kernel's order, then the rest of the kernel, dispatched in that
-    order: shader ``j`` stores reduction ``j``'s partial states into buffer ``scratch +
-    j`` (past the program's; its ``"scratch"`` gives the size, ``{"index", "nbytes"}``),
-    combining the partials of the reductions before it where it needs their results; the
-    last combines them all and makes the kernel's stores."""
+    indices, in binding order; ``based``: a uniform of the buffers' starts follows them).
+    One shader, or for a split reduction (:func:`split`) one per reduction, in the kernel's
+    order, then the rest of the kernel, dispatched in that order: shader ``j`` stores
+    reduction ``j``'s partial states into buffer ``scratch + j`` (past the program's; its
+    ``"scratch"`` gives the size, ``{"index", "nbytes"}``), combining the partials of the
+    reductions before it where it needs their results; the last combines them all and makes
+    the kernel's stores."""
     parts, chunk = split(kernel, caps)
     if not parts:
         return [_Kernel(program, kernel, caps).render()]
