@@ -15,7 +15,8 @@ storage holds a handle as its data pointer, views add their offsets to it, and
 :meth:`WebGpuAllocator.read`, :meth:`~WebGpuAllocator.write` and
 :meth:`~WebGpuAllocator.copy` work at any handle (the parts of 4-byte words at the ends are
 read, merged and written back, as WebGPU copies whole words only). An executable binds the
-allocation and passes the offset to its shaders (``backend._Executable.launch``). """
+allocation and passes the offset to its shaders (``backend._Executable.launch``).
+"""
 
 from __future__ import annotations
 
