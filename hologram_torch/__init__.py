@@ -85,9 +85,10 @@ def get_backend() -> str:
 
 def set_backend(name: str) -> None:
     """Compile the device's kernels for backend ``name`` from now on (``"auto"``, ``"cpu"``,
-    ``"interp"``, ``"cuda"``; :class:`hologram.DeviceError` names the available ones),
-    before the first device tensor: the backend decides the device's memory (host memory,
-    or the GPU's for cuda), and tensors cannot move under torch's feet."""
+    ``"interp"``, ``"cuda"``, ``"webgpu"``; :class:`hologram.DeviceError` names the
+    available ones), before the first device tensor: the backend decides the device's
+    memory (host memory, or the GPU's for cuda and webgpu), and tensors cannot move under
+    torch's feet."""
     program.set_backend(name)
 
 

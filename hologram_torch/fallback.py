@@ -29,7 +29,9 @@ from hologram_torch.memory import cpu_view
 
 _CPU = torch.device("cpu")
 _counts: Counter[str] = Counter()
+_lacking: Counter[str] = Counter()  # the calls of _counts that ran for a dtype (lacks())
 _lock = threading.Lock()
+_local = threading.local()  # .lacking: see lacked()
 _views: dict = {}  # op -> does it return a view (cached schema analysis)
 
 
@@ -37,17 +39,28 @@ class FallbackWarning(UserWarning):
     """An op ran on the CPU because the hologram device has no kernel for it."""
 
 
-def fallback_stats() -> dict[str, int]:
+def fallback_stats(lacking: bool = True) -> dict[str, int]:
     """``{aten overload: calls}`` for every op that ran through the CPU fallback, most
-    frequent first."""
+    frequent first. ``lacking=False`` leaves out the calls that ran there because an
+    operand's dtype is one the device's backend lacks (:func:`lacked`: f64, and i64
+    division, on webgpu), as the backend declares, keeping the ops without a kernel."""
     with _lock:
-        return dict(_counts.most_common())
+        counts = _counts if lacking else _counts - _lacking
+        return dict(counts.most_common())
 
 
 def reset_fallback_stats() -> None:
     """Forget the counts (and warn again for the next fallback of each op)."""
     with _lock:
         _counts.clear()
+        _lacking.clear()
+
+
+def lacked() -> None:
+    """Say that the next fallback on this thread runs because the backend lacks an
+    operand's dtype (:class:`hologram_torch.aten.program.Lacking` was raised), whichever
+    kernel catches it: :func:`fallback_stats` counts it as such."""
+    _local.lacking = True
 
 
 def _is_device(x: object) -> bool:
@@ -91,9 +104,11 @@ def run_on_cpu_as(op, cpu_fn, *args, **kwargs):
     and warned about as a fallback of ``op``. For ops whose CPU kernel is a different op
     (``convolution_overrideable``: the CPU has ``convolution``)."""
     name = str(op)
+    lacking, _local.lacking = getattr(_local, "lacking", False), False
     with _lock:
         first = name not in _counts
         _counts[name] += 1
+        _lacking[name] += lacking
     if first:
         warnings.warn(f"{name} runs on the CPU: the hologram device has no kernel for it "
                       "(or for these operands); new results are copied to the device. "

@@ -401,7 +401,7 @@ def _case_collectives(torch, dist, rank: int, world: int) -> None:
     _check_subgroup(torch, dist, rank, world)
     # Every collective ran on the device's own memory: none went through the CPU fallback
     # (which would mean an op of ours ran outside gloo on a copy).
-    assert hologram_torch.fallback_stats() == {}, hologram_torch.fallback_stats()
+    assert hologram_torch.fallback_stats(lacking=False) == {}, hologram_torch.fallback_stats()
     print(f"rank {rank}: collectives: all passed ({checked} cases)", flush=True)
 
 

@@ -29,7 +29,7 @@ from hologram.backends.webgpu.render import (
     render,
 )
 from hologram.compiler import pipeline
-from hologram.errors import CompileError, DeviceError, DTypeError, OutOfMemoryError
+from hologram.errors import CompileError, DeviceError, DTypeError, OutOfMemoryError, ShapeError
 from hologram.frontend.graph import Graph
 from hologram.isa import dtypes as dt
 from hologram.isa.builder import ProgramBuilder
@@ -351,6 +351,47 @@ def test_allocator_keeps_bytes_after_a_partial_word_and_reuses_blocks():
     del block
     again = alloc.alloc((7,), np.uint8)
     assert again.buffer is buffer and alloc.stats()["pool_hits"] == 1
+
+
+def test_handles_are_byte_addresses_copies_and_launches_work_at_any_offset():
+    """A handle plus a byte offset stands for that byte of the buffer: reads, writes and
+    copies at unaligned handles keep the neighbouring bytes, and a launch on handles
+    inside allocations reads and writes from there (the torch device's views)."""
+    alloc = memory.WebGpuAllocator()
+    block = alloc.alloc((64,), np.uint8)
+    base = alloc.handle(block)
+    assert base >> memory.SHIFT == block.id and memory.locate(base + 5) == (block.block, 5)
+    alloc.write(base, np.arange(64, dtype=np.uint8))
+    alloc.write(base + 3, np.full(6, 200, np.uint8))  # partial words at both ends
+    out = np.empty(10, np.uint8)
+    alloc.read(base + 1, out)
+    assert out.tolist() == [1, 2, 200, 200, 200, 200, 200, 200, 9, 10]
+    other = alloc.alloc((64,), np.uint8)
+    alloc.copy(base + 41, base + 2, 5)  # unaligned, one buffer: through the host
+    alloc.copy(alloc.handle(other) + 8, base + 12, 8)  # whole words: on the queue
+    alloc.copy(base + 48, alloc.handle(other) + 8, 8)
+    whole = np.empty(64, np.uint8)
+    alloc.read(base, whole)
+    assert whole[41:46].tolist() == [2, 200, 200, 200, 200]
+    assert whole[48:56].tolist() == list(range(12, 20)) and whole[46] == 46
+    with pytest.raises(ShapeError, match="not in a webgpu buffer"):
+        memory.locate(((block.id + 10**6) << memory.SHIFT))
+    for dtype in ("f32", "i64", "i8", "bf16"):
+        g = Graph(f"offsets_{dtype}")
+        x = g.input("x", dtype, (5,))
+        g.output("y", g.binary("add", x, x))
+        compiled = hg.compile(g.program(), "webgpu")
+        storage = dt.dtype(dtype).storage
+        data = alloc.alloc((16,), storage)
+        values = np.arange(16).astype(storage)
+        alloc.copy_in(data, values)
+        size = np.dtype(storage).itemsize
+        compiled.launch((alloc.handle(data) + 3 * size, alloc.handle(data) + 9 * size))
+        got = np.empty(16, storage)
+        alloc.copy_out(data, got)
+        want = values.copy()
+        want[9:14] = values[3:8] + values[3:8]
+        assert got.tobytes() == want.tobytes(), dtype
 
 
 def test_buffers_past_the_storage_binding_limit_are_refused():

@@ -37,7 +37,7 @@ from hologram.frontend.graph import Graph, Tensor
 from hologram.frontend.mixin import MAX_NDIM
 from hologram.isa import dtypes as dt
 from hologram.runtime.launch import launch_cache
-from hologram_torch import lazy, memory, native
+from hologram_torch import fallback, lazy, memory, native
 from hologram_torch.aten import layout as layout_
 
 ISA = {getattr(torch, name): t for t, name in dt.FULL_NAMES.items()}  # torch -> Atlas
@@ -55,6 +55,11 @@ CACHE_ENTRIES = 16384
 class Unsupported(Exception):
     """The operands are outside what a native kernel handles (e.g. a complex dtype): the
     caller runs the op through the CPU fallback instead."""
+
+
+class Lacking(Unsupported):
+    """The operands have a dtype that the device's backend lacks (f64 on webgpu), or need
+    an operation on it that the backend lacks (i64 division on webgpu)."""
 
 
 class _Entry:
@@ -78,6 +83,9 @@ class _Entry:
 #: *operands[, outs])``; shortcuts' are ``(SHORTCUT, key)``.
 _cache = _LAUNCHES = launch_cache()
 _recent = _LAUNCHES.recent  # the hot lookup; a miss falls back to _LAUNCHES.get
+#: run()'s keys whose program the backend refused for a dtype it lacks (:class:`Lacking`),
+#: with the reason: such calls go to the CPU fallback without building the program again.
+_refused: dict[tuple, str] = {}
 #: Do native front kernels (hologram_torch/csrc/ops.cpp) run the hot ops' calls?
 FRONT = native.fast_active()
 
@@ -155,6 +163,7 @@ def host_memory() -> bool:
 def set_backend(name: str) -> None:
     _select(_choose(name))
     shortcuts.clear()  # they hold kernels of the previous backend
+    _refused.clear()
 
 
 class _Shortcut:
@@ -412,7 +421,17 @@ def run(name: str, build: Callable, args: Sequence, static: tuple = (),
     key = tuple(key)
     entry = _recent(key) or _LAUNCHES.get(key)
     if entry is None:
-        entry = _compile(name, build, args, static, out, host, layout)
+        refused = _refused.get(key)
+        if refused is not None:  # (no program again: the backend still lacks the dtype)
+            fallback.lacked()
+            raise Lacking(refused)
+        try:
+            entry = _compile(name, build, args, static, out, host, layout)
+        except Lacking as e:
+            if len(_refused) >= CACHE_ENTRIES:
+                _refused.clear()
+            _refused[key] = str(e)
+            raise
         entry.key, entry.name, entry.build, entry.static = key, name, build, static
         entry = _LAUNCHES.put(key, entry)
     given = out is not None
@@ -500,6 +519,9 @@ def compile_program(program, backend_name: str):
     except (DTypeError, CompileError) as e:
         if backend_name not in DEVICE_MEMORY_BACKENDS[1:]:
             raise
+        if isinstance(e, DTypeError):
+            fallback.lacked()
+            raise Lacking(f"{program.name}: {e}") from e
         raise Unsupported(f"{program.name}: {e}") from e
     return compiled
 

@@ -58,6 +58,8 @@ def arange_out(start, end, step=1, *, out):
     if tuple(out.shape) != (n,):
         out.resize_(n)
     if n:
-        compute = ISA[torch.float64] if out.dtype.is_floating_point else ISA[torch.int64]
+        # (in f64, as the CPU does; in f32 where the backend lacks f64, as CUDA does)
+        compute = (program.NUMBER_TYPES[float] if out.dtype.is_floating_point
+                   else ISA[torch.int64])
         program.run("arange", _arange, (start, step), (n, compute), out=(out,))
     return out

@@ -228,6 +228,7 @@ class _Executable(Executable):
             size=16 * (len(self.buffers) // 4 + 1),
             usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST)
         self.written = (0,) * len(self.params)
+        self.placeholder: memory.Allocation | None = None
         self.itemsizes = [self.buffers[i]["itemsize"] for i in self.params]
         temps = [i for i, b in enumerate(self.buffers) if b["kind"] == "temp"]
         if temps:
@@ -277,6 +278,11 @@ class _Executable(Executable):
                                f"{kernel['name']} ({self.dev.summary})", source=kernel["wgsl"],
                                log=str(err)) from err
 
+    def _empty(self) -> memory.Allocation:
+        if self.placeholder is None:
+            self.placeholder = memory.WebGpuAllocator(self.dev.kind).alloc((4,), "u1")
+        return self.placeholder
+
     def launch(self, handles: tuple[int, ...]) -> None:
         if len(handles) != len(self.params):
             raise ShapeError(f"webgpu program {self.header['program']}: takes "
@@ -284,7 +290,8 @@ class _Executable(Executable):
         allocations = dict(self.temps)
         starts = []
         for slot, handle, itemsize in zip(self.params, handles, self.itemsizes):
-            allocations[slot], offset = memory.locate(handle)
+            # (0: an empty tensor's pointer, never read; a placeholder buffer is bound)
+            allocations[slot], offset = memory.locate(handle or self._empty().id << memory.SHIFT)
             if offset % itemsize:
                 raise ShapeError(f"webgpu program {self.header['program']}: buffer "
                                  f"{self.buffers[slot]['name']} starts {offset} bytes into "

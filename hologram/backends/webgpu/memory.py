@@ -164,7 +164,8 @@ class WebGpuAllocator(Allocator):
         if not nbytes:
             return
         (dst, at), (src, start) = locate(destination), locate(source)
-        if at % 4 or start % 4 or nbytes % 4:  # WebGPU copies whole words only
+        # WebGPU copies whole words only, and between two buffers: else through the host
+        if at % 4 or start % 4 or nbytes % 4 or src is dst:
             super().copy(destination, source, nbytes)
             return
         encoder = self.dev.device.create_command_encoder()
