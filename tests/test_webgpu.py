@@ -375,7 +375,7 @@ def test_handles_are_byte_addresses_copies_and_launches_work_at_any_offset():
     assert whole[41:46].tolist() == [2, 200, 200, 200, 200]
     assert whole[48:56].tolist() == list(range(12, 20)) and whole[46] == 46
     with pytest.raises(ShapeError, match="not in a webgpu buffer"):
-        memory.locate(((block.id + 10**6) << memory.SHIFT))
+        memory.locate((block.id + 10**6) << memory.SHIFT)
     for dtype in ("f32", "i64", "i8", "bf16"):
         g = Graph(f"offsets_{dtype}")
         x = g.input("x", dtype, (5,))
