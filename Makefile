@@ -18,7 +18,7 @@ LINT_PATHS := $(wildcard hologram hologram_torch tests examples tools setup.py .
 PYTEST_ARGS ?= -n 2 --dist worksteal --durations=15
 BENCH_DIR := bench-results
 
-.PHONY: venv test bench bench-dev lint clean system-packages package docs
+.PHONY: venv test test-webgpu-device bench bench-dev lint clean system-packages package docs
 
 venv: $(STAMP_TEST)
 
@@ -74,7 +74,23 @@ system-packages:
 
 test: lint docs system-packages
 	$(VENV_PY) -m pytest $(PYTEST_ARGS)
+	$(MAKE) test-webgpu-device
 	$(MAKE) package
+
+# The torch device's suites again with its memory and kernels on the webgpu backend (on
+# lavapipe in CI: correctness only); the tests tests/webgpu_device_expected.txt lists are
+# strict expected failures, each for the reason it gives. WEBGPU_DEVICE_SUITES=all runs
+# every tests/test_torch_*.py (~20 minutes more on 2 cores).
+WEBGPU_DEVICE_SUITES ?= attention autocast complex conv custom_op device elementwise errors \
+	generate indexing layouts lazy linalg_shape models pool_norm reduction_nn rnn streams \
+	sync_batch_norm tied training
+test-webgpu-device: $(STAMP_TEST)
+	@if [ "$(WEBGPU_DEVICE_SUITES)" = all ]; then files="tests/test_torch_*.py"; \
+	else files="$(foreach s,$(WEBGPU_DEVICE_SUITES),tests/test_torch_$(s).py)"; fi; \
+	if $(VENV_PY) -c "import sys; from hologram.backends.webgpu.backend import WebGpuBackend as B; sys.exit(not B.is_available())" 2>/dev/null \
+		|| [ -n "$$HOLOGRAM_REQUIRE_WEBGPU" ]; then \
+		HOLOGRAM_TORCH_BACKEND=webgpu $(VENV_PY) -m pytest $(PYTEST_ARGS) $$files; \
+	else echo "note: no WebGPU adapter: the torch device's webgpu run is skipped"; fi
 
 # The documentation site (mkdocs.yml) into site/; --strict: any warning, a broken link or
 # anchor included, fails. (Not -q: it hides the warnings from the strict count.)

@@ -52,6 +52,7 @@ from hologram.frontend.grad import Tape, gradients, rehome
 from hologram.frontend.graph import Graph
 from hologram.frontend.graph import Tensor as GraphTensor
 from hologram.sdk.jit import JitFunction
+from hologram_torch import fallback
 from hologram_torch.aten import program
 from hologram_torch.compile import lowerings
 from hologram_torch.lowering.common import ISA, TORCH
@@ -228,8 +229,11 @@ class _Definition:
         values = self._normalize(args, kwargs)
         tensors, layout = self._pack(values)
         host = self._device(tensors)
-        results = program.run(f"custom.{self.name}", self._build, tensors, (layout,),
-                              host=host)
+        try:
+            results = program.run(f"custom.{self.name}", self._build, tensors, (layout,),
+                                  host=host)
+        except program.Lacking:  # a dtype the backend lacks (f64 on webgpu): on the host
+            return fallback.run_on_cpu(self.op._opoverload, *args, **kwargs)
         results = (results,) if isinstance(results, torch.Tensor) else results
         for i, new in zip(self.mutated, results):
             values[i].copy_(new)
@@ -327,9 +331,12 @@ class _Definition:
         # the program reads them as dense tensors.
         tensors = [t.contiguous() if w and _overlaps(t) else t
                    for t, w in zip(tensors, wanted)]
-        results = program.run(f"custom.{self.name}_backward", self._build_backward,
-                              tensors + grads, (layout, len(tensors), tuple(wanted)),
-                              host=host)
+        try:
+            results = program.run(f"custom.{self.name}_backward", self._build_backward,
+                                  tensors + grads, (layout, len(tensors), tuple(wanted)),
+                                  host=host)
+        except program.Lacking:  # as in _impl
+            return fallback.run_on_cpu(self.backward_op._opoverload, *args, **kwargs)
         return [results] if isinstance(results, torch.Tensor) else list(results)
 
     def _backward_fake(self, *args, **kwargs):

@@ -119,6 +119,9 @@ def _each(name, self, *others, inplace):
     rows = _rows(self, others)
     if not all(_float(*row) for row in rows):
         return NotImplemented
+    # (before any row runs: a row done in place would be done again by the CPU fallback)
+    if program.lacking(*(x for row in rows for x in row if isinstance(x, torch.Tensor))):
+        return NotImplemented
     if name == "lerp":  # PyTorch checks each tensor as its lerp does
         for row in rows:
             _lerp_dtypes(*row)

@@ -302,7 +302,7 @@ def native_dropout(x, p, train=None):
     Bernoulli(1 - p) tensor of x's dtype and shape, ``bernoulli_`` on the CPU), copied to
     the device; the scaling runs here. (CPU ``native_dropout`` itself draws a bool tensor,
     a different stream: it is ``F.dropout``'s results that match.)"""
-    if not _floats(x):
+    if not _floats(x) or program.lacking(x):  # (before the draw: it must happen once)
         return run_on_cpu(aten.native_dropout.default, x, p, train)
     if x.numel() == 0:
         return memory.empty(x.shape, x.dtype), memory.empty(x.shape, torch.bool)

@@ -138,6 +138,7 @@ def _select(name: str) -> None:
     # Python floats arrive as f64 where the backend computes in f64, else as f32 (webgpu,
     # as CUDA's kernels take a float scalar in float for float32 tensors).
     wide = backends.get(name).supports("load", dt.float64)
+    _state["lacks"] = frozenset() if wide else frozenset({torch.float64})
     _NUMBER[float] = (dt.float64, ctypes.c_double) if wide else (dt.float32, ctypes.c_float)
     NUMBER_TYPES[float] = _NUMBER[float][0]
     # The native front kernels launch with host addresses of numbers: on device memory,
@@ -147,7 +148,7 @@ def _select(name: str) -> None:
 
 _HOST = [True]  # is the device's memory host memory (read on every launch)
 _allocators: dict = {}  # one per backend the device ran on (its memory's owner)
-_state: dict = {}
+_state: dict = {"lacks": frozenset()}  # backend; lacks: dtypes it lacks (torch dtypes)
 _LAZY = lazy._state  # {"on": ...}: read on every launch
 
 
@@ -377,6 +378,17 @@ def launch_into(entry: _Entry, args: Sequence, out: torch.Tensor) -> None:
 
 def supported(*tensors: torch.Tensor) -> bool:
     return all(t.dtype in ISA for t in tensors)
+
+
+def lacking(*tensors: torch.Tensor) -> bool:
+    """Does the device's backend lack one of these tensors' dtypes (f64 on webgpu)? For
+    kernels that must decide before they run anything (several programs, a random draw):
+    the CPU fallback that follows is counted as one for a lacking dtype."""
+    lacks = _state["lacks"]
+    if any(t.dtype in lacks for t in tensors):
+        fallback.lacked()
+        return True
+    return False
 
 
 def run(name: str, build: Callable, args: Sequence, static: tuple = (),

@@ -20,8 +20,10 @@ COMPOSED: set[str] = set()
 
 def _register(name: str, fn: Callable, hot: bool) -> None:
     """Register ``fn`` for overload ``name``, behind a guard: operands no program of the
-    device's backend takes (:class:`program.Unsupported`, raised before anything ran: a
-    dtype the backend lacks, such as f64 on webgpu) run the op through the CPU fallback."""
+    device's backend takes (:class:`program.Unsupported`: a dtype the backend lacks, such
+    as f64 on webgpu) run the op through the CPU fallback. ``fn`` must raise it before it
+    has run anything the CPU would run again: a kernel of several programs or one that
+    draws random numbers checks first (:func:`program.lacking`)."""
     op = overload(name)
 
     def kernel(*args, **kwargs):

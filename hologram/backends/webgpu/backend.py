@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import threading
 from dataclasses import replace
 from typing import Any, ClassVar
 
@@ -229,6 +230,7 @@ class _Executable(Executable):
             usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST)
         self.written = (0,) * len(self.params)
         self.placeholder: memory.Allocation | None = None
+        self.lock = threading.Lock()
         self.itemsizes = [self.buffers[i]["itemsize"] for i in self.params]
         temps = [i for i, b in enumerate(self.buffers) if b["kind"] == "temp"]
         if temps:
@@ -299,41 +301,44 @@ class _Executable(Executable):
                                  "elements")
             starts.append(offset // itemsize)
         starts = tuple(starts)
-        if starts != self.written:
-            words = np.zeros(self.bases.size // 4, np.uint32)
-            words[list(self.params)] = starts
-            self.dev.queue.write_buffer(self.bases, 0, words)
-            self.written = starts
-        encoder = self.dev.device.create_command_encoder()
-        compute = encoder.begin_compute_pass()
-        for k, (kernel, groups) in enumerate(zip(self.kernels, self.bind_groups)):
-            buffers = tuple(allocations[i] for i in kernel["bindings"])
-            key = tuple(a.id for a in buffers)
-            twin = len(set(key)) < len(key) and any(
-                w and key.count(b) > 1 for b, w in zip(key, kernel["writable"]))
-            if twin:
-                if self.twins[k] is None:
-                    self.twins[k] = self._pipeline(kernel, twin=True)
-                pipeline_, key = self.twins[k], (*key, "twin")
-            else:
-                pipeline_ = self.pipelines[k]
-            group = groups.get(key)
-            if group is None:
-                if len(groups) >= _BIND_GROUPS:
-                    groups.clear()
-                entries = [{"binding": slot, "resource": {"buffer": a.buffer, "offset": 0,
-                                                          "size": a.buffer.size}}
-                           for slot, a in enumerate(buffers)]
-                if kernel["based"]:
-                    entries.append({"binding": len(entries), "resource": {
-                        "buffer": self.bases, "offset": 0, "size": self.bases.size}})
-                group = self.dev.device.create_bind_group(layout=pipeline_[0],
-                                                          entries=entries)
-                # Keyed by buffer ids, never reused: an entry whose buffers were
-                # destroyed is never hit again.
-                groups[key] = group
-            compute.set_pipeline(pipeline_[1])
-            compute.set_bind_group(0, group)
-            compute.dispatch_workgroups(*kernel["dispatch"])
-        compute.end()
-        self.dev.queue.submit([encoder.finish()])
+        # The starts in the uniform are this launch's until its submission: a launch on
+        # another thread waits (its own starts would overwrite them).
+        with self.lock:
+            if starts != self.written:
+                words = np.zeros(self.bases.size // 4, np.uint32)
+                words[list(self.params)] = starts
+                self.dev.queue.write_buffer(self.bases, 0, words)
+                self.written = starts
+            encoder = self.dev.device.create_command_encoder()
+            compute = encoder.begin_compute_pass()
+            for k, (kernel, groups) in enumerate(zip(self.kernels, self.bind_groups)):
+                buffers = tuple(allocations[i] for i in kernel["bindings"])
+                key = tuple(a.id for a in buffers)
+                twin = len(set(key)) < len(key) and any(
+                    w and key.count(b) > 1 for b, w in zip(key, kernel["writable"]))
+                if twin:
+                    if self.twins[k] is None:
+                        self.twins[k] = self._pipeline(kernel, twin=True)
+                    pipeline_, key = self.twins[k], (*key, "twin")
+                else:
+                    pipeline_ = self.pipelines[k]
+                group = groups.get(key)
+                if group is None:
+                    if len(groups) >= _BIND_GROUPS:
+                        groups.clear()
+                    entries = [{"binding": slot, "resource": {"buffer": a.buffer, "offset": 0,
+                                                              "size": a.buffer.size}}
+                               for slot, a in enumerate(buffers)]
+                    if kernel["based"]:
+                        entries.append({"binding": len(entries), "resource": {
+                            "buffer": self.bases, "offset": 0, "size": self.bases.size}})
+                    group = self.dev.device.create_bind_group(layout=pipeline_[0],
+                                                              entries=entries)
+                    # Keyed by buffer ids, never reused: an entry whose buffers were
+                    # destroyed is never hit again.
+                    groups[key] = group
+                compute.set_pipeline(pipeline_[1])
+                compute.set_bind_group(0, group)
+                compute.dispatch_workgroups(*kernel["dispatch"])
+            compute.end()
+            self.dev.queue.submit([encoder.finish()])
