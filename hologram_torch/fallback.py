@@ -43,7 +43,7 @@ def fallback_stats(lacking: bool = True) -> dict[str, int]:
     """``{aten overload: calls}`` for every op that ran through the CPU fallback, most
     frequent first. ``lacking=False`` leaves out the calls that ran there because an
     operand's dtype is one the device's backend lacks (:func:`lacked`: f64, and i64
-    division, on webgpu), as the backend declares, keeping the ops without a kernel."""
+    products, on webgpu), as the backend declares, keeping the ops without a kernel."""
     with _lock:
         counts = _counts if lacking else _counts - _lacking
         return dict(counts.most_common())

@@ -332,11 +332,27 @@ def test_unsupported_dtypes_raise_dtype_error_naming_backend_and_fix(ex):
     a = ex.from_numpy(np.arange(4, dtype=np.float64))
     with pytest.raises(DTypeError, match=r"(?s)'webgpu'.*f64.*(cast to f32|run it on)"):
         hg.ops.vector_add(a, a)
-    g = Graph("div64")  # i64: two words, no division
-    x = g.input("x", "i64", (4,))
-    g.output("q", x / g.input("y", "i64", (4,)))
-    with pytest.raises(DTypeError, match=r"(?s)'webgpu'.*div on i64"):
-        hologram.compile(g.program(), backend="webgpu")
+
+
+@pytest.mark.parametrize("op", ["div", "mod"])
+def test_i64_division_and_remainder_match_the_interpreter_bit_for_bit(op):
+    """i64 is two words on webgpu: C's quotient and remainder by a long division
+    (helpers.hg_divmod64), with the ISA's results at the edges (INT64_MIN / -1 wraps,
+    x / 0 = 0, x % 0 = x) from the guards decompose puts around it; every pair of edge
+    values, then random operands of every size."""
+    rng = np.random.default_rng(3)
+    edge = np.array([-2**63, 2**63 - 1, 0, 1, -1, 2, -2, 7, -7, 2**32, -2**32, 2**31,
+                     -2**31 - 1, 2**32 - 1, 12345678901234, -98765432109876], np.int64)
+    wide = rng.integers(-2**63, 2**63 - 1, 600, dtype=np.int64)
+    a = np.concatenate([np.repeat(edge, len(edge)), wide, rng.integers(-999, 999, 600)])
+    b = np.concatenate([np.tile(edge, len(edge)), wide[::-1] >> rng.integers(0, 63, 600),
+                        rng.integers(-9, 9, 600)])
+    g = Graph(f"i64_{op}")
+    x, y = g.input("x", "i64", a.shape), g.input("y", "i64", b.shape)
+    g.output("z", g.binary(op, x, y))
+    program = g.program()
+    got = hologram.compile(program, backend="webgpu")(a, b)
+    np.testing.assert_array_equal(got, hologram.compile(program, backend="interp")(a, b))
 
 
 def test_allocator_keeps_bytes_after_a_partial_word_and_reuses_blocks():

@@ -59,7 +59,7 @@ class Unsupported(Exception):
 
 class Lacking(Unsupported):
     """The operands have a dtype that the device's backend lacks (f64 on webgpu), or need
-    an operation on it that the backend lacks (i64 division on webgpu)."""
+    an operation on it that the backend lacks (i64 products on webgpu)."""
 
 
 class _Entry:
@@ -524,7 +524,7 @@ def _compile(name: str, build: Callable, args: Sequence, static: tuple,
 
 def compile_program(program, backend_name: str):
     """``hologram.compile(program, backend_name)``, loaded; :class:`Unsupported` where the
-    backend cannot run it (webgpu: f64 and i64 division; a CPU emulation's loop limit),
+    backend cannot run it (webgpu: f64 and i64 products; a CPU emulation's loop limit),
     so that the op runs through the CPU fallback."""
     try:
         compiled = hologram.compile(program, backend_name)  # (loaded: pipelines made)

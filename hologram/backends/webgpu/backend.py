@@ -56,12 +56,12 @@ FORMAT = "wgsl-3"
 _CAPS = Capabilities(f64=False, i64=False, narrow_storage=False, ieee_minmax=True,
                      gather=True, scatter=True, fission=True)
 #: i64 is two 32-bit words (low, high): memory (a gather's values and operands too),
-#: casts, reductions, compares, select and the wrapping arithmetic below; no division
-#: (div, mod) and no contraction.
+#: casts, reductions, compares, select, the wrapping arithmetic below and C's division and
+#: remainder (a long division, helpers.py); no contraction.
 _I64_OPS = frozenset({"load", "gather", "store", "scatter", "const", "index", "cast", "reduce",
                       "select",
-                      "add", "sub", "mul", "min", "max", "and", "or", "xor", "not", "neg",
-                      "abs", "sign", "eq", "ne", "lt", "le", "gt", "ge"})
+                      "add", "sub", "mul", "div", "mod", "min", "max", "and", "or", "xor",
+                      "not", "neg", "abs", "sign", "eq", "ne", "lt", "le", "gt", "ge"})
 _BIND_GROUPS = 256  # bind groups remembered per kernel
 _SPLIT_WORK = render_module.SPLIT_WORK  # the default split threshold
 

@@ -83,6 +83,31 @@ fn hg_mod_i32(x: i32, y: i32) -> i32 {
   let r = select(u32(x), 0u - u32(x), x < 0) % select(u32(y), 0u - u32(y), y < 0);
   return select(i32(r), i32(0u - r), x < 0);
 }""",
+    # C's quotient and remainder of i64s (two words), from their magnitudes' unsigned long
+    # division, one bit a step. A magnitude is at most 2^63 (INT64_MIN's), so the partial
+    # remainder (below the divisor) never loses a bit when shifted. The divisor is never 0
+    # or -1 (decompose guards them).
+    "hg_divmod64": """\
+struct HgDivMod64 { q: vec2<u32>, r: vec2<u32> }
+fn hg_divmod64(x: vec2<u32>, y: vec2<u32>) -> HgDivMod64 {
+  let zero = vec2<u32>(0u, 0u);
+  let nx = (x.y & 0x80000000u) != 0u;
+  let ny = (y.y & 0x80000000u) != 0u;
+  let n = select(x, hg_sub64(zero, x), nx);
+  let d = select(y, hg_sub64(zero, y), ny);
+  var q = zero;
+  var r = zero;
+  for (var i: u32 = 0u; i < 64u; i++) {
+    let bit = 63u - i;
+    let word = select(n.x, n.y, bit >= 32u);
+    r = vec2<u32>((r.x << 1u) | ((word >> (bit & 31u)) & 1u), (r.y << 1u) | (r.x >> 31u));
+    if (!hg_lt64(r, d)) {
+      r = hg_sub64(r, d);
+      if (bit >= 32u) { q.y = q.y | (1u << (bit - 32u)); } else { q.x = q.x | (1u << bit); }
+    }
+  }
+  return HgDivMod64(select(q, hg_sub64(zero, q), nx != ny), select(r, hg_sub64(zero, r), nx));
+}""",
     # Exact fmod (the result of C's fmodf): long division of the significands.
     "hg_fmod": """\
 fn hg_fmod(x: f32, y: f32) -> f32 {
@@ -480,9 +505,16 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "hg_scale": ("hg_sig", "hg_round_pack"),
     "hg_round_f16": ("hg_f16_to_f32", "hg_f32_to_f16"),
     "hg_fma": ("hg_u64",),
+    "hg_divmod64": ("hg_u64",),
     "hg_f32_to_i64": ("hg_u64",),
     "hg_i64_to_f32": ("hg_u64",),
 }
+
+
+#: Loop iterations a call of a helper may run at most, with its loop's last test (lavapipe
+#: counts them with the kernel's: render.EMULATED_LOOP_LIMIT): hg_fmod's steps are the
+#: exponents' difference, at most 277 (254 + 23 of a subnormal's shift).
+LOOPS = {"hg_divmod64": 65, "hg_fmod": 278}
 
 
 def source(used: set[str]) -> str:

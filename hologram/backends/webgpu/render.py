@@ -282,6 +282,8 @@ class _Kernel:
 
     def call(self, helper: str, *args: str) -> str:
         self.used.add(helper)
+        # a helper's own loop counts towards the invocation's (EMULATED_LOOP_LIMIT)
+        self.iterations += self.trips * helpers.LOOPS.get(helper, 0)
         return f"{helper}({', '.join(args)})"
 
     # --- structure ----------------------------------------------------------------------
@@ -629,7 +631,8 @@ class _Kernel:
         self.line(f"atomicOr(&b{buf}[{word}], (({bits}) & {mask:#x}u) << {shift});")
 
     def wide(self, op: str, args: list[str]) -> str:
-        """An operation on i64 values (two words; :data:`.backend._I64_OPS`)."""
+        """An operation on i64 values (two words; :data:`.backend._I64_OPS`); division
+        and remainder are a call of a long division (:data:`helpers.LOOPS`)."""
         self.used.add("hg_u64")
         x = args[0]
         y = args[1] if len(args) > 1 else None
@@ -651,6 +654,8 @@ class _Kernel:
             "lt": lambda: f"hg_slt64({x}, {y})", "gt": lambda: f"hg_slt64({y}, {x})",
             "le": lambda: f"!hg_slt64({y}, {x})", "ge": lambda: f"!hg_slt64({x}, {y})",
             "select": lambda: f"select({args[2]}, {args[1]}, {x})",
+            "div": lambda: f"{self.call('hg_divmod64', x, y)}.q",
+            "mod": lambda: f"{self.call('hg_divmod64', x, y)}.r",
         }
         if op not in table:
             raise DTypeError(f"kernel {self.kernel.name}: backend 'webgpu' has no {op} on "
