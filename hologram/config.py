@@ -20,7 +20,8 @@ Values are read at call time, so tests and users can change the environment at r
 | ``HOLOGRAM_CUDA_ALLOW_TF32`` | ``1``: ``cuda`` f32 matmuls may use TF32 (docs/cuda.md) | ``0`` |
 | ``HOLOGRAM_SHARE_OPENMP`` | ``1``: CPU kernels use the process's OpenMP threads, if any | ``1`` |
 | ``HOLOGRAM_LAZY`` | ``1``: the torch device records ops, runs fused regions (torch.md) | ``0`` |
-| ``HOLOGRAM_TORCH_BACKEND`` | the torch device's backend: cpu, interp, cuda (torch.md) | ``auto`` |
+| ``HOLOGRAM_TORCH_BACKEND`` | the torch device's backend (cpu, cuda, webgpu, torch.md) | ``auto`` |
+| ``HOLOGRAM_TORCH_DEVICES`` | devices ``hologram:0..N-1`` on host memory (torch.md) | ``1`` |
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ class Settings:
     lazy: bool = False
     # The backend of the torch device's kernels and memory (hologram_torch.aten.program).
     torch_backend: str = "auto"
+    # Devices of the torch device on host memory (hologram:0 to hologram:N-1).
+    torch_devices: int = 1
 
 
 def _flag(name: str) -> bool:
@@ -97,7 +100,7 @@ _VARIABLES = (
     "HOLOGRAM_FAST_MATH", "HOLOGRAM_BENCH_QUICK", "HOLOGRAM_CPU_TARGET", "HOLOGRAM_CUDA_EMULATE",
     "HOLOGRAM_CUDA_ALLOW_TF32",
     "HOLOGRAM_QUICK_COMPILE", "HOLOGRAM_PROMOTE_AFTER", "HOLOGRAM_SHARE_OPENMP",
-    "HOLOGRAM_LAZY", "HOLOGRAM_TORCH_BACKEND", "XDG_CACHE_HOME",
+    "HOLOGRAM_LAZY", "HOLOGRAM_TORCH_BACKEND", "HOLOGRAM_TORCH_DEVICES", "XDG_CACHE_HOME",
     "HOME",
 )
 _last: tuple[tuple, Settings] | None = None
@@ -182,4 +185,5 @@ def _read() -> Settings:
         lazy=_flag("HOLOGRAM_LAZY"),
         torch_backend=os.environ.get("HOLOGRAM_TORCH_BACKEND", "auto").strip().lower()
         or "auto",
+        torch_devices=_int("HOLOGRAM_TORCH_DEVICES", 1, 1),
     )

@@ -78,7 +78,12 @@ def _accelerator_is_ours() -> bool:
 def _new_storage(*args, device, allocator=None):
     """``torch.UntypedStorage(...)`` for the device: its C++ constructor would call the
     missing PrivateUse1 allocator (a segfault), so allocate from the pool instead."""
-    _index(device)  # hologram:1 does not exist: a clear error
+    index = _index(device)  # hologram:2 does not exist: a clear error
+    with memory.on(index):
+        return _new_device_storage(*args, allocator=allocator)
+
+
+def _new_device_storage(*args, allocator=None):
     if allocator is not None:
         raise UnsupportedError("hologram storages come from the Hologram pool; a custom "
                                "allocator cannot be used for them")
@@ -111,7 +116,8 @@ def _storage_new(cls, *args, **kwargs):
 def _storage_new_empty(self):
     # UntypedStorage.new() (an empty storage on the same device) is C++ that allocates.
     if self.device.type == NAME:
-        return memory.storage(0)
+        with memory.on(self.device.index or 0):
+            return memory.storage(0)
     return _original["storage_new_empty"](self)
 
 
@@ -149,12 +155,13 @@ def _deserialize(storage, location: str):
     naming the device): copy the CPU bytes read from the checkpoint into the pool."""
     if not (location == NAME or location.startswith(f"{NAME}:")):
         return None
-    _index(location)
+    index = _index(location)
     if isinstance(storage, torch.TypedStorage):
         storage = storage._untyped_storage
     if storage.device.type == NAME:
         return storage
-    st = memory.storage(storage.nbytes())
+    with memory.on(index):
+        st = memory.storage(storage.nbytes())
     if storage.nbytes():
         source = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
         alias = memory.cpu_alias_bytes(st)

@@ -55,12 +55,24 @@ def _lazy_init() -> None:
     pass
 
 
+_count = [1]  # the devices (HOLOGRAM_TORCH_DEVICES on host memory; set_device_count)
+
+
+def set_device_count(count: int) -> None:
+    """Record the devices the backend's choice made (``hologram_torch.aten.program``)."""
+    _count[0] = count
+
+
 def device_count() -> int:
-    return 1
+    return _count[0]
 
 
 def current_device() -> int:
-    return 0
+    if _count[0] == 1:
+        return 0
+    from hologram_torch import memory  # lazy: it needs the registered device
+
+    return memory.current()
 
 
 class InvalidDeviceError(DeviceError, RuntimeError):
@@ -74,10 +86,14 @@ class WrongDeviceTypeError(DeviceError, ValueError):
 
 
 def invalid_ordinal(device: object) -> InvalidDeviceError:
-    """The error for ``device`` (a ``torch.device`` or ``hologram:i``), an index other
-    than 0."""
+    """The error for ``device`` (a ``torch.device`` or ``hologram:i``), an index past the
+    devices."""
+    count = _count[0]
+    there = (f"there is one {NAME} device, {NAME}:0" if count == 1 else
+             f"there are {count} {NAME} devices, {NAME}:0 to {NAME}:{count - 1}")
     return InvalidDeviceError(f"{NAME} error: invalid device ordinal: {device} does not "
-                              f"exist; there is one {NAME} device, {NAME}:0")
+                              f"exist; {there} (HOLOGRAM_TORCH_DEVICES=N makes N of them "
+                              "on host memory)")
 
 
 def _index(device: object) -> int:
@@ -90,14 +106,21 @@ def _index(device: object) -> int:
         if device.type != NAME:
             raise WrongDeviceTypeError(f"expected a {NAME} device, got {device}; pass "
                                        f"'{NAME}' or '{NAME}:0'")
-        index = 0 if device.index is None else device.index
-    if index != 0:
+        index = current_device() if device.index is None else device.index
+    if not 0 <= index < _count[0]:
         raise invalid_ordinal(f"{NAME}:{index}")
     return index
 
 
 def set_device(device: object) -> None:
-    _index(device)
+    """Make ``device`` this thread's current device: where tensors made without an index
+    go (``device='hologram'``), as ``torch.cuda.set_device``."""
+    index = _index(device)
+    if _count[0] > 1:
+        from hologram_torch import memory  # lazy: it needs the registered device
+
+        memory.set_current(index)
+        native.set_current_device(index)  # (torch's device guard: the same answer)
 
 
 def get_device_name(device: object = None) -> str:
@@ -130,12 +153,20 @@ def get_device_properties(device: object = None) -> DeviceProperties:
 
 
 class device(contextlib.AbstractContextManager):
-    """``with torch.hologram.device(0):`` — selects the (only) device; checks the index."""
+    """``with torch.hologram.device(1):`` — makes that device current in the block (as
+    ``torch.cuda.device``); checks the index."""
 
     def __init__(self, device: object = None):
         self.idx = _index(device)
+        self.prev = 0
+
+    def __enter__(self) -> device:
+        self.prev = current_device()
+        set_device(self.idx)
+        return self
 
     def __exit__(self, *exc) -> None:
+        set_device(self.prev)
         return None
 
 

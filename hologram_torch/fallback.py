@@ -94,6 +94,11 @@ def _rewrap_numbers(op, args: tuple) -> tuple:
 
 def run_on_cpu(op, *args, **kwargs):
     """The boxed fallback kernel registered for the hologram dispatch key."""
+    if len(memory.DEVICES) > 1:  # new results go to the operands' device
+        with memory.on(memory.operands_device(op._schema.name, args, kwargs)):
+            if _returns_view(op):
+                return op._handle.redispatch_boxed(CPU_KEYS, *args, **kwargs)
+            return run_on_cpu_as(op, op, *args, **kwargs)
     if _returns_view(op):
         return op._handle.redispatch_boxed(CPU_KEYS, *args, **kwargs)
     return run_on_cpu_as(op, op, *args, **kwargs)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import math
 import multiprocessing.queues
+import threading
 
 import numpy as np
 import torch
@@ -32,11 +33,16 @@ import torch
 from hologram.errors import DeviceError, OutOfMemoryError
 from hologram.isa.ir import IndexMap
 from hologram.runtime import Pool
-from hologram_torch import lazy
+from hologram_torch import lazy, native
 from hologram_torch.constants import CPU_KEYS, NAME
 
 DEVICE = torch.device(NAME, 0)  # memory is imported after the device is registered
 _CPU_DEVICE = torch.device("cpu")
+#: The devices (``HOLOGRAM_TORCH_DEVICES``, :func:`set_devices`): hologram:0 alone, or
+#: several sharing the host's memory, new tensors going to this thread's current one
+#: (:func:`current`, :func:`on`).
+DEVICES = [DEVICE]
+_here = threading.local()  # .index: this thread's current device, where several exist
 _construct = torch._C._construct_storage_from_data_pointer
 _create = torch._C._acc.create_empty_tensor
 _set = torch.ops.aten.set_.source_Storage_storage_offset._handle.redispatch_boxed
@@ -183,12 +189,76 @@ def _lease(nbytes: int):
         raise DeviceOutOfMemoryError(f"{NAME}:0 is out of memory. {e}") from None
 
 
+# --- several devices ----------------------------------------------------------------------
+
+def set_devices(count: int) -> None:
+    """Make ``count`` devices, hologram:0 to hologram:<count - 1>, all on the host pool's
+    memory (the caller checks that the memory is host memory and tells torch's guard)."""
+    DEVICES[:] = [torch.device(NAME, i) for i in range(count)]
+
+
+def device_count() -> int:
+    return len(DEVICES)
+
+
+def current() -> int:
+    """The device new tensors of this thread go to."""
+    return getattr(_here, "index", 0)
+
+
+def set_current(index: int) -> None:
+    _here.index = index
+
+
+@contextlib.contextmanager
+def on(index: int):
+    """New tensors of this thread go to hologram:``index`` in the block (a kernel's
+    results go to its operands' device, as under CUDA's device guards)."""
+    before = getattr(_here, "index", 0)
+    _here.index = index
+    try:
+        yield
+    finally:
+        _here.index = before
+
+
+#: Ops whose tensors may be on different devices: copies between them.
+CROSS_DEVICE = frozenset({"aten::copy_", "aten::_to_copy", "aten::_copy_from",
+                          "aten::_copy_from_and_resize", "aten::to"})
+
+
+def operands_device(name: str, args: tuple, kwargs: dict) -> int:
+    """The device a call of op ``name`` runs on, where several devices exist: its
+    ``device`` argument (a factory's, a copy's target), else its device tensors' (which
+    must all be on one device: PyTorch's error otherwise), else the current one."""
+    target = kwargs.get("device")
+    if target is not None:
+        target = torch.device(target)
+        if target.type == NAME:
+            return current() if target.index is None else target.index
+    index = None
+    for x in (*args, *kwargs.values()):
+        for t in (x if isinstance(x, (list, tuple)) else (x,)):
+            if isinstance(t, torch.Tensor) and t.device.type == NAME:
+                if index is None:
+                    index = t.device.index
+                elif t.device.index != index and name not in CROSS_DEVICE:
+                    raise RuntimeError(
+                        "Expected all tensors to be on the same device, but found at least "
+                        f"two devices, {NAME}:{index} and {NAME}:{t.device.index}!")
+    return current() if index is None else index
+
+
+def _target() -> torch.device:
+    return DEVICES[getattr(_here, "index", 0)] if len(DEVICES) > 1 else DEVICE
+
+
 def storage(nbytes: int) -> torch.UntypedStorage:
-    """A new device storage of ``nbytes`` uninitialized bytes."""
+    """A new device storage of ``nbytes`` uninitialized bytes, on the current device."""
     if nbytes == 0:
-        return _construct(0, DEVICE, 0)
+        return _construct(0, _target(), 0)
     lease = _lease(nbytes)
-    st = _construct(lease.address, DEVICE, nbytes)
+    st = _construct(lease.address, _target(), nbytes)
     st._hologram = lease  # the block returns to the pool when the storage dies
     return st
 
@@ -242,7 +312,9 @@ def point_at(t: torch.Tensor, st: torch.UntypedStorage, offset: int, size, strid
 def on_storage(st: torch.UntypedStorage, dtype: torch.dtype, size, stride,
                offset: int = 0) -> torch.Tensor:
     """A device tensor viewing ``st``."""
-    t = _create([0], dtype)
+    t = _create([0], dtype)  # (on hologram:0: another device's storage is placed first)
+    if st.device.index:
+        native.place(t, st)
     _set(CPU_KEYS, t, st, offset, size, stride)
     return t
 
@@ -254,7 +326,7 @@ def new(size: list[int], stride: list[int] | None, nbytes: int, dtype: torch.dty
     kernels' hot path. ``create_empty_tensor(size)`` already has the contiguous metadata,
     on a null storage; swapping our block's pointer into that storage costs half of a
     ``set_`` (which goes through the dispatcher)."""
-    if stride is not None or not _SWAP or not nbytes:
+    if stride is not None or not _SWAP or not nbytes or len(DEVICES) > 1:
         # (create_empty_tensor's strides of (0, 1) are (0, 1))
         return on_storage(storage(nbytes), dtype, size,
                           contiguous_strides(size) if stride is None else stride)
@@ -271,15 +343,13 @@ def empty(size, dtype: torch.dtype | None = None, stride=None) -> torch.Tensor:
     """A new device tensor (contiguous unless ``stride`` is given)."""
     dtype = dtype or torch.get_default_dtype()
     if stride is None:
-        if _SWAP:  # new()'s path: no set_ through the dispatcher
+        if _SWAP and len(DEVICES) == 1:  # new()'s path: no set_ through the dispatcher
             return new(size, None, math.prod(size) * dtype.itemsize, dtype)
         stride = contiguous_strides(size)
         nbytes = math.prod(size) * dtype.itemsize
     else:
         nbytes = span(size, stride) * dtype.itemsize
-    t = _create([0], dtype)
-    _set(CPU_KEYS, t, storage(nbytes), 0, size, stride)
-    return t
+    return on_storage(storage(nbytes), dtype, size, stride)
 
 
 def cpu_alias(t: torch.Tensor, storages: dict | None = None, *,
@@ -419,7 +489,8 @@ def resize(t: torch.Tensor, size, memory_format: torch.memory_format | None = No
     need = (t.storage_offset() + span(size, stride)) * t.element_size()
     st = t.untyped_storage()
     if need > st.nbytes():
-        new = storage(need)
+        with on(t.device.index or 0):  # (the tensor's device, where several exist)
+            new = storage(need)
         if st.nbytes():
             if not (lazy.untouched(st) and lazy.untouched(new)):  # (new: a dead temporary's
                 lazy.sync("host")                                 # block a region writes)

@@ -237,7 +237,44 @@ def _load_fast(library: ctypes.CDLL) -> None:
     fast.hologram_torch_fast_stats.restype = ctypes.py_object
     fast.hologram_torch_metadata_register.argtypes = (ctypes.c_char_p,)
     fast.hologram_torch_metadata_register.restype = ctypes.c_int
+    fast.hologram_torch_place.argtypes = (ctypes.py_object,) * 2
+    fast.hologram_torch_place.restype = ctypes.c_int
+    library.hologram_torch_set_device_count.argtypes = (ctypes.c_int,)
+    library.hologram_torch_set_device_count.restype = None
+    library.hologram_torch_current_device.argtypes = ()
+    library.hologram_torch_current_device.restype = ctypes.c_int
+    library.hologram_torch_set_current_device.argtypes = (ctypes.c_int,)
+    library.hologram_torch_set_current_device.restype = None
     _fast = fast
+
+
+def set_device_count(count: int) -> bool:
+    """Tell torch's device guard there are ``count`` devices (hologram:0 to
+    hologram:<count - 1>); False where the native hooks are not active (one device)."""
+    library = _state.get("library")
+    if library is None or not _state["active"]:
+        return False
+    library.hologram_torch_set_device_count(count)
+    return True
+
+
+def current_device() -> int:
+    """This thread's current device, as torch's device guards set it (0 without hooks)."""
+    library = _state.get("library")
+    return library.hologram_torch_current_device() if library is not None else 0
+
+
+def set_current_device(index: int) -> None:
+    library = _state.get("library")
+    if library is not None:
+        library.hologram_torch_set_current_device(index)
+
+
+def place(tensor, storage) -> None:
+    """Point device tensor ``tensor`` at ``storage``, taking its device (hologram:N): the
+    way to make tensors on devices other than hologram:0 (torch's Python API makes them
+    on hologram:0, and ``set_`` keeps a tensor's device)."""
+    _fast.hologram_torch_place(tensor, storage)
 
 
 def page_lock(functions: tuple[int, int, int, int] | None) -> bool:

@@ -168,6 +168,18 @@ def test_collectives_and_ddp_on_gpu_memory(backend):
     _ranks_printed(results, "GPU memory: DDP matches the single-process run")
 
 
+def test_each_rank_on_its_own_device():
+    """Code written for one GPU per rank (``set_device(rank)``, ``hologram:<rank>``,
+    ``DDP(device_ids=[rank])``) on two host-memory devices (HOLOGRAM_TORCH_DEVICES=2)."""
+    from hologram_torch import native
+
+    if not native.active():
+        pytest.skip(f"several devices need the device's native library: {native.reason()}")
+    results, _ = _launch("rank_devices", 2, env={"HOLOGRAM_TORCH_DEVICES": "2",
+                                                 "HOLOGRAM_TORCH_BACKEND": "cpu"})
+    _ranks_printed(results, "own device: DDP matches the single-process run")
+
+
 TEARDOWNS = 300
 
 
@@ -908,7 +920,43 @@ def _case_gpu_memory(torch, dist, rank: int, world: int) -> None:
     print(f"rank {rank}: GPU memory: DDP matches the single-process run", flush=True)
 
 
+def _case_rank_devices(torch, dist, rank: int, world: int) -> None:
+    """DDP with each rank on hologram:<rank>, as with one GPU per rank."""
+    import copy
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.hologram.set_device(rank)
+    device = torch.device(DEVICE, rank)
+    x = torch.ones(3, device=DEVICE) * (rank + 1)  # the current device
+    assert x.device == device, x.device
+    dist.all_reduce(x)
+    assert x.device == device and x.cpu().tolist() == [3.0] * 3, (x.device, x.cpu())
+    torch.manual_seed(0)
+    reference = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(),
+                                    torch.nn.Linear(8, 2))
+    ddp = DDP(copy.deepcopy(reference).to(device), device_ids=[rank])
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    xs, ys = torch.randn(8, 4, generator=torch.Generator().manual_seed(1)), torch.randn(8, 2)
+    share = slice(rank * 8 // world, (rank + 1) * 8 // world)
+    for _ in range(2):
+        opt.zero_grad()
+        out = ddp(xs[share].to(device))
+        assert out.device == device, out.device
+        torch.nn.functional.mse_loss(out, ys[share].to(device)).backward()
+        opt.step()
+        ref_opt.zero_grad()
+        torch.nn.functional.mse_loss(reference(xs), ys).backward()
+        ref_opt.step()
+    for p, q in zip(ddp.module.parameters(), reference.parameters()):
+        assert p.device == device and p.grad.device == device
+        assert torch.allclose(p.detach().cpu(), q.detach(), rtol=1e-5, atol=1e-6), (p, q)
+    print(f"rank {rank}: own device: DDP matches the single-process run", flush=True)
+
+
 CASES = {
+    "rank_devices": _case_rank_devices,
     "gpu_memory": _case_gpu_memory,
     "collectives_then_mismatch_detail": _case_collectives_then_mismatch_detail,
     "collectives_then_mismatch": _case_collectives_then_mismatch,

@@ -39,6 +39,7 @@ from hologram.isa import dtypes as dt
 from hologram.runtime.launch import launch_cache
 from hologram_torch import fallback, lazy, memory, native
 from hologram_torch.aten import layout as layout_
+from hologram_torch.constants import NAME
 
 ISA = {getattr(torch, name): t for t, name in dt.FULL_NAMES.items()}  # torch -> Atlas
 TORCH = {v: k for k, v in ISA.items()}
@@ -141,9 +142,29 @@ def _select(name: str) -> None:
     _state["lacks"] = frozenset() if wide else frozenset({torch.float64})
     _NUMBER[float] = (dt.float64, ctypes.c_double) if wide else (dt.float32, ctypes.c_float)
     NUMBER_TYPES[float] = _NUMBER[float][0]
+    count = _devices(name, host)
     # The native front kernels launch with host addresses of numbers: on device memory,
-    # ops dispatch from Python.
-    native.set_front(host)
+    # ops dispatch from Python; so do they where several devices exist (a kernel's
+    # results go to its operands' device, which the registry's guard decides).
+    native.set_front(host and count == 1)
+
+
+def _devices(name: str, host: bool) -> int:
+    """Make the devices ``HOLOGRAM_TORCH_DEVICES`` asks for, on host memory (several share
+    the host's memory, as JAX's host platform device count does); a backend with memory
+    of its own has one, with a warning where more were asked for."""
+    from hologram_torch import device
+
+    count = hologram.config.get().torch_devices
+    if count > 1 and not (host and native.set_device_count(count)):
+        why = (f"the {name} backend's device is one GPU" if not host else
+               f"they need the device's native library: {native.reason()}")
+        warnings.warn(f"HOLOGRAM_TORCH_DEVICES={count}: one {NAME} device, as {why}",
+                      stacklevel=3)
+        count = 1
+    memory.set_devices(count)
+    device.set_device_count(count)
+    return count
 
 
 _HOST = [True]  # is the device's memory host memory (read on every launch)

@@ -25,8 +25,13 @@ def _register(name: str, fn: Callable, hot: bool) -> None:
     has run anything the CPU would run again: a kernel of several programs or one that
     draws random numbers checks first (:func:`program.lacking`)."""
     op = overload(name)
+    qualified = op._schema.name  # ("aten::add")
+    devices = memory.DEVICES
 
     def kernel(*args, **kwargs):
+        if len(devices) > 1:  # the operands' device is the results' (a device guard)
+            with memory.on(memory.operands_device(qualified, args, kwargs)):
+                return _guarded(op, fn, args, kwargs)
         try:
             return fn(*args, **kwargs)
         except program.Unsupported:
@@ -36,6 +41,13 @@ def _register(name: str, fn: Callable, hot: bool) -> None:
     kernel.__doc__, kernel.__wrapped__ = fn.__doc__, fn
     if not (hot and native.register_fast(name, kernel, memory.pool().core)):
         _lib.impl(name, kernel, "PrivateUse1")
+
+
+def _guarded(op, fn: Callable, args: tuple, kwargs: dict):
+    try:
+        return fn(*args, **kwargs)
+    except program.Unsupported:
+        return fallback.run_on_cpu(op, *args, **kwargs)
 
 
 def impl(*names: str, hot: bool = False) -> Callable:

@@ -20,7 +20,7 @@ from hologram_torch.aten import layout, program
 from hologram_torch.aten.program import ISA, MAX_NDIM, Unsupported, cast
 from hologram_torch.aten.registry import NATIVE, aten, composed, impl, overload
 from hologram_torch.constants import CPU_KEYS
-from hologram_torch.device import invalid_ordinal
+from hologram_torch.device import device_count, invalid_ordinal
 from hologram_torch.fallback import cpu_view
 from hologram_torch.lowering.common import check_output_shape
 
@@ -34,13 +34,14 @@ def _strides_for(size, dtype, memory_format) -> list[int] | None:
 
 def check_allocation(size, layout=None, device=None) -> None:
     """PyTorch's errors for a tensor the device cannot make: a negative size, a sparse
-    layout (device storages are dense), a device index other than 0."""
+    layout (device storages are dense), a device index past the devices."""
     if any(n < 0 for n in size):
         raise RuntimeError(f"Trying to create tensor with negative dimension "
                            f"{min(size)}: {list(size)}")
     if layout is not None and layout is not torch.strided:
         raise NotImplementedError(memory.SPARSE_UNSUPPORTED)
-    if device is not None and device.index not in (None, 0):
+    if device is not None and device.index not in (None, 0) and not (
+            0 <= device.index < device_count()):
         raise invalid_ordinal(device)
 
 

@@ -111,6 +111,12 @@ class PinnedAllocator final : public c10::Allocator {
   std::map<std::uintptr_t, std::pair<size_t, const PageLocking*>> blocks_;
 };
 
+// The devices (hologram_torch_set_device_count) and each thread's current one, which
+// torch's device guards set and the device's Python side reads and sets
+// (hologram_torch_current_device, hologram_torch_set_current_device).
+std::atomic<c10::DeviceIndex> device_count{1};
+thread_local c10::DeviceIndex current_device = 0;
+
 // The answers the Python hooks gave (hologram_torch/device.py), plus the allocator and
 // the device of a pointer. Generators stay torch's defaults: the device has none (random
 // ops draw from the CPU generator).
@@ -136,29 +142,45 @@ struct HologramHooks final : public at::PrivateUse1HooksInterface {
   }
 
   at::Device getDeviceFromPtr(void* /*data*/) const override {
-    return {c10::DeviceType::PrivateUse1, 0};  // one device: hologram:0
+    // (several devices share the host's memory: a pointer does not say which; the
+    // current one)
+    return {c10::DeviceType::PrivateUse1, current_device};
   }
 };
 
 // The device guard: what torch's Python guard (torch._C._acc.DeviceGuard) answers, without
 // its call into Python for the device type, which every op taking a guard made (a linear
-// layer's forward: about 30 calls, each taking the GIL). One device, hologram:0; its one
-// stream is the default stream, on which work is complete when the host sees it (events
-// and stream queries answer "done").
+// layer's forward: about 30 calls, each taking the GIL). The devices hologram:0 to
+// hologram:<count - 1>, the current one per thread; each one's stream is the default
+// stream, on which work is complete when the host sees it (events and stream queries
+// answer "done").
 struct HologramGuard final : public c10::impl::DeviceGuardImplInterface {
   static constexpr c10::DeviceType kType = c10::DeviceType::PrivateUse1;
 
   c10::DeviceType type() const override {
     return kType;
   }
-  c10::Device exchangeDevice(c10::Device /*device*/) const override {
-    return getDevice();
+  c10::Device exchangeDevice(c10::Device device) const override {
+    c10::Device old = getDevice();
+    setDevice(device);
+    return old;
   }
   c10::Device getDevice() const override {
-    return {kType, 0};
+    return {kType, current_device};
   }
-  void setDevice(c10::Device /*device*/) const override {}
-  void uncheckedSetDevice(c10::Device /*device*/) const noexcept override {}
+  void setDevice(c10::Device device) const override {
+    TORCH_CHECK(device.index() < device_count.load(),
+                "Invalid device ordinal: hologram:", static_cast<int>(device.index()),
+                " (there are ", static_cast<int>(device_count.load()), " hologram devices)");
+    if (device.index() >= 0) {
+      current_device = device.index();
+    }
+  }
+  void uncheckedSetDevice(c10::Device device) const noexcept override {
+    if (device.index() >= 0) {
+      current_device = device.index();
+    }
+  }
   c10::Stream getStream(c10::Device /*device*/) const noexcept override {
     return c10::Stream(c10::Stream::DEFAULT, getDevice());
   }
@@ -169,7 +191,7 @@ struct HologramGuard final : public c10::impl::DeviceGuardImplInterface {
     return c10::Stream(c10::Stream::DEFAULT, getDevice());
   }
   c10::DeviceIndex deviceCount() const noexcept override {
-    return 1;
+    return device_count.load();
   }
   void record(void** /*event*/, const c10::Stream& /*stream*/,
               const c10::DeviceIndex /*device_index*/,
@@ -201,6 +223,20 @@ extern "C" __attribute__((visibility("default"))) void hologram_torch_page_lock(
       reinterpret_cast<int (*)(void**, size_t, unsigned int)>(alloc),
       reinterpret_cast<int (*)(void*)>(free), reinterpret_cast<int (*)(void*)>(set_current),
       context});
+}
+
+extern "C" __attribute__((visibility("default"))) void hologram_torch_set_device_count(
+    int count) {
+  device_count.store(static_cast<c10::DeviceIndex>(count));
+}
+
+extern "C" __attribute__((visibility("default"))) int hologram_torch_current_device() {
+  return current_device;
+}
+
+extern "C" __attribute__((visibility("default"))) void hologram_torch_set_current_device(
+    int index) {
+  current_device = static_cast<c10::DeviceIndex>(index);
 }
 
 // 1: these hooks are registered (now or by an earlier call); 0: other hooks were

@@ -36,6 +36,7 @@
 #include <c10/core/TensorImpl.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/Storage.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/library.h>
@@ -630,6 +631,23 @@ at::Tensor alias_kernel(const at::Tensor& self) {
 at::Tensor unfold_kernel(const at::Tensor& self, int64_t dimension, int64_t size,
                          int64_t step) {
   return at::native::unfold(self, dimension, size, step);
+}
+
+// Point `tensor` (a device tensor) at `storage`, whose device it takes (hologram:N): torch's
+// Python API makes device tensors on hologram:0 only, and set_ refuses a storage of another
+// device. 1, or -1 with a Python error set.
+extern "C" __attribute__((visibility("default"))) int hologram_torch_place(PyObject* tensor,
+                                                                          PyObject* storage) {
+  try {
+    TORCH_CHECK(THPVariable_Check(tensor) && THPStorage_Check(storage),
+                "hologram_torch_place(tensor, storage)");
+    THPVariable_Unpack(tensor).unsafeGetTensorImpl()->set_storage_keep_dtype(
+        THPStorage_Unpack(storage));
+    return 1;
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return -1;
+  }
 }
 
 // Register `name` ("view", "set_.source_Storage") as a metadata-only op: the CPU's kernel
