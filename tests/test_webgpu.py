@@ -355,6 +355,58 @@ def test_i64_division_and_remainder_match_the_interpreter_bit_for_bit(op):
     np.testing.assert_array_equal(got, hologram.compile(program, backend="interp")(a, b))
 
 
+def _updates(n: int, ring: bool):
+    """One kernel updating n buffers in place from n others (a fused optimizer step over
+    many parameters): p[i] -= 0.5 * g[i] + 0.25 * p[i + 1], each update reading its
+    neighbour's old value (the last one's neighbour: p[0] in a ring, none otherwise)."""
+    b = ProgramBuilder("ring" if ring else "chain")
+    params = [b.buffer(f"p{i}", "f32", (16,), "inout") for i in range(n)]
+    grads = [b.input(f"g{i}", "f32", (16,)) for i in range(n)]
+    k = b.kernel((16,), grid_rank=1)
+    loads = [k.load(p) for p in params]
+    for i in range(n):
+        step = k.mul(k.load(grads[i]), k.const(0.5, "f32"))
+        if ring or i + 1 < n:
+            step = k.add(step, k.mul(loads[(i + 1) % n], k.const(0.25, "f32")))
+        k.store(params[i], k.sub(loads[i], step))
+    return b.build()
+
+
+def test_kernels_past_the_binding_limit_are_cut_by_their_stores_in_a_safe_order(monkeypatch):
+    """24 buffers bound by one kernel, a limit of 8: cut into kernels of a few stores
+    each, every buffer written only after each piece that reads it has run, so the
+    results are the interpreter's, bit for bit. A ring of such reads (each piece would
+    have to run first), or a single store needing more buffers than the limit, leaves
+    the kernel whole."""
+    from hologram.codegen import schedule
+
+    program = _updates(12, ring=False)
+    cut = schedule.fit_bindings(program, 8)
+    assert len(cut.kernels) > 1 and all(len(x.reads() | x.writes()) <= 8 for x in cut.kernels)
+    rng = np.random.default_rng(5)
+    arrays = [rng.standard_normal(16).astype(np.float32) for _ in range(24)]
+    want = hologram.compile(program, backend="interp")(*[a.copy() for a in arrays])
+    # an adapter allowing 10 storage buffers (8 left for a kernel's own): the backend cuts
+    monkeypatch.setattr(WebGpuBackend, "binding_limit", lambda self: 10)
+    kernels = WebGpuBackend().describe(WebGpuBackend().compile(program))["kernels"]
+    assert len(kernels) > 1 and all(len(x["bindings"]) <= 8 for x in kernels)
+    got = hologram.compile(program, backend="webgpu")(*[a.copy() for a in arrays])
+    for w, g in zip(want, got):
+        np.testing.assert_array_equal(g, w)
+    ring = _updates(12, ring=True)
+    assert schedule.fit_bindings(ring, 8) is ring
+    one = ProgramBuilder("one_wide_store")
+    ins = [one.input(f"x{i}", "f32", (4,)) for i in range(10)]
+    out = one.output("y", "f32", (4,))
+    k = one.kernel((4,), grid_rank=1)
+    total = k.load(ins[0])
+    for x in ins[1:]:
+        total = k.add(total, k.load(x))
+    k.store(out, total)
+    wide = one.build()
+    assert schedule.fit_bindings(wide, 8) is wide
+
+
 def test_allocator_keeps_bytes_after_a_partial_word_and_reuses_blocks():
     alloc = memory.WebGpuAllocator()
     block = alloc.alloc((7,), np.uint8)

@@ -28,6 +28,13 @@
   reductions' results pass through memory in their own dtype (exact). What changes is
   only that of a split reduction: the partials' combination (docs/cuda.md).
 
+- **bindings** (:func:`fit_bindings`): a kernel may bind at most so many buffers on some
+  targets (WebGPU's storage buffers per shader stage: 8 guaranteed, 32 on lavapipe).
+  A kernel past the limit that stores several results (a fused optimizer step over many
+  parameters) is cut into kernels of some of its stores each, every one recomputing what
+  its stores need, ordered so that a buffer is written only after every piece that reads
+  it has run (in-place updates stay exact).
+
 The cpu backend's split of whole-domain reductions across its threads is
 :func:`hologram.codegen.loops.split_parts`.
 """
@@ -112,6 +119,59 @@ def cut(kernel: Kernel, buffers: list[BufferDecl],
         shape = tuple(n for d, n in enumerate(body[p].shape) if d < g)
         buffers.append(BufferDecl(f"{kernel.name}_r{i}", body[p].dtype, shape, "temp"))
     return pieces
+
+
+def fit_bindings(program: Program, limit: int) -> Program:
+    """``program`` with each kernel that binds more than ``limit`` buffers cut into pieces
+    of its stores that bind at most ``limit`` each (module docstring); a kernel whose
+    stores cannot be grouped so (one store's slice alone past the limit, a scatter, a
+    cycle of in-place writes between groups) is left whole."""
+    kernels: list[Kernel] = []
+    for kernel in program.kernels:
+        kernels.extend(_fit(kernel, limit) or [kernel])
+    if len(kernels) == len(program.kernels):
+        return program
+    return program.evolve(kernels=tuple(kernels))
+
+
+def _fit(kernel: Kernel, limit: int) -> list[Kernel] | None:
+    body = kernel.body
+    if len(kernel.reads() | kernel.writes()) <= limit or any(x.op == "scatter" for x in body):
+        return None
+    stored = {}  # buffer -> the first store of it: a load after it is left whole
+    for p, x in enumerate(body):
+        if x.op == "store":
+            stored.setdefault(x.buffer, p)
+        elif x.op in ("load", "gather") and x.buffer in stored:
+            return None
+    groups: list[tuple[list[int], set[int], set[int]]] = []  # (stores, reads, writes)
+    for p in (p for p, x in enumerate(body) if x.op == "store"):
+        needed = _needed(body, [p], [])
+        reads = {body[i].buffer for i in needed if body[i].op in ("load", "gather")}
+        writes = {body[p].buffer}
+        if len(reads | writes) > limit:
+            return None
+        last = groups[-1] if groups else None
+        if last is not None and len(last[1] | last[2] | reads | writes) <= limit:
+            last[0].append(p)
+            last[1].update(reads)
+            last[2].update(writes)
+        else:
+            groups.append(([p], reads, writes))
+    # A group runs once no group still waiting reads what it writes (those read the old
+    # values first) and no earlier group still waiting writes the same buffer.
+    order: list[int] = []
+    waiting = list(range(len(groups)))
+    while waiting:
+        ready = [i for i in waiting if not any(
+            groups[i][2] & (groups[j][1] | (groups[j][2] if j < i else set()))
+            for j in waiting if j != i)]
+        if not ready:
+            return None  # in-place writes that each group must see before the other
+        order.append(ready[0])
+        waiting.remove(ready[0])
+    return [_piece(kernel, f"{kernel.name}b{n}", groups[j][0], [], {}, None)
+            for n, j in enumerate(order)]
 
 
 def _needed(body: tuple[Instr, ...], roots: list[int], loaded: list[int]) -> set[int]:

@@ -127,7 +127,17 @@ class WebGpuBackend(Backend):
             text += f" split-work-{render_module.SPLIT_WORK}"
         if not _CAPS.fission:  # (tests turn it off to reach the split of one kernel)
             text += " no-fission"
-        return text
+        return f"{text} bindings {self.binding_limit()}"
+
+    def binding_limit(self) -> int:
+        """The storage buffers a kernel may bind: the adapter's limit (its device opened
+        once), or WebGPU's guaranteed 8 where none is found (artifacts built here then load
+        on any adapter). Kernels past it are cut by their stores (schedule.fit_bindings)."""
+        try:
+            found = devices.get(self.name).limits
+        except DeviceError:
+            return 8
+        return int(found.get("max-storage-buffers-per-shader-stage", 8))
 
     def capabilities(self, target: str | None = None) -> Capabilities:
         self.target(target)
@@ -154,6 +164,8 @@ class WebGpuBackend(Backend):
         if caps.fission:  # several reductions over few long rows: a kernel each, split
             program = schedule.fission(program,
                                        lambda piece: render_module.split(piece, caps)[0])
+        # (two bindings to spare: a split reduction's last shader reads its partials)
+        program = schedule.fit_bindings(program, max(self.binding_limit() - 2, 4))
         kernels = []
         buffers = [{"name": b.name, "kind": b.kind, "nbytes": b.nbytes,
                     "itemsize": b.dtype.itemsize} for b in program.buffers]
