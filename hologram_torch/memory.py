@@ -14,10 +14,17 @@ device tensor):
 * **host memory** (the cpu and interp backends): blocks of a Hologram pool
   (:meth:`hologram.backends.hostmem.Pool.lease`); the host reads and writes them in
   place, so :func:`cpu_alias` is a CPU tensor on the same memory;
-* **device memory** (cuda): blocks of the backend's allocator, whose data pointers are
-  device addresses the host never dereferences. The host reaches them by copies only
-  (:func:`read`, :func:`write`): :func:`cpu_alias` is then a CPU *copy* of the whole
-  storage (a shadow), and code that writes through it calls :func:`write_back`.
+* **device memory** (cuda, webgpu): blocks of the backend's allocator, whose data
+  pointers are device addresses (webgpu's made up: a buffer's id and an offset) the host
+  never dereferences. The host reaches them by copies only (:func:`read`,
+  :func:`write`): :func:`cpu_alias` is then a CPU *copy* of the whole storage (a
+  shadow), and code that writes through it calls :func:`write_back`.
+
+On host memory there may be several devices (:func:`set_devices`,
+``HOLOGRAM_TORCH_DEVICES``), all on the one pool: a storage is made on the thread's
+current device (:func:`on`, :func:`current`), and a tensor on a storage of a device other
+than hologram:0 is placed on it natively first (torch's Python API makes hologram:0
+tensors, and ``set_`` keeps a tensor's device).
 """
 
 from __future__ import annotations
