@@ -550,7 +550,7 @@ def compile_program(program, backend_name: str):
     try:
         compiled = hologram.compile(program, backend_name)  # (loaded: pipelines made)
     except (DTypeError, CompileError) as e:
-        if backend_name not in DEVICE_MEMORY_BACKENDS[1:]:
+        if backend_name not in DEVICE_MEMORY_BACKENDS:  # (the host backends take it all)
             raise
         if isinstance(e, DTypeError):
             fallback.lacked()
