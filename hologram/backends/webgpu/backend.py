@@ -130,11 +130,12 @@ class WebGpuBackend(Backend):
         return f"{text} bindings {self.binding_limit()}"
 
     def binding_limit(self) -> int:
-        """The storage buffers a kernel may bind: the adapter's limit (its device opened
-        once), or WebGPU's guaranteed 8 where none is found (artifacts built here then load
-        on any adapter). Kernels past it are cut by their stores (schedule.fit_bindings)."""
+        """The storage buffers a kernel may bind: the adapter's limit (the device opens
+        with the adapter's limits; no device is opened to ask), or WebGPU's guaranteed 8
+        where no adapter is found (artifacts built there then load on any adapter).
+        Kernels past it are cut by their stores (schedule.fit_bindings)."""
         try:
-            found = devices.get(self.name).limits
+            found = devices.adapter(self.name).limits
         except DeviceError:
             return 8
         return int(found.get("max-storage-buffers-per-shader-stage", 8))
