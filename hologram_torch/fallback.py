@@ -29,7 +29,7 @@ from hologram_torch.memory import cpu_view
 
 _CPU = torch.device("cpu")
 _counts: Counter[str] = Counter()
-_lacking: Counter[str] = Counter()  # the calls of _counts that ran for a dtype (lacks())
+_lacking: Counter[str] = Counter()  # the calls of _counts that ran for a dtype (lacked())
 _lock = threading.Lock()
 _local = threading.local()  # .lacking: see lacked()
 _views: dict = {}  # op -> does it return a view (cached schema analysis)

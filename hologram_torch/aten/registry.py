@@ -32,7 +32,7 @@ def _register(name: str, fn: Callable, hot: bool) -> None:
         if len(devices) > 1:  # the operands' device is the results' (a device guard)
             with memory.on(memory.operands_device(qualified, args, kwargs)):
                 return _guarded(op, fn, args, kwargs)
-        try:
+        try:  # (_guarded's body, inlined: one call less on every op of one device)
             return fn(*args, **kwargs)
         except program.Unsupported:
             return fallback.run_on_cpu(op, *args, **kwargs)
