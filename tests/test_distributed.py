@@ -876,10 +876,6 @@ def _case_gpu_memory(torch, dist, rank: int, world: int) -> None:
     """Collectives and DDP on GPU memory (the cuda emulation's, webgpu's: memory the host
     cannot read): gloo works on host copies, and what it writes lands back on the
     device."""
-    import copy
-
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
     import hologram_torch
     from hologram_torch import memory
 
@@ -900,42 +896,22 @@ def _case_gpu_memory(torch, dist, rank: int, world: int) -> None:
     assert whole.cpu().tolist() == [0.0, *(world * v for v in (1.0, 2.0, 3.0, 4.0)), 5.0,
                                     6.0, 7.0]
     print(f"rank {rank}: GPU memory: collectives passed", flush=True)
-    torch.manual_seed(0)
-    reference = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(),
-                                    torch.nn.Linear(8, 2))
-    ddp = DDP(copy.deepcopy(reference).to(DEVICE))
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
-    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
-    xs, ys = torch.randn(8, 4, generator=torch.Generator().manual_seed(1)), torch.randn(8, 2)
-    share = slice(rank * 8 // world, (rank + 1) * 8 // world)
-    for _ in range(2):
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(ddp(xs[share].to(DEVICE)), ys[share].to(DEVICE)).backward()
-        opt.step()
-        ref_opt.zero_grad()
-        torch.nn.functional.mse_loss(reference(xs), ys).backward()
-        ref_opt.step()
-    for p, q in zip(ddp.module.parameters(), reference.parameters()):
-        assert torch.allclose(p.detach().cpu(), q.detach(), rtol=1e-5, atol=1e-6), (p, q)
+    _ddp_like_one_process(torch, rank, world, torch.device(DEVICE, 0), torch.nn.ReLU())
     print(f"rank {rank}: GPU memory: DDP matches the single-process run", flush=True)
 
 
-def _case_rank_devices(torch, dist, rank: int, world: int) -> None:
-    """DDP with each rank on hologram:<rank>, as with one GPU per rank."""
+def _ddp_like_one_process(torch, rank: int, world: int, device, activation,
+                          **options) -> None:
+    """Two SGD steps of a small MLP under DDP on ``device`` (each rank on its share of
+    the batch) give the parameters one process gives on the whole batch; outputs,
+    parameters and gradients stay on ``device``."""
     import copy
 
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    torch.hologram.set_device(rank)
-    device = torch.device(DEVICE, rank)
-    x = torch.ones(3, device=DEVICE) * (rank + 1)  # the current device
-    assert x.device == device, x.device
-    dist.all_reduce(x)
-    assert x.device == device and x.cpu().tolist() == [3.0] * 3, (x.device, x.cpu())
     torch.manual_seed(0)
-    reference = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(),
-                                    torch.nn.Linear(8, 2))
-    ddp = DDP(copy.deepcopy(reference).to(device), device_ids=[rank])
+    reference = torch.nn.Sequential(torch.nn.Linear(4, 8), activation, torch.nn.Linear(8, 2))
+    ddp = DDP(copy.deepcopy(reference).to(device), **options)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
     xs, ys = torch.randn(8, 4, generator=torch.Generator().manual_seed(1)), torch.randn(8, 2)
@@ -952,6 +928,17 @@ def _case_rank_devices(torch, dist, rank: int, world: int) -> None:
     for p, q in zip(ddp.module.parameters(), reference.parameters()):
         assert p.device == device and p.grad.device == device
         assert torch.allclose(p.detach().cpu(), q.detach(), rtol=1e-5, atol=1e-6), (p, q)
+
+
+def _case_rank_devices(torch, dist, rank: int, world: int) -> None:
+    """DDP with each rank on hologram:<rank>, as with one GPU per rank."""
+    torch.hologram.set_device(rank)
+    device = torch.device(DEVICE, rank)
+    x = torch.ones(3, device=DEVICE) * (rank + 1)  # the current device
+    assert x.device == device, x.device
+    dist.all_reduce(x)
+    assert x.device == device and x.cpu().tolist() == [3.0] * 3, (x.device, x.cpu())
+    _ddp_like_one_process(torch, rank, world, device, torch.nn.Tanh(), device_ids=[rank])
     print(f"rank {rank}: own device: DDP matches the single-process run", flush=True)
 
 

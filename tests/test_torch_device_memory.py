@@ -19,17 +19,13 @@ ran on an H200 for cuda: docs/cuda.md.)
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from util import device_checks, run_fresh
 
 pytest.importorskip("torch")
 
-ROOT = Path(__file__).resolve().parents[1]
 REQUIRE_WEBGPU = os.environ.get("HOLOGRAM_REQUIRE_WEBGPU", "") not in ("", "0")
 
 #: Each check is a snippet that sets ``ok`` (True, or a string saying what differs).
@@ -240,27 +236,6 @@ except DeviceError as e:
 """,
 }
 
-_RUNNER = """
-import json, sys, traceback, warnings
-warnings.simplefilter("ignore")
-import torch, hologram_torch
-from hologram_torch import memory
-D = torch.device("hologram")
-results = {}
-BACKEND = hologram_torch.get_backend()
-for name, code in CHECKS.items():
-    scope = {"torch": torch, "hologram_torch": hologram_torch, "memory": memory, "D": D,
-             "BACKEND": BACKEND}
-    try:
-        exec(code, scope)
-        ok = scope["ok"]
-        results[name] = ok if isinstance(ok, (bool, str)) else repr(ok)
-    except Exception:
-        results[name] = traceback.format_exc()[-2000:]
-print("@@" + json.dumps(results))
-"""
-
-
 def _webgpu() -> bool:
     from hologram.backends.webgpu.backend import WebGpuBackend
 
@@ -276,16 +251,9 @@ def results(request):
         pytest.importorskip("triton")
     elif not (REQUIRE_WEBGPU or _webgpu()):
         pytest.skip("no WebGPU adapter (apt-get install mesa-vulkan-drivers libvulkan1)")
-    env = dict(os.environ, HOLOGRAM_CUDA_EMULATE="1", HOLOGRAM_TORCH_BACKEND=backend,
-               HOLOGRAM_LAZY="1" if mode == "recorded" else "0",
-               PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [
-                   os.environ.get("PYTHONPATH")])]))
-    proc = subprocess.run([sys.executable, "-c", f"CHECKS = {CHECKS!r}\n{_RUNNER}"],
-                          capture_output=True, text=True, env=env, timeout=900)
-    assert proc.returncode == 0, (f"exit status {proc.returncode} (negative: a signal; "
-                                  f"SIGSEGV: the host read GPU memory)\n{proc.stderr[-3000:]}")
-    line = next(x for x in proc.stdout.splitlines() if x.startswith("@@"))
-    return json.loads(line[2:])
+    return device_checks(CHECKS, {"HOLOGRAM_CUDA_EMULATE": "1",
+                                  "HOLOGRAM_TORCH_BACKEND": backend,
+                                  "HOLOGRAM_LAZY": "1" if mode == "recorded" else "0"})
 
 
 @pytest.mark.parametrize("name", list(CHECKS))
@@ -297,9 +265,6 @@ def test_a_named_cuda_that_cannot_run_here_gives_the_host_backend_at_first_use()
     """HOLOGRAM_TORCH_BACKEND=cuda without a GPU (and without the emulation): importing
     torch probes nothing; the first device tensor warns and the device runs on the host."""
     pytest.importorskip("triton")
-    env = dict(os.environ, HOLOGRAM_TORCH_BACKEND="cuda", PYTHONPATH=os.pathsep.join(
-        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
-    env.pop("HOLOGRAM_CUDA_EMULATE", None)
     code = ("import warnings, torch, hologram_torch\n"
             "from hologram_torch import memory\n"
             "assert hologram_torch.get_backend() == 'cuda' and memory._device['resolve']\n"
@@ -308,8 +273,8 @@ def test_a_named_cuda_that_cannot_run_here_gives_the_host_backend_at_first_use()
             "    x = torch.ones(3, device='hologram') * 2\n"
             "said = [str(w.message) for w in seen if 'HOLOGRAM_TORCH_BACKEND' in str(w.message)]\n"
             "print(hologram_torch.get_backend(), memory.host_memory(), x.cpu().tolist(), said)")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=env, timeout=300)
+    proc = run_fresh(code, {"HOLOGRAM_TORCH_BACKEND": "cuda", "HOLOGRAM_CUDA_EMULATE": None},
+                     timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.startswith("cpu True [2.0, 2.0, 2.0] ")
     assert "HOLOGRAM_TORCH_BACKEND=cuda: backend 'cuda' cannot run on this machine" in \

@@ -11,17 +11,10 @@ the checks run in fresh processes, op by op and recorded, each against the CPU.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+from util import device_checks, run_fresh
 
 pytest.importorskip("torch")
-
-ROOT = Path(__file__).resolve().parents[1]
 
 #: Each check is a snippet that sets ``ok`` (True, or a string saying what differs).
 CHECKS = {
@@ -117,42 +110,15 @@ ok = back.device.index == 1 and torch.equal(back.cpu(), torch.arange(4.0))
 """,
 }
 
-_RUNNER = """
-import json, traceback, warnings
-warnings.simplefilter("ignore")
-import torch, hologram_torch
-results = {}
-for name, code in CHECKS.items():
-    scope = {"torch": torch, "hologram_torch": hologram_torch}
-    try:
-        exec(code, scope)
-        ok = scope["ok"]
-        results[name] = ok if isinstance(ok, (bool, str)) else repr(ok)
-    except Exception:
-        results[name] = traceback.format_exc()[-2000:]
-print("@@" + json.dumps(results))
-"""
-
-
-def _run(code: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=600, env=dict(os.environ, PYTHONPATH=os.pathsep.join(
-                              [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
-                              **env))
-
-
 @pytest.fixture(scope="module", params=["op by op", "recorded"])
 def results(request):
     from hologram_torch import native
 
     if not native.active():
         pytest.skip(f"several devices need the device's native library: {native.reason()}")
-    proc = _run(f"CHECKS = {CHECKS!r}\n{_RUNNER}", HOLOGRAM_TORCH_DEVICES="2",
-                HOLOGRAM_TORCH_BACKEND="cpu",
-                HOLOGRAM_LAZY="1" if request.param == "recorded" else "0")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(x for x in proc.stdout.splitlines() if x.startswith("@@"))
-    return json.loads(line[2:])
+    return device_checks(CHECKS, {"HOLOGRAM_TORCH_DEVICES": "2",
+                                  "HOLOGRAM_TORCH_BACKEND": "cpu",
+                                  "HOLOGRAM_LAZY": "1" if request.param == "recorded" else "0"})
 
 
 @pytest.mark.parametrize("name", list(CHECKS))
@@ -171,7 +137,7 @@ def test_a_gpu_backend_keeps_one_device_and_says_why():
             "    torch.ones(1, device='hologram')\n"
             "print(torch.hologram.device_count(),"
             " [str(w.message) for w in seen if 'HOLOGRAM_TORCH_DEVICES' in str(w.message)])")
-    proc = _run(code, HOLOGRAM_TORCH_DEVICES="2", HOLOGRAM_TORCH_BACKEND="cuda",
-                HOLOGRAM_CUDA_EMULATE="1")
+    proc = run_fresh(code, {"HOLOGRAM_TORCH_DEVICES": "2", "HOLOGRAM_TORCH_BACKEND": "cuda",
+                            "HOLOGRAM_CUDA_EMULATE": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.startswith("1 ") and "one GPU" in proc.stdout, proc.stdout

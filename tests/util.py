@@ -1,13 +1,18 @@
 """Helpers shared by the tests: random inputs with edge values, running a program on the
-reference interpreter, bit-level comparison, and work on several threads at once."""
+reference interpreter, bit-level comparison, work on several threads at once, and the
+torch device's checks in a fresh process."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import threading
 import time
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -139,3 +144,51 @@ def map_kernel(module: ir.Module, kernel: str, callee: ir.Function) -> None:
     b.cbranch(b.icmp_signed("<", nxt, n), body, done)
     b.position_at_end(done)
     b.ret_void()
+
+
+ROOT = Path(__file__).resolve().parents[1]
+_CHECKS = """
+import json, traceback, warnings
+warnings.simplefilter("ignore")
+import torch, hologram_torch
+from hologram_torch import memory
+scope = {"torch": torch, "hologram_torch": hologram_torch, "memory": memory,
+         "D": torch.device("hologram"), "BACKEND": hologram_torch.get_backend()}
+results = {}
+for name, code in CHECKS.items():
+    try:
+        exec(code, run := dict(scope))
+        ok = run["ok"]
+        results[name] = ok if isinstance(ok, (bool, str)) else repr(ok)
+    except Exception:
+        results[name] = traceback.format_exc()[-2000:]
+print("@@" + json.dumps(results))
+"""
+
+
+def run_fresh(code: str, env: dict[str, str | None], timeout: float = 900
+              ) -> subprocess.CompletedProcess:
+    """``python -c code`` in a fresh process (the torch device's backend and devices are
+    fixed at its first tensor), with the tree on ``PYTHONPATH`` and this process's
+    environment changed by ``env`` (None: a variable removed)."""
+    full = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    for name, value in env.items():
+        if value is None:
+            full.pop(name, None)
+        else:
+            full[name] = value
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=full, timeout=timeout)
+
+
+def device_checks(checks: dict[str, str], env: dict[str, str | None]) -> dict[str, object]:
+    """Run the snippets ``checks`` in one fresh process (:func:`run_fresh`): each sees
+    ``torch``, ``hologram_torch``, ``memory`` (hologram_torch's), ``D`` (the device) and
+    ``BACKEND`` (its backend's name), and sets ``ok`` (True, or what differs). Returns
+    ``{name: ok, or the traceback}``."""
+    proc = run_fresh(f"CHECKS = {checks!r}\n{_CHECKS}", env)
+    assert proc.returncode == 0, (f"exit status {proc.returncode} (negative: a signal; "
+                                  f"SIGSEGV: the host read GPU memory)\n{proc.stderr[-3000:]}")
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("@@"))
+    return json.loads(line[2:])
