@@ -68,11 +68,7 @@ def device_count() -> int:
 
 
 def current_device() -> int:
-    if _count[0] == 1:
-        return 0
-    from hologram_torch import memory  # lazy: it needs the registered device
-
-    return memory.current()
+    return native.current_device() if _count[0] > 1 else 0
 
 
 class InvalidDeviceError(DeviceError, RuntimeError):
@@ -117,10 +113,7 @@ def set_device(device: object) -> None:
     go (``device='hologram'``), as ``torch.cuda.set_device``."""
     index = _index(device)
     if _count[0] > 1:
-        from hologram_torch import memory  # lazy: it needs the registered device
-
-        memory.set_current(index)
-        native.set_current_device(index)  # (torch's device guard: the same answer)
+        native.set_current_device(index)  # torch's device guard answers it
 
 
 def get_device_name(device: object = None) -> str:

@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import math
 import multiprocessing.queues
-import threading
 
 import numpy as np
 import torch
@@ -47,9 +46,8 @@ DEVICE = torch.device(NAME, 0)  # memory is imported after the device is registe
 _CPU_DEVICE = torch.device("cpu")
 #: The devices (``HOLOGRAM_TORCH_DEVICES``, :func:`set_devices`): hologram:0 alone, or
 #: several sharing the host's memory, new tensors going to this thread's current one
-#: (:func:`current`, :func:`on`).
+#: (:func:`current`, :func:`on`: the native device guard's, which torch's own code sets).
 DEVICES = [DEVICE]
-_here = threading.local()  # .index: this thread's current device, where several exist
 _construct = torch._C._construct_storage_from_data_pointer
 _create = torch._C._acc.create_empty_tensor
 _set = torch.ops.aten.set_.source_Storage_storage_offset._handle.redispatch_boxed
@@ -210,23 +208,19 @@ def device_count() -> int:
 
 def current() -> int:
     """The device new tensors of this thread go to."""
-    return getattr(_here, "index", 0)
-
-
-def set_current(index: int) -> None:
-    _here.index = index
+    return native.current_device() if len(DEVICES) > 1 else 0
 
 
 @contextlib.contextmanager
 def on(index: int):
     """New tensors of this thread go to hologram:``index`` in the block (a kernel's
     results go to its operands' device, as under CUDA's device guards)."""
-    before = getattr(_here, "index", 0)
-    _here.index = index
+    before = native.current_device()
+    native.set_current_device(index)
     try:
         yield
     finally:
-        _here.index = before
+        native.set_current_device(before)
 
 
 #: Ops whose tensors may be on different devices: copies between them.
@@ -257,7 +251,7 @@ def operands_device(name: str, args: tuple, kwargs: dict) -> int:
 
 
 def _target() -> torch.device:
-    return DEVICES[getattr(_here, "index", 0)] if len(DEVICES) > 1 else DEVICE
+    return DEVICES[native.current_device()] if len(DEVICES) > 1 else DEVICE
 
 
 def storage(nbytes: int) -> torch.UntypedStorage:
