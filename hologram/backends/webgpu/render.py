@@ -328,7 +328,7 @@ class _Kernel:
                 "points": self.points, "iterations": self.iterations,
                 "bindings": self.bindings(),
                 "writable": [b in self.writes for b in self.bindings()],
-                "based": any(b < len(self.program.buffers) for b in self.bindings())}
+                "based": bool(self.based())}
 
     @property
     def row(self) -> str:
@@ -366,6 +366,11 @@ class _Kernel:
         k = self.kernel
         return sorted(k.reads() | self.writes | self.scratch_reads)
 
+    def based(self) -> list[int]:
+        """The bound buffers of the program's own (not scratch): their starts come from
+        the uniform ``hg_base``."""
+        return [b for b in self.bindings() if b < len(self.program.buffers)]
+
     def source(self) -> str:
         decls = []
         writes = self.writes
@@ -381,7 +386,7 @@ class _Kernel:
         # Where each buffer starts in its binding, in elements (a view's offset: the
         # launch binds whole allocations), from a uniform array the launch writes.
         # Scratch buffers (past the program's) start at 0.
-        own = [b for b in bindings if b < len(self.program.buffers)]
+        own = self.based()
         if own:
             decls.append(f"@group(0) @binding({len(bindings)}) var<uniform> hg_base: "
                          f"array<vec4<u32>, {max(own) // 4 + 1}>;")
