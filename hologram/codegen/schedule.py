@@ -138,10 +138,10 @@ def _fit(kernel: Kernel, limit: int) -> list[Kernel] | None:
     body = kernel.body
     if len(kernel.reads() | kernel.writes()) <= limit or any(x.op == "scatter" for x in body):
         return None
-    stored = {}  # buffer -> the first store of it: a load after it is left whole
-    for p, x in enumerate(body):
+    stored = set()  # buffers stored so far: a load of one after its store is left whole
+    for x in body:
         if x.op == "store":
-            stored.setdefault(x.buffer, p)
+            stored.add(x.buffer)
         elif x.op in ("load", "gather") and x.buffer in stored:
             return None
     groups: list[tuple[list[int], set[int], set[int]]] = []  # (stores, reads, writes)

@@ -153,12 +153,12 @@ class WebGpuAllocator(Allocator):
         self._read(allocation.buffer, 0, destination)
 
     def write(self, handle: int, source: np.ndarray) -> None:
-        allocation, offset = locate(handle)
-        self._write(allocation.buffer, offset, source.reshape(-1))
+        block, offset = locate(handle)
+        self._write(block.buffer, offset, source.reshape(-1))
 
     def read(self, handle: int, destination: np.ndarray) -> None:
-        allocation, offset = locate(handle)
-        self._read(allocation.buffer, offset, destination)
+        block, offset = locate(handle)
+        self._read(block.buffer, offset, destination)
 
     def copy(self, destination: int, source: int, nbytes: int) -> None:
         if not nbytes:
