@@ -179,12 +179,12 @@ def _binary(name: str, op, self, other, alpha=1, out=None, inplace=False,
         entry = program.shortcuts.get(shortcut) if shortcut is not None else None
         if entry is not None:
             return program.launch_fresh(entry, (self, other))
-    elif (inplace and alpha == 1 and isinstance(other, torch.Tensor) and not other.is_cpu):
-        # In place on two device tensors (optimizers' add_, mul_, ...): the same kind of
-        # signature finds the kernel that writes self. The registry's kernel wrapper has
-        # already refused overlapping memory (see registry.native_or_cpu).
-        shortcut = ("inplace", name, op, self.dtype, self.shape, self.stride(),
-                    other.dtype, other.shape, other.stride())
+    elif inplace and alpha == 1 and (shortcut := _fresh_key(name, op, self, other)):
+        # In place on a device tensor and a device tensor or a number (optimizers' add_,
+        # mul_, a counter's += 1): the same kind of signature finds the kernel that
+        # writes self. The registry's kernel wrapper has already refused overlapping
+        # memory (see registry.native_or_cpu).
+        shortcut = ("inplace", *shortcut)
         entry = program.shortcuts.get(shortcut)
         if entry is not None:
             program.launch_into(entry, (self, other), self)

@@ -374,27 +374,32 @@ def launch_fresh(entry: _Entry, args: Sequence) -> torch.Tensor:
     if entry.launch is not None:
         if _LAZY["on"]:
             lazy.record(entry, args, (out,), False)
-        elif type(args[-1]) in _NUMBER:  # boxed; the box must outlive the launch
-            box = _NUMBER[type(args[-1])][1](args[-1])
-            # (on device memory, the address of the value's device copy)
-            number = ctypes.addressof(box) if _HOST[0] else device_scalar(bytes(box))
-            entry.launch((*[x.data_ptr() for x in args[:-1]], number, out.data_ptr()))
         else:
-            entry.launch((*[x.data_ptr() for x in args], out.data_ptr()))
+            _launch_remembered(entry, args, out)
     if FRONT:  # a front kernel that lost its entries (bounded tables, a new backend)
         native.file_fast(entry, tuple(args), out)
     return out
 
 
 def launch_into(entry: _Entry, args: Sequence, out: torch.Tensor) -> None:
-    """Run a remembered entry on ``args`` (device tensors) into ``out``, the tensor it
-    was remembered writing (in place)."""
+    """Run a remembered entry on ``args`` (device tensors, the last of them possibly a
+    number) into ``out``, the tensor it was remembered writing (in place)."""
     if _LAZY["on"]:
         lazy.record(entry, args, (out,), True)
     else:
-        entry.launch((*[x.data_ptr() for x in args], out.data_ptr()))
+        _launch_remembered(entry, args, out)
     if FRONT:  # see launch_fresh
         native.file_fast(entry, tuple(args), out)
+
+
+def _launch_remembered(entry: _Entry, args: Sequence, out: torch.Tensor) -> None:
+    if type(args[-1]) in _NUMBER:  # boxed; the box must outlive the launch
+        box = _NUMBER[type(args[-1])][1](args[-1])
+        # (on device memory, the address of the value's device copy)
+        number = ctypes.addressof(box) if _HOST[0] else device_scalar(bytes(box))
+        entry.launch((*[x.data_ptr() for x in args[:-1]], number, out.data_ptr()))
+    else:
+        entry.launch((*[x.data_ptr() for x in args], out.data_ptr()))
 
 
 def supported(*tensors: torch.Tensor) -> bool:
