@@ -8,5 +8,7 @@ what every backend decides the same way before it emits code for its device.
 - :mod:`.mathlib`: the transcendental functions, written once against the
   :class:`~hologram.codegen.mathlib.MathEmitter` interface each renderer implements;
 - :mod:`.numerics`: the other numeric rules (bf16 rounding, total-order keys, rounding to
-  odd), written against the same interface.
+  odd), written against the same interface;
+- :mod:`.gpu_kernel`: the walk over a kernel's loop plan that the GPU renderers share
+  (:class:`~hologram.codegen.gpu_kernel.KernelWriter`), each supplying its language.
 """

@@ -56,6 +56,7 @@ from collections.abc import Sequence
 
 from hologram.codegen import loops, numerics, schedule
 from hologram.codegen import mathlib as shared_math
+from hologram.codegen.gpu_kernel import COMPARISONS, KernelWriter, gather_clamp, row_major
 from hologram.compiler.capabilities import Capabilities
 from hologram.errors import CompileError
 from hologram.isa import dtypes as dt
@@ -143,7 +144,6 @@ _SCRATCH = {"tl.float64": ("*fp64", "f8"), "tl.float32": ("*fp32", "f4"),
             "tl.int64": ("*i64", "i8"), "tl.int32": ("*i32", "i4"), "tl.int16": ("*i16", "i2"),
             "tl.int8": ("*i8", "i1"), "tl.uint8": ("*u8", "u1")}
 _POINTER_OF = {storage: pointer for pointer, storage in _SCRATCH.values()}
-_CMP = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 
 #: Helpers every kernel module starts with (Triton inlines them).
 PRELUDE = '''import triton
@@ -382,16 +382,22 @@ def render(program: Program, kernel: Kernel, caps: Capabilities,
                    split_k=(parts, chunk, scratch) if parts else None).render()
 
 
-class _Kernel:
+class _Kernel(KernelWriter):
+    """Triton's spelling of the shared walk (:mod:`hologram.codegen.gpu_kernel`): values
+    are tiles of ``XBLOCK`` grid points under a mask (``mask``, ``zero``), loop nests and
+    reductions walk their flat index ``RBLOCK`` at a time, and the kernel's frame is one
+    of a plain grid, a split reduction or a matrix product (split-K included)."""
+
+    target = "cuda"
+
     def __init__(self, program: Program, kernel: Kernel, caps: Capabilities,
                  split: tuple[int, int, int] | None = None, tf32: bool = False,
                  rblock: int = 0, split_k: tuple[int, int, int] | None = None):
-        self.program, self.kernel = program, kernel
+        super().__init__(program, kernel, caps)
         self.tf32 = tf32
         # Split-K: (parts, chunk of k, first scratch buffer); see matmul.
         self.split_k = split_k
         self.k_scratch: list[dict] = []  # its partial tiles and counters (combine_k)
-        self.plan = loops.plan(kernel, caps)
         # A zero extent is fine here: an empty loop runs no trips, an empty grid none.
         if self.plan.unsupported and 0 not in kernel.domain:
             raise CompileError(f"cuda: kernel {kernel.name} cannot be rendered: "
@@ -407,12 +413,6 @@ class _Kernel:
         self.wide = self.reach() >= WIDE_INDICES
         self.index_t = "tl.int64" if self.wide else "tl.int32"
         self.partials: dict[str, tuple[int, str]] | None = None
-        self.lines: list[str] = []
-        self.depth = 1
-        self.names = 0
-        self.index: dict[int, str] = {}  # domain dimension -> its index tile
-        self.point: dict[int, str] = {}
-        self.local: dict[int, str] = {}
         self.mask = "xmask"
         self.zero = "xzero"  # a zero index tile (index_t) of the mask's shape
         self.width = 1  # the flat loop index's tile in the current store nest (1: none)
@@ -420,9 +420,6 @@ class _Kernel:
         self.warps: int | None = None  # by the tile's size unless a matrix product sets it
 
     # --- text ---------------------------------------------------------------------------
-    def line(self, text: str) -> None:
-        self.lines.append("    " * self.depth + text)
-
     def bind(self, expr: str) -> str:
         self.names += 1
         name = f"t{self.names}"
@@ -465,8 +462,8 @@ class _Kernel:
 
     # --- structure ----------------------------------------------------------------------
     def render(self) -> dict:
-        kernel, plan = self.kernel, self.plan
-        mm = loops.matmul(kernel, plan)
+        kernel = self.kernel
+        mm = loops.matmul(kernel, self.plan)
         scratch: list[dict] = []
         if self.split is not None:
             grid, tile, scratch = self.split_reduction()
@@ -474,12 +471,7 @@ class _Kernel:
             grid, tile, scratch = self.matmul(mm), TILE, self.k_scratch
         else:
             grid, tile = self.points(), self.xblock * self.rblock
-        body = kernel.body
-        for dims, stores in plan.store_nests:
-            for pos in stores:
-                for arg in body[pos].args:  # a store's value; a scatter's, and its offset
-                    self.prepare(arg)
-            self.nest(list(dims), lambda stores=stores: [self.write(body[p]) for p in stores])
+        self.write_stores()
         buffers = self.buffers()
         signature = {f"b{i}": POINTER[program_dtype(self.program, i)] for i in buffers}
         for s in scratch:
@@ -578,15 +570,11 @@ class _Kernel:
         ``outermost_remainder`` keeps the remainder (the grid's indices: one per grid
         point, so cheap, and sm_80's ptxas spilled the f32 fmod kernel's registers without
         it)."""
-        domain = self.kernel.domain
-        shown = [d for d in dims if domain[d] > 1]
-        for d in reversed(dims):
-            n = domain[d]
-            if n > 1:
-                term = flat if stride == 1 else f"({flat} // {stride})"
-                last = d == shown[0] and not outermost_remainder
-                self.index[d] = self.bind(term if last else f"{term} % {n}")
-            stride *= n
+        shown = list(row_major(self.kernel.domain, dims, stride))
+        for d, stride, n in shown:
+            term = flat if stride == 1 else f"({flat} // {stride})"
+            last = d == shown[-1][0] and not outermost_remainder
+            self.index[d] = self.bind(term if last else f"{term} % {n}")
 
     def matmul(self, mm: loops.MatmulDims) -> int:
         """A matrix product (:func:`hologram.codegen.loops.matmul`): each program instance
@@ -748,18 +736,6 @@ class _Kernel:
         k = self.kernel
         return sorted(k.reads() | k.writes())
 
-    def prepare(self, root: int) -> None:
-        """Emit, per grid point, every value ``root`` needs that varies along no loop
-        dimension (reductions included), so loop nests only recompute the rest."""
-        for i in self.plan.point_values(self.kernel, root, self.point):
-            if i not in self.point:
-                self.local = self.point
-                instr = self.kernel.body[i]
-                if instr.op in ("reduce", "contract"):
-                    self.point[i] = self.reduce(i, instr)
-                else:
-                    self.point[i] = self.emit(instr)
-
     def nest(self, dims: list[int], body) -> None:
         """``body`` once per grid point (no ``dims``), or in a loop over the flat index of
         ``dims``, RBLOCK at a time."""
@@ -785,23 +761,21 @@ class _Kernel:
         self.local = {}
         self.mask, self.zero = "xmask", "xzero"
 
+    def store_nest(self, dims: list[int], stores: list[Instr]) -> None:
+        self.nest(dims, lambda: [self.write(s) for s in stores])
+
     # --- values -------------------------------------------------------------------------
-    def value(self, i: int) -> str:
-        if i in self.point:
-            return self.point[i]
-        if i not in self.local:
-            instr = self.kernel.body[i]
-            if instr.op in ("reduce", "contract"):
-                raise CompileError(f"cuda: kernel {self.kernel.name}: reduction %{i} "
-                                   "inside a loop nest")
-            self.local[i] = self.emit(instr)
-        return self.local[i]
+    def point_reduction(self, i: int, instr: Instr) -> str:
+        return self.reduce(i, instr)
+
+    def nested_reduction(self, i: int, instr: Instr) -> str:
+        # The loop plan places every reduction per grid point for this backend.
+        raise CompileError(f"cuda: kernel {self.kernel.name}: reduction %{i} "
+                           "inside a loop nest")
 
     def address(self, instr: Instr) -> str:
         terms = [self.zero, str(instr.map.offset)] if self.zero else [str(instr.map.offset)]
-        for d, (n, stride) in enumerate(zip(instr.shape, instr.map.strides)):
-            if n > 1 and stride and d in self.index:
-                terms.append(f"{self.index[d]} * {stride}")
+        terms += [f"{index} * {stride}" for index, stride in self.index_strides(instr)]
         return " + ".join(terms)
 
     def gather_address(self, instr: Instr) -> str:
@@ -822,29 +796,23 @@ class _Kernel:
         constants are exact."""
         operand = self.kernel.body[instr.args[-1]].dtype  # a scatter's second operand
         k = self.value(instr.args[-1])
-        low, high = instr.bounds
-        kmin, kmax = _LIMITS[_TL[operand.name]]
-        lo, hi = max(low, kmin), min(high, kmax)
-        constant, terms = instr.map.offset, [self.zero] if self.zero else []
+        clamp = gather_clamp(self.kernel, instr)
+        terms = [self.zero] if self.zero else []
         # int64 sums are exact; int32 ones wrap (their literals wrapped too)
         literal = (lambda v: v) if self.wide else _wrap32
-        if lo >= hi:  # every operand value clamps to one bound
-            constant += high if high <= kmin else low
-        else:
+        if clamp.operand:
             if operand.name not in ("i32", "i64"):
                 k = f"{k}.to(tl.int32)"  # u8 zero-extended, i8/i16 sign-extended
-            if lo > kmin:
-                k = f"tl.maximum({k}, {lo})"
-            if hi < kmax:
-                k = f"tl.minimum({k}, {hi})"
+            if clamp.low is not None:
+                k = f"tl.maximum({k}, {clamp.low})"
+            if clamp.high is not None:
+                k = f"tl.minimum({k}, {clamp.high})"
             if self.wide:
                 terms.append(self.bind(k if operand.name == "i64" else f"({k}).to(tl.int64)"))
             else:
                 terms.append(self.bind(f"({k}).to(tl.int32)" if operand.name == "i64" else k))
-        terms.insert(1, str(literal(constant)))
-        for d, (n, stride) in enumerate(zip(instr.shape, instr.map.strides)):
-            if n > 1 and stride and d in self.index:
-                terms.append(f"{self.index[d]} * {literal(stride)}")
+        terms.insert(1, str(literal(clamp.offset)))
+        terms += [f"{index} * {literal(stride)}" for index, stride in self.index_strides(instr)]
         return " + ".join(terms)
 
     def load(self, instr: Instr, address: str | None = None, mask: str | None = None,
@@ -854,7 +822,7 @@ class _Kernel:
         storage type's value (f16 as f16). No mask: every element is inside."""
         t, buf = instr.dtype.name, instr.buffer
         if 0 in instr.shape:  # nothing to read (the loop plan places it per grid point)
-            return self.const(0, instr.dtype)
+            return self.constant(0, instr.dtype)
         address = self.address(instr) if address is None else address
         mask = self.mask if mask is None else mask
         masked = "" if mask is None else f", mask={mask}, other=0"
@@ -868,12 +836,6 @@ class _Kernel:
         if t == "bf16":
             return self.bind(f"hg_bf16_to_f32({value})")
         return value
-
-    def write(self, instr: Instr) -> None:
-        if instr.op == "scatter":
-            self.scatter(instr)
-        else:
-            self.store(instr)
 
     def store(self, instr: Instr, address: str | None = None, value: str | None = None,
               mask: str | None = None) -> None:
@@ -960,7 +922,7 @@ class _Kernel:
         nan = self.bind(f"({a} != {a}) | ({b} != {b})")
         return self.bind(f"tl.where({nan}, {a} + {b}, tl.where({pick}, {a}, {b}))")
 
-    def const(self, value, t: DType) -> str:
+    def constant(self, value, t: DType) -> str:
         if t.is_bool:
             return self.bind(f"tl.full([1, 1], {int(bool(value))}, tl.int1)")
         if t is dt.float64:
@@ -969,28 +931,16 @@ class _Kernel:
             return self.bind(f"hg_f32_bits({f32_bits(float(value))})")
         return self.bind(f"tl.full([1, 1], {int(value)}, {_TL[t.name]})")
 
-    def emit(self, instr: Instr) -> str:
-        op, t = instr.op, instr.dtype
-        if op == "load":
-            return self.load(instr)
-        if op == "gather":
-            return self.load(instr, self.gather_address(instr))
-        if op == "const":
-            return self.const(instr.value, t)
-        if op == "index":
-            index = self.index.get(instr.axis)
-            if index is None:
-                return self.const(0, t)
-            return self.bind(f"({index}).to({_TL[t.name]})")
-        src = self.kernel.body[instr.args[0]].dtype
-        args = [self.value(a) for a in instr.args]
-        if op in shared_math.FUNCTIONS:
-            return shared_math.emit(self.math(src), op, *args)
-        handler = getattr(self, f"op_{op}", None)
-        if handler is None:
-            raise CompileError(f"cuda: kernel {self.kernel.name}: the Triton renderer has no "
-                               f"{op} on {src.name} (Backend.supports should have refused it)")
-        return self.bind(handler(args, src, t))
+    def index_value(self, axis: int, t: DType) -> str:
+        index = self.index.get(axis)
+        if index is None:
+            return self.constant(0, t)
+        return self.bind(f"({index}).to({_TL[t.name]})")
+
+    def compute(self, instr: Instr, a: DType, args: list[str]) -> str:
+        if instr.op in shared_math.FUNCTIONS:
+            return shared_math.emit(self.math(a), instr.op, *args)
+        return self.bind(self.apply(instr.op, args, a, instr.dtype))
 
     def math(self, t: DType) -> TritonEmitter:
         """The shared algorithms' primitives for float registers of dtype ``t``."""
@@ -1070,12 +1020,6 @@ class _Kernel:
             return self.math(a).neg(args[0])
         return f"0 - {args[0]}"
 
-    def op_and(self, args, a, t):
-        return f"{args[0]} & {args[1]}"
-
-    def op_or(self, args, a, t):
-        return f"{args[0]} | {args[1]}"
-
     def op_xor(self, args, a, t):
         return f"{args[0]} ^ {args[1]}"
 
@@ -1086,7 +1030,7 @@ class _Kernel:
         x, y = args
         if a.is_bool and op not in ("eq", "ne"):
             x, y = f"{x}.to(tl.int32)", f"{y}.to(tl.int32)"
-        return f"{x} {_CMP[op]} {y}"
+        return f"{x} {COMPARISONS[op]} {y}"
 
     def op_select(self, args, a, t):
         return f"tl.where({args[0]}, {args[1]}, {args[2]})"
@@ -1146,7 +1090,7 @@ class _Kernel:
         total = math.prod(kernel.domain[d] for d in axes)
         if total == 0:  # the identity (a sum: +0.0); argmax over nothing is refused
             identity = {"sum": 0, "prod": 1, "max": t.min, "min": t.max}[kind]
-            return self.const(identity, t)
+            return self.constant(identity, t)
         span = part[1] if part else total
         rblock = min(pow2(span), self.rblock) if span > 1 else 1
         start = f"{part[0]} * {part[1]} + " if part else ""
@@ -1345,7 +1289,3 @@ def _format(t: DType) -> str:
 
 def program_dtype(program: Program, buffer: int) -> str:
     return program.buffers[buffer].dtype.name
-
-
-for _op in _CMP:
-    setattr(_Kernel, f"op_{_op}", lambda self, args, a, t, _op=_op: self.compare(_op, args, a))

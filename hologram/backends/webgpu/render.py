@@ -62,6 +62,7 @@ from dataclasses import dataclass
 
 from hologram.codegen import loops, schedule
 from hologram.codegen import mathlib as shared_math
+from hologram.codegen.gpu_kernel import COMPARISONS, KernelWriter, gather_clamp, row_major
 from hologram.compiler.capabilities import Capabilities
 from hologram.errors import CompileError, DTypeError
 from hologram.isa import dtypes as dt
@@ -110,7 +111,6 @@ _REG = {"i64": "vec2<u32>", "bool": "bool", "i8": "i32", "i16": "i32", "i32": "i
         "f16": "f32", "bf16": "f32", "f32": "f32"}
 _BYTES = {"bool": 1, "i8": 1, "u8": 1, "i16": 2, "f16": 2, "bf16": 2, "i32": 4, "f32": 4,
           "i64": 8}
-_CMP = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 _INT_RANGE = {"i8": (-128, 127), "i16": (-32768, 32767), "i32": (-2**31, 2**31 - 1),
               "u8": (0, 255)}
 
@@ -196,24 +196,24 @@ class _Split:
         return self.scratch + self.reductions.index(position)
 
 
-class _Kernel:
+class _Kernel(KernelWriter):
+    """WGSL's spelling of the shared walk (:mod:`hologram.codegen.gpu_kernel`): one
+    invocation per grid point (a workgroup in the group mode), every value a scalar
+    register, memory as 32-bit words, i64 as two (:meth:`wide`), and a count of the loop
+    iterations lavapipe limits (``iterations``)."""
+
+    indent = "  "
+    target = "webgpu"
     workgroup = WORKGROUP  # invocations per workgroup (the reduction trees' width)
 
     def __init__(self, program: Program, kernel: Kernel, caps: Capabilities,
                  split: _Split | None = None):
-        self.program, self.kernel = program, kernel
+        super().__init__(program, kernel, caps)
         self.split = split
-        self.plan = loops.plan(kernel, caps)
-        self.lines: list[str] = []
-        self.depth = 1
         self.iterations = 0  # loop iterations one invocation runs at most, in all
         self.trips = 1  # iterations of the loops around the current line
-        self.names = 0
         self.used: set[str] = set()  # helper functions called
         self.shared: set[str] = set()  # workgroup arrays, by WGSL type
-        self.index: dict[int, str] = {}  # domain dimension -> its current index (i32)
-        self.point: dict[int, str] = {}
-        self.local: dict[int, str] = {}
         body = kernel.body
         self.points = math.prod(kernel.grid) if kernel.grid_rank else 1
         if all(0 in x.shape for x in body if x.op in ("store", "scatter")):
@@ -245,9 +245,6 @@ class _Kernel:
         self.state_words = 0  # a split reduction's partial state, in u32 words
 
     # --- text ---------------------------------------------------------------------------
-    def line(self, text: str) -> None:
-        self.lines.append("  " * self.depth + text)
-
     def bind(self, wgsl_type: str, expr: str) -> str:
         """``let tN = expr;``; a float result (``wgsl_type`` f32, or the dtype name of a
         float) passes through :func:`opaque`."""
@@ -288,7 +285,7 @@ class _Kernel:
 
     # --- structure ----------------------------------------------------------------------
     def render(self) -> dict:
-        kernel, plan = self.kernel, self.plan
+        kernel = self.kernel
         self.line("let lid = lid3.x;")
         # 0 at run time (dispatches have one z group), unknown to the compiler: float
         # constants are xored with it so that they are never folded (mathlib.f32_literal).
@@ -306,20 +303,12 @@ class _Kernel:
             self.line(f"let row = g / {self.split.parts}u;")
         if self.tiling is not None:
             tiling.emit_indices(self, self.tiling)
-        stride = 1
-        for d in reversed(range(kernel.grid_rank) if self.tiling is None else ()):
-            n = kernel.domain[d]
-            if n > 1:
-                self.index[d] = self.bind("i32", f"i32(({row} / {stride}u) % {n}u)")
-            stride *= n
+        grid = range(kernel.grid_rank) if self.tiling is None else ()
+        for d, stride, n in row_major(kernel.domain, grid):
+            self.index[d] = self.bind("i32", f"i32(({row} / {stride}u) % {n}u)")
         if self.split is not None and self.split.target is not None:
             return self.render_partials()
-        body = kernel.body
-        for dims, stores in plan.store_nests:
-            for pos in stores:
-                for a in body[pos].args:  # a store's value; a scatter's, and its offset
-                    self.prepare(a)
-            self.store_nest(list(dims), [body[p] for p in stores])
+        self.write_stores()
         return self.shader(kernel.name)
 
     def shader(self, name: str) -> dict:
@@ -406,30 +395,21 @@ class _Kernel:
         return ("\n".join(h for h in head if h) + "\n" + "\n".join([*bases, *self.lines])
                 + "\n}\n")
 
-    def prepare(self, root: int) -> None:
-        """Emit, at grid-point level, every value ``root`` needs that varies along no loop
-        dimension (reductions included), so loop nests only recompute the rest."""
-        for i in self.plan.point_values(self.kernel, root, self.point):
-            if i not in self.point:
-                self.local = self.point
-                instr = self.kernel.body[i]
-                if self.tiling is not None and i == self.tiling.position:
-                    self.point[i] = self.bind(instr.dtype.name, self.reduced(
-                        tiling.emit_contract(self, instr, self.tiling, Accumulator),
-                        "sum", self.kernel.body[instr.args[0]].dtype, instr.dtype))
-                elif instr.op in ("reduce", "contract"):
-                    self.point[i] = self.reduce(instr, shared=self.group)
-                else:
-                    self.point[i] = self.emit(instr)
+    def point_reduction(self, i: int, instr: Instr) -> str:
+        if self.tiling is not None and i == self.tiling.position:  # the matrix product
+            return self.bind(instr.dtype.name, self.reduced(
+                tiling.emit_contract(self, instr, self.tiling, Accumulator),
+                "sum", self.kernel.body[instr.args[0]].dtype, instr.dtype))
+        return self.reduce(instr, shared=self.group)
+
+    def nested_reduction(self, i: int, instr: Instr) -> str:
+        return self.reduce(instr, shared=False)  # folded by this invocation alone
 
     def store_nest(self, dims: list[int], stores: list[Instr]) -> None:
         def emit() -> None:
             self.local = {}
             for s in stores:
-                if s.op == "scatter":
-                    self.scatter(s)
-                else:
-                    self.store(s)
+                self.write(s)
 
         scatter = any(s.op == "scatter" for s in stores)
         if scatter:
@@ -495,22 +475,9 @@ class _Kernel:
                   f"{WORKGROUP})", -(-count // WORKGROUP), inner)
 
     # --- values ---------------------------------------------------------------------------
-    def value(self, i: int) -> str:
-        if i in self.point:
-            return self.point[i]
-        if i not in self.local:
-            instr = self.kernel.body[i]
-            if instr.op in ("reduce", "contract"):
-                self.local[i] = self.reduce(instr, shared=False)
-            else:
-                self.local[i] = self.emit(instr)
-        return self.local[i]
-
     def address(self, instr: Instr) -> str:
         terms = [str(instr.map.offset)]
-        for d, (n, stride) in enumerate(zip(instr.shape, instr.map.strides)):
-            if n > 1 and stride and d in self.index:
-                terms.append(f"{self.index[d]} * {stride}")
+        terms += [f"{index} * {stride}" for index, stride in self.index_strides(instr)]
         return self.bind("u32", f"hg_o{instr.buffer} + u32({' + '.join(terms)})")
 
     def gather_address(self, instr: Instr) -> str:
@@ -527,35 +494,29 @@ class _Kernel:
         that overflows."""
         operand = self.kernel.body[instr.args[-1]].dtype  # a scatter's second operand
         k = self.value(instr.args[-1])
-        low, high = instr.bounds
-        kmin, kmax = ((-2**63, 2**63 - 1) if operand.name == "i64"
-                      else _INT_RANGE[operand.name])
-        lo, hi = max(low, kmin), min(high, kmax)
-        constant = instr.map.offset
+        clamp = gather_clamp(self.kernel, instr)
+        lo, hi = clamp.low, clamp.high
         terms = []
-        if lo >= hi:  # every operand value clamps to one bound
-            constant += high if high <= kmin else low
-        elif operand.name == "i64":
+        if clamp.operand and operand.name == "i64":
             self.used.add("hg_u64")
-            if lo > kmin:
+            if lo is not None:
                 k = self.bind("i64", f"select({k}, {self.const(lo, operand)}, "
                                      f"hg_slt64({k}, {self.const(lo, operand)}))")
-            if hi < kmax:
+            if hi is not None:
                 k = self.bind("i64", f"select({k}, {self.const(hi, operand)}, "
                                      f"hg_slt64({self.const(hi, operand)}, {k}))")
             terms.append(f"{k}.x")  # the low word: the value modulo 2**32
-        else:
+        elif clamp.operand:
             reg = _REG[operand.name]
             lit = (lambda v: f"{v}u") if reg == "u32" else i32_literal
-            if lo > kmin:
+            if lo is not None:
                 k = f"max({k}, {lit(lo)})"
-            if hi < kmax:
+            if hi is not None:
                 k = f"min({k}, {lit(hi)})"
             terms.append(k if reg == "u32" else f"bitcast<u32>({k})")
-        for d, (n, stride) in enumerate(zip(instr.shape, instr.map.strides)):
-            if n > 1 and stride and d in self.index:
-                terms.append(f"bitcast<u32>({self.index[d]}) * {stride % 2**32}u")
-        return self.bind("u32", " + ".join([f"hg_o{instr.buffer}", f"{constant % 2**32}u",
+        terms += [f"bitcast<u32>({index}) * {stride % 2**32}u"
+                  for index, stride in self.index_strides(instr)]
+        return self.bind("u32", " + ".join([f"hg_o{instr.buffer}", f"{clamp.offset % 2**32}u",
                                             *terms]))
 
     def word(self, buf: int, at: str) -> str:
@@ -679,21 +640,17 @@ class _Kernel:
             return i32_literal(value)
         return f32_literal(value)
 
-    def emit(self, instr: Instr) -> str:
+    def constant(self, value, t: DType) -> str:
+        return self.bind(t.name, self.const(value, t))
+
+    def index_value(self, axis: int, t: DType) -> str:
+        index = self.index.get(axis, "0i")
+        if t.name == "i64":  # >= 0
+            return self.bind(t.name, f"vec2<u32>(u32({index}), 0u)")
+        return self.bind(t.name, self.int_cast(index, dt.int32, t))
+
+    def compute(self, instr: Instr, src: DType, args: list[str]) -> str:
         op, t = instr.op, instr.dtype
-        if op == "load":
-            return self.load(instr)
-        if op == "gather":
-            return self.load(instr, self.gather_address(instr))
-        if op == "const":
-            return self.bind(t.name, self.const(instr.value, t))
-        if op == "index":
-            index = self.index.get(instr.axis, "0i")
-            if t.name == "i64":  # >= 0
-                return self.bind(t.name, f"vec2<u32>(u32({index}), 0u)")
-            return self.bind(t.name, self.int_cast(index, dt.int32, t))
-        src = self.kernel.body[instr.args[0]].dtype
-        args = [self.value(a) for a in instr.args]
         if src.is_float and len(set(instr.args)) < len(instr.args):
             # x - x, x / x: a second operand the compiler cannot tell is the first, or it
             # folds them (to 0, 1) for NaN and inf too.
@@ -712,11 +669,7 @@ class _Kernel:
             return self.bind(t.name, f"select({y}, {args[0]}, hg_isnan({args[0]}))")
         if (src.name == "i64" and op != "cast") or (op == "select" and t.name == "i64"):
             return self.bind(t.name, self.wide(op, args))
-        handler = getattr(self, f"op_{op}", None)
-        if handler is None:
-            raise CompileError(f"kernel {self.kernel.name}: the webgpu renderer has no "
-                               f"{op} on {src.name}")
-        return self.bind(t.name, handler(args, src, t))
+        return self.bind(t.name, self.apply(op, args, src, t))
 
     def wrap(self, expr: str, t: DType) -> str:
         """An i32/u32 expression wrapped to ``t``'s width."""
@@ -768,12 +721,6 @@ class _Kernel:
     def op_max(self, args, a, t):
         return self.minmax(args, a, True)
 
-    def op_and(self, args, a, t):
-        return f"{args[0]} & {args[1]}"
-
-    def op_or(self, args, a, t):
-        return f"{args[0]} | {args[1]}"
-
     def op_xor(self, args, a, t):
         return f"{args[0]} != {args[1]}" if a.is_bool else f"{args[0]} ^ {args[1]}"
 
@@ -789,8 +736,8 @@ class _Kernel:
             kx, ky = self.call("hg_ord_f32", x), self.call("hg_ord_f32", y)
             if op == "ne":
                 return f"{nan} || ({kx} != {ky})"
-            return f"!{nan} && ({kx} {_CMP[op]} {ky})"
-        return f"{x} {_CMP[op]} {y}"
+            return f"!{nan} && ({kx} {COMPARISONS[op]} {ky})"
+        return f"{x} {COMPARISONS[op]} {y}"
 
     def op_abs(self, args, a, t):
         (x,) = args
@@ -988,6 +935,3 @@ class _Kernel:
 
 _UNARY_FLOAT_FNS = {"floor": "floor", "ceil": "ceil", "trunc": "trunc",
                     "round": "round"}
-
-for _op in _CMP:
-    setattr(_Kernel, f"op_{_op}", lambda self, args, a, t, _op=_op: self.compare(_op, args, a))
