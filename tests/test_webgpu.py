@@ -407,6 +407,52 @@ def test_kernels_past_the_binding_limit_are_cut_by_their_stores_in_a_safe_order(
     assert schedule.fit_bindings(wide, 8) is wide
 
 
+def test_numbers_take_no_binding_of_their_own(monkeypatch):
+    """A kernel reading 40 one-element buffers (a recorded optimizer step's learning rate,
+    betas, bias corrections...) and 2 arrays under a limit of 10 bindings: the numbers of
+    32 and 64 bits reach it through hg_n, copied there at each launch, so it stays one
+    kernel of 2 bindings plus hg_n, and each launch sees its own values, even from
+    offsets into larger allocations. A written one-element buffer, a gathered one or a
+    narrow one keeps its own binding."""
+    g = Graph("numbers")
+    total = g.input("x", "f32", (8,))
+    kinds = ["f32" if i % 4 else "i64" for i in range(40)]
+    for i, kind in enumerate(kinds):
+        s = g.input(f"s{i}", kind, ())
+        total = total + (s if kind == "f32" else g.cast(s, "f32"))
+    g.output("y", total + g.cast(g.input("tiny", "i8", ()), "f32"))
+    program = pipeline.run(g.program())  # fused: one kernel
+    assert len(program.kernels) == 1
+    monkeypatch.setattr(WebGpuBackend, "binding_limit", lambda self: 10)
+    backend = WebGpuBackend()
+    [kernel] = backend.describe(backend.compile(program))["kernels"]
+    assert kernel["packed"] and len(kernel["bindings"]) == 3  # x, tiny, y
+    run = hologram.compile(program, backend="webgpu")
+    rng = np.random.default_rng(11)
+    for _ in range(2):
+        args = [rng.standard_normal(8).astype(np.float32)]
+        args += [np.array(rng.integers(-2**40, 2**40), np.int64) if kind == "i64" else
+                 np.array(rng.standard_normal(), np.float32) for kind in kinds]
+        args.append(np.array(-3, np.int8))
+        want = hologram.compile(program, backend="interp")(*args)
+        np.testing.assert_array_equal(run(*args), want)
+    # numbers at offsets into one allocation (the torch device's 0-d views): each launch
+    # copies the values its handles point at
+    g = Graph("two_numbers")
+    v, a, c = g.input("v", "f32", (4,)), g.input("a", "f32", ()), g.input("c", "f32", ())
+    g.output("w", v * a + c)
+    compiled = hg.compile(g.program(), "webgpu")
+    alloc = memory.WebGpuAllocator()
+    data, out = alloc.alloc((16,), np.float32), alloc.alloc((4,), np.float32)
+    alloc.copy_in(data, np.arange(16, dtype=np.float32))
+    got = np.empty(4, np.float32)
+    for i, j in ((5, 9), (12, 3)):
+        compiled.launch((alloc.handle(data), alloc.handle(data) + 4 * i,
+                         alloc.handle(data) + 4 * j, alloc.handle(out)))
+        alloc.copy_out(out, got)
+        np.testing.assert_array_equal(got, np.arange(4, dtype=np.float32) * i + j)
+
+
 def test_allocator_keeps_bytes_after_a_partial_word_and_reuses_blocks():
     alloc = memory.WebGpuAllocator()
     block = alloc.alloc((7,), np.uint8)

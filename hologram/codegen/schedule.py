@@ -41,7 +41,7 @@ The cpu backend's split of whole-domain reductions across its threads is
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from hologram.compiler.capabilities import Split
 from hologram.isa.ir import BufferDecl, IndexMap, Instr, Kernel, Program
@@ -121,22 +121,24 @@ def cut(kernel: Kernel, buffers: list[BufferDecl],
     return pieces
 
 
-def fit_bindings(program: Program, limit: int) -> Program:
+def fit_bindings(program: Program, limit: int, free: Collection[int] = ()) -> Program:
     """``program`` with each kernel that binds more than ``limit`` buffers cut into pieces
     of its stores that bind at most ``limit`` each (module docstring); a kernel whose
     stores cannot be grouped so (one store's slice alone past the limit, a scatter, a
-    cycle of in-place writes between groups) is left whole."""
+    cycle of in-place writes between groups) is left whole. The buffers in ``free`` take
+    no binding (a target that passes them otherwise)."""
     kernels: list[Kernel] = []
     for kernel in program.kernels:
-        kernels.extend(_fit(kernel, limit) or [kernel])
+        kernels.extend(_fit(kernel, limit, frozenset(free)) or [kernel])
     if len(kernels) == len(program.kernels):
         return program
     return program.evolve(kernels=tuple(kernels))
 
 
-def _fit(kernel: Kernel, limit: int) -> list[Kernel] | None:
+def _fit(kernel: Kernel, limit: int, free: frozenset[int]) -> list[Kernel] | None:
     body = kernel.body
-    if len(kernel.reads() | kernel.writes()) <= limit or any(x.op == "scatter" for x in body):
+    if (len((kernel.reads() | kernel.writes()) - free) <= limit
+            or any(x.op == "scatter" for x in body)):
         return None
     stored = set()  # buffers stored so far: a load of one after its store is left whole
     for x in body:
@@ -147,7 +149,7 @@ def _fit(kernel: Kernel, limit: int) -> list[Kernel] | None:
     groups: list[tuple[list[int], set[int], set[int]]] = []  # (stores, reads, writes)
     for p in (p for p, x in enumerate(body) if x.op == "store"):
         needed = _needed(body, [p], [])
-        reads = {body[i].buffer for i in needed if body[i].op in ("load", "gather")}
+        reads = {body[i].buffer for i in needed if body[i].op in ("load", "gather")} - free
         writes = {body[p].buffer}
         if len(reads | writes) > limit:
             return None

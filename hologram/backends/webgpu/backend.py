@@ -46,7 +46,7 @@ from .render import EMULATED_LOOP_LIMIT, WORKGROUP, dispatch, render
 
 #: The artifact format's version (part of the target identity, so old cache entries are
 #: never loaded by a newer runtime).
-FORMAT = "wgsl-3"
+FORMAT = "wgsl-4"
 #: WebGPU's capabilities: no f64, no i64 arithmetic (two words, :data:`_I64_OPS`), 32-bit
 #: storage only (f16 with the shader-f16 feature is not used), float min/max left to the
 #: renderer (it orders the bits), gather (render.py: the operand clamped in its own
@@ -165,13 +165,16 @@ class WebGpuBackend(Backend):
         if caps.fission:  # several reductions over few long rows: a kernel each, split
             program = schedule.fission(program,
                                        lambda piece: render_module.split(piece, caps)[0])
-        # (two bindings to spare: a split reduction's last shader reads its partials)
-        program = schedule.fit_bindings(program, max(self.binding_limit() - 2, 4))
+        # (two bindings to spare: a split reduction's last shader reads its partials;
+        # and one for the numbers, which take none of their own)
+        packed = render_module.numbers(program)
+        limit = self.binding_limit() - 2 - bool(packed)
+        program = schedule.fit_bindings(program, max(limit, 4), free=packed.keys())
         kernels = []
         buffers = [{"name": b.name, "kind": b.kind, "nbytes": b.nbytes,
                     "itemsize": b.dtype.itemsize} for b in program.buffers]
         for kernel in program.kernels:
-            for shader in render(program, kernel, caps, scratch=len(buffers)):
+            for shader in render(program, kernel, caps, scratch=len(buffers), packed=packed):
                 # A split reduction's partial states: a temporary after the program's
                 # buffers, written by the first shader and read by the second.
                 scratch = shader.pop("scratch", None)
@@ -187,6 +190,7 @@ class WebGpuBackend(Backend):
             "program": program.name,
             "buffers": buffers,
             "params": [i for i, b in enumerate(program.buffers) if b.kind != "temp"],
+            "packed": sorted(packed.items()),
             "kernels": kernels,
         }
         return json.dumps(header).encode()
@@ -242,6 +246,14 @@ class _Executable(Executable):
             size=16 * (len(self.buffers) // 4 + 1),
             usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST)
         self.written = (0,) * len(self.params)
+        # The numbers' values (render.numbers), copied here at each launch: the buffer
+        # hg_n, and (position in params, word, words) of each.
+        position = {b: p for p, b in enumerate(self.params)}
+        self.numbers = [(position[b], word, self.buffers[b]["itemsize"] // 4)
+                        for b, word in header["packed"]]
+        self.pack = dev.device.create_buffer(
+            size=4 * max((w + n for _, w, n in self.numbers), default=1),
+            usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST)
         self.placeholder: memory.Allocation | None = None
         self.lock = threading.Lock()
         self.itemsizes = [self.buffers[i]["itemsize"] for i in self.params]
@@ -262,9 +274,10 @@ class _Executable(Executable):
                 "would be wrong. Run the program on the cpu backend or on a GPU adapter, or "
                 "make it smaller", source=kernel["wgsl"])
         limit = self.dev.limits.get("max-storage-buffers-per-shader-stage", 8)
-        if len(kernel["bindings"]) > limit:
+        storage = len(kernel["bindings"]) + kernel["packed"]
+        if storage > limit:
             raise CompileError(
-                f"webgpu: kernel {kernel['name']} binds {len(kernel['bindings'])} storage "
+                f"webgpu: kernel {kernel['name']} binds {storage} storage "
                 f"buffers, more than this adapter's max-storage-buffers-per-shader-stage "
                 f"({limit}, {self.dev.summary}); split the program", source=kernel["wgsl"])
         wgpu = devices.wgpu_module()
@@ -280,6 +293,10 @@ class _Executable(Executable):
                         "buffer": {"type": wgpu.BufferBindingType.storage if w else
                                    wgpu.BufferBindingType.read_only_storage}}
                        for slot, w in enumerate(writable)]
+            if kernel["packed"]:  # hg_n (a twin's shader declares it writable too)
+                entries.append({"binding": len(entries), "visibility": wgpu.ShaderStage.COMPUTE,
+                                "buffer": {"type": wgpu.BufferBindingType.storage if twin
+                                           else wgpu.BufferBindingType.read_only_storage}})
             if kernel["based"]:
                 entries.append({"binding": len(entries),
                                 "visibility": wgpu.ShaderStage.COMPUTE,
@@ -303,10 +320,11 @@ class _Executable(Executable):
             raise ShapeError(f"webgpu program {self.header['program']}: takes "
                              f"{len(self.params)} buffers, got {len(handles)}")
         allocations = dict(self.temps)
-        starts = []
+        starts, located = [], []
         for slot, handle, itemsize in zip(self.params, handles, self.itemsizes):
             # (0: an empty tensor's pointer, never read; a placeholder buffer is bound)
             allocations[slot], offset = memory.locate(handle or self._empty().id << memory.SHIFT)
+            located.append((allocations[slot], offset))
             if offset % itemsize:
                 raise ShapeError(f"webgpu program {self.header['program']}: buffer "
                                  f"{self.buffers[slot]['name']} starts {offset} bytes into "
@@ -323,6 +341,10 @@ class _Executable(Executable):
                 self.dev.queue.write_buffer(self.bases, 0, words)
                 self.written = starts
             encoder = self.dev.device.create_command_encoder()
+            for p, word, words in self.numbers:  # ordered before the dispatches
+                allocation, offset = located[p]
+                encoder.copy_buffer_to_buffer(allocation.buffer, offset, self.pack, 4 * word,
+                                              4 * words)
             compute = encoder.begin_compute_pass()
             for k, (kernel, groups) in enumerate(zip(self.kernels, self.bind_groups)):
                 buffers = tuple(allocations[i] for i in kernel["bindings"])
@@ -342,6 +364,9 @@ class _Executable(Executable):
                     entries = [{"binding": slot, "resource": {"buffer": a.buffer, "offset": 0,
                                                               "size": a.buffer.size}}
                                for slot, a in enumerate(buffers)]
+                    if kernel["packed"]:
+                        entries.append({"binding": len(entries), "resource": {
+                            "buffer": self.pack, "offset": 0, "size": self.pack.size}})
                     if kernel["based"]:
                         entries.append({"binding": len(entries), "resource": {
                             "buffer": self.bases, "offset": 0, "size": self.bases.size}})

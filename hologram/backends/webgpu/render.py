@@ -160,23 +160,47 @@ def split(kernel: Kernel, caps: Capabilities) -> tuple[int, int]:
 
 
 def render(program: Program, kernel: Kernel, caps: Capabilities,
-           scratch: int = 0) -> list[dict]:
+           scratch: int = 0, packed: dict[int, int] | None = None) -> list[dict]:
     """The shaders of ``kernel`` and what each launch needs: ``{"name", "wgsl", "mode",
-    "points", "iterations", "bindings", "writable", "based"}`` (``bindings``: buffer
-    indices, in binding order; ``based``: a uniform of the buffers' starts follows them).
+    "points", "iterations", "bindings", "writable", "packed", "based"}`` (``bindings``:
+    buffer indices, in binding order; ``packed``: the storage buffer ``hg_n`` follows
+    them; ``based``: then a uniform of the buffers' starts).
+
+    ``packed``: the program's numbers (:func:`numbers`) by buffer, each the word of
+    ``hg_n`` where its value starts: the launch copies them there, and they take no
+    binding of their own.
     One shader, or for a split reduction (:func:`split`) one per reduction, in the kernel's
     order, then the rest of the kernel, dispatched in that order: shader ``j`` stores
     reduction ``j``'s partial states into buffer ``scratch + j`` (past the program's; its
     ``"scratch"`` gives the size, ``{"index", "nbytes"}``), combining the partials of the
     reductions before it where it needs their results; the last combines them all and makes
     the kernel's stores."""
+    packed = packed or {}
     parts, chunk = split(kernel, caps)
     if not parts:
-        return [_Kernel(program, kernel, caps).render()]
+        return [_Kernel(program, kernel, caps, packed).render()]
     reductions = tuple(i for i, x in enumerate(kernel.body) if x.op in ("reduce", "contract"))
-    return [_Kernel(program, kernel, caps, _Split(parts, chunk, scratch, reductions,
-                                                  target)).render()
+    return [_Kernel(program, kernel, caps, packed, _Split(parts, chunk, scratch, reductions,
+                                                          target)).render()
             for target in (*reductions, None)]
+
+
+def numbers(program: Program) -> dict[int, int]:
+    """The program's numbers: buffers of one 32- or 64-bit element that its kernels only
+    load (a learning rate, a step count), each with the word of ``hg_n`` where the
+    launch copies its value. WebGPU adapters bind few storage buffers (lavapipe 32, many
+    GPUs 8 to 31): a recorded optimizer step reads dozens of numbers, one binding each,
+    which would leave its kernels past the limit."""
+    written = set().union(*(k.writes() for k in program.kernels))
+    other = {x.buffer for k in program.kernels for x in k.body
+             if x.op in ("gather", "scatter")}
+    slots, word = {}, 0
+    for i, b in enumerate(program.buffers):
+        if (b.dtype.itemsize in (4, 8) and b.nbytes == b.dtype.itemsize
+                and i not in written | other and any(i in k.reads() for k in program.kernels)):
+            slots[i] = word
+            word += b.dtype.itemsize // 4
+    return slots
 
 
 @dataclass(frozen=True)
@@ -207,9 +231,10 @@ class _Kernel(KernelWriter):
     workgroup = WORKGROUP  # invocations per workgroup (the reduction trees' width)
 
     def __init__(self, program: Program, kernel: Kernel, caps: Capabilities,
-                 split: _Split | None = None):
+                 packed: dict[int, int], split: _Split | None = None):
         super().__init__(program, kernel, caps)
         self.split = split
+        self.packed = {b: w for b, w in packed.items() if b in kernel.reads()}
         self.iterations = 0  # loop iterations one invocation runs at most, in all
         self.trips = 1  # iterations of the loops around the current line
         self.used: set[str] = set()  # helper functions called
@@ -317,7 +342,7 @@ class _Kernel(KernelWriter):
                 "points": self.points, "iterations": self.iterations,
                 "bindings": self.bindings(),
                 "writable": [b in self.writes for b in self.bindings()],
-                "based": bool(self.based())}
+                "packed": bool(self.packed), "based": bool(self.based())}
 
     @property
     def row(self) -> str:
@@ -352,8 +377,9 @@ class _Kernel(KernelWriter):
         return _REG[t.name]
 
     def bindings(self) -> list[int]:
+        """The buffers bound one each, in binding order (not the numbers in ``hg_n``)."""
         k = self.kernel
-        return sorted(k.reads() | self.writes | self.scratch_reads)
+        return sorted((k.reads() - self.packed.keys()) | self.writes | self.scratch_reads)
 
     def based(self) -> list[int]:
         """The bound buffers of the program's own (not scratch): their starts come from
@@ -375,9 +401,13 @@ class _Kernel(KernelWriter):
         # Where each buffer starts in its binding, in elements (a view's offset: the
         # launch binds whole allocations), from a uniform array the launch writes.
         # Scratch buffers (past the program's) start at 0.
+        slot = len(bindings)
+        if self.packed:
+            decls.append(f"@group(0) @binding({slot}) var<storage, read> hg_n: array<u32>;")
+            slot += 1
         own = self.based()
         if own:
-            decls.append(f"@group(0) @binding({len(bindings)}) var<uniform> hg_base: "
+            decls.append(f"@group(0) @binding({slot}) var<uniform> hg_base: "
                          f"array<vec4<u32>, {max(own) // 4 + 1}>;")
         for t in sorted(self.shared):
             decls.append(f"var<workgroup> {shared_array(t)}: array<{t}, {WORKGROUP}>;")
@@ -527,8 +557,13 @@ class _Kernel(KernelWriter):
     def load(self, instr: Instr, at: str | None = None) -> str:
         """A load's value, or a gather's (``at``: its element, :meth:`gather_address`)."""
         t, buf = instr.dtype.name, instr.buffer
-        at = self.address(instr) if at is None else at
         size = _BYTES[t]
+        if buf in self.packed:  # a number: its one element, in hg_n
+            w = self.packed[buf]
+            if size == 8:
+                return self.bind(t, f"vec2<u32>(hg_n[{w}], hg_n[{w + 1}])")
+            return self.bind(t, f"bitcast<{_REG[t]}>(hg_n[{w}])")
+        at = self.address(instr) if at is None else at
         if size == 8:  # i64: two words, low first
             return self.bind(t, f"vec2<u32>({self.word(buf, f'2u * {at}')}, "
                                 f"{self.word(buf, f'2u * {at} + 1u')})")
