@@ -494,6 +494,54 @@ def test_a_temporary_also_written_to_an_output_is_that_output():
     assert "temp" in kinds(q), str(q)
 
 
+def _product_then_copy(between=None, order=(1, 0), reader=False):
+    """A batched product into a temporary, then a kernel copying it into the output (what
+    a convolution's lowering gave for a 1x1 kernel): ``between`` builds a kernel between
+    the two, ``order`` is the copy's walk of the (4, 6) result, ``reader`` adds a second
+    reader of the temporary."""
+    b = ProgramBuilder("product_copy")
+    x = b.input("x", F32, (4, 3))
+    w = b.input("w", F32, (3, 6))
+    t = b.temp("t", F32, (4, 6))
+    y = b.output("y", F32, (4, 6))
+    k = b.kernel((4, 6, 3))
+    k.store(t, k.contract(k.load(x, (4, 1, 3), strides=(3, 0, 1)),
+                          k.load(w, (1, 6, 3), strides=(0, 1, 6)), 2), strides=(6, 1, 0))
+    if between is not None:
+        between(b, y)
+    k = b.kernel((4, 6))
+    k.store(y, k.load(t, strides=(6, 1) if order == (1, 0) else (1, 4)))
+    if reader:
+        z = b.output("z", F32, (4, 6))
+        k = b.kernel((4, 6))
+        k.store(z, k.neg(k.load(t)))
+    return b.build()
+
+
+def test_a_temporary_copied_whole_into_an_output_is_that_output():
+    """A kernel that only copies a whole temporary into an output in the same order goes:
+    the product stores into the output (bit for bit the same). Not when the copy reorders
+    the elements, when another kernel reads the temporary, or when a kernel between the
+    two touches the output."""
+    def touch(b, y):
+        k = b.kernel((4, 6))
+        k.store(y, k.const(1.0, F32))
+
+    program = _product_then_copy()
+    q = _canon(program)
+    assert len(q.kernels) == 1 and [b.kind for b in q.buffers] == ["in", "in", "out"], str(q)
+    inputs = inputs_for(program, seed=2)
+    for a, b in zip(execute(program, inputs), execute(q, inputs)):
+        assert same_bits(a, b)
+    for kept in (_product_then_copy(order=(0, 1)), _product_then_copy(reader=True),
+                 _product_then_copy(between=touch)):
+        q = _canon(kept)
+        assert "temp" in [b.kind for b in q.buffers], str(q)
+        inputs = inputs_for(kept, seed=2)
+        for a, b in zip(execute(kept, inputs), execute(q, inputs)):
+            assert same_bits(a, b)
+
+
 def test_kernels_selecting_by_a_small_coordinate_are_split_per_coordinate():
     """``unbind``'s gradient: a sum of selects by the packed dimension's coordinate. Fused,
     every point loaded all three gradients; split, each piece loads one and writes its

@@ -13,7 +13,10 @@ Operand order of commutative ops, and that sort, use a structural digest of each
 expression tree that is the same in every process.
 
 Across kernels: stores to temporaries nobody reads are dropped, kernels with no stores
-are dropped, and unused temporaries are removed.
+are dropped, and unused temporaries are removed. A kernel that only copies a whole
+temporary, element for element, into another buffer goes: the temporary's one writer
+stores into that buffer instead (a lowering that computes into a temporary, then copies
+into its ``out``: a convolution's batched product).
 
 Every rule is exact under IEEE 754: results, including NaN, ±inf and -0.0, do not change
 (NaN payloads are not preserved). Rules that are not exact run only with ``fast_math``.
@@ -21,6 +24,7 @@ Every rule is exact under IEEE 754: results, including NaN, ±inf and -0.0, do n
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections.abc import Callable
 from dataclasses import replace
@@ -347,6 +351,59 @@ def _drop_dead_buffers(program: Program) -> Program:
     )
 
 
+def _dense(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """Do ``strides`` walk ``shape`` in row-major order from element 0, each element once?"""
+    step = 1
+    for n, s in zip(reversed(shape), reversed(strides)):
+        if n != 1 and s != step:
+            return False
+        step *= n
+    return True
+
+
+def _forward_copies(program: Program) -> Program:
+    """``program`` without the kernels that only copy a whole temporary into another
+    buffer in the same element order, the temporary's single writer storing into that
+    buffer instead (``program`` itself when there are none). Exact: the writer stores
+    the same values to the same elements, and nothing between it and the copy touches
+    the buffer (the temporary, no longer used, is dropped after)."""
+    kernels = list(program.kernels)
+    buffers = program.buffers
+    j = 0
+    while j < len(kernels):
+        copy = kernels[j]
+        j += 1
+        if len(copy.body) != 2 or copy.body[0].op != "load" or copy.body[1].op != "store":
+            continue
+        load, store = copy.body
+        t, out = load.buffer, store.buffer
+        if (store.args != (0,) or buffers[t].kind != "temp" or t == out
+                or buffers[t].dtype != buffers[out].dtype
+                or not buffers[t].size == buffers[out].size == math.prod(copy.domain)
+                or load.shape != copy.domain or store.shape != copy.domain
+                or load.map.offset or store.map.offset
+                or not _dense(copy.domain, load.map.strides)
+                or not _dense(copy.domain, store.map.strides)):
+            continue
+        writers = [i for i in range(j - 1) if t in kernels[i].writes()]
+        if len(writers) != 1:
+            continue
+        i = writers[0]
+        writer = kernels[i]
+        if (any(x.buffer == t and x.op != "store" for x in writer.body if x.op in MEMORY_OPS)
+                or any(t in k.reads() for n, k in enumerate(kernels) if n != j - 1)
+                or any(out in k.reads() | k.writes() for k in kernels[i:j - 1])):
+            continue
+        kernels[i] = writer.evolve(body=tuple(
+            replace(x, attrs=(out, *x.attrs[1:])) if x.op == "store" and x.buffer == t else x
+            for x in writer.body))
+        del kernels[j - 1]
+        j -= 1
+    if len(kernels) == len(program.kernels):
+        return program
+    return program.evolve(kernels=tuple(kernels))
+
+
 def canonicalize(program: Program, options: CompileOptions | None = None) -> Program:
     """The canonical form of ``program`` (a pure function; the input is not modified)."""
     options = options or CompileOptions()
@@ -354,11 +411,11 @@ def canonicalize(program: Program, options: CompileOptions | None = None) -> Pro
         return program
     # Dead stores first (fusion leaves its producers' stores to temporaries it inlined):
     # the first round then often changes nothing but the order, and is the last.
-    program = _drop_dead_buffers(program)
+    program = _drop_dead_buffers(_forward_copies(program))
     for _ in range(8):  # rules can enable each other; a few rounds reach the fixpoint
         rewritten = [rewrite(k, options) for k in program.kernels]
         built = program.evolve(kernels=tuple(k for k, _ in rewritten))
-        result = _drop_dead_buffers(built)
+        result = _drop_dead_buffers(_forward_copies(built))
         if result == program:
             converged = True
             break
