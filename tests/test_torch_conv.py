@@ -74,6 +74,11 @@ def test_conv_transpose_matches_cpu(dims, cin, cout, kwargs):
 EDGES = {  # name: (transposed, input shape, weight shape, bias, kwargs)
     "batch 1": (False, (1, 3, 6, 5), (4, 3, 3, 3), True, {"padding": 1}),
     "1x1 kernel": (False, (2, 5, 4, 4), (3, 5, 1, 1), True, {"stride": 2}),
+    # (the weight's gradient: a product per sample, summed over the samples)
+    "1x1 kernel at stride 1": (False, (3, 6, 8, 9), (4, 6, 1, 1), True, {}),
+    "grouped 1x1 kernel at stride 1": (False, (2, 6, 8, 8), (4, 3, 1, 1), False,
+                                       {"groups": 2}),
+    "1d 1x1 kernel at stride 1": (False, (2, 3, 70), (5, 3, 1), True, {}),
     "kernel as large as the padded input": (False, (2, 3, 4, 5), (2, 3, 6, 7), True,
                                             {"padding": 1}),
     "1d kernel as large as the input": (False, (3, 2, 5), (4, 2, 5), True, {}),

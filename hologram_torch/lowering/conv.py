@@ -183,6 +183,18 @@ def _grouped(g, w, conv: _Conv, dtype):
     return cast(w, dtype).reshape(conv.groups, o // conv.groups, cg * math.prod(conv.kernel))
 
 
+#: The least product length (output positions) per sample for which a 1x1 convolution's
+#: weight gradient is one product per sample and a sum, instead of one long product of
+#: copied operands (shorter products pay more per call than the copies cost).
+_PER_SAMPLE = 64
+
+
+def _unfolded(conv: _Conv) -> bool:
+    """Are the input's windows the input itself (a 1x1 kernel, stride 1, no padding)?"""
+    return (all(k == 1 for k in conv.kernel) and all(s == 1 for s in conv.stride)
+            and not any(conv.padding))
+
+
 def _depthwise(conv: _Conv, cg: int) -> bool:
     """One input channel per group: the products would be as long as the kernel, too short
     for a GEMM to pay; these convolutions are multiplications and sums over windows."""
@@ -235,6 +247,15 @@ def _weight_grad(g, x, grad_out, conv: _Conv, dtype):
         total = g.sum(cast(windows, dtype) * cast(dy, dtype),
                       (0, *range(3, 3 + dims)))
         return total.reshape(o, 1, *conv.kernel)
+    if _unfolded(conv) and n > 1 and math.prod(out) >= _PER_SAMPLE:
+        # a 1x1 kernel at stride 1 without padding: the columns are the input itself, so
+        # one product per sample and group, (Og, out) @ (out, Cg), summed over the
+        # samples, copies neither operand (the single product below copies both)
+        p = math.prod(out)
+        dy = cast(_by_group(grad_out, groups).reshape(n, groups, o // groups, p), dtype)
+        cols = cast(windows.reshape(n, groups, cg, p), dtype)
+        return g.sum(g.matmul(dy, cols.permute(0, 1, 3, 2)), (0,)).reshape(
+            o, cg, *conv.kernel)
     # (G, Og, N*out) @ (G, N*out, Cg*K): both operands copied into those layouts
     dy = _by_group(grad_out, groups).permute(1, 2, 0, *range(3, 3 + dims))
     dy = _matrices(dy, dims + 1, dtype)
