@@ -186,7 +186,7 @@ def render(program: Program, kernel: Kernel, caps: Capabilities,
 
 
 def numbers(program: Program) -> dict[int, int]:
-    """The program's numbers: buffers of one 32- or 64-bit element that its kernels only
+    """The program's numbers: operands of one 32- or 64-bit element that its kernels only
     load (a learning rate, a step count), each with the word of ``hg_n`` where the
     launch copies its value. WebGPU adapters bind few storage buffers (lavapipe 32, many
     GPUs 8 to 31): a recorded optimizer step reads dozens of numbers, one binding each,
@@ -196,7 +196,7 @@ def numbers(program: Program) -> dict[int, int]:
              if x.op in ("gather", "scatter")}
     slots, word = {}, 0
     for i, b in enumerate(program.buffers):
-        if (b.dtype.itemsize in (4, 8) and b.nbytes == b.dtype.itemsize
+        if (b.kind != "temp" and b.dtype.itemsize in (4, 8) and b.nbytes == b.dtype.itemsize
                 and i not in written | other and any(i in k.reads() for k in program.kernels)):
             slots[i] = word
             word += b.dtype.itemsize // 4
