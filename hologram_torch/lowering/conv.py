@@ -9,7 +9,9 @@ for a 1x1 kernel at stride 1 without padding), so that ``weight (Og, Cg*K) @ col
 written straight into the output's layout. Its gradients:
 
 - the weight's, ``grad_out (G, Og, N*out) @ columns^T``: one GEMM per group, both
-  operands copied into those layouts;
+  operands copied into those layouts (for a 1x1 kernel at stride 1 without padding,
+  whose columns are the input itself, one GEMM per sample and group summed over the
+  samples, without copies);
 - the input's, at stride 1 (padding within the dilated kernel), the "full" convolution
   of ``grad_out`` by the weight flipped in space with its channel axes swapped (a forward
   convolution); otherwise ``weight^T @ grad_out`` per sample and group (the columns'
