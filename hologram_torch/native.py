@@ -313,8 +313,9 @@ def file_fast(entry, operands: tuple, outs, checks: tuple = ()) -> None:
     ``entry`` (a launch-cache entry of :mod:`.aten.program`) on ``operands`` (the
     program's operands in order: tensors and Python numbers) into ``outs``, a tensor or a
     tuple of them in the launch's order, each one of the call's arguments (written in
-    place) or a fresh tensor. It serves the call's signature from then on if the kernel
-    returns the first of ``outs`` (as many as the op returns): launching it, or recording
+    place) or a fresh tensor. It serves the call's signature from then on if every result
+    the kernel returns is one of ``outs`` or None (a gradient its mask leaves out):
+    launching it, or recording
     it (:mod:`.lazy`). ``checks``: ``(index, bound, dim, ignore)`` argument positions, the
     index ranges every call must pass first (else its Python kernel runs, which raises
     PyTorch's error): every value of argument ``index`` in ``[0, size)`` or equal to the

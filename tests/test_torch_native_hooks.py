@@ -380,6 +380,51 @@ def test_front_kernels_serve_in_place_calls_with_numbers(case, shape, dtype):
     torch.testing.assert_close(d.cpu(), a, equal_nan=True, rtol=0, atol=0)
 
 
+@needs_native
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_front_kernels_serve_convolutions(bias, layout):
+    """A convolution is filed after its first call and served from then on, without bias
+    too (an absent optional tensor reaches the front kernel as an undefined tensor, keyed
+    as None); its result has the CPU's values and layout."""
+    torch.manual_seed(3)
+    x, w = torch.randn(2, 4, 7, 6), torch.randn(6, 2, 3, 3)
+    b = torch.randn(6) if bias else None
+    if layout == "channels_last":
+        x = x.to(memory_format=torch.channels_last)
+
+    def conv(x, w, b):
+        return torch.nn.functional.conv2d(x, w, b, stride=(2, 1), padding=1, groups=2)
+
+    expected = conv(x, w, b)
+    got = _served(conv, x.to("hologram"), w.to("hologram"),
+                  None if b is None else b.to("hologram"))
+    assert got.stride() == expected.stride()
+    torch.testing.assert_close(got.cpu(), expected, rtol=1e-5, atol=1e-5)
+
+
+@needs_native
+@pytest.mark.parametrize("mask", [(True, True, False), (False, True, True),
+                                  (True, False, False), (True, True, True)])
+def test_front_kernels_serve_gradients_some_masked_off(mask):
+    """A convolution's backward is filed with the gradients its mask asks for and served
+    from then on, returning None for the others, as its Python kernel does."""
+    torch.manual_seed(4)
+    x, w = torch.randn(2, 4, 6, 5), torch.randn(6, 4, 3, 3)
+    go = torch.randn(2, 6, 3, 5)
+
+    def backward(go, x, w):
+        return torch.ops.aten.convolution_backward(go, x, w, [6], [2, 1], [1, 1], [1, 1],
+                                                   False, [0, 0], 1, list(mask))
+
+    expected = backward(go, x, w)
+    got = _served(backward, go.to("hologram"), x.to("hologram"), w.to("hologram"))
+    for g, e, wanted in zip(got, expected, mask):
+        assert (g is not None) == wanted
+        if wanted:
+            torch.testing.assert_close(g.cpu(), e, rtol=1e-5, atol=1e-5)
+
+
 SCALAR_CASES = {
     "hardtanh": lambda g, x, lo, hi: torch.nn.functional.hardtanh(x, lo, hi),
     "hardtanh_backward": lambda g, x, lo, hi: torch.ops.aten.hardtanh_backward(g, x, lo, hi),
@@ -568,21 +613,42 @@ def test_batch_norm_is_served_with_its_running_statistics_updated_in_place():
 
 
 @needs_native
-def test_a_call_whose_results_are_not_all_launched_is_not_filed():
-    """layer_norm_backward without a weight gradient returns None in its place: its launch
-    made two results of three, so the call stays with the Python kernel (and is right)."""
-    x, w, b = (torch.randn(s, dtype=torch.float64) for s in ((5, 7), (7,), (7,)))
-    mask = (True, False, True)
-    expected = _layer_norm_backward(x, w, b, mask)
-    on_device = _on_device(x, w, b)
-    _layer_norm_backward(*on_device, mask)
+@pytest.mark.parametrize("case", ["layer_norm", "batch_norm"])
+def test_a_call_whose_results_are_not_all_launched_is_served_with_none(case):
+    """layer_norm_backward without a weight gradient (and batch norm's without an input
+    gradient, a first layer's) returns None in its place: its launch made two results of
+    three, and the front kernel serves the call with None there, as the Python kernel
+    returns."""
+    x, w, b = (torch.randn(s, dtype=torch.float64) for s in ((8, 12), (12,), (12,)))
+    if case == "layer_norm":
+        mask = (True, False, True)
+        out, mean, rstd = torch.ops.aten.native_layer_norm(x, [12], w, b, 1e-5)
+        args = (out.sin(), x, mean, rstd, w, b)
+
+        def backward(g, x, mean, rstd, w, b):
+            return torch.ops.aten.native_layer_norm_backward(g, x, [12], mean, rstd, w, b,
+                                                             list(mask))
+    else:
+        mask = (False, True, True)
+        x = x.reshape(2, 4, 3, 4)
+        out, mean, invstd = torch.ops.aten.native_batch_norm(x, w[:4], b[:4], None, None,
+                                                             True, 0.1, 1e-5)
+        args = (out.sin(), x, mean, invstd, w[:4])
+
+        def backward(g, x, mean, invstd, w):
+            return torch.ops.aten.native_batch_norm_backward(g, x, w, None, None, mean, invstd,
+                                                             True, 1e-5, list(mask))
+    expected = backward(*args)
+    on_device = _on_device(*args)
+    backward(*on_device)
     for _ in range(3):
         misses = native.fast_stats()["misses"]
-        got = _layer_norm_backward(*on_device, mask)
-        assert native.fast_stats()["misses"] == misses + 1  # the backward's Python kernel
-        assert got[1] is None
-        torch.testing.assert_close(got[0].cpu(), expected[0])
-        torch.testing.assert_close(got[2].cpu(), expected[2])
+        got = backward(*on_device)
+        assert native.fast_stats()["misses"] == misses  # served
+        for g, e, wanted in zip(got, expected, mask):
+            assert (g is not None) == wanted
+            if wanted:
+                torch.testing.assert_close(g.cpu(), e)
 
 
 @needs_native

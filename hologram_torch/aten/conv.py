@@ -97,24 +97,25 @@ def _new(shape, input, weight, transposed, output_padding, stride) -> torch.Tens
     return memory.empty(shape, input.dtype)
 
 
-@composed("convolution_overrideable")
+@composed("convolution_overrideable", hot=True)
 def convolution_overrideable(input, weight, bias, stride, padding, dilation, transposed,
                              output_padding, groups):
     shape = _out_shape(input, weight, stride, padding, dilation, transposed, output_padding,
                        groups)
     if shape is not None:
+        # (filed: the result's layout, like the program, follows from the signature)
         out = _new(shape, input, weight, transposed, output_padding, stride)
         r = lowered.call(aten.convolution.default, input, weight, bias, static(stride),
                          static(padding), static(dilation), bool(transposed),
                          static(output_padding), int(groups), out=(out,),
-                         name="convolution")
+                         name="convolution", file=True)
         if r is not NotImplemented:
             return out
     return run_on_cpu_as(aten.convolution_overrideable.default, _convolution, input, weight,
                          bias, stride, padding, dilation, transposed, output_padding, groups)
 
 
-@composed("convolution_backward_overrideable")
+@composed("convolution_backward_overrideable", hot=True)
 def convolution_backward_overrideable(grad_output, input, weight, stride, padding, dilation,
                                       transposed, output_padding, groups, output_mask):
     mask = tuple(bool(m) for m in output_mask)
@@ -129,7 +130,7 @@ def convolution_backward_overrideable(grad_output, input, weight, stride, paddin
                      static(bias_sizes) if bias_sizes else None, static(stride),
                      static(padding), static(dilation), bool(transposed),
                      static(output_padding), int(groups), mask, out=out,
-                     name="convolution_backward")
+                     name="convolution_backward", file=True)
     if r is NotImplemented:
         return run_on_cpu_as(aten.convolution_backward_overrideable.default,
                              _convolution_backward, grad_output, input, weight, stride,

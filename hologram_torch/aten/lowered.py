@@ -87,7 +87,7 @@ def call(op: torch._ops.OpOverload, *args, kwargs: tuple = (),
     are left out of the results. NotImplemented as :func:`run`. ``file``: the launch (into
     its results, or ``out``) is filed with the front kernel running the call, if any
     (:func:`program.file_front`), which serves the signature from then on if the kernel
-    returns the first of them as they are, and its calls pass the index ``checks``
+    returns some of them as they are (or None), and its calls pass the index ``checks``
     (:func:`native.file_fast`)."""
     operands = []
     template = []

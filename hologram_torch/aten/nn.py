@@ -229,14 +229,13 @@ def native_layer_norm(x, normalized_shape, weight, bias, eps):
 @impl("native_layer_norm_backward", hot=True)
 def native_layer_norm_backward(grad, x, normalized_shape, mean, rstd, weight, bias,
                                output_mask):
-    # Parameter gradients exist only for parameters that exist (else undefined, as torch).
-    # (Filed with the front kernel when all three are computed: it returns them as they
-    # are.)
+    # Parameter gradients exist only for parameters that exist (else undefined, as torch;
+    # the front kernel serving the call returns None in their place).
     mask = (bool(output_mask[0]), bool(output_mask[1]) and weight is not None,
             bool(output_mask[2]) and bias is not None)
     r = lowered.call(aten.native_layer_norm_backward.default, grad, x,
                      tuple(normalized_shape), mean, rstd, weight, bias, mask,
-                     name="layer_norm_backward", file=all(mask)) if any(mask) else ()
+                     name="layer_norm_backward", file=True) if any(mask) else ()
     if r is NotImplemented:
         return run_on_cpu(aten.native_layer_norm_backward.default, grad, x, normalized_shape,
                           mean, rstd, weight, bias, output_mask)

@@ -144,7 +144,7 @@ def native_batch_norm_backward(grad_out, input, weight, running_mean, running_va
         r = lowered.call(aten.native_batch_norm_backward.default, grad_out, input, weight,
                          running_mean, running_var, save_mean, save_invstd, bool(train),
                          float(eps), mask, name="batch_norm_backward",
-                         file=all(mask)) if any(mask) else ()
+                         file=True) if any(mask) else ()
     if r is NotImplemented:
         return run_on_cpu(aten.native_batch_norm_backward.default, grad_out, input, weight,
                           running_mean, running_var, save_mean, save_invstd, train, eps,

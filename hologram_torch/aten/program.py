@@ -338,9 +338,9 @@ def file_front(name: str, static: tuple, args: Sequence, outs: tuple,
     """File the call the front kernel on this thread runs, if any, as the launch :func:`run`
     just made for ``(name, static, args)`` into ``outs``: its fresh results, or with
     ``given`` the ``out`` it was given (results made by the caller and arguments written
-    in place); the op returns the first of them (:func:`native.file_fast`, with its index
-    ``checks``). For ops whose kernel's decision depends only on the call's signature and
-    on those checks."""
+    in place); the op returns some of them, or None in place of others (a masked-off
+    gradient) (:func:`native.file_fast`, with its index ``checks``). For ops whose
+    kernel's decision depends only on the call's signature and on those checks."""
     if FRONT and _fileable(args):
         entry = used_entry(name, static, args, outs if given else None)
         if entry is not None:

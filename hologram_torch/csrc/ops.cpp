@@ -87,6 +87,7 @@ struct Entry {
   PyObject* node = nullptr;      // strong: its launch-cache entry, which a region records
   std::vector<int> operands;     // argument positions, in the launch's order
   std::vector<Out> outs;         // in the launch's order
+  std::vector<int> returned;     // per result of the op: its index in outs, -1 for None
   std::vector<IndexCheck> checks;
 };
 
@@ -124,7 +125,7 @@ struct Pending {
   bool keyed;
   bool filed = false;
   Entry entry;
-  std::vector<const c10::TensorImpl*> results;  // what the filed launch produced
+  std::vector<const c10::TensorImpl*> results;  // what the filed launch produced, all outs
   Pending* outer;
 };
 thread_local Pending* g_pending = nullptr;
@@ -133,9 +134,11 @@ bool make_key(const c10::IValue* args, size_t n, Key& key) {
   key.clear();
   for (size_t i = 0; i < n; ++i) {
     const c10::IValue& v = args[i];
-    if (v.isTensor()) {
+    if (v.isTensor() && !v.toTensor().defined()) {
+      key.push_back(2);  // an absent optional tensor (a convolution without bias), as None
+    } else if (v.isTensor()) {
       const at::Tensor& t = v.toTensor();
-      if (!t.defined() || t.layout() != c10::kStrided) {
+      if (t.layout() != c10::kStrided) {
         return false;
       }
       const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
@@ -432,8 +435,8 @@ void front(const c10::OperatorHandle& handle, c10::DispatchKeySet, torch::jit::S
     if (found != op->entries.end() && run(found->second, args, results)) {
       ++g_hits;
       torch::jit::drop(*stack, n);
-      for (size_t i = 0; i < op->returns; ++i) {
-        torch::jit::push(*stack, std::move(results[i]));
+      for (int out : found->second.returned) {  // (None: a masked-off gradient)
+        torch::jit::push(*stack, out < 0 ? at::Tensor() : results[out]);
       }
       return;
     }
@@ -474,11 +477,19 @@ void front(const c10::OperatorHandle& handle, c10::DispatchKeySet, torch::jit::S
                   Py_TYPE(item)->tp_name, " among its results, not a tensor");
     }
   }
-  // Filed only when what the kernel returned is what the filed launch produced.
-  bool same = pending.filed && pending.results.size() == results.size();
+  // Filed only when each result the kernel returned is one the filed launch produced
+  // (or None: a gradient its mask left out).
+  bool same = pending.filed;
+  pending.entry.returned.clear();
   for (size_t i = 0; same && i < results.size(); ++i) {
-    same = results[i].defined() &&
-           results[i].unsafeGetTensorImpl() == pending.results[i];
+    int out = -1;
+    if (results[i].defined()) {
+      const auto at = std::find(pending.results.begin(), pending.results.end(),
+                                results[i].unsafeGetTensorImpl());
+      same = at != pending.results.end();
+      out = static_cast<int>(at - pending.results.begin());
+    }
+    pending.entry.returned.push_back(out);
   }
   if (same) {
     if (op->entries.size() >= kMaxEntries) {
@@ -705,8 +716,8 @@ extern "C" __attribute__((visibility("default"))) int hologram_torch_fast_setup(
 // the launch's order: each an argument (written in place) or a fresh tensor; `node` is
 // the launch-cache entry recorded execution records instead; `checks`, a tuple of
 // (index, bound, dim, ignore) argument positions (see IndexCheck), what every call checks
-// before it launches. 1: filed (committed if the kernel returns the first of `outs`, as
-// many as the op returns), 0: no pending call, or one whose arguments cannot express it.
+// before it launches. 1: filed (committed if every result the kernel returns is one of
+// `outs`, or None), 0: no pending call, or one whose arguments cannot express it.
 extern "C" __attribute__((visibility("default"))) int hologram_torch_fast_file(
     PyObject* launcher, PyObject* node, PyObject* operands, PyObject* outs,
     PyObject* checks) {
@@ -738,9 +749,6 @@ extern "C" __attribute__((visibility("default"))) int hologram_torch_fast_file(
     entry.checks.push_back(check);
   }
   const Py_ssize_t count = several ? PyTuple_GET_SIZE(outs) : 1;
-  if (static_cast<size_t>(count) < pending->op->returns) {
-    return 0;
-  }
   std::vector<bool> used(pending->nargs, false);
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(operands); ++i) {
     const int pos = position(*pending, PyTuple_GET_ITEM(operands, i), used);
@@ -770,9 +778,7 @@ extern "C" __attribute__((visibility("default"))) int hologram_torch_fast_file(
       out.layout.dtype = tensor.scalar_type();
     }
     entry.outs.push_back(std::move(out));
-    if (static_cast<size_t>(i) < pending->op->returns) {
-      produced.push_back(tensor.unsafeGetTensorImpl());
-    }
+    produced.push_back(tensor.unsafeGetTensorImpl());
   }
   Py_INCREF(launcher);
   entry.launcher = launcher;
