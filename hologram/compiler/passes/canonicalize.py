@@ -38,6 +38,7 @@ from hologram.isa.ir import (
     COMMUTATIVE_OPS,
     MEMORY_OPS,
     WRITE_OPS,
+    BufferDecl,
     Instr,
     Kernel,
     Program,
@@ -361,6 +362,24 @@ def _dense(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     return True
 
 
+def _whole_copy(kernel: Kernel, buffers: tuple[BufferDecl, ...]) -> tuple[int, int] | None:
+    """(temporary, target) when ``kernel`` only copies a whole temporary into a buffer of
+    the same dtype and size, element i to element i; else None."""
+    if len(kernel.body) != 2 or kernel.body[0].op != "load" or kernel.body[1].op != "store":
+        return None
+    load, store = kernel.body
+    t, out = load.buffer, store.buffer
+    if (store.args != (0,) or buffers[t].kind != "temp" or t == out
+            or buffers[t].dtype != buffers[out].dtype
+            or not buffers[t].size == buffers[out].size == math.prod(kernel.domain)
+            or load.shape != kernel.domain or store.shape != kernel.domain
+            or load.map.offset or store.map.offset
+            or not _dense(kernel.domain, load.map.strides)
+            or not _dense(kernel.domain, store.map.strides)):
+        return None
+    return t, out
+
+
 def _forward_copies(program: Program) -> Program:
     """``program`` without the kernels that only copy a whole temporary into another
     buffer in the same element order, the temporary's single writer storing into that
@@ -368,37 +387,24 @@ def _forward_copies(program: Program) -> Program:
     the same values to the same elements, and nothing between it and the copy touches
     the buffer (the temporary, no longer used, is dropped after)."""
     kernels = list(program.kernels)
-    buffers = program.buffers
     j = 0
     while j < len(kernels):
-        copy = kernels[j]
-        j += 1
-        if len(copy.body) != 2 or copy.body[0].op != "load" or copy.body[1].op != "store":
-            continue
-        load, store = copy.body
-        t, out = load.buffer, store.buffer
-        if (store.args != (0,) or buffers[t].kind != "temp" or t == out
-                or buffers[t].dtype != buffers[out].dtype
-                or not buffers[t].size == buffers[out].size == math.prod(copy.domain)
-                or load.shape != copy.domain or store.shape != copy.domain
-                or load.map.offset or store.map.offset
-                or not _dense(copy.domain, load.map.strides)
-                or not _dense(copy.domain, store.map.strides)):
-            continue
-        writers = [i for i in range(j - 1) if t in kernels[i].writes()]
+        found = _whole_copy(kernels[j], program.buffers)
+        writers = [i for i in range(j) if found[0] in kernels[i].writes()] if found else []
         if len(writers) != 1:
+            j += 1
             continue
-        i = writers[0]
+        (t, out), i = found, writers[0]
         writer = kernels[i]
         if (any(x.buffer == t and x.op != "store" for x in writer.body if x.op in MEMORY_OPS)
-                or any(t in k.reads() for n, k in enumerate(kernels) if n != j - 1)
-                or any(out in k.reads() | k.writes() for k in kernels[i:j - 1])):
+                or any(t in k.reads() for n, k in enumerate(kernels) if n != j)
+                or any(out in k.reads() | k.writes() for k in kernels[i:j])):
+            j += 1
             continue
         kernels[i] = writer.evolve(body=tuple(
             replace(x, attrs=(out, *x.attrs[1:])) if x.op == "store" and x.buffer == t else x
             for x in writer.body))
-        del kernels[j - 1]
-        j -= 1
+        del kernels[j]  # (j is now the next kernel's position)
     if len(kernels) == len(program.kernels):
         return program
     return program.evolve(kernels=tuple(kernels))
