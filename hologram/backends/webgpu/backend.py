@@ -320,11 +320,10 @@ class _Executable(Executable):
             raise ShapeError(f"webgpu program {self.header['program']}: takes "
                              f"{len(self.params)} buffers, got {len(handles)}")
         allocations = dict(self.temps)
-        starts, located = [], []
+        starts = []
         for slot, handle, itemsize in zip(self.params, handles, self.itemsizes):
             # (0: an empty tensor's pointer, never read; a placeholder buffer is bound)
             allocations[slot], offset = memory.locate(handle or self._empty().id << memory.SHIFT)
-            located.append((allocations[slot], offset))
             if offset % itemsize:
                 raise ShapeError(f"webgpu program {self.header['program']}: buffer "
                                  f"{self.buffers[slot]['name']} starts {offset} bytes into "
@@ -342,9 +341,9 @@ class _Executable(Executable):
                 self.written = starts
             encoder = self.dev.device.create_command_encoder()
             for p, word, words in self.numbers:  # ordered before the dispatches
-                allocation, offset = located[p]
-                encoder.copy_buffer_to_buffer(allocation.buffer, offset, self.pack, 4 * word,
-                                              4 * words)
+                encoder.copy_buffer_to_buffer(allocations[self.params[p]].buffer,
+                                              starts[p] * self.itemsizes[p], self.pack,
+                                              4 * word, 4 * words)
             compute = encoder.begin_compute_pass()
             for k, (kernel, groups) in enumerate(zip(self.kernels, self.bind_groups)):
                 buffers = tuple(allocations[i] for i in kernel["bindings"])
