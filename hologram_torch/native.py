@@ -315,12 +315,12 @@ def file_fast(entry, operands: tuple, outs, checks: tuple = ()) -> None:
     tuple of them in the launch's order, each one of the call's arguments (written in
     place) or a fresh tensor. It serves the call's signature from then on if every result
     the kernel returns is one of ``outs`` or None (a gradient its mask leaves out):
-    launching it, or recording
-    it (:mod:`.lazy`). ``checks``: ``(index, bound, dim, ignore)`` argument positions, the
-    index ranges every call must pass first (else its Python kernel runs, which raises
-    PyTorch's error): every value of argument ``index`` in ``[0, size)`` or equal to the
-    int argument ``ignore`` (-1: none), ``size`` being dimension ``dim`` of tensor argument
-    ``bound``, or the int argument ``bound`` where ``dim`` is -1. Not while recording."""
+    launching it, or recording it (:mod:`.lazy`). ``checks``: ``(index, bound, dim,
+    ignore)`` argument positions, the index ranges every call must pass first (else its
+    Python kernel runs, which raises PyTorch's error): every value of argument ``index``
+    in ``[0, size)`` or equal to the int argument ``ignore`` (-1: none), ``size`` being
+    dimension ``dim`` of tensor argument ``bound``, or the int argument ``bound`` where
+    ``dim`` is -1. Not while recording."""
     if _fast is not None and _front[0]:
         _fast.hologram_torch_fast_file(entry.launch, entry, operands, outs, checks)
 

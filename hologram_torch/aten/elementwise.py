@@ -152,10 +152,10 @@ def _shape(*xs) -> tuple[int, ...]:
 # --- binary ops -------------------------------------------------------------------------
 
 def _fresh_key(name: str, op, self, other) -> tuple | None:
-    """The shortcut key of ``op(self, other)`` into a fresh result (see program.shortcuts)
-    when ``self`` is a device tensor and ``other`` one too, or a Python number (``x * 2``:
-    the kernel gets the number's value at launch, and its type with ``self``'s dtype
-    decides the result's dtype). Else None."""
+    """The shortcut key of ``op(self, other)`` (see program.shortcuts; an in-place call's
+    is this behind ``"inplace"``) when ``self`` is a device tensor and ``other`` one too,
+    or a Python number (``x * 2``: the kernel gets the number's value at launch, and its
+    type with ``self``'s dtype decides the result's dtype). Else None."""
     if type(other) in program.NUMBERS:
         return (name, op, self.dtype, self.shape, self.stride(), type(other))
     if isinstance(other, torch.Tensor) and not other.is_cpu:
