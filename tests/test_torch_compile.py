@@ -4,6 +4,7 @@ where (compile_stats) and how often dynamo compiled (CompileCounterWithBackend).
 from __future__ import annotations
 
 import copy
+import gc
 import importlib.metadata
 import math
 import re
@@ -339,6 +340,30 @@ def test_dynamic_shapes_specialize_per_value():
     assert counter.frame_count == 1                     # one symbolic graph for dynamo
     assert stats()["programs"] == 3 and stats()["recompiles"] == 2  # one per new size
     assert stats()["ops_lowered"] > 0
+
+
+def test_partitions_file_their_launches_in_the_launch_cache_and_take_them_away(monkeypatch):
+    from hologram.runtime.launch import launch_cache
+
+    owners = []  # of the partitions made (not the partitions: they must be able to die)
+    init = kernel.FusedKernel.__init__
+    monkeypatch.setattr(kernel.FusedKernel, "__init__",
+                        lambda self, *a: (init(self, *a), owners.append(self._owner))[0])
+
+    def f(x):
+        return torch.tanh(x) * 2 + 1
+
+    compiled = torch.compile(f, backend="hologram", dynamic=False)
+    for n in (3, 5, 3):
+        x = torch.randn(n)
+        torch.testing.assert_close(compiled(x), f(x))
+    assert stats()["programs"] == 2              # the second call of size 3 was served
+    keys = [key for key, _ in launch_cache().items() if any(key[0] is o for o in owners)]
+    assert len(keys) == 2
+    del compiled, keys
+    torch._dynamo.reset()
+    gc.collect()
+    assert not any(key[0] is o for key, _ in launch_cache().items() for o in owners)
 
 
 def test_new_shapes_recompile_without_failing():

@@ -6,8 +6,9 @@ integer or float argument, which is how dynamic dimensions arrive) it interprets
 submodule's FX graph on :class:`hologram.frontend.graph.Graph` tensors, node by node
 through the lowering table, and compiles the resulting program through
 :func:`hologram.compile` (the program cache, memory and disk, keyed by canonical form). The
-launch is filed under the signature in a small per-partition cache; later calls cost the
-key, the outputs' allocation and one native call.
+launch is filed in the process's launch cache (:func:`hologram.runtime.launch.launch_cache`,
+the one the SDK's ops, ``hg.jit`` and the eager device use) under the partition and the
+signature; later calls cost the key, the outputs' allocation and one native call.
 
 Inputs are read where they are (CPU tensors or ``hologram`` tensors, both host memory):
 their addresses and real strides go into the program, so views and expanded tensors cost
@@ -25,7 +26,7 @@ import logging
 import math
 import operator
 import time
-from collections import OrderedDict
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -35,6 +36,7 @@ import hologram
 from hologram import backends
 from hologram.errors import HologramError
 from hologram.frontend.graph import Graph, Tensor
+from hologram.runtime.launch import launch_cache
 from hologram_torch import lazy, memory
 from hologram_torch.compile import lowerings, stats
 from hologram_torch.compile.options import Options
@@ -44,9 +46,7 @@ aten = torch.ops.aten
 
 log = logging.getLogger(__name__)
 
-#: Signatures kept per partition (each a compiled launch); past it the oldest goes (its
-#: program stays in the program cache, so coming back costs a lookup, not a compile).
-MAX_SIGNATURES = 64
+_LAUNCHES = launch_cache()
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,13 @@ class _Entry:
 _EAGER = object()  # a signature that runs the submodule eagerly
 
 
+class _Owner:
+    """The first element of a partition's keys in the launch cache (compared by identity,
+    so two partitions' signatures never meet)."""
+
+    __slots__ = ()
+
+
 class FusedKernel(torch.nn.Module):
     """A partition's FX submodule, run as one Hologram program per signature."""
 
@@ -74,13 +81,16 @@ class FusedKernel(torch.nn.Module):
         self.gm = gm
         self.name = name
         self.options = options
-        self._entries: OrderedDict[tuple, _Entry | object] = OrderedDict()
+        # Keys of the launch cache start with this token: it owns no launch itself, and
+        # the partition's entries leave the cache with the partition.
+        self._owner = owner = _Owner()
+        weakref.finalize(self, _LAUNCHES.discard, lambda key: key[0] is owner)
         self._builds = 0
         self._single = not isinstance(_output_node(gm).args[0], (tuple, list))
 
     def forward(self, *args):
-        key = _signature(args)
-        entry = self._entries.get(key)
+        key = (self._owner, *_signature(args))
+        entry = _LAUNCHES.recent(key) or _LAUNCHES.get(key)
         if entry is None:
             entry = self._build(key, args)
         if entry is _EAGER:
@@ -135,10 +145,7 @@ class FusedKernel(torch.nn.Module):
                 stats.add("recompiles")
             self._builds += 1
         stats.add_time(time.perf_counter() - start)
-        self._entries[key] = entry
-        if len(self._entries) > MAX_SIGNATURES:
-            self._entries.popitem(last=False)
-        return entry
+        return _LAUNCHES.put(key, entry)
 
 
 def _signature(args, tensor=torch.Tensor) -> tuple:
