@@ -36,6 +36,7 @@ BUILTIN: dict[str, str] = {
     "metal": "hologram.backends.webgpu.backend:MetalBackend",
     "vulkan": "hologram.backends.webgpu.backend:VulkanBackend",
     "cpu": "hologram.backends.cpu.backend:CpuBackend",
+    "c": "hologram.backends.c.backend:CBackend",
     "interp": "hologram.backends.interp.backend:InterpBackend",
 }
 #: Names reserved for backends that are not implemented yet.
