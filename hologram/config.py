@@ -56,7 +56,7 @@ class Settings:
     share_openmp: bool = True
     # The torch device records its ops and runs them as fused regions (hologram_torch.lazy).
     lazy: bool = False
-    # The backend of the torch device's kernels and memory (hologram_torch.aten.program).
+    # The backend of the torch device's kernels and memory (hologram_torch.aten.runner).
     torch_backend: str = "auto"
     # Devices of the torch device on host memory (hologram:0 to hologram:N-1).
     torch_devices: int = 1

@@ -48,7 +48,7 @@ from hologram_torch import (  # noqa: E402,F401
     functional,
     nn,
 )
-from hologram_torch.aten import program  # noqa: E402
+from hologram_torch.aten import runner  # noqa: E402
 from hologram_torch.compile import compile_stats, reset_compile_stats  # noqa: E402,F401
 from hologram_torch.custom_ops import custom_op  # noqa: E402
 from hologram_torch.dlpack import from_dlpack  # noqa: E402
@@ -80,7 +80,7 @@ def is_available() -> bool:
 
 def get_backend() -> str:
     """The Hologram backend that compiles the device's kernels (e.g. ``"cpu"``)."""
-    return program.backend()
+    return runner.backend()
 
 
 def set_backend(name: str) -> None:
@@ -89,7 +89,7 @@ def set_backend(name: str) -> None:
     available ones), before the first device tensor: the backend decides the device's
     memory (host memory, or the GPU's for cuda and webgpu), and tensors cannot move under
     torch's feet."""
-    program.set_backend(name)
+    runner.set_backend(name)
 
 
 def list_available_backends() -> list[str]:

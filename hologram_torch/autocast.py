@@ -32,8 +32,8 @@ import weakref
 
 import torch
 
-from hologram_torch.aten import program
-from hologram_torch.aten.program import cast, opmath
+from hologram_torch.aten import runner
+from hologram_torch.aten.runner import cast, opmath
 
 __all__ = ["CPU_POLICY_OPS", "LOWER_PRECISION", "PROMOTE", "install", "policy"]
 
@@ -249,7 +249,7 @@ def _amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale):
             raise RuntimeError("_amp_foreach_non_finite_check_and_unscale_: expects float "
                                f"tensors on {_DEVICE}, got {x.dtype} on {x.device}")
     if grads:
-        program.run("amp_unscale", _unscale_build, (*grads, found_inf, inv_scale),
+        runner.run("amp_unscale", _unscale_build, (*grads, found_inf, inv_scale),
                     out=(*grads, found_inf))
 
 
@@ -270,7 +270,7 @@ def _update_build(g, scale, tracker, found, growth, backoff, interval):
 
 def _amp_update_scale_(scale, growth_tracker, found_inf, growth_factor, backoff_factor,
                        growth_interval):
-    program.run("amp_update_scale", _update_build,
+    runner.run("amp_update_scale", _update_build,
                 (scale, growth_tracker, found_inf, float(growth_factor),
                  float(backoff_factor), int(growth_interval)),
                 out=(scale, growth_tracker))

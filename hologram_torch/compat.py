@@ -188,7 +188,7 @@ def _pin_memory(self, device=None):
         return self.clone()
     if device is None or _is_ours(device):
         # The device's memory starts now if its choice was deferred: on a GPU the hooks'
-        # pinned memory is then the driver's page-locked memory (aten/program.py's
+        # pinned memory is then the driver's page-locked memory (aten/runner.py's
         # _select), not ordinary memory that copies would stage.
         memory.allocator()
     if device is None:

@@ -53,8 +53,8 @@ from hologram.frontend.graph import Graph
 from hologram.frontend.graph import Tensor as GraphTensor
 from hologram.sdk.jit import JitFunction
 from hologram_torch import fallback
-from hologram_torch.aten import program
-from hologram_torch.compile import lowerings
+from hologram_torch.aten import runner
+from hologram_torch.compile import graph_lowerings
 from hologram_torch.lowering.common import ISA, TORCH
 
 __all__ = ["custom_op"]
@@ -230,9 +230,9 @@ class _Definition:
         tensors, layout = self._pack(values)
         host = self._device(tensors)
         try:
-            results = program.run(f"custom.{self.name}", self._build, tensors, (layout,),
+            results = runner.run(f"custom.{self.name}", self._build, tensors, (layout,),
                                   host=host)
-        except program.Lacking:  # a dtype the backend lacks (f64 on webgpu): on the host
+        except runner.Lacking:  # a dtype the backend lacks (f64 on webgpu): on the host
             return fallback.run_on_cpu(self.op._opoverload, *args, **kwargs)
         results = (results,) if isinstance(results, torch.Tensor) else results
         for i, new in zip(self.mutated, results):
@@ -332,10 +332,10 @@ class _Definition:
         tensors = [t.contiguous() if w and _overlaps(t) else t
                    for t, w in zip(tensors, wanted)]
         try:
-            results = program.run(f"custom.{self.name}_backward", self._build_backward,
+            results = runner.run(f"custom.{self.name}_backward", self._build_backward,
                                   tensors + grads, (layout, len(tensors), tuple(wanted)),
                                   host=host)
-        except program.Lacking:  # as in _impl
+        except runner.Lacking:  # as in _impl
             return fallback.run_on_cpu(self.backward_op._opoverload, *args, **kwargs)
         return [results] if isinstance(results, torch.Tensor) else list(results)
 
@@ -403,7 +403,7 @@ def _register_lowering(op, fn) -> None:
     """``fn`` as ``op``'s lowering in compiled graphs: the table of lowerings only compiled
     graphs use (the eager device runs the op's own implementation; the shared ATen table
     lists ATen ops only)."""
-    lowerings.EXTRA[op] = fn
+    graph_lowerings.EXTRA[op] = fn
 
 
 def _as(t: GraphTensor, dtype) -> GraphTensor:

@@ -59,7 +59,7 @@ _count = [1]  # the devices (HOLOGRAM_TORCH_DEVICES on host memory; set_device_c
 
 
 def set_device_count(count: int) -> None:
-    """Record the devices the backend's choice made (``hologram_torch.aten.program``)."""
+    """Record the devices the backend's choice made (``hologram_torch.aten.runner``)."""
     _count[0] = count
 
 
@@ -118,9 +118,9 @@ def set_device(device: object) -> None:
 
 def get_device_name(device: object = None) -> str:
     _index(device)
-    from hologram_torch.aten import program  # lazy: it needs the registered device
+    from hologram_torch.aten import runner  # lazy: it needs the registered device
 
-    return f"Hologram ({program.backend()} backend)"
+    return f"Hologram ({runner.backend()} backend)"
 
 
 class DeviceProperties(types.SimpleNamespace):

@@ -168,9 +168,9 @@ def from_dlpack(producer: Any) -> torch.Tensor:
 
 
 def _backend() -> str:
-    from hologram_torch.aten import program
+    from hologram_torch.aten import runner
 
-    return program.backend()
+    return runner.backend()
 
 
 # --- torch.Tensor's protocol methods, for device tensors -------------------------------

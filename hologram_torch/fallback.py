@@ -58,7 +58,7 @@ def reset_fallback_stats() -> None:
 
 def lacked() -> None:
     """Say that the next fallback on this thread runs because the backend lacks an
-    operand's dtype (:class:`hologram_torch.aten.program.Lacking` was raised), whichever
+    operand's dtype (:class:`hologram_torch.aten.runner.Lacking` was raised), whichever
     kernel catches it: :func:`fallback_stats` counts it as such."""
     _local.lacking = True
 

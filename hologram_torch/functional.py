@@ -28,8 +28,8 @@ from hologram.errors import DeviceError, ShapeError
 from hologram.frontend import functional as hf
 from hologram.runtime.executor import Executor
 from hologram_torch.aten import elementwise as ew
-from hologram_torch.aten import program
-from hologram_torch.aten.program import ISA, cast
+from hologram_torch.aten import runner
+from hologram_torch.aten.runner import ISA, cast
 
 __all__ = ["add", "gelu", "linear", "mse_loss", "mul", "relu", "sigmoid", "softmax", "sub",
            "tanh"]
@@ -57,8 +57,8 @@ def _run(name: str, build, tensors: tuple, static: tuple = (), out=None):
                               "convert with .float()")
     backend = _BACKEND.get()
     if backend is None:
-        return program.run(f"F.{name}", build, tensors, static, out, host="cpu" in devices)
-    result = program.run_on(backend, f"F.{name}", build, tensors, static)
+        return runner.run(f"F.{name}", build, tensors, static, out, host="cpu" in devices)
+    result = runner.run_on(backend, f"F.{name}", build, tensors, static)
     if out is None:
         return result
     out[0].copy_(result)
@@ -214,12 +214,12 @@ _GRADIENT = {
 
 
 def _activation_build(g, x, name):
-    compute = program.opmath(x.dtype)
+    compute = runner.opmath(x.dtype)
     return cast(_ACTIVATION[name](g, cast(x, compute)), x.dtype)
 
 
 def _gradient_build(g, grad, saved, name):
-    compute = program.opmath(grad.dtype)
+    compute = runner.opmath(grad.dtype)
     return cast(_GRADIENT[name](g, cast(grad, compute), cast(saved, compute)), grad.dtype)
 
 
@@ -262,12 +262,12 @@ def tanh(x):
 
 
 def _gelu_build(g, x, approximate):
-    compute = program.opmath(x.dtype)
+    compute = runner.opmath(x.dtype)
     return cast(hf.gelu(cast(x, compute), approximate), x.dtype)
 
 
 def _gelu_grad_build(g, grad, x, approximate):
-    compute = program.opmath(grad.dtype)
+    compute = runner.opmath(grad.dtype)
     return cast(ew._gelu_backward(g, cast(grad, compute), cast(x, compute), approximate),
                 grad.dtype)
 
@@ -296,12 +296,12 @@ def gelu(x, approximate: str = "none"):
 
 
 def _softmax_build(g, x, dim):
-    compute = program.opmath(x.dtype)
+    compute = runner.opmath(x.dtype)
     return cast(hf.softmax(cast(x, compute), dim), x.dtype)
 
 
 def _softmax_grad_build(g, grad, y, dim):
-    compute = program.opmath(grad.dtype)
+    compute = runner.opmath(grad.dtype)
     grad, y = cast(grad, compute), cast(y, compute)
     return y * (grad - g.sum(grad * y, dim, keepdim=True))
 
@@ -339,7 +339,7 @@ def softmax(*args, dim: int | None = None):
 # --- linear -----------------------------------------------------------------------------
 
 def _linear_build(g, x, w, *bias):
-    compute = program.opmath(x.dtype)
+    compute = runner.opmath(x.dtype)
     y = cast(x, compute) @ cast(w, compute).T
     if bias:
         y = y + cast(bias[0], compute)
@@ -349,7 +349,7 @@ def _linear_build(g, x, w, *bias):
 def _matmul_build(g, a, b, transpose_a, transpose_b):
     a = a.T if transpose_a else a
     b = b.T if transpose_b else b
-    return cast(cast(a, program.opmath(a.dtype)) @ cast(b, program.opmath(b.dtype)), a.dtype)
+    return cast(cast(a, runner.opmath(a.dtype)) @ cast(b, runner.opmath(b.dtype)), a.dtype)
 
 
 @_on_forward_backend
@@ -391,12 +391,12 @@ def linear(*args, bias: torch.Tensor | None = None):
 # --- losses -----------------------------------------------------------------------------
 
 def _mse_build(g, x, t, reduction):
-    compute = program.opmath(x.dtype)
+    compute = runner.opmath(x.dtype)
     return cast(hf.mse_loss(cast(x, compute), cast(t, compute), reduction), x.dtype)
 
 
 def _mse_grad_build(g, grad, x, t, scale):
-    compute = program.opmath(x.dtype)
+    compute = runner.opmath(x.dtype)
     d = cast(x, compute) - cast(t, compute)
     return cast(d * cast(grad, compute) * scale, x.dtype)
 

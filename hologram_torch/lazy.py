@@ -1,7 +1,7 @@
 """Recorded execution: device ops are recorded into a region and run together at a cut.
 
 With lazy execution on (``HOLOGRAM_LAZY=1``, or :func:`set_lazy`), a device kernel that
-runs as a Hologram program (:func:`hologram_torch.aten.program.run`) does everything it
+runs as a Hologram program (:func:`hologram_torch.aten.runner.run`) does everything it
 does eagerly — checks its operands, raises PyTorch's errors, compiles its own program the
 first time, allocates its results — except the launch: the launch is recorded as a node
 of the pending *region*. The region runs when the host needs device memory:
@@ -417,7 +417,7 @@ def _to_device(region: _Region) -> dict:
     which the ops' launches take too when the region runs op by op (:func:`_launches`).
     (Device and host addresses never coincide: CUDA's unified addressing, the emulation's
     tagged handles.)"""
-    from hologram_torch.aten.program import NUMBER_TYPES, device_scalar
+    from hologram_torch.aten.runner import NUMBER_TYPES, device_scalar
 
     moved = {}
     addresses = list(region.addresses)
@@ -508,7 +508,7 @@ def fused_program(plan: tuple):
     """The Atlas program of a region (see :func:`_plan`): the nodes' builders on one
     graph, whose inputs are the region's inputs in order and whose outputs are the
     region's live results in order."""
-    from hologram_torch.aten.program import ISA, NUMBER_TYPES, cast
+    from hologram_torch.aten.runner import ISA, NUMBER_TYPES, cast
 
     inputs, nodes, outputs = plan
     g = Graph("region")
@@ -632,7 +632,7 @@ class _Compiler:
         self._queue.put((memo, plan, aliases))
 
     def _run(self) -> None:
-        from hologram_torch.aten.program import backend
+        from hologram_torch.aten.runner import backend
 
         while True:
             memo, plan, aliases = self._queue.get()

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from hologram_torch import functional as F
-from hologram_torch.aten.program import ISA
+from hologram_torch.aten.runner import ISA
 
 __all__ = ["GELU", "Linear", "MSELoss", "ReLU", "Sigmoid", "Softmax", "Tanh"]
 

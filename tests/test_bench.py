@@ -426,9 +426,9 @@ def test_bench_rejects_bad_arguments_in_one_line(args, words, tmp_path, capsys):
 
 
 def test_bench_refuses_to_time_the_cuda_emulation(monkeypatch, tmp_path, capsys):
-    from hologram.backends.cuda import worker
+    from hologram.backends.cuda import triton_process
 
-    if not worker.triton_installed():
+    if not triton_process.triton_installed():
         pytest.skip("triton is not installed: no cuda emulation to refuse")
     monkeypatch.setenv("HOLOGRAM_CUDA_EMULATE", "1")
     status, err = _cli(["bench", "--out", str(tmp_path / "out"), "--backend", "cuda"], capsys)

@@ -25,7 +25,7 @@ import hologram
 import hologram as hg
 from hologram import backends
 from hologram.backends.cuda import backend as cuda
-from hologram.backends.cuda import render, worker
+from hologram.backends.cuda import render, triton_process
 from hologram.compiler import pipeline
 from hologram.errors import CompileError, DeviceError, DTypeError
 from hologram.frontend.graph import Graph
@@ -35,7 +35,7 @@ from hologram.isa.semantics import from_storage
 from hologram.isa.text import parse_program
 from hologram.isa.verify import verify
 
-pytestmark = pytest.mark.skipif(not worker.triton_installed(),
+pytestmark = pytest.mark.skipif(not triton_process.triton_installed(),
                                 reason="no triton: pip install 'hologram-tensor[cuda]'")
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -464,7 +464,7 @@ def test_the_triton_source_is_a_dumpable_artifact(emulate, tmp_path, monkeypatch
 def test_a_triton_failure_is_a_compile_error_with_source_and_log():
     source = "import triton\n\n@triton.jit\ndef broken(x):\n    tl.nope(x)\n"
     with pytest.raises(CompileError) as info:
-        worker.call("compile", {"op": "compile", "source": source, "arch": 90,
+        triton_process.call("compile", {"op": "compile", "source": source, "arch": 90,
                                 "options": cuda.OPTIONS, "alignment": 16,
                                 "kernels": [{"name": "broken", "signature": {"x": "*fp32"},
                                              "num_warps": 4, "num_stages": 1}]}, source)
@@ -627,7 +627,7 @@ def test_conformance_kernels_compile_for_sm80_and_sm90_without_spills(target, mo
             for kernel, c in zip(info["kernels"], info["compiled"]):
                 r = c["resources"]
                 assert c["metadata"]["name"] == kernel["name"]
-                assert c["metadata"]["triton_version"] == worker.TRITON_VERSION
+                assert c["metadata"]["triton_version"] == triton_process.TRITON_VERSION
                 assert r["num_warps"] == kernel["num_warps"]
                 assert 0 < r["registers"] <= 255 and r["registers"] == r["cubin_registers"]
                 assert r["spill_stores"] == r["spill_loads"] == 0, (family, kernel["name"], r)

@@ -105,7 +105,7 @@ def test_no_usable_device_means_no_gpu_and_says_why(probe, cu, why):
     assert probe(cu) is None and not cuda.is_gpu_available()
     assert not cuda.CudaBackend.auto_available()
     assert re.search(why, cuda.why_no_gpu())
-    if cuda.worker.triton_installed():  # else the reason is triton's absence
+    if cuda.triton_process.triton_installed():  # else the reason is triton's absence
         assert cuda.why_no_gpu() in cuda.CudaBackend.unavailable_reason()
 
 
@@ -127,7 +127,7 @@ def test_auto_takes_cuda_on_a_gpu_and_the_cpu_otherwise(probe, monkeypatch):
 
     monkeypatch.setenv("HOLOGRAM_BACKEND", "auto")
     probe(fake_cu(capability=(9, 0)))
-    assert backends.resolve("auto") == ("cuda" if cuda.worker.triton_installed() else "cpu")
+    assert backends.resolve("auto") == ("cuda" if cuda.triton_process.triton_installed() else "cpu")
     monkeypatch.setenv("HOLOGRAM_CUDA_EMULATE", "1")
     assert backends.resolve("auto") == "cpu"
     monkeypatch.delenv("HOLOGRAM_CUDA_EMULATE")
@@ -264,7 +264,7 @@ def test_another_thread_makes_the_context_current_once_before_its_first_call():
 
 def test_auto_may_pick_cuda_only_on_a_real_gpu(probe, monkeypatch):
     probe(fake_cu(capability=(9, 0)))
-    if not cuda.worker.triton_installed():
+    if not cuda.triton_process.triton_installed():
         assert not cuda.CudaBackend.auto_available()  # it cannot compile without triton
         return
     assert cuda.CudaBackend.auto_available() and cuda.CudaBackend.is_available()

@@ -333,14 +333,14 @@ def test_a_call_interrupted_before_its_reply_ends_the_triton_process(emulate):
     """A request whose reply never gets read (Ctrl-C, a test's time limit) must not leave
     that reply to answer the next request: the child is ended, the next call starts
     another, and its answer is its own."""
-    from hologram.backends.cuda import worker
+    from hologram.backends.cuda import triton_process
 
     g = Graph("interrupted")
     g.output("y", g.input("x", "f32", (4,)) * 2.0)
     compiled = hologram.compile(g.program(), backend="cuda")
     x = np.arange(4, dtype=np.float32)
     np.testing.assert_array_equal(compiled(x), x * 2)
-    child = worker._workers["interpret"]
+    child = triton_process._workers["interpret"]
     read = child.process.stdout.read
 
     def interrupted(n):
@@ -352,4 +352,4 @@ def test_a_call_interrupted_before_its_reply_ends_the_triton_process(emulate):
     child.process.stdout.read = read
     assert child.process.wait(timeout=30) is not None  # ended
     np.testing.assert_array_equal(compiled(x + 1), (x + 1) * 2)
-    assert worker._workers["interpret"] is not child
+    assert triton_process._workers["interpret"] is not child

@@ -17,7 +17,7 @@ from test_cuda_runtime import FakeDriver, needs_triton
 
 from hologram import backends
 from hologram.backends.cuda import backend as cuda
-from hologram.backends.cuda import kernels, worker
+from hologram.backends.cuda import kernels, triton_process
 from hologram.frontend.graph import Graph
 
 pytestmark = needs_triton
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 _BUILD = textwrap.dedent("""
     import hashlib, json
     from hologram import backends
-    from hologram.backends.cuda import kernels, worker
+    from hologram.backends.cuda import kernels, triton_process
     from hologram.frontend.graph import Graph
 
     g = Graph("cached")
@@ -35,7 +35,7 @@ _BUILD = textwrap.dedent("""
     g.output("s", g.sum(x * 2.0, 1))
     g.output("y", x + 1.0)
     artifact = backends.builder("cuda").compile(g.program(), "sm_90")
-    print(json.dumps({"info": kernels.info(), "started": sorted(worker._workers),
+    print(json.dumps({"info": kernels.info(), "started": sorted(triton_process._workers),
                       "digest": hashlib.sha256(artifact).hexdigest(),
                       "kernels": len(json.loads(artifact)["compiled"])}))
 """)
@@ -75,13 +75,13 @@ def compiles(monkeypatch, tmp_path):
     monkeypatch.setenv("HOLOGRAM_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("HOLOGRAM_DISABLE_DISK_CACHE", raising=False)
     calls = []
-    real = worker.call
+    real = triton_process.call
 
     def call(mode, request, source):
         calls.append([k["name"] for k in request["kernels"]])
         return real(mode, request, source)
 
-    monkeypatch.setattr(worker, "call", call)
+    monkeypatch.setattr(triton_process, "call", call)
     return calls
 
 

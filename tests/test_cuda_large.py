@@ -19,12 +19,12 @@ from conformance.test_scatter import rows_program
 import hologram
 from hologram import backends
 from hologram.backends.cuda import backend as cuda
-from hologram.backends.cuda import render, worker
+from hologram.backends.cuda import render, triton_process
 from hologram.frontend.graph import Graph
 from hologram.isa import dtypes as dt
 from hologram.isa.builder import ProgramBuilder
 
-pytestmark = pytest.mark.skipif(not worker.triton_installed(),
+pytestmark = pytest.mark.skipif(not triton_process.triton_installed(),
                                 reason="no triton: pip install 'hologram-tensor[cuda]'")
 N = 2**31 + 4096
 WIDE_PID = "tl.program_id(0).to(tl.int64)"

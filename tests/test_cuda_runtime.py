@@ -18,13 +18,13 @@ import hologram
 import hologram as hg
 from hologram import backends
 from hologram.backends.cuda import backend as cuda
-from hologram.backends.cuda import runtime, worker
+from hologram.backends.cuda import runtime, triton_process
 from hologram.backends.cuda.runtime import DeviceMemory, DeviceProgram, launch_of, parameters
 from hologram.errors import DeviceError, OutOfMemoryError, ShapeError
 from hologram.frontend.graph import Graph
 from hologram.isa.builder import ProgramBuilder
 
-needs_triton = pytest.mark.skipif(not worker.triton_installed(),
+needs_triton = pytest.mark.skipif(not triton_process.triton_installed(),
                                   reason="no triton: pip install 'hologram-tensor[cuda]'")
 
 

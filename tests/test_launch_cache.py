@@ -126,10 +126,10 @@ def test_jit_and_torch_launches_share_the_cache():
         assert fused.compiled_signatures == 1
     torch = pytest.importorskip("torch")
     import hologram_torch  # noqa: F401  (registers the device)
-    from hologram_torch.aten import program
+    from hologram_torch.aten import runner
 
     t = torch.arange(7, dtype=torch.float32).to("hologram")
     np.testing.assert_array_equal((t + t).cpu().numpy(), np.arange(7) * 2)
     assert any(k[0] == "add" and (torch.float32, torch.Size([7]), (1,)) in k
                for k, _ in cache.items() if isinstance(k[0], str))
-    assert program.shortcuts.get(("no such kernel",)) is None
+    assert runner.shortcuts.get(("no such kernel",)) is None

@@ -239,8 +239,8 @@ def test_importing_torch_probes_no_gpu_backend(configured):
             "drivers = [line for line in open('/proc/self/maps') if 'libvulkan' in line]\n"
             "assert not probed and not drivers, (probed, drivers[:2])\n"
             "assert torch.ones(2, device='hologram').sum().item() == 2.0\n"
-            "from hologram_torch.aten import program\n"
-            "assert program.backend() == 'cpu', program.backend()\n")
+            "from hologram_torch.aten import runner\n"
+            "assert runner.backend() == 'cpu', runner.backend()\n")
     if not Path("/proc/self/maps").exists():
         code = code.replace("open('/proc/self/maps')", "[]")
     env = {**os.environ, "HOLOGRAM_BACKEND": configured}

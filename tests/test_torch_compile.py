@@ -15,7 +15,7 @@ import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import hologram_torch
-from hologram_torch.compile import kernel, lowerings
+from hologram_torch.compile import graph_lowerings, kernel
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -81,12 +81,12 @@ def test_decompositions_are_the_core_ones_but_implicit_autograd_and_lowered_ops(
 
     ours, core = decompositions(), dict(core_aten_decompositions().items())
     assert all(core.get(op) is fn for op, fn in ours.items())
-    left = [op for op in core if op not in ours and lowerings.get(op) is None
+    left = [op for op in core if op not in ours and graph_lowerings.get(op) is None
             and not torch._C._dispatch_has_kernel_for_dispatch_key(
                 op.name(), "CompositeImplicitAutograd")]
     assert left == []
     lowered = torch.ops.aten.binary_cross_entropy.default  # a fused lowering of ours
-    assert lowerings.get(lowered) is not None and lowered in core and lowered not in ours
+    assert graph_lowerings.get(lowered) is not None and lowered in core and lowered not in ours
 
 
 def test_mlp_training_values_grads_and_counts():
@@ -494,19 +494,19 @@ def test_optimizer_step_ops_fma_and_scalar_pow():
 
 @pytest.fixture
 def blas_products(monkeypatch):
-    """The products compile/lowerings.blas_product made a BLAS call of (a strided
+    """The products compile/graph_lowerings.blas_product made a BLAS call of (a strided
     matrix-vector product padded to a matrix product), as ("sum" or "mm", m, k, n): a sum
     multiplies by ones, a broadcast constant."""
     seen = []
-    original = lowerings.blas_product
+    original = graph_lowerings.blas_product
 
     def spy(g, a, b):
-        if lowerings._strided_vector_product(a, b):
+        if graph_lowerings._strided_vector_product(a, b):
             kind = "sum" if a.strides[1] == 0 else "mm"
             seen.append((kind, a.shape[0], a.shape[1], b.shape[1]))
         return original(g, a, b)
 
-    monkeypatch.setattr(lowerings, "blas_product", spy)
+    monkeypatch.setattr(graph_lowerings, "blas_product", spy)
     return seen
 
 

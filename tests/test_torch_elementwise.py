@@ -202,17 +202,17 @@ def test_foreach_and_lerp_against_cpu():
 
 def test_foreach_calls_seen_before_launch_their_rows_from_native_code(monkeypatch):
     """Op by op, a foreach call whose signature ran before launches its rows from native
-    code, no program.run per row, each call with its own scalars; the results are the
+    code, no runner.run per row, each call with its own scalars; the results are the
     CPU's. The same signature writing over its operand's memory takes the checked path
     (PyTorch's own kernel, through the CPU fallback), as before."""
-    from hologram_torch.aten import program
+    from hologram_torch.aten import runner
 
-    if not program.FRONT:
+    if not runner.FRONT:
         pytest.skip("the device's native library is not loaded")
     g = torch.Generator().manual_seed(5)
     start = [torch.randn(3, 6, generator=g), torch.randn(11, generator=g)]  # (shapes of
     runs = [0]  # this test's own: another test in the process may have filed others)
-    real = program.run
+    real = runner.run
 
     def counted(*args, **kwargs):
         runs[0] += 1
@@ -231,7 +231,7 @@ def test_foreach_calls_seen_before_launch_their_rows_from_native_code(monkeypatc
             counts.append(runs[0])
         return [*ps, *ms], counts
 
-    monkeypatch.setattr(program, "run", counted)
+    monkeypatch.setattr(runner, "run", counted)
     got, counts = train("hologram")
     want, _ = train("cpu")
     for a, b in zip(got, want):
@@ -264,7 +264,7 @@ def test_empty_and_zero_dim():
 def test_remembered_kernels_keep_signatures_apart():
     # Unary ops remember their kernel under the operand's dtype, shape and strides: the
     # second call of each signature takes that path and must still be right.
-    from hologram_torch.aten import program
+    from hologram_torch.aten import runner
 
     gelu = torch.nn.functional.gelu
     for dtype in (torch.float32, torch.float64, torch.int64, torch.float32):
@@ -280,13 +280,13 @@ def test_remembered_kernels_keep_signatures_apart():
                 same(gelu(dev(y)), gelu(y.double()).to(dtype), (1e-5, 1e-6))
                 same(gelu(dev(y), approximate="tanh"),
                      gelu(y.double(), approximate="tanh").to(dtype), (1e-5, 1e-6))
-    assert ("exp", (), torch.int64, torch.Size([4, 5]), (5, 1)) in program.shortcuts
+    assert ("exp", (), torch.int64, torch.Size([4, 5]), (5, 1)) in runner.shortcuts
 
 
 def test_remembered_kernels_take_numbers_as_values():
     # x op number remembers its kernel under x's signature and the number's type; each
     # call passes its own value (and int/float/bool numbers promote as PyTorch's do).
-    from hologram_torch.aten import program
+    from hologram_torch.aten import runner
 
     for dtype in (torch.float32, torch.float16, torch.int64, torch.int8, torch.bool):
         x = sample((3, 4), dtype)
@@ -297,7 +297,7 @@ def test_remembered_kernels_take_numbers_as_values():
                 expected = getattr(torch, name)(x, number)
                 same(getattr(torch, name)(dev(x), number), expected)
     assert ("mul", torch.ops.aten.mul.Tensor, torch.int8, torch.Size([3, 4]), (4, 1),
-            float) in program.shortcuts
+            float) in runner.shortcuts
 
 
 # --- the sign of zero in max/min-like ops, bit for bit with PyTorch CPU (issue 16, part 8)

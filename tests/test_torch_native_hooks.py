@@ -537,7 +537,7 @@ LOWERED_CASES = {
 @needs_native
 @pytest.mark.parametrize("case", LOWERED_CASES)
 def test_lowered_ops_are_served_natively(case):
-    """The ops whose kernel is their lowering entry (``lowered.register``: list arguments,
+    """The ops whose kernel is their lowering entry (``from_table.register``: list arguments,
     in-place forms included) are filed and served by the front kernels, with the CPU's
     results."""
     x = torch.testing.make_tensor((6, 7), dtype=torch.float32, device="cpu", low=-4, high=4)

@@ -518,7 +518,7 @@ def test_dropout_modes_and_gradients():
 def test_whole_sums_and_means_keep_signatures_apart():
     # x.sum() / x.mean() remember their kernel under x's dtype, shape and strides; the
     # later calls take it and must still match the CPU (values of each call, not the first).
-    from hologram_torch.aten import program
+    from hologram_torch.aten import runner
 
     for dtype in (torch.float32, torch.float64, torch.int64, torch.bool, torch.float16):
         for seed in range(3):
@@ -529,7 +529,7 @@ def test_whole_sums_and_means_keep_signatures_apart():
                 if dtype.is_floating_point:
                     torch.testing.assert_close(view.mean().cpu(), ref.mean())
     assert (torch.ops.aten.sum.dim_IntList, torch.bool, torch.Size([5, 6]), (1, 5)) \
-        in program.shortcuts
+        in runner.shortcuts
 
 
 def test_tensors_of_more_than_64_dimensions_reduce_as_on_the_cpu():

@@ -28,7 +28,7 @@ def test_training_bench_rows_are_well_formed():
         high = (r["cpu_ms"] + 5e-4) / (r["hologram_ms"] - 5e-4)
         assert low * 0.995 <= r["ratio"] <= high * 1.005, r
         assert len(r["best_ms"]) == 2 and min(r["best_ms"]) > 0
-        # (an inference step may be all front kernels, which program.run does not count)
+        # (an inference step may be all front kernels, which runner.run does not count)
         assert r["kernel_calls"] > 0 or r["case"].endswith(", inference")
         assert all(isinstance(op, str) and n > 0 for op, n in r["fallbacks"].items())
         assert "kernel calls" in r["note"]

@@ -337,7 +337,7 @@ def test_unsupported_dtypes_raise_dtype_error_naming_backend_and_fix(ex):
 @pytest.mark.parametrize("op", ["div", "mod"])
 def test_i64_division_and_remainder_match_the_interpreter_bit_for_bit(op):
     """i64 is two words on webgpu: C's quotient and remainder by a long division
-    (helpers.hg_divmod64), with the ISA's results at the edges (INT64_MIN / -1 wraps,
+    (bitlib.hg_divmod64), with the ISA's results at the edges (INT64_MIN / -1 wraps,
     x / 0 = 0, x % 0 = x) from the guards decompose puts around it; every pair of edge
     values, then random operands of every size."""
     rng = np.random.default_rng(3)
@@ -543,12 +543,12 @@ def test_torch_functional_runs_forward_and_backward_on_a_webgpu_executor(ex, mon
     PyTorch's values and gradients."""
     torch = pytest.importorskip("torch")
     from hologram_torch import functional as F
-    from hologram_torch.aten import program
+    from hologram_torch.aten import runner
 
     def no_host_path(*args, **kwargs):
         raise AssertionError("ran on the host backend")
 
-    monkeypatch.setattr(program, "run", no_host_path)
+    monkeypatch.setattr(runner, "run", no_host_path)
     gen = torch.Generator().manual_seed(0)
     x, w, b, t = (torch.randn(*s, generator=gen, dtype=torch.float64).float()
                   for s in ((6, 16), (5, 16), (5,), (6, 5)))

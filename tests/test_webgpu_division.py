@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import hologram as hg
-from hologram.backends.webgpu import helpers
+from hologram.backends.webgpu import bitlib
 from hologram.backends.webgpu.backend import WebGpuBackend
 from hologram.isa.builder import ProgramBuilder
 
@@ -75,8 +75,8 @@ def _differing(got: np.ndarray, want: np.ndarray) -> np.ndarray:
 def test_rounded_once_from_an_estimate_some_ulps_off(monkeypatch, off):
     if off:
         for name, line in (("hg_div", DIV_ESTIMATE), ("hg_sqrt", SQRT_ESTIMATE)):
-            assert line in helpers.HELPERS[name]
-            monkeypatch.setitem(helpers.HELPERS, name, helpers.HELPERS[name].replace(
+            assert line in bitlib.HELPERS[name]
+            monkeypatch.setitem(bitlib.HELPERS, name, bitlib.HELPERS[name].replace(
                 line, line.replace(");", f") + {off & 0xFFFFFFFF}u;")))
     x, y = _operands()
     quotient, root = _run(x, y)

@@ -1,7 +1,7 @@
 """aten kernels of the hologram device, by family. Importing this package registers them;
 every op without a kernel here goes through :mod:`hologram_torch.fallback`. The math of
 every op with a graph form is its entry in :mod:`hologram_torch.lowering` (launched through
-:mod:`.lowered` and :mod:`.program`); these modules add the eager parts.
+:mod:`.from_table` and :mod:`.runner`); these modules add the eager parts.
 
 - :mod:`.tensor`: creation, host transfers, copies, views, fills, resize, item
 - :mod:`.elementwise`: arithmetic, comparisons, unary math, selection, activations

@@ -19,8 +19,8 @@ import torch
 import torch._prims_common as _prims
 
 from hologram_torch import memory
-from hologram_torch.aten import layout, lowered
-from hologram_torch.aten.lowered import static
+from hologram_torch.aten import from_table, layout
+from hologram_torch.aten.from_table import static
 from hologram_torch.aten.registry import aten, composed
 from hologram_torch.fallback import run_on_cpu_as
 
@@ -105,7 +105,7 @@ def convolution_overrideable(input, weight, bias, stride, padding, dilation, tra
     if shape is not None:
         # (filed: the result's layout, like the program, follows from the signature)
         out = _new(shape, input, weight, transposed, output_padding, stride)
-        r = lowered.call(aten.convolution.default, input, weight, bias, static(stride),
+        r = from_table.call(aten.convolution.default, input, weight, bias, static(stride),
                          static(padding), static(dilation), bool(transposed),
                          static(output_padding), int(groups), out=(out,),
                          name="convolution", file=True)
@@ -126,7 +126,7 @@ def convolution_backward_overrideable(grad_output, input, weight, stride, paddin
     out = tuple(memory.empty(tuple(shape), input.dtype) if i == 2 else
                 _new(tuple(shape), input, weight, transposed, output_padding, stride)
                 for i, (m, shape) in enumerate(zip(mask, shapes)) if m)
-    r = lowered.call(aten.convolution_backward.default, grad_output, input, weight,
+    r = from_table.call(aten.convolution_backward.default, grad_output, input, weight,
                      static(bias_sizes) if bias_sizes else None, static(stride),
                      static(padding), static(dilation), bool(transposed),
                      static(output_padding), int(groups), mask, out=out,

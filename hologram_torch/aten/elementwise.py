@@ -3,7 +3,7 @@ promotion), unary math, ``where``/``masked_fill``/``clamp``, activations and the
 ops of their autograd formulas.
 
 The math of every op is its entry in :mod:`hologram_torch.lowering.elementwise` (the
-table torch.compile lowers through too), launched by :func:`lowered.run`; this module adds
+table torch.compile lowers through too), launched by :func:`from_table.run`; this module adds
 the eager parts: ``out=`` and in-place variants (PyTorch's checks), remembered kernels for
 the hot calls, and the CPU fallback for what the lowering does not take (integer ``pow``,
 complex dtypes, what torch rejects).
@@ -19,9 +19,9 @@ import torch
 from hologram.errors import ShapeError
 from hologram.isa import dtypes as dt
 from hologram_torch import memory
-from hologram_torch.aten import layout, lowered, program
-from hologram_torch.aten.program import ISA, Unsupported, cast
+from hologram_torch.aten import from_table, layout, runner
 from hologram_torch.aten.registry import aten, composed, impl, native_or_cpu, overload
+from hologram_torch.aten.runner import ISA, Unsupported, cast
 from hologram_torch.fallback import run_on_cpu
 from hologram_torch.lowering import elementwise as lowering_ew
 from hologram_torch.lowering.common import broadcast_shapes, check_output_shape
@@ -50,7 +50,7 @@ def _build(g, *args):
 
 
 def _compute(result: torch.dtype) -> dt.DType:
-    return program.opmath(ISA[result])
+    return runner.opmath(ISA[result])
 
 
 def _spec(fn, result: torch.dtype, compute: dt.DType | None = None, keep=(), extra=()):
@@ -66,10 +66,10 @@ def _pointwise(name: str, fn, args: tuple, result: torch.dtype,
         return NotImplemented
     spec = _spec(fn, result, compute, keep, extra)
     try:
-        return program.run(name, _build, args, (spec,), out, layout=layout.pointwise)
+        return runner.run(name, _build, args, (spec,), out, layout=layout.pointwise)
     except Unsupported:
         return NotImplemented
-    except ShapeError:  # operands that do not broadcast: PyTorch's error (lowered._launch)
+    except ShapeError:  # operands that do not broadcast: PyTorch's error (from_table._launch)
         broadcast_shapes(*(a.shape for a in args if isinstance(a, torch.Tensor)))
         raise
 
@@ -77,7 +77,7 @@ def _pointwise(name: str, fn, args: tuple, result: torch.dtype,
 def _lowered(name: str, op, args: tuple, out=None, static=(), kwargs=()):
     """``op``'s lowering (:mod:`hologram_torch.lowering.elementwise`) on ``args``;
     NotImplemented where it has none (the CPU fallback runs the op)."""
-    return lowered.run(op, args, static, kwargs, out, name)
+    return from_table.run(op, args, static, kwargs, out, name)
 
 
 def _unary_fresh(name: str, op, self: torch.Tensor, static=()):
@@ -85,16 +85,16 @@ def _unary_fresh(name: str, op, self: torch.Tensor, static=()):
     so that the next call finds it straight from there (see :func:`_remembered`)."""
     r = _lowered(name, op, (self,), static=static)
     if r is not NotImplemented:
-        program.remember((name, static, self.dtype, self.shape, self.stride()), name,
-                         lowered.spec(op, (self,), static), (self,), r)
+        runner.remember((name, static, self.dtype, self.shape, self.stride()), name,
+                         from_table.spec(op, (self,), static), (self,), r)
     return r
 
 
 def _remembered(name: str, self: torch.Tensor, static=()) -> torch.Tensor | None:
     """A unary op's fresh result from the kernel :func:`_unary_fresh` remembered, if any:
     the hot path of unary math and activations (no promotion, no general key)."""
-    entry = program.shortcuts.get((name, static, self.dtype, self.shape, self.stride()))
-    return None if entry is None else program.launch_fresh(entry, (self,))
+    entry = runner.shortcuts.get((name, static, self.dtype, self.shape, self.stride()))
+    return None if entry is None else runner.launch_fresh(entry, (self,))
 
 
 def _check_inplace(name: str, self: torch.Tensor, result: torch.dtype, *others) -> None:
@@ -152,11 +152,11 @@ def _shape(*xs) -> tuple[int, ...]:
 # --- binary ops -------------------------------------------------------------------------
 
 def _fresh_key(name: str, op, self, other) -> tuple | None:
-    """The shortcut key of ``op(self, other)`` (see program.shortcuts; an in-place call's
+    """The shortcut key of ``op(self, other)`` (see runner.shortcuts; an in-place call's
     is this behind ``"inplace"``) when ``self`` is a device tensor and ``other`` one too,
     or a Python number (``x * 2``: the kernel gets the number's value at launch, and its
     type with ``self``'s dtype decides the result's dtype). Else None."""
-    if type(other) in program.NUMBERS:
+    if type(other) in runner.NUMBERS:
         return (name, op, self.dtype, self.shape, self.stride(), type(other))
     if isinstance(other, torch.Tensor) and not other.is_cpu:
         return (name, op, self.dtype, self.shape, self.stride(),
@@ -174,20 +174,20 @@ def _binary(name: str, op, self, other, alpha=1, out=None, inplace=False,
             and not self.is_cpu):
         # A device tensor and a device tensor or a number into a fresh result, the hot
         # case: a signature of the operands finds the kernel without promotion or the
-        # general key (see program.shortcuts).
+        # general key (see runner.shortcuts).
         shortcut = _fresh_key(name, op, self, other)
-        entry = program.shortcuts.get(shortcut) if shortcut is not None else None
+        entry = runner.shortcuts.get(shortcut) if shortcut is not None else None
         if entry is not None:
-            return program.launch_fresh(entry, (self, other))
+            return runner.launch_fresh(entry, (self, other))
     elif inplace and alpha == 1 and (shortcut := _fresh_key(name, op, self, other)):
         # In place on a device tensor and a device tensor or a number (optimizers' add_,
         # mul_, a counter's += 1): the same kind of signature finds the kernel that
         # writes self. The registry's kernel wrapper has already refused overlapping
         # memory (see registry.native_or_cpu).
         shortcut = ("inplace", *shortcut)
-        entry = program.shortcuts.get(shortcut)
+        entry = runner.shortcuts.get(shortcut)
         if entry is not None:
-            program.launch_into(entry, (self, other), self)
+            runner.launch_into(entry, (self, other), self)
             return self
     common = torch.result_type(self, other)
     result = torch.bool if compare else common
@@ -206,7 +206,7 @@ def _binary(name: str, op, self, other, alpha=1, out=None, inplace=False,
         out = _fit_out(out, _shape(self, other), self, other)
     r = _lowered(name, op, args, None if out is None else (out,), kwargs=kwargs)
     if shortcut is not None and r is not NotImplemented:
-        program.remember(shortcut, name, lowered.spec(op, args, (), kwargs), args,
+        runner.remember(shortcut, name, from_table.spec(op, args, (), kwargs), args,
                          self if inplace else r, (self,) if inplace else None)
     return r if out is None or r is NotImplemented else out
 
@@ -260,9 +260,9 @@ def _arithmetic(name: str, floating=False, bool_ok=True, alpha=True):
         # one saves ~6 µs there); the rest goes the general way, then to the CPU fallback.
         if alpha == 1 and isinstance(self, torch.Tensor) and not self.is_cpu:
             key = _fresh_key(name, op, self, other)
-            entry = program.shortcuts.get(key) if key is not None else None
+            entry = runner.shortcuts.get(key) if key is not None else None
             if entry is not None:
-                return program.launch_fresh(entry, (self, other))
+                return runner.launch_fresh(entry, (self, other))
         if not alpha_arg:  # mul, div: their schema has no alpha
             r = functional(self, other)
             return run_on_cpu(op, self, other) if r is NotImplemented else r
@@ -461,9 +461,9 @@ def _unary(name: str, floating: bool, bools: bool = False):
     def functional(self):
         # The registered kernel: a remembered kernel with no other Python frame (see the
         # binary ops' `hot`), else compiled and remembered, else the CPU fallback.
-        entry = program.shortcuts.get((name, (), self.dtype, self.shape, self.stride()))
+        entry = runner.shortcuts.get((name, (), self.dtype, self.shape, self.stride()))
         if entry is not None:
-            return program.launch_fresh(entry, (self,))
+            return runner.launch_fresh(entry, (self,))
         r = NotImplemented if plan(self) is None else _unary_fresh(name, op, self)
         return run_on_cpu(op, self) if r is NotImplemented else r
 
@@ -654,9 +654,9 @@ def _activation(name: str, *, inplace: bool = True, ints: bool = False, defaults
         args = (self, *scalars)
         r = _lowered(name, op, args)
         if r is not NotImplemented:  # the front kernel serves it from now on
-            program.remember((name, self.dtype, self.shape, self.stride(),
+            runner.remember((name, self.dtype, self.shape, self.stride(),
                               *((type(x), x) for x in scalars)),
-                             name, lowered.spec(op, args), args, r)
+                             name, from_table.spec(op, args), args, r)
         return r
 
     def in_place(self, *scalars):
@@ -684,9 +684,9 @@ def _backward(name: str):
         args = (grad_output, saved, *scalars)
         r = _lowered(name, op, args)
         if r is not NotImplemented:  # the front kernel serves it from now on
-            program.remember((name, grad_output.dtype, grad_output.shape,
+            runner.remember((name, grad_output.dtype, grad_output.shape,
                               grad_output.stride(), saved.dtype, saved.shape, saved.stride()),
-                             name, lowered.spec(op, args), args, r)
+                             name, from_table.spec(op, args), args, r)
         return r
 
     native_or_cpu(name, hot=True)(kernel)

@@ -3,7 +3,7 @@
 The math is :mod:`hologram_torch.lowering.foreach`'s: the single-tensor ops run their
 lowering entries; a foreach op runs the per-tensor math of its entry once per tensor of
 the list (one compiled kernel per distinct shape). The first call of a signature (the
-rows' dtypes, shapes, strides and number types) does so through :func:`program.run`,
+rows' dtypes, shapes, strides and number types) does so through :func:`runner.run`,
 with every check, and files the rows' entries; later calls of it are recorded row by row
 in one native call (recorded execution), or launched so (op by op): an optimizer's step
 over small parameters paid ~7 µs of Python a tensor and op. Lists with a tensor the
@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from hologram_torch import lazy, memory
-from hologram_torch.aten import lowered, program
+from hologram_torch.aten import from_table, runner
 from hologram_torch.aten.elementwise import _check_inplace, _float, _pointwise, _spec
 from hologram_torch.aten.registry import aten, native_or_cpu
 from hologram_torch.lowering.foreach import MATH
@@ -33,7 +33,7 @@ def _run(name, op, args, out=None):
                                      torch.result_type(args[1], args[2]))
         _check_inplace(name, out, result, args[1],
                        args[2] if isinstance(args[2], torch.Tensor) else None)
-    return lowered.run(op, args, out=None if out is None else (out,), name=name)
+    return from_table.run(op, args, out=None if out is None else (out,), name=name)
 
 
 @native_or_cpu("addcmul")
@@ -98,7 +98,7 @@ def _filed(name, self, *others, inplace):
     checks and lookups of that call holding for all of them (native code checks written
     tensors' overlaps itself); NotImplemented otherwise."""
     recorded = lazy.active()
-    if not recorded and not (program.FRONT and program.host_memory()):
+    if not recorded and not (runner.FRONT and runner.host_memory()):
         return NotImplemented
     rows = _rows(self, others)
     entries = lazy.rows_entries(_OPS.setdefault((name, inplace), len(_OPS)), rows)
@@ -120,7 +120,7 @@ def _each(name, self, *others, inplace):
     if not all(_float(*row) for row in rows):
         return NotImplemented
     # (before any row runs: a row done in place would be done again by the CPU fallback)
-    if program.lacking(*(x for row in rows for x in row if isinstance(x, torch.Tensor))):
+    if runner.lacking(*(x for row in rows for x in row if isinstance(x, torch.Tensor))):
         return NotImplemented
     if name == "lerp":  # PyTorch checks each tensor as its lerp does
         for row in rows:
@@ -131,8 +131,8 @@ def _each(name, self, *others, inplace):
             _pointwise(name, fn, (x, *rest), x.dtype, out=(x,))
         else:
             results.append(_pointwise(name, fn, (x, *rest), x.dtype))
-    if lazy.active() or program.FRONT:  # file the rows' entries for _filed
-        entries = tuple(program.used_entry(name, (_spec(fn, row[0].dtype),), row,
+    if lazy.active() or runner.FRONT:  # file the rows' entries for _filed
+        entries = tuple(runner.used_entry(name, (_spec(fn, row[0].dtype),), row,
                                            (row[0],) if inplace else None) for row in rows)
         if all(e is not None and e.launch is not None for e in entries):
             lazy.file_rows(_OPS.setdefault((name, inplace), len(_OPS)), rows, entries)

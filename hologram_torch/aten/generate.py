@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from hologram_torch.aten import lowered, program
-from hologram_torch.aten.program import ISA
+from hologram_torch.aten import from_table, runner
 from hologram_torch.aten.registry import native_or_cpu
+from hologram_torch.aten.runner import ISA
 from hologram_torch.lowering.generate import eye_math, linspace_math, logspace_math
 
 # (the ``tensor_overload`` entries pass CPU 0-d bounds with ``device="cpu"``: their results
@@ -24,8 +24,8 @@ OPINFO = ("flip", "fliplr", "flipud", "roll", "rot90", "linspace", "logspace", "
 #: logspace's native dtypes (see :func:`logspace_math`)
 _LOGSPACE = (torch.float32, torch.float16, torch.bfloat16)
 
-lowered.register("flip")
-lowered.register("roll")
+from_table.register("flip")
+from_table.register("roll")
 
 
 def _real(*numbers) -> bool:
@@ -70,7 +70,7 @@ def linspace_out(start, end, steps, *, out):
     if not _prepare(out, steps, start, end):
         return NotImplemented
     if steps:
-        program.run("linspace", _linspace, (start, end),
+        runner.run("linspace", _linspace, (start, end),
                     (steps, ISA[out.dtype], tuple(out.shape)), out=(out,))
     return out
 
@@ -80,7 +80,7 @@ def logspace_out(start, end, steps, base=10.0, *, out):
     if out.dtype not in _LOGSPACE or not _prepare(out, steps, start, end, base):
         return NotImplemented
     if steps:
-        program.run("logspace", _logspace, (start, end, float(base)),
+        runner.run("logspace", _logspace, (start, end, float(base)),
                     (steps, ISA[out.dtype], tuple(out.shape)), out=(out,))
     return out
 
@@ -91,7 +91,7 @@ def eye_m_out(n, m, *, out):
         return NotImplemented
     out.resize_((n, m))
     if n and m:
-        program.run("eye", _eye, (), (int(n), int(m), ISA[out.dtype]), out=(out,))
+        runner.run("eye", _eye, (), (int(n), int(m), ISA[out.dtype]), out=(out,))
     return out
 
 

@@ -7,13 +7,13 @@ a copy into a view, so a recorded region runs them fused and never cuts at the v
 
 from __future__ import annotations
 
-from hologram_torch.aten import lowered
+from hologram_torch.aten import from_table
 from hologram_torch.lowering import indexing  # noqa: F401  (registers the entries)
 
 OPINFO = ("tril", "triu", "slice_scatter", "select_scatter")
 
 for _name in ("tril", "triu"):
-    lowered.register(_name)
-    lowered.register(f"{_name}_", _name)
+    from_table.register(_name)
+    from_table.register(f"{_name}_", _name)
 for _name in ("slice_scatter", "select_scatter", "slice_backward", "select_backward"):
-    lowered.register(_name)
+    from_table.register(_name)

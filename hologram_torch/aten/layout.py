@@ -156,14 +156,14 @@ def of_op(op: torch._ops.OpOverload, args: Sequence, kwargs: dict,
 
 def pointwise(args: Sequence, static: tuple, shapes: Sequence[Sequence[int]]
               ) -> list[Strides]:
-    """:func:`program.run`'s ``layout`` for an elementwise kernel: :func:`elementwise`
+    """:func:`runner.run`'s ``layout`` for an elementwise kernel: :func:`elementwise`
     for each result."""
     return [elementwise(shape, args) for shape in shapes]
 
 
 def preserved(args: Sequence, static: tuple, shapes: Sequence[Sequence[int]]
               ) -> list[Strides]:
-    """:func:`program.run`'s ``layout`` for a copy of its first operand laid out as
+    """:func:`runner.run`'s ``layout`` for a copy of its first operand laid out as
     ``empty_like(x)`` (``clone``): ``x``'s own strides when they are dense (an empty or
     size-1 dimension's stride included), else TensorIterator's order of ``x``'s."""
     x = args[0]
@@ -186,7 +186,7 @@ def suggested(x: torch.Tensor, shape: Sequence[int] | None = None) -> Strides:
 
 def like_first(args: Sequence, static: tuple, shapes: Sequence[Sequence[int]]
                ) -> list[Strides | None]:
-    """:func:`program.run`'s ``layout`` for kernels that lay out results shaped as their
+    """:func:`runner.run`'s ``layout`` for kernels that lay out results shaped as their
     first operand in its suggested memory format (:func:`suggested`)."""
     first = args[0]
     return [suggested(first) if tuple(shape) == tuple(first.shape) else None

@@ -40,9 +40,9 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
 from hologram_torch import memory
-from hologram_torch.aten import program
-from hologram_torch.aten.program import ISA
+from hologram_torch.aten import runner
 from hologram_torch.aten.registry import aten, impl, overload
+from hologram_torch.aten.runner import ISA
 from hologram_torch.aten.tensor import copy_into
 from hologram_torch.constants import NAME
 from hologram_torch.fallback import run_on_cpu
@@ -103,7 +103,7 @@ def infer(op: torch._ops.OpOverload, *args, **kwargs) -> torch.Tensor:
     except (RuntimeError, IndexError, ValueError, TypeError) as exc:
         raise type(exc)(f"{op.__name__}: {exc}") from None
     if key is not None:
-        if len(_inferred) >= program.CACHE_ENTRIES:
+        if len(_inferred) >= runner.CACHE_ENTRIES:
             _inferred.clear()
         _inferred[key] = meta
     return meta
@@ -126,7 +126,7 @@ def launch(op: torch._ops.OpOverload, args: Sequence, kwargs: dict, name: str,
     ``meta``: the result of :func:`infer` on these arguments, when the caller already has
     it."""
     tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
-    if not program.supported(*tensors) or (out is not None and (
+    if not runner.supported(*tensors) or (out is not None and (
             out.dtype not in ISA or memory.internal_overlap(out)
             or any(_shares_memory(out, t) for t in tensors))) or any(
             isinstance(x, complex) for x in inputs):
@@ -138,7 +138,7 @@ def launch(op: torch._ops.OpOverload, args: Sequence, kwargs: dict, name: str,
     elif out.shape != meta.shape:
         out.resize_(meta.shape)
     if out.numel():
-        program.run(name, build, inputs, static, out=(out,))
+        runner.run(name, build, inputs, static, out=(out,))
     return out
 
 
@@ -240,9 +240,9 @@ def _product_kernel(op, a, b, out=None):
     fresh = out is None and not (a.is_cpu or b.is_cpu)
     if fresh:
         key = (op, a.dtype, a.shape, a.stride(), b.dtype, b.shape, b.stride())
-        entry = program.shortcuts.get(key)
+        entry = runner.shortcuts.get(key)
         if entry is not None:
-            return program.launch_fresh(entry, (a, b))
+            return runner.launch_fresh(entry, (a, b))
     if a.dtype is torch.bool:  # torch has no boolean products: its kernel raises
         return run_on_cpu(op, a, b, **({} if out is None else {"out": out}))
     _same_dtype(op, a, b)
@@ -254,8 +254,8 @@ def _product_kernel(op, a, b, out=None):
         # The BLAS dtypes compute in their own (half types round the float32 product into
         # the result launch() allocates), and a product's result is contiguous: run()
         # makes it, and the launch is filed under the operands' signature.
-        result = program.run("linalg.product", _product_build, operands, static)
-        program.remember(key, "linalg.product", static, operands, result)
+        result = runner.run("linalg.product", _product_build, operands, static)
+        runner.remember(key, "linalg.product", static, operands, result)
         return result
     return launch(op, (a, b), kwargs, "linalg.product", _product_build, operands, static,
                   out, meta)
@@ -272,9 +272,9 @@ def _affine(fold_batch: bool) -> Callable:
         if linear:
             key = (op, bias.dtype, bias.shape, bias.stride(), a.dtype, a.shape, a.stride(),
                    b.dtype, b.shape, b.stride())
-            entry = program.shortcuts.get(key)
+            entry = runner.shortcuts.get(key)
             if entry is not None:
-                return program.launch_fresh(entry, (bias, a, b))
+                return runner.launch_fresh(entry, (bias, a, b))
         args = (bias, a, b)
         kwargs = {"beta": beta, "alpha": alpha, **({} if out is None else {"out": out})}
         if a.dtype is torch.bool:
@@ -296,8 +296,8 @@ def _affine(fold_batch: bool) -> Callable:
                 # one program, filed under the operands' signature (BLAS takes the
                 # product, the bias is its epilogue)
                 static = (ISA[a.dtype],)
-                result = program.run("linalg.linear", _linear_build, args, static)
-                program.remember(key, "linalg.linear", static, args, result)
+                result = runner.run("linalg.linear", _linear_build, args, static)
+                runner.remember(key, "linalg.linear", static, args, result)
                 return result
         static = (ISA.get(a.dtype), beta_mode, alpha == 1, fold)
         if a.dtype not in (torch.float32, torch.float64) or isinstance(alpha, complex) or \
@@ -320,7 +320,7 @@ def _blas_affine(op, args, kwargs, bias, a, b, beta, alpha, modes, out, meta):
     product = launch(op, args, {k: v for k, v in kwargs.items() if k != "out"},
                      "linalg.product", _product_build, (a, b), (ISA[a.dtype],), None, fresh)
     if modes != ("zero", True) and product.numel():
-        program.run("linalg.epilogue", _epilogue_build, (bias, product, beta, alpha),
+        runner.run("linalg.epilogue", _epilogue_build, (bias, product, beta, alpha),
                     modes, out=(product,))
     if out is None:
         return product

@@ -28,9 +28,9 @@ import math
 import torch
 
 from hologram_torch import memory
-from hologram_torch.aten import layout, lowered, program
-from hologram_torch.aten.program import ISA, cast, opmath
+from hologram_torch.aten import from_table, layout, runner
 from hologram_torch.aten.registry import aten, impl
+from hologram_torch.aten.runner import ISA, cast, opmath
 from hologram_torch.aten.shape import cpu_error, in_bounds
 from hologram_torch.fallback import run_on_cpu
 
@@ -69,14 +69,14 @@ def _register_softmax(name: str) -> None:
     @impl(name)
     def kernel(x, dim, half_to_float):
         axis = _axis(x, dim)
-        r = NotImplemented if axis is None else lowered.call(forward, x, axis, half_to_float,
+        r = NotImplemented if axis is None else from_table.call(forward, x, axis, half_to_float,
                                                              name=name)
         return run_on_cpu(forward, x, dim, half_to_float) if r is NotImplemented else r
 
     @impl(f"{name}_backward_data")
     def backward_kernel(grad, output, dim, input_dtype):
         axis = _axis(grad, dim)
-        r = NotImplemented if axis is None else lowered.call(
+        r = NotImplemented if axis is None else from_table.call(
             backward.default, grad, output, axis, input_dtype, name=f"{name}_backward")
         if r is NotImplemented:
             return run_on_cpu(backward.default, grad, output, dim, input_dtype)
@@ -85,7 +85,7 @@ def _register_softmax(name: str) -> None:
 
 _register_softmax("_softmax")
 _register_softmax("_log_softmax")
-lowered.register("_safe_softmax")  # attention's softmax: one program instead of four ops
+from_table.register("_safe_softmax")  # attention's softmax: one program instead of four ops
 
 
 # --- losses -------------------------------------------------------------------------------
@@ -96,12 +96,12 @@ def _register_pointwise(kind: str) -> None:
 
     @impl(kind)
     def kernel(x, target, reduction=_MEAN, *param):
-        r = lowered.call(forward, x, target, reduction, *(float(p) for p in param))
+        r = from_table.call(forward, x, target, reduction, *(float(p) for p in param))
         return run_on_cpu(forward, x, target, reduction, *param) if r is NotImplemented else r
 
     @impl(f"{kind}_backward")
     def backward_kernel(grad, x, target, reduction, *param):
-        r = lowered.call(backward, grad, x, target, reduction, *(float(p) for p in param),
+        r = from_table.call(backward, grad, x, target, reduction, *(float(p) for p in param),
                          name=f"{kind}_backward")
         if r is NotImplemented:
             return run_on_cpu(backward, grad, x, target, reduction, *param)
@@ -123,7 +123,7 @@ def _probabilities(x: torch.Tensor) -> bool:
 def binary_cross_entropy(x, target, weight=None, reduction=_MEAN):
     r = NotImplemented
     if _floats(x) and _probabilities(x) and _probabilities(target):
-        r = lowered.call(aten.binary_cross_entropy.default, x, target, weight, reduction)
+        r = from_table.call(aten.binary_cross_entropy.default, x, target, weight, reduction)
     if r is NotImplemented:
         return run_on_cpu(aten.binary_cross_entropy.default, x, target, weight, reduction)
     return r
@@ -131,7 +131,7 @@ def binary_cross_entropy(x, target, weight=None, reduction=_MEAN):
 
 @impl("binary_cross_entropy_backward")
 def binary_cross_entropy_backward(grad, x, target, weight=None, reduction=_MEAN):
-    r = lowered.call(aten.binary_cross_entropy_backward.default, grad, x, target, weight,
+    r = from_table.call(aten.binary_cross_entropy_backward.default, grad, x, target, weight,
                      reduction, name="binary_cross_entropy_backward")
     if r is NotImplemented:
         return run_on_cpu(aten.binary_cross_entropy_backward.default, grad, x, target, weight,
@@ -142,7 +142,7 @@ def binary_cross_entropy_backward(grad, x, target, weight=None, reduction=_MEAN)
 @impl("binary_cross_entropy_with_logits")
 def binary_cross_entropy_with_logits(x, target, weight=None, pos_weight=None,
                                      reduction=_MEAN):
-    r = lowered.call(aten.binary_cross_entropy_with_logits.default, x, target, weight,
+    r = from_table.call(aten.binary_cross_entropy_with_logits.default, x, target, weight,
                      pos_weight, reduction, name="bce_with_logits")
     if r is NotImplemented:
         return run_on_cpu(aten.binary_cross_entropy_with_logits.default, x, target, weight,
@@ -182,7 +182,7 @@ def _register_nll(name: str) -> None:
     def kernel(x, target, weight, reduction, ignore_index):
         r = NotImplemented
         if _nll_native(x, target, weight, reduction, ignore_index):
-            r = lowered.call(forward.default, x, target, weight, reduction, int(ignore_index),
+            r = from_table.call(forward.default, x, target, weight, reduction, int(ignore_index),
                              name=name, file=True,
                              checks=((1, 0, min(x.dim(), 2) - 1, 4),))
         if r is NotImplemented:
@@ -193,7 +193,7 @@ def _register_nll(name: str) -> None:
     def backward_kernel(grad, x, target, weight, reduction, ignore_index, total_weight):
         r = NotImplemented
         if _nll_native(x, target, weight, reduction, ignore_index):
-            r = lowered.call(backward.default, grad, x, target, weight, reduction,
+            r = from_table.call(backward.default, grad, x, target, weight, reduction,
                              int(ignore_index), total_weight, name=f"{name}_backward",
                              file=True, checks=((2, 1, min(x.dim(), 2) - 1, 5),))
         if r is NotImplemented:
@@ -218,7 +218,7 @@ def _layer_norm_native(x, normalized_shape, weight, bias) -> bool:
 
 @impl("native_layer_norm", hot=True)
 def native_layer_norm(x, normalized_shape, weight, bias, eps):
-    r = lowered.call(aten.native_layer_norm.default, x, tuple(normalized_shape), weight, bias,
+    r = from_table.call(aten.native_layer_norm.default, x, tuple(normalized_shape), weight, bias,
                      float(eps), name="layer_norm", file=True)
     if r is NotImplemented:
         return run_on_cpu(aten.native_layer_norm.default, x, normalized_shape, weight, bias,
@@ -233,7 +233,7 @@ def native_layer_norm_backward(grad, x, normalized_shape, mean, rstd, weight, bi
     # the front kernel serving the call returns None in their place).
     mask = (bool(output_mask[0]), bool(output_mask[1]) and weight is not None,
             bool(output_mask[2]) and bias is not None)
-    r = lowered.call(aten.native_layer_norm_backward.default, grad, x,
+    r = from_table.call(aten.native_layer_norm_backward.default, grad, x,
                      tuple(normalized_shape), mean, rstd, weight, bias, mask,
                      name="layer_norm_backward", file=True) if any(mask) else ()
     if r is NotImplemented:
@@ -250,7 +250,7 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
     """Rows of ``weight`` at ``indices``: one gather, O(N·D) for N indices into a
     [V, D] table. An index out of range raises PyTorch's IndexError (its CPU kernel's,
     :func:`~hologram_torch.aten.shape.cpu_error`) before anything is launched."""
-    if (weight.dim() != 2 or not program.supported(weight, indices) or indices.is_cpu
+    if (weight.dim() != 2 or not runner.supported(weight, indices) or indices.is_cpu
             or indices.dtype not in (torch.int64, torch.int32)):
         return run_on_cpu(aten.embedding.default, weight, indices, padding_idx,
                           scale_grad_by_freq, sparse)
@@ -258,7 +258,7 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
         return cpu_error(aten.embedding.default, weight, indices, padding_idx,
                          scale_grad_by_freq, sparse)
     # (filed with the front kernel, which checks every call's indices natively)
-    r = lowered.call(aten.embedding.default, weight, indices, file=True,
+    r = from_table.call(aten.embedding.default, weight, indices, file=True,
                      checks=((1, 0, 0, -1),))
     if r is NotImplemented:
         return run_on_cpu(aten.embedding.default, weight, indices, padding_idx,
@@ -272,7 +272,7 @@ def embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad
     added per index in index order, one ISA scatter (its lowering in
     :mod:`hologram_torch.lowering.nn`), O((V + N)·D) like the CPU kernel's loop, at any
     multiplicity of an index."""
-    r = lowered.call(aten.embedding_dense_backward.default, grad, indices, int(num_weights),
+    r = from_table.call(aten.embedding_dense_backward.default, grad, indices, int(num_weights),
                      int(padding_idx), bool(scale_grad_by_freq), name="embedding_backward",
                      file=True, checks=((1, 2, -1, -1),))
     if r is NotImplemented:
@@ -301,24 +301,24 @@ def native_dropout(x, p, train=None):
     Bernoulli(1 - p) tensor of x's dtype and shape, ``bernoulli_`` on the CPU), copied to
     the device; the scaling runs here. (CPU ``native_dropout`` itself draws a bool tensor,
     a different stream: it is ``F.dropout``'s results that match.)"""
-    if not _floats(x) or program.lacking(x):  # (before the draw: it must happen once)
+    if not _floats(x) or runner.lacking(x):  # (before the draw: it must happen once)
         return run_on_cpu(aten.native_dropout.default, x, p, train)
     if x.numel() == 0:
         return memory.empty(x.shape, x.dtype), memory.empty(x.shape, torch.bool)
     if train is not None and not train:
-        return program.run("dropout_eval", _dropout_eval_build, (x, True),
+        return runner.run("dropout_eval", _dropout_eval_build, (x, True),
                            layout=layout.pointwise)
     keep = 1.0 - p
     # laid out as x (the CPU draws into empty_like(x)): the same draws in the same places
     noise = torch.empty_strided(x.shape, layout.elementwise(x.shape, (x,)), dtype=x.dtype)
     noise = memory.from_cpu(noise.bernoulli_(keep))
     scale = 0.0 if keep == 0 else 1.0 / keep
-    return program.run("dropout", _dropout_build, (x, noise, scale), layout=layout.pointwise)
+    return runner.run("dropout", _dropout_build, (x, noise, scale), layout=layout.pointwise)
 
 
 @impl("native_dropout_backward")
 def native_dropout_backward(grad, mask, scale):
-    r = lowered.run(aten.native_dropout_backward.default, (grad, mask, float(scale)),
+    r = from_table.run(aten.native_dropout_backward.default, (grad, mask, float(scale)),
                     name="dropout_backward")
     if r is NotImplemented:
         return run_on_cpu(aten.native_dropout_backward.default, grad, mask, scale)

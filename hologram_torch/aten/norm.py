@@ -16,9 +16,9 @@ import torch._decomp
 import torch._prims_common as _prims
 
 from hologram_torch import memory
-from hologram_torch.aten import layout, lowered, program
-from hologram_torch.aten.program import ISA
+from hologram_torch.aten import from_table, layout, runner
 from hologram_torch.aten.registry import aten, composed, impl
+from hologram_torch.aten.runner import ISA
 from hologram_torch.fallback import run_on_cpu
 from hologram_torch.lowering import Unsupported, norm  # (importing registers the entries)
 
@@ -42,7 +42,7 @@ def _update_in_place(x, weight, bias, running_mean, running_var, momentum, eps):
     stats = _stats_dtype(x, weight)
     out = (memory.empty(x.shape, x.dtype, layout.suggested(x)), memory.empty((c,), stats),
            memory.empty((c,), stats), running_mean, running_var)
-    r = lowered.call(aten._native_batch_norm_legit_functional.default, x, weight, bias,
+    r = from_table.call(aten._native_batch_norm_legit_functional.default, x, weight, bias,
                      running_mean, running_var, True, float(momentum), float(eps),
                      out=out, name="batch_norm_train", file=True)
     return NotImplemented if r is NotImplemented else out[:3]
@@ -55,7 +55,7 @@ def _forward(x, weight, bias, running_mean, running_var, training, momentum, eps
     if training and running_mean is not None and running_var is not None:
         return _update_in_place(x, weight, bias, running_mean, running_var, momentum, eps)
     if training:
-        return lowered.call(aten._native_batch_norm_legit.no_stats, x, weight, bias, True,
+        return from_table.call(aten._native_batch_norm_legit.no_stats, x, weight, bias, True,
                             float(momentum), float(eps), name="batch_norm_batch_stats")
     if running_mean is None or running_var is None:
         return NotImplemented  # torch raises
@@ -63,11 +63,11 @@ def _forward(x, weight, bias, running_mean, running_var, training, momentum, eps
     # launches of their own).
     params = tuple(p for p in (weight, bias) if p is not None)
     try:
-        out = program.run("batch_norm_eval", _inference, (x, running_mean, running_var,
+        out = runner.run("batch_norm_eval", _inference, (x, running_mean, running_var,
                                                           *params),
                           (weight is not None, bias is not None, float(eps)),
                           layout=layout.like_first)
-    except (program.Unsupported, Unsupported):
+    except (runner.Unsupported, Unsupported):
         return NotImplemented
     stats = _stats_dtype(x, weight)
     return out, memory.empty((0,), stats), memory.empty((0,), stats)
@@ -125,7 +125,7 @@ def native_batch_norm_legit_functional(input, weight, bias, running_mean, runnin
                                        training, momentum, eps):
     r = NotImplemented
     if _native(input, weight, bias, running_mean, running_var):
-        r = lowered.call(aten._native_batch_norm_legit_functional.default, input, weight,
+        r = from_table.call(aten._native_batch_norm_legit_functional.default, input, weight,
                          bias, running_mean, running_var, bool(training), float(momentum),
                          float(eps), name="batch_norm_functional")
     if r is NotImplemented:
@@ -141,7 +141,7 @@ def native_batch_norm_backward(grad_out, input, weight, running_mean, running_va
             bool(output_mask[2]))
     r = NotImplemented
     if _native(grad_out, input, weight, running_mean, running_var, save_mean, save_invstd):
-        r = lowered.call(aten.native_batch_norm_backward.default, grad_out, input, weight,
+        r = from_table.call(aten.native_batch_norm_backward.default, grad_out, input, weight,
                          running_mean, running_var, save_mean, save_invstd, bool(train),
                          float(eps), mask, name="batch_norm_backward",
                          file=True) if any(mask) else ()

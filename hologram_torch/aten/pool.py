@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from hologram_torch.aten import lowered
+from hologram_torch.aten import from_table
 from hologram_torch.aten.registry import native_or_cpu, overload
 from hologram_torch.lowering import Unsupported, pool  # (importing registers the entries)
 
@@ -61,7 +61,7 @@ def _register_pool(name: str, n: int) -> None:
     def kernel(*args):
         if not _cheaper(name, n, args):
             return NotImplemented
-        return lowered.call(op, *(lowered.static(a) for a in args), name=name)
+        return from_table.call(op, *(from_table.static(a) for a in args), name=name)
 
     native_or_cpu(name)(kernel)
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 
 from hologram_torch import memory
-from hologram_torch.aten import program
-from hologram_torch.aten.program import ISA
+from hologram_torch.aten import runner
 from hologram_torch.aten.registry import impl, native_or_cpu, overload
+from hologram_torch.aten.runner import ISA
 from hologram_torch.fallback import cpu_view
 from hologram_torch.lowering.shape import arange_math
 
@@ -59,7 +59,7 @@ def arange_out(start, end, step=1, *, out):
         out.resize_(n)
     if n:
         # (in f64, as the CPU does; in f32 where the backend lacks f64, as CUDA does)
-        compute = (program.NUMBER_TYPES[float] if out.dtype.is_floating_point
+        compute = (runner.NUMBER_TYPES[float] if out.dtype.is_floating_point
                    else ISA[torch.int64])
-        program.run("arange", _arange, (start, step), (n, compute), out=(out,))
+        runner.run("arange", _arange, (start, step), (n, compute), out=(out,))
     return out

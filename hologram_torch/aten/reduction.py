@@ -7,7 +7,7 @@ Each kernel normalizes its ``dim`` argument with :func:`_dims` and runs the op's
 Semantics follow torch's CPU kernels:
 
 * integer and bool sums accumulate (and return) int64; half types accumulate in float32
-  (:func:`program.opmath`) and round once at the end;
+  (:func:`runner.opmath`) and round once at the end;
 * max/min/amax/amin propagate NaN; argmax/argmin (and the indices of ``max.dim``) pick
   the first occurrence of the extreme, NaN counting as the extreme;
 * an empty sum is 0, an empty mean or variance NaN;
@@ -25,9 +25,9 @@ from __future__ import annotations
 import torch
 
 from hologram_torch import memory
-from hologram_torch.aten import lowered, program
-from hologram_torch.aten.program import ISA, MAX_NDIM
+from hologram_torch.aten import from_table, runner
 from hologram_torch.aten.registry import aten, composed, impl, native_or_cpu
+from hologram_torch.aten.runner import ISA, MAX_NDIM
 from hologram_torch.fallback import run_on_cpu
 from hologram_torch.lowering import Unsupported, reduction
 
@@ -71,8 +71,8 @@ def _float_result(x: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype | N
 
 def _run(op, x, static, kwargs=(), out=None, name=None, file=False):
     """``op``'s lowering (:mod:`hologram_torch.lowering.reduction`) on ``x``; ``file``: with
-    the front kernel running the call (as :func:`lowered.call`'s)."""
-    return lowered.run(op, (x,), static, kwargs, out, name, file)
+    the front kernel running the call (as :func:`from_table.call`'s)."""
+    return from_table.run(op, (x,), static, kwargs, out, name, file)
 
 
 @impl("sum.dim_IntList", hot=True)
@@ -88,21 +88,21 @@ def sum_dim(x, dim, keepdim=False, dtype=None):
 def _whole(op, general, whole, x, dtype):
     """``x.sum()`` / ``x.mean()`` (no dim, no dtype) on a device tensor: the kernel
     remembered under ``x``'s signature, else ``general`` (which files it, see
-    program.shortcuts); past 64 dimensions (no program takes them, and ``general`` with
+    runner.shortcuts); past 64 dimensions (no program takes them, and ``general`` with
     ``dim=None`` is refused there) the CPU's ``whole``."""
     if x.dim() > MAX_NDIM:
         return run_on_cpu(whole, x, dtype=dtype)
     if dtype is not None or x.is_cpu:
         return general(x, None, False, dtype=dtype)
     key = (op, x.dtype, x.shape, x.stride())
-    entry = program.shortcuts.get(key)
+    entry = runner.shortcuts.get(key)
     if entry is not None:
-        return program.launch_fresh(entry, (x,))
+        return runner.launch_fresh(entry, (x,))
     r = general(x, None, False)
     axes = _dims(x, None)
     if axes is not None:
-        program.remember(key, op.__name__.partition(".")[0],
-                         lowered.spec(op, (x,), (axes, False), (("dtype", None),)), (x,), r)
+        runner.remember(key, op.__name__.partition(".")[0],
+                         from_table.spec(op, (x,), (axes, False), (("dtype", None),)), (x,), r)
     return r
 
 
@@ -254,7 +254,7 @@ def _all_any(name: str, kind: str):
     def reduce(x, dim=None, keepdim=False, *, out=None):
         # dim=() reduces nothing here, unlike sum's and amax's dim=() (torch 2.13)
         axes = () if isinstance(dim, (list, tuple)) and not dim else _dims(x, dim)
-        if axes is None or not program.supported(x) or x.dtype is torch.uint8 or (
+        if axes is None or not runner.supported(x) or x.dtype is torch.uint8 or (
                 out is not None and (out.dtype is not torch.bool
                                      or not _into(out, x, _reduced_shape(x, axes, keepdim)))):
             return NotImplemented

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import torch
 
 from hologram_torch import fallback, memory, native
-from hologram_torch.aten import program
+from hologram_torch.aten import runner
 
 aten = torch.ops.aten
 _lib = torch.library.Library("aten", "IMPL")
@@ -20,10 +20,10 @@ COMPOSED: set[str] = set()
 
 def _register(name: str, fn: Callable, hot: bool) -> None:
     """Register ``fn`` for overload ``name``, behind a guard: operands no program of the
-    device's backend takes (:class:`program.Unsupported`: a dtype the backend lacks, such
+    device's backend takes (:class:`runner.Unsupported`: a dtype the backend lacks, such
     as f64 on webgpu) run the op through the CPU fallback. ``fn`` must raise it before it
     has run anything the CPU would run again: a kernel of several programs or one that
-    draws random numbers checks first (:func:`program.lacking`)."""
+    draws random numbers checks first (:func:`runner.lacking`)."""
     op = overload(name)
     qualified = op._schema.name  # ("aten::add")
     devices = memory.DEVICES
@@ -34,7 +34,7 @@ def _register(name: str, fn: Callable, hot: bool) -> None:
                 return _guarded(op, fn, args, kwargs)
         try:  # (_guarded's body, inlined: one call less on every op of one device)
             return fn(*args, **kwargs)
-        except program.Unsupported:
+        except runner.Unsupported:
             return fallback.run_on_cpu(op, *args, **kwargs)
 
     kernel.__name__ = kernel.__qualname__ = fn.__name__
@@ -46,7 +46,7 @@ def _register(name: str, fn: Callable, hot: bool) -> None:
 def _guarded(op, fn: Callable, args: tuple, kwargs: dict):
     try:
         return fn(*args, **kwargs)
-    except program.Unsupported:
+    except runner.Unsupported:
         return fallback.run_on_cpu(op, *args, **kwargs)
 
 
@@ -54,7 +54,7 @@ def impl(*names: str, hot: bool = False) -> Callable:
     """Register the decorated function as the hologram kernel of each overload ``names``
     (``"add.Tensor"``; a bare name means its ``.default`` overload). ``hot``: behind the
     native front kernel where the native library is loaded (:func:`native.register_fast`),
-    for kernels that file their calls (``program.remember``)."""
+    for kernels that file their calls (``runner.remember``)."""
 
     def register(fn: Callable) -> Callable:
         for name in names:

@@ -24,7 +24,7 @@ import types
 import torch
 
 from hologram.errors import HologramError
-from hologram_torch.aten import program
+from hologram_torch.aten import runner
 from hologram_torch.aten.registry import aten, composed
 from hologram_torch.lowering import Unsupported, lower
 from hologram_torch.lowering.common import cast
@@ -51,16 +51,16 @@ def _chunks(x, n: int) -> list:
 def _one_program(name: str, build, operands, present, fallback, *args):
     """``build`` over the present operands in one program, or ``fallback(*args)`` (the
     op-by-op composition) where no program takes them. The program's results are filed
-    with the front kernel running the call (:func:`program.file_front`): the cell ops'
+    with the front kernel running the call (:func:`runner.file_front`): the cell ops'
     kernels return them as they are."""
     tensors = [t for t in operands if t is not None]
-    if tensors[0].dim() == 2 and program.supported(*tensors):
+    if tensors[0].dim() == 2 and runner.supported(*tensors):
         try:
-            results = program.run(name, build, tensors, (present,))
-        except (Unsupported, program.Unsupported, HologramError):
+            results = runner.run(name, build, tensors, (present,))
+        except (Unsupported, runner.Unsupported, HologramError):
             pass
         else:
-            program.file_front(name, (present,), tensors, results)
+            runner.file_front(name, (present,), tensors, results)
             return results
     return fallback(*args)
 
@@ -174,16 +174,16 @@ def fused_gru_cell(input_gates, hidden_gates, hx, input_bias=None, hidden_bias=N
 @composed("_thnn_fused_gru_cell_backward", hot=True)
 def fused_gru_cell_backward(grad_hy, workspace, has_bias):
     tensors = (grad_hy, workspace)
-    if workspace.dim() == 2 and program.supported(*tensors):
+    if workspace.dim() == 2 and runner.supported(*tensors):
         try:
             static = (bool(has_bias),)
-            results = program.run("gru_cell_backward", _gru_cell_backward_build, tensors,
+            results = runner.run("gru_cell_backward", _gru_cell_backward_build, tensors,
                                   static)
             if not has_bias:
                 return (*results, None, None)
-            program.file_front("gru_cell_backward", static, tensors, results)
+            runner.file_front("gru_cell_backward", static, tensors, results)
             return results
-        except (Unsupported, program.Unsupported, HologramError):
+        except (Unsupported, runner.Unsupported, HologramError):
             pass
     return _gru_cell_backward(grad_hy, workspace, has_bias)
 

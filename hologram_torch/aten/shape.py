@@ -33,10 +33,10 @@ import torch
 from torch.utils._pytree import tree_map
 
 from hologram_torch import memory
-from hologram_torch.aten import layout, program
+from hologram_torch.aten import layout, runner
 from hologram_torch.aten.linalg import _shares_memory, infer, kernels, launch
-from hologram_torch.aten.program import ISA
 from hologram_torch.aten.registry import aten, composed, impl, overload
+from hologram_torch.aten.runner import ISA
 from hologram_torch.aten.tensor import clone, copy_into
 from hologram_torch.fallback import cpu_view, run_on_cpu
 from hologram_torch.lowering import Number, Unsupported, lower
@@ -59,7 +59,7 @@ def _cat_build(g, *args):
 def _cat(op, tensors, dim=0, out=None):
     kwargs = {} if out is None else {"out": out}
     tensors = list(tensors)
-    if not program.supported(*tensors):
+    if not runner.supported(*tensors):
         return run_on_cpu(op, tensors, dim, **kwargs)
     meta = infer(op, tensors, dim, **({} if out is None else {"out": out}))
     dim = dim % max(meta.dim(), 1)
@@ -109,7 +109,7 @@ _SCATTER_INDEX = (torch.int64,)
 
 def _gather(op, self, dim, index, *, sparse_grad=False, out=None):
     kwargs = {"sparse_grad": sparse_grad, **({} if out is None else {"out": out})}
-    if not program.supported(self, index) or index.dtype not in _SCATTER_INDEX:
+    if not runner.supported(self, index) or index.dtype not in _SCATTER_INDEX:
         return run_on_cpu(op, self, dim, index, **kwargs)
     infer(op, self, dim, index, **kwargs)
     dim = dim % max(self.dim(), 1)
@@ -121,7 +121,7 @@ def _gather(op, self, dim, index, *, sparse_grad=False, out=None):
 
 def _index_select(op, self, dim, index, out=None):
     kwargs = {} if out is None else {"out": out}
-    if not program.supported(self, index) or index.dtype not in _SELECT_INDEX:
+    if not runner.supported(self, index) or index.dtype not in _SELECT_INDEX:
         return run_on_cpu(op, self, dim, index, **kwargs)
     infer(op, self, dim, index, **kwargs)
     dim = dim % max(self.dim(), 1)
@@ -179,7 +179,7 @@ def _expand_masks(self: torch.Tensor, indices: list) -> list | None:
     is 0-d (PyTorch's kernel takes those). None for a mask whose shape does not match:
     the caller has PyTorch's kernel raise (it warns about byte masks itself)."""
     masks = [i for i in indices if i is not None and i.dtype in _MASKS]
-    if not masks or any(m.dim() == 0 for m in masks) or not program.supported(self):
+    if not masks or any(m.dim() == 0 for m in masks) or not runner.supported(self):
         return indices
     expanded = _mask_indices(self, indices)
     if expanded is None:
@@ -203,7 +203,7 @@ def _index(op, self, indices, out=None):
     if not any(t.dtype in _MASKS for t in tensors):
         check_index_shapes(tensors)
     if (not tensors or self.dim() == 0 or len(indices) > self.dim()
-            or not program.supported(self, *tensors)
+            or not runner.supported(self, *tensors)
             or any(t.dtype not in _SELECT_INDEX or t.is_cpu for t in tensors)):
         return run_on_cpu(op, self, indices, **kwargs)  # masks, CPU indices: torch's kernel
     for d, i in enumerate(indices):
@@ -261,7 +261,7 @@ def _writes(kind: str):
                                     ("out", out)) if v is not None}
         how = mode if mode is not None else (reduce if reduce in _REDUCTIONS[kind] else None)
         tensors = (self, index) + ((src,) if isinstance(src, torch.Tensor) else ())
-        if (not program.supported(*tensors) or how is None or index.dtype not in index_dtypes
+        if (not runner.supported(*tensors) or how is None or index.dtype not in index_dtypes
                 or isinstance(alpha, complex) or isinstance(src, complex)):
             return run_on_cpu(op, *args, **kwargs)
         infer(op, *args, **kwargs)
@@ -288,7 +288,7 @@ def _writes(kind: str):
         try:
             return launch(op, args, kwargs, f"shape.{kind}", _writes_build,
                           (self, index, src, alpha if scaled else 1), static, out)
-        except (Unsupported, program.Unsupported):  # shapes the lowering does not take
+        except (Unsupported, runner.Unsupported):  # shapes the lowering does not take
             return run_on_cpu(op, *args, **kwargs)
 
     return kernel
@@ -388,7 +388,7 @@ def _index_put_impl_(self, indices, values, accumulate=False, unsafe=False):
     value_tensor = isinstance(values, torch.Tensor) and not (values.is_cpu
                                                              and values.dim() == 0)
     if (not tensors or self.dim() == 0 or len(indices) > self.dim()
-            or not program.supported(self, *tensors, *([values] if value_tensor else []))
+            or not runner.supported(self, *tensors, *([values] if value_tensor else []))
             or any(t.dtype not in _SELECT_INDEX or t.is_cpu for t in tensors)
             or (value_tensor and (values.dtype is not self.dtype or values.is_cpu))
             or memory.internal_overlap(self)):
@@ -407,9 +407,9 @@ def _index_put_impl_(self, indices, values, accumulate=False, unsafe=False):
             return run_on_cpu(op, *args)
     present = tuple(i is not None for i in indices)
     try:
-        program.run("shape.index_put", _index_put_build, (self, values, *tensors),
+        runner.run("shape.index_put", _index_put_build, (self, values, *tensors),
                     (present, bool(accumulate), not value_tensor), out=(self,))
-    except (Unsupported, program.Unsupported):  # values that do not broadcast: torch raises
+    except (Unsupported, runner.Unsupported):  # values that do not broadcast: torch raises
         return run_on_cpu(op, *args)
     return self
 

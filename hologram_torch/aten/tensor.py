@@ -16,9 +16,9 @@ import warnings
 import torch
 
 from hologram_torch import lazy, memory, native
-from hologram_torch.aten import layout, program
-from hologram_torch.aten.program import ISA, MAX_NDIM, Unsupported, cast
+from hologram_torch.aten import layout, runner
 from hologram_torch.aten.registry import NATIVE, aten, composed, impl, overload
+from hologram_torch.aten.runner import ISA, MAX_NDIM, Unsupported, cast
 from hologram_torch.constants import CPU_KEYS
 from hologram_torch.device import device_count, invalid_ordinal
 from hologram_torch.fallback import cpu_view
@@ -196,7 +196,7 @@ def copy_into(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
         memory.write_back(alias)
         return dst
     try:
-        program.run("copy", _copy_build, (src.item() if host else src,),
+        runner.run("copy", _copy_build, (src.item() if host else src,),
                     (tuple(dst.shape), ISA[dst.dtype]), out=(dst,))
     except (Unsupported, KeyError):
         # dtypes no program takes (complex): the CPU's copy, from the scalar tensor itself
@@ -300,9 +300,9 @@ def clone(self, memory_format=None):
         # front kernel serves from the second call on (no Python at all).
         name = "clone" if preserve else "clone.contiguous"
         static = (tuple(self.shape), ISA[self.dtype])
-        out = program.run(name, _copy_build, (self,), static,
+        out = runner.run(name, _copy_build, (self,), static,
                           layout=layout.preserved if preserve else None)
-        program.remember((name, self.dtype, self.shape, self.stride()), name, static,
+        runner.remember((name, self.dtype, self.shape, self.stride()), name, static,
                          (self,), out)
         return out
     if preserve:
@@ -337,8 +337,8 @@ def _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None,
             (dtype or self.dtype) in ISA) and not _conj_or_neg(self):
         target = dtype or self.dtype
         static = (tuple(self.shape), ISA[target])
-        out = program.run("to_copy", _copy_build, (self,), static, layout=_PRESERVED)
-        program.remember(("to_copy", self.dtype, target, self.shape, self.stride()),
+        out = runner.run("to_copy", _copy_build, (self,), static, layout=_PRESERVED)
+        runner.remember(("to_copy", self.dtype, target, self.shape, self.stride()),
                          "to_copy", static, (self,), out)
         return out
     if non_blocking and (device is None or to.type == "cpu"):
@@ -394,7 +394,7 @@ def fill_(self, value):
         return self
     if isinstance(value, bool) or self.dtype is torch.bool:
         value = bool(value) if self.dtype is torch.bool else value
-    program.run("fill", _fill_build, (value,), (tuple(self.shape), ISA[self.dtype]),
+    runner.run("fill", _fill_build, (value,), (tuple(self.shape), ISA[self.dtype]),
                 out=(self,))
     return self
 

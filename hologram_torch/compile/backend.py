@@ -27,7 +27,7 @@ from torch._decomp import _core_aten_decompositions_post_autograd, get_decomposi
 from torch._dynamo.backends.common import aot_autograd
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from hologram_torch.compile import lowerings, stats
+from hologram_torch.compile import graph_lowerings, stats
 from hologram_torch.compile.options import Options
 from hologram_torch.compile.partition import partition
 
@@ -52,7 +52,7 @@ def decompositions() -> dict:
     aten = torch.ops.aten
     table = {**_core_aten_decompositions_post_autograd(),
              **get_decompositions([getattr(aten, name).default for name in _NEAREST])}
-    return {op: fn for op, fn in table.items() if lowerings.get(op) is None}
+    return {op: fn for op, fn in table.items() if graph_lowerings.get(op) is None}
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, kind: str, options: Options):

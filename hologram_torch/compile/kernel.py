@@ -38,7 +38,7 @@ from hologram.errors import HologramError
 from hologram.frontend.graph import Graph, Tensor
 from hologram.runtime.launch import launch_cache
 from hologram_torch import lazy, memory
-from hologram_torch.compile import lowerings, stats
+from hologram_torch.compile import graph_lowerings, stats
 from hologram_torch.compile.options import Options
 from hologram_torch.lowering.common import ISA, TORCH, Unsupported
 
@@ -351,4 +351,4 @@ def lower_node(g: Graph, node: torch.fx.Node, env: dict):
         return value[index]
     if not isinstance(node.target, torch._ops.OpOverload):
         raise Unsupported(f"{node.target} is not an ATen op")
-    return lowerings.lower(node.target, g, *args, **kwargs)
+    return graph_lowerings.lower(node.target, g, *args, **kwargs)

@@ -8,7 +8,7 @@ import hologram
 from hologram.compiler.options import CompileOptions
 from hologram.errors import HologramError
 from hologram_torch import memory
-from hologram_torch.aten import program
+from hologram_torch.aten import runner
 
 #: option -> what it does (the error for an unknown option lists these).
 DOCUMENTED = {
@@ -57,7 +57,7 @@ class Options:
         and CPU tensors' graphs compile for the host."""
         if self.backend_name is not None:
             return self.backend_name
-        return program.backend() if memory.host_memory() else "cpu"
+        return runner.backend() if memory.host_memory() else "cpu"
 
     def compile_options(self) -> CompileOptions:
         if self.fast_math is None:

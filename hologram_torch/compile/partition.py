@@ -31,7 +31,7 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from hologram.frontend.graph import Graph, Tensor
-from hologram_torch.compile import lowerings, stats
+from hologram_torch.compile import graph_lowerings, stats
 from hologram_torch.compile.kernel import FusedKernel
 from hologram_torch.compile.options import Options
 from hologram_torch.lowering.common import ISA, TORCH
@@ -78,7 +78,7 @@ class Support(OperatorSupportBase):
             return isinstance(source, torch.fx.Node) and self.is_node_supported(None, source)
         if not isinstance(node.target, torch._ops.OpOverload):
             return False
-        if lowerings.get(node.target) is None:
+        if graph_lowerings.get(node.target) is None:
             return False
         if not _tensor_result(node.meta.get("val")):
             return False
@@ -120,7 +120,7 @@ def _trial(node: torch.fx.Node) -> bool:
 
     args = torch.fx.node.map_arg(node.args, value)
     kwargs = torch.fx.node.map_arg(node.kwargs, value)
-    result = lowerings.lower(node.target, g, *args, **kwargs)
+    result = graph_lowerings.lower(node.target, g, *args, **kwargs)
     return _matches(result, node.meta["val"])
 
 

@@ -352,7 +352,7 @@ bool run(const Entry& entry, const c10::IValue* args, std::vector<at::Tensor>& r
     }
     return hologram_region::record(entry.node, operands, results, given);
   }
-  // A number operand (a Scalar argument) is passed boxed, as program.run boxes it: int64,
+  // A number operand (a Scalar argument) is passed boxed, as runner.run boxes it: int64,
   // double, or a bool in the first byte (every target here is little-endian).
   c10::SmallVector<int64_t, 8> boxes(entry.operands.size(), 0);
   c10::SmallVector<void*, 8> addresses;

@@ -592,7 +592,7 @@ PyObject* record_rows(PyObject*, PyObject* const* args, Py_ssize_t n) {
 
 // launch_rows(entries, rows, outs, given): a foreach op's rows run now, op by op (recorded
 // execution off): entries[i].launch(addresses) on row i's operands (tensors' data, numbers
-// boxed as program.run boxes them) and outs[i]. None once all ran; ("unsafe", -1), with
+// boxed as runner.run boxes them) and outs[i]. None once all ran; ("unsafe", -1), with
 // nothing run, when a written tensor overlaps as memory.unsafe_write refuses. The entries
 // are what file_rows filed for the rows' signature: every check but the overlaps held.
 PyObject* launch_rows(PyObject*, PyObject* const* args, Py_ssize_t n) {

@@ -25,7 +25,7 @@ struct WordsHash {
 // Is recorded execution on (and not paused by a running region)?
 bool recording();
 
-// Record a launch of `entry` (a launch-cache entry of hologram_torch/aten/program.py) on
+// Record a launch of `entry` (a launch-cache entry of hologram_torch/aten/runner.py) on
 // `operands` (device tensors, and CPU 0-d tensors: wrapped numbers and scalars) writing
 // `outs` (fresh results, or `given` tensors written in place). False, with nothing
 // recorded, when the region must run first (a hazard, its size bound): the caller then

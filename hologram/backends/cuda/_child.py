@@ -1,5 +1,5 @@
 """The Triton process: run as a script (``python _child.py compile|interpret``) by
-:mod:`hologram.backends.cuda.worker`, never imported by Hologram.
+:mod:`hologram.backends.cuda.triton_process`, never imported by Hologram.
 
 Why a separate process: Triton's ``libtriton`` carries its own LLVM, and loading it into a
 process where llvmlite's shared LLVM (the cpu backend's) is already initialized crashes

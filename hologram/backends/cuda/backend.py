@@ -6,7 +6,7 @@ then one ``@triton.jit`` function per kernel, all in one Python module (the arti
 time with Triton's compiler (:func:`hologram.build`); the artifact then also holds each
 kernel's PTX, cubin and the resources read from the compiled kernel (Triton's metadata;
 registers and spills from ``ptxas -v`` on that PTX). Triton runs in a child process
-(:mod:`.worker`).
+(:mod:`.triton_process`).
 
 **Run**, on a GPU: where ``cuda-bindings`` finds an NVIDIA GPU of compute capability 8.x
 or 9.0, the backend is available; programs compile for its target (``sm_80`` cubins run on
@@ -55,7 +55,7 @@ from hologram.isa.text import parse_program, print_program
 
 from . import kernels as kernels_cache
 from . import render as render_module
-from . import worker
+from . import triton_process
 from .emulated import EmulatedMemory, untag
 from .render import PRELUDE, render
 from .runtime import ALIGNMENT, DeviceMemory, DeviceProgram
@@ -142,7 +142,7 @@ class CudaBackend(Backend):
 
     @classmethod
     def is_available(cls) -> bool:
-        if not worker.triton_installed():
+        if not triton_process.triton_installed():
             return False
         return config.get().cuda_emulate or gpu() is not None
 
@@ -150,7 +150,7 @@ class CudaBackend(Backend):
     def auto_available(cls) -> bool:
         """Whether ``"auto"`` should pick this backend: on a real GPU only, never
         emulated (the interpreter is slow, and its runs say nothing about a GPU)."""
-        return (not config.get().cuda_emulate and worker.triton_installed()
+        return (not config.get().cuda_emulate and triton_process.triton_installed()
                 and is_gpu_available())
 
     @classmethod
@@ -159,7 +159,7 @@ class CudaBackend(Backend):
         cuda-bindings installed, and (on Linux) an NVIDIA device node. The torch device's
         ``auto`` asks this on ``import torch`` and probes (:meth:`auto_available`) at
         first use."""
-        if config.get().cuda_emulate or not worker.triton_installed():
+        if config.get().cuda_emulate or not triton_process.triton_installed():
             return False
         if importlib.util.find_spec("cuda") is None:
             return False
@@ -167,9 +167,9 @@ class CudaBackend(Backend):
 
     @classmethod
     def unavailable_reason(cls) -> str:
-        if not worker.triton_installed():
+        if not triton_process.triton_installed():
             return ("triton is not installed: pip install 'hologram-tensor[cuda]' "
-                    f"(triton=={worker.TRITON_VERSION})")
+                    f"(triton=={triton_process.TRITON_VERSION})")
         return (f"{why_no_gpu()}; HOLOGRAM_CUDA_EMULATE=1 runs its kernels in Triton's "
                 "interpreter instead")
 
@@ -189,7 +189,7 @@ class CudaBackend(Backend):
         # Everything the generated code depends on beyond the program is named here, so it
         # is part of every cache key (launch.build): TF32 matmuls, a lowered split
         # threshold, a lowered reach of int64 indices (tests).
-        text = f"{FORMAT} triton-{worker.TRITON_VERSION} {name or 'interpret'}"
+        text = f"{FORMAT} triton-{triton_process.TRITON_VERSION} {name or 'interpret'}"
         if config.get().cuda_allow_tf32:
             text += " tf32"
         if render_module.SPLIT_WORK != _SPLIT_WORK:
@@ -256,7 +256,7 @@ class CudaBackend(Backend):
         temps.update({i: s["count"] * np.dtype(s["dtype"]).itemsize
                       for i, s in scratch.items()})
         header = {"format": FORMAT, "program": program.name, "target": target,
-                  "triton": worker.TRITON_VERSION, "source": source, "kernels": kernels,
+                  "triton": triton_process.TRITON_VERSION, "source": source, "kernels": kernels,
                   "params": [i for i, b in enumerate(program.buffers) if b.kind != "temp"],
                   "temps": temps, "scratch": scratch, "allow_tf32": tf32,
                   "interpreted": delegated, "text": print_program(program)}
@@ -365,7 +365,7 @@ def _compile(source: str, kernels: list[dict], arch: int, alignment: int = ALIGN
                "kernels": [{"name": kernels[i]["name"], "signature": kernels[i]["signature"],
                             "num_warps": kernels[i]["num_warps"],
                             "num_stages": kernels[i]["num_stages"]} for i in missing]}
-    reply = worker.call("compile", request, source)
+    reply = triton_process.call("compile", request, source)
     for i, c in zip(missing, reply["kernels"]):
         md = c["metadata"]
         keep = ("name", "num_warps", "num_ctas", "shared", "global_scratch_size",
@@ -424,7 +424,7 @@ class _Emulated(Executable):
                 self._interpret(index, step["reason"], memory)
             elif step["grid"] > 0:
                 arrays = [_for_torch(memory[i]) for i in step["buffers"]]
-                reply = worker.call("interpret", {
+                reply = triton_process.call("interpret", {
                     "op": "run", "source": self.header["source"], "name": step["name"],
                     "grid": (step["grid"],), "arrays": arrays}, self.header["source"])
                 writes = step["writes"]

@@ -37,7 +37,7 @@ from typing import Any
 
 from hologram import config
 
-from . import worker
+from . import triton_process
 
 #: Files larger than this are not read (no real entry comes near it).
 MAX_ENTRY_BYTES = 64 << 20
@@ -73,7 +73,7 @@ def key(source: str, kernel: dict, options: dict, arch: int, driver: int | None)
     parts = {"format": _FORMAT, "source": source, "name": kernel["name"],
              "signature": kernel["signature"], "num_warps": kernel["num_warps"],
              "num_stages": kernel["num_stages"], "options": options, "arch": arch,
-             "triton": worker.TRITON_VERSION,
+             "triton": triton_process.TRITON_VERSION,
              "toolkit": toolkit_version(), "driver": driver}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 

@@ -57,7 +57,7 @@ _CAPS = Capabilities(f64=False, i64=False, narrow_storage=False, ieee_minmax=Tru
                      gather=True, scatter=True, fission=True)
 #: i64 is two 32-bit words (low, high): memory (a gather's values and operands too),
 #: casts, reductions, compares, select, the wrapping arithmetic below and C's division and
-#: remainder (a long division, helpers.py); no contraction.
+#: remainder (a long division, bitlib.py); no contraction.
 _I64_OPS = frozenset({"load", "gather", "store", "scatter", "const", "index", "cast", "reduce",
                       "select",
                       "add", "sub", "mul", "div", "mod", "min", "max", "and", "or", "xor",

@@ -66,7 +66,7 @@ class WGSLEmitter(MathEmitter):
             raise ValueError("WGSL has f32 only")
         super().__init__(fmt)
         self.bind = bind
-        self.used = used  # the helper functions (.helpers) the shader calls
+        self.used = used  # the helper functions (.bitlib) the shader calls
         self.exact_fma = exact_fma
 
     def _f(self, expr: str) -> str:

@@ -69,7 +69,7 @@ from hologram.isa import dtypes as dt
 from hologram.isa.dtypes import DType
 from hologram.isa.ir import Instr, Kernel, Program
 
-from . import helpers, tiling
+from . import bitlib, tiling
 from .mathlib import PRELUDE, WGSLEmitter, f32_literal, i32_literal, opaque, pow_f32
 from .reduce import Accumulator, shared_array
 
@@ -305,7 +305,7 @@ class _Kernel(KernelWriter):
     def call(self, helper: str, *args: str) -> str:
         self.used.add(helper)
         # a helper's own loop counts towards the invocation's (EMULATED_LOOP_LIMIT)
-        self.iterations += self.trips * helpers.LOOPS.get(helper, 0)
+        self.iterations += self.trips * bitlib.LOOPS.get(helper, 0)
         return f"{helper}({', '.join(args)})"
 
     # --- structure ----------------------------------------------------------------------
@@ -416,7 +416,7 @@ class _Kernel(KernelWriter):
                       f"{tiling.TILE * tiling.DEPTH}>;" for side in "ab"]
         head = [f"// kernel {self.kernel.name}: domain {list(self.kernel.domain)}, grid "
                 f"{list(self.kernel.grid)}, mode {self.mode}", PRELUDE.rstrip(),
-                helpers.source(self.used), *decls,
+                bitlib.source(self.used), *decls,
                 f"@compute @workgroup_size({WORKGROUP})",
                 "fn main(@builtin(workgroup_id) wid: vec3<u32>, "
                 "@builtin(local_invocation_id) lid3: vec3<u32>, "
@@ -633,7 +633,7 @@ class _Kernel(KernelWriter):
 
     def wide(self, op: str, args: list[str]) -> str:
         """An operation on i64 values (two words; :data:`.backend._I64_OPS`); division
-        and remainder are a call of a long division (:data:`helpers.LOOPS`)."""
+        and remainder are a call of a long division (:data:`bitlib.LOOPS`)."""
         self.used.add("hg_u64")
         x = args[0]
         y = args[1] if len(args) > 1 else None

@@ -52,13 +52,13 @@ def _noop_kernel(torch):
 
 def bench_overhead(torch, settings) -> list[dict]:
     from hologram_torch import memory, native
-    from hologram_torch.aten import program
+    from hologram_torch.aten import runner
 
     a, b = torch.randn(100), torch.randn(100)
     da, db = a.to("hologram"), b.to("hologram")
     check = _check(torch, da + db, a + b, "a + b")
     operand = (torch.float32, torch.Size([100]), (1,))
-    entry = next(e for k, e in program._cache.items() if k[0] == "add" and operand in k)
+    entry = next(e for k, e in runner._cache.items() if k[0] == "add" and operand in k)
     out = memory.empty([100], torch.float32)
     addresses = (da.data_ptr(), db.data_ptr(), out.data_ptr())
     layout = ([100], [1], 400, torch.float32)

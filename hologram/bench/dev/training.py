@@ -33,7 +33,7 @@ Before timing, two steps from the same initial weights must give the same losses
 sides (within 1e-4 relative; the second loss checks the first update), and one warm step
 is recorded with :func:`hologram_torch.fallback_stats` (ops that ran on the CPU through the
 fallback: they cost a copy and a dispatch each, and explain much of the numbers) and the
-number of native kernel calls (``program.run``) it made.
+number of native kernel calls (``runner.run``) it made.
 
 **First step** (:func:`first_step`): the first training step of ``transformer`` and of
 ``cnn`` (a small MobileNet-style CNN: strided, depthwise and pointwise convolutions with
@@ -212,22 +212,22 @@ def _losses(step, steps: int = 2) -> list[float]:
 def _one_step_costs(step) -> tuple[dict[str, int], int]:
     """(fallback ops and their calls, native kernel calls) of one (warm) step."""
     import hologram_torch
-    from hologram_torch.aten import program
+    from hologram_torch.aten import runner
 
     step()  # compile whatever the step needs first
     calls = [0]
-    run = program.run
+    run = runner.run
 
     def counting(*args, **kwargs):
         calls[0] += 1
         return run(*args, **kwargs)
 
     hologram_torch.reset_fallback_stats()
-    program.run = counting
+    runner.run = counting
     try:
         step()
     finally:
-        program.run = run
+        runner.run = run
     stats = hologram_torch.fallback_stats()
     hologram_torch.reset_fallback_stats()
     return stats, calls[0]

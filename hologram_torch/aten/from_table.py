@@ -1,5 +1,5 @@
 """Eager kernels from the lowering table: an aten op's program is its
-:mod:`hologram_torch.lowering` entry, built and launched through :func:`program.run`.
+:mod:`hologram_torch.lowering` entry, built and launched through :func:`runner.run`.
 
 ``run(op, args, static, kwargs)`` computes ``entry(g, *args, *static, **kwargs)``: ``args``
 are the launch's operands (device tensors, CPU 0-d tensors and Python numbers, which reach
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 
 from hologram.errors import ShapeError
-from hologram_torch.aten import layout, program
+from hologram_torch.aten import layout, runner
 from hologram_torch.aten.registry import native_or_cpu, overload
 from hologram_torch.constants import NAME
 from hologram_torch.lowering import Number, Unsupported, lower
@@ -54,7 +54,7 @@ _SLOTS = tuple((SLOT,) * n for n in range(16))
 
 def spec(op: torch._ops.OpOverload, args: Sequence, static: tuple = (),
          kwargs: tuple = ()) -> tuple:
-    """The static part of the kernel's key for :func:`run` (what :func:`program.run` is
+    """The static part of the kernel's key for :func:`run` (what :func:`runner.run` is
     given). ``static`` and ``kwargs`` must be hashable (tuples, not lists). This runs on
     every launch: kept to a few tuple operations."""
     numbers = ()
@@ -86,7 +86,7 @@ def call(op: torch._ops.OpOverload, *args, kwargs: tuple = (),
     be hashable, lists aside). Absent results (None from the entry: a masked-off gradient)
     are left out of the results. NotImplemented as :func:`run`. ``file``: the launch (into
     its results, or ``out``) is filed with the front kernel running the call, if any
-    (:func:`program.file_front`), which serves the signature from then on if the kernel
+    (:func:`runner.file_front`), which serves the signature from then on if the kernel
     returns some of them as they are (or None), and its calls pass the index ``checks``
     (:func:`native.file_fast`)."""
     operands = []
@@ -107,11 +107,11 @@ def call(op: torch._ops.OpOverload, *args, kwargs: tuple = (),
 def _file(op, name, launched: tuple, operands: Sequence, out, result,
           checks: tuple = ()) -> None:
     """File the launch just made (into its results, or ``out``) with the front kernel
-    running the call, if any (:func:`program.file_front`)."""
+    running the call, if any (:func:`runner.file_front`)."""
     if result is not NotImplemented:
         outs = tuple(out) if out is not None else (
             result if isinstance(result, tuple) else (result,))
-        program.file_front(name or op.__name__.partition(".")[0], launched, operands, outs,
+        runner.file_front(name or op.__name__.partition(".")[0], launched, operands, outs,
                            out is not None, checks)
 
 
@@ -133,9 +133,9 @@ def _launch(op, args, spec, out, name):
             raise RuntimeError(f"Expected all tensors to be on the same device, but found at "
                                f"least two devices, {NAME}:0 and cpu! ({op})")
     try:
-        return program.run(name or op.__name__.partition(".")[0], _build, args, spec, out,
+        return runner.run(name or op.__name__.partition(".")[0], _build, args, spec, out,
                            layout=_layout)
-    except (Unsupported, program.Unsupported):
+    except (Unsupported, runner.Unsupported):
         return NotImplemented
     except ShapeError:
         # Only a first call compiles (a kernel's key holds its operands' shapes), so the
