@@ -35,6 +35,7 @@ number is 1 ulp from infinity (which the infinity rule excludes).
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import json
 import math
@@ -49,6 +50,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conformance import numerics
+from conformance.numerics import (
+    accepts,
+    as_float,
+    elementwise,
+    float_edges,
+    float_random,
+    float_tolerance,
+    pairs,
+    storage,
+    ulp_distance,
+    values,
+)
 from util import execute, inputs_for, random_array, same_bits
 
 import hologram
@@ -68,13 +82,11 @@ from hologram.backends.cpu.render import (
 )
 from hologram.codegen import loops
 from hologram.compiler import pipeline
-from hologram.errors import IRError
 from hologram.frontend.graph import Graph, Tensor
 from hologram.isa import dtypes as dt
 from hologram.isa.builder import ProgramBuilder
 from hologram.isa.dtypes import DType
 from hologram.isa.ir import BINARY_OPS, COMPARE_OPS, UNARY_OPS, Program
-from hologram.isa.verify import infer
 
 pytestmark = pytest.mark.skipif(not CpuBackend.is_available(), reason="LLVM cannot target "
                                 "this host")
@@ -142,44 +154,9 @@ def native(program: Program) -> bool:
     return all(unsupported(k) is None for k in pipeline.run(program).kernels)
 
 
-# --- ulps ----------------------------------------------------------------------------------
-_BITS = {"f16": np.int16, "bf16": np.int16, "f32": np.int32, "f64": np.int64}
-
-
-def as_float(raw: np.ndarray, t: DType) -> np.ndarray:
-    """Storage values of a float dtype as float64 (exact)."""
-    if t is dt.bfloat16:
-        return dt.from_bf16_bits(raw).astype(np.float64)
-    return np.asarray(raw).astype(np.float64)
-
-
-def storage(values, t: DType) -> np.ndarray:
-    """Float64 values rounded once to float dtype ``t``, as storage."""
-    values = np.asarray(values, dtype=np.float64)
-    if t is dt.bfloat16:
-        return dt.to_bf16_bits(values)
-    with np.errstate(over="ignore"):
-        if t is dt.float16:  # through round-to-odd f32: one rounding
-            return dt.round_to_odd_f32(values).astype(np.float16)
-        return values.astype(t.storage)
-
-
-def _ordered(raw: np.ndarray, t: DType) -> np.ndarray:
-    """Bit patterns as int64 in the order of the floats: neighbours differ by 1, ±0 are 0."""
-    kind = _BITS[t.name]
-    bits = np.ascontiguousarray(raw).reshape(-1).view(kind).astype(np.int64)
-    out = bits.copy()
-    negative = bits < 0
-    out[negative] = np.iinfo(kind).min - bits[negative]
-    return out
-
-
-def ulp_distance(a: np.ndarray, b: np.ndarray, t: DType) -> np.ndarray:
-    """How many representable values of ``t`` lie between ``a`` and ``b`` (storage arrays),
-    as uint64 (exact even for f64 values of opposite signs). NaNs give meaningless values."""
-    x, y = _ordered(a, t), _ordered(b, t)
-    high, low = np.maximum(x, y), np.minimum(x, y)
-    return high.astype(np.uint64) - low.astype(np.uint64)
+# --- the ISA's tolerances and input values: tests/conformance/numerics.py ------------------
+assert_close = functools.partial(numerics.assert_close, backend="cpu")
+SINCOS_LIMIT = 1e4  # |x| of the main sin/cos inputs; larger arguments are tested apart
 
 
 def test_ulp_distance_helper():
@@ -188,157 +165,13 @@ def test_ulp_distance_helper():
                     np.nextafter(np.float32(-1), np.float32(0))], dtype=np.float32)
     assert ulp_distance(f32, g32, dt.float32).tolist() == [1, 0, 1, 2, 1, 1]
     big = np.array([-1.7e308], dtype=np.float64)
-    assert int(ulp_distance(big, -big, dt.float64)[0]) == 2 * int(_ordered(-big, dt.float64)[0])
+    across = ulp_distance(big, -big, dt.float64)[0]  # exact, though past int64's range
+    assert int(across) == 2 * int(ulp_distance(big, np.zeros(1), dt.float64)[0])
     one, next_one = dt.to_bf16_bits(np.float32([1.0, 1.0078125]))
     assert ulp_distance(np.array([one]), np.array([next_one]), dt.bfloat16)[0] == 1
     h = np.array([1.0, -0.0], dtype=np.float16)
     assert ulp_distance(h, np.array([1.0009766, 6e-8], dtype=np.float16), dt.float16).tolist() \
         == [1, 1]
-
-
-def _describe(bad: np.ndarray, got, want, t: DType, inputs, extra=None) -> str:
-    lines = []
-    for i in np.flatnonzero(bad)[:8]:
-        args = ", ".join(f"{_show(x[i] if x.size > 1 else x[0], x)}" for x in inputs)
-        g, w = _show(got[i], got, t), _show(want[i], want, t)
-        more = f" ({extra[i]} ulp)" if extra is not None else ""
-        lines.append(f"  [{i}] inputs ({args}): cpu {g}, interp {w}{more}")
-    return f"{int(bad.sum())} of {bad.size} differ:\n" + "\n".join(lines)
-
-
-def _show(value, array, t: DType | None = None) -> str:
-    if array.dtype == np.uint16 and (t is None or t is dt.bfloat16):
-        return f"bf16 {float(dt.from_bf16_bits(np.uint16(value))):.9g} (0x{int(value):04x})"
-    if array.dtype.kind == "f":
-        return f"{float(value)!r}"
-    return repr(value.item() if hasattr(value, "item") else value)
-
-
-def assert_close(got: np.ndarray, want: np.ndarray, t: DType, ulps: int = 0, atol=0.0,
-                 inputs=(), what: str = "") -> None:
-    """``got`` (CPU) agrees with ``want`` (interpreter) under the module's rules: exact for
-    non-floats; for floats equal NaN and infinity positions, equal signs of zeros, and
-    otherwise within ``ulps`` or ``atol`` (a scalar or an array)."""
-    got, want = np.asarray(got).reshape(-1), np.asarray(want).reshape(-1)
-    assert got.dtype == want.dtype and got.shape == want.shape, (got.dtype, want.dtype,
-                                                                 got.shape, want.shape)
-    inputs = [np.asarray(x).reshape(-1) for x in inputs]
-    if not t.is_float:
-        bad = got != want
-        assert not bad.any(), f"{what}: " + _describe(bad, got, want, t, inputs)
-        return
-    g, w = as_float(got, t), as_float(want, t)
-    nan_g, nan_w = np.isnan(g), np.isnan(w)
-    distance = ulp_distance(got, want, t)
-    with np.errstate(invalid="ignore"):
-        ok = (distance <= ulps) | (np.abs(g - w) <= atol)
-    ok &= np.isinf(g) == np.isinf(w)
-    zeros = (g == 0) & (w == 0)
-    ok &= ~zeros | (np.signbit(g) == np.signbit(w))
-    bad = (nan_g != nan_w) | (~nan_g & ~nan_w & ~ok)
-    assert not bad.any(), f"{what}: " + _describe(bad, got, want, t, inputs,
-                                                   np.where(nan_g | nan_w, 0, distance))
-
-
-# --- input values --------------------------------------------------------------------------
-def _float_limits(t: DType) -> tuple[float, float, float]:
-    """(smallest denormal, smallest normal, largest finite) of float dtype ``t``."""
-    if t is dt.bfloat16:
-        return 2.0 ** -133, 2.0 ** -126, float(dt.from_bf16_bits(np.uint16(0x7F7F)))
-    info = np.finfo(t.storage)
-    return float(info.smallest_subnormal), float(info.tiny), float(info.max)
-
-
-def float_edges(t: DType, limit: float = INF) -> list[float]:
-    sub, tiny, big = _float_limits(t)
-    values = [0.0, -0.0, INF, -INF, NAN, 1.0, -1.0, 0.5, -0.5, 1.5, 2.5, -2.5, 2.0, 3.0,
-              -3.0, 10.0, -100.0, 1e-3, 0.1, math.pi, -math.pi / 2, 1e-40, -1e-40, sub, -sub,
-              tiny, -tiny, big, -big, 88.75, -87.5, -104.0, 710.0, 1e30, -1e30, 65519.0,
-              65520.0, -0.999]
-    return [v for v in values if not abs(v) > limit or math.isinf(v)]
-
-
-def float_random(t: DType, n: int, rng: np.random.Generator, limit: float = INF) -> np.ndarray:
-    """Half normal(0, 3), a quarter normal(0, 30), a quarter with magnitudes 1e-10..1e10
-    (capped at ``limit``)."""
-    normal = rng.standard_normal(n) * 3
-    wide = rng.standard_normal(n) * 30
-    top = min(10.0, math.log10(limit))
-    magnitude = 10.0 ** rng.uniform(-10, top, n) * rng.choice([-1.0, 1.0], n)
-    pick = rng.random(n)
-    return np.where(pick < 0.5, normal, np.where(pick < 0.75, wide, magnitude))
-
-
-def int_edges(t: DType) -> list[int]:
-    if t.is_bool:
-        return [False, True]
-    lo, hi = t.min, t.max
-    values = [lo, lo + 1, -100, -7, -2, -1, 0, 1, 2, 3, 7, 100, 127, 128, 254, 255, hi - 1, hi]
-    return sorted({v for v in values if lo <= v <= hi})
-
-
-def values(t: DType, n: int, rng: np.random.Generator, limit: float = INF) -> np.ndarray:
-    """Edge values of ``t`` followed by ``n`` random ones, as storage."""
-    if t.is_float:
-        return storage(np.concatenate([float_edges(t, limit), float_random(t, n, rng, limit)]), t)
-    if t.is_bool:
-        return np.concatenate([[False, True], rng.random(n) < 0.5])
-    small = rng.integers(max(t.min, -50), min(t.max, 50), n, endpoint=True)
-    full = rng.integers(t.min, t.max, n, endpoint=True, dtype=np.int64 if t.kind == "i"
-                        else np.uint64)
-    mixed = np.where(rng.random(n) < 0.5, small, full.astype(np.int64))
-    return np.concatenate([np.array(int_edges(t), dtype=np.int64), mixed]).astype(t.storage)
-
-
-def pairs(t: DType, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """Every pair of edge values, then ``n`` random pairs."""
-    edges = storage(float_edges(t), t) if t.is_float else np.array(int_edges(t)).astype(t.storage)
-    a = np.concatenate([np.repeat(edges, edges.size), values(t, n, rng)[-n:]])
-    b = np.concatenate([np.tile(edges, edges.size), values(t, n, rng)[-n:]])
-    return a, b
-
-
-# --- elementwise programs ----------------------------------------------------------------
-def accepts(op: str, types: list[DType], result: DType | None = None) -> bool:
-    """Does the ISA's typing rule accept ``op`` on operands of ``types``?"""
-    try:
-        infer(op, [(t, (1,)) for t in types], (), result, (1,))
-    except IRError:
-        return False
-    return True
-
-
-def elementwise(op: str, types: list[DType], n: int, result: DType | None = None) -> Program:
-    """``out = op(a0, a1, ...)`` over ``n`` elements (``cast`` to ``result``)."""
-    b = ProgramBuilder(f"{op}_{'_'.join(t.name for t in types)}")
-    buffers = [b.input(f"a{i}", t, (n,)) for i, t in enumerate(types)]
-    k = b.kernel((n,))
-    loaded = tuple(k.load(x) for x in buffers)
-    value = k.cast(loaded[0], result) if op == "cast" else k.emit(op, loaded)
-    out = b.output("out", value.dtype, (n,))
-    k.store(out, value)
-    return b.build()
-
-
-# Transcendentals: max ulps in f32 and f64 (f16/bf16: 1 ulp of their own format).
-ULPS = dict(exp=2, exp2=2, expm1=2, log=2, log2=2, log1p=2, tanh=4, sigmoid=4, erf=4, sin=4,
-            cos=4, pow=4)
-INEXACT = {**ULPS, "rsqrt": 1}
-SINCOS_LIMIT = 1e4  # |x| of the main sin/cos inputs; larger arguments are tested apart
-
-
-def float_tolerance(op: str, t: DType, want: np.ndarray):
-    """(ulps, atol) for ``op`` with result dtype ``t`` and reference results ``want``."""
-    if op not in INEXACT:
-        return 0, 0.0
-    if t.bits == 16:
-        return 1, 0.0
-    w = np.abs(as_float(want, t))
-    atol = np.where(w < 1e-30, 1e-6, 0.0) if op in ULPS else 0.0
-    if op in ("sin", "cos"):
-        near_zero = 1e-6 if t is dt.float32 else 1e-15
-        atol = np.maximum(atol, np.where(w < 1e-2, near_zero, 0.0))
-    return INEXACT[op], atol
 
 
 UNARY_CASES = [(op, t.name) for op in UNARY_OPS for t in ALL if accepts(op, [t])]
@@ -467,7 +300,7 @@ def fma_inputs(t: DType, rng: np.random.Generator) -> list[np.ndarray]:
     a, b = np.repeat(edges, edges.size), np.tile(edges, edges.size)
     c = rng.choice(edges, a.size)
     n = 1000
-    rand = [storage(float_random(t, n, rng), t) for _ in range(3)]
+    rand = [storage(float_random(n, rng), t) for _ in range(3)]
     # products that need every bit, plus an addend that cancels most of them
     near = [storage(1 + rng.standard_normal(n) * 2.0 ** -8, t) for _ in range(2)]
     cancel = storage(-as_float(near[0], t) * as_float(near[1], t) * (1 + 2.0 ** -20), t)
