@@ -22,6 +22,7 @@ import sys
 
 import numpy as np
 import pytest
+from conformance.numerics import fma_inputs
 from test_cpu import (
     ALL,
     SINCOS_LIMIT,
@@ -29,7 +30,6 @@ from test_cpu import (
     assert_close,
     cast_inputs,
     float_tolerance,
-    fma_inputs,
     fused_program,
     pairs,
     reduce_tolerance,

@@ -440,6 +440,19 @@ def pairs(t: DType, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.nd
     return a, b
 
 
+def fma_inputs(t: DType, rng: np.random.Generator) -> list[np.ndarray]:
+    """``fma``'s three operands: every pair of edge values with an edge addend, random
+    triples, and products that need every bit with an addend that cancels most of them."""
+    edges = storage(float_edges(t), t)
+    a, b = np.repeat(edges, edges.size), np.tile(edges, edges.size)
+    c = rng.choice(edges, a.size)
+    n = 1000
+    rand = [storage(float_random(n, rng), t) for _ in range(3)]
+    near = [storage(1 + rng.standard_normal(n) * 2.0 ** -8, t) for _ in range(2)]
+    cancel = storage(-as_float(near[0], t) * as_float(near[1], t) * (1 + 2.0 ** -20), t)
+    return [np.concatenate(parts) for parts in zip((a, b, c), rand, (*near, cancel))]
+
+
 # --- tolerances ---------------------------------------------------------------------------
 #: Transcendentals: max ulps in f32 and f64 (docs/mathlib.md); f16/bf16: 1 ulp.
 ULPS = dict(exp=2, exp2=2, expm1=2, log=2, log2=2, log1p=2, tanh=4, sigmoid=4, erf=4, sin=4,

@@ -16,14 +16,12 @@ from hologram.isa.ir import BINARY_OPS, COMPARE_OPS, UNARY_OPS
 from .numerics import (
     SINCOS_LIMIT,
     accepts,
-    as_float,
     assert_close,
     both,
     elementwise,
     expect_known_bug,
-    float_edges,
-    float_random,
     float_tolerance,
+    fma_inputs,
     pairs,
     seed_of,
     storage,
@@ -117,16 +115,7 @@ def test_fma_rounds_once(backend, name, request):
     t = dt.dtype(name)
     if not supported(backend, "fma", t):
         pytest.skip(f"{backend} does not declare fma on {name}")
-    rng = np.random.default_rng(seed_of("fma", name))
-    edges = storage(float_edges(t), t)
-    a, b = np.repeat(edges, edges.size), np.tile(edges, edges.size)
-    c = rng.choice(edges, a.size)
-    n = 1000
-    rand = [storage(float_random(n, rng), t) for _ in range(3)]
-    # products that need every bit, plus an addend that cancels most of them
-    near = [storage(1 + rng.standard_normal(n) * 2.0 ** -8, t) for _ in range(2)]
-    cancel = storage(-as_float(near[0], t) * as_float(near[1], t) * (1 + 2.0 ** -20), t)
-    inputs = [np.concatenate(p) for p in zip((a, b, c), rand, (*near, cancel))]
+    inputs = fma_inputs(t, np.random.default_rng(seed_of("fma", name)))
     program = elementwise("fma", [t, t, t], inputs[0].size)
     (got,), (want,) = both(program, backend, inputs)
     assert_close(got, want, t, inputs=inputs, what=f"fma {name}", backend=backend)
