@@ -452,6 +452,75 @@ class MathEmitter(ABC):
         return self.mul(self.mul(p, self.pow2i(half)), self.pow2i(self.isub(n, half)))
 
 
+class InfixEmitter(MathEmitter):
+    """The primitives a language with C's infix operators spells alike (WGSL, Triton, C):
+    float ``+ - *``, the ordered comparisons, the mask connectives and the integer
+    arithmetic and bit operations, each an infix expression bound to a fresh name through
+    the subclass's :meth:`floating`, :meth:`integer` or :meth:`mask`. A subclass writes
+    the rest, and overrides what its language spells otherwise."""
+
+    #: The connectives of two masks (Triton's masks are tiles of int1: ``&`` and ``|``).
+    AND = "&&"
+    OR = "||"
+
+    @abstractmethod
+    def floating(self, expression: str) -> Value:
+        """A fresh name bound to the float ``expression``."""
+
+    @abstractmethod
+    def integer(self, expression: str) -> Value:
+        """A fresh name bound to the integer ``expression``."""
+
+    @abstractmethod
+    def mask(self, expression: str) -> Value:
+        """A fresh name bound to the mask ``expression``."""
+
+    def add(self, a, b):
+        return self.floating(f"{a} + {b}")
+
+    def sub(self, a, b):
+        return self.floating(f"{a} - {b}")
+
+    def mul(self, a, b):
+        return self.floating(f"{a} * {b}")
+
+    def lt(self, a, b):
+        return self.mask(f"{a} < {b}")
+
+    def ge(self, a, b):
+        return self.mask(f"{a} >= {b}")
+
+    def eq(self, a, b):
+        return self.mask(f"{a} == {b}")
+
+    def and_(self, a, b):
+        return self.mask(f"{a} {self.AND} {b}")
+
+    def or_(self, a, b):
+        return self.mask(f"{a} {self.OR} {b}")
+
+    def iadd(self, a, b):
+        return self.integer(f"{a} + {b}")
+
+    def isub(self, a, b):
+        return self.integer(f"{a} - {b}")
+
+    def iand(self, a, b):
+        return self.integer(f"{a} & {b}")
+
+    def ior(self, a, b):
+        return self.integer(f"{a} | {b}")
+
+    def ixor(self, a, b):
+        return self.integer(f"{a} ^ {b}")
+
+    def ilt(self, a, b):
+        return self.mask(f"{a} < {b}")
+
+    def ine(self, a, b):
+        return self.mask(f"{a} != {b}")
+
+
 # ---------------------------------------------------------------- derived helpers
 def horner(e: MathEmitter, x: Value, coeffs: Sequence[float]) -> Value:
     """c0 + x*(c1 + x*(c2 + ...)), one fma per step."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 
-from hologram.codegen.mathlib import F32, F64, Format, MathEmitter
+from hologram.codegen.mathlib import F32, F64, Format, InfixEmitter
 
 #: Per format: the Triton float type, the integer type of its width, and the sign bit.
 _TYPES = {"f32": ("tl.float32", "tl.int32", -2**31), "f64": ("tl.float64", "tl.int64", -2**63)}
@@ -30,7 +30,7 @@ def float_bits(value: float, fmt: Format) -> int:
     return struct.unpack("<q", struct.pack("<d", value))[0]
 
 
-class TritonEmitter(MathEmitter):
+class TritonEmitter(InfixEmitter):
     """Primitives as Triton expressions; each result is bound to a fresh variable through
     ``bind(expression) -> name``."""
 
@@ -38,6 +38,15 @@ class TritonEmitter(MathEmitter):
         super().__init__(fmt)
         self.bind = bind
         self.ft, self.it, self.sign = _TYPES[fmt.name]
+
+    # Triton's masks are tiles of int1, combined bitwise; every value is bound alike.
+    AND = "&"
+    OR = "|"
+
+    def floating(self, expression: str) -> str:
+        return self.bind(expression)
+
+    integer = mask = floating
 
     def for_format(self, fmt: Format) -> TritonEmitter:
         return TritonEmitter(self.bind, fmt)
@@ -52,15 +61,6 @@ class TritonEmitter(MathEmitter):
 
     def ci(self, value: int) -> str:
         return self.bind(f"tl.full([1, 1], {int(value)}, {self.it})")
-
-    def add(self, a, b):
-        return self.bind(f"{a} + {b}")
-
-    def sub(self, a, b):
-        return self.bind(f"{a} - {b}")
-
-    def mul(self, a, b):
-        return self.bind(f"{a} * {b}")
 
     def div(self, a, b):
         # tl.div_rn takes f32 only; an f64 division is correctly rounded on NVIDIA GPUs
@@ -105,15 +105,6 @@ class TritonEmitter(MathEmitter):
         r = self.sel(self.lt(m, big), self.sub(self.add(m, big), big), m)
         return self.copysign(r, a)
 
-    def lt(self, a, b):
-        return self.bind(f"{a} < {b}")
-
-    def ge(self, a, b):
-        return self.bind(f"{a} >= {b}")
-
-    def eq(self, a, b):
-        return self.bind(f"{a} == {b}")
-
     def ne(self, a, b):
         return self.bind(f"({a} != {b}) & ({a} == {a}) & ({b} == {b})")
 
@@ -126,44 +117,17 @@ class TritonEmitter(MathEmitter):
     def isnan(self, a):
         return self.bind(f"{a} != {a}")
 
-    def and_(self, a, b):
-        return self.bind(f"{a} & {b}")
-
-    def or_(self, a, b):
-        return self.bind(f"{a} | {b}")
-
     def not_(self, a):
         return self.bind(f"{a} == 0")
 
     def sel(self, cond, a, b):
         return self.bind(f"tl.where({cond}, {a}, {b})")
 
-    def iadd(self, a, b):
-        return self.bind(f"{a} + {b}")
-
-    def isub(self, a, b):
-        return self.bind(f"{a} - {b}")
-
-    def iand(self, a, b):
-        return self.bind(f"{a} & {b}")
-
-    def ior(self, a, b):
-        return self.bind(f"{a} | {b}")
-
-    def ixor(self, a, b):
-        return self.bind(f"{a} ^ {b}")
-
     def shl(self, a, b):
         return self.bind(f"{a} << {b}")
 
     def ashr(self, a, b):
         return self.bind(f"{a} >> {b}")  # signed operands: an arithmetic shift
-
-    def ilt(self, a, b):
-        return self.bind(f"{a} < {b}")
-
-    def ine(self, a, b):
-        return self.bind(f"{a} != {b}")
 
     def to_int(self, a):
         return self.bind(f"{a}.to({self.it})")

@@ -19,7 +19,15 @@ from collections.abc import Callable
 
 import numpy as np
 
-from hologram.codegen.mathlib import F32, Format, MathEmitter, clamp, clamp_keep_nan, horner
+from hologram.codegen.mathlib import (
+    F32,
+    Format,
+    InfixEmitter,
+    MathEmitter,
+    clamp,
+    clamp_keep_nan,
+    horner,
+)
 
 #: Helpers every shader may call (emitted once, before the kernel).
 PRELUDE = """\
@@ -56,7 +64,7 @@ def i32_literal(value: int) -> str:
     return f"{value}i"
 
 
-class WGSLEmitter(MathEmitter):
+class WGSLEmitter(InfixEmitter):
     """Primitives as WGSL expressions; each result is bound to a fresh ``let`` through
     ``bind(wgsl_type, expression) -> name``."""
 
@@ -69,14 +77,14 @@ class WGSLEmitter(MathEmitter):
         self.used = used  # the helper functions (.bitlib) the shader calls
         self.exact_fma = exact_fma
 
-    def _f(self, expr: str) -> str:
-        return self.bind("f32", expr)
+    def floating(self, expression: str) -> str:
+        return self.bind("f32", expression)
 
-    def _i(self, expr: str) -> str:
-        return self.bind("i32", expr)
+    def integer(self, expression: str) -> str:
+        return self.bind("i32", expression)
 
-    def _m(self, expr: str) -> str:
-        return self.bind("bool", expr)
+    def mask(self, expression: str) -> str:
+        return self.bind("bool", expression)
 
     def for_format(self, fmt: Format) -> WGSLEmitter:
         return WGSLEmitter(self.bind, self.used, self.exact_fma, fmt)
@@ -93,18 +101,18 @@ class WGSLEmitter(MathEmitter):
         return i32_literal(value)
 
     def add(self, a, b):
-        return self._f(f"{a} + {self._other(a, b)}")
+        return self.floating(f"{a} + {self._other(a, b)}")
 
     def sub(self, a, b):
-        return self._f(f"{a} - {self._other(a, b)}")
+        return self.floating(f"{a} - {self._other(a, b)}")
 
     def mul(self, a, b):
-        return self._f(f"{a} * {self._other(a, b)}")
+        return self.floating(f"{a} * {self._other(a, b)}")
 
     def div(self, a, b):
         # WGSL's division may be 2.5 ulp off; the algorithms assume one rounding.
         self.used.add("hg_div")
-        return self._f(f"hg_div({a}, {b})")
+        return self.floating(f"hg_div({a}, {b})")
 
     def _other(self, a, b):
         # x - x, x / x: the compiler folds an operation on one value twice (to 0, 1) also
@@ -112,16 +120,16 @@ class WGSLEmitter(MathEmitter):
         return opaque(b, "hg_k2") if a == b else b
 
     def fast_recip(self, a):
-        return self._f(f"1.0f / {a}")
+        return self.floating(f"1.0f / {a}")
 
     def scale(self, p, n):
         # On the integers (hg_scale): a driver that flushes subnormals (WGSL allows it)
         # would flush the default's last multiplication where the result is subnormal.
         self.used.add("hg_scale")
-        return self._f(f"hg_scale({p}, {n})")
+        return self.floating(f"hg_scale({p}, {n})")
 
     def neg(self, a):
-        return self._f(f"bitcast<f32>(bitcast<u32>({a}) ^ 0x80000000u)")
+        return self.floating(f"bitcast<f32>(bitcast<u32>({a}) ^ 0x80000000u)")
 
     def fma(self, a, b, c):
         # WGSL's fma() may round twice (lavapipe's does). The algorithms assume one
@@ -129,95 +137,59 @@ class WGSLEmitter(MathEmitter):
         # per inlined call, so it is used only where the error would otherwise show
         # (exact_fma: sin and cos, whose range reduction needs it; docs/webgpu.md).
         if not self.exact_fma:
-            return self._f(f"fma({a}, {b}, {c})")
+            return self.floating(f"fma({a}, {b}, {c})")
         self.used.add("hg_fma")
-        return self._f(f"hg_fma({a}, {b}, {c})")
+        return self.floating(f"hg_fma({a}, {b}, {c})")
 
     def fabs(self, a):
-        return self._f(f"bitcast<f32>(bitcast<u32>({a}) & 0x7fffffffu)")
+        return self.floating(f"bitcast<f32>(bitcast<u32>({a}) & 0x7fffffffu)")
 
     def copysign(self, a, b):
-        return self._f(f"bitcast<f32>((bitcast<u32>({a}) & 0x7fffffffu) | "
+        return self.floating(f"bitcast<f32>((bitcast<u32>({a}) & 0x7fffffffu) | "
                        f"(bitcast<u32>({b}) & 0x80000000u))")
 
     def floor(self, a):
-        return self._f(f"floor({a})")
+        return self.floating(f"floor({a})")
 
     def rint(self, a):
-        return self._f(f"round({a})")  # WGSL round(): ties to even
-
-    def lt(self, a, b):
-        return self._m(f"{a} < {b}")
-
-    def ge(self, a, b):
-        return self._m(f"{a} >= {b}")
-
-    def eq(self, a, b):
-        return self._m(f"{a} == {b}")
+        return self.floating(f"round({a})")  # WGSL round(): ties to even
 
     def ne(self, a, b):
-        return self._m(f"({a} != {b}) && !hg_isnan({a}) && !hg_isnan({b})")
+        return self.mask(f"({a} != {b}) && !hg_isnan({a}) && !hg_isnan({b})")
 
     def ult(self, a, b):
-        return self._m(f"!({a} >= {b})")
+        return self.mask(f"!({a} >= {b})")
 
     def ule(self, a, b):
-        return self._m(f"!({a} > {b})")
+        return self.mask(f"!({a} > {b})")
 
     def isnan(self, a):
-        return self._m(f"hg_isnan({a})")
-
-    def and_(self, a, b):
-        return self._m(f"{a} && {b}")
-
-    def or_(self, a, b):
-        return self._m(f"{a} || {b}")
+        return self.mask(f"hg_isnan({a})")
 
     def not_(self, a):
-        return self._m(f"!{a}")
+        return self.mask(f"!{a}")
 
     def sel(self, cond, a, b):
         # WGSL infers the type of a ``let`` from its operands (float or integer).
         return self.bind("auto", f"select({b}, {a}, {cond})")
 
-    def iadd(self, a, b):
-        return self._i(f"{a} + {b}")
-
-    def isub(self, a, b):
-        return self._i(f"{a} - {b}")
-
-    def iand(self, a, b):
-        return self._i(f"{a} & {b}")
-
-    def ior(self, a, b):
-        return self._i(f"{a} | {b}")
-
-    def ixor(self, a, b):
-        return self._i(f"{a} ^ {b}")
-
     def shl(self, a, b):
-        return self._i(f"{a} << u32({b})")
+        return self.integer(f"{a} << u32({b})")
 
     def ashr(self, a, b):
-        return self._i(f"{a} >> u32({b})")
-
-    def ilt(self, a, b):
-        return self._m(f"{a} < {b}")
-
-    def ine(self, a, b):
-        return self._m(f"{a} != {b}")
+        return self.integer(f"{a} >> u32({b})")
 
     def to_int(self, a):
-        return self._i(f"i32({a})")
+        return self.integer(f"i32({a})")
 
     def to_float(self, n):
-        return self._f(f"f32({n})")
+        return self.floating(f"f32({n})")
 
     def bits(self, a):
-        return self._i(f"bitcast<i32>({a})")
+        return self.integer(f"bitcast<i32>({a})")
 
     def from_bits(self, n):
-        return self._f(f"bitcast<f32>({n})")
+        return self.floating(f"bitcast<f32>({n})")
 
 
 def function(signature: str, rule: Callable[..., str], args: tuple[str, ...],
