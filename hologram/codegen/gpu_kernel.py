@@ -25,7 +25,9 @@ A renderer subclasses :class:`KernelWriter` and supplies:
 - ``compute(instr, a, args)``: any other instruction's value, from its operands' names
   (``a``: the first operand's dtype); most end in :meth:`KernelWriter.apply`, the
   ``op_*`` table (``op_name(args, a, t) -> expression``), which it fills in its own
-  spelling, ``compare(op, args, a)`` included;
+  spelling; the comparisons come from :meth:`KernelWriter.compare`, through
+  ``bool_number(x)`` (a bool as an unsigned number, for the ordered comparisons) and,
+  where floats need more than the infix operator, ``compare_floats``;
 - ``point_reduction(i, instr)`` / ``nested_reduction(i, instr)``: a reduction computed
   once per grid point, or inside a loop nest (a renderer may refuse it);
 - ``store_nest(dims, stores)``: the loop nest over ``dims`` around :meth:`write` of each
@@ -155,6 +157,21 @@ class KernelWriter:
         return [(self.index[d], stride)
                 for d, (n, stride) in enumerate(zip(instr.shape, instr.map.strides))
                 if n > 1 and stride and d in self.index]
+
+
+    def compare(self, op: str, args, a: DType) -> str:
+        """``op`` (a key of :data:`COMPARISONS`) of two operands of dtype ``a``: the infix
+        operator, bools ordered as numbers (``False < True``)."""
+        x, y = args
+        if a.is_bool and op not in ("eq", "ne"):
+            x, y = self.bool_number(x), self.bool_number(y)
+        if a.is_float:
+            return self.compare_floats(op, x, y)
+        return f"{x} {COMPARISONS[op]} {y}"
+
+    def compare_floats(self, op: str, x: str, y: str) -> str:
+        """Float ``x op y``: the infix operator, unless the language's is not IEEE's."""
+        return f"{x} {COMPARISONS[op]} {y}"
 
 
 for _op in COMPARISONS:

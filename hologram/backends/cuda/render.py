@@ -56,7 +56,7 @@ from collections.abc import Sequence
 
 from hologram.codegen import loops, numerics, schedule
 from hologram.codegen import mathlib as shared_math
-from hologram.codegen.gpu_kernel import COMPARISONS, KernelWriter, gather_clamp, row_major
+from hologram.codegen.gpu_kernel import KernelWriter, gather_clamp, row_major
 from hologram.compiler.capabilities import Capabilities
 from hologram.errors import CompileError
 from hologram.isa import dtypes as dt
@@ -1026,11 +1026,8 @@ class _Kernel(KernelWriter):
     def op_not(self, args, a, t):
         return f"{args[0]} == 0" if a.is_bool else f"~{args[0]}"
 
-    def compare(self, op: str, args, a: DType) -> str:
-        x, y = args
-        if a.is_bool and op not in ("eq", "ne"):
-            x, y = f"{x}.to(tl.int32)", f"{y}.to(tl.int32)"
-        return f"{x} {COMPARISONS[op]} {y}"
+    def bool_number(self, x: str) -> str:
+        return f"{x}.to(tl.int32)"
 
     def op_select(self, args, a, t):
         return f"tl.where({args[0]}, {args[1]}, {args[2]})"

@@ -759,20 +759,18 @@ class _Kernel(KernelWriter):
     def op_xor(self, args, a, t):
         return f"{args[0]} != {args[1]}" if a.is_bool else f"{args[0]} ^ {args[1]}"
 
-    def compare(self, op: str, args, a: DType) -> str:
-        x, y = args
-        if a.is_bool and op not in ("eq", "ne"):
-            x, y = f"select(0u, 1u, {x})", f"select(0u, 1u, {y})"
-        if a.is_float:
-            # On the bits: NaN tested (drivers may assume floats are not NaN), the values
-            # as ordered integers (-0.0 and +0.0 one key), so that a driver that flushes
-            # subnormals to zero still orders them (WGSL allows the flush).
-            nan = f"(hg_isnan({x}) || hg_isnan({y}))"
-            kx, ky = self.call("hg_ord_f32", x), self.call("hg_ord_f32", y)
-            if op == "ne":
-                return f"{nan} || ({kx} != {ky})"
-            return f"!{nan} && ({kx} {COMPARISONS[op]} {ky})"
-        return f"{x} {COMPARISONS[op]} {y}"
+    def bool_number(self, x: str) -> str:
+        return f"select(0u, 1u, {x})"
+
+    def compare_floats(self, op: str, x: str, y: str) -> str:
+        # On the bits: NaN tested (drivers may assume floats are not NaN), the values as
+        # ordered integers (-0.0 and +0.0 one key), so that a driver that flushes
+        # subnormals to zero still orders them (WGSL allows the flush).
+        nan = f"(hg_isnan({x}) || hg_isnan({y}))"
+        kx, ky = self.call("hg_ord_f32", x), self.call("hg_ord_f32", y)
+        if op == "ne":
+            return f"{nan} || ({kx} != {ky})"
+        return f"!{nan} && ({kx} {COMPARISONS[op]} {ky})"
 
     def op_abs(self, args, a, t):
         (x,) = args
