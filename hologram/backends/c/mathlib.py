@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import math
 import re
-import struct
 from collections.abc import Callable
+
+import numpy as np
 
 from hologram.codegen.mathlib import F32, F64, Format, MathEmitter
 
@@ -37,27 +38,34 @@ static double hg_float64(int64_t n) { double x; memcpy(&x, &n, sizeof x); return
 
 
 def int_literal(value: int, width: int) -> str:
-    """A C expression for the ``width``-bit two's complement integer ``value`` (wrapped)."""
+    """A C expression for the ``width``-bit two's complement integer ``value`` (wrapped);
+    ``INT64_C`` only where an ``int`` may not hold it."""
     value = (value + (1 << (width - 1))) % (1 << width) - (1 << (width - 1))
     if value == -(1 << (width - 1)):
         return f"INT{width}_MIN"
-    return f"INT64_C({value})" if width == 64 else str(value)
+    return f"INT64_C({value})" if abs(value) >= 1 << 15 and width == 64 else str(value)
+
+
+def _hex(value: float) -> str:
+    """``value.hex()`` without the fraction's trailing zeros (``0x1.8p+1``, ``0x1p-3``)."""
+    mantissa, exponent = value.hex().split("p")
+    return f"{mantissa.rstrip('0').rstrip('.')}p{exponent}"
 
 
 def float_literal(value: float, fmt: Format) -> str:
     """A C expression for ``value`` rounded to ``fmt``, exact: a hexadecimal literal, or
     the bits for infinities and NaN (one quiet NaN)."""
     value = float(value)
+    if fmt.width == 32 and math.isfinite(value):
+        with np.errstate(over="ignore"):
+            value = float(np.float32(value))  # rounded to nearest even (inf past the top)
     if math.isnan(value) or math.isinf(value):
         bits = 0x7FC00000 if math.isnan(value) else 0x7F800000
         if fmt.width == 64:
             bits = 0x7FF8000000000000 if math.isnan(value) else 0x7FF0000000000000
         sign = 1 << (fmt.width - 1) if value < 0 else 0
         return f"{_TYPES[fmt.name][4]}({int_literal(bits | sign, fmt.width)})"
-    if fmt.width == 32:
-        value = struct.unpack("<f", struct.pack("<f", value))[0]
-        return f"({value.hex()}f)"
-    return f"({value.hex()})"
+    return f"({_hex(value)}{'f' if fmt.width == 32 else ''})"
 
 
 class CEmitter(MathEmitter):

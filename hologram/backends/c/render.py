@@ -143,7 +143,7 @@ class _Kernel:
                     f"({MEMORY[buffers[i].dtype.name]} *)hg_b[{i}];" for i in sorted(self.buffers)]
         return (f"/* kernel {kernel.name} domain {list(kernel.domain)} grid {kernel.grid_rank} */\n"
                 f"static void hg_kernel_{self.number}(void *const *hg_b)\n{{\n"
-                + "\n".join([*pointers, "    (void)hg_b;", *self.lines]) + "\n}\n")
+                + "\n".join([*(pointers or ["    (void)hg_b;"]), *self.lines]) + "\n}\n")
 
     # --- structure (the cpu renderer's walk) --------------------------------------------
     def grid(self, d: int) -> None:
@@ -191,11 +191,12 @@ class _Kernel:
     # --- memory -------------------------------------------------------------------------
     def element(self, instr: Instr) -> str:
         self.buffers.add(instr.buffer)
-        terms = [int_literal(instr.map.offset, 64)]
+        terms = [int_literal(instr.map.offset, 64)] if instr.map.offset else []
         for d, (n, stride) in enumerate(zip(instr.shape, instr.map.strides)):
             if n > 1 and stride:
-                terms.append(f"{self.index[d]} * {int_literal(stride, 64)}")
-        return " + ".join(terms)
+                step = "" if stride == 1 else f" * {int_literal(stride, 64)}"
+                terms.append(f"{self.index[d]}{step}")
+        return " + ".join(terms) or "0"
 
     def data_element(self, instr: Instr) -> str:
         """A gather's or scatter's element: the map's plus its operand clamped to the
@@ -465,8 +466,7 @@ class _Kernel:
         lane, wide = REGISTER[acc.dtype], REGISTER[acc.outer]
         total = self.var(wide, self.flit(-0.0, wide))
         error = self.var(wide, self.flit(0.0, wide)) if acc.compensated else None
-        lanes = self.fresh("h")
-        self.line(f"{lane} {lanes}[{LANES + VECTOR}];")
+        lanes = self.fresh("h")  # declared where a row is long enough to need them
         minus_zero = self.flit(-0.0, lane)
 
         def add(value: str) -> None:  # a block's sum into the block sums, in order
@@ -505,6 +505,7 @@ class _Kernel:
                     self.line(f"{row} = {row} + {self.term(instr, lane)};")
                 add(row)
             else:
+                self.line(f"{lane} {lanes}[{LANES + VECTOR}];")
                 whole = n // BLOCK * BLOCK
                 if whole:
                     with self.loop(-4, whole, step=BLOCK) as start:
