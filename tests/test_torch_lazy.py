@@ -26,7 +26,9 @@ pytestmark = pytest.mark.filterwarnings("ignore::hologram_torch.FallbackWarning"
 @pytest.fixture(autouse=True)
 def recorded():
     with hologram_torch.set_lazy(True):
-        # (a compile an earlier test submitted would be counted in this test's stats)
+        # (an earlier test's pending ops, or a compile it submitted, would be counted in
+        # this test's stats)
+        torch.hologram.synchronize()
         assert lazy.wait_for_compiles(120)
         lazy.reset_stats()
         yield
