@@ -374,3 +374,15 @@ def test_float_sums_add_in_the_cpu_backends_order(shape):
     data = (np.random.default_rng(4).standard_normal(shape) * 1e3).astype(np.float32)
     got, want = run(program, "c", [data])[0], run(program, "cpu", [data])[0]
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def test_names_cannot_break_the_source():
+    """Program and kernel names are any strings; they appear only in comments."""
+    b = ProgramBuilder("end */ of comment ??/ trigraph \u00e9")
+    x, y = b.input("x", dt.int32, (5,)), b.output("y", dt.int32, (5,))
+    kb = b.kernel((5,), "k */ ??=")
+    kb.store(y, kb.binary("add", kb.load(x), kb.const(2**31 - 1, dt.int32)))
+    program = b.build()
+    data = np.arange(5, dtype=np.int32)
+    np.testing.assert_array_equal(run(program, "c", [data])[0],
+                                  (data.astype(np.int64) + 2**31 - 1).astype(np.int32))

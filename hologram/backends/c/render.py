@@ -15,14 +15,11 @@ does, one grid point at a time:
 - every value is a ``const`` local of its register type (bool ``int``, f16 and bf16
   ``float``, rounded after each inexact operation), bound once per place it is computed.
 
-Reductions accumulate as :mod:`hologram.codegen.loops` plans them: float sums in
-:data:`~hologram.codegen.loops.LANES` lanes per block of
-:data:`~hologram.codegen.loops.BLOCK`, added as a tree, block sums in float64
-(compensated for f64): the cpu backend's order (docs/isa.md, "Float sums"), without its
-column tiles and split partials; float products in float64; argmax/argmin keep the
-first extreme, NaN the most extreme. A zero extent needs no special kernel: a grid with
-one has no points, an empty reduction gives its identity (+0.0 for a sum), and a store
-of an empty shape is left out.
+Reductions accumulate as :mod:`hologram.codegen.loops` plans them: float sums in the cpu
+backend's order (:mod:`.sums`), float products in float64, the others in one accumulator
+of the operand type; argmax/argmin keep the first extreme, NaN the most extreme. A zero
+extent needs no special kernel: a grid with one has no points, an empty reduction gives
+its identity (+0.0 for a sum), and a store of an empty shape is left out.
 
 Integer arithmetic computes in unsigned types and converts back (signed overflow is
 undefined in C; the ISA wraps); integer ``div``/``mod`` arrive guarded by the decompose
@@ -35,9 +32,10 @@ from __future__ import annotations
 import math
 from contextlib import contextmanager
 
+from hologram.backends.c import sums
 from hologram.backends.c.mathlib import F32, F64, float_literal, int_literal
 from hologram.backends.c.prelude import HEADER, Helpers
-from hologram.codegen.loops import BLOCK, LANES, SHORT_ROW, VECTOR, Accumulator, plan
+from hologram.codegen.loops import Accumulator, plan
 from hologram.compiler.capabilities import Capabilities
 from hologram.errors import CompileError
 from hologram.isa import dtypes as dt
@@ -63,10 +61,17 @@ def render(program: Program, caps: Capabilities) -> str:
     kernels = [_Kernel(program, k, caps, helpers, n).render()
                for n, k in enumerate(program.kernels)]
     calls = "".join(f"    hg_kernel_{n}(hg_b);\n" for n in range(len(kernels)))
-    return (f"/* program {program.name}: C99 from hologram.backends.c */\n{HEADER}\n"
+    return (f"/* program {_comment(program.name)}: C99 from hologram.backends.c */\n{HEADER}\n"
             f"{helpers.source()}\n" + "\n".join(kernels)
             + f"\nvoid {ENTRY}(void *const *hg_b);\n"
             f"void {ENTRY}(void *const *hg_b)\n{{\n    (void)hg_b;\n{calls}}}\n")
+
+
+def _comment(name: str) -> str:
+    """``name`` (any string: names may be JSON strings) safe inside a C comment: printable
+    ASCII, no comment end, no trigraph (``??x``)."""
+    text = "".join(c if c.isprintable() and c.isascii() else "?" for c in name)
+    return text.replace("*/", "* /").replace("??", "? ?").replace("??", "? ?")
 
 
 def _unsigned(t: DType) -> str:
@@ -141,7 +146,9 @@ class _Kernel:
         buffers = self.program.buffers
         pointers = [f"    {MEMORY[buffers[i].dtype.name]} *const b{i} = "
                     f"({MEMORY[buffers[i].dtype.name]} *)hg_b[{i}];" for i in sorted(self.buffers)]
-        return (f"/* kernel {kernel.name} domain {list(kernel.domain)} grid {kernel.grid_rank} */\n"
+        about = (f"kernel {_comment(kernel.name)} domain {list(kernel.domain)} "
+                 f"grid {kernel.grid_rank}")
+        return (f"/* {about} */\n"
                 f"static void hg_kernel_{self.number}(void *const *hg_b)\n{{\n"
                 + "\n".join([*(pointers or ["    (void)hg_b;"]), *self.lines]) + "\n}\n")
 
@@ -401,7 +408,7 @@ class _Kernel:
             return self.bind(REGISTER[t.name], self.const(0, t))  # +0.0, not the -0.0 identity
         saved, self.local = self.local, {}
         if acc.blocked:
-            result, ctype = self.float_sum(instr, acc)
+            result, ctype = sums.float_sum(self, instr, acc)
         else:
             result, ctype = self.accumulate(instr, acc, t)
         self.local = saved
@@ -460,80 +467,3 @@ class _Kernel:
             f"{bits}({v}) < 0 && {bits}({b}) >= 0"
         return (f"({v} != {v} && {b} == {b}) || ({b} == {b} && ({v} {order} {b} || "
                 f"({v} == 0 && {b} == 0 && {sign})))")
-
-    def float_sum(self, instr: Instr, acc: Accumulator) -> tuple[str, str]:
-        """A float sum or contraction, blocked in lanes (the module docstring)."""
-        lane, wide = REGISTER[acc.dtype], REGISTER[acc.outer]
-        total = self.var(wide, self.flit(-0.0, wide))
-        error = self.var(wide, self.flit(0.0, wide)) if acc.compensated else None
-        lanes = self.fresh("h")  # declared where a row is long enough to need them
-        minus_zero = self.flit(-0.0, lane)
-
-        def add(value: str) -> None:  # a block's sum into the block sums, in order
-            value = self.bind(wide, f"({wide}){value}")
-            if error is None:
-                self.line(f"{total} = {total} + {value};")
-                return
-            s = self.bind(wide, total)
-            self.line(f"{total} = {s} + {value};")
-            self.line(f"{error} = {error} + (fabs({s}) >= fabs({value}) ? ({s} - {total}) + "
-                      f"{value} : ({value} - {total}) + {s});")
-
-        def lanes_add(first: int, count: int, at: str) -> None:  # lane k += term(at + k)
-            with self.loop(-2, count) as k:
-                self.index[inner] = self.bind("int64_t", f"{at} + {k}")
-                self.line(f"{lanes}[{first} + {k}] = {lanes}[{first} + {k}] + "
-                          f"{self.term(instr, lane)};")
-
-        def tree(first: int, count: int) -> None:  # lanes [first, +count) added pairwise
-            self.line(f"for (int hg_half = {count // 2}; hg_half > 0; hg_half /= 2)")
-            self.line(f"    for (int hg_k = 0; hg_k < hg_half; hg_k++) {lanes}[{first} + hg_k] "
-                      f"= {lanes}[{first} + hg_k] + {lanes}[{first} + hg_k + hg_half];")
-            add(f"{lanes}[{first}]")
-
-        def clear(first: int, count: int) -> None:
-            self.line(f"for (int hg_k = 0; hg_k < {count}; hg_k++) {lanes}[{first} + hg_k] = "
-                      f"{minus_zero};")
-
-        axes = list(instr.axes)
-        inner, n = axes[-1], self.kernel.domain[axes[-1]]
-        outside = self.index.get(inner)  # a user's loop over the same dimension
-        with self.nest(axes[:-1]):
-            if n <= SHORT_ROW:
-                row = self.var(lane, minus_zero)
-                with self.loop(inner, n):
-                    self.line(f"{row} = {row} + {self.term(instr, lane)};")
-                add(row)
-            else:
-                self.line(f"{lane} {lanes}[{LANES + VECTOR}];")
-                whole = n // BLOCK * BLOCK
-                if whole:
-                    with self.loop(-4, whole, step=BLOCK) as start:
-                        clear(0, LANES)
-                        with self.loop(-3, f"{start} + {BLOCK}", start=start, step=LANES) as g:
-                            lanes_add(0, LANES, g)
-                        tree(0, LANES)
-                size = n - whole
-                full, vectors = whole + size // LANES * LANES, whole + size // VECTOR * VECTOR
-                if size >= LANES:
-                    clear(0, LANES)
-                    with self.loop(-3, full, start=whole, step=LANES) as g:
-                        lanes_add(0, LANES, g)
-                    tree(0, LANES)
-                if vectors > full:
-                    clear(LANES, VECTOR)
-                    with self.loop(-3, vectors, start=full, step=VECTOR) as v:
-                        lanes_add(LANES, VECTOR, v)
-                    tree(LANES, VECTOR)
-                if n > vectors:
-                    tail = self.var(lane, minus_zero)
-                    with self.loop(inner, n, start=vectors):
-                        self.line(f"{tail} = {tail} + {self.term(instr, lane)};")
-                    add(tail)
-        self.index.pop(inner, None)
-        if outside is not None:
-            self.index[inner] = outside
-        if error is None:
-            return total, wide
-        keep = f"{error} == 0 || ({total} - {total}) != ({total} - {total})"
-        return self.bind(wide, f"{keep} ? {total} : {total} + {error}"), wide
