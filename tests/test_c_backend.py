@@ -36,7 +36,8 @@ from hologram.isa.builder import ProgramBuilder
 
 pytestmark = pytest.mark.skipif(not toolchain.available(), reason="no C compiler here")
 
-STRICT = ("-std=c99", "-pedantic", "-Wall", "-Wextra", "-Werror", "-fsyntax-only")
+# Compiled to an object, not -fsyntax-only: GCC reports unused functions after parsing.
+STRICT = ("-std=c99", "-pedantic", "-Wall", "-Wextra", "-Werror", "-O1", "-c")
 
 
 @pytest.fixture(autouse=True)
@@ -157,8 +158,8 @@ def test_source_is_strict_c99(make, tmp_path):
     source = cbackend.source(artifact.data)
     path = tmp_path / "program.c"
     path.write_text(source)
-    done = subprocess.run([*toolchain.command(), *STRICT, str(path)], capture_output=True,
-                          text=True)
+    done = subprocess.run([*toolchain.command(), *STRICT, str(path), "-o",
+                           str(tmp_path / "program.o")], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "hologram_run" in source and "#include <math.h>" in source
 
@@ -181,8 +182,7 @@ UBSAN = textwrap.dedent("""
     from hologram.backends.c import toolchain
     sys.path.insert(0, {tests!r})
     import test_c_backend as t
-    toolchain.FLAGS = (*toolchain.FLAGS, "-fsanitize=undefined,float-cast-overflow",
-                       "-fno-sanitize-recover=all")
+    toolchain.FLAGS = (*toolchain.FLAGS, *{sanitize!r}, "-fno-sanitize-recover=all")
     program = t.every_dtype()
     edges = {{"i8": (-128, 127, -1, 0), "i16": (-32768, 32767, -1, 0),
               "i32": (-2**31, 2**31 - 1, -1, 0), "i64": (-2**63, 2**63 - 1, -1, 0),
@@ -208,16 +208,33 @@ UBSAN = textwrap.dedent("""
 """)
 
 
+def _sanitizer_flags(tmp_path) -> tuple[str, ...] | None:
+    """UBSan's flags for a shared library this process can load (Clang links its runtime
+    into a library only with -shared-libsan), or None."""
+    probe = tmp_path / "probe.c"
+    probe.write_text("int f(int a) { return a + 1; }\n")
+    for extra in ((), ("-shared-libsan",)):
+        flags = ("-fsanitize=undefined,float-cast-overflow", *extra)
+        library = tmp_path / f"probe{len(extra)}.so"
+        done = subprocess.run([*toolchain.command(), *flags, "-shared", "-fPIC", "-o",
+                               str(library), str(probe)], capture_output=True)
+        if done.returncode == 0:
+            loaded = subprocess.run([sys.executable, "-c", "import ctypes, sys; "
+                                     "ctypes.CDLL(sys.argv[1])", str(library)],
+                                    capture_output=True)
+            if loaded.returncode == 0:
+                return flags
+    return None
+
+
 def test_edge_values_run_free_of_undefined_behaviour(tmp_path):
     """Integer overflow, INT_MIN / -1, shifts, float-to-int casts of NaN, inf and huge
     values, every dtype: compiled with UBSan (aborting on the first report) and compared
     with the interpreter; in a child process, which UBSan would end."""
-    probe = tmp_path / "probe.c"
-    probe.write_text("int f(int a) { return a + 1; }\n")
-    if subprocess.run([*toolchain.command(), "-fsanitize=undefined", "-shared", "-fPIC", "-o",
-                       str(tmp_path / "probe.so"), str(probe)], capture_output=True).returncode:
-        pytest.skip("the C compiler has no -fsanitize=undefined")
-    code = UBSAN.format(tests=os.path.dirname(__file__))
+    sanitize = _sanitizer_flags(tmp_path)
+    if sanitize is None:
+        pytest.skip("the C compiler makes no loadable library with -fsanitize=undefined")
+    code = UBSAN.format(tests=os.path.dirname(__file__), sanitize=sanitize)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=600, env={**os.environ, "HOLOGRAM_CACHE_DIR": str(tmp_path)})
     assert done.returncode == 0 and "clean" in done.stdout, done.stderr[-4000:]
@@ -256,6 +273,11 @@ def test_artifacts_are_cached_and_reload(monkeypatch):
         array[...] = value
     executable.launch(tuple(a.ctypes.data for a in arrays))
     np.testing.assert_allclose(arrays[3], want, rtol=1e-5, atol=1e-6)
+
+
+def test_the_same_program_gives_the_same_artifact():
+    program = pipeline.lower(chain())
+    assert CBackend().compile(program) == CBackend().compile(program)
 
 
 def test_a_damaged_artifact_is_refused():

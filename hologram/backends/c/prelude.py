@@ -11,6 +11,8 @@ other backends (bf16 rounding, round-to-odd) and the transcendentals are generat
 
 from __future__ import annotations
 
+import re
+
 from hologram.backends.c.mathlib import BITS, F32, F64, function
 from hologram.codegen import mathlib, numerics
 
@@ -27,11 +29,11 @@ HEADER = """\
 #endif
 """
 
-# name -> (helpers it calls, C source). f16 <-> f32 by the bits: ties to even, overflow to
+# name -> C source, callees first. f16 <-> f32 by the bits: ties to even, overflow to
 # inf at 65520, subnormals through an exact scaling and one rounding, NaN kept quiet.
 _FIXED = {
-    "bits": ((), BITS),
-    "hg_f16_to_f32": (("bits",), """\
+    **{line.split("(", 1)[0].split()[-1]: line + "\n" for line in BITS.splitlines()},
+    "hg_f16_to_f32": """\
 static float hg_f16_to_f32(uint16_t h)
 {
     const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
@@ -42,8 +44,8 @@ static float hg_f16_to_f32(uint16_t h)
         x = hg_float32((int32_t)((e == 31 ? 0x7F800000u : (e + 112u) << 23) | (m << 13)));
     return hg_float32((int32_t)((uint32_t)hg_bits32(x) | sign));
 }
-"""),
-    "hg_f32_to_f16": (("bits",), """\
+""",
+    "hg_f32_to_f16": """\
 static uint16_t hg_f32_to_f16(float x)
 {
     const uint32_t bits = (uint32_t)hg_bits32(x), a = bits & 0x7FFFFFFFu;
@@ -62,11 +64,11 @@ static uint16_t hg_f32_to_f16(float x)
         return (uint16_t)(sign | ((m + 0xFFFu + ((m >> 13) & 1u)) >> 13));
     }
 }
-"""),
-    "hg_round_f16": (("hg_f16_to_f32", "hg_f32_to_f16"), """\
+""",
+    "hg_round_f16": """\
 static float hg_round_f16(float x) { return hg_f16_to_f32(hg_f32_to_f16(x)); }
-"""),
-    "hg_i64_to_f64": ((), """\
+""",
+    "hg_i64_to_f64": """\
 /* A 64-bit integer as a double that rounds to f16 or bf16 as the integer does: above 2^53
    the low 11 bits become one sticky bit, which leaves at most 53 significant bits. */
 static double hg_i64_to_f64(uint64_t magnitude, int negative)
@@ -76,11 +78,11 @@ static double hg_i64_to_f64(uint64_t magnitude, int negative)
     const double x = (double)(magnitude >= ((uint64_t)1 << 53) ? cut : magnitude);
     return negative ? -x : x;
 }
-"""),
+""",
 }
 for _t, _bits in (("float", "32"), ("double", "64")):
     for _name, _op, _zero in (("maximum", ">", "b : a"), ("minimum", "<", "a : b")):
-        _FIXED[f"hg_{_name}_{_bits}"] = (("bits",), f"""\
+        _FIXED[f"hg_{_name}_{_bits}"] = f"""\
 static {_t} hg_{_name}_{_bits}({_t} a, {_t} b)
 {{
     if (a != a || b != b)
@@ -89,7 +91,7 @@ static {_t} hg_{_name}_{_bits}({_t} a, {_t} b)
         return a {_op} b ? a : b;
     return hg_bits{_bits}(a) < 0 ? {_zero};
 }}
-""")
+"""
 
 #: Helpers generated from the shared rules: name -> (params, return type, format, rule).
 _RULES = {
@@ -111,13 +113,9 @@ class Helpers:
         self.used: set[str] = set()
 
     def use(self, name: str) -> str:
-        """Note that the program calls helper ``name`` (and what it calls); returns it."""
-        if name not in self.used:
-            self.used.add(name)
-            for dependency in _FIXED.get(name, ((),))[0]:
-                self.use(dependency)
-            if name not in _FIXED:
-                self.use("bits")
+        """Note that the program calls helper ``name``; returns it. (The fixed helpers are
+        found in the source by :meth:`source`; noting them is harmless.)"""
+        self.used.add(name)
         return name
 
     def math(self, function_name: str, fmt_name: str) -> str:
@@ -125,17 +123,25 @@ class Helpers:
         mathlib.check(function_name)
         return self.use(math_name(function_name, fmt_name))
 
-    def source(self) -> str:
-        parts = [source for name, (_, source) in _FIXED.items() if name in self.used]
+    def source(self, code: str) -> str:
+        """The helpers that ``code`` (the kernels) calls, and those they call: the
+        generated ones noted with :meth:`use`, the fixed ones found by name (``-Wall``
+        reports a static function nobody calls)."""
+        generated = []
         for name, (params, ret, fmt, rule) in _RULES.items():
             if name in self.used:
-                parts.append(function(name, params, ret, fmt, rule))
+                generated.append(function(name, params, ret, fmt, rule))
         for fname in mathlib.FUNCTIONS:
             for fmt in (F32, F64):
                 name = math_name(fname, fmt.name)
                 if name in self.used:
                     ctype = "float" if fmt is F32 else "double"
                     params = [(ctype, p) for p in ("x", "y")[: mathlib.arity(fname)]]
-                    parts.append(function(name, params, ctype, fmt,
-                                          lambda e, *args, f=fname: mathlib.emit(e, f, *args)))
-        return "\n".join(parts)
+                    generated.append(function(name, params, ctype, fmt,
+                                              lambda e, *args, f=fname: mathlib.emit(e, f, *args)))
+        text, fixed = code + "".join(generated), []
+        for name in reversed(_FIXED):  # callers after callees: a reversed walk sees callers first
+            if re.search(rf"\b{name}\(", text):
+                fixed.append(_FIXED[name])
+                text += _FIXED[name]
+        return "\n".join([*reversed(fixed), *generated])

@@ -58,11 +58,11 @@ _LIBM = {"sqrt": "sqrt", "floor": "floor", "ceil": "ceil", "trunc": "trunc", "ro
 def render(program: Program, caps: Capabilities) -> str:
     """The C source of ``program`` (already through ``pipeline.for_target``)."""
     helpers = Helpers()
-    kernels = [_Kernel(program, k, caps, helpers, n).render()
-               for n, k in enumerate(program.kernels)]
-    calls = "".join(f"    hg_kernel_{n}(hg_b);\n" for n in range(len(kernels)))
+    kernels = "\n".join(_Kernel(program, k, caps, helpers, n).render()
+                        for n, k in enumerate(program.kernels))
+    calls = "".join(f"    hg_kernel_{n}(hg_b);\n" for n in range(len(program.kernels)))
     return (f"/* program {_comment(program.name)}: C99 from hologram.backends.c */\n{HEADER}\n"
-            f"{helpers.source()}\n" + "\n".join(kernels)
+            f"{helpers.source(kernels)}\n" + kernels
             + f"\nvoid {ENTRY}(void *const *hg_b);\n"
             f"void {ENTRY}(void *const *hg_b)\n{{\n    (void)hg_b;\n{calls}}}\n")
 
@@ -217,7 +217,6 @@ class _Kernel:
         if t.is_bool:
             return f"{raw} != 0"
         if t is dt.bfloat16:
-            self.h.use("bits")
             return f"hg_float32((int32_t)((uint32_t){raw} << 16))"
         if t is dt.float16:
             return f"{self.h.use('hg_f16_to_f32')}({raw})"
@@ -227,7 +226,6 @@ class _Kernel:
         if t.is_bool:
             return f"(uint8_t){value}"
         if t is dt.bfloat16:
-            self.h.use("bits")
             return f"(uint16_t)((uint32_t)hg_bits32({value}) >> 16)"
         if t is dt.float16:
             return f"{self.h.use('hg_f32_to_f16')}({value})"
@@ -294,10 +292,7 @@ class _Kernel:
         return self.flit(value, REGISTER[t.name])
 
     def flit(self, value: float, ctype: str) -> str:
-        literal = float_literal(value, _fmt(ctype))
-        if literal.startswith("hg_"):
-            self.h.use("bits")
-        return literal
+        return float_literal(value, _fmt(ctype))
 
     def operation(self, op: str, args: list[str], a: DType, t: DType) -> str:
         """The C expression of ``op`` on ``args`` (operand dtype ``a``, result ``t``)."""
@@ -370,7 +365,6 @@ class _Kernel:
         if t in _NARROW and (a is dt.float64 or (a.is_int and a.bits >= 32)):
             # Through f32 would round twice; through f64 and round-to-odd rounds once.
             if a is dt.int64:
-                self.h.use("hg_i64_to_f64")
                 wide = self.bind("double", f"hg_i64_to_f64({x} < 0 ? 0u - (uint64_t){x} : "
                                            f"(uint64_t){x}, {x} < 0)")
             else:
@@ -461,7 +455,6 @@ class _Kernel:
         if not t.is_float:
             return f"{v} {'>' if largest else '<'} {b}"
         bits = "hg_bits32" if REGISTER[t.name] == "float" else "hg_bits64"
-        self.h.use("bits")
         order = ">" if largest else "<"
         sign = f"{bits}({b}) < 0 && {bits}({v}) >= 0" if largest else \
             f"{bits}({v}) < 0 && {bits}({b}) >= 0"
