@@ -142,7 +142,13 @@ def _backend(name: str) -> dict[str, Any]:
 
 
 def _not_auto_reason(name: str) -> str:
-    """Why ``"auto"`` passes over a backend that runs here."""
+    """Why ``"auto"`` passes over a backend that runs here (a backend may say so itself,
+    with a class method ``not_auto_reason``)."""
+    from hologram import backends
+
+    why = getattr(backends.backend_class(name), "not_auto_reason", None)
+    if why is not None:
+        return why()
     if name == "cuda":
         return "emulated (HOLOGRAM_CUDA_EMULATE=1: Triton's interpreter on the CPU)"
     if name in ("webgpu", "metal", "vulkan"):

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import hologram as hg
+from hologram import backends
 from hologram.backends.hostmem import CACHE_SLACK, SLAB_BYTES
 from hologram.errors import (
     DeviceError,
@@ -70,13 +71,15 @@ def test_unknown_backends_raise_device_error(name):
 
 def test_backend_module():
     bt = hg.backend.BackendType
-    assert {t.value for t in bt} == {"auto", "cpu", "cuda", "metal", "webgpu", "vulkan",
-                                     "interp"}
+    assert {t.value for t in bt} == {"auto", *backends.BUILTIN, *backends.PLANNED}
+    assert {"cpu", "cuda", "metal", "webgpu", "vulkan", "c", "interp"} <= set(backends.BUILTIN)
     assert str(bt.CPU) == "cpu"
     assert hg.backend.is_cuda_available() is False  # no driver runtime yet: false with a GPU
     assert hg.backend.is_metal_available() is False
     available = hg.backend.list_available_backends()
-    assert available[-2:] == ["cpu", "interp"]  # after the GPU backends found here
+    # in the registry's order: the GPU backends found here, then the host ones
+    assert available == [name for name in backends.BUILTIN if name in available]
+    assert available[-1] == "interp" and "cpu" in available
     assert hg.backend.validate_backend("CPU") == "cpu"
     assert hg.backend.validate_backend(bt.INTERP) == "interp"
     for name in ("cuda", "metal", "webgpu", "vulkan", "nope"):

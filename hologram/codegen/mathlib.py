@@ -454,7 +454,7 @@ class MathEmitter(ABC):
 
 class InfixEmitter(MathEmitter):
     """The primitives a language with C's infix operators spells alike (WGSL, Triton, C):
-    float ``+ - *``, the ordered comparisons, the mask connectives and the integer
+    float ``+ - *``, the ordered comparisons, the mask operators and the integer
     arithmetic and bit operations, each an infix expression bound to a fresh name through
     the subclass's :meth:`floating`, :meth:`integer` or :meth:`mask`. A subclass writes
     the rest, and overrides what its language spells otherwise."""
@@ -493,11 +493,20 @@ class InfixEmitter(MathEmitter):
     def eq(self, a, b):
         return self.mask(f"{a} == {b}")
 
+    def ult(self, a, b):
+        return self.mask(f"!({a} >= {b})")
+
+    def ule(self, a, b):
+        return self.mask(f"!({a} > {b})")
+
     def and_(self, a, b):
         return self.mask(f"{a} {self.AND} {b}")
 
     def or_(self, a, b):
         return self.mask(f"{a} {self.OR} {b}")
+
+    def not_(self, a):
+        return self.mask(f"!{a}")
 
     def iadd(self, a, b):
         return self.integer(f"{a} + {b}")

@@ -62,6 +62,10 @@ class CBackend(Backend):
         return False
 
     @classmethod
+    def not_auto_reason(cls) -> str:
+        return "a portable reference on one thread: 'auto' takes the cpu backend; ask for 'c'"
+
+    @classmethod
     def unavailable_reason(cls) -> str:
         try:
             toolchain.command()

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from hologram.codegen.mathlib import F32, F64, Format, MathEmitter
+from hologram.codegen.mathlib import F32, F64, Format, InfixEmitter
 
 #: Per format: the C float type, the signed and unsigned integers of its width, the
 #: bit-reading and bit-writing helpers (:data:`BITS`), libm's suffix.
@@ -68,7 +68,7 @@ def float_literal(value: float, fmt: Format) -> str:
     return f"({_hex(value)}{'f' if fmt.width == 32 else ''})"
 
 
-class CEmitter(MathEmitter):
+class CEmitter(InfixEmitter):
     """Primitives as C expressions; each result is bound to a fresh ``const`` local through
     ``bind(ctype, expression) -> name``; ``types`` maps every bound name to its C type."""
 
@@ -91,83 +91,54 @@ class CEmitter(MathEmitter):
     def ci(self, value: int) -> str:
         return self.bind(self.it, int_literal(int(value), self.fmt.width))
 
-    def _f(self, expression: str) -> str:
+    # Masks are ints of 0 and 1, combined bitwise (no short circuit to order).
+    AND = "&"
+    OR = "|"
+
+    def floating(self, expression: str) -> str:
         return self.bind(self.ft, expression)
 
-    def _i(self, expression: str) -> str:
+    def integer(self, expression: str) -> str:
         return self.bind(self.it, expression)
 
-    def _m(self, expression: str) -> str:
+    def mask(self, expression: str) -> str:
         return self.bind("int", expression)
 
-    def add(self, a, b):
-        return self._f(f"{a} + {b}")
-
-    def sub(self, a, b):
-        return self._f(f"{a} - {b}")
-
-    def mul(self, a, b):
-        return self._f(f"{a} * {b}")
-
     def div(self, a, b):
-        return self._f(f"{a} / {b}")
+        return self.floating(f"{a} / {b}")
 
     def fast_recip(self, a):
         return self.div(self.c(1.0), a)
 
     def neg(self, a):
-        return self._f(f"-{a}")
+        return self.floating(f"-{a}")
 
     def fma(self, a, b, c):
-        return self._f(f"fma{self.sfx}({a}, {b}, {c})")
+        return self.floating(f"fma{self.sfx}({a}, {b}, {c})")
 
     def fabs(self, a):
-        return self._f(f"fabs{self.sfx}({a})")
+        return self.floating(f"fabs{self.sfx}({a})")
 
     def copysign(self, a, b):
-        return self._f(f"copysign{self.sfx}({a}, {b})")
+        return self.floating(f"copysign{self.sfx}({a}, {b})")
 
     def floor(self, a):
-        return self._f(f"floor{self.sfx}({a})")
+        return self.floating(f"floor{self.sfx}({a})")
 
     def rint(self, a):
-        return self._f(f"rint{self.sfx}({a})")
-
-    def lt(self, a, b):
-        return self._m(f"{a} < {b}")
-
-    def ge(self, a, b):
-        return self._m(f"{a} >= {b}")
-
-    def eq(self, a, b):
-        return self._m(f"{a} == {b}")
+        return self.floating(f"rint{self.sfx}({a})")
 
     def ne(self, a, b):
-        return self._m(f"({a} < {b}) | ({a} > {b})")
-
-    def ult(self, a, b):
-        return self._m(f"!({a} >= {b})")
-
-    def ule(self, a, b):
-        return self._m(f"!({a} > {b})")
+        return self.mask(f"({a} < {b}) | ({a} > {b})")
 
     def isnan(self, a):
-        return self._m(f"{a} != {a}")
-
-    def and_(self, a, b):
-        return self._m(f"{a} & {b}")
-
-    def or_(self, a, b):
-        return self._m(f"{a} | {b}")
-
-    def not_(self, a):
-        return self._m(f"!{a}")
+        return self.mask(f"{a} != {a}")
 
     def sel(self, cond, a, b):
         return self.bind(self.types[a], f"{cond} ? {a} : {b}")
 
     def _wrap(self, a, op: str, b) -> str:
-        return self._i(f"({self.it})(({self.ut}){a} {op} ({self.ut}){b})")
+        return self.integer(f"({self.it})(({self.ut}){a} {op} ({self.ut}){b})")
 
     def iadd(self, a, b):
         return self._wrap(a, "+", b)
@@ -175,39 +146,24 @@ class CEmitter(MathEmitter):
     def isub(self, a, b):
         return self._wrap(a, "-", b)
 
-    def iand(self, a, b):
-        return self._i(f"{a} & {b}")
-
-    def ior(self, a, b):
-        return self._i(f"{a} | {b}")
-
-    def ixor(self, a, b):
-        return self._i(f"{a} ^ {b}")
-
     def shl(self, a, b):
         return self._wrap(a, "<<", b)
 
     def ashr(self, a, b):
         # Never a negative operand (implementation-defined in C): ~a >= 0 when a < 0.
-        return self._i(f"{a} < 0 ? ~(~{a} >> {b}) : {a} >> {b}")
-
-    def ilt(self, a, b):
-        return self._m(f"{a} < {b}")
-
-    def ine(self, a, b):
-        return self._m(f"{a} != {b}")
+        return self.integer(f"{a} < 0 ? ~(~{a} >> {b}) : {a} >> {b}")
 
     def to_int(self, a):
-        return self._i(f"({self.it}){a}")
+        return self.integer(f"({self.it}){a}")
 
     def to_float(self, n):
-        return self._f(f"({self.ft}){n}")
+        return self.floating(f"({self.ft}){n}")
 
     def bits(self, a):
-        return self._i(f"{self._bits}({a})")
+        return self.integer(f"{self._bits}({a})")
 
     def from_bits(self, n):
-        return self._f(f"{self._from}({n})")
+        return self.floating(f"{self._from}({n})")
 
 
 _NAME = re.compile(r"\b[a-z]\d+\b")

@@ -157,17 +157,8 @@ class WGSLEmitter(InfixEmitter):
     def ne(self, a, b):
         return self.mask(f"({a} != {b}) && !hg_isnan({a}) && !hg_isnan({b})")
 
-    def ult(self, a, b):
-        return self.mask(f"!({a} >= {b})")
-
-    def ule(self, a, b):
-        return self.mask(f"!({a} > {b})")
-
     def isnan(self, a):
         return self.mask(f"hg_isnan({a})")
-
-    def not_(self, a):
-        return self.mask(f"!{a}")
 
     def sel(self, cond, a, b):
         # WGSL infers the type of a ``let`` from its operands (float or integer).
