@@ -79,14 +79,17 @@ test: lint docs system-packages
 
 # The torch device's suites again with its memory and kernels on the webgpu backend (on
 # lavapipe in CI: correctness only); the tests tests/webgpu_device_expected.txt lists are
-# strict expected failures, each for the reason it gives. WEBGPU_DEVICE_SUITES=all runs
-# every tests/test_torch_*.py (~20 minutes more on 2 cores).
-WEBGPU_DEVICE_SUITES ?= attention autocast complex conv custom_op device elementwise errors \
-	generate indexing layouts lazy linalg_shape models pool_norm reduction_nn rnn streams \
-	sync_batch_norm tied training
+# strict expected failures, each for the reason it gives. The suites are files of
+# tests/torch_device/ (topic/name for topic/test_name.py). WEBGPU_DEVICE_SUITES=all runs
+# every one but the multi-process distributed tests (~20 minutes more on 2 cores).
+WEBGPU_DEVICE_SUITES ?= device/autocast device/custom_op device/device device/errors \
+	device/streams memory/layouts memory/tied ops/attention ops/complex ops/conv \
+	ops/elementwise ops/generate ops/indexing ops/linalg_shape ops/pool_norm ops/reduction_nn \
+	ops/rnn lazy/lazy models/models models/training distributed/sync_batch_norm
 test-webgpu-device: $(STAMP_TEST)
-	@if [ "$(WEBGPU_DEVICE_SUITES)" = all ]; then files="tests/test_torch_*.py"; \
-	else files="$(foreach s,$(WEBGPU_DEVICE_SUITES),tests/test_torch_$(s).py)"; fi; \
+	@if [ "$(WEBGPU_DEVICE_SUITES)" = all ]; then \
+		files="tests/torch_device --ignore=tests/torch_device/distributed/test_distributed.py"; \
+	else files="$(foreach s,$(WEBGPU_DEVICE_SUITES),tests/torch_device/$(dir $(s))test_$(notdir $(s)).py)"; fi; \
 	if $(VENV_PY) -c "import sys; from hologram.backends.webgpu.backend import WebGpuBackend as B; sys.exit(not B.is_available())" 2>/dev/null \
 		|| [ -n "$$HOLOGRAM_REQUIRE_WEBGPU" ]; then \
 		HOLOGRAM_TORCH_BACKEND=webgpu $(VENV_PY) -m pytest $(PYTEST_ARGS) $$files; \

@@ -75,7 +75,7 @@ def check(device: str) -> None:
         got, want = op(*small), reference(name, *small)
         torch.testing.assert_close(got, want)
         assert torch.autograd.gradcheck(op, small), name
-        if device == "cpu":  # (on hologram tensors: tests/test_torch_custom_op.py)
+        if device == "cpu":  # (on hologram tensors: tests/torch_device/device/test_custom_op.py)
             args = [t.detach().float().requires_grad_() for t in small]
             extra = (0.125,) if name == "attention_scores" else ()
             result = torch.library.opcheck(DEFINITIONS[name], (*args, *extra))

@@ -38,7 +38,7 @@ from hologram_torch.aten.runner import cast, opmath
 __all__ = ["CPU_POLICY_OPS", "LOWER_PRECISION", "PROMOTE", "install", "policy"]
 
 #: Every op PyTorch's CPU autocast has a kernel for (torch 2.13; listed, as scanning the
-#: dispatcher for them costs ~30 ms of every import: tests/test_torch_autocast.py
+#: dispatcher for them costs ~30 ms of every import: tests/torch_device/device/test_autocast.py
 #: checks the list against the installed PyTorch).
 CPU_POLICY_OPS = (
     "aten::_addmm_activation", "aten::_convolution.deprecated",

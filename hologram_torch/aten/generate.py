@@ -18,7 +18,7 @@ from hologram_torch.aten.runner import ISA
 from hologram_torch.lowering.generate import eye_math, linspace_math, logspace_math
 
 # (the ``tensor_overload`` entries pass CPU 0-d bounds with ``device="cpu"``: their results
-# are CPU tensors; tests/test_torch_generate.py runs the tensor overloads on the device)
+# are CPU tensors; tests/torch_device/ops/test_generate.py runs the tensor overloads on the device)
 OPINFO = ("flip", "fliplr", "flipud", "roll", "rot90", "linspace", "logspace", "eye")
 
 #: logspace's native dtypes (see :func:`logspace_math`)

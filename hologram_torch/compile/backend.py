@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 #: Ops whose ``.default`` core decompositions are not among the post-autograd ones: with
 #: them, the table is ``core_aten_decompositions()``'s less its CompositeImplicitAutograd
-#: entries (tests/test_torch_compile.py checks it).
+#: entries (tests/torch_device/compile/test_compile.py checks it).
 _NEAREST = ("upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d",
             "_upsample_nearest_exact1d", "_upsample_nearest_exact2d", "_upsample_nearest_exact3d")
 

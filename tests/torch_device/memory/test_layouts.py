@@ -268,7 +268,7 @@ def test_fallback_out_arguments_are_laid_out_as_the_cpus():
 
 
 def _opinfo_layout_cases():
-    from test_torch_opinfo import _opinfo_names
+    from torch_device.ops.test_opinfo import _opinfo_names
 
     return _opinfo_names()
 
@@ -287,8 +287,9 @@ def _permute_sample_tensor(x):
 def test_opinfo_results_have_the_cpus_strides(name):
     """PyTorch's OpInfo samples of every native entry, with permuted (channels_last,
     reversed) inputs: the device's results have the CPU's strides and values."""
-    from test_torch_opinfo import _key
     from torch.testing._internal.common_methods_invocations import op_db
+
+    from torch_device.ops.test_opinfo import _key
 
     compared = 0
     for op in (o for o in op_db if _key(o) == name):

@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import hologram_torch  # noqa: E402, F401  (registers the device)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 F = torch.nn.functional
 
 

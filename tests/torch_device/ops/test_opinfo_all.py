@@ -8,7 +8,7 @@ that wants an operand on the CPU, such as ``tensor_split``'s indices, keeps it t
 the reference runs on CPU copies of them. A sample the CPU rejects must be rejected on the
 device with the same exception type. To fit the CI budget only the first
 ``SAMPLES`` samples of each (entry, dtype) run, made from a fixed seed.
-``tests/test_torch_opinfo.py`` runs every sample of the entries with native kernels.
+``tests/torch_device/ops/test_opinfo.py`` runs every sample of the entries with native kernels.
 
 The only entries left out are in ``EXCLUDED``, each with its reason.
 """

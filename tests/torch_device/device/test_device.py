@@ -25,7 +25,7 @@ from hologram.errors import DeviceError  # noqa: E402
 from hologram_torch import memory  # noqa: E402
 from hologram_torch.compat import UnsupportedError  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 DEV = torch.device("hologram", 0)
 
 pytestmark = pytest.mark.filterwarnings("ignore::hologram_torch.FallbackWarning")
@@ -461,7 +461,8 @@ def test_pin_memory_and_dataloader():
 
 def test_autocast_follows_the_cpu_policy():
     """Products in the region's dtype (float16 by default), other ops at their inputs'
-    precision, as torch.autocast('cpu') (the policy itself: tests/test_torch_autocast.py)."""
+    precision, as torch.autocast('cpu') (the policy itself:
+    tests/torch_device/device/test_autocast.py)."""
     cpu = mlp()
     dev = copy.deepcopy(cpu).to("hologram")
     x = torch.randn(4, 5)

@@ -34,7 +34,7 @@ OVERRIDES = {
 # dilation is a new program, forward and backward): every 8th sample (16th in 3-d, whose
 # programs compile slowest), which still meets every kind of configuration, keeps their
 # compiles to a few CI minutes (all samples took ~20 min of CPU).
-# tests/test_torch_pool_norm.py covers their edge cases one by one.
+# tests/torch_device/ops/test_pool_norm.py covers their edge cases one by one.
 # Dtypes other than float32 take every 4th of those (float64's gradients too): their
 # programs differ from float32's in the element type alone, which a few configurations
 # exercise.

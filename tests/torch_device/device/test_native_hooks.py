@@ -2,7 +2,7 @@
 active wherever a C++ compiler is, pinned memory that is host memory and says so, one
 build shared by processes importing at the same time, bounded waits on a lock, and the
 Python hooks (with DDP's two options refused, naming the fix) where nothing can be built.
-DDP training with those options is tested in tests/test_distributed.py."""
+DDP training with those options is tested in tests/torch_device/distributed/test_distributed.py."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def _eager():
         yield
 
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 TOOLS = shutil.which(os.environ.get("CXX", "c++")) and shutil.which("ninja")
 needs_native = pytest.mark.skipif(
     not native.active(), reason=f"native hooks unavailable: {native.reason()} "

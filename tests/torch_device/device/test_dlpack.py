@@ -24,7 +24,7 @@ from hologram.errors import DeviceError  # noqa: E402
 from hologram_torch import dlpack, lazy  # noqa: E402
 
 D = "hologram"
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _shares(a, b) -> bool:

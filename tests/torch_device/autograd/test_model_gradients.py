@@ -18,10 +18,9 @@ import copy
 import pytest
 
 torch = pytest.importorskip("torch")
-from test_torch_models import Recurrent, SmallCNN, TokenModel  # noqa: E402
-
 import hologram_torch  # noqa: E402 (registers the device)
 from hologram_torch import native  # noqa: E402
+from torch_device.models.test_models import Recurrent, SmallCNN, TokenModel  # noqa: E402
 
 nn = torch.nn
 F = torch.nn.functional

@@ -1,12 +1,13 @@
 """torch.distributed on the hologram device (``hologram_torch.distributed``), in real
 processes on localhost.
 
-The ranks are copies of this file (``python tests/test_distributed.py CASE RANK WORLD
-INIT_METHOD BACKEND``) running the worker function ``CASES[CASE]`` in a process group;
-each stage of a case prints a line once its checks passed, and the tests look for those
-lines (a case's last stage breaks its group on purpose: a mismatched collective, a rank
-that dies). Every subprocess has a wall-clock limit, and every process group a short
-timeout: a broken collective fails a test, it never hangs CI.
+The ranks are copies of this file (``python
+tests/torch_device/distributed/test_distributed.py CASE RANK WORLD INIT_METHOD
+BACKEND``) running the worker function ``CASES[CASE]`` in a process group; each stage of
+a case prints a line once its checks passed, and the tests look for those lines (a
+case's last stage breaks its group on purpose: a mismatched collective, a rank that
+dies). Every subprocess has a wall-clock limit, and every process group a short timeout:
+a broken collective fails a test, it never hangs CI.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 PG_TIMEOUT_S = 20  # the process groups' timeout (gloo's deadline for every call)
 RUN_TIMEOUT_S = 120  # the wall-clock limit of one test's processes
 

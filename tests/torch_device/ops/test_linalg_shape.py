@@ -129,7 +129,7 @@ def test_inplace_and_out():
     same(lambda c, x, y: c.clone().addmm_(x, y, beta=2), bias, a, b)
     same(lambda x, y: torch.mm(x, y, out=torch.empty(0, device=x.device)), a, b)
     # out= aliasing an input: PyTorch's CPU kernel runs (on aliases of the device memory),
-    # which computes this product as on the CPU (tests/test_torch_errors.py: the cases
+    # which computes this product as on the CPU (tests/torch_device/device/test_errors.py: the cases
     # where it reads what it has overwritten, and the index ops that raise)
     x = torch.randn(4, 4)
     device_x = dev(x)
