@@ -428,8 +428,9 @@ def upload(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> 
 
 
 def _bits(t: torch.Tensor) -> bool:
-    """Is ``t`` a conjugate or negative view (a bit its raw memory does not show)?"""
-    return t.is_conj() or t.is_neg()
+    """Is ``t`` a conjugate or negative view, or a zero tensor (autograd's zeros without
+    memory), which its raw memory does not show?"""
+    return t.is_conj() or t.is_neg() or t._is_zerotensor()
 
 
 def cpu_view(x: torch.Tensor, storages: dict | None = None) -> torch.Tensor:
@@ -459,7 +460,12 @@ def download(src: torch.Tensor) -> torch.Tensor:
 
 def host_bytes(t: torch.Tensor) -> np.ndarray:
     """The bytes of the contiguous CPU tensor ``t`` (any dtype, 0-d included)."""
-    return t.reshape(-1).view(torch.uint8).numpy() if t.numel() else np.empty(0, np.uint8)
+    if not t.numel():
+        return np.empty(0, np.uint8)
+    flat = t.reshape(-1)
+    if flat.numel() == 1:  # contiguous whatever its stride: 0 where a scalar was expanded
+        flat = flat.as_strided((1,), (1,))
+    return flat.view(torch.uint8).numpy()
 
 
 def from_cpu(t: torch.Tensor) -> torch.Tensor:

@@ -57,6 +57,16 @@ for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.i
                 and torch.equal(e.cpu(), ec))
         ok = ok and same or f"{dtype} {rows} {cols}"
 """,
+    "uploads of a broadcast scalar and of autograd's zero tensors": """
+# A one-element tensor is contiguous whatever its strides: (0, 0) where it was expanded.
+one = torch.tensor(2.5).expand(1, 1)
+zero = torch._efficientzerotensor((2, 3))  # what sgn's backward gives a real input
+x = torch.randn(5, requires_grad=True)
+d = x.detach().to(D).requires_grad_()
+(g,) = torch.autograd.grad(torch.sgn(d), d, torch.ones(5, device=D))
+ok = (torch.equal(one.to(D).cpu(), one) and torch.equal(zero.to(D).cpu(), torch.zeros(2, 3))
+      and torch.equal(g.cpu(), torch.zeros(5)))
+""",
     "in place through aliases": """
 x = torch.randn(6, 5)
 d = x.to(D)
