@@ -83,8 +83,22 @@ def _flat_tensors(x) -> list:
     return []
 
 
+def _f32_sums() -> bool:
+    """Does the device's backend add float32 terms in float32 (webgpu: no float64)? Its
+    float32 sums then differ from the CPU's by up to about n u sum|terms| (docs/isa.md,
+    "Float sums"), which for sums that cancel is more than the table's tolerance allows
+    on the smaller results."""
+    from hologram import backends
+
+    return not backends.get(hologram_torch.get_backend()).capabilities().f64
+
+
 def _close(actual, expected, dtype, what: str, override=None) -> None:
     atol, rtol = override or TOLERANCE.get(dtype, (0, 0))
+    if dtype is torch.float32 and not override and _f32_sums() and expected.numel():
+        # normwise: 16 u of the largest result (a conv_transpose3d gradient of 500
+        # elements up to 239 in size had one of 0.055 off by 2e-5 on lavapipe)
+        atol += 2e-6 * float(expected.detach().abs().nan_to_num(0, 0, 0).max())
     torch.testing.assert_close(actual.cpu() if isinstance(actual, torch.Tensor) else actual,
                                expected, atol=atol, rtol=rtol, equal_nan=True,
                                check_device=False, msg=lambda m: f"{what}: {m}")
@@ -152,6 +166,9 @@ def test_opinfo(op, dtype):
                 if e is not None:
                     _close(a, e, e.dtype, f"{what} (gradient)")
         except Exception as exc:  # collect every failing sample
-            failures.append(f"{type(exc).__name__}: {str(exc)[:600]}")
+            message = str(exc)  # the sample's text first, the reason at the end
+            if len(message) > 800:
+                message = f"{message[:300]} [...] {message[-500:]}"
+            failures.append(f"{type(exc).__name__}: {message}")
     assert not failures, f"{len(failures)} of {count} samples failed:\n" + "\n".join(
         failures[:10])
