@@ -347,6 +347,27 @@ def test_f16_and_bf16_matmuls_take_the_tensor_cores(emulate, monkeypatch, tmp_pa
             assert tensor_cores and all(f".{kind}" in i for i in tensor_cores), tensor_cores
 
 
+def test_a_product_with_a_broadcast_scalar_operand():
+    """A 1-element operand broadcast over both of its matrix's dimensions (a 0-d input's
+    linear layer: x @ W.T with x of shape () expanded) is one element for the whole
+    tile: loaded once, masked by the tile (Triton takes no tile mask on a scalar
+    pointer), and past the edges zero like any operand."""
+    b = ProgramBuilder("scalar_operand")
+    x = b.input("x", "f32", (1,))
+    w = b.input("w", "f32", (12,))
+    out = b.output("y", "f32", (2, 4))
+    k = b.kernel((2, 4, 3), grid_rank=2)
+    product = k.contract(k.load(x, (2, 1, 3), 0, (0, 0, 0)), k.load(w, (1, 4, 3), 0, (0, 1, 4)),
+                         [2])
+    k.store(out, product, 0, (4, 1, 0), (2, 4, 1))
+    inputs = [np.array([1.5], np.float32), np.arange(12, dtype=np.float32) - 5]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HOLOGRAM_CUDA_EMULATE", "1")
+        got, want = _both(b.build(), inputs)
+    np.testing.assert_array_equal(got[0], want[0])
+    assert want[0].reshape(-1).tolist() == [1.5 * (3 * c + 12 - 15) for c in range(4)] * 2
+
+
 @pytest.mark.parametrize("t", [dt.float16, dt.bfloat16, dt.float32, dt.int32],
                          ids=lambda t: t.name)
 @pytest.mark.parametrize("m,n,k", [(128, 64, 128), (100, 70, 300)])

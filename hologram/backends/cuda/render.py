@@ -823,10 +823,16 @@ class _Kernel(KernelWriter):
         t, buf = instr.dtype.name, instr.buffer
         if 0 in instr.shape:  # nothing to read (the loop plan places it per grid point)
             return self.constant(0, instr.dtype)
+        scalar = address is None and not self.index_strides(instr)
         address = self.address(instr) if address is None else address
         mask = self.mask if mask is None else mask
-        masked = "" if mask is None else f", mask={mask}, other=0"
-        value = self.bind(f"tl.load(b{buf} + ({address}){masked})")
+        if scalar and mask is not None:
+            # One element for the whole tile (a broadcast operand of a product): Triton
+            # takes no tile mask on a scalar pointer, and the element is inside.
+            value = self.bind(f"tl.where({mask}, tl.load(b{buf} + ({address})), 0)")
+        else:
+            masked = "" if mask is None else f", mask={mask}, other=0"
+            value = self.bind(f"tl.load(b{buf} + ({address}){masked})")
         if raw:
             return value
         if t == "bool":
