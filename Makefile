@@ -82,10 +82,11 @@ test: lint docs system-packages
 # strict expected failures, each for the reason it gives. The suites are files of
 # tests/torch_device/ (topic/name for topic/test_name.py). WEBGPU_DEVICE_SUITES=all runs
 # every one but the multi-process distributed tests (~20 minutes more on 2 cores).
-WEBGPU_DEVICE_SUITES ?= device/autocast device/custom_op device/device device/errors \
-	device/streams memory/layouts memory/tied ops/attention ops/complex ops/conv \
-	ops/elementwise ops/generate ops/indexing ops/linalg_shape ops/pool_norm ops/reduction_nn \
-	ops/rnn lazy/lazy models/models models/training distributed/sync_batch_norm
+WEBGPU_DEVICE_SUITES ?= device/autocast device/custom_op device/device device/devices \
+	device/errors device/streams memory/layouts memory/tied ops/attention ops/complex \
+	ops/conv ops/elementwise ops/functional ops/generate ops/indexing ops/linalg_shape \
+	ops/lowering ops/pool_norm ops/reduction_nn ops/rnn lazy/lazy lazy/lazy_programs \
+	models/models models/training distributed/sync_batch_norm
 test-webgpu-device: $(STAMP_TEST)
 	@if [ "$(WEBGPU_DEVICE_SUITES)" = all ]; then \
 		files="tests/torch_device --ignore=tests/torch_device/distributed/test_distributed.py"; \
