@@ -142,21 +142,12 @@ def _backend(name: str) -> dict[str, Any]:
 
 
 def _not_auto_reason(name: str) -> str:
-    """Why ``"auto"`` passes over a backend that runs here (a backend may say so itself,
-    with a class method ``not_auto_reason``)."""
+    """Why ``"auto"`` passes over a backend that runs here: the backend's own class method
+    ``not_auto_reason``, where it has one."""
     from hologram import backends
 
     why = getattr(backends.backend_class(name), "not_auto_reason", None)
-    if why is not None:
-        return why()
-    if name == "cuda":
-        return "emulated (HOLOGRAM_CUDA_EMULATE=1: Triton's interpreter on the CPU)"
-    if name in ("webgpu", "metal", "vulkan"):
-        from hologram.backends.webgpu import device
-
-        return (f"the adapter, {device.adapter(name).summary}, is an emulation on the CPU, "
-                "which the cpu backend outruns")
-    return "the backend declines 'auto' here"
+    return why() if why is not None else "the backend declines 'auto' here"
 
 
 def _backends() -> dict[str, Any]:

@@ -60,17 +60,9 @@ def _run(name: str, build, tensors: tuple, static: tuple = (), out=None):
         try:
             return runner.run(f"F.{name}", build, tensors, static, out, host="cpu" in devices)
         except runner.Lacking:
-            # A dtype the device's backend lacks (f64 on webgpu): computed on the host, as
-            # the device's own kernels are (counted in fallback_stats()), results moved back.
-            host = tuple(t.cpu() if isinstance(t, torch.Tensor) else t for t in tensors)
-            result = runner.run(f"F.{name}", build, host, static, None, host=True)
-            if out is not None:
-                out[0].copy_(result)
-                return out[0]
-            device = next(t.device for t in tensors if isinstance(t, torch.Tensor))
-            if isinstance(result, tuple):
-                return tuple(r.to(device) for r in result)
-            return result.to(device)
+            # A dtype the device's backend lacks (f64 on webgpu, counted in
+            # fallback_stats()): computed on the host, as the device's own kernels are.
+            backend = "cpu"
     result = runner.run_on(backend, f"F.{name}", build, tensors, static)
     if out is None:
         return result

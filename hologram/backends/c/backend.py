@@ -63,6 +63,7 @@ class CBackend(Backend):
 
     @classmethod
     def not_auto_reason(cls) -> str:
+        """Why ``"auto"`` passes it over (``hologram info``)."""
         return "a portable reference on one thread: 'auto' takes the cpu backend; ask for 'c'"
 
     @classmethod

@@ -154,6 +154,11 @@ class CudaBackend(Backend):
                 and is_gpu_available())
 
     @classmethod
+    def not_auto_reason(cls) -> str:
+        """Why ``"auto"`` passes it over where it runs (``hologram info``)."""
+        return "emulated (HOLOGRAM_CUDA_EMULATE=1: Triton's interpreter on the CPU)"
+
+    @classmethod
     def may_be_available(cls) -> bool:
         """Whether a GPU may be here, without loading the driver: not emulated, Triton and
         cuda-bindings installed, and (on Linux) an NVIDIA device node. The torch device's

@@ -89,6 +89,12 @@ class WebGpuBackend(Backend):
                                    and devices.is_hardware(dict(devices.adapter(cls.name).info)))
         return cls._auto[cls.name]
 
+    @classmethod
+    def not_auto_reason(cls) -> str:
+        """Why ``"auto"`` passes it over where it runs (``hologram info``)."""
+        return (f"the adapter, {devices.adapter(cls.name).summary}, is an emulation on the "
+                "CPU, which the cpu backend outruns")
+
     def flushes_subnormals(self) -> bool:
         """Whether this backend's device flushes f32 subnormals to zero (and so bf16's),
         in arithmetic and comparisons: a deviation from the ISA that WGSL allows a driver,

@@ -8,6 +8,7 @@ serve in ``OPINFO``; a sample that fails here is a kernel bug (never skip it).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import pkgutil
 import warnings
@@ -83,6 +84,7 @@ def _flat_tensors(x) -> list:
     return []
 
 
+@functools.cache  # the backend is chosen once per process
 def _f32_sums() -> bool:
     """Does the device's backend add float32 terms in float32 (webgpu: no float64)? Its
     float32 sums then differ from the CPU's by up to about n u sum|terms| (docs/isa.md,
