@@ -241,17 +241,19 @@ if which in ("all", "async"):
         c = torch.randn(1 << 27)  # 512 MiB
         p = c.pin_memory()
         d = torch.empty(1 << 27, device=D)
-        torch.hologram.synchronize()
-        t0 = time.perf_counter()
-        d.copy_(p, non_blocking=True)
-        queued = time.perf_counter() - t0
-        torch.hologram.synchronize()
-        done = time.perf_counter() - t0
+        for attempt in ("first", "second"):  # the first also sets up the copy's machinery
+            torch.hologram.synchronize()
+            t0 = time.perf_counter()
+            d.copy_(p, non_blocking=True)
+            queued = time.perf_counter() - t0
+            torch.hologram.synchronize()
+            done = time.perf_counter() - t0
+            print(f"  {attempt}: queued in {queued * 1e3:.2f} ms, done after "
+                  f"{done * 1e3:.2f} ms", flush=True)
         t0 = time.perf_counter()
         d.copy_(p)
         blocking = time.perf_counter() - t0
-        print(f"  pinned={p.is_pinned()} queued in {queued * 1e3:.2f} ms, done after "
-              f"{done * 1e3:.2f} ms; blocking copy {blocking * 1e3:.2f} ms "
+        print(f"  pinned={p.is_pinned()}; blocking copy {blocking * 1e3:.2f} ms "
               f"({c.nbytes / blocking / 1e9:.1f} GB/s)", flush=True)
         r = same(d, c)
         if r is not True:

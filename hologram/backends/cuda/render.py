@@ -170,21 +170,21 @@ def hg_bf16_to_f32(b):
 
 
 @triton.jit
-def hg_int_to_f32_sticky(v):
-    # An integer as a float32 that rounds to f16/bf16 as the integer itself does (one
-    # rounding, not two): its magnitude cut to at most 24 significant bits, the bits cut
-    # off ORed into the lowest kept one (a sticky bit), then scaled back exactly.
-    w = v.to(tl.int64)
-    u = w.to(tl.uint64, bitcast=True)
-    m = tl.where(w < 0, (~u) + 1, u)  # |v|, also for the most negative value
-    e = ((m.to(tl.float32).to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
-    s = tl.maximum(e - 23, 0).to(tl.uint64)
-    one = tl.full([1, 1], 1, tl.uint64)
-    cut = m & ((one << s) - 1)
-    kept = (m >> s) | (cut != 0).to(tl.uint64)
-    scale = ((s.to(tl.int32) + 127) << 23).to(tl.float32, bitcast=True)
-    f = kept.to(tl.float32) * scale
-    return tl.where(w < 0, -f, f)
+def hg_i64_to_f64_odd(v):
+    # An int64 as a float64 rounded to odd, so that rounding it to f16/bf16 (through
+    # hg_f64_to_f32_odd) rounds the integer once: the sum of its two words (each exact),
+    # and the sum's error (two-sum); an inexact sum with an even last bit steps one unit
+    # toward the exact value. No |v|: ptxas miscompiled an absolute value of a
+    # sign-extended int32 at -2**31 (an H200, Triton 3.6.0), and int64's has no room.
+    hi = (v >> 32).to(tl.float64) * 4294967296.0
+    lo = (v & 0xFFFFFFFF).to(tl.float64)
+    s = hi + lo
+    b = s - hi
+    err = (hi - (s - b)) + (lo - b)
+    bits = s.to(tl.int64, bitcast=True)
+    step = tl.where((err > 0) == (s > 0), 1, -1)
+    odd = tl.where((err != 0) & ((bits & 1) == 0), bits + step, bits)
+    return odd.to(tl.float64, bitcast=True)
 
 
 @triton.jit
@@ -1056,7 +1056,8 @@ class _Kernel(KernelWriter):
             elif a.is_float:
                 value = x  # every other float register holds an exact f32
             elif t.name in ("f16", "bf16"):  # one rounding, not two
-                value = f"hg_int_to_f32_sticky({x})"
+                wide = f"hg_i64_to_f64_odd({x})" if a is dt.int64 else f"{x}.to(tl.float64)"
+                value = f"hg_f64_to_f32_odd({wide})"  # (narrower ints: exact in f64)
             else:
                 value = f"{x}.to(tl.float32)"
             if t.name == "f16":
