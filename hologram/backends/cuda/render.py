@@ -174,8 +174,8 @@ def hg_i64_to_f64_odd(v):
     # An int64 as a float64 rounded to odd, so that rounding it to f16/bf16 (through
     # hg_f64_to_f32_odd) rounds the integer once: the sum of its two words (each exact),
     # and the sum's error (two-sum); an inexact sum with an even last bit steps one unit
-    # toward the exact value. No |v|: ptxas miscompiled an absolute value of a
-    # sign-extended int32 at -2**31 (an H200, Triton 3.6.0), and int64's has no room.
+    # toward the exact value. No |v|: compiled for an H200 (Triton 3.6.0), the magnitude
+    # of a sign-extended int32 came out wrong at -2**31; and int64's has no room.
     hi = (v >> 32).to(tl.float64) * 4294967296.0
     lo = (v & 0xFFFFFFFF).to(tl.float64)
     s = hi + lo
