@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import threading
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -275,30 +276,33 @@ class _Scalars:
     is chosen, and are reused least recently used first. Never a block of their own at a
     cut: a recorded region may still write the block of a temporary that died before the
     cut, which the allocator would hand out again. A region uses fewer values than there
-    are slots, so its own values stay put while it runs."""
+    are slots, so its own values stay put while it runs. Threads share the slots: a lock
+    keeps two new values from taking one slot."""
 
     SLOTS, SLOT = 4096, 16  # 16: the kernels assume 16-byte aligned pointers
 
     def __init__(self) -> None:
         self.block: torch.UntypedStorage | None = None
         self.slots: OrderedDict[bytes, int] = OrderedDict()
+        self.lock = threading.Lock()
 
     def reserve(self) -> None:
         if self.block is None:
             self.block = memory.storage(self.SLOTS * self.SLOT)
 
     def address(self, value: bytes) -> int:
-        slot = self.slots.get(value)
-        if slot is None:
-            self.reserve()
-            full = len(self.slots) >= self.SLOTS
-            slot = self.slots.popitem(last=False)[1] if full else len(self.slots)
-            self.slots[value] = slot
-            memory.write(self.block.data_ptr() + slot * self.SLOT,
-                         np.frombuffer(value, np.uint8))
-        else:
-            self.slots.move_to_end(value)
-        return self.block.data_ptr() + slot * self.SLOT
+        with self.lock:
+            slot = self.slots.get(value)
+            if slot is None:
+                self.reserve()
+                full = len(self.slots) >= self.SLOTS
+                slot = self.slots.popitem(last=False)[1] if full else len(self.slots)
+                self.slots[value] = slot
+                memory.write(self.block.data_ptr() + slot * self.SLOT,
+                             np.frombuffer(value, np.uint8))
+            else:
+                self.slots.move_to_end(value)
+            return self.block.data_ptr() + slot * self.SLOT
 
 
 _scalars = _Scalars()

@@ -283,6 +283,45 @@ def test_remembered_kernels_keep_signatures_apart():
     assert ("exp", (), torch.int64, torch.Size([4, 5]), (5, 1)) in runner.shortcuts
 
 
+def test_numbers_copied_to_the_device_from_several_threads_keep_their_own_slots():
+    """The device copies of scalar operands (numbers, CPU scalars; what kernels read on
+    device memory) are shared by threads: values copied at once from several threads
+    each keep a slot of their own. (Without the lock, two values took one slot and a
+    thread's optimizer step read another thread's number.)"""
+    import threading
+    import time
+    from collections import OrderedDict
+
+    import numpy as np
+
+    from hologram_torch import memory
+    from hologram_torch.aten import runner
+
+    class Yielding(OrderedDict):  # lets another thread in where a slot is chosen
+        def __len__(self):
+            n = super().__len__()
+            time.sleep(0)
+            return n
+
+    scalars = runner._Scalars()
+    scalars.slots = Yielding()
+    addresses = {}
+
+    def copy(t):
+        for i in range(300):
+            value = np.float64(t * 1000 + i).tobytes()
+            addresses[value] = scalars.address(value)
+
+    threads = [threading.Thread(target=copy, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(addresses.values())) == len(addresses) == 1200
+    for value, address in addresses.items():
+        assert memory.read(address, 8).tobytes() == value
+
+
 def test_remembered_kernels_take_numbers_as_values():
     # x op number remembers its kernel under x's signature and the number's type; each
     # call passes its own value (and int/float/bool numbers promote as PyTorch's do).
