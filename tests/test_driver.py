@@ -65,7 +65,8 @@ def test_options_and_backend_are_part_of_the_key():
 
 
 def test_the_code_generators_sources_are_part_of_the_key(tmp_path, monkeypatch):
-    # A copy of the package with one backend source changed gets another version.
+    # A copy of the package with one backend source changed gets another version for that
+    # backend (and for all of them together), the same for another backend.
     import shutil
     import subprocess
     import sys
@@ -73,18 +74,25 @@ def test_the_code_generators_sources_are_part_of_the_key(tmp_path, monkeypatch):
 
     package = Path(hologram.__file__).parent
     shutil.copytree(package, tmp_path / "hologram", ignore=shutil.ignore_patterns("__pycache__"))
-    code = "from hologram.compiler.cache import compiler_version; print(compiler_version())"
+    code = ("from hologram.compiler.cache import compiler_version as v; "
+            "print(v(), v('cpu'), v('cuda'))")
 
-    def version() -> str:
+    def versions() -> list[str]:
         return subprocess.run([sys.executable, "-c", code], cwd=tmp_path, check=True,
-                              capture_output=True, text=True).stdout.strip()
+                              capture_output=True, text=True).stdout.split()
 
     from hologram.compiler.cache import compiler_version
 
-    assert version() == compiler_version()
+    before = versions()
+    assert before == [compiler_version(), compiler_version("cpu"), compiler_version("cuda")]
+    assert len(set(before)) == 3
     with open(tmp_path / "hologram/backends/cpu/mathlib.py", "a") as f:
         f.write("\n# changed\n")
-    assert version() != compiler_version()
+    after = versions()  # every backend's and cpu's change; cuda's artifacts stay valid
+    assert after[0] != before[0] and after[1] != before[1] and after[2] == before[2]
+    with open(tmp_path / "hologram/codegen/numerics.py", "a") as f:
+        f.write("\n# changed\n")
+    assert all(a != b for a, b in zip(versions(), after))  # shared: all change
 
 
 def test_bad_arrays_are_rejected_with_the_parameter_named():

@@ -71,9 +71,9 @@ def test_cache_entries_are_keyed_by_the_version(monkeypatch, tmp_path):
     # compiler_version() is computed once, at import (see its module); its formula is
     # called here directly, and launches take its value through the name they imported.
     monkeypatch.setattr(cache_mod, "__version__", "99.0.0")
-    upgraded = cache_mod.compiler_version.__wrapped__()
+    upgraded = cache_mod.compiler_version.__wrapped__("cpu")
     assert upgraded.startswith("99.0.0+")
-    monkeypatch.setattr(launch, "compiler_version", lambda: upgraded)
+    monkeypatch.setattr(launch, "compiler_version", lambda backend: upgraded)
     hologram.clear_cache(disk=False)
     second = _build_once()
     info = hologram.cache_info()

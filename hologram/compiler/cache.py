@@ -536,25 +536,38 @@ def clear_cache(disk: bool = True) -> None:
     default_cache().clear(disk=disk)
 
 
-@functools.cache
-def compiler_version() -> str:
-    """The package version plus a digest of the sources that turn programs into code
-    (the ISA, the passes, the lowering, the backends): a changed code generator never
-    reuses artifacts compiled by the old one, even between releases. The digest is of each
-    file's path, size and modification time (a fresh process computes it before its first
-    disk-cache lookup: reading and hashing the contents took 1 ms, this 0.2); an edit, a
-    checkout or a reinstall changes it."""
+def _digests() -> dict[str, str]:
+    """Digests of the sources that turn programs into code, by part: ``""`` for what
+    every backend uses (the ISA, the passes, the shared code generation, the backends'
+    common modules and the interpreter, which others run kernels on), and each backend's
+    own folder under its name. Of each file's path, size and modification time (reading
+    and hashing the contents took 1 ms, this 0.2): an edit, a checkout or a reinstall
+    changes it."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    digest = hashlib.sha256()
-    for package in ("isa", "compiler", "codegen", "backends"):
-        for folder, dirs, files in sorted(os.walk(os.path.join(root, package))):
-            dirs.sort()
-            for name in sorted(files):
-                if name.endswith(".py"):
-                    st = os.stat(os.path.join(folder, name))
-                    relative = os.path.relpath(os.path.join(folder, name), root)
-                    digest.update(f"{relative}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-    return f"{__version__}+{digest.hexdigest()[:16]}"
+    shared = [os.path.join(root, p) for p in ("isa", "compiler", "codegen")]
+    backends_dir = os.path.join(root, "backends")
+    parts: dict[str, list[str]] = {"": shared}
+    for name in sorted(os.listdir(backends_dir)):
+        path = os.path.join(backends_dir, name)
+        if name.endswith(".py") or name == "interp":
+            parts[""].append(path)
+        elif os.path.isdir(path) and not name.startswith("__"):
+            parts[name] = [path]
+    digests = {}
+    for part, paths in parts.items():
+        digest = hashlib.sha256()
+        for path in paths:
+            walk = [(os.path.dirname(path), [], [os.path.basename(path)])] \
+                if path.endswith(".py") else sorted(os.walk(path))
+            for folder, dirs, files in walk:
+                dirs.sort()
+                for name in sorted(files):
+                    if name.endswith(".py"):
+                        st = os.stat(os.path.join(folder, name))
+                        relative = os.path.relpath(os.path.join(folder, name), root)
+                        digest.update(f"{relative}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        digests[part] = digest.hexdigest()
+    return digests
 
 
 # Computed now, while the process imports the code generator, not at its first disk-cache
@@ -562,4 +575,15 @@ def compiler_version() -> str:
 # the old code's artifacts under the new files' digest, and every later process loaded
 # them (a quick build of sin from an intermediate mathlib, left by a long-running process
 # while the file was being edited, gave inf for huge float32 arguments).
-compiler_version()
+_DIGESTS = _digests()
+
+
+@functools.cache
+def compiler_version(backend: str | None = None) -> str:
+    """The package version plus a digest of the sources that turn programs into code for
+    ``backend`` (the shared parts and its own folder; None: every backend's): a changed
+    code generator never reuses artifacts compiled by the old one, even between
+    releases, and an edit of one backend leaves the others' artifacts valid."""
+    parts = [""] + ([backend] if backend is not None else sorted(set(_DIGESTS) - {""}))
+    digest = hashlib.sha256("".join(_DIGESTS.get(p, p) for p in parts).encode())
+    return f"{__version__}+{digest.hexdigest()[:16]}"

@@ -358,7 +358,7 @@ def _build_plan(program: Program, backend: str, impl: backends.Backend, target: 
     check_supported(impl, program, _others(backend))
     canonical = pipeline.canonical_form(program, options)
     key = CacheKey(canonical.fingerprint(), backend, impl.target(target), options.key(),
-                   compiler_version())
+                   compiler_version(backend))
     return key, functools.cache(lambda: pipeline.lower(canonical, options))
 
 

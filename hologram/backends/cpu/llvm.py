@@ -220,7 +220,7 @@ def _cached_object(ir: str, target: Target, allowed: frozenset[str], tier: str) 
     key = programs.CacheKey(
         hashlib.sha256(ir.encode()).hexdigest(), "cpu", target.identity,
         f"llvm-object;tier={tier};allowed={','.join(sorted(allowed))}",
-        f"{programs.compiler_version()};llvm={'.'.join(map(str, llvm.llvm_version_info))}")
+        f"{programs.compiler_version('cpu')};llvm={'.'.join(map(str, llvm.llvm_version_info))}")
     return programs.default_cache().artifact(
         key, lambda: _compile_ir(ir, target, allowed, None, tier), counted=False)
 
