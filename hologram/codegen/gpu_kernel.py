@@ -48,9 +48,7 @@ from hologram.isa.dtypes import DType
 from hologram.isa.ir import Instr, Kernel, Program
 
 from . import loops
-
-#: The comparison ops, in the C-like spelling both languages share.
-COMPARISONS = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+from .mathlib import COMPARISONS
 
 
 class KernelWriter:

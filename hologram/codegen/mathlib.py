@@ -452,6 +452,10 @@ class MathEmitter(ABC):
         return self.mul(self.mul(p, self.pow2i(half)), self.pow2i(self.isub(n, half)))
 
 
+#: The ISA's comparisons as the infix operators of the C-like languages (WGSL, Triton, C).
+COMPARISONS = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+
+
 class InfixEmitter(MathEmitter):
     """The primitives a language with C's infix operators spells alike (WGSL, Triton, C):
     float ``+ - *``, the ordered comparisons, the mask operators and the integer

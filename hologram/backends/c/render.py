@@ -36,6 +36,7 @@ from hologram.backends.c import sums
 from hologram.backends.c.mathlib import F32, F64, float_literal, int_literal
 from hologram.backends.c.prelude import HEADER, Helpers
 from hologram.codegen.loops import Accumulator, plan
+from hologram.codegen.mathlib import COMPARISONS
 from hologram.compiler.capabilities import Capabilities
 from hologram.errors import CompileError
 from hologram.isa import dtypes as dt
@@ -51,7 +52,6 @@ MEMORY = {**REGISTER, "bool": "uint8_t", "f16": "uint16_t", "bf16": "uint16_t"}
 _NARROW = (dt.float16, dt.bfloat16)
 _EXACT_NARROW = frozenset({"neg", "abs", "select", "min", "max", "sign"})
 _BITWISE = {"and": "&", "or": "|", "xor": "^"}
-_CMP = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 _LIBM = {"sqrt": "sqrt", "floor": "floor", "ceil": "ceil", "trunc": "trunc", "round": "rint"}
 
 
@@ -308,8 +308,8 @@ class _Kernel:
             return self.minmax(op, *args, a)
         if op in ("and", "or", "xor"):
             return f"({ctype})({x} {_BITWISE[op]} {args[1]})"
-        if op in _CMP:
-            return f"{x} {_CMP[op]} {args[1]}"
+        if op in COMPARISONS:
+            return f"{x} {COMPARISONS[op]} {args[1]}"
         if op == "select":
             return f"{x} ? {args[1]} : {args[2]}"
         if op == "fma":

@@ -62,7 +62,7 @@ from dataclasses import dataclass
 
 from hologram.codegen import loops, schedule
 from hologram.codegen import mathlib as shared_math
-from hologram.codegen.gpu_kernel import COMPARISONS, KernelWriter, gather_clamp, row_major
+from hologram.codegen.gpu_kernel import KernelWriter, gather_clamp, row_major
 from hologram.compiler.capabilities import Capabilities
 from hologram.errors import CompileError, DTypeError
 from hologram.isa import dtypes as dt
@@ -770,7 +770,7 @@ class _Kernel(KernelWriter):
         kx, ky = self.call("hg_ord_f32", x), self.call("hg_ord_f32", y)
         if op == "ne":
             return f"{nan} || ({kx} != {ky})"
-        return f"!{nan} && ({kx} {COMPARISONS[op]} {ky})"
+        return f"!{nan} && ({kx} {shared_math.COMPARISONS[op]} {ky})"
 
     def op_abs(self, args, a, t):
         (x,) = args
