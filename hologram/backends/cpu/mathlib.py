@@ -8,11 +8,12 @@ integer ops), with no branches and no calls to libm.
 
 The algorithms are device-neutral and live in :mod:`hologram.codegen.mathlib`; this module
 is its LLVM emitter (:class:`LLVMEmitter`), which implements each primitive with one
-instruction or intrinsic. Every ``fma`` is ``llvm.fma`` (exact semantics, so results are
-the same on every host, f32 sigmoid's last bit excepted); on targets without FMA or
-SSE4.1, ``fma``, ``rint`` and ``floor`` are our own exact IR instead (:mod:`.intrinsics`),
-never library calls. Scaling by ``2^n`` is ``llvm.ldexp`` (``vscalefps``) on AVX-512 hosts,
-elsewhere two multiplications by powers of two.
+instruction or intrinsic (most of them :mod:`.primitives`, shared with :mod:`.softfloat`).
+Every ``fma`` is ``llvm.fma`` (exact semantics, so results are the same on every host,
+f32 sigmoid's last bit excepted); on targets without FMA or SSE4.1, ``fma``, ``rint`` and
+``floor`` are our own exact IR instead (:mod:`.intrinsics`), never library calls. Scaling
+by ``2^n`` is ``llvm.ldexp`` (``vscalefps``) on AVX-512 hosts, elsewhere two
+multiplications by powers of two.
 
 A rarely taken path (:meth:`~hologram.codegen.mathlib.MathEmitter.rarely`: sin and cos of
 large arguments) is a branch to a call of an out-of-line function instead of a select.
@@ -31,14 +32,13 @@ from hologram.backends.cpu import intrinsics
 from hologram.backends.cpu import llvm as _llvm
 from hologram.backends.cpu import target as _targets
 from hologram.backends.cpu import textir as ir
+from hologram.backends.cpu.primitives import TYPES, Primitives
 from hologram.backends.cpu.target import Target
 from hologram.codegen import mathlib as _shared
 from hologram.codegen.mathlib import FORMATS, FUNCTIONS, Format, MathEmitter
 
 __all__ = ["FUNCTIONS", "LLVMEmitter", "branches_to_rare_paths", "get"]
 
-#: Format name -> (float type, integer type of the same width).
-_TYPES = {"f32": (ir.FloatType(), ir.IntType(32)), "f64": (ir.DoubleType(), ir.IntType(64))}
 #: Format name -> the lane counts of a rarely taken path's vector variants: the widths the
 #: loop vectorizer picks (SSE to AVX-512, NEON).
 _LANES = {"f32": (4, 8, 16), "f64": (2, 4, 8)}
@@ -52,15 +52,13 @@ def _use_scalef(target: Target | None = None) -> bool:
     return _llvm.lowers_natively(target or _targets.current(), "ldexp", "float")
 
 
-class LLVMEmitter(MathEmitter):
+class LLVMEmitter(Primitives, MathEmitter):
     """The primitives of :class:`~hologram.codegen.mathlib.MathEmitter` as LLVM IR, written
     with ``builder`` for ``target``."""
 
     def __init__(self, builder: ir.IRBuilder, fmt: Format, target: Target):
-        super().__init__(fmt)
-        self.b = builder
+        super().__init__(builder, fmt)
         self.target = target
-        self.ty, self.ity = _TYPES[fmt.name]
 
     def rarely(self, cond, fast: tuple, slow: Callable[..., tuple], *args) -> tuple:
         """A branch on ``cond`` to calls of ``slow``'s out-of-line functions (one per value,
@@ -92,28 +90,19 @@ class LLVMEmitter(MathEmitter):
         return LLVMEmitter(self.b, fmt, self.target)
 
     def convert(self, a, fmt: Format):
-        ty = _TYPES[fmt.name][0]
+        ty = TYPES[fmt.name][0]
         if fmt.width > self.fmt.width:
             return self.b.fpext(a, ty)
         if fmt.width < self.fmt.width:
             return self.b.fptrunc(a, ty)
         return a
 
-    # constants and intrinsics
-    def c(self, value: float) -> ir.Constant:
-        return ir.Constant(self.ty, value)
-
-    def ci(self, value: int) -> ir.Constant:
-        return ir.Constant(self.ity, value)
-
+    # intrinsics: fma, rint and floor are our own IR where the target lacks them
     def _call(self, base: str, *args: ir.Value) -> ir.Value:
         return intrinsics.call(self.b, base, list(args), self.target)
 
     def fma(self, a, b, c):
         return self._call("fma", a, b, c)
-
-    def fabs(self, a):
-        return self._call("fabs", a)
 
     def floor(self, a):
         return self._call("floor", a)
@@ -121,19 +110,7 @@ class LLVMEmitter(MathEmitter):
     def rint(self, a):
         return self._call("rint", a)
 
-    def copysign(self, a, b):
-        return self._call("copysign", a, b)
-
     # arithmetic
-    def add(self, a, b):
-        return self.b.fadd(a, b)
-
-    def sub(self, a, b):
-        return self.b.fsub(a, b)
-
-    def mul(self, a, b):
-        return self.b.fmul(a, b)
-
     def div(self, a, b):
         return self.b.fdiv(a, b)
 
@@ -147,80 +124,12 @@ class LLVMEmitter(MathEmitter):
     def neg(self, a):
         return self.b.fneg(a)
 
-    # comparisons and selects
-    def lt(self, a, b):
-        return self.b.fcmp_ordered("<", a, b)
-
-    def ge(self, a, b):
-        return self.b.fcmp_ordered(">=", a, b)
-
-    def eq(self, a, b):
-        return self.b.fcmp_ordered("==", a, b)
-
-    def ne(self, a, b):
-        return self.b.fcmp_ordered("!=", a, b)
-
-    def ult(self, a, b):
-        return self.b.fcmp_unordered("<", a, b)
-
-    def ule(self, a, b):
-        return self.b.fcmp_unordered("<=", a, b)
-
-    def isnan(self, a):
-        return self.b.fcmp_unordered("uno", a, a)
-
-    def and_(self, a, b):
-        return self.b.and_(a, b)
-
-    def or_(self, a, b):
-        return self.b.or_(a, b)
-
-    def not_(self, a):
-        return self.b.not_(a)
-
-    def sel(self, cond, a, b):
-        return self.b.select(cond, a, b)
-
-    # integers
-    def iadd(self, a, b):
-        return self.b.add(a, b)
-
-    def isub(self, a, b):
-        return self.b.sub(a, b)
-
-    def iand(self, a, b):
-        return self.b.and_(a, b)
-
-    def ior(self, a, b):
-        return self.b.or_(a, b)
-
-    def ixor(self, a, b):
-        return self.b.xor(a, b)
-
-    def shl(self, a, b):
-        return self.b.shl(a, b)
-
-    def ashr(self, a, b):
-        return self.b.ashr(a, b)
-
-    def ilt(self, a, b):
-        return self.b.icmp_signed("<", a, b)
-
-    def ine(self, a, b):
-        return self.b.icmp_signed("!=", a, b)
-
     # conversions
     def to_int(self, a):
         return self.b.fptosi(a, self.ity)
 
     def to_float(self, n):
         return self.b.sitofp(n, self.ty)
-
-    def bits(self, a):
-        return self.b.bitcast(a, self.ity)
-
-    def from_bits(self, n):
-        return self.b.bitcast(n, self.ty)
 
     def scale(self, p, n):
         """p * 2^n rounded once. With AVX-512 (or SVE), ``llvm.ldexp``: one
@@ -246,7 +155,7 @@ class _VectorEmitter(LLVMEmitter):
     def __init__(self, builder: ir.IRBuilder, fmt: Format, target: Target, lanes: int):
         super().__init__(builder, fmt, target)
         self.lanes = lanes
-        self.ty, self.ity = (ir.VectorType(t, lanes) for t in _TYPES[fmt.name])
+        self.ty, self.ity = (ir.VectorType(t, lanes) for t in TYPES[fmt.name])
 
     def for_format(self, fmt: Format) -> LLVMEmitter:
         return _VectorEmitter(self.b, fmt, self.target, self.lanes)

@@ -52,102 +52,32 @@ The argument ``ty`` of :func:`get` is the type of the (first) argument: ``float`
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from hologram.backends.cpu import textir as ir
+from hologram.backends.cpu.primitives import TYPES, Primitives
+from hologram.codegen.mathlib import FORMATS, Format
 
 FUNCTIONS = ("fma", "floor", "ceil", "trunc", "rint", "fmod", "f16_to_f32", "f16_to_f64",
              "f32_to_f16", "f64_to_f16")
 
 I16, I32, I64 = ir.IntType(16), ir.IntType(32), ir.IntType(64)
 F32, F64 = ir.FloatType(), ir.DoubleType()
+_F32, _F64 = FORMATS["f32"], FORMATS["f64"]
 
 
-@dataclass(frozen=True)
-class _Format:
-    """One float format and its bit layout."""
-
-    ty: ir.Type
-    ity: ir.IntType
-    suffix: str
-    mant: int  # explicit mantissa bits
-    bias: int
+class _Emitter(Primitives):
+    """:class:`~.primitives.Primitives` with the steps the algorithms below share."""
 
     @property
     def emax(self) -> int:  # the all-ones exponent field: inf and NaN
-        return 2 * self.bias + 1
+        return 2 * self.fmt.bias + 1
 
     @property
     def abs_mask(self) -> int:
         return (1 << (self.ity.width - 1)) - 1
 
-
-_F32 = _Format(F32, I32, "f32", 23, 127)
-_F64 = _Format(F64, I64, "f64", 52, 1023)
-
-
-class _Emitter:
-    """An IRBuilder bound to one float format, with the operations used below."""
-
-    def __init__(self, builder: ir.IRBuilder, fmt: _Format):
-        self.b = builder
-        self.f = fmt
-
-    def c(self, value: float) -> ir.Constant:
-        return ir.Constant(self.f.ty, value)
-
-    def ci(self, value: int, ty: ir.IntType | None = None) -> ir.Constant:
-        return ir.Constant(ty or self.f.ity, value)
-
-    def _intrinsic(self, base: str, *args: ir.Value) -> ir.Value:
-        module = self.b.module
-        name = f"llvm.{base}.{self.f.suffix}"
-        fn = module.globals.get(name)
-        if fn is None:
-            fn = ir.namespace(module).Function(
-                module, ir.FunctionType(self.f.ty, [self.f.ty] * len(args)), name)
-        return self.b.call(fn, args)
-
-    # float arithmetic (no fast-math flags: every step is the IEEE operation)
-    def add(self, a, b):
-        return self.b.fadd(a, b)
-
-    def sub(self, a, b):
-        return self.b.fsub(a, b)
-
-    def mul(self, a, b):
-        return self.b.fmul(a, b)
-
-    def fabs(self, a):
-        return self._intrinsic("fabs", a)
-
-    def copysign(self, a, b):
-        return self._intrinsic("copysign", a, b)
-
-    def lt(self, a, b):  # ordered: false for NaN
-        return self.b.fcmp_ordered("<", a, b)
-
-    def eq(self, a, b):
-        return self.b.fcmp_ordered("==", a, b)
-
-    def ne(self, a, b):  # ordered: false for NaN
-        return self.b.fcmp_ordered("!=", a, b)
-
-    def isnan(self, a):
-        return self.b.fcmp_unordered("uno", a, a)
-
     def finite(self, a):
         return self.lt(self.fabs(a), self.c(float("inf")))
-
-    def sel(self, cond, a, b):
-        return self.b.select(cond, a, b)
-
-    # bits
-    def bits(self, x):
-        return self.b.bitcast(x, self.f.ity)
-
-    def flt(self, n):
-        return self.b.bitcast(n, self.f.ty)
 
     def is_odd(self, x):
         """Is the last significand bit of x set?"""
@@ -157,11 +87,12 @@ class _Emitter:
         """The neighbour of x (nonzero, finite) in the direction of d's sign."""
         bx = self.bits(x)
         apart = self.b.icmp_signed("<", self.b.xor(bx, self.bits(d)), self.ci(0))
-        return self.flt(self.b.add(bx, self.sel(apart, self.ci(-1), self.ci(1))))
+        return self.from_bits(self.b.add(bx, self.sel(apart, self.ci(-1), self.ci(1))))
 
     def pow2(self, n):
         """2^n for an integer n (of the format's width) in the normal exponent range."""
-        return self.flt(self.b.shl(self.b.add(n, self.ci(self.f.bias)), self.ci(self.f.mant)))
+        biased = self.b.add(n, self.ci(self.fmt.bias))
+        return self.from_bits(self.b.shl(biased, self.ci(self.fmt.mant)))
 
     def imax(self, a, b):
         return self.sel(self.b.icmp_signed(">", a, b), a, b)
@@ -217,7 +148,7 @@ def _normalize_f64(e: _Emitter, x: ir.Value) -> tuple[ir.Value, ir.Value]:
     k = b.sub(b.lshr(b.and_(bits, ci(0x7FF << 52)), ci(52)), ci(1023))
     k = b.sub(k, e.sel(subnormal, ci(64), ci(0)))
     m = b.or_(b.and_(bits, ci(~(0x7FF << 52) & (2 ** 64 - 1))), ci(1023 << 52))
-    return e.flt(m), k
+    return e.from_bits(m), k
 
 
 # A term scaled by less than 2^-FAR against the other is only a sticky bit (see below).
@@ -300,13 +231,13 @@ def _fma_f64(e: _Emitter, a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Value:
 
 
 def _fma(e: _Emitter, a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Value:
-    return (_fma_f32 if e.f is _F32 else _fma_f64)(e, a, b, c)
+    return (_fma_f32 if e.fmt is _F32 else _fma_f64)(e, a, b, c)
 
 
 # ---------------------------------------------------------------- floor, ceil, trunc, rint
 def _rounding(mode: str) -> Callable[[_Emitter, ir.Value], ir.Value]:
     def build(e: _Emitter, x: ir.Value) -> ir.Value:
-        magic = e.c(2.0 ** e.f.mant)
+        magic = e.c(2.0 ** e.fmt.mant)
         a = e.fabs(x)
         r = e.sub(e.add(a, magic), magic)  # |x| to the nearest integer (even on ties)
         if mode == "trunc":
@@ -331,12 +262,12 @@ def _fmod(e: _Emitter, x: ir.Value, y: ir.Value) -> ir.Value:
     (mx 2^(qx-qy) mod my) 2^qy: r = mx mod my, then r = (r << k) mod my while the
     exponent difference lasts, k at most 63 - (significand bits) per step so r << k fits.
     """
-    f, b = e.f, e.b
+    f, b = e.fmt, e.b
     i64 = I64
     chunk = 64 - (f.mant + 1)  # r < my < 2^(mant+1): r << chunk fits
-    ax = b.and_(e.bits(x), e.ci(f.abs_mask))
-    ay = b.and_(e.bits(y), e.ci(f.abs_mask))
-    inf_bits = e.ci(f.emax << f.mant)
+    ax = b.and_(e.bits(x), e.ci(e.abs_mask))
+    ay = b.and_(e.bits(y), e.ci(e.abs_mask))
+    inf_bits = e.ci(e.emax << f.mant)
     nan = b.or_(b.or_(e.isnan(x), e.isnan(y)),
                 b.or_(b.icmp_unsigned("==", ax, inf_bits), b.icmp_unsigned("==", ay, e.ci(0))))
     small = b.icmp_unsigned("<", ax, ay)  # |x| < |y| (y = inf included): x itself
@@ -347,7 +278,7 @@ def _fmod(e: _Emitter, x: ir.Value, y: ir.Value) -> ir.Value:
         m = b.and_(bits, e.ci((1 << f.mant) - 1))
         m = b.or_(m, e.sel(b.icmp_unsigned("==", field, e.ci(0)), e.ci(0), e.ci(1 << f.mant)))
         q = e.imax(field, e.ci(1))  # subnormals: exponent field 0 counts as 1
-        if f.ity is not i64:
+        if e.ity is not i64:
             m, q = b.zext(m, i64), b.zext(q, i64)
         return m, q
 
@@ -377,34 +308,34 @@ def _fmod(e: _Emitter, x: ir.Value, y: ir.Value) -> ir.Value:
 
     # r * 2^(qy - bias - mant), exact; 2^that is subnormal for the smallest qy
     scale = b.sub(qy, ir.Constant(i64, f.bias + f.mant))
-    if f.ity is not i64:
-        scale = b.trunc(scale, f.ity)
+    if e.ity is not i64:
+        scale = b.trunc(scale, e.ity)
     normal = e.pow2(scale)
-    tiny = e.flt(b.shl(e.ci(1), b.add(scale, e.ci(f.bias + f.mant - 1))))
+    tiny = e.from_bits(b.shl(e.ci(1), b.add(scale, e.ci(f.bias + f.mant - 1))))
     p2 = e.sel(b.icmp_signed("<", scale, e.ci(1 - f.bias)), tiny, normal)
-    rem = e.copysign(e.mul(b.sitofp(r, f.ty), p2), x)
+    rem = e.copysign(e.mul(b.sitofp(r, e.ty), p2), x)
     return e.sel(nan, e.c(float("nan")), e.sel(small, x, rem))
 
 
 # ---------------------------------------------------------------- half conversions
 def _f16_to(e: _Emitter, h: ir.Value) -> ir.Value:
     """Half bits -> the format's value, exact; NaN quiet with its sign and payload."""
-    f, b = e.f, e.b
+    f, b = e.fmt, e.b
     shift = f.mant - 10
-    x = b.zext(h, f.ity)
-    sign = b.shl(b.and_(x, e.ci(0x8000)), e.ci(f.ity.width - 16))
+    x = b.zext(h, e.ity)
+    sign = b.shl(b.and_(x, e.ci(0x8000)), e.ci(e.ity.width - 16))
     em = b.and_(x, e.ci(0x7FFF))
     shifted = b.shl(em, e.ci(shift))
     normal = b.add(shifted, e.ci((f.bias - 15) << f.mant))
-    special = b.or_(shifted, e.ci(f.emax << f.mant))  # inf, NaN: payload kept
+    special = b.or_(shifted, e.ci(e.emax << f.mant))  # inf, NaN: payload kept
     quiet = e.sel(b.icmp_unsigned(">", em, e.ci(0x7C00)), e.ci(1 << (f.mant - 1)), e.ci(0))
     special = b.or_(special, quiet)
     # subnormal halves are em * 2^-24 (em from i32: vectorizes without AVX-512DQ)
     em32 = b.and_(b.zext(h, I32), ir.Constant(I32, 0x7FFF))
-    tiny = e.bits(e.mul(b.sitofp(em32, f.ty), e.c(2.0 ** -24)))
+    tiny = e.bits(e.mul(b.sitofp(em32, e.ty), e.c(2.0 ** -24)))
     mag = e.sel(b.icmp_unsigned("<", em, e.ci(0x400)), tiny,
                 e.sel(b.icmp_unsigned("<", em, e.ci(0x7C00)), normal, special))
-    return e.flt(b.or_(mag, sign))
+    return e.from_bits(b.or_(mag, sign))
 
 
 def _f32_bits_to_f16(e: _Emitter, bits: ir.Value) -> ir.Value:
@@ -417,7 +348,7 @@ def _f32_bits_to_f16(e: _Emitter, bits: ir.Value) -> ir.Value:
     lsb = b.and_(b.lshr(a, ci(13)), ci(1))
     normal = b.lshr(b.add(b.add(b.sub(a, ci(112 << 23)), ci(0xFFF)), lsb), ci(13))
     # |x| < 2^-14: adding 0.5 rounds to the half's subnormal spacing 2^-24 (the ulp of 0.5)
-    tiny = b.sub(e.bits(e.add(e.flt(a), e.c(0.5))), ci(0x3F000000))
+    tiny = b.sub(e.bits(e.add(e.from_bits(a), e.c(0.5))), ci(0x3F000000))
     nan = b.or_(ci(0x7E00), b.and_(b.lshr(a, ci(13)), ci(0x3FF)))
     h = e.sel(b.icmp_unsigned("<", a, ci(0x38800000)), tiny, normal)
     h = e.sel(b.icmp_unsigned(">=", a, ci(0x477FF000)), ci(0x7C00), h)  # 65520 and up: inf
@@ -457,7 +388,7 @@ _ARITH: dict[str, tuple[Callable[..., ir.Value], int]] = {
     "rint": (_rounding("rint"), 1),
 }
 # name: (argument type, result type, format the builder works in, builder)
-_CONVERSIONS: dict[str, tuple[ir.Type, ir.Type, _Format, Callable[..., ir.Value]]] = {
+_CONVERSIONS: dict[str, tuple[ir.Type, ir.Type, Format, Callable[..., ir.Value]]] = {
     "f16_to_f32": (I16, F32, _F32, _f16_to),
     "f16_to_f64": (I16, F64, _F64, _f16_to),
     "f32_to_f16": (F32, I16, _F32, _f32_to_f16),
@@ -483,7 +414,7 @@ def get(module: ir.Module, name: str, ty: ir.Type) -> ir.Function:
             fmt = _F64
         else:
             raise TypeError(f"softfloat {name} takes float or double, not {ty}")
-        arg_ty, ret_ty = fmt.ty, fmt.ty
+        arg_ty = ret_ty = TYPES[fmt.name][0]
     elif name in _CONVERSIONS:
         arg_ty, ret_ty, fmt, build = _CONVERSIONS[name]
         nargs = 1
