@@ -44,6 +44,24 @@ def _dims(name: str, **dims) -> None:
             raise ShapeError(f"{name}: {key} must be a non-negative int, got {value!r}")
 
 
+def _matrix_args(name: str, operands: str, args: tuple, out: Buffer | None, dims: str):
+    """``([executor,] first, second, [out,] [*dims])`` -> (executor, first, second, out,
+    the positional dimensions or ()); ``dims`` names them, as the error says."""
+    ex = None
+    if args and type(args[0]) is Executor:
+        ex, args = args[0], args[1:]
+    if len(args) < 2:
+        raise ShapeError(f"{name}: takes the buffers {operands}")
+    first, second, rest = args[0], args[1], list(args[2:])
+    if rest and isinstance(rest[0], Buffer | Traced):
+        if out is not None:
+            raise ShapeError(f"{name}: out given both by position and keyword")
+        out = rest.pop(0)
+    if rest and len(rest) != dims.count(",") + 1:
+        raise ShapeError(f"{name}: positional dimensions are {dims}")
+    return ex, first, second, out, tuple(rest)
+
+
 def gemm(*args, out: Buffer | None = None, m: int | None = None, n: int | None = None,
          k: int | None = None):
     """``C[m, n] = A[m, k] @ B[k, n]``, row-major.
@@ -53,20 +71,9 @@ def gemm(*args, out: Buffer | None = None, m: int | None = None, n: int | None =
     buffer of exactly its shape, or a 1-D buffer of at least its number of elements (the
     first ones are used). With 2-D A and B, omitted dimensions are taken from their shapes.
     """
-    ex = None
-    if args and type(args[0]) is Executor:
-        ex, args = args[0], args[1:]
-    if len(args) < 2:
-        raise ShapeError("gemm: takes the buffers A and B")
-    a, b, rest = args[0], args[1], list(args[2:])
-    if rest and isinstance(rest[0], Buffer | Traced):
-        if out is not None:
-            raise ShapeError("gemm: out given both by position and keyword")
-        out = rest.pop(0)
-    if rest:
-        if len(rest) != 3:
-            raise ShapeError("gemm: positional dimensions are m, n, k (all three)")
-        m, n, k = rest
+    ex, a, b, out, dims = _matrix_args("gemm", "A and B", args, out, "m, n, k (all three)")
+    if dims:
+        m, n, k = dims
     shape_a, shape_b = getattr(a, "shape", ()), getattr(b, "shape", ())
     if m is None:
         m = shape_a[0] if len(shape_a) == 2 else None
@@ -96,20 +103,9 @@ _MATVEC = Op("matvec", _matvec)
 def matvec(*args, out: Buffer | None = None, m: int | None = None, n: int | None = None):
     """``y[m] = A[m, n] @ x[n]``: ``matvec([ex,] A, x, [y], m=, n=)``; with a 2-D A the
     dimensions default to its shape."""
-    ex = None
-    if args and type(args[0]) is Executor:
-        ex, args = args[0], args[1:]
-    if len(args) < 2:
-        raise ShapeError("matvec: takes the buffers A and x")
-    a, x, rest = args[0], args[1], list(args[2:])
-    if rest and isinstance(rest[0], Buffer | Traced):
-        if out is not None:
-            raise ShapeError("matvec: out given both by position and keyword")
-        out = rest.pop(0)
-    if rest:
-        if len(rest) != 2:
-            raise ShapeError("matvec: positional dimensions are m, n")
-        m, n = rest
+    ex, a, x, out, dims = _matrix_args("matvec", "A and x", args, out, "m, n")
+    if dims:
+        m, n = dims
     shape_a = getattr(a, "shape", ())
     m = m if m is not None else shape_a[0] if len(shape_a) == 2 else None
     n = n if n is not None else shape_a[1] if len(shape_a) == 2 else None
