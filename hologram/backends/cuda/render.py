@@ -746,20 +746,29 @@ class _Kernel(KernelWriter):
             return
         total = math.prod(self.kernel.domain[d] for d in dims)
         rblock = self.width = min(pow2(total), self.rblock)
-        self.names += 1
-        r0, flat = f"r{self.names}", f"f{self.names}"
-        self.line(f"for {r0} in range(0, {total}, {rblock}):")
-        self.depth += 1
-        self.line(f"{flat} = {r0} + {self.arange(rblock, False)}")
-        self.mask = self.bind(f"xmask & ({flat} < {total})")
-        self.zero = self.bind(f"xzero + {flat} * 0")
-        self.coordinates(flat, dims)
+        self.open_loop(dims, total, total, rblock)
         body()
         self.depth -= 1
         for d in dims:
             self.index.pop(d, None)
         self.local = {}
         self.mask, self.zero = "xmask", "xzero"
+
+    def open_loop(self, dims: list[int], total: int, span: int, rblock: int,
+                  start: str = "") -> str:
+        """Open a loop over ``span`` positions of the flat index of ``dims`` (of ``total``
+        in all), ``rblock`` lanes at a time from ``start``, with the lanes' mask and zero
+        and their coordinates; the name of the lanes' flat index. The caller closes it
+        (``self.depth -= 1``)."""
+        self.names += 1
+        r0, flat = f"r{self.names}", f"f{self.names}"
+        self.line(f"for {r0} in range(0, {span}, {rblock}):")
+        self.depth += 1
+        self.line(f"{flat} = {start}{r0} + {self.arange(rblock, False)}")
+        self.mask = self.bind(f"xmask & ({flat} < {total})")
+        self.zero = self.bind(f"xzero + {flat} * 0")
+        self.coordinates(flat, dims)
+        return flat
 
     def store_nest(self, dims: list[int], stores: list[Instr]) -> None:
         self.nest(dims, lambda: [self.write(s) for s in stores])
@@ -1125,14 +1134,7 @@ class _Kernel(KernelWriter):
             raise CompileError(f"cuda: kernel {kernel.name}: no {kind} reduction on {t.name} "
                                "(Backend.supports should have refused it)")
         saved = self.local, self.mask, self.zero
-        self.names += 1
-        r0, flat = f"r{self.names}", f"f{self.names}"
-        self.line(f"for {r0} in range(0, {span}, {rblock}):")
-        self.depth += 1
-        self.line(f"{flat} = {start}{r0} + {self.arange(rblock, False)}")
-        self.mask = self.bind(f"xmask & ({flat} < {total})")
-        self.zero = self.bind(f"xzero + {flat} * 0")
-        self.coordinates(flat, axes)
+        flat = self.open_loop(axes, total, span, rblock, start)
         self.local = {}
         v = self.value(instr.args[0])
         if instr.op == "contract":
