@@ -75,14 +75,22 @@ def _run(op, x, static, kwargs=(), out=None, name=None, file=False):
     return from_table.run(op, (x,), static, kwargs, out, name, file)
 
 
-@impl("sum.dim_IntList", hot=True)
-def sum_dim(x, dim, keepdim=False, dtype=None):
-    axes = _dims(x, dim)
-    r = NotImplemented if axes is None else _run(aten.sum.dim_IntList, x, (axes, keepdim),
-                                                 (("dtype", dtype),), file=True)
-    if r is NotImplemented:
-        return run_on_cpu(aten.sum.dim_IntList, x, dim, keepdim, dtype=dtype)
-    return r
+def _over_dims(op):
+    """The kernel of ``op`` (``sum.dim_IntList``, ``mean.dim``): its lowering over the
+    axes ``dim`` names, filed with the front kernel; else the CPU's."""
+
+    def kernel(x, dim, keepdim=False, dtype=None):
+        axes = _dims(x, dim)
+        r = NotImplemented if axes is None else _run(op, x, (axes, keepdim),
+                                                     (("dtype", dtype),), file=True)
+        if r is NotImplemented:
+            return run_on_cpu(op, x, dim, keepdim, dtype=dtype)
+        return r
+
+    return kernel
+
+
+sum_dim = impl("sum.dim_IntList", hot=True)(_over_dims(aten.sum.dim_IntList))
 
 
 def _whole(op, general, whole, x, dtype):
@@ -111,14 +119,7 @@ def sum_all(x, dtype=None):
     return _whole(aten.sum.dim_IntList, sum_dim, aten.sum.default, x, dtype)
 
 
-@impl("mean.dim", hot=True)
-def mean_dim(x, dim, keepdim=False, dtype=None):
-    axes = _dims(x, dim)
-    r = NotImplemented if axes is None else _run(aten.mean.dim, x, (axes, keepdim),
-                                                 (("dtype", dtype),), file=True)
-    if r is NotImplemented:
-        return run_on_cpu(aten.mean.dim, x, dim, keepdim, dtype=dtype)
-    return r
+mean_dim = impl("mean.dim", hot=True)(_over_dims(aten.mean.dim))
 
 
 @impl("mean", hot=True)

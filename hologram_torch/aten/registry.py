@@ -50,19 +50,22 @@ def _guarded(op, fn: Callable, args: tuple, kwargs: dict):
         return fallback.run_on_cpu(op, *args, **kwargs)
 
 
+def _registrar(names: tuple[str, ...], hot: bool, kind: set[str]) -> Callable:
+    def register(fn: Callable) -> Callable:
+        for name in names:
+            _register(name, fn, hot)
+            kind.add(name if "." in name else f"{name}.default")
+        return fn
+
+    return register
+
+
 def impl(*names: str, hot: bool = False) -> Callable:
     """Register the decorated function as the hologram kernel of each overload ``names``
     (``"add.Tensor"``; a bare name means its ``.default`` overload). ``hot``: behind the
     native front kernel where the native library is loaded (:func:`native.register_fast`),
     for kernels that file their calls (``runner.remember``)."""
-
-    def register(fn: Callable) -> Callable:
-        for name in names:
-            _register(name, fn, hot)
-            NATIVE.add(name if "." in name else f"{name}.default")
-        return fn
-
-    return register
+    return _registrar(names, hot, NATIVE)
 
 
 def composed(*names: str, hot: bool = False) -> Callable:
@@ -70,14 +73,7 @@ def composed(*names: str, hot: bool = False) -> Callable:
     a kernel that runs other ops rather than a program of its own (listed in
     :data:`COMPOSED`, not :data:`NATIVE`); or one program where it can, filed with the
     native front kernel (``hot``, as :func:`impl`'s)."""
-
-    def register(fn: Callable) -> Callable:
-        for name in names:
-            _register(name, fn, hot)
-            COMPOSED.add(name if "." in name else f"{name}.default")
-        return fn
-
-    return register
+    return _registrar(names, hot, COMPOSED)
 
 
 def overload(name: str) -> torch._ops.OpOverload:
