@@ -86,7 +86,7 @@ WEBGPU_DEVICE_SUITES ?= device/autocast device/custom_op device/device device/de
 	device/errors device/streams memory/layouts memory/tied ops/attention ops/complex \
 	ops/conv ops/elementwise ops/functional ops/generate ops/indexing ops/linalg_shape \
 	ops/lowering ops/pool_norm ops/reduction_nn ops/rnn lazy/lazy lazy/lazy_programs \
-	models/models models/training distributed/sync_batch_norm
+	models/models models/training distributed/sync_batch_norm compile/compile
 test-webgpu-device: $(STAMP_TEST)
 	@if [ "$(WEBGPU_DEVICE_SUITES)" = all ]; then \
 		files="tests/torch_device --ignore=tests/torch_device/distributed/test_distributed.py"; \

@@ -10,10 +10,13 @@ launch is filed in the process's launch cache (:func:`hologram.runtime.launch.la
 the one the SDK's ops, ``hg.jit`` and the eager device use) under the partition and the
 signature; later calls cost the key, the outputs' allocation and one native call.
 
-Inputs are read where they are (CPU tensors or ``hologram`` tensors, both host memory):
-their addresses and real strides go into the program, so views and expanded tensors cost
-no copy. Outputs are fresh tensors on the inputs' device, written in the layout the graph
-expects (its meta strides when dense, else contiguous).
+Inputs are read where they are (CPU tensors, ``hologram`` tensors in host memory, or in a
+GPU's memory on the cuda and webgpu backends): their addresses and real strides go into
+the program, so views and expanded tensors cost no copy. On a GPU the program is the
+device backend's, and a CPU scalar among its inputs (a 0-d tensor) is read from the
+device's copy of its value (the eager device's, ``runner.device_scalar``). Outputs are
+fresh tensors on the inputs' device, written in the layout the graph expects (its meta
+strides when dense, else contiguous).
 
 A signature whose program cannot be built runs the submodule as PyTorch would, and is
 counted (``eager_fallbacks``): a graph never fails for a lowering's sake.
@@ -38,6 +41,7 @@ from hologram.errors import HologramError
 from hologram.frontend.graph import Graph, Tensor
 from hologram.runtime.launch import launch_cache
 from hologram_torch import lazy, memory
+from hologram_torch.aten import runner
 from hologram_torch.compile import graph_lowerings, stats
 from hologram_torch.compile.options import Options
 from hologram_torch.lowering.common import ISA, TORCH, Unsupported
@@ -57,6 +61,8 @@ class _Entry:
     #: Per pair of trailing 0-d outputs (a bool: an index is out of range; an int64: the
     #: first such index): the error raised, its message with ``{value}`` for that index.
     checks: tuple = ()
+    #: The positions of CPU scalars read from device copies (inputs of a program on a GPU).
+    staged: tuple = ()
 
     def __post_init__(self):
         # One ready allocator per output: a launch calls them without re-reading layouts.
@@ -100,6 +106,9 @@ class FusedKernel(torch.nn.Module):
     def _launch(self, entry: _Entry, args):
         lazy.sync("compiled graph")  # its inputs may be pending recorded results
         addresses = [args[i].data_ptr() for i in entry.tensors]
+        for j in entry.staged:
+            scalar = args[entry.tensors[j]]
+            addresses[j] = runner.device_scalar(memory.host_bytes(scalar.contiguous()).tobytes())
         outs = [allocate() for allocate in entry.allocators]
         if entry.checks:
             self._run(entry, addresses, outs)
@@ -173,14 +182,22 @@ def _output_node(gm: torch.fx.GraphModule) -> torch.fx.Node:
 
 def build(gm: torch.fx.GraphModule, name: str, args, options: Options) -> _Entry:
     """Lower ``gm`` on the concrete arguments ``args`` into one program and compile it."""
-    backend = options.backend()
     on_gpu = not memory.host_memory() and any(
         isinstance(a, torch.Tensor) and not a.is_cpu for a in args)
-    if on_gpu or not backends.get(backend).allocator().host_visible:
-        # launches pass tensors' host addresses: CPU tensors, and hologram tensors while
-        # the device's memory is host memory (on a GPU backend its graphs run eagerly)
-        raise Unsupported(f"backend {backend!r} computes on memory the host cannot see, or "
-                          "the graph's hologram tensors are in a GPU's memory")
+    backend = options.backend(on_gpu)
+    staged = ()
+    if on_gpu:  # the program addresses the device's memory: the device's backend only
+        if backend != runner.backend():
+            raise Unsupported(f"the graph's hologram tensors are in the {runner.backend()} "
+                              f"backend's memory, which backend {backend!r} cannot address")
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        if any(t.is_cpu and t.dim() for t in tensors):
+            raise Unsupported("a CPU tensor that is not a scalar among tensors in a GPU's "
+                              "memory")
+        staged = tuple(j for j, t in enumerate(tensors) if t.is_cpu)
+    elif not backends.get(backend).allocator().host_visible:
+        raise Unsupported(f"backend {backend!r} computes on memory the host cannot see, and "
+                          "the graph's tensors are in host memory")
     g = Graph(name)
     env: dict[torch.fx.Node, object] = {}
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -220,19 +237,22 @@ def build(gm: torch.fx.GraphModule, name: str, args, options: Options) -> _Entry
         meta = node.meta.get("val")
         device = meta.device if isinstance(meta, torch.Tensor) else default
         device = None if device is None or device.type == "cpu" else device
+        if on_gpu and device is None:
+            raise Unsupported(f"output {node} is a CPU tensor of a program on a GPU")
         layouts.append((value.shape, strides, dtype, contiguous, device, value))
     tensors = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
     if all(math.prod(shape) == 0 for shape, *_ in layouts):
         return _Entry(None, tuple(layout[:5] for layout in layouts), tensors)
     for j, (_, strides, _, contiguous, _, value) in enumerate(layouts):
         g.output(f"out{j}", value, None if contiguous else strides)
+    checked = default if on_gpu else None  # (the program writes them: on the GPU too)
     for j, (flag, value, _) in enumerate(checks):
         g.output(f"check{j}", flag)
         g.output(f"check{j}_index", value)
-        layouts += [((), (), torch.bool, True, None), ((), (), torch.int64, True, None)]
+        layouts += [((), (), torch.bool, True, checked), ((), (), torch.int64, True, checked)]
     compiled = hologram.compile(g.program(), backend, options.compile_options())
     return _Entry(compiled.launch, tuple(layout[:5] for layout in layouts), tensors,
-                  tuple(error for *_, error in checks))
+                  tuple(error for *_, error in checks), staged)
 
 
 def _first_bad(g: Graph, bad: Tensor, index: Tensor) -> tuple[Tensor, Tensor]:

@@ -51,13 +51,13 @@ class Options:
             backend = hologram.backend.validate_backend(backend)
         return cls(threads, fast_math, backend)
 
-    def backend(self) -> str:
-        """The backend named in the options, else the device's while its memory is host
-        memory, else cpu: on a GPU backend the device's graphs run eagerly (kernel.py),
-        and CPU tensors' graphs compile for the host."""
+    def backend(self, on_device_memory: bool = False) -> str:
+        """The backend named in the options, else the device's for a graph of device
+        tensors or while the device's memory is host memory, else cpu: on a GPU backend
+        the graphs of CPU tensors compile for the host."""
         if self.backend_name is not None:
             return self.backend_name
-        return runner.backend() if memory.host_memory() else "cpu"
+        return runner.backend() if on_device_memory or memory.host_memory() else "cpu"
 
     def compile_options(self) -> CompileOptions:
         if self.fast_math is None:

@@ -225,15 +225,30 @@ a, b = torch.randn(6), torch.randn(6)
 ok = torch.equal(hologram_torch.functional.mul(a, b), a * b) and torch.equal(
     hologram_torch.functional.add(a, torch.tensor(2.0)), a + 2.0)
 """,
-    "torch.compile runs its graphs eagerly": """
-f = torch.compile(lambda a, b: torch.relu(a * b + 1), backend="hologram",
-                  options={"backend": "cpu"})  # a host backend: never on GPU addresses
-a, b = torch.randn(8), torch.randn(8)
-ok = (torch.equal(f(a.to(D), b.to(D)).cpu(), torch.relu(a * b + 1))
+    "torch.compile runs its graphs on the GPU": """
+def step(a, b, s):
+    return torch.relu(a * b + s).sum(1)
+a, b = torch.randn(8, 5), torch.randn(8, 5)
+want = [step(a, b, s) for s in (0.5, 1.5)]
+f = torch.compile(step, backend="hologram")  # the device's backend, a CPU scalar staged
+got = [f(a.to(D), b.to(D), torch.tensor(s)) for s in (0.5, 1.5)]
+stats = hologram_torch.compile_stats()
+ok = (all(g.device.type == D.type and torch.allclose(g.cpu(), w) for g, w in zip(got, want))
+      and stats["programs"] >= 1 and stats["eager_fallbacks"] == 0)
+gather = torch.compile(lambda x, i: torch.gather(x, 1, i), backend="hologram")
+try:  # the index check runs on the GPU, raised as eagerly
+    gather(a.to(D), torch.tensor([[0, 7]]).expand(8, 2).to(D))
+    ok = "no error"
+except RuntimeError as e:
+    ok = ok and "out of bounds" in str(e)
+hologram_torch.reset_compile_stats()
+h = torch.compile(lambda a, b, s: step(a, b, s), backend="hologram",
+                  options={"backend": "cpu"})
+ok = (ok and torch.allclose(h(a.to(D), b.to(D), 0.5).cpu(), want[0])  # host: eagerly
       and hologram_torch.compile_stats()["eager_fallbacks"] >= 1)
 hologram_torch.reset_compile_stats()
-g = torch.compile(lambda a, b: torch.relu(a * b + 1), backend="hologram")
-ok = ok and torch.equal(g(a, b), torch.relu(a * b + 1)) and \
+g = torch.compile(lambda a, b, s: step(a, b, s), backend="hologram")
+ok = ok and torch.allclose(g(a, b, 0.5), want[0]) and \
     hologram_torch.compile_stats()["eager_fallbacks"] == 0  # CPU tensors: for the host
 """,
     "the backend stays": """
