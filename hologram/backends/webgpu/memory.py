@@ -21,6 +21,7 @@ allocation and passes the offset to its shaders (``backend._Executable.launch``)
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 import weakref
 from typing import Any
@@ -99,7 +100,7 @@ class WebGpuAllocator(Allocator):
 
     # --- allocations ------------------------------------------------------------------
     def alloc(self, shape: tuple[int, ...], dtype: np.dtype) -> Allocation:
-        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        nbytes = math.prod(shape) * np.dtype(dtype).itemsize  # (np.prod: ~5 µs more)
         binding = self.dev.limits.get("max-storage-buffer-binding-size", 1 << 27)
         if nbytes > binding:
             raise OutOfMemoryError(
