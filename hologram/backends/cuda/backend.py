@@ -57,7 +57,8 @@ from . import kernels as kernels_cache
 from . import render as render_module
 from . import triton_process
 from .emulated import EmulatedMemory, untag
-from .render import PRELUDE, render
+from .prelude import PRELUDE
+from .render import render
 from .runtime import ALIGNMENT, DeviceMemory, DeviceProgram
 
 FORMAT = "triton-3"
