@@ -300,15 +300,16 @@ class _Region:
 # --- running -------------------------------------------------------------------------
 
 class _Memo:
-    __slots__ = ("fused", "launch", "seconds", "seen", "staged", "state")
+    __slots__ = ("fused", "launch", "seconds", "seen", "staged", "state", "warm")
 
     def __init__(self) -> None:
         self.seen = 0
         self.launch = None
         self.staged = ()  # per live result: is it staged (see _run_fused)?
         self.state = "new"  # "compiling", "ready", "failed"
-        self.seconds = [None, None]  # running means: op by op, fused (see fused_now)
+        self.seconds = [None, None]  # fastest runs: op by op, fused (see timed)
         self.fused = 0  # fused runs so far
+        self.warm = False  # has op by op run once on its final builds (not timed)?
 
     def fused_now(self, nodes: tuple) -> bool:
         """Run the fused program this time? Always for its first runs (until its quick
@@ -331,15 +332,22 @@ class _Memo:
         return (fused <= op_by_op) != (self.seen % RESAMPLE == 0)
 
     def timed(self, fused: bool, seconds: float, nodes: tuple) -> None:
-        """Count a run of ``seconds``; an op-by-op run's time only once there is a fused
-        program to compare it with, and on its programs' final builds (see
-        :meth:`fused_now`): the first runs of a region's ops pay for their first
-        launches (plans made, memory touched the first time)."""
+        """Count a run of ``seconds``: each way's fastest run so far is its time (a run
+        that waited for the CPU, on a background compile or another process, only adds
+        time: a transformer step's op-by-op runs took 4.6 ms, or 66-73 ms beside the
+        background compiler, and a running mean of those kept the region fused for a
+        hundred steps). An op-by-op run counts only once there is a fused program to
+        compare it with, and on its programs' final builds (see :meth:`fused_now`),
+        from the second such run on: the first pays for the builds' first launches
+        (plans made, memory touched the first time)."""
         self.fused += fused
         if not (fused or (self.launch is not None and _final(nodes))):
             return
-        mean = self.seconds[fused]
-        self.seconds[fused] = seconds if mean is None else 0.75 * mean + 0.25 * seconds
+        if not (fused or self.warm):
+            self.warm = True
+            return
+        best = self.seconds[fused]
+        self.seconds[fused] = seconds if best is None else min(best, seconds)
 
 
 def _executable(entry):
