@@ -68,6 +68,7 @@ from hologram.codegen.loops import (
     split_parts,
     unsupported,
 )
+from hologram.codegen.mathlib import COMPARISONS
 from hologram.codegen.mathlib import F32 as F32_FORMAT
 from hologram.codegen.mathlib import F64 as F64_FORMAT
 from hologram.errors import CompileError
@@ -103,7 +104,6 @@ FAST_EXTREMUM_INTERLEAVE = 4
 # LLVM would unroll whole before vectorizing them are vectorized first (see ``_loop``);
 # shorter ones are left to its full unrolling, longer ones it does not unroll whole.
 SHORT_LOOP = 16
-_CMP = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 
 
 __all__ = ["EXTREMUM_INTERLEAVE", "FAST_EXTREMUM_INTERLEAVE", "MATH_INTERLEAVE", "PART_WORK",
@@ -1096,9 +1096,9 @@ def _compare(op: str):
     def emit(r: _KernelRenderer, args, a: DType, t: DType) -> ir.Value:
         b = r.b
         if a.is_float:  # ordered compares are false on NaN; != is true on NaN
-            return (b.fcmp_unordered if op == "ne" else b.fcmp_ordered)(_CMP[op], *args)
+            return (b.fcmp_unordered if op == "ne" else b.fcmp_ordered)(COMPARISONS[op], *args)
         cmp = b.icmp_signed if a.kind == "i" else b.icmp_unsigned
-        return cmp(_CMP[op], *args)
+        return cmp(COMPARISONS[op], *args)
     return emit
 
 
@@ -1225,7 +1225,7 @@ _OPS: dict[str, Callable] = {
     "min": lambda r, args, a, t: _minmax(r, args, a, t, op="min"),
     "max": lambda r, args, a, t: _minmax(r, args, a, t, op="max"),
     "pow": _pow, "and": _logic("and"), "or": _logic("or"), "xor": _logic("xor"),
-    **{op: _compare(op) for op in _CMP},
+    **{op: _compare(op) for op in COMPARISONS},
     **{op: _unary_int_or_float(op) for op in ("abs", "neg", "not", "sign")},
     **{op: _float_unary(op) for op in FLOAT_UNARY_OPS},
     "fma": _fma, "select": _select, "cast": _cast,
