@@ -4,13 +4,21 @@
 # conformance suite's cuda cases on the GPU), SECTIONS (tools/gpu/checks.py's, default
 # "views dlpack"), CASES (training cases, e.g. "mlp cnn"), BIG=1 (tools/gpu/big_buffer.py),
 # PYTESTS (torch device test files to run on the GPU) and PYTEST_S (their time limit).
+# Wheels in .whl/ (carried: packages the machine's image lacks, such as lief, which the
+# cpu backend needs) are installed first; the package is installed in place (its native
+# extension built, and the torch.compile backend's entry point registered).
 cd "$(dirname "$0")/../.." || exit 1
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 HOLOGRAM_TORCH_BACKEND=cuda
+site=/tmp/site
+if ls .whl/*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target $site .whl/*.whl
+fi
+export PYTHONPATH=$site:$PWD PYTHONUNBUFFERED=1 HOLOGRAM_TORCH_BACKEND=cuda
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 log() { echo "== $* ($(date +%T))"; }
 {
 log start; nvidia-smi -L
-python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1 || tail -20 "$OUT/build.log"
+python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > "$OUT/build.log" 2>&1 \
+  || python3 setup.py build_ext --inplace >> "$OUT/build.log" 2>&1 || tail -20 "$OUT/build.log"
 python3 -c "import hologram_torch.native as n; n.report()" 2>&1 | tail -1
 if [ -n "$CONFORMANCE" ]; then
   log conformance
