@@ -5,8 +5,10 @@
 ``views``: views that start between 16-byte boundaries, op by op and recorded; ``dlpack``:
 DLPack both ways with torch CUDA tensors (values, shared memory, stream order, lifetimes);
 ``async``: pinned memory and non-blocking uploads; ``launch``: the per-op host cost against
-PyTorch CUDA's; ``notwin``: a probe of an unaligned view with the unaligned twin switched
-off (it may fault: run it last, in its own process). One PASS/FAIL/ERROR line per check,
+PyTorch CUDA's; ``compile``: ``torch.compile`` regions of device tensors on the GPU
+(values, gradients, a scalar input, an index check, and the step's time against eager);
+``notwin``: a probe of an unaligned view with the unaligned twin switched off (it may
+fault: run it last, in its own process). One PASS/FAIL/ERROR line per check,
 and a summary; with ``$OUT`` set, the lines are written to ``$OUT/checks_SECTION.txt``.
 ``views`` also runs on the emulation (``HOLOGRAM_CUDA_EMULATE=1``). tools/gpu/run.sh runs
 the sections and the training cases (docs/cuda.md, "Checks on a GPU")."""
@@ -320,6 +322,67 @@ if which in ("all", "launch"):
         print(f"  ctypes {fast:.1f} us, cuda-bindings {slow:.1f} us, torch CUDA {ref:.1f} us",
               flush=True)
         return same(a * 2.5, a.cpu() * 2.5)
+
+if which in ("all", "compile"):
+    @case("torch.compile: a training step's regions run on the GPU with eager's values")
+    def _():
+        import statistics
+
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.GELU(),
+                                    torch.nn.Linear(2048, 512)).to(D)
+        x, y = torch.randn(256, 512, device=D), torch.randn(256, 512, device=D)
+
+        def step(m):
+            loss = torch.nn.functional.mse_loss(m(x), y)
+            loss.backward()
+            return loss
+
+        hologram_torch.reset_compile_stats()
+        compiled = torch.compile(model, backend="hologram")
+        want = step(model)
+        grads = [(p.grad.clone(), p) for p in model.parameters()]
+        got = step(compiled)  # (its backward adds the same gradients again)
+        stats = hologram_torch.compile_stats()
+        if stats["eager_fallbacks"] or stats["programs"] < 2:
+            return f"regions did not compile for the GPU: {stats}"
+        if not torch.allclose(got.cpu(), want.cpu(), rtol=1e-4):
+            return f"loss {got.item()} vs eager {want.item()}"
+        if not all(torch.allclose(2 * g.cpu(), p.grad.cpu(), rtol=1e-3, atol=1e-5)
+                   for g, p in grads):
+            return "gradients differ from eager's"
+
+        def timed(m):
+            for _ in range(3):
+                step(m)
+            torch.hologram.synchronize()
+            samples = []
+            for _ in range(7):
+                t0 = time.perf_counter()
+                for _ in range(5):
+                    step(m)
+                torch.hologram.synchronize()
+                samples.append((time.perf_counter() - t0) / 5 * 1e3)
+            return statistics.median(samples)
+
+        print(f"  step: eager {timed(model):.2f} ms, compiled {timed(compiled):.2f} ms",
+              flush=True)
+        return True
+
+    @case("torch.compile: a CPU scalar input and an index check on the GPU")
+    def _():
+        f = torch.compile(lambda a, s: torch.relu(a * s + 1).sum(1), backend="hologram")
+        a = torch.randn(64, 33)
+        for s in (0.5, 2.0):
+            r = same(f(a.to(D), torch.tensor(s)), torch.relu(a * s + 1).sum(1))
+            if r is not True:
+                return r
+        g = torch.compile(lambda x, i: torch.gather(x, 1, i), backend="hologram")
+        try:
+            g(a.to(D), torch.tensor([[0, 40]]).expand(64, 2).to(D))
+        except RuntimeError as e:
+            return True if "out of bounds" in str(e) else str(e)
+        return "no error for an index out of range"
 
 fails = [r for r in results if not r.startswith("PASS")]
 print(f"SUMMARY {len(results) - len(fails)}/{len(results)} passed", flush=True)
