@@ -311,7 +311,7 @@ device_scalar = _scalars.address
 _select_at_import()
 
 
-def _staged(args: Sequence, addresses: list) -> None:
+def stage_host_operands(args: Sequence, addresses: list) -> None:
     """On device memory: ``addresses`` with each host operand's (a boxed number, a CPU 0-d
     tensor) replaced by the address of a device copy of its value."""
     for i, x in enumerate(args):
@@ -487,7 +487,7 @@ def run(name: str, build: Callable, args: Sequence, static: tuple = (),
             for o in out:
                 addresses.append(o.data_ptr())
             if not (_HOST[0] or host):  # (host: CPU tensors, computed on in place)
-                _staged(args, addresses)
+                stage_host_operands(args, addresses)
             entry.launch(tuple(addresses))
     return out[0] if entry.single else tuple(out)
 

@@ -14,7 +14,7 @@ Inputs are read where they are (CPU tensors, ``hologram`` tensors in host memory
 GPU's memory on the cuda and webgpu backends): their addresses and real strides go into
 the program, so views and expanded tensors cost no copy. On a GPU the program is the
 device backend's, and a CPU scalar among its inputs (a 0-d tensor) is read from the
-device's copy of its value (the eager device's, ``runner.device_scalar``). Outputs are
+device's copy of its value (as eagerly: ``runner.stage_host_operands``). Outputs are
 fresh tensors on the inputs' device, written in the layout the graph expects (its meta
 strides when dense, else contiguous).
 
@@ -61,8 +61,8 @@ class _Entry:
     #: Per pair of trailing 0-d outputs (a bool: an index is out of range; an int64: the
     #: first such index): the error raised, its message with ``{value}`` for that index.
     checks: tuple = ()
-    #: The positions of CPU scalars read from device copies (inputs of a program on a GPU).
-    staged: tuple = ()
+    #: Does the program run on a GPU's memory (its CPU scalars read from device copies)?
+    on_device: bool = False
 
     def __post_init__(self):
         # One ready allocator per output: a launch calls them without re-reading layouts.
@@ -106,9 +106,8 @@ class FusedKernel(torch.nn.Module):
     def _launch(self, entry: _Entry, args):
         lazy.sync("compiled graph")  # its inputs may be pending recorded results
         addresses = [args[i].data_ptr() for i in entry.tensors]
-        for j in entry.staged:
-            scalar = args[entry.tensors[j]]
-            addresses[j] = runner.device_scalar(memory.host_bytes(scalar.contiguous()).tobytes())
+        if entry.on_device:
+            runner.stage_host_operands([args[i] for i in entry.tensors], addresses)
         outs = [allocate() for allocate in entry.allocators]
         if entry.checks:
             self._run(entry, addresses, outs)
@@ -185,16 +184,13 @@ def build(gm: torch.fx.GraphModule, name: str, args, options: Options) -> _Entry
     on_gpu = not memory.host_memory() and any(
         isinstance(a, torch.Tensor) and not a.is_cpu for a in args)
     backend = options.backend(on_gpu)
-    staged = ()
     if on_gpu:  # the program addresses the device's memory: the device's backend only
         if backend != runner.backend():
             raise Unsupported(f"the graph's hologram tensors are in the {runner.backend()} "
                               f"backend's memory, which backend {backend!r} cannot address")
-        tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        if any(t.is_cpu and t.dim() for t in tensors):
+        if any(isinstance(a, torch.Tensor) and a.is_cpu and a.dim() for a in args):
             raise Unsupported("a CPU tensor that is not a scalar among tensors in a GPU's "
                               "memory")
-        staged = tuple(j for j, t in enumerate(tensors) if t.is_cpu)
     elif not backends.get(backend).allocator().host_visible:
         raise Unsupported(f"backend {backend!r} computes on memory the host cannot see, and "
                           "the graph's tensors are in host memory")
@@ -252,7 +248,7 @@ def build(gm: torch.fx.GraphModule, name: str, args, options: Options) -> _Entry
         layouts += [((), (), torch.bool, True, checked), ((), (), torch.int64, True, checked)]
     compiled = hologram.compile(g.program(), backend, options.compile_options())
     return _Entry(compiled.launch, tuple(layout[:5] for layout in layouts), tensors,
-                  tuple(error for *_, error in checks), staged)
+                  tuple(error for *_, error in checks), on_gpu)
 
 
 def _first_bad(g: Graph, bad: Tensor, index: Tensor) -> tuple[Tensor, Tensor]:
