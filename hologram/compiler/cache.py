@@ -536,6 +536,14 @@ def clear_cache(disk: bool = True) -> None:
     default_cache().clear(disk=disk)
 
 
+def _python_files(path: str) -> list[str]:
+    """``path`` if it is a Python file, else the Python files below it."""
+    if path.endswith(".py"):
+        return [path]
+    return [os.path.join(folder, name) for folder, _, names in os.walk(path)
+            for name in names if name.endswith(".py")]
+
+
 def _digests() -> dict[str, str]:
     """Digests of the sources that turn programs into code, by part: ``""`` for what
     every backend uses (the ISA, the passes, the shared code generation, the backends'
@@ -555,17 +563,12 @@ def _digests() -> dict[str, str]:
             parts[name] = [path]
     digests = {}
     for part, paths in parts.items():
+        files = sorted(file for path in paths for file in _python_files(path))
         digest = hashlib.sha256()
-        for path in paths:
-            walk = [(os.path.dirname(path), [], [os.path.basename(path)])] \
-                if path.endswith(".py") else sorted(os.walk(path))
-            for folder, dirs, files in walk:
-                dirs.sort()
-                for name in sorted(files):
-                    if name.endswith(".py"):
-                        st = os.stat(os.path.join(folder, name))
-                        relative = os.path.relpath(os.path.join(folder, name), root)
-                        digest.update(f"{relative}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        for file in files:
+            st = os.stat(file)
+            digest.update(f"{os.path.relpath(file, root)}\0{st.st_size}\0{st.st_mtime_ns}\n"
+                          .encode())
         digests[part] = digest.hexdigest()
     return digests
 
