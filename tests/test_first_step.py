@@ -3,6 +3,9 @@
 step")."""
 
 import ctypes
+import os
+import subprocess
+import sys
 from collections import OrderedDict
 from pathlib import Path
 
@@ -11,7 +14,7 @@ import pytest
 from util import errors_in_threads
 
 import hologram
-from hologram.backends.cpu import llvm, loader
+from hologram.backends.cpu import elf, llvm, loader
 from hologram.backends.cpu import target as targets
 from hologram.compiler import cache as cache_mod
 from hologram.errors import CompileError
@@ -263,3 +266,61 @@ def test_loader_errors_name_what_is_missing() -> None:
     obj = llvm.compile_ir(ir, host, allowed={"hg_nowhere"}, cached=False)
     with pytest.raises(CompileError, match="hg_nowhere"):
         llvm.load_object(obj, ["g"], allowed={"hg_nowhere"})
+
+
+# --- reading ELF objects without lief (backends/cpu/elf.py) ----------------------------
+
+@pytest.mark.parametrize("name", ["x86-64", "x86-64-v4", "znver4", "neoverse-n1"])
+def test_elf_reader_reads_what_lief_reads(name: str) -> None:
+    """Sections, symbols and relocations as lief reads them, on objects for x86-64 and
+    AArch64 Linux (the relocations' types by their psABI numbers)."""
+    lief = pytest.importorskip("lief")
+    obj = llvm.compile_ir(_module(7), targets.named(name), cached=False)
+    mine, theirs = elf.read(obj), lief.parse(obj)
+    assert [(s.name, s.size, s.offset, s.alignment) for s in mine.sections] == \
+        [(s.name, s.size, s.offset, s.alignment) for s in theirs.sections]
+    for section, other in zip(mine.sections, theirs.sections, strict=True):
+        assert mine.content(obj, section) == bytes(other.content) or section.type == elf.NOBITS
+        assert bool(section.flags & elf.ALLOC) == other.has(lief.ELF.Section.FLAGS.ALLOC)
+    assert [(s.name, s.shndx, s.value, s.type == elf.STT_FUNC) for s in mine.symbols] == \
+        [(s.name, s.shndx, s.value, s.type == lief.ELF.Symbol.TYPE.FUNC)
+         for s in theirs.symtab_symbols]
+    index = {(s.name, s.offset): s.index for s in mine.sections}
+    want = [(index[r.section.name, r.section.offset], r.address, r.symbol.name, r.addend)
+            for r in theirs.relocations]
+    assert [(r.section, r.offset, r.symbol.name, r.addend) for r in mine.relocations] == want
+    assert want  # the module's constants, call and memset are relocated
+    if name != "neoverse-n1":  # x86-64: the types the loader handles
+        assert {r.type for r in mine.relocations} <= set(loader._RELOCATIONS)
+    assert set(llvm.undefined_symbols(obj)) - {"_GLOBAL_OFFSET_TABLE_"} == {"memset"}
+
+
+def test_elf_reader_refuses_damaged_objects() -> None:
+    obj = llvm.compile_ir(_module(8), targets.named("x86-64"), cached=False)
+    for damaged in (obj[:40], obj[:len(obj) // 2], b"\x7fELF\x01\x01" + obj[6:]):
+        with pytest.raises(ValueError):
+            elf.read(damaged)
+    with pytest.raises(CompileError, match="cannot read the symbol table"):
+        llvm.undefined_symbols(obj[:40])
+
+
+@pytest.mark.skipif(not loader.supported(), reason="ELF hosts (x86-64 Linux) only")
+def test_first_kernels_of_a_process_do_not_import_lief(tmp_path: Path) -> None:
+    """Compiling, checking and loading kernels reads ELF objects itself: lief's import
+    (0.3-0.7 s) was most of a model's first step from the disk cache."""
+    code = ("import sys, numpy as np, hologram\n"
+            "from hologram.frontend.graph import Graph\n"
+            "g = Graph('f')\n"
+            "x = g.input('x', 'f32', (64, 100))\n"
+            "g.output('y', g.sum(g.unary('exp', x), 1))\n"
+            "f = hologram.compile(g.program(), backend='cpu')\n"
+            "x = np.random.rand(64, 100).astype(np.float32)\n"
+            "assert np.allclose(f(x), np.exp(x).sum(1), rtol=1e-5)\n"
+            "print('lief' in sys.modules, hologram.cache_info()['disk_hits'])\n")
+    env = {**os.environ, "HOLOGRAM_CACHE_DIR": str(tmp_path)}
+    env.pop("HOLOGRAM_DISABLE_DISK_CACHE", None)
+    for hits in ("0", "1"):  # a cold cache, then a warm one
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=300, env=env)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert done.stdout.split() == ["False", hits], done.stdout

@@ -42,7 +42,7 @@ from functools import cache
 
 import llvmlite.binding as llvm
 
-from hologram.backends.cpu import loader
+from hologram.backends.cpu import elf, loader
 from hologram.backends.cpu import target as targets
 from hologram.backends.cpu.target import Target
 from hologram.compiler import cache as programs
@@ -253,12 +253,16 @@ def undefined_symbols(obj: bytes) -> list[str]:
     Mach-O's leading underscore."""
     if not obj:  # a program of library calls only (BLAS) has no object code
         return []
+    if elf.is_elf64(obj):  # every Linux host's objects: without lief's second-long import
+        try:
+            return sorted({s.name for s in elf.read(obj).symbols if s.shndx == 0 and s.name})
+        except ValueError as err:
+            raise CompileError("cannot read the symbol table of the generated object file "
+                               f"({len(obj)} bytes): {err}") from None
     import lief  # here, not with the module: its import takes a second
 
     binary = lief.parse(obj)
-    if isinstance(binary, lief.ELF.Binary):
-        names = [s.name for s in binary.symtab_symbols if s.shndx == 0 and s.name]
-    elif isinstance(binary, lief.MachO.Binary):
+    if isinstance(binary, lief.MachO.Binary):
         names = [s.name[1:] if s.name.startswith("_") else s.name for s in binary.symbols
                  if s.type == lief.MachO.Symbol.TYPE.UNDEFINED]
     elif isinstance(binary, lief.COFF.Binary):
@@ -287,12 +291,11 @@ def check_object(obj: bytes, target: Target, allowed: Iterable[str] = PROCESS_SY
 
 
 def _defined_functions(obj: bytes) -> list[str]:
+    if elf.is_elf64(obj):
+        return [s.name for s in elf.read(obj).symbols if s.type == elf.STT_FUNC and s.shndx]
     import lief
 
-    binary = lief.parse(obj)
-    if isinstance(binary, lief.ELF.Binary):
-        return [s.name for s in binary.symtab_symbols
-                if s.type == lief.ELF.Symbol.TYPE.FUNC and s.shndx != 0]
+    binary = lief.parse(obj)  # held: its symbols' iterator does not keep it alive
     return [s.name for s in binary.symbols if s.name.startswith(("hg_", "_hg_"))]
 
 

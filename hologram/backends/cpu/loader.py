@@ -21,7 +21,8 @@ import ctypes
 import mmap
 import struct
 from collections.abc import Callable
-from functools import cache
+
+from hologram.backends.cpu import elf
 
 _PAGE = mmap.PAGESIZE
 _PROT_READ, _PROT_WRITE, _PROT_EXEC = 1, 2, 4
@@ -37,33 +38,24 @@ _munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _MAP_FAILED = ctypes.c_void_p(-1).value
 
 
-@cache
-def _elf():
-    """lief and the tables keyed by its enums: imported on the first load, not with the
-    module (lief's import takes a second, and ``import torch`` imports this package)."""
-    import lief
-
-    r = lief.ELF.Relocation.TYPE
-    # Relocation type -> (field size, signed, how the value is computed from S (the
-    # symbol's address), A (the addend), P (the place), GOT (the table's address) and G (the
-    # symbol's slot offset in the table)).
-    relocations: dict[object, tuple[int, bool, Callable[[int, int, int, int, int], int]]] = {
-        r.X86_64_64: (8, False, lambda s, a, p, got, g: s + a),
-        r.X86_64_PC32: (4, True, lambda s, a, p, got, g: s + a - p),
-        r.X86_64_PLT32: (4, True, lambda s, a, p, got, g: s + a - p),
-        r.X86_64_PC64: (8, True, lambda s, a, p, got, g: s + a - p),
-        r.X86_64_GOTOFF64: (8, True, lambda s, a, p, got, g: s + a - got),
-        r.X86_64_GOTPC32: (4, True, lambda s, a, p, got, g: got + a - p),
-        r.X86_64_GOTPC64: (8, True, lambda s, a, p, got, g: got + a - p),
-        r.X86_64_GOT64: (8, True, lambda s, a, p, got, g: g + a),
-        r.X86_64_GOTPCREL: (4, True, lambda s, a, p, got, g: got + g + a - p),
-        r.X86_64_GOTPCRELX: (4, True, lambda s, a, p, got, g: got + g + a - p),
-        r.X86_64_REX_GOTPCRELX: (4, True, lambda s, a, p, got, g: got + g + a - p),
-        r.X86_64_GOTPCREL64: (8, True, lambda s, a, p, got, g: got + g + a - p),
-    }
-    uses_slot = {r.X86_64_GOT64, r.X86_64_GOTPCREL, r.X86_64_GOTPCRELX,
-                 r.X86_64_REX_GOTPCRELX, r.X86_64_GOTPCREL64}
-    return lief, relocations, uses_slot
+# x86-64 relocation type (psABI) -> (field size, signed, how the value is computed from S
+# (the symbol's address), A (the addend), P (the place), GOT (the table's address) and G
+# (the symbol's slot offset in the table)).
+_RELOCATIONS: dict[int, tuple[int, bool, Callable[[int, int, int, int, int], int]]] = {
+    1: (8, False, lambda s, a, p, got, g: s + a),  # R_X86_64_64
+    2: (4, True, lambda s, a, p, got, g: s + a - p),  # PC32
+    4: (4, True, lambda s, a, p, got, g: s + a - p),  # PLT32
+    24: (8, True, lambda s, a, p, got, g: s + a - p),  # PC64
+    25: (8, True, lambda s, a, p, got, g: s + a - got),  # GOTOFF64
+    26: (4, True, lambda s, a, p, got, g: got + a - p),  # GOTPC32
+    29: (8, True, lambda s, a, p, got, g: got + a - p),  # GOTPC64
+    27: (8, True, lambda s, a, p, got, g: g + a),  # GOT64
+    9: (4, True, lambda s, a, p, got, g: got + g + a - p),  # GOTPCREL
+    41: (4, True, lambda s, a, p, got, g: got + g + a - p),  # GOTPCRELX
+    42: (4, True, lambda s, a, p, got, g: got + g + a - p),  # REX_GOTPCRELX
+    28: (8, True, lambda s, a, p, got, g: got + g + a - p),  # GOTPCREL64
+}
+_USES_SLOT = frozenset({27, 9, 41, 42, 28})
 
 
 _FIELD = {(4, True): "<i", (8, True): "<q", (8, False): "<Q"}
@@ -86,27 +78,26 @@ def load(obj: bytes, names: list[str], resolve: Callable[[str], int]) -> dict[st
     gives the address of a symbol the object takes from outside (0: none). Raises
     :class:`Unsupported` for what is outside this loader (see the module docstring) and
     ``LookupError`` for a name or symbol that cannot be found."""
-    lief, known, uses_slot = _elf()
-    binary = lief.parse(obj)
-    if not isinstance(binary, lief.ELF.Binary) or \
-            binary.header.machine_type != lief.ELF.ARCH.X86_64:
+    try:
+        binary = elf.read(obj)
+    except ValueError as err:
+        raise Unsupported(str(err)) from None
+    if binary.machine != elf.EM_X86_64:
         raise Unsupported("not an x86-64 ELF object")
-    sections = list(binary.sections)
-    placed = _layout(sections)
-    index_of = {_identity(section): i for i, section in enumerate(sections)}
-    symbols = list(binary.symtab_symbols)
-    # (section index, relocation) of those that apply to loaded sections
-    relocations = [(index_of[_identity(r.section)], r) for r in binary.relocations
-                   if r.section is not None and index_of[_identity(r.section)] in placed]
+    if binary.rel_sections:
+        raise Unsupported("relocations without addends (REL)")
+    placed = _layout(binary.sections)
+    # those that apply to loaded sections
+    relocations = [r for r in binary.relocations if r.section in placed]
     slots: dict[str, int] = {}
-    for _, r in relocations:
-        if r.type not in known:
-            raise Unsupported(f"relocation {r.type}")
-        if r.symbol is None:
-            raise Unsupported(f"relocation {r.type} without a symbol")
-        if r.type in uses_slot:
+    for r in relocations:
+        if r.type not in _RELOCATIONS:
+            raise Unsupported(f"relocation type {r.type}")
+        if r.symbol.shndx == 0 and not r.symbol.name:
+            raise Unsupported(f"relocation type {r.type} without a symbol")
+        if r.type in _USES_SLOT:
             if not r.symbol.name:
-                raise Unsupported(f"relocation {r.type} through an unnamed symbol")
+                raise Unsupported(f"relocation type {r.type} through an unnamed symbol")
             slots.setdefault(r.symbol.name, 8 * len(slots))
     executable_end = max((end for _, end, writable in placed.values() if not writable),
                          default=0)
@@ -120,7 +111,7 @@ def load(obj: bytes, names: list[str], resolve: Callable[[str], int]) -> dict[st
     if base in (None, _MAP_FAILED):
         raise Unsupported(f"mmap failed (errno {ctypes.get_errno()})")
     try:
-        functions = _fill(base, writable_start, sections, placed, symbols, relocations, slots,
+        functions = _fill(obj, binary, base, writable_start, placed, relocations, slots,
                           got_offset, names, resolve)
     except BaseException:
         _munmap(base, size)
@@ -128,21 +119,20 @@ def load(obj: bytes, names: list[str], resolve: Callable[[str], int]) -> dict[st
     return functions
 
 
-def _fill(base: int, writable_start: int, sections: list, placed: dict, symbols: list,
-          relocations: list, slots: dict[str, int], got_offset: int, names: list[str],
-          resolve: Callable[[str], int]) -> dict[str, int]:
+def _fill(obj: bytes, binary: elf.Object, base: int, writable_start: int, placed: dict,
+          relocations: list[elf.Relocation], slots: dict[str, int], got_offset: int,
+          names: list[str], resolve: Callable[[str], int]) -> dict[str, int]:
     """Copy the sections into the mapping at ``base``, fill the GOT, relocate, protect
     the pages, and return the addresses of ``names``."""
-    lief, known, _ = _elf()
     address = {index: base + (writable_start if w else 0) + start
                for index, (start, _, w) in placed.items()}
     for index in placed:
-        section = sections[index]
-        if section.type == lief.ELF.Section.TYPE.PROGBITS and section.size:
-            content = bytes(section.content)
+        section = binary.sections[index]
+        if section.type == elf.PROGBITS and section.size:
+            content = binary.content(obj, section)
             ctypes.memmove(address[index], content, len(content))
 
-    def symbol_address(symbol) -> int:
+    def symbol_address(symbol: elf.Symbol) -> int:
         if symbol.shndx == 0:  # from outside: the process
             if symbol.name == "_GLOBAL_OFFSET_TABLE_":
                 return base + got_offset
@@ -155,18 +145,18 @@ def _fill(base: int, writable_start: int, sections: list, placed: dict, symbols:
         return address[symbol.shndx] + symbol.value
 
     got = base + got_offset
-    by_name = {s.name: s for s in symbols if s.name}
+    by_name = {s.name: s for s in binary.symbols if s.name}
     for name, offset in slots.items():
         ctypes.c_uint64.from_address(got + offset).value = symbol_address(by_name[name])
-    for index, r in relocations:
-        width, signed, value = known[r.type]
-        place = address[index] + r.address
+    for r in relocations:
+        width, signed, value = _RELOCATIONS[r.type]
+        place = address[r.section] + r.offset
         result = value(symbol_address(r.symbol), r.addend, place, got,
                        slots.get(r.symbol.name, 0))
         try:
             packed = struct.pack(_FIELD[width, signed], result)
         except struct.error:
-            raise Unsupported(f"relocation {r.type} out of range") from None
+            raise Unsupported(f"relocation type {r.type} out of range") from None
         ctypes.memmove(place, packed, width)
     if _mprotect(base, writable_start, _PROT_READ | _PROT_EXEC) != 0:
         raise Unsupported(f"mprotect failed (errno {ctypes.get_errno()})")
@@ -179,29 +169,21 @@ def _fill(base: int, writable_start: int, sections: list, placed: dict, symbols:
     return functions
 
 
-def _layout(sections: list) -> dict[int, tuple[int, int, bool]]:
+def _layout(sections: list[elf.Section]) -> dict[int, tuple[int, int, bool]]:
     """Section index -> (start, end, writable) of each section to load: the read-only ones
     from offset 0 of the mapping, the writable ones from offset 0 of the writable part."""
-    lief = _elf()[0]
-    flags = lief.ELF.Section.FLAGS
-    loaded_types = {lief.ELF.Section.TYPE.PROGBITS, lief.ELF.Section.TYPE.NOBITS}
     placed: dict[int, tuple[int, int, bool]] = {}
     ends = {False: 0, True: 0}
-    for index, section in enumerate(sections):
-        if not section.has(flags.ALLOC) or section.name == ".eh_frame":
+    for section in sections:
+        if not section.flags & elf.ALLOC or section.name == ".eh_frame":
             continue
-        if section.type not in loaded_types or section.has(flags.TLS):
-            raise Unsupported(f"section {section.name} ({section.type})")
-        writable = section.has(flags.WRITE)
-        start = _align(ends[writable], max(int(section.alignment), 1))
+        if section.type not in (elf.PROGBITS, elf.NOBITS) or section.flags & elf.TLS:
+            raise Unsupported(f"section {section.name} (type {section.type})")
+        writable = bool(section.flags & elf.WRITE)
+        start = _align(ends[writable], max(section.alignment, 1))
         ends[writable] = start + section.size
-        placed[index] = (start, ends[writable], writable)
+        placed[section.index] = (start, ends[writable], writable)
     return placed
-
-
-def _identity(section) -> tuple:
-    """What tells a section from the others (lief makes a new wrapper on each access)."""
-    return section.name, section.offset, section.size, section.type
 
 
 def _align(value: int, alignment: int) -> int:
