@@ -70,6 +70,7 @@ from hologram.compiler import pipeline
 from hologram.compiler.options import CompileOptions
 from hologram.errors import DeviceError
 from hologram.frontend.graph import Graph
+from hologram.runtime import compile_process
 
 #: The most ops a region records before it runs (a bound on the fused program's size,
 #: hence its compile time, and on the memory its pending results hold).
@@ -83,7 +84,7 @@ RESAMPLE = 32
 _lock = threading.RLock()
 _state = {"on": config.get().lazy}
 _stats = {"recorded": 0, "regions": 0, "fused_runs": 0, "op_by_op_runs": 0, "staged": 0,
-          "compiles": 0, "compile_failures": 0, "cuts": {}}
+          "compiles": 0, "compiled_elsewhere": 0, "compile_failures": 0, "cuts": {}}
 
 
 def active() -> bool:
@@ -121,7 +122,8 @@ def _switch(on: bool) -> None:
 
 def stats() -> dict:
     """Counters: ops recorded, regions run (fused or op by op), results staged (written
-    in place after a fused program), fused programs compiled (and failed), and the
+    in place after a fused program), fused programs compiled (of them, built by the
+    helper process: :mod:`hologram.runtime.compile_process`; and failed), and the
     regions' cuts by reason."""
     with _lock:
         recorded = _native["recorded"]() - _recorded[0] if _native is not None else 0
@@ -646,6 +648,10 @@ class _Compiler:
             memo, plan, aliases = self._queue.get()
             try:
                 program = fused_program(plan)
+                # Built by the helper process where it can (not under this process's GIL,
+                # which the recording thread needs), then loaded from the disk cache.
+                if compile_process.build(program, backend()):
+                    _stats["compiled_elsewhere"] += 1
                 compiled = hologram.compile(program, backend())
                 staged = _staging(program, aliases)
             except Exception:  # the region keeps running op by op, as it did

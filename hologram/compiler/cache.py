@@ -209,6 +209,18 @@ class ProgramCache:
             obj.promote_when_hot(full)
         return kept
 
+    def prepare(self, key: CacheKey, build: Callable[[], bytes]) -> bool:
+        """Write ``build()``'s artifact to disk, where :meth:`get` finds it first, without
+        loading it: the full build that another process then loads (a helper process's
+        work). True when it is on disk (False: no directory, or the entry could not be
+        written)."""
+        if self.directory is None:
+            return False
+        digest = key.digest()
+        if self._read(digest) is None:
+            self._write(digest, _checked(build()))
+        return self._read(digest) is not None
+
     def artifact(self, key: CacheKey, build: Callable[[], bytes], counted: bool = True) -> bytes:
         """The artifact bytes for ``key``: the disk copy if a valid one exists, else
         ``build()``'s, written to disk. Nothing is loaded (nor kept in memory): the

@@ -351,6 +351,22 @@ def build(program: Program, backend: str = "auto", target: str | None = None,
     return Artifact(program.name, backend, key.target, key, data)
 
 
+def prebuild(program: Program, backend: str, options: CompileOptions | None = None) -> bool:
+    """Write the full build that :func:`compile` would load for ``program`` into the disk
+    cache, without loading it: the work of the helper process
+    (:mod:`hologram.runtime.compile_process`), after which :func:`compile` finds it there
+    (and, as a full build, never promotes it). An elementwise program is built as its
+    template, as :func:`compile` does. True when the build is on disk."""
+    options = options or CompileOptions.from_env()
+    impl = backends.builder(backend)
+    verify(program)
+    shape = generic.elementwise_shape(program) if impl.generic_lengths else None
+    if shape is not None:
+        program = generic.resize(program, shape, generic.TEMPLATE_LENGTH)
+    key, lowered = _build_plan(program, backend, impl, None, options)
+    return default_cache().prepare(key, lambda: impl.compile(lowered()))
+
+
 def _build_plan(program: Program, backend: str, impl: backends.Backend, target: str | None,
                 options: CompileOptions):
     """The cache key of ``program`` built for ``target``, and the function that lowers it
