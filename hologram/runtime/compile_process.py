@@ -113,7 +113,9 @@ def _start() -> subprocess.Popen:
                OMP_NUM_THREADS="1")
     # -P: the working folder must not shadow the package; stderr is this process's, where
     # a crash of the helper says why.
-    return subprocess.Popen([sys.executable, "-P", "-m", "hologram.runtime.compile_process"],
+    # (-c, not -m: a module the package imports would be imported twice, once as __main__)
+    return subprocess.Popen([sys.executable, "-P", "-c",
+                             "from hologram.runtime.compile_process import serve; serve()"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
 
 
@@ -147,8 +149,8 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forked)
 
 
-def _serve() -> None:
-    """The helper's loop (``python -m hologram.runtime.compile_process``)."""
+def serve() -> None:
+    """The helper's loop (what the helper process runs)."""
     with contextlib.suppress(OSError, AttributeError):  # (no nice on Windows: as it is)
         os.nice(10)
     requests, replies = sys.stdin.buffer, sys.stdout.buffer
@@ -169,7 +171,3 @@ def _serve() -> None:
         data = pickle.dumps(reply)
         replies.write(struct.pack("<Q", len(data)) + data)
         replies.flush()
-
-
-if __name__ == "__main__":
-    _serve()
