@@ -342,13 +342,10 @@ bool run(const Entry& entry, const c10::IValue* args, std::vector<at::Tensor>& r
     return true;
   }
   if (hologram_region::recording()) {
-    std::vector<at::Tensor> operands;
+    std::vector<c10::IValue> operands;  // tensors and numbers (Scalar arguments)
     operands.reserve(entry.operands.size());
     for (int pos : entry.operands) {
-      if (!args[pos].isTensor()) {
-        return false;  // a number operand: the Python kernel records the call
-      }
-      operands.push_back(args[pos].toTensor());
+      operands.push_back(args[pos]);
     }
     return hologram_region::record(entry.node, operands, results, given);
   }

@@ -821,11 +821,26 @@ void clear_filed() {
   g_rows.clear();
 }
 
-bool record(PyObject* entry, const std::vector<at::Tensor>& operands,
+bool record(PyObject* entry, const std::vector<c10::IValue>& operands,
             const std::vector<at::Tensor>& outs, bool given) {
   std::vector<Operand> ops(operands.size());
-  for (size_t i = 0; i < operands.size(); ++i) {
-    ops[i].tensor = operands[i];
+  for (size_t i = 0; i < operands.size(); ++i) {  // (kinds and bits as number() gives them)
+    const c10::IValue& v = operands[i];
+    if (v.isTensor()) {
+      ops[i].tensor = v.toTensor();
+    } else if (v.isBool()) {
+      ops[i].kind = -1;
+      ops[i].bits = v.toBool();
+    } else if (v.isInt()) {
+      ops[i].kind = -2;
+      ops[i].bits = v.toInt();
+    } else if (v.isDouble()) {
+      ops[i].kind = -3;
+      const double value = v.toDouble();
+      std::memcpy(&ops[i].bits, &value, sizeof value);
+    } else {
+      return false;
+    }
   }
   return record_operands(entry, ops, outs, given) == nullptr;
 }

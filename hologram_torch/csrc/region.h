@@ -3,6 +3,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
 #include <Python.h>
 
 #include <cstddef>
@@ -26,11 +27,12 @@ struct WordsHash {
 bool recording();
 
 // Record a launch of `entry` (a launch-cache entry of hologram_torch/aten/runner.py) on
-// `operands` (device tensors, and CPU 0-d tensors: wrapped numbers and scalars) writing
-// `outs` (fresh results, or `given` tensors written in place). False, with nothing
-// recorded, when the region must run first (a hazard, its size bound): the caller then
+// `operands` (device tensors; CPU 0-d tensors: wrapped numbers and scalars; numbers: bool,
+// int or double, as lazy.record takes Python numbers) writing `outs` (fresh results, or
+// `given` tensors written in place). False, with nothing recorded, when the region must
+// run first (a hazard, its size bound) or an operand is of another kind: the caller then
 // records through Python (lazy.record), which runs it. Called with the GIL held.
-bool record(PyObject* entry, const std::vector<at::Tensor>& operands,
+bool record(PyObject* entry, const std::vector<c10::IValue>& operands,
             const std::vector<at::Tensor>& outs, bool given);
 
 // Forget the foreach signatures filed (their entries belong to the previous backend).

@@ -329,6 +329,52 @@ def test_numbers_and_cpu_scalars_are_runtime_operands():
         torch.testing.assert_close(got, want)
 
 
+def test_calls_with_numbers_are_recorded_by_the_front_kernels():
+    """A call with a Scalar argument whose signature the front kernel serves (ReLU6's
+    ``hardtanh``, ``x * 0.5``, ``x.add_(1)``) is recorded natively, as it is launched
+    eagerly: no Python kernel runs (hardtanh took ~60 µs through Python), and the numbers
+    stay runtime operands (other values, the same structure: no compile after the third
+    step)."""
+    from hologram_torch import native
+
+    if not native.fast_active():
+        pytest.skip("needs the device's native library")
+    x0 = torch.linspace(-8, 8, 96).reshape(8, 12)
+    x0[0, 0], x0[0, 1], x0[0, 2] = float("nan"), -0.0, float("inf")
+
+    def step(x, k):
+        y = torch.nn.functional.hardtanh(x, 0.0, 6.0) * (0.5 + k)
+        return y.add_(k).cpu()
+
+    def served(steps):
+        """``steps``'s results, and the front kernels' hits and misses over them."""
+        before = native.fast_stats()
+        results = steps()
+        after = native.fast_stats()
+        return results, (after["hits"] - before["hits"], after["misses"] - before["misses"])
+
+    x = x0.to(DEV)
+    with hologram_torch.set_lazy(False):
+        step(x, 0)  # files each call's signature
+        want, eager = served(lambda: [step(x, k) for k in range(6)])
+
+    def recorded():
+        results = []
+        for k in range(6):
+            results.append(step(x, k))
+            assert lazy.wait_for_compiles(120)
+            if k == 2:
+                results.append(lazy.stats()["compiles"])
+        return results
+
+    got, counts = served(recorded)
+    assert counts == eager and eager[0] == 3 * 6, (counts, eager)
+    compiled = got.pop(3)
+    assert lazy.stats()["compiles"] == compiled and lazy.stats()["fused_runs"] >= 2
+    for a, b in zip(got, want):
+        same(a, b)
+
+
 def test_temporaries_are_not_written():
     x = torch.randn(100).to(DEV)
 
