@@ -368,7 +368,9 @@ def test_calls_with_numbers_are_recorded_by_the_front_kernels():
         return results
 
     got, counts = served(recorded)
-    assert counts == eager and eager[0] == 3 * 6, (counts, eager)
+    assert counts == eager, (counts, eager)
+    if runner.host_memory():  # (the front kernels serve host memory only)
+        assert eager[0] == 3 * 6, eager
     compiled = got.pop(3)
     assert lazy.stats()["compiles"] == compiled and lazy.stats()["fused_runs"] >= 2
     for a, b in zip(got, want):
