@@ -127,8 +127,10 @@ def _stop() -> None:
         if process.poll() is None:
             process.stdin.close()
             try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:  # busy with a long build: not waited for
+                process.wait(timeout=1)  # an idle helper exits at the end of its input
+            except subprocess.TimeoutExpired:
+                # Busy with a build, which may take seconds: not waited for (entries are
+                # written to a temporary file and renamed: a killed write leaves none).
                 process.kill()
                 process.wait()
     except OSError:
