@@ -217,9 +217,7 @@ class ProgramCache:
         if self.directory is None:
             return False
         digest = key.digest()
-        if self._read(digest) is None:
-            self._write(digest, _checked(build()))
-        return self._read(digest) is not None
+        return self._read(digest) is not None or self._write(digest, _checked(build()))
 
     def artifact(self, key: CacheKey, build: Callable[[], bytes], counted: bool = True) -> bytes:
         """The artifact bytes for ``key``: the disk copy if a valid one exists, else
@@ -305,14 +303,16 @@ class ProgramCache:
         ``timeout`` seconds passed first."""
         return _writer.flush(timeout)
 
-    def _write(self, digest: str, payload: bytes) -> None:
+    def _write(self, digest: str, payload: bytes) -> bool:
+        """Write the entry (atomically); False, with the reason noted, where it could not
+        be written."""
         path = self._path(digest)
         data = _pack(digest, payload)
         if len(data) > MAX_ENTRY_BYTES:
             # It could never be read back.
             self._note_disk_error(f"not writing {path}: {len(data)} bytes is over "
                                   f"MAX_ENTRY_BYTES ({MAX_ENTRY_BYTES})")
-            return
+            return False
         tmp: str | None = None
         try:
             # A private temp file per writer plus an atomic rename means concurrent
@@ -330,8 +330,10 @@ class ProgramCache:
                 f.write(data)
             os.replace(tmp, path)
             tmp = None
+            return True
         except OSError as exc:
             self._note_disk_error(f"writing {path}: {exc}")
+            return False
         finally:
             if tmp is not None:
                 with contextlib.suppress(OSError):

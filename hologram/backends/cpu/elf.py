@@ -15,6 +15,7 @@ byte order, or a truncated file), and the callers fall back to lief or MCJIT.
 from __future__ import annotations
 
 import struct
+from functools import lru_cache
 from typing import NamedTuple
 
 # Section types and flags (System V ABI, ch. 4)
@@ -73,8 +74,12 @@ def is_elf64(data: bytes) -> bool:
     return data[:4] == b"\x7fELF" and data[4:6] == b"\x02\x01"
 
 
+@lru_cache(maxsize=8)
 def read(data: bytes) -> Object:
-    """The sections, symbols and relocations of ``data`` (see the module docstring)."""
+    """The sections, symbols and relocations of ``data`` (see the module docstring).
+    Remembered for the last few objects: a load reads its object twice, for the symbol
+    check and for the loader (~20 µs for a small kernel, 2.4 ms for a fused region of
+    750 KB). The result is shared: callers do not change it."""
     if not is_elf64(data) or len(data) < _HEADER.size:
         raise ValueError("not a 64-bit little-endian ELF file")
     try:
