@@ -148,11 +148,17 @@ def _gru_cell_backward_build(g, grad_hy, workspace, has_bias):
     return (*results, ops.sum0(grad_input_gates), ops.sum0(grad_hidden_gates))
 
 
+def _cell(name: str, build, fallback, *operands):
+    """A cell's forward (gates, state, optional biases) in one program, or ``fallback``;
+    which operands are present is part of the program's key."""
+    return _one_program(name, build, operands, tuple(t is not None for t in operands),
+                        fallback, *operands)
+
+
 @composed("_thnn_fused_lstm_cell", hot=True)
 def fused_lstm_cell(input_gates, hidden_gates, cx, input_bias=None, hidden_bias=None):
-    operands = (input_gates, hidden_gates, cx, input_bias, hidden_bias)
-    return _one_program("lstm_cell", _lstm_cell_build, operands,
-                        tuple(t is not None for t in operands), _lstm_cell, *operands)
+    return _cell("lstm_cell", _lstm_cell_build, _lstm_cell,
+                 input_gates, hidden_gates, cx, input_bias, hidden_bias)
 
 
 @composed("_thnn_fused_lstm_cell_backward_impl", hot=True)
@@ -166,9 +172,8 @@ def fused_lstm_cell_backward(grad_hy, grad_cy, cx, cy, workspace, has_bias):
 
 @composed("_thnn_fused_gru_cell", hot=True)
 def fused_gru_cell(input_gates, hidden_gates, hx, input_bias=None, hidden_bias=None):
-    operands = (input_gates, hidden_gates, hx, input_bias, hidden_bias)
-    return _one_program("gru_cell", _gru_cell_build, operands,
-                        tuple(t is not None for t in operands), _gru_cell, *operands)
+    return _cell("gru_cell", _gru_cell_build, _gru_cell,
+                 input_gates, hidden_gates, hx, input_bias, hidden_bias)
 
 
 @composed("_thnn_fused_gru_cell_backward", hot=True)
