@@ -215,8 +215,7 @@ class ProcessGroupHologram(dist.ProcessGroup):
     _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
-        works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)]
-        return self._all(works, outputs)
+        return self._pairwise(self.reduce_scatter_single, outputs, inputs, opts)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
@@ -229,20 +228,12 @@ class ProcessGroupHologram(dist.ProcessGroup):
         return self._work(work, staging, tensors)
 
     def allgather(self, output_lists, input_tensors, opts=None):
-        opts = opts or AllgatherOptions()
-        staging = Staging()
-        outputs = [[staging.moved(t) for t in inner] for inner in output_lists]
-        inputs = [staging.moved(t, output=False) for t in input_tensors]
-        work = self._gloo.allgather(outputs, inputs, opts)
-        return self._work(work, staging, _flatten(output_lists))
+        return self._gathered(self._gloo.allgather, output_lists, input_tensors,
+                              opts or AllgatherOptions())
 
     def allgather_coalesced(self, output_lists, input_tensors, opts=None):
-        opts = opts or AllgatherOptions()
-        staging = Staging()
-        outputs = [[staging.moved(t) for t in inner] for inner in output_lists]
-        inputs = [staging.moved(t, output=False) for t in input_tensors]
-        work = self._gloo.allgather_coalesced(outputs, inputs, opts)
-        return self._work(work, staging, _flatten(output_lists))
+        return self._gathered(self._gloo.allgather_coalesced, output_lists, input_tensors,
+                              opts or AllgatherOptions())
 
     def all_gather_single(self, output, input, opts=None):
         opts = opts or AllgatherOptions()
@@ -254,17 +245,12 @@ class ProcessGroupHologram(dist.ProcessGroup):
     _allgather_base = all_gather_single
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
-        works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)]
-        return self._all(works, outputs)
+        return self._pairwise(self.all_gather_single, outputs, inputs, opts)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
     def gather(self, output_lists, input_tensors, opts):
-        staging = Staging()
-        outputs = [[staging.moved(t) for t in inner] for inner in output_lists]
-        inputs = [staging.moved(t, output=False) for t in input_tensors]
-        work = self._gloo.gather(outputs, inputs, opts)
-        return self._work(work, staging, _flatten(output_lists))
+        return self._gathered(self._gloo.gather, output_lists, input_tensors, opts)
 
     def scatter(self, output_tensors, input_lists, opts):
         staging = Staging()
@@ -334,6 +320,19 @@ class ProcessGroupHologram(dist.ProcessGroup):
     def _all(self, works, result):
         """One ``Work`` that completes when every one of ``works`` has."""
         return HologramWork(works, result)
+
+    def _pairwise(self, single, outputs, inputs, opts):
+        """A coalesced op: ``single`` (this group's) on each output and its input, as one
+        ``Work``."""
+        return self._all([single(o, i, opts) for o, i in zip(outputs, inputs)], outputs)
+
+    def _gathered(self, collective, output_lists, input_tensors, opts):
+        """``collective`` (gloo's) from a list of inputs into lists of outputs, staged."""
+        staging = Staging()
+        outputs = [[staging.moved(t) for t in inner] for inner in output_lists]
+        inputs = [staging.moved(t, output=False) for t in input_tensors]
+        work = collective(outputs, inputs, opts)
+        return self._work(work, staging, _flatten(output_lists))
 
 
 class HologramWork(dist.Work):
