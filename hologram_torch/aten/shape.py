@@ -107,28 +107,30 @@ _SELECT_INDEX = (torch.int64, torch.int32)
 _SCATTER_INDEX = (torch.int64,)
 
 
-def _gather(op, self, dim, index, *, sparse_grad=False, out=None):
-    kwargs = {"sparse_grad": sparse_grad, **({} if out is None else {"out": out})}
-    if not runner.supported(self, index) or index.dtype not in _SCATTER_INDEX:
+def _select(name: str, build, index_dtypes, op, self, dim, index, kwargs: dict):
+    """gather's and index_select's kernel: ``self``'s elements along ``dim`` that ``index``
+    names, by ``build``. Index values out of range raise torch's error; index dtypes
+    outside ``index_dtypes`` and operands the device cannot take go to torch's kernel."""
+    if not runner.supported(self, index) or index.dtype not in index_dtypes:
         return run_on_cpu(op, self, dim, index, **kwargs)
     infer(op, self, dim, index, **kwargs)
     dim = dim % max(self.dim(), 1)
     if not in_bounds(index, 0, self.shape[dim]):
         return cpu_error(op, self, dim, index, **kwargs)
-    return launch(op, (self, dim, index), kwargs, "shape.gather", _gather_build,
-                  (self, index), (dim,), out)
+    return launch(op, (self, dim, index), kwargs, name, build, (self, index), (dim,),
+                  kwargs.get("out"))
+
+
+def _gather(op, self, dim, index, *, sparse_grad=False, out=None):
+    kwargs = {"sparse_grad": sparse_grad, **({} if out is None else {"out": out})}
+    return _select("shape.gather", _gather_build, _SCATTER_INDEX, op, self, dim, index,
+                   kwargs)
 
 
 def _index_select(op, self, dim, index, out=None):
     kwargs = {} if out is None else {"out": out}
-    if not runner.supported(self, index) or index.dtype not in _SELECT_INDEX:
-        return run_on_cpu(op, self, dim, index, **kwargs)
-    infer(op, self, dim, index, **kwargs)
-    dim = dim % max(self.dim(), 1)
-    if not in_bounds(index, 0, self.shape[dim]):
-        return cpu_error(op, self, dim, index, **kwargs)
-    return launch(op, (self, dim, index), kwargs, "shape.index_select", _index_select_build,
-                  (self, index), (dim,), out)
+    return _select("shape.index_select", _index_select_build, _SELECT_INDEX, op, self, dim,
+                   index, kwargs)
 
 
 def _scalars_as_vectors(fn):
@@ -438,18 +440,24 @@ def _shuffle_result(op, self: torch.Tensor, factor: int) -> torch.Tensor:
     return memory.empty(meta.shape, self.dtype, layout.suggested(self, meta.shape))
 
 
-@composed("pixel_shuffle")
-def pixel_shuffle(self, upscale_factor):
-    r = upscale_factor
-    out = _shuffle_result(aten.pixel_shuffle.default, self, r)
+def _pixel_shuffle(op, self: torch.Tensor, factor: int, split, order) -> torch.Tensor:
+    """``op``'s result: the input's (c, h, w) split into five dimensions (``split(c, h, w)``),
+    permuted by ``order`` and copied into the result, viewed as that permutation."""
+    out = _shuffle_result(op, self, factor)
     if out.numel():
         *batch, c, h, w = self.shape
         n = len(batch)
-        # (..., c/r², r, r, h, w) -> (..., c/r², h, r, w, r)
-        src = self.reshape(*batch, c // (r * r), r, r, h, w).permute(
-            *range(n), n, n + 3, n + 1, n + 4, n + 2)
-        copy_into(out.view(*batch, c // (r * r), h, r, w, r), src)
+        src = self.reshape(*batch, *split(c, h, w)).permute(*range(n), *(n + k for k in order))
+        copy_into(out.view(src.shape), src)
     return out
+
+
+@composed("pixel_shuffle")
+def pixel_shuffle(self, upscale_factor):
+    r = upscale_factor
+    # (..., c/r², r, r, h, w) -> (..., c/r², h, r, w, r)
+    return _pixel_shuffle(aten.pixel_shuffle.default, self, r,
+                          lambda c, h, w: (c // (r * r), r, r, h, w), (0, 3, 1, 4, 2))
 
 
 @composed("channel_shuffle")
@@ -473,12 +481,6 @@ def channel_shuffle(self, groups):
 @composed("pixel_unshuffle")
 def pixel_unshuffle(self, downscale_factor):
     r = downscale_factor
-    out = _shuffle_result(aten.pixel_unshuffle.default, self, r)
-    if out.numel():
-        *batch, c, h, w = self.shape
-        n = len(batch)
-        # (..., c, h/r, r, w/r, r) -> (..., c, r, r, h/r, w/r)
-        src = self.reshape(*batch, c, h // r, r, w // r, r).permute(
-            *range(n), n, n + 2, n + 4, n + 1, n + 3)
-        copy_into(out.view(*batch, c, r, r, h // r, w // r), src)
-    return out
+    # (..., c, h/r, r, w/r, r) -> (..., c, r, r, h/r, w/r)
+    return _pixel_shuffle(aten.pixel_unshuffle.default, self, r,
+                          lambda c, h, w: (c, h // r, r, w // r, r), (0, 2, 4, 1, 3))
