@@ -56,7 +56,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 #: The functions :func:`emit` knows, all of one argument except ``pow`` (two).
 FUNCTIONS = ("exp", "exp2", "expm1", "log", "log2", "log1p", "tanh", "sigmoid", "erf", "sin",
@@ -457,15 +457,32 @@ COMPARISONS = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": "
 
 
 class InfixEmitter(MathEmitter):
-    """The primitives a language with C's infix operators spells alike (WGSL, Triton, C):
-    float ``+ - *``, the ordered comparisons, the mask operators and the integer
-    arithmetic and bit operations, each an infix expression bound to a fresh name through
-    the subclass's :meth:`floating`, :meth:`integer` or :meth:`mask`. A subclass writes
-    the rest, and overrides what its language spells otherwise."""
+    """The primitives of a language with C's infix operators (WGSL, Triton, C), each an
+    expression bound to a fresh name through the subclass's :meth:`floating`,
+    :meth:`integer` or :meth:`mask`.
+
+    What the three languages spell alike is written here: float ``+ - *``, the ordered
+    comparisons, the mask operators, the integer arithmetic and bit operations. What each
+    spells its own way as one expression is the subclass's :attr:`SPELLING`; a primitive
+    that takes more than one expression in a language is a method of its subclass."""
 
     #: The connectives of two masks (Triton's masks are tiles of int1: ``&`` and ``|``).
     AND = "&&"
     OR = "||"
+    #: Primitive -> its expression in the language: a format string over the operands
+    #: ``a``, ``b``, ``c`` and the emitter ``e`` (for its types). Every primitive of
+    #: :data:`SPELLED` is spelled here or overridden.
+    SPELLING: ClassVar[dict[str, str]] = {}
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        missing = [name for name in SPELLED if name not in cls.SPELLING
+                   and getattr(cls, name) is getattr(InfixEmitter, name)]
+        if missing:
+            raise TypeError(f"{cls.__name__} neither spells nor overrides {missing}")
+
+    def spell(self, name: str, *args) -> str:
+        return self.SPELLING[name].format(**dict(zip("abc", args)), e=self)
 
     @abstractmethod
     def floating(self, expression: str) -> Value:
@@ -532,6 +549,28 @@ class InfixEmitter(MathEmitter):
 
     def ine(self, a, b):
         return self.mask(f"{a} != {b}")
+
+    def fast_recip(self, a):
+        return self.div(self.c(1.0), a)
+
+
+def _spelled(name: str, kind: str):
+    def primitive(self, *args):
+        return getattr(self, kind)(self.spell(name, *args))
+    primitive.__name__ = primitive.__qualname__ = name
+    primitive.__doc__ = f"{name}, as the language's :attr:`~InfixEmitter.SPELLING` says."
+    return primitive
+
+
+#: The primitives an :class:`InfixEmitter` takes from its :attr:`~InfixEmitter.SPELLING`,
+#: by the kind of their result.
+SPELLED = {"div": "floating", "neg": "floating", "fma": "floating", "fabs": "floating",
+           "copysign": "floating", "floor": "floating", "rint": "floating",
+           "to_float": "floating", "from_bits": "floating", "shl": "integer",
+           "ashr": "integer", "to_int": "integer", "bits": "integer", "ne": "mask",
+           "isnan": "mask"}
+for _name, _kind in SPELLED.items():
+    setattr(InfixEmitter, _name, _spelled(_name, _kind))
 
 
 # ---------------------------------------------------------------- derived helpers

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
+from typing import ClassVar
 
 import numpy as np
 
@@ -104,35 +105,17 @@ class CEmitter(InfixEmitter):
     def mask(self, expression: str) -> str:
         return self.bind("int", expression)
 
-    def div(self, a, b):
-        return self.floating(f"{a} / {b}")
-
-    def fast_recip(self, a):
-        return self.div(self.c(1.0), a)
-
-    def neg(self, a):
-        return self.floating(f"-{a}")
-
-    def fma(self, a, b, c):
-        return self.floating(f"fma{self.sfx}({a}, {b}, {c})")
-
-    def fabs(self, a):
-        return self.floating(f"fabs{self.sfx}({a})")
-
-    def copysign(self, a, b):
-        return self.floating(f"copysign{self.sfx}({a}, {b})")
-
-    def floor(self, a):
-        return self.floating(f"floor{self.sfx}({a})")
-
-    def rint(self, a):
-        return self.floating(f"rint{self.sfx}({a})")
-
-    def ne(self, a, b):
-        return self.mask(f"({a} < {b}) | ({a} > {b})")
-
-    def isnan(self, a):
-        return self.mask(f"{a} != {a}")
+    SPELLING: ClassVar[dict[str, str]] = {
+        "div": "{a} / {b}", "neg": "-{a}", "fma": "fma{e.sfx}({a}, {b}, {c})",
+        "fabs": "fabs{e.sfx}({a})", "copysign": "copysign{e.sfx}({a}, {b})",
+        "floor": "floor{e.sfx}({a})", "rint": "rint{e.sfx}({a})",
+        "ne": "({a} < {b}) | ({a} > {b})", "isnan": "{a} != {a}",
+        "shl": "({e.it})(({e.ut}){a} << ({e.ut}){b})",
+        # Never a negative operand (implementation-defined in C): ~a >= 0 when a < 0.
+        "ashr": "{a} < 0 ? ~(~{a} >> {b}) : {a} >> {b}",
+        "to_int": "({e.it}){a}", "to_float": "({e.ft}){a}", "bits": "{e._bits}({a})",
+        "from_bits": "{e._from}({a})",
+    }
 
     def sel(self, cond, a, b):
         return self.bind(self.types[a], f"{cond} ? {a} : {b}")
@@ -145,25 +128,6 @@ class CEmitter(InfixEmitter):
 
     def isub(self, a, b):
         return self._wrap(a, "-", b)
-
-    def shl(self, a, b):
-        return self._wrap(a, "<<", b)
-
-    def ashr(self, a, b):
-        # Never a negative operand (implementation-defined in C): ~a >= 0 when a < 0.
-        return self.integer(f"{a} < 0 ? ~(~{a} >> {b}) : {a} >> {b}")
-
-    def to_int(self, a):
-        return self.integer(f"({self.it}){a}")
-
-    def to_float(self, n):
-        return self.floating(f"({self.ft}){n}")
-
-    def bits(self, a):
-        return self.integer(f"{self._bits}({a})")
-
-    def from_bits(self, n):
-        return self.floating(f"{self._from}({n})")
 
 
 _NAME = re.compile(r"\b[a-z]\d+\b")

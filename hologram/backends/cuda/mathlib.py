@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
+from typing import ClassVar
 
 from hologram.codegen.mathlib import F32, F64, Format, InfixEmitter
 
@@ -48,6 +49,14 @@ class TritonEmitter(InfixEmitter):
 
     integer = mask = floating
 
+    SPELLING: ClassVar[dict[str, str]] = {
+        "fma": "tl.fma({a}, {b}, {c})", "ne": "({a} != {b}) & ({a} == {a}) & ({b} == {b})",
+        "isnan": "{a} != {a}", "shl": "{a} << {b}",
+        "ashr": "{a} >> {b}",  # signed operands: an arithmetic shift
+        "to_int": "{a}.to({e.it})", "to_float": "{a}.to({e.ft})",
+        "bits": "{a}.to({e.it}, bitcast=True)", "from_bits": "{a}.to({e.ft}, bitcast=True)",
+    }
+
     def for_format(self, fmt: Format) -> TritonEmitter:
         return TritonEmitter(self.bind, fmt)
 
@@ -67,14 +76,8 @@ class TritonEmitter(InfixEmitter):
         # (div.rn.f64) and in the interpreter.
         return self.bind(f"tl.div_rn({a}, {b})" if self.fmt is F32 else f"{a} / {b}")
 
-    def fast_recip(self, a):
-        return self.div(self.c(1.0), a)
-
     def neg(self, a):
         return self.from_bits(self.bind(f"{self.bits(a)} ^ {self.sign}"))
-
-    def fma(self, a, b, c):
-        return self.bind(f"tl.fma({a}, {b}, {c})")
 
     def fabs(self, a):
         return self.from_bits(self.bind(f"{self.bits(a)} & {~self.sign}"))
@@ -105,41 +108,17 @@ class TritonEmitter(InfixEmitter):
         r = self.sel(self.lt(m, big), self.sub(self.add(m, big), big), m)
         return self.copysign(r, a)
 
-    def ne(self, a, b):
-        return self.bind(f"({a} != {b}) & ({a} == {a}) & ({b} == {b})")
-
     def ult(self, a, b):
         return self.not_(self.ge(a, b))
 
     def ule(self, a, b):
         return self.not_(self.bind(f"{a} > {b}"))
 
-    def isnan(self, a):
-        return self.bind(f"{a} != {a}")
-
     def not_(self, a):
         return self.bind(f"{a} == 0")
 
     def sel(self, cond, a, b):
         return self.bind(f"tl.where({cond}, {a}, {b})")
-
-    def shl(self, a, b):
-        return self.bind(f"{a} << {b}")
-
-    def ashr(self, a, b):
-        return self.bind(f"{a} >> {b}")  # signed operands: an arithmetic shift
-
-    def to_int(self, a):
-        return self.bind(f"{a}.to({self.it})")
-
-    def to_float(self, n):
-        return self.bind(f"{n}.to({self.ft})")
-
-    def bits(self, a):
-        return self.bind(f"{a}.to({self.it}, bitcast=True)")
-
-    def from_bits(self, n):
-        return self.bind(f"{n}.to({self.ft}, bitcast=True)")
 
 
 def function(name: str, params: tuple[str, ...], fmt: Format, rule: Callable[..., str],

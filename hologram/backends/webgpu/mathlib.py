@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import ClassVar
 
 import numpy as np
 
@@ -86,6 +87,17 @@ class WGSLEmitter(InfixEmitter):
     def mask(self, expression: str) -> str:
         return self.bind("bool", expression)
 
+    SPELLING: ClassVar[dict[str, str]] = {
+        "neg": "bitcast<f32>(bitcast<u32>({a}) ^ 0x80000000u)",
+        "fabs": "bitcast<f32>(bitcast<u32>({a}) & 0x7fffffffu)",
+        "copysign": "bitcast<f32>((bitcast<u32>({a}) & 0x7fffffffu) | "
+                    "(bitcast<u32>({b}) & 0x80000000u))",
+        "floor": "floor({a})", "rint": "round({a})",  # WGSL round(): ties to even
+        "ne": "({a} != {b}) && !hg_isnan({a}) && !hg_isnan({b})", "isnan": "hg_isnan({a})",
+        "shl": "{a} << u32({b})", "ashr": "{a} >> u32({b})", "to_int": "i32({a})",
+        "to_float": "f32({a})", "bits": "bitcast<i32>({a})", "from_bits": "bitcast<f32>({a})",
+    }
+
     def for_format(self, fmt: Format) -> WGSLEmitter:
         return WGSLEmitter(self.bind, self.used, self.exact_fma, fmt)
 
@@ -128,9 +140,6 @@ class WGSLEmitter(InfixEmitter):
         self.used.add("hg_scale")
         return self.floating(f"hg_scale({p}, {n})")
 
-    def neg(self, a):
-        return self.floating(f"bitcast<f32>(bitcast<u32>({a}) ^ 0x80000000u)")
-
     def fma(self, a, b, c):
         # WGSL's fma() may round twice (lavapipe's does). The algorithms assume one
         # rounding; the integer hg_fma gives it, but costs the driver's compiler seconds
@@ -141,46 +150,9 @@ class WGSLEmitter(InfixEmitter):
         self.used.add("hg_fma")
         return self.floating(f"hg_fma({a}, {b}, {c})")
 
-    def fabs(self, a):
-        return self.floating(f"bitcast<f32>(bitcast<u32>({a}) & 0x7fffffffu)")
-
-    def copysign(self, a, b):
-        return self.floating(f"bitcast<f32>((bitcast<u32>({a}) & 0x7fffffffu) | "
-                       f"(bitcast<u32>({b}) & 0x80000000u))")
-
-    def floor(self, a):
-        return self.floating(f"floor({a})")
-
-    def rint(self, a):
-        return self.floating(f"round({a})")  # WGSL round(): ties to even
-
-    def ne(self, a, b):
-        return self.mask(f"({a} != {b}) && !hg_isnan({a}) && !hg_isnan({b})")
-
-    def isnan(self, a):
-        return self.mask(f"hg_isnan({a})")
-
     def sel(self, cond, a, b):
         # WGSL infers the type of a ``let`` from its operands (float or integer).
         return self.bind("auto", f"select({b}, {a}, {cond})")
-
-    def shl(self, a, b):
-        return self.integer(f"{a} << u32({b})")
-
-    def ashr(self, a, b):
-        return self.integer(f"{a} >> u32({b})")
-
-    def to_int(self, a):
-        return self.integer(f"i32({a})")
-
-    def to_float(self, n):
-        return self.floating(f"f32({n})")
-
-    def bits(self, a):
-        return self.integer(f"bitcast<i32>({a})")
-
-    def from_bits(self, n):
-        return self.floating(f"bitcast<f32>({n})")
 
 
 def function(signature: str, rule: Callable[..., str], args: tuple[str, ...],
