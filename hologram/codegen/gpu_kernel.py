@@ -28,6 +28,9 @@ A renderer subclasses :class:`KernelWriter` and supplies:
   spelling; the comparisons come from :meth:`KernelWriter.compare`, through
   ``bool_number(x)`` (a bool as an unsigned number, for the ordered comparisons) and,
   where floats need more than the infix operator, ``compare_floats``;
+- the steps of a cast (:meth:`KernelWriter.op_cast`): ``cast_to_bool(x, a)``,
+  ``cast_from_bool(x, t)``, ``cast_to_float(x, a, t)``, ``round_narrow(value, t)``,
+  ``saturate(x, t)`` (float to integer) and ``int_cast(x, a, t)``;
 - ``point_reduction(i, instr)`` / ``nested_reduction(i, instr)``: a reduction computed
   once per grid point, or inside a loop nest (a renderer may refuse it);
 - ``store_nest(dims, stores)``: the loop nest over ``dims`` around :meth:`write` of each
@@ -145,6 +148,27 @@ class KernelWriter:
 
     def op_or(self, args, a, t):
         return f"{args[0]} | {args[1]}"
+
+    def op_cast(self, args, a, t):
+        """A cast from ``a`` to ``t`` by the ISA's rules (docs/isa.md), each step in the
+        language's spelling: to bool, nonzero (a float on its bits: a subnormal and NaN are
+        true); from bool, 0 or 1; to a float, the value as an exact f32 register (or one
+        rounded to odd, from which ``t`` is rounded once) then rounded to f16 or bf16; from
+        a float to an integer, saturating, toward zero, NaN to 0; between integers,
+        wrapping."""
+        (x,) = args
+        if a is t:
+            return x
+        if t.is_bool:
+            return self.cast_to_bool(x, a)
+        if a.is_bool:
+            return self.cast_from_bool(x, t)
+        if t.is_float:
+            value = self.cast_to_float(x, a, t)
+            return self.round_narrow(value, t) if t.name in ("f16", "bf16") else value
+        if a.is_float:
+            return self.saturate(x, t)
+        return self.int_cast(x, a, t)
 
     # --- addresses ----------------------------------------------------------------------
     def index_strides(self, instr: Instr) -> list[tuple[str, int]]:

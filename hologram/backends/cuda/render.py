@@ -930,41 +930,40 @@ class _Kernel(KernelWriter):
     def op_select(self, args, a, t):
         return f"tl.where({args[0]}, {args[1]}, {args[2]})"
 
-    def op_cast(self, args, a, t):
-        (x,) = args
-        if a is t:
-            return x
-        if t.is_bool:
-            return f"{x} != 0"
-        if a.is_bool:
-            return f"{x}.to({_TL[t.name]})"
+    # --- casts (the steps of KernelWriter.op_cast) ---------------------------------------
+    def cast_to_bool(self, x, a):
+        return f"{x} != 0"
+
+    def cast_from_bool(self, x, t):
+        return f"{x}.to({_TL[t.name]})"
+
+    def cast_to_float(self, x, a, t):
         if t is dt.float64:
             return f"{x}.to(tl.float64)"  # exact from floats; ints round once
-        if t.is_float:
-            if a is dt.float64:
-                if t is dt.float32:
-                    return f"{x}.to(tl.float32)"
-                value = f"hg_f64_to_f32_odd({x})"  # then rounded once to f16/bf16
-            elif a.is_float:
-                value = x  # every other float register holds an exact f32
-            elif t.name in ("f16", "bf16"):  # one rounding, not two
-                wide = f"hg_i64_to_f64_odd({x})" if a is dt.int64 else f"{x}.to(tl.float64)"
-                value = f"hg_f64_to_f32_odd({wide})"  # (narrower ints: exact in f64)
-            else:
-                value = f"{x}.to(tl.float32)"
-            if t.name == "f16":
-                return f"({value}).to(tl.float16).to(tl.float32)"
-            if t.name == "bf16":
-                return f"hg_round_bf16({value})"
-            return value
-        if a.is_float:  # saturating, NaN -> 0, toward zero
-            lo, hi = _LIMITS[_TL[t.name]]
-            # in range when truncated: lo - 1 < x < hi + 1
-            ok = self.bind(f"({x} > {float(lo - 1)!r}) & ({x} < {float(hi + 1)!r})")
-            safe = self.bind(f"tl.where({ok}, {x}, 0.0).to({_TL[t.name]})")
-            return (f"tl.where({x} != {x}, 0, tl.where({ok}, {safe}, tl.where({x} > 0, "
-                    f"{hi}, {lo}))).to({_TL[t.name]})")
-        return f"{x}.to({_TL[t.name]})"  # integers: wrap (two's complement)
+        if a is dt.float64:  # then rounded once to f16/bf16
+            return f"{x}.to(tl.float32)" if t is dt.float32 else f"hg_f64_to_f32_odd({x})"
+        if a.is_float:
+            return x  # every other float register holds an exact f32
+        if t.name in ("f16", "bf16"):  # one rounding, not two
+            wide = f"hg_i64_to_f64_odd({x})" if a is dt.int64 else f"{x}.to(tl.float64)"
+            return f"hg_f64_to_f32_odd({wide})"  # (narrower ints: exact in f64)
+        return f"{x}.to(tl.float32)"
+
+    def round_narrow(self, value, t):
+        if t.name == "f16":
+            return f"({value}).to(tl.float16).to(tl.float32)"
+        return f"hg_round_bf16({value})"
+
+    def saturate(self, x, t):
+        lo, hi = _LIMITS[_TL[t.name]]
+        # in range when truncated: lo - 1 < x < hi + 1
+        ok = self.bind(f"({x} > {float(lo - 1)!r}) & ({x} < {float(hi + 1)!r})")
+        safe = self.bind(f"tl.where({ok}, {x}, 0.0).to({_TL[t.name]})")
+        return (f"tl.where({x} != {x}, 0, tl.where({ok}, {safe}, tl.where({x} > 0, "
+                f"{hi}, {lo}))).to({_TL[t.name]})")
+
+    def int_cast(self, x, a, t):
+        return f"{x}.to({_TL[t.name]})"  # two's complement
 
     # --- reductions ---------------------------------------------------------------------
     def reduce(self, position: int, instr: Instr, part: tuple[str, int] | None = None):

@@ -812,39 +812,38 @@ class _Kernel(KernelWriter):
     def op_select(self, args, a, t):
         return f"select({args[2]}, {args[1]}, {args[0]})"
 
+    # --- casts (the steps of KernelWriter.op_cast) ---------------------------------------
     def op_cast(self, args, a, t):
-        (x,) = args
-        if a is t:
-            return x
-        if "i64" in (a.name, t.name):
-            return self.cast_i64(x, a, t)
-        if t.is_bool:  # a float on the bits: a subnormal is true (NaN too)
-            if a.is_float:
-                return f"(bitcast<u32>({x}) & 0x7fffffffu) != 0u"
-            return f"{x} != {'0u' if _REG[a.name] == 'u32' else '0'}"
-        if a.is_bool:
-            return {"f32": f"select(0.0f, 1.0f, {x})", "i32": f"select(0, 1, {x})",
-                    "u32": f"select(0u, 1u, {x})"}[_REG[t.name]]
-        if t.is_float:
-            if a.is_float:
-                value = x  # every float register is an exact f32
-            elif t.name in ("f16", "bf16") and a.name == "i32":
-                value = self.call("hg_i32_to_f32_odd", x)
-            else:
-                value = f"f32({x})"
-            if t.name == "f16":
-                return self.call("hg_round_f16", value)
-            if t.name == "bf16":
-                return self.call("hg_round_bf16", value)
-            return value
-        if a.is_float:  # saturating, NaN -> 0
-            lo, hi = _INT_RANGE[t.name]
-            if t.kind == "u":
-                return self.call("hg_f32_to_u32", x, f32_literal(float(hi)), f"{hi}u")
-            lo_f = f32_literal(float(lo))
-            hi_f = "0x1p+31f" if t.name == "i32" else f32_literal(float(hi))
-            return self.call("hg_f32_to_i32", x, lo_f, hi_f, i32_literal(lo), i32_literal(hi))
-        return self.int_cast(x, a, t)
+        if a is not t and "i64" in (a.name, t.name):
+            return self.cast_i64(args[0], a, t)
+        return super().op_cast(args, a, t)
+
+    def cast_to_bool(self, x, a):
+        if a.is_float:  # on the bits: a subnormal is true (NaN too)
+            return f"(bitcast<u32>({x}) & 0x7fffffffu) != 0u"
+        return f"{x} != {'0u' if _REG[a.name] == 'u32' else '0'}"
+
+    def cast_from_bool(self, x, t):
+        return {"f32": f"select(0.0f, 1.0f, {x})", "i32": f"select(0, 1, {x})",
+                "u32": f"select(0u, 1u, {x})"}[_REG[t.name]]
+
+    def cast_to_float(self, x, a, t):
+        if a.is_float:
+            return x  # every float register is an exact f32
+        if t.name in ("f16", "bf16") and a.name == "i32":
+            return self.call("hg_i32_to_f32_odd", x)
+        return f"f32({x})"
+
+    def round_narrow(self, value, t):
+        return self.call("hg_round_f16" if t.name == "f16" else "hg_round_bf16", value)
+
+    def saturate(self, x, t):
+        lo, hi = _INT_RANGE[t.name]
+        if t.kind == "u":
+            return self.call("hg_f32_to_u32", x, f32_literal(float(hi)), f"{hi}u")
+        lo_f = f32_literal(float(lo))
+        hi_f = "0x1p+31f" if t.name == "i32" else f32_literal(float(hi))
+        return self.call("hg_f32_to_i32", x, lo_f, hi_f, i32_literal(lo), i32_literal(hi))
 
     def cast_i64(self, x: str, a: DType, t: DType) -> str:
         """A cast to or from i64 (two words)."""
