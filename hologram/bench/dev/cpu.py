@@ -714,6 +714,14 @@ def report(text: str, result: dict, path: Path | None) -> None:
         path.write_text(json.dumps(result, indent=2))
 
 
+def table_main(doc: str, run, table, argv: list[str] | None) -> None:
+    """The command of a benchmark whose ``run(quick)`` gives ``{"threads", "rows"}``,
+    printed by ``table(result)``."""
+    args = cli(doc).parse_args(argv)
+    result = run(args.quick)
+    report(f"threads: {result['threads']}\n\n" + table(result), result, args.json)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = cli(__doc__)
     parser.add_argument("--no-torch-compile", dest="torch_compile", action="store_false",

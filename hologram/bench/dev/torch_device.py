@@ -109,9 +109,7 @@ def run(quick: bool = False) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = cpu.cli(__doc__).parse_args(argv)
-    result = run(args.quick)
-    cpu.report(f"threads: {result['threads']}\n\n" + table(result), result, args.json)
+    cpu.table_main(__doc__, run, table, argv)
 
 
 if __name__ == "__main__":
