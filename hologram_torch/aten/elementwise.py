@@ -584,49 +584,28 @@ def _clamp_call(name, self, lo, hi, out=None, inplace=False):
     return r if out is None or r is NotImplemented else out
 
 
-@native_or_cpu("clamp", "clamp.Tensor")
-def clamp(self, min=None, max=None):
-    return _clamp_call("clamp", self, min, max)
+def _clamps(name: str, bounds) -> None:
+    """``name``, ``name_`` and ``name.out`` (each with its ``.Tensor`` overload).
+    ``bounds``: the op's bound arguments, by their schema names and defaults, as (lo, hi),
+    None for a bound it does not take."""
+
+    def functional(self, *given, **named):
+        return _clamp_call(name, self, *bounds(*given, **named))
+
+    def inplace(self, *given, **named):
+        return _clamp_call(f"{name}_", self, *bounds(*given, **named), inplace=True)
+
+    def out_variant(self, *given, out, **named):
+        return _clamp_call(name, self, *bounds(*given, **named), out=out)
+
+    native_or_cpu(name, f"{name}.Tensor")(functional)
+    native_or_cpu(f"{name}_", f"{name}_.Tensor")(inplace)
+    native_or_cpu(f"{name}.out", f"{name}.Tensor_out")(out_variant)
 
 
-@native_or_cpu("clamp_", "clamp_.Tensor")
-def clamp_(self, min=None, max=None):
-    return _clamp_call("clamp_", self, min, max, inplace=True)
-
-
-@native_or_cpu("clamp.out", "clamp.Tensor_out")
-def clamp_out(self, min=None, max=None, *, out):
-    return _clamp_call("clamp", self, min, max, out=out)
-
-
-@native_or_cpu("clamp_min", "clamp_min.Tensor")
-def clamp_min(self, min):
-    return _clamp_call("clamp_min", self, min, None)
-
-
-@native_or_cpu("clamp_min_", "clamp_min_.Tensor")
-def clamp_min_(self, min):
-    return _clamp_call("clamp_min_", self, min, None, inplace=True)
-
-
-@native_or_cpu("clamp_max", "clamp_max.Tensor")
-def clamp_max(self, max):
-    return _clamp_call("clamp_max", self, None, max)
-
-
-@native_or_cpu("clamp_max_", "clamp_max_.Tensor")
-def clamp_max_(self, max):
-    return _clamp_call("clamp_max_", self, None, max, inplace=True)
-
-
-@native_or_cpu("clamp_min.out", "clamp_min.Tensor_out")
-def clamp_min_out(self, min, *, out):
-    return _clamp_call("clamp_min", self, min, None, out=out)
-
-
-@native_or_cpu("clamp_max.out", "clamp_max.Tensor_out")
-def clamp_max_out(self, max, *, out):
-    return _clamp_call("clamp_max", self, None, max, out=out)
+_clamps("clamp", lambda min=None, max=None: (min, max))
+_clamps("clamp_min", lambda min: (min, None))
+_clamps("clamp_max", lambda max: (None, max))
 
 
 # --- activations and their backward ops -------------------------------------------------
