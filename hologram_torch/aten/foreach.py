@@ -36,24 +36,22 @@ def _run(name, op, args, out=None):
     return from_table.run(op, args, out=None if out is None else (out,), name=name)
 
 
-@native_or_cpu("addcmul")
-def addcmul(self, tensor1, tensor2, *, value=1):
-    return _run("addcmul", aten.addcmul.default, (self, tensor1, tensor2, value))
+def _addc(name: str):
+    """``name`` and ``name_`` (addcmul, addcdiv: ``self + value * (tensor1 op tensor2)``),
+    registered; returned for the module's names."""
+    op = getattr(aten, name).default
+
+    def functional(self, tensor1, tensor2, *, value=1):
+        return _run(name, op, (self, tensor1, tensor2, value))
+
+    def inplace(self, tensor1, tensor2, *, value=1):
+        return _run(f"{name}_", op, (self, tensor1, tensor2, value), self)
+
+    return native_or_cpu(name)(functional), native_or_cpu(f"{name}_")(inplace)
 
 
-@native_or_cpu("addcmul_")
-def addcmul_(self, tensor1, tensor2, *, value=1):
-    return _run("addcmul_", aten.addcmul.default, (self, tensor1, tensor2, value), self)
-
-
-@native_or_cpu("addcdiv")
-def addcdiv(self, tensor1, tensor2, *, value=1):
-    return _run("addcdiv", aten.addcdiv.default, (self, tensor1, tensor2, value))
-
-
-@native_or_cpu("addcdiv_")
-def addcdiv_(self, tensor1, tensor2, *, value=1):
-    return _run("addcdiv_", aten.addcdiv.default, (self, tensor1, tensor2, value), self)
+addcmul, addcmul_ = _addc("addcmul")
+addcdiv, addcdiv_ = _addc("addcdiv")
 
 
 def _lerp_dtypes(self, end, weight) -> None:
