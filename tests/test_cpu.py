@@ -68,9 +68,8 @@ from hologram.backends.cpu import backend as interpreted
 from hologram.backends.cpu import gemm, llvm, threads
 from hologram.backends.cpu import target as cpu_targets
 from hologram.backends.cpu.backend import CpuBackend
+from hologram.backends.cpu.reduce import EXTREMUM_INTERLEAVE, FAST_EXTREMUM_INTERLEAVE
 from hologram.backends.cpu.render import (
-    EXTREMUM_INTERLEAVE,
-    FAST_EXTREMUM_INTERLEAVE,
     MATH_INTERLEAVE,
     PART_WORK,
     independent_iterations,
