@@ -230,12 +230,13 @@ def _mlp_case():
     return model, batches, torch.nn.functional.mse_loss
 
 
-def _token_case(model, vocab, shape, target):
-    torch.manual_seed(0)
-    batches = []
-    for _ in range(SGD_STEPS):
-        x = torch.randint(0, vocab, shape)
-        batches.append((x, target(x)))
+def _token_case(make_model, vocab, shape, target):
+    """One batch learned by heart: over a few steps, fresh batches of random tokens leave
+    a small recurrent model's loss where it started (2.78 -> 2.80 in 5 steps)."""
+    torch.manual_seed(0)  # (before the model: its initial weights must not depend on the
+    model = make_model()  # tests that ran before in the process)
+    x = torch.randint(0, vocab, shape)
+    batches = [(x, target(x))] * SGD_STEPS
 
     def loss_fn(logits, y):
         return torch.nn.functional.cross_entropy(logits.reshape(-1, vocab).float(),
@@ -244,15 +245,22 @@ def _token_case(model, vocab, shape, target):
     return model, batches, loss_fn
 
 
+def _cnn_case():
+    """One batch of random labels, learned by heart."""
+    torch.manual_seed(0)
+    return (SmallCNN(), [(torch.randn(8, 3, 12, 12), torch.randint(0, 5, (8,)))] * SGD_STEPS,
+            torch.nn.functional.cross_entropy)
+
+
 AUTOCAST_MODELS = {
     "mlp": _mlp_case,
-    "transformer": lambda: _token_case(TokenModel(16), 16, (8, 12), lambda x: (x + 1) % 16),
-    "tied": lambda: _token_case(TiedLM(32), 32, (8, 6), lambda x: (x * 3 + 1) % 32),
-    "lstm_gru": lambda: _token_case(Recurrent(16), 16, (4, 7), lambda x: x.roll(1, 1)),
-    # one batch of random labels, learned by heart
-    "cnn": lambda: (SmallCNN(), [(torch.randn(8, 3, 12, 12), torch.randint(0, 5, (8,)))]
-                    * SGD_STEPS, torch.nn.functional.cross_entropy),
+    "transformer": lambda: _token_case(lambda: TokenModel(16), 16, (8, 12),
+                                       lambda x: (x + 1) % 16),
+    "tied": lambda: _token_case(lambda: TiedLM(32), 32, (8, 6), lambda x: (x * 3 + 1) % 32),
+    "lstm_gru": lambda: _token_case(lambda: Recurrent(16), 16, (4, 7), lambda x: x.roll(1, 1)),
+    "cnn": _cnn_case,
 }
+
 
 
 def _autocast_losses(model, batches, loss_fn, device, dtype):
