@@ -1,6 +1,9 @@
 """The compile helper process (hologram/runtime/compile_process.py): programs built there
 into the disk cache, then loaded here without a compile."""
 
+import pickle
+import struct
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -82,3 +85,21 @@ def test_a_helper_that_died_is_started_again(cache_dir) -> None:
     before = cache_mod.cache_info()["misses"]
     hologram.compile(_softmax(8), "cpu")
     assert cache_mod.cache_info()["misses"] == before
+
+
+def test_a_helper_whose_parent_left_before_the_reply_exits_quietly(cache_dir) -> None:
+    """A parent that exits without stopping its helper (os._exit, a signal) leaves a build
+    running; its reply then meets a closed pipe: the helper exits, printing nothing on the
+    terminal it shares with the parent."""
+    from hologram.compiler.options import CompileOptions
+
+    process = compile_process._start(stderr=subprocess.PIPE)
+    process.stdout.close()  # the parent's end of the replies: gone before the reply
+    request = pickle.dumps({"program": _softmax(9), "backend": "cpu",
+                            "options": CompileOptions.from_env(),
+                            "environment": {"HOLOGRAM_CACHE_DIR": str(cache_dir)}})
+    process.stdin.write(struct.pack("<Q", len(request)) + request)
+    process.stdin.close()
+    # (stderr captured, not inherited, to see what the helper would print)
+    assert process.stderr.read() == b""
+    assert process.wait() == 0

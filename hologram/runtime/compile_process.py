@@ -107,7 +107,7 @@ def _call(data: bytes) -> str | None:
     return pickle.loads(process.stdout.read(struct.unpack("<Q", head)[0]))
 
 
-def _start() -> subprocess.Popen:
+def _start(stderr=None) -> subprocess.Popen:
     path = os.environ.get("PYTHONPATH")
     env = dict(os.environ, PYTHONPATH=_ROOT + (os.pathsep + path if path else ""),
                OMP_NUM_THREADS="1")
@@ -116,7 +116,8 @@ def _start() -> subprocess.Popen:
     # (-c, not -m: a module the package imports would be imported twice, once as __main__)
     return subprocess.Popen([sys.executable, "-P", "-c",
                              "from hologram.runtime.compile_process import serve; serve()"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
+                            env=env)
 
 
 def _stop() -> None:
@@ -171,5 +172,10 @@ def serve() -> None:
         except Exception as err:
             reply = f"{type(err).__name__}: {err}"
         data = pickle.dumps(reply)
-        replies.write(struct.pack("<Q", len(data)) + data)
-        replies.flush()
+        try:
+            replies.write(struct.pack("<Q", len(data)) + data)
+            replies.flush()
+        except BrokenPipeError:
+            # The parent is gone (it exited without waiting: os._exit, a signal): nobody
+            # to answer, and nothing to report on the terminal it shared with us.
+            os._exit(0)
