@@ -28,6 +28,9 @@ to an FMA, which would round once instead of twice). The transcendental
 functions are the shared algorithms of :mod:`hologram.codegen.mathlib`, written out by
 :class:`.mathlib.TritonEmitter`: the same bits as the cpu backend's.
 
+Reductions are written by :mod:`.reduce`, matrix products (``tl.dot`` tiles, split-K) by
+:mod:`.matmul`, and each dtype's Triton types come from :mod:`.values`.
+
 Indices (grid points, loop indices, coordinates, element addresses) are int32 in a kernel
 whose index arithmetic stays below ``WIDE_INDICES`` (2**31; :meth:`_Kernel.reach`), the
 fast case; a kernel that may reach it (a buffer of 2**31 elements or more, or as many
@@ -51,7 +54,6 @@ follows each round (the next one may read what another thread of the program wro
 from __future__ import annotations
 
 import math
-import struct
 from collections.abc import Sequence
 
 from hologram.codegen import loops, schedule
@@ -64,6 +66,20 @@ from hologram.isa.dtypes import DType
 from hologram.isa.ir import Instr, Kernel, Program
 
 from .mathlib import F32, F64, TritonEmitter
+from .matmul import Products, matmul_tiles
+from .reduce import Reductions
+from .values import (
+    BITS,
+    LIMITS,
+    POINTER,
+    POINTER_OF,
+    SCRATCH,
+    TL,
+    f32_bits,
+    pow2,
+    program_dtype,
+    wrap32,
+)
 
 #: Elements of one tile (XBLOCK * RBLOCK) at most, and the widest RBLOCK: a row of up to
 #: 4096 terms is one tile, read once per pass (on an H100, softmax of 4096x4096 f32 took
@@ -71,24 +87,6 @@ from .mathlib import F32, F64, TritonEmitter
 #: 1024, 2.72 with 4096).
 TILE = 4096
 MAX_RBLOCK = 4096
-#: Matrix products: ``(BM, BN, BK)``, outputs per side of a program instance's tile and
-#: indices of k per ``tl.dot`` (each at least 16, Triton's smallest dot), with the software
-#: pipeline's depth and the warps. Tensor-core products (f16, bf16, TF32) take Hopper's and
-#: Ampere's usual tile, their operand loads pipelined ``MATMUL_STAGES`` deep; f16 products
-#: with at least ``MATMUL_WIDE_TILES`` tiles of ``MATMUL_WIDE`` take those (on an H100,
-#: 4096^3: 614 TFLOP/s in 128x128 tiles, 722 in 128x256; 1024^3 keeps 128x128, enough tiles
-#: for every SM). TF32 operands take twice the shared memory, so they keep the smaller
-#: tile. IEEE f32 (FMA units) a smaller one, pipelined too (+18% at 4096^3). Program
-#: instances are numbered in groups of ``MATMUL_GROUP`` rows of tiles, so neighbours
-#: share operand tiles in L2. Measured variants: docs/cuda.md, "On an H100".
-MATMUL_TENSOR_CORES = (128, 128, 64)
-MATMUL_WIDE = (128, 256, 64)
-MATMUL_WIDE_TILES = 256
-MATMUL_IEEE = (64, 64, 32)
-MATMUL_STAGES = 3
-MATMUL_IEEE_STAGES = 3
-MATMUL_WARPS = 8
-MATMUL_GROUP = 8
 #: Split reductions (:func:`split`): a kernel that reduces long rows into few outputs
 #: computes partials over chunks of each row, then their combination, so that the whole
 #: GPU works on it. Chunks hold at least ``SPLIT_WORK`` terms (4 or more ``RBLOCK`` trips:
@@ -126,35 +124,6 @@ SCATTER_RBLOCK = 64
 #: int64 indices existed). Tests lower it to run the int64 kernels of small programs (the
 #: backend's target string then names it, so cached artifacts never mix).
 WIDE_INDICES = 2**31
-#: The Triton pointer type of each buffer dtype (bf16 as its bits, bool as a byte).
-POINTER = {"f64": "*fp64", "f32": "*fp32", "f16": "*fp16", "bf16": "*i16", "i64": "*i64",
-           "i32": "*i32", "i16": "*i16", "i8": "*i8", "u8": "*u8", "bool": "*u8"}
-_TL = {"f64": "tl.float64", "f32": "tl.float32", "f16": "tl.float32", "bf16": "tl.float32",
-       "i64": "tl.int64", "i32": "tl.int32", "i16": "tl.int16", "i8": "tl.int8",
-       "u8": "tl.uint8", "bool": "tl.int1"}
-_KEY = {"f64": "tl.int64", "f32": "tl.int32", "f16": "tl.int32", "bf16": "tl.int32",
-        "i32": "tl.int32", "i64": "tl.int64"}
-_LIMITS = {"tl.int64": (-2**63, 2**63 - 1), "tl.int32": (-2**31, 2**31 - 1),
-           "tl.int16": (-2**15, 2**15 - 1), "tl.int8": (-2**7, 2**7 - 1), "tl.uint8": (0, 255)}
-#: Per float register type: the integer type of its bits and the sign bit.
-_BITS = {"tl.float32": ("tl.int32", -2**31), "tl.float64": ("tl.int64", -2**63)}
-#: Scratch memory of split reductions: pointer and NumPy types of a register type, and the
-#: pointer type of a NumPy type.
-_SCRATCH = {"tl.float64": ("*fp64", "f8"), "tl.float32": ("*fp32", "f4"),
-            "tl.int64": ("*i64", "i8"), "tl.int32": ("*i32", "i4"), "tl.int16": ("*i16", "i2"),
-            "tl.int8": ("*i8", "i1"), "tl.uint8": ("*u8", "u1")}
-_POINTER_OF = {storage: pointer for pointer, storage in _SCRATCH.values()}
-
-
-
-def pow2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
-
-
-def f32_bits(value: float) -> int:
-    return struct.unpack("<i", struct.pack("<f", value))[0]
-
-
 def blocks(kernel: Kernel) -> tuple[int, int]:
     """``(XBLOCK, RBLOCK)`` of a kernel: rows of grid points per program instance, and
     the flat loop index's tile (1 when it has no loop dimensions). A kernel that scatters
@@ -205,24 +174,6 @@ def split(kernel: Kernel, caps: Capabilities) -> tuple[int, int, int]:
     return (*schedule.chunks(total, parts, rblock), rblock)
 
 
-def matmul_tiles(kernel: Kernel, mm: loops.MatmulDims,
-                 tf32: bool) -> tuple[int, int, int, bool]:
-    """``(BM, BN, BK, tensor_cores)`` of matrix product ``mm`` (module constants)."""
-    domain = kernel.domain
-    t = kernel.body[kernel.body[mm.position].args[0]].dtype
-    tensor_cores = t in (dt.float16, dt.bfloat16) or (tf32 and t is dt.float32)
-    if t is dt.float16 and mm.batch * -(-domain[mm.m] // MATMUL_WIDE[0]) * \
-            -(-domain[mm.n] // MATMUL_WIDE[1]) >= MATMUL_WIDE_TILES:
-        side_m, side_n, depth = MATMUL_WIDE
-    elif t.is_float:
-        side_m, side_n, depth = MATMUL_TENSOR_CORES if tensor_cores else MATMUL_IEEE
-    else:
-        side_m, side_n, depth = 32, 32, 16
-    bm, bn = (min(side, max(16, pow2(domain[d])))
-              for side, d in ((side_m, mm.m), (side_n, mm.n)))
-    return bm, bn, min(depth, max(16, pow2(domain[mm.k]))), tensor_cores
-
-
 def split_k(kernel: Kernel, caps: Capabilities, tf32: bool = False) -> tuple[int, int]:
     """``(parts, chunk)``: into how many chunks of ``chunk`` indices of k a matrix
     product's tiles are split (``(0, 0)``: not split). Split: a matrix product of fewer
@@ -265,7 +216,7 @@ def render(program: Program, kernel: Kernel, caps: Capabilities,
                    split_k=(parts, chunk, scratch) if parts else None).render()
 
 
-class _Kernel(KernelWriter):
+class _Kernel(Products, Reductions, KernelWriter):
     """Triton's spelling of the shared walk (:mod:`hologram.codegen.gpu_kernel`): values
     are tiles of ``XBLOCK`` grid points under a mask (``mask``, ``zero``), loop nests and
     reductions walk their flat index ``RBLOCK`` at a time, and the kernel's frame is one
@@ -359,7 +310,7 @@ class _Kernel(KernelWriter):
         signature = {f"b{i}": POINTER[program_dtype(self.program, i)] for i in buffers}
         for s in scratch:
             buffers.append(s["index"])
-            signature[f"b{s['index']}"] = _POINTER_OF[s["dtype"]]
+            signature[f"b{s['index']}"] = POINTER_OF[s["dtype"]]
         if self.split is not None:
             self.line(f"tl.store(b{scratch[-1]['index']} + row, 0)")  # for the next launch
         return self.function(f"hg_{kernel.name}", buffers, signature,
@@ -407,7 +358,7 @@ class _Kernel(KernelWriter):
         for n, (field, (value, reg)) in enumerate(state.items()):
             index = first + n
             self.partials[field] = (index, reg)
-            scratch.append({"index": index, "dtype": _SCRATCH[reg][1],
+            scratch.append({"index": index, "dtype": SCRATCH[reg][1],
                             "count": points * parts, "zeroed": False})
             self.line(f"tl.store(b{index} + x * {parts} + part + xzero, {value}, mask=xmask)")
         counter = first + len(state)
@@ -458,162 +409,6 @@ class _Kernel(KernelWriter):
             term = flat if stride == 1 else f"({flat} // {stride})"
             last = d == shown[-1][0] and not outermost_remainder
             self.index[d] = self.bind(term if last else f"{term} % {n}")
-
-    def matmul(self, mm: loops.MatmulDims) -> int:
-        """A matrix product (:func:`hologram.codegen.loops.matmul`): each program instance
-        computes a ``[BM, BN]`` tile of outputs over chunks of ``BK`` indices of ``k``.
-
-        f16 operands go to ``tl.dot`` as f16 and bf16 ones as TF32 (both exact), f32 as
-        TF32 only with ``tf32`` (``HOLOGRAM_CUDA_ALLOW_TF32``): these take the tensor cores
-        and accumulate in f32 as cuBLAS does (the dot-product bound of library calls,
-        docs/isa.md). IEEE f32 (FMA units) adds the chunks' sums with compensation, which
-        keeps its error within the ISA's float-sum bound (a chunk costs at most ``BK``
-        roundings, the compensated sum of the chunks about two). A sum of -0.0 products
-        comes out +0.0, as from BLAS. Integers (which ``tl.dot`` takes only as i8) sum
-        broadcast products, wrapping. Sizes are static: edges are masked only where a
-        tile passes them. The epilogue then runs on the tile, ``xmask`` its valid
-        outputs. Split-K (``split_k``): each program instance takes one chunk of k of a
-        tile, and the tile's last one combines the chunks (:meth:`combine_k`) and runs the
-        epilogue. Returns the number of program instances."""
-        kernel, domain = self.kernel, self.kernel.domain
-        instr = kernel.body[mm.position]
-        t = kernel.body[instr.args[0]].dtype
-        bm, bn, bk, tensor_cores = matmul_tiles(kernel, mm, self.tf32)
-        self.xblock, self.rblock = bm * bn, bk
-        if tensor_cores:
-            self.stages, self.warps = MATMUL_STAGES, MATMUL_WARPS
-        elif t.is_float:
-            self.stages = MATMUL_IEEE_STAGES
-        tiles_m, tiles_n = -(-domain[mm.m] // bm), -(-domain[mm.n] // bn)
-        parts, chunk = self.split_k[:2] if self.split_k else (1, domain[mm.k])
-        self.line(f"pid = {self.pid()}")
-        if parts > 1:  # program instance pid takes chunk `part` of k of tile `pid // parts`
-            self.line(f"part = pid % {parts}")
-            self.line(f"pid = pid // {parts}")
-        self.coordinates("pid", range(mm.m), tiles_m * tiles_n)
-        tile = self.bind(f"pid % {tiles_m * tiles_n}")
-        group = min(MATMUL_GROUP, tiles_m)
-        if group > 1 and tiles_n > 1:
-            # Tile i of a group of ``group`` rows of tiles: down its column first.
-            first = self.bind(f"({tile} // {group * tiles_n}) * {group}")
-            size = group if tiles_m % group == 0 else \
-                self.bind(f"tl.minimum({tiles_m} - {first}, {group})")
-            within = self.bind(f"{tile} % {group * tiles_n}")
-            tile_m, tile_n = f"({first} + {within} % {size})", f"({within} // {size})"
-        else:
-            tile_m, tile_n = f"({tile} // {tiles_n})", f"({tile} % {tiles_n})"
-        rows = self.bind(f"{tile_m} * {bm} + {self.arange(bm, True)}")
-        cols = self.bind(f"{tile_n} * {bn} + {self.arange(bn, False)}")
-
-        def inside(v: str, d: int, block: int) -> str | None:
-            return self.bind(f"{v} < {domain[d]}") if domain[d] % block else None
-
-        row_ok, col_ok = inside(rows, mm.m, bm), inside(cols, mm.n, bn)
-        acc_t = _TL[t.name]
-        acc, comp = self.bind(f"tl.zeros([{bm}, {bn}], {acc_t})"), f"comp{mm.position}"
-        compensated = t.is_float and not tensor_cores
-        if compensated:
-            self.line(f"{comp} = tl.zeros([{bm}, {bn}], {acc_t})")
-        if parts > 1:
-            self.line(f"for k0 in range(part * {chunk}, part * {chunk} + {chunk}, {bk}):")
-        else:
-            self.line(f"for k0 in range(0, {domain[mm.k]}, {bk}):")
-        self.depth += 1
-
-        def operand(arg: int, index: dict[int, str], ok: str | None, k: str,
-                    shape: tuple[int, int]) -> str:
-            # Positions past the matrices' edges are computed, then zeroed (a load there
-            # reads 0 already).
-            self.index.pop(mm.m, None), self.index.pop(mm.n, None)
-            self.index.update(index)
-            masks = [m for m in (ok, inside(k, mm.k, chunk if parts > 1 else bk))
-                     if m is not None]
-            self.mask = self.bind(" & ".join(masks)) if masks else None
-            self.zero, self.local = None, {}
-            source = kernel.body[arg]
-            if source.op == "load" and t is dt.float16:
-                # Straight from memory to the dot: the pipeline copies it to shared memory.
-                value = self.load(source, raw=True)
-            else:
-                value = self.value(arg)
-                if t is dt.float16:
-                    value = f"({value}).to(tl.float16)"
-                if self.mask is not None and source.op != "load":
-                    value = f"tl.where({self.mask}, {value}, 0)"
-            return self.bind(f"tl.broadcast_to({value}, {list(shape)})")
-
-        ka = self.bind(f"k0 + {self.arange(bk, False)}")
-        a = operand(instr.args[0], {mm.m: rows, mm.k: ka}, row_ok, ka, (bm, bk))
-        kb = self.bind(f"k0 + {self.arange(bk, True)}")
-        b = operand(instr.args[1], {mm.n: cols, mm.k: kb}, col_ok, kb, (bk, bn))
-        if t is dt.float16:
-            self.line(f"{acc} = tl.dot({a}, {b}, {acc}, out_dtype=tl.float32)")
-        elif tensor_cores:
-            # bf16 values are exact in TF32 (8 exponent bits, 10 of significand), so bf16
-            # takes the tensor cores through TF32 (Triton's interpreter has no bf16 dot).
-            self.line(f"{acc} = tl.dot({a}, {b}, {acc}, input_precision=\"tf32\")")
-        elif compensated:
-            y = self.bind(f"tl.dot({a}, {b}, input_precision=\"ieee\") - {comp}")
-            total = self.bind(f"{acc} + {y}")
-            self.line(f"{comp} = tl.where(tl.abs({total}) < HG_INF, "
-                      f"({total} - {acc}) - {y}, 0.0)")
-            self.line(f"{acc} = {total}")
-        else:
-            # tl.sum widens narrow integers: the wrap must happen in the dtype
-            self.line(f"{acc} = {acc} + tl.sum({a}[:, :, None] * {b}[None, :, :], 1)"
-                      f".to({acc_t})")
-        self.depth -= 1
-        del self.index[mm.k]
-        self.index[mm.m], self.index[mm.n] = rows, cols
-        masks = [m for m in (row_ok, col_ok) if m is not None]
-        self.line(f"xmask = {' & '.join(masks)}" if len(masks) == 2 else
-                  f"xmask = tl.broadcast_to({masks[0]}, [{bm}, {bn}])" if masks else
-                  f"xmask = tl.full([{bm}, {bn}], 1, tl.int1)")
-        self.line(f"xzero = tl.zeros([{bm}, {bn}], {self.index_t})")
-        self.mask, self.zero, self.local = "xmask", "xzero", {}
-        if compensated:
-            acc = self.bind(f"tl.where(({comp} == 0.0) | ~(tl.abs({acc}) < HG_INF), "
-                            f"{acc}, {acc} - {comp})")
-        if parts > 1:
-            acc = self.combine_k(acc, acc_t, t, bm, bn, parts, mm.batch * tiles_m * tiles_n)
-        if t.is_float:
-            acc = self.rounded(acc, t)
-        self.point[mm.position] = acc
-        return mm.batch * tiles_m * tiles_n * parts
-
-    def combine_k(self, acc: str, acc_t: str, t: DType, bm: int, bn: int, parts: int,
-                  tiles: int) -> str:
-        """Split-K: store this chunk's partial tile (``acc``, compensated already) to
-        scratch at ``(tile * parts + part)``, count the tile's arrivals (as a split
-        reduction counts a row's), and let the tile's last program instance sum the
-        partials in chunk order (floats in float64, rounded once to the accumulator's
-        type: the same bits whichever instance is last; integers wrapping in their dtype),
-        clear the counter and run the epilogue. Sets ``k_scratch``."""
-        first = self.split_k[2]
-        self.k_scratch = [
-            {"index": first, "dtype": _SCRATCH[acc_t][1], "count": tiles * parts * bm * bn,
-             "zeroed": False},
-            {"index": first + 1, "dtype": "i4", "count": tiles, "zeroed": True}]
-        within = self.bind(f"tl.arange(0, {bm})[:, None] * {bn} + tl.arange(0, {bn})[None, :]")
-        self.line(f"tl.store(b{first} + (pid * {parts} + part) * {bm * bn} + {within}, "
-                  f"{acc})")
-        # Every thread's partial is stored before the count (release); the last one sees
-        # them all (acquire).
-        self.line("tl.debug_barrier()")
-        self.line(f"done = tl.atomic_add(b{first + 1} + pid, 1, sem=\"acq_rel\")")
-        self.line(f"if done == {parts - 1}:")
-        self.depth += 1
-        wide = "tl.float64" if t.is_float else acc_t
-        total = self.bind(f"tl.zeros([{bm}, {bn}], {wide})")
-        self.line(f"for p in range({parts}):")
-        self.line(f"    {total} += tl.load(b{first} + (pid * {parts} + p) * {bm * bn} + "
-                  f"{within}, cache_modifier=\".cg\").to({wide})")
-        self.line(f"tl.store(b{first + 1} + pid, 0)")  # for the next launch
-        if wide == acc_t:
-            return total
-        # f16/bf16 through float32 rounded to odd: their own rounding is then the only one
-        narrow = t.name in ("f16", "bf16")
-        return self.bind(f"hg_f64_to_f32_odd({total})" if narrow else f"{total}.to({acc_t})")
 
     def buffers(self) -> list[int]:
         k = self.kernel
@@ -691,7 +486,7 @@ class _Kernel(KernelWriter):
         clamp = gather_clamp(self.kernel, instr)
         terms = [self.zero] if self.zero else []
         # int64 sums are exact; int32 ones wrap (their literals wrapped too)
-        literal = (lambda v: v) if self.wide else _wrap32
+        literal = (lambda v: v) if self.wide else wrap32
         if clamp.operand:
             if operand.name not in ("i32", "i64"):
                 k = f"{k}.to(tl.int32)"  # u8 zero-extended, i8/i16 sign-extended
@@ -809,7 +604,7 @@ class _Kernel(KernelWriter):
             return self.bind(f"{a} | {b}" if largest else f"{a} & {b}")
         if not t.is_float:
             return self.bind(f"tl.{'maximum' if largest else 'minimum'}({a}, {b})")
-        bits, _ = _BITS[_TL[t.name]]
+        bits, _ = BITS[TL[t.name]]
         negative = self.bind(f"{a}.to({bits}, bitcast=True) < 0")
         # On a tie (equal values: the zeros differ in sign only) a is kept unless it is
         # -0.0 (max) or +0.0 (min).
@@ -827,13 +622,13 @@ class _Kernel(KernelWriter):
             return TritonEmitter(self.bind, F64).c(float(value))
         if t.is_float:
             return self.bind(f"hg_f32_bits({f32_bits(float(value))})")
-        return self.bind(f"tl.full([1, 1], {int(value)}, {_TL[t.name]})")
+        return self.bind(f"tl.full([1, 1], {int(value)}, {TL[t.name]})")
 
     def index_value(self, axis: int, t: DType) -> str:
         index = self.index.get(axis)
         if index is None:
             return self.constant(0, t)
-        return self.bind(f"({index}).to({_TL[t.name]})")
+        return self.bind(f"({index}).to({TL[t.name]})")
 
     def compute(self, instr: Instr, a: DType, args: list[str]) -> str:
         if instr.op in shared_math.FUNCTIONS:
@@ -893,7 +688,7 @@ class _Kernel(KernelWriter):
         (x,) = args
         if a.is_float:  # +-0 and NaN pass through
             return f"tl.where({x} > 0, 1.0, tl.where({x} < 0, -1.0, {x}))"
-        return f"({x} > 0).to({_TL[t.name]}) - ({x} < 0).to({_TL[t.name]})"
+        return f"({x} > 0).to({TL[t.name]}) - ({x} < 0).to({TL[t.name]})"
 
     def op_fma(self, args, a, t):
         # f16/bf16 fma arrives as f64 steps (the decompose pass).
@@ -935,7 +730,7 @@ class _Kernel(KernelWriter):
         return f"{x} != 0"
 
     def cast_from_bool(self, x, t):
-        return f"{x}.to({_TL[t.name]})"
+        return f"{x}.to({TL[t.name]})"
 
     def cast_to_float(self, x, a, t):
         if t is dt.float64:
@@ -955,225 +750,12 @@ class _Kernel(KernelWriter):
         return f"hg_round_bf16({value})"
 
     def saturate(self, x, t):
-        lo, hi = _LIMITS[_TL[t.name]]
+        lo, hi = LIMITS[TL[t.name]]
         # in range when truncated: lo - 1 < x < hi + 1
         ok = self.bind(f"({x} > {float(lo - 1)!r}) & ({x} < {float(hi + 1)!r})")
-        safe = self.bind(f"tl.where({ok}, {x}, 0.0).to({_TL[t.name]})")
+        safe = self.bind(f"tl.where({ok}, {x}, 0.0).to({TL[t.name]})")
         return (f"tl.where({x} != {x}, 0, tl.where({ok}, {safe}, tl.where({x} > 0, "
-                f"{hi}, {lo}))).to({_TL[t.name]})")
+                f"{hi}, {lo}))).to({TL[t.name]})")
 
     def int_cast(self, x, a, t):
-        return f"{x}.to({_TL[t.name]})"  # two's complement
-
-    # --- reductions ---------------------------------------------------------------------
-    def reduce(self, position: int, instr: Instr, part: tuple[str, int] | None = None):
-        """A reduction computed once per grid point: a loop over the flat index of its
-        axes (row-major, so argmax indices are that index), lanes folded at the end. A
-        contraction is the sum of its operands' products (exact in f32 for f16/bf16
-        operands), accumulated like a float sum.
-
-        With ``part`` (the chunk's number, a scalar, and its length), only that chunk of
-        the flat index is reduced, and the result is the partial state that
-        :meth:`combine` folds, ``{field: (tile, register type)}``: a float sum's value
-        (unrounded; -0.0 exactly when every term is), a float product in float64, an
-        integer sum or product in its dtype, an extreme's total-order key, an
-        argmax/argmin's key and index."""
-        kernel = self.kernel
-        t = kernel.body[instr.args[0]].dtype
-        kind = "sum" if instr.op == "contract" else instr.kind
-        axes = list(instr.axes)
-        total = math.prod(kernel.domain[d] for d in axes)
-        if total == 0:  # the identity (a sum: +0.0); argmax over nothing is refused
-            identity = {"sum": 0, "prod": 1, "max": t.min, "min": t.max}[kind]
-            return self.constant(identity, t)
-        span = part[1] if part else total
-        rblock = min(pow2(span), self.rblock) if span > 1 else 1
-        start = f"{part[0]} * {part[1]} + " if part else ""
-        shape = f"[{self.xblock}, {rblock}]"
-        self.names += 1
-        n = self.names
-        acc, comp, best = f"acc{n}", f"comp{n}", f"arg{n}"
-        signed = f"nz{n}"  # float sums: 1 where a lane met a term other than -0.0
-        key_t = _KEY.get(t.name, "tl.int32")
-        lo, hi = _LIMITS[key_t]
-        reg = _TL[t.name] if t.is_float else None
-        bits, sign = _BITS.get(reg, (None, None))
-        if kind == "sum" and t.is_float:
-            self.line(f"{acc} = tl.full({shape}, {sign}, {bits}).to({reg}, bitcast=True)")
-            self.line(f"{comp} = tl.zeros({shape}, {reg})")
-            self.line(f"{signed} = tl.zeros({shape}, tl.int32)")
-        elif kind == "sum":
-            self.line(f"{acc} = tl.zeros({shape}, {_TL[t.name]})")
-        elif kind == "prod":  # floats in float64: no intermediate overflow of f32 products
-            wide = "tl.float64" if t.is_float else _TL[t.name]
-            self.line(f"{acc} = tl.full({shape}, 1, {wide})")
-        elif kind in ("max", "argmax", "min", "argmin"):
-            ident = lo if kind in ("max", "argmax") else hi
-            self.line(f"{acc} = tl.full({shape}, {ident}, {key_t})")
-            if kind.startswith("arg"):
-                self.line(f"{best} = tl.full({shape}, {total}, {self.index_t})")
-        else:
-            raise CompileError(f"cuda: kernel {kernel.name}: no {kind} reduction on {t.name} "
-                               "(Backend.supports should have refused it)")
-        saved = self.local, self.mask, self.zero
-        flat = self.open_loop(axes, total, span, rblock, start)
-        self.local = {}
-        v = self.value(instr.args[0])
-        if instr.op == "contract":
-            v = self.bind(f"{v} * {self.value(instr.args[1])}")
-        m = self.mask
-        if kind == "sum" and t.is_float:  # Kahan: comp holds what each addition lost
-            y = self.bind(f"tl.where({m}, {v}, hg_neg_zero()) - {comp}")
-            s = self.bind(f"{acc} + {y}")
-            self.line(f"{comp} = tl.where(tl.abs({s}) < HG_INF, ({s} - {acc}) - {y}, 0.0)")
-            self.line(f"{acc} = {s}")
-            self.line(f"{signed} = tl.maximum({signed}, ({m} & ({v}.to({bits}, bitcast=True) "
-                      f"!= {sign})).to(tl.int32))")
-        elif kind == "sum":
-            self.line(f"{acc} = {acc} + tl.where({m}, {v}, 0)")
-        elif kind == "prod":
-            self.line(f"{acc} = {acc} * tl.where({m}, {v}, 1).to({acc}.dtype)")
-        else:
-            largest = kind in ("max", "argmax")
-            if t.is_float:
-                nan = hi if largest else lo  # NaN wins
-                key = self.bind(f"tl.where({v} != {v}, {nan}, hg_key_{_format(t)}({v}))")
-            elif t.name in ("i32", "i64"):
-                key = v
-            else:  # bool and narrow integers compare as i32
-                key = self.bind(f"{v}.to(tl.int32)")
-            ident = lo if largest else hi
-            key = self.bind(f"tl.where({m}, {key}, {ident})")
-            if kind.startswith("arg"):
-                cmp = ">" if largest else "<"
-                # Strictly better only: a lane meets its indices in increasing order.
-                better = self.bind(f"{m} & (({key} {cmp} {acc}) | ({best} == {total}))")
-                self.line(f"{best} = tl.where({better}, {flat}, {best})")
-                self.line(f"{acc} = tl.where({better}, {key}, {acc})")
-            else:
-                self.line(f"{acc} = tl.{'maximum' if largest else 'minimum'}({acc}, {key})")
-        self.depth -= 1
-        for d in axes:
-            self.index.pop(d, None)
-        self.local, self.mask, self.zero = saved
-        if kind == "sum" and t.is_float:
-            s = self.bind(f"tl.sum({acc}, 1)[:, None]")
-            c = self.bind(f"tl.sum({comp}, 1)[:, None]")
-            # The plain sum where nothing was lost (keeps -0.0) or it is not finite.
-            total_ = self.bind(f"tl.where(({c} == 0.0) | ~(tl.abs({s}) < HG_INF), "
-                               f"{s}, {s} - {c})")
-            # -0.0 exactly when every term is -0.0 (the lane folds may drop the sign).
-            neg_zero = self.bind(f"tl.max({signed}, 1)[:, None] == 0")
-            result = self.bind(f"tl.where({neg_zero}, hg_neg_zero(), {total_} + 0.0)")
-            return {"value": (result, reg)} if part else self.rounded(result, t)
-        if kind == "sum":
-            value = self.bind(f"tl.sum({acc}, 1)[:, None].to({_TL[t.name]})")
-            return {"value": (value, _TL[t.name])} if part else value
-        if kind == "prod":
-            p = self.bind(f"tl.reduce({acc}, 1, hg_mul)[:, None]")
-            if part:
-                return {"value": (p, "tl.float64" if t.is_float else _TL[t.name])}
-            return self.rounded(self.bind(f"{p}.to({_TL[t.name]})"), t)
-        fold = "tl.max" if kind in ("max", "argmax") else "tl.min"
-        top = self.bind(f"{fold}({acc}, 1)[:, None]")
-        if kind.startswith("arg"):
-            index = self.bind(f"tl.min(tl.where({acc} == {top}, {best}, {total}), 1)"
-                              "[:, None]")
-            if part:
-                return {"key": (top, key_t), "index": (index, self.index_t)}
-            return self.bind(f"{index}.to({_TL[instr.dtype.name]})")
-        return {"key": (top, key_t)} if part else self.unkey(top, t)
-
-    def unkey(self, top: str, t: DType) -> str:
-        """The value of dtype ``t`` whose max/min key is ``top``."""
-        if t.is_float:
-            return self.bind(f"hg_unkey_{_format(t)}({top})")
-        if t.is_bool:
-            return self.bind(f"{top} != 0")
-        return self.bind(f"{top}.to({_TL[t.name]})")  # narrow integers compare as i32
-
-    def combine(self, position: int, instr: Instr) -> None:
-        """The reduction's result of this program instance's row from the row's ``parts``
-        partials (one ``[1, parts]`` tile, read past the L1 cache: other SMs wrote them).
-
-        Float sums add the partials in float64 (f64: a tree of at most ``MAX_PARTS``
-        float64 partials, 10 levels), so the split costs at most about 10 more roundings
-        of the accumulation precision, well inside the ISA's bound; the result is rounded
-        to the dtype once (f16/bf16 through float32 rounded to odd), and is -0.0 exactly
-        when every partial (so every term) is. argmax/argmin take the best key and, among
-        the partials holding it, the smallest index: partials hold global indices, and
-        each partial's index is its chunk's first best, so this is the row's first."""
-        kernel = self.kernel
-        parts = self.split[0]
-        t = kernel.body[instr.args[0]].dtype
-        kind = "sum" if instr.op == "contract" else instr.kind
-        total = math.prod(kernel.domain[d] for d in instr.axes)
-        self.rblock = pow2(parts)
-        self.line(f"p = tl.arange(0, {self.rblock})[None, :]")
-        m = self.bind(f"xmask & (p < {parts})")
-
-        def load(field: str) -> str:
-            index, _ = self.partials[field]
-            return self.bind(f"tl.load(b{index} + x * {parts} + p, mask={m}, other=0, "
-                             "cache_modifier=\".cg\")")
-
-        if kind in ("sum", "prod") and not t.is_float:
-            fold = "tl.sum" if kind == "sum" else "tl.reduce"
-            ident, extra = (0, "") if kind == "sum" else (1, ", hg_mul")
-            v = self.bind(f"tl.where({m}, {load('value')}, {ident})")
-            result = self.bind(f"{fold}({v}, 1{extra})[:, None].to({_TL[t.name]})")
-        elif kind == "sum":
-            v = load("value")
-            bits, sign = _BITS[_TL[t.name]]
-            wide = self.bind(f"tl.where({m}, {v}, hg_neg_zero()).to(tl.float64)")
-            s = self.bind(f"tl.sum({wide}, 1)[:, None]")
-            # the fold may drop -0.0's sign: -0.0 exactly when every partial is -0.0
-            nz = self.bind(f"tl.max(({m} & ({v}.to({bits}, bitcast=True) != {sign}))"
-                           ".to(tl.int32), 1)[:, None]")
-            s = self.bind(f"tl.where({nz} == 0, hg_neg_zero(), {s} + 0.0)")
-            result = self.narrowed(s, t)
-        elif kind == "prod":
-            v = self.bind(f"tl.where({m}, {load('value')}, 1.0)")
-            result = self.narrowed(self.bind(f"tl.reduce({v}, 1, hg_mul)[:, None]"), t)
-        else:
-            largest = kind in ("max", "argmax")
-            lo, hi = _LIMITS[_KEY.get(t.name, "tl.int32")]
-            key = self.bind(f"tl.where({m}, {load('key')}, {lo if largest else hi})")
-            top = self.bind(f"{'tl.max' if largest else 'tl.min'}({key}, 1)[:, None]")
-            if kind.startswith("arg"):
-                index = self.bind(f"tl.where({m} & ({key} == {top}), {load('index')}, "
-                                  f"{total})")
-                result = self.bind(f"tl.min({index}, 1)[:, None].to("
-                                   f"{_TL[instr.dtype.name]})")
-            else:
-                result = self.unkey(top, t)
-        self.point[position] = result
-
-    def narrowed(self, value: str, t: DType) -> str:
-        """A float64 value rounded once to float dtype ``t``."""
-        if t is dt.float64:
-            return value
-        if t is dt.float32:
-            return self.bind(f"{value}.to(tl.float32)")
-        return self.rounded(self.bind(f"hg_f64_to_f32_odd({value})"), t)
-
-    def rounded(self, value: str, t: DType) -> str:
-        if t.name == "f16":
-            return self.bind(f"{value}.to(tl.float16).to(tl.float32)")
-        if t.name == "bf16":
-            return self.bind(f"hg_round_bf16({value})")
-        return value
-
-
-def _wrap32(value: int) -> int:
-    """``value`` modulo 2**32 as a signed int32 (an int32 literal in Triton)."""
-    return (value + 2**31) % 2**32 - 2**31
-
-
-def _format(t: DType) -> str:
-    """The float format of float dtype ``t``'s registers (f16 and bf16 are float32)."""
-    return "f64" if t is dt.float64 else "f32"
-
-
-def program_dtype(program: Program, buffer: int) -> str:
-    return program.buffers[buffer].dtype.name
+        return f"{x}.to({TL[t.name]})"  # two's complement
