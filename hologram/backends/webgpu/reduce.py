@@ -17,9 +17,14 @@ the chunks.
 
 from __future__ import annotations
 
+import math
+
+from hologram.isa import dtypes as dt
 from hologram.isa.dtypes import DType
+from hologram.isa.ir import Instr
 
 from .mathlib import f32_literal
+from .values import REG, WORKGROUP
 
 #: The WGSL type of i64 values: (low word, high word).
 WIDE = "vec2<u32>"
@@ -286,3 +291,98 @@ class Accumulator:
             self.fold(r.bind("bool", f"{value} != 0u"), "0")
         else:  # f32 (a sum: compensated again), i32
             self.fold(r.bind(self.reg, f"bitcast<{self.reg}>({value})"), "0")
+
+
+class Reductions:
+    """The reductions of :class:`.render._Kernel` (a mixin): one accumulator
+    (:class:`Accumulator`) per invocation over its share of the reduced indices, then a
+    workgroup tree in the group mode, or a split reduction's partials and their
+    combination."""
+
+    def reduce(self, instr: Instr, shared: bool) -> str:
+        """A reduction's result: folded sequentially by this invocation, or (``shared``)
+        by the whole workgroup and a tree in workgroup memory."""
+        kernel = self.kernel
+        position = kernel.body.index(instr)
+        t = kernel.body[instr.args[0]].dtype
+        kind = "sum" if instr.op == "contract" else instr.kind
+        axes = list(instr.axes)
+        count = math.prod(kernel.domain[a] for a in axes)
+        reg = REG[t.name]
+        acc = Accumulator(self, kind, t, reg)
+        saved = self.local
+
+        def term(flat: str | None) -> None:
+            self.local = {}
+            values = [self.value(a) for a in instr.args]
+            if instr.op == "contract":
+                value = self.bind(reg, self.arith("*", values, t))
+            else:
+                value = values[0]
+            acc.fold(value, flat or self.flat_index(axes))
+
+        if count == 0:  # the identity (a sum: +0.0); argmax/argmin: index 0
+            self.local = saved
+            if kind in ("argmax", "argmin"):
+                return self.bind(instr.dtype.name, self.const(0, instr.dtype))
+            if kind in ("sum", "prod"):
+                return self.bind(t.name, self.const(int(kind == "prod"), t))
+            if t.is_bool:
+                return self.bind(t.name, self.const(kind == "min", t))
+            return self.bind(t.name, self.const(t.max if kind == "min" else t.min, t))
+        split = self.split
+        buffer = split.buffer(position) if split is not None else None
+        if split is not None and position == split.target:  # this workgroup's chunk
+            flat = f"r{position}"
+            start = self.bind("i32", f"i32(part) * {split.chunk}")
+            end = f"min({start} + {split.chunk}, {count})"
+            self.strided(axes, lambda: term(flat), flat=flat, span=(start, end, split.chunk))
+            self.local = saved
+            self.state_words = acc.state_words()
+            words = acc.state()
+            at = self.bind("u32", f"g * {self.state_words}u")
+
+            def store() -> None:
+                for n, word in enumerate(words):
+                    self.line(f"b{buffer}[{at} + {n}u] = {word};")
+
+            self.block("if (lid == 0u)", store)
+            return ""
+        if split is not None:  # the row's partials, in order, as its terms
+            words = acc.state_words()
+            self.scratch_reads.add(buffer)
+            loop = f"p{position}"
+
+            def partial() -> None:
+                at = self.bind("u32", f"({self.row} * {split.parts}u + u32({loop})) * {words}u")
+                acc.fold_state([f"b{buffer}[{at} + {n}u]" for n in range(words)])
+
+            self.loop(f"for (var {loop}: i32 = i32(lid); {loop} < {split.parts}; "
+                      f"{loop} += {WORKGROUP})", -(-split.parts // WORKGROUP), partial)
+        elif shared:
+            flat = f"r{position}"  # the strided loop's flat index over the axes
+            self.strided(axes, lambda: term(flat), flat=flat)
+        else:
+            self.serial(axes, lambda: term(None))
+        self.local = saved
+        result = acc.finish(shared, empty=count == 0)
+        return self.bind(instr.dtype.name, self.reduced(result, kind, t, instr.dtype))
+
+    def flat_index(self, axes: list[int]) -> str:
+        flat = "0"
+        for a in axes:
+            flat = f"({flat}) * {self.kernel.domain[a]} + {self.index.get(a, '0')}"
+        return flat
+
+    def reduced(self, value: str, kind: str, t: DType, result: DType) -> str:
+        if kind in ("argmax", "argmin"):  # the index is >= 0
+            if result.name == "i64":
+                return f"vec2<u32>(u32({value}), 0u)"
+            return self.int_cast(value, dt.int32, result)
+        if t.name == "f16":
+            return self.call("hg_round_f16", value)
+        if t.name == "bf16":
+            return self.call("hg_round_bf16", value)
+        if t.is_int:
+            return self.wrap(value, t)
+        return value

@@ -31,7 +31,8 @@ the driver cannot fold or reassociate them.
 
 Reductions accumulate as :mod:`.reduce` says (compensated float sums, float products
 with their own exponent, total-order keys for the extremes); matrix products run tiled
-(:mod:`.tiling`).
+(:mod:`.tiling`); every other instruction is :mod:`.ops`'s (the op table, casts, i64 on
+two words), and each dtype's registers and sizes come from :mod:`.values`.
 
 A ``scatter`` (docs/isa.md) is written where a store would be, by one invocation per grid
 point walking its nest's loops in order (in the group mode, invocation 0 of the
@@ -64,16 +65,17 @@ from hologram.codegen import loops, schedule
 from hologram.codegen import mathlib as shared_math
 from hologram.codegen.gpu_kernel import KernelWriter, gather_clamp, row_major
 from hologram.compiler.capabilities import Capabilities
-from hologram.errors import CompileError, DTypeError
+from hologram.errors import CompileError
 from hologram.isa import dtypes as dt
 from hologram.isa.dtypes import DType
 from hologram.isa.ir import Instr, Kernel, Program
 
 from . import bitlib, tiling
 from .mathlib import PRELUDE, WGSLEmitter, f32_literal, i32_literal, opaque, pow_f32
-from .reduce import Accumulator, shared_array
+from .ops import Ops
+from .reduce import Accumulator, Reductions, shared_array
+from .values import BYTES, REG, WORKGROUP
 
-WORKGROUP = 64
 #: Kernels with fewer grid points than this share each reduction in a workgroup.
 GROUP_POINTS = 4096
 #: The math functions computed with an exactly rounded fma (:mod:`.mathlib`).
@@ -105,14 +107,6 @@ SPLIT_GROUPS = 256
 #: iterations per invocation (the backend checks the count when it loads a shader).
 MAX_CHUNK = WORKGROUP * (EMULATED_LOOP_LIMIT - 64)
 
-# i64: two words (low, high), for the few operations the backend declares on it (argmax
-# and argmin results, casts, stores).
-_REG = {"i64": "vec2<u32>", "bool": "bool", "i8": "i32", "i16": "i32", "i32": "i32", "u8": "u32",
-        "f16": "f32", "bf16": "f32", "f32": "f32"}
-_BYTES = {"bool": 1, "i8": 1, "u8": 1, "i16": 2, "f16": 2, "bf16": 2, "i32": 4, "f32": 4,
-          "i64": 8}
-_INT_RANGE = {"i8": (-128, 127), "i16": (-32768, 32767), "i32": (-2**31, 2**31 - 1),
-              "u8": (0, 255)}
 
 
 def dispatch(points: int, mode: str) -> tuple[int, int, int]:
@@ -220,7 +214,7 @@ class _Split:
         return self.scratch + self.reductions.index(position)
 
 
-class _Kernel(KernelWriter):
+class _Kernel(Ops, Reductions, KernelWriter):
     """WGSL's spelling of the shared walk (:mod:`hologram.codegen.gpu_kernel`): one
     invocation per grid point (a workgroup in the group mode), every value a scalar
     register, memory as 32-bit words, i64 as two (:meth:`wide`), and a count of the loop
@@ -256,7 +250,7 @@ class _Kernel(KernelWriter):
             self.group, self.points = False, self.tiling.tiles
         self.tiles: set[str] = set()  # the tiled mode's operand arrays, by WGSL type
         self.narrow_out = {x.buffer for x in body
-                           if x.op in ("store", "scatter") and _BYTES[x.dtype.name] < 4}
+                           if x.op in ("store", "scatter") and BYTES[x.dtype.name] < 4}
         self.writes = kernel.writes()
         self.scratch_reads: set[int] = set()  # the scratch buffers of combined partials
         # A split kernel's shaders run a workgroup per (row, part): the partials' always,
@@ -374,7 +368,7 @@ class _Kernel(KernelWriter):
 
     def register(self, t: DType) -> str:
         """The WGSL type of ``t``'s values."""
-        return _REG[t.name]
+        return REG[t.name]
 
     def bindings(self) -> list[int]:
         """The buffers bound one each, in binding order (not the numbers in ``hg_n``)."""
@@ -537,7 +531,7 @@ class _Kernel(KernelWriter):
                                      f"hg_slt64({self.const(hi, operand)}, {k}))")
             terms.append(f"{k}.x")  # the low word: the value modulo 2**32
         elif clamp.operand:
-            reg = _REG[operand.name]
+            reg = REG[operand.name]
             lit = (lambda v: f"{v}u") if reg == "u32" else i32_literal
             if lo is not None:
                 k = f"max({k}, {lit(lo)})"
@@ -557,18 +551,18 @@ class _Kernel(KernelWriter):
     def load(self, instr: Instr, at: str | None = None) -> str:
         """A load's value, or a gather's (``at``: its element, :meth:`gather_address`)."""
         t, buf = instr.dtype.name, instr.buffer
-        size = _BYTES[t]
+        size = BYTES[t]
         if buf in self.packed:  # a number: its one element, in hg_n
             w = self.packed[buf]
             if size == 8:
                 return self.bind(t, f"vec2<u32>(hg_n[{w}], hg_n[{w + 1}])")
-            return self.bind(t, f"bitcast<{_REG[t]}>(hg_n[{w}])")
+            return self.bind(t, f"bitcast<{REG[t]}>(hg_n[{w}])")
         at = self.address(instr) if at is None else at
         if size == 8:  # i64: two words, low first
             return self.bind(t, f"vec2<u32>({self.word(buf, f'2u * {at}')}, "
                                 f"{self.word(buf, f'2u * {at} + 1u')})")
         if size == 4:
-            return self.bind(t, f"bitcast<{_REG[t]}>({self.word(buf, at)})")
+            return self.bind(t, f"bitcast<{REG[t]}>({self.word(buf, at)})")
         per = 4 // size
         shift = f"(({at} % {per}u) * {8 * size}u)"
         raw = self.bind("u32", f"({self.word(buf, f'{at} / {per}u')} >> {shift}) & "
@@ -608,7 +602,7 @@ class _Kernel(KernelWriter):
         t, buf = instr.dtype.name, instr.buffer
         value = self.value(instr.args[0]) if value is None else value
         at = self.address(instr) if at is None else at
-        size = _BYTES[t]
+        size = BYTES[t]
         if size == 4:
             self.line(f"b{buf}[{at}] = bitcast<u32>({value});")
             return
@@ -630,38 +624,6 @@ class _Kernel(KernelWriter):
         word = self.bind("u32", f"{at} / {per}u")
         self.line(f"atomicAnd(&b{buf}[{word}], ~({mask:#x}u << {shift}));")
         self.line(f"atomicOr(&b{buf}[{word}], (({bits}) & {mask:#x}u) << {shift});")
-
-    def wide(self, op: str, args: list[str]) -> str:
-        """An operation on i64 values (two words; :data:`.backend._I64_OPS`); division
-        and remainder are a call of a long division (:data:`bitlib.LOOPS`)."""
-        self.used.add("hg_u64")
-        x = args[0]
-        y = args[1] if len(args) > 1 else None
-        zero = "vec2<u32>(0u, 0u)"
-        negative = f"(({x}.y & 0x80000000u) != 0u)"
-        table = {
-            "add": lambda: f"hg_add64({x}, {y})",
-            "sub": lambda: f"hg_sub64({x}, {y})",
-            "mul": lambda: f"hg_mul64lo({x}, {y})",
-            "and": lambda: f"{x} & {y}", "or": lambda: f"{x} | {y}",
-            "xor": lambda: f"{x} ^ {y}", "not": lambda: f"~{x}",
-            "neg": lambda: f"hg_sub64({zero}, {x})",
-            "abs": lambda: f"select({x}, hg_sub64({zero}, {x}), {negative})",
-            "sign": lambda: f"select(select({zero}, vec2<u32>(1u, 0u), any({x} != {zero})), "
-                            f"vec2<u32>(0xffffffffu, 0xffffffffu), {negative})",
-            "min": lambda: f"select({x}, {y}, hg_slt64({y}, {x}))",
-            "max": lambda: f"select({x}, {y}, hg_slt64({x}, {y}))",
-            "eq": lambda: f"all({x} == {y})", "ne": lambda: f"any({x} != {y})",
-            "lt": lambda: f"hg_slt64({x}, {y})", "gt": lambda: f"hg_slt64({y}, {x})",
-            "le": lambda: f"!hg_slt64({y}, {x})", "ge": lambda: f"!hg_slt64({x}, {y})",
-            "select": lambda: f"select({args[2]}, {args[1]}, {x})",
-            "div": lambda: f"{self.call('hg_divmod64', x, y)}.q",
-            "mod": lambda: f"{self.call('hg_divmod64', x, y)}.r",
-        }
-        if op not in table:
-            raise DTypeError(f"kernel {self.kernel.name}: backend 'webgpu' has no {op} on "
-                             "i64; cast to i32 first, or run the program on the cpu backend")
-        return table[op]()
 
     def const(self, value, t: DType) -> str:
         if t.name == "i64":
@@ -705,265 +667,6 @@ class _Kernel(KernelWriter):
         if (src.name == "i64" and op != "cast") or (op == "select" and t.name == "i64"):
             return self.bind(t.name, self.wide(op, args))
         return self.bind(t.name, self.apply(op, args, src, t))
-
-    def wrap(self, expr: str, t: DType) -> str:
-        """An i32/u32 expression wrapped to ``t``'s width."""
-        if t.name in ("i8", "i16"):
-            bits = 32 - t.bits
-            return f"((({expr}) << {bits}u) >> {bits}u)"
-        if t.name == "u8":
-            return f"(({expr}) & 0xffu)"
-        return expr
-
-    # --- the op table (operands' WGSL names, operand dtype, result dtype) -> expression --
-    def arith(self, sign: str, args, a: DType) -> str:
-        return self.wrap(f"{args[0]} {sign} {args[1]}", a)
-
-    def op_add(self, args, a, t):
-        return self.arith("+", args, a)
-
-    def op_sub(self, args, a, t):
-        return self.arith("-", args, a)
-
-    def op_mul(self, args, a, t):
-        return self.arith("*", args, a)
-
-    def op_div(self, args, a, t):
-        if a.is_float:  # WGSL's division may be 2.5 ulp off; the ISA rounds once
-            return self.call("hg_div", *args)
-        return self.arith("/", args, a)
-
-    def op_mod(self, args, a, t):
-        if a.is_float:
-            return self.call("hg_fmod", *args)
-        if a.name in ("i8", "i16", "i32"):
-            return self.wrap(self.call("hg_mod_i32", *args), a)
-        return self.arith("%", args, a)
-
-    def minmax(self, args, a, largest: bool) -> str:
-        x, y = args
-        if a.is_bool:
-            return f"{x} {'|' if largest else '&'} {y}"
-        if a.is_float:
-            kx = self.call("hg_key_f32", x, "true" if largest else "false")
-            ky = self.call("hg_key_f32", y, "true" if largest else "false")
-            return self.call("hg_unkey_f32", f"{'max' if largest else 'min'}({kx}, {ky})")
-        return f"{'max' if largest else 'min'}({x}, {y})"
-
-    def op_min(self, args, a, t):
-        return self.minmax(args, a, False)
-
-    def op_max(self, args, a, t):
-        return self.minmax(args, a, True)
-
-    def op_xor(self, args, a, t):
-        return f"{args[0]} != {args[1]}" if a.is_bool else f"{args[0]} ^ {args[1]}"
-
-    def bool_number(self, x: str) -> str:
-        return f"select(0u, 1u, {x})"
-
-    def compare_floats(self, op: str, x: str, y: str) -> str:
-        # On the bits: NaN tested (drivers may assume floats are not NaN), the values as
-        # ordered integers (-0.0 and +0.0 one key), so that a driver that flushes
-        # subnormals to zero still orders them (WGSL allows the flush).
-        nan = f"(hg_isnan({x}) || hg_isnan({y}))"
-        kx, ky = self.call("hg_ord_f32", x), self.call("hg_ord_f32", y)
-        if op == "ne":
-            return f"{nan} || ({kx} != {ky})"
-        return f"!{nan} && ({kx} {shared_math.COMPARISONS[op]} {ky})"
-
-    def op_abs(self, args, a, t):
-        (x,) = args
-        if a.is_float:
-            return f"bitcast<f32>(bitcast<u32>({x}) & 0x7fffffffu)"
-        if a.kind == "u" or a.is_bool:
-            return x
-        return self.wrap(f"select({x}, 0 - {x}, {x} < 0)", a)
-
-    def op_neg(self, args, a, t):
-        (x,) = args
-        if a.is_float:
-            return f"bitcast<f32>(bitcast<u32>({x}) ^ 0x80000000u)"
-        return self.wrap(f"{'0u' if a.kind == 'u' else '0'} - {x}", a)
-
-    def op_not(self, args, a, t):
-        return f"!{args[0]}" if a.is_bool else self.wrap(f"~{args[0]}", a)
-
-    def op_sign(self, args, a, t):
-        (x,) = args
-        if a.is_float:  # on the bits: ±0.0 and NaN are kept, subnormals give ±1
-            return (f"select(bitcast<f32>((bitcast<u32>({x}) & 0x80000000u) | 0x3f800000u), "
-                    f"{x}, (bitcast<u32>({x}) & 0x7fffffffu) == 0u || hg_isnan({x}))")
-        if a.kind == "u":
-            return f"select(0u, 1u, {x} > 0u)"
-        return f"select(select(0, -1, {x} < 0), 1, {x} > 0)"
-
-    def op_sqrt(self, args, a, t):  # WGSL's sqrt may be inexact; the ISA rounds once
-        return self.call("hg_sqrt", args[0])
-
-    def op_rsqrt(self, args, a, t):  # two correctly rounded steps: within 1 ulp
-        return self.call("hg_div", f32_literal(1.0), self.call("hg_sqrt", args[0]))
-
-    def op_fma(self, args, a, t):
-        if a.is_float:  # WGSL's fma() may round twice
-            return self.call("hg_fma", *args)
-        return self.wrap(f"{args[0]} * {args[1]} + {args[2]}", a)
-
-    def op_select(self, args, a, t):
-        return f"select({args[2]}, {args[1]}, {args[0]})"
-
-    # --- casts (the steps of KernelWriter.op_cast) ---------------------------------------
-    def op_cast(self, args, a, t):
-        if a is not t and "i64" in (a.name, t.name):
-            return self.cast_i64(args[0], a, t)
-        return super().op_cast(args, a, t)
-
-    def cast_to_bool(self, x, a):
-        if a.is_float:  # on the bits: a subnormal is true (NaN too)
-            return f"(bitcast<u32>({x}) & 0x7fffffffu) != 0u"
-        return f"{x} != {'0u' if _REG[a.name] == 'u32' else '0'}"
-
-    def cast_from_bool(self, x, t):
-        return {"f32": f"select(0.0f, 1.0f, {x})", "i32": f"select(0, 1, {x})",
-                "u32": f"select(0u, 1u, {x})"}[_REG[t.name]]
-
-    def cast_to_float(self, x, a, t):
-        if a.is_float:
-            return x  # every float register is an exact f32
-        if t.name in ("f16", "bf16") and a.name == "i32":
-            return self.call("hg_i32_to_f32_odd", x)
-        return f"f32({x})"
-
-    def round_narrow(self, value, t):
-        return self.call("hg_round_f16" if t.name == "f16" else "hg_round_bf16", value)
-
-    def saturate(self, x, t):
-        lo, hi = _INT_RANGE[t.name]
-        if t.kind == "u":
-            return self.call("hg_f32_to_u32", x, f32_literal(float(hi)), f"{hi}u")
-        lo_f = f32_literal(float(lo))
-        hi_f = "0x1p+31f" if t.name == "i32" else f32_literal(float(hi))
-        return self.call("hg_f32_to_i32", x, lo_f, hi_f, i32_literal(lo), i32_literal(hi))
-
-    def cast_i64(self, x: str, a: DType, t: DType) -> str:
-        """A cast to or from i64 (two words)."""
-        if t.name == "i64":
-            if a.is_bool:
-                return f"vec2<u32>(select(0u, 1u, {x}), 0u)"
-            if a.is_float:  # saturating, NaN -> 0
-                return self.call("hg_f32_to_i64", x)
-            if _REG[a.name] == "u32":
-                return f"vec2<u32>({x}, 0u)"
-            return f"vec2<u32>(bitcast<u32>({x}), select(0u, 0xffffffffu, {x} < 0))"
-        if t.is_bool:
-            return f"({x}.x | {x}.y) != 0u"
-        if t.is_float:
-            if t.name == "f32":
-                return self.call("hg_i64_to_f32", x, "false")
-            rounding = "hg_round_f16" if t.name == "f16" else "hg_round_bf16"
-            return self.call(rounding, self.call("hg_i64_to_f32", x, "true"))
-        if _REG[t.name] == "u32":
-            return self.wrap(f"{x}.x", t)
-        return self.wrap(f"bitcast<i32>({x}.x)", t)
-
-    def int_cast(self, x: str, a: DType, t: DType) -> str:
-        """An integer register of ``a`` as one of ``t`` (wrapping)."""
-        src, dst = _REG[a.name], _REG[t.name]
-        if dst == "bool":
-            return f"{x} != {'0u' if src == 'u32' else '0'}"
-        if src != dst:
-            x = f"bitcast<{dst}>({x})"
-        return self.wrap(x, t) if t.bits < a.bits or src != dst else x
-
-    # --- reductions -------------------------------------------------------------------------
-    def reduce(self, instr: Instr, shared: bool) -> str:
-        """A reduction's result: folded sequentially by this invocation, or (``shared``)
-        by the whole workgroup and a tree in workgroup memory."""
-        kernel = self.kernel
-        position = kernel.body.index(instr)
-        t = kernel.body[instr.args[0]].dtype
-        kind = "sum" if instr.op == "contract" else instr.kind
-        axes = list(instr.axes)
-        count = math.prod(kernel.domain[a] for a in axes)
-        reg = _REG[t.name]
-        acc = Accumulator(self, kind, t, reg)
-        saved = self.local
-
-        def term(flat: str | None) -> None:
-            self.local = {}
-            values = [self.value(a) for a in instr.args]
-            if instr.op == "contract":
-                value = self.bind(reg, self.arith("*", values, t))
-            else:
-                value = values[0]
-            acc.fold(value, flat or self.flat_index(axes))
-
-        if count == 0:  # the identity (a sum: +0.0); argmax/argmin: index 0
-            self.local = saved
-            if kind in ("argmax", "argmin"):
-                return self.bind(instr.dtype.name, self.const(0, instr.dtype))
-            if kind in ("sum", "prod"):
-                return self.bind(t.name, self.const(int(kind == "prod"), t))
-            if t.is_bool:
-                return self.bind(t.name, self.const(kind == "min", t))
-            return self.bind(t.name, self.const(t.max if kind == "min" else t.min, t))
-        split = self.split
-        buffer = split.buffer(position) if split is not None else None
-        if split is not None and position == split.target:  # this workgroup's chunk
-            flat = f"r{position}"
-            start = self.bind("i32", f"i32(part) * {split.chunk}")
-            end = f"min({start} + {split.chunk}, {count})"
-            self.strided(axes, lambda: term(flat), flat=flat, span=(start, end, split.chunk))
-            self.local = saved
-            self.state_words = acc.state_words()
-            words = acc.state()
-            at = self.bind("u32", f"g * {self.state_words}u")
-
-            def store() -> None:
-                for n, word in enumerate(words):
-                    self.line(f"b{buffer}[{at} + {n}u] = {word};")
-
-            self.block("if (lid == 0u)", store)
-            return ""
-        if split is not None:  # the row's partials, in order, as its terms
-            words = acc.state_words()
-            self.scratch_reads.add(buffer)
-            loop = f"p{position}"
-
-            def partial() -> None:
-                at = self.bind("u32", f"({self.row} * {split.parts}u + u32({loop})) * {words}u")
-                acc.fold_state([f"b{buffer}[{at} + {n}u]" for n in range(words)])
-
-            self.loop(f"for (var {loop}: i32 = i32(lid); {loop} < {split.parts}; "
-                      f"{loop} += {WORKGROUP})", -(-split.parts // WORKGROUP), partial)
-        elif shared:
-            flat = f"r{position}"  # the strided loop's flat index over the axes
-            self.strided(axes, lambda: term(flat), flat=flat)
-        else:
-            self.serial(axes, lambda: term(None))
-        self.local = saved
-        result = acc.finish(shared, empty=count == 0)
-        return self.bind(instr.dtype.name, self.reduced(result, kind, t, instr.dtype))
-
-    def flat_index(self, axes: list[int]) -> str:
-        flat = "0"
-        for a in axes:
-            flat = f"({flat}) * {self.kernel.domain[a]} + {self.index.get(a, '0')}"
-        return flat
-
-    def reduced(self, value: str, kind: str, t: DType, result: DType) -> str:
-        if kind in ("argmax", "argmin"):  # the index is >= 0
-            if result.name == "i64":
-                return f"vec2<u32>(u32({value}), 0u)"
-            return self.int_cast(value, dt.int32, result)
-        if t.name == "f16":
-            return self.call("hg_round_f16", value)
-        if t.name == "bf16":
-            return self.call("hg_round_bf16", value)
-        if t.is_int:
-            return self.wrap(value, t)
-        return value
-
 
 _UNARY_FLOAT_FNS = {"floor": "floor", "ceil": "ceil", "trunc": "trunc",
                     "round": "round"}
