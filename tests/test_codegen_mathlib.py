@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -397,6 +398,36 @@ def test_emitter_implements_every_primitive():
         mathlib.emit(NumpyEmitter(FORMATS["f32"]), "gamma", np.float32(1))
     with pytest.raises(TypeError):
         mathlib.emit(NumpyEmitter(FORMATS["f32"]), "pow", np.float32(1))
+
+
+def test_an_infix_emitter_spells_or_writes_every_spelled_primitive():
+    """InfixEmitter's primitives of one expression come from the subclass's SPELLING
+    table (formatted with the operands and the emitter); a language that neither spells
+    nor overrides one is refused when its class is made, not when a kernel needs it."""
+    class Spelled(mathlib.InfixEmitter):
+        SPELLING: ClassVar[dict] = {name: f"{name}({{a}}, {{e.tag}})"
+                                    for name in mathlib.SPELLED}
+        tag = "t"
+
+        def floating(self, expression):
+            return ("f", expression)
+
+        def integer(self, expression):
+            return ("i", expression)
+
+        def mask(self, expression):
+            return ("m", expression)
+
+        c = ci = convert = for_format = sel = None  # (not used here)
+
+    e = Spelled(FORMATS["f32"])
+    assert e.fma("x", "y", "z") == ("f", "fma(x, t)")
+    assert e.shl("x", "3") == ("i", "shl(x, t)")
+    assert e.isnan("x") == ("m", "isnan(x, t)")
+    assert all(getattr(mathlib.InfixEmitter, name).__name__ == name for name in mathlib.SPELLED)
+    with pytest.raises(TypeError, match=r"neither spells nor overrides .*'rint'"):
+        class Missing(mathlib.InfixEmitter):
+            SPELLING: ClassVar[dict] = {name: "{a}" for name in mathlib.SPELLED if name != "rint"}
 
 
 @pytest.mark.parametrize("fmt", ["f32", "f64"])

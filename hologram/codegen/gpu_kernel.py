@@ -151,11 +151,10 @@ class KernelWriter:
 
     def op_cast(self, args, a, t):
         """A cast from ``a`` to ``t`` by the ISA's rules (docs/isa.md), each step in the
-        language's spelling: to bool, nonzero (a float on its bits: a subnormal and NaN are
-        true); from bool, 0 or 1; to a float, the value as an exact f32 register (or one
-        rounded to odd, from which ``t`` is rounded once) then rounded to f16 or bf16; from
-        a float to an integer, saturating, toward zero, NaN to 0; between integers,
-        wrapping."""
+        language's spelling: to bool, nonzero (NaN and subnormals are true); from bool, 0
+        or 1; to a float, the value in ``t``'s register (for f16 and bf16 an f32, exact or
+        rounded to odd, then rounded once to the narrow format); from a float to an
+        integer, saturating, toward zero, NaN to 0; between integers, wrapping."""
         (x,) = args
         if a is t:
             return x
