@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
 import json
 import math
 import os
@@ -45,19 +44,26 @@ import subprocess
 import sys
 import textwrap
 import threading
-import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
 from conformance import numerics
 from conformance.numerics import (
+    REDUCTION_INPUTS,
+    UNIT_ROUNDOFF,
     accepts,
     as_float,
+    axis_sets,
     elementwise,
     float_tolerance,
     pairs,
+    reduction_inputs,
+    rmw_program,
+    seed_of,
     storage,
+    terms_of,
+    tie_values,
     ulp_distance,
     values,
 )
@@ -115,11 +121,6 @@ def num_threads(n: int | None):
         yield
     finally:
         threads.set_num_threads(previous)
-
-
-def seed_of(*parts: str) -> int:
-    """A per-case random seed that is the same in every process."""
-    return zlib.crc32(" ".join(parts).encode())
 
 
 # --- running -----------------------------------------------------------------------------
@@ -384,10 +385,6 @@ REDUCE_CASES = [(kind, t.name) for kind in ("sum", "prod", "max", "min", "argmax
                 for t in ALL if not (t.is_bool and kind in ("sum", "prod"))]
 
 
-def axis_sets(rank: int) -> list[tuple[int, ...]]:
-    return [c for r in range(1, rank + 1) for c in itertools.combinations(range(rank), r)]
-
-
 def reduce_program(kind: str, t: DType,
                    keepdim: bool) -> tuple[Program, list[tuple[str, tuple, tuple]]]:
     """One program reducing a 1-D, a 2-D and a 3-D input over every axis combination;
@@ -403,21 +400,10 @@ def reduce_program(kind: str, t: DType,
     return g.program(), outputs
 
 
-def tie_values(t: DType, n: int, rng: np.random.Generator) -> np.ndarray:
-    """Few distinct values, so that extremes repeat (first-occurrence and NaN rules)."""
-    if t.is_float:
-        return storage(rng.choice([-0.0, 0.0, 1.0, -1.0, INF, -INF, NAN, 2.0], n,
-                                  p=[.2, .2, .15, .15, .1, .1, .05, .05]), t)
-    if t.is_bool:
-        return rng.random(n) < 0.5
-    return rng.choice(np.array([t.min, t.max, 0, 1], dtype=np.int64), n).astype(t.storage)
-
-
 #: The cpu backend's bound for a float sum of n terms x_i with exact sum s (docs/isa.md,
 #: "Reductions"): |result - s| <= SUM_TERMS * u * sum|x_i| + u_r * |s|, with u the unit
 #: roundoff of the accumulation (f32 for f16/bf16/f32, f64 for f64) and u_r the result's.
 SUM_TERMS = 28
-UNIT_ROUNDOFF = {"f16": 2.0 ** -11, "bf16": 2.0 ** -8, "f32": 2.0 ** -24, "f64": 2.0 ** -53}
 
 
 def sum_bound(t: DType, magnitudes, exact):
@@ -436,9 +422,7 @@ def reduce_tolerance(kind: str, t: DType, want, x: np.ndarray, shape, axes):
         return 0, 0.0
     n = math.prod(shape[a] for a in axes)
     if kind == "sum":
-        magnitudes = np.abs(as_float(x, t)).reshape(shape)
-        kept = [d for d in range(len(shape)) if d not in axes]
-        scale = np.sum(np.transpose(magnitudes, kept + list(axes)).reshape(-1, n), axis=1)
+        scale = np.abs(terms_of(x, t, shape, axes)).sum(axis=1)
         return 0, sum_bound(t, scale, as_float(want, t))
     if t is not dt.float64:
         return 1, 0.0
@@ -456,11 +440,7 @@ def test_reduce(kind, name, keepdim):
     assert native(program)
     rng = np.random.default_rng(seed_of(kind, name))
     params = [p for p in program.params if p.kind == "in"]
-    datasets = {
-        "random": [random_array(p, rng, edges=False) for p in params],
-        "edges": [random_array(p, rng, edges=True) for p in params],
-        "ties": [tie_values(t, p.size, rng) for p in params],
-    }
+    datasets = {label: reduction_inputs(label, t, params, rng) for label in REDUCTION_INPUTS}
     for label, inputs in datasets.items():
         got, want = run_cpu(program, inputs), run_interp(program, inputs)
         for (out, shape, axes), g, w in zip(outputs, got, want):
@@ -471,52 +451,9 @@ def test_reduce(kind, name, keepdim):
                          f"{as_float(x, t) if t.is_float else x}")
 
 
-@pytest.mark.parametrize("name", [t.name for t in FLOATS])
-def test_max_min_propagate_nan_and_order_signed_zeros(name):
-    t = dt.dtype(name)
-    g = Graph("extremes")
-    x = g.input("x", t, (6, 3))
-    for kind in ("max", "min", "argmax", "argmin"):
-        g.output(kind, g.reduce(kind, x, 1))
-    rows = [[-0.0, 0.0, -0.0], [0.0, -0.0, 0.0], [1.0, NAN, 2.0], [NAN, 1.0, NAN],
-            [-INF, -INF, -INF], [INF, 3.0, INF]]
-    data = storage(rows, t).reshape(-1)
-    mx, mn, amx, amn = run_cpu(g.program(), [data])
-    assert np.signbit(as_float(mx, t)[:2]).tolist() == [False, False]
-    assert np.signbit(as_float(mn, t)[:2]).tolist() == [True, True]
-    assert np.isnan(as_float(mx, t)[2:4]).all() and np.isnan(as_float(mn, t)[2:4]).all()
-    assert as_float(mx, t)[4:].tolist() == [-INF, INF]
-    assert amx.tolist() == [1, 0, 1, 0, 0, 0]
-    assert amn.tolist() == [0, 1, 1, 0, 0, 1]
-    for a, b in zip((mx, mn, amx, amn), run_interp(g.program(), [data])):
-        assert same_bits(a, b)
-
-
-EMPTY_SHAPES = [((0,), (0,)), ((3, 0), (1,)), ((0, 4), (0,)), ((2, 0, 3), (1, 2)),
-                ((2, 0, 3), (0, 2))]
-
-
-@pytest.mark.parametrize("shape, axes", EMPTY_SHAPES)
-@pytest.mark.parametrize("name", [t.name for t in NUMERIC] + ["bool"])
-def test_reductions_over_empty_axes_give_identities(shape, axes, name):
-    t = dt.dtype(name)
-    kinds = ["max", "min"] + ([] if t.is_bool else ["sum", "prod"])
-    g = Graph("empty")
-    x = g.input("x", t, shape)
-    for kind in kinds:
-        g.output(kind, g.reduce(kind, x, axes, keepdim=False))
-    data = np.zeros(0, dtype=t.storage)
-    got, want = run_cpu(g.program(), [data]), run_interp(g.program(), [data])
-    size = math.prod(n for d, n in enumerate(shape) if d not in axes)
-    identity = {"sum": 0, "prod": 1, "max": t.min, "min": t.max}
-    for kind, a, b in zip(kinds, got, want):
-        assert same_bits(a, b), (kind, a, b)
-        assert a.size == size
-        if t.is_float:
-            assert (as_float(a, t) == identity[kind]).all(), kind
-            assert kind != "sum" or not np.signbit(as_float(a, t)).any()  # +0.0
-        else:
-            assert (a.astype(np.int64) == int(identity[kind])).all(), kind
+# NaN and signed zeros in max/min/argmax/argmin (the same rows, every float dtype), and
+# reductions over empty axes (the same shapes and axes, every dtype):
+# tests/conformance/test_reductions.py runs them on every backend, cpu included.
 
 
 def _torch():
@@ -1060,26 +997,9 @@ def test_index_inside_reductions():
 
 
 # --- layout -------------------------------------------------------------------------------
-def rmw_program(strided: bool) -> Program:
-    b = ProgramBuilder("rmw")
-    x = b.buffer("x", "f32", (8, 10), "inout")
-    y = b.input("y", "f32", (8, 10))
-    total = b.output("total", "f32", (8,))
-    if strided:  # every other column of rows 1..6: the rest must stay untouched
-        shape, offset, strides = (6, 5), 10, (10, 2)
-    else:
-        shape, offset, strides = (8, 10), 0, (10, 1)
-    k = b.kernel(shape)
-    old = k.load(x, shape, offset, strides)
-    k.store(x, k.fma(old, 2.0, k.load(y, shape, offset, strides)), offset, strides, shape)
-    k2 = b.kernel((8, 10))
-    k2.store(total, k2.reduce("sum", k2.load(x), 1), strides=(1, 0), shape=(8, 1))
-    return b.build()
-
-
 @pytest.mark.parametrize("strided", [False, True])
 def test_inout_read_modify_write(strided):
-    program = rmw_program(strided)
+    program = rmw_program(strided, total=True)  # x in place, then its row sums
     rng = np.random.default_rng(4)
     x = rng.standard_normal(80).astype(np.float32)
     y = rng.standard_normal(80).astype(np.float32)

@@ -28,11 +28,13 @@ Every run also checks that the backend ran every kernel itself
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import zlib
 
 import numpy as np
 import pytest
+from util import random_array
 
 import hologram
 from hologram import backends
@@ -43,7 +45,7 @@ from hologram.errors import DTypeError, IRError
 from hologram.isa import dtypes as dt
 from hologram.isa.builder import ProgramBuilder
 from hologram.isa.dtypes import DType
-from hologram.isa.ir import Program
+from hologram.isa.ir import REDUCE_KINDS, Program
 from hologram.isa.verify import infer
 
 NAN, INF = math.nan, math.inf
@@ -148,7 +150,6 @@ def _interpreter_calls(backend: str):
         yield calls
 
 
-
 def far_cases(offset: dt.DType, n: int, rng: np.random.Generator) -> list[tuple]:
     """Data-dependent accesses (gather, scatter) through operands of dtype ``offset``:
     ``(map offset, stride, bounds, buffer size, n operand values)`` for bounds a narrow
@@ -168,6 +169,20 @@ def far_cases(offset: dt.DType, n: int, rng: np.random.Generator) -> list[tuple]
             at[:4] = [-2**63, 2**63 - 1, -far, 0]
         cases.append((far + 5, 1, (-far, -far + 300 - 5 - n), 300, at))
     return cases
+
+
+def edge_offsets(op: str, offset: dt.DType) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The edge-offset case of a data-dependent access (``op``: gather, scatter) through
+    operands of dtype ``offset``: ``(data, ids, positions)``: ``data`` 300 i32 elements,
+    ``ids`` every edge value of the dtype (its own width's extremes included) and random
+    ones, ``positions`` the element that the 1-d map ``5 + i`` (unit stride) reaches
+    through ``ids[i]`` under the default bounds, which clamp the operand so that every
+    ``i`` of the map stays inside the 300 elements."""
+    data = np.arange(300, dtype=np.int32) * 3 - 7
+    ids = values(offset, 200, np.random.default_rng(seed_of(f"{op} edges", offset.name)))
+    n = ids.size
+    positions = 5 + np.arange(n) + np.clip(ids.astype(np.int64), -5, 299 - 5 - (n - 1))
+    return data, ids, positions
 
 
 def declares(backend: str, capability: str) -> bool:
@@ -292,6 +307,27 @@ def elementwise(op: str, types: list[DType], n: int, result: DType | None = None
     value = k.cast(loaded[0], result) if op == "cast" else k.emit(op, loaded)
     out = b.output("out", value.dtype, (n,))
     k.store(out, value)
+    return b.build()
+
+
+def rmw_program(strided: bool, total: bool = False) -> Program:
+    """``x = fma(x, 2, y)`` in place on an (8, 10) f32 inout ``x``: all of it, or
+    (``strided``) every other column of rows 1..6, the rest untouched. With ``total``, a
+    second kernel writes the row sums of the new ``x`` to an output ``total``."""
+    b = ProgramBuilder("rmw")
+    x = b.buffer("x", "f32", (8, 10), "inout")
+    y = b.input("y", "f32", (8, 10))
+    out = b.output("total", "f32", (8,)) if total else None
+    if strided:
+        shape, offset, strides = (6, 5), 10, (10, 2)
+    else:
+        shape, offset, strides = (8, 10), 0, (10, 1)
+    k = b.kernel(shape)
+    old = k.load(x, shape, offset, strides)
+    k.store(x, k.fma(old, 2.0, k.load(y, shape, offset, strides)), offset, strides, shape)
+    if total:
+        k2 = b.kernel((8, 10))
+        k2.store(out, k2.reduce("sum", k2.load(x), 1), strides=(1, 0), shape=(8, 1))
     return b.build()
 
 
@@ -523,3 +559,64 @@ def reduction_tolerance(kind: str, t: DType, want: np.ndarray, terms: np.ndarray
             overflow = scale >= biggest
     atol = np.where(finite, np.where(overflow, INF, atol), 0.0)
     return (1 if t.bits == 16 else 0), atol
+
+
+# --- reductions ---------------------------------------------------------------------------
+def axis_sets(rank: int) -> list[tuple[int, ...]]:
+    """Every nonempty set of axes of a rank-``rank`` input; for rank 4 a sample: one, two
+    inner, two outer, three, all."""
+    if rank == 4:
+        return [(1,), (2, 3), (0, 1), (0, 2, 3), (0, 1, 2, 3)]
+    return [c for r in range(1, rank + 1) for c in itertools.combinations(range(rank), r)]
+
+
+def kinds_for(backend: str, t: DType) -> list[str]:
+    """The reduction kinds of the ISA on ``t`` that ``backend`` declares (arg*: with
+    their i64 results)."""
+    return [kind for kind in REDUCE_KINDS
+            if not (t.is_bool and kind in ("sum", "prod"))
+            and supported(backend, "reduce", t)
+            and (not kind.startswith("arg") or supported(backend, "reduce", dt.int64))]
+
+
+def tie_values(t: DType, n: int, rng: np.random.Generator) -> np.ndarray:
+    """Few distinct values, so that extremes repeat (first-occurrence and NaN rules)."""
+    if t.is_float:
+        return storage(rng.choice([-0.0, 0.0, 1.0, -1.0, INF, -INF, NAN, 2.0], n,
+                                  p=[.2, .2, .15, .15, .1, .1, .05, .05]), t)
+    if t.is_bool:
+        return rng.random(n) < 0.5
+    return rng.choice(np.array([t.min, t.max, 0, 1], dtype=np.int64), n).astype(t.storage)
+
+
+#: The input sets of the reduction tests, in the order they draw (:func:`reduction_inputs`).
+REDUCTION_INPUTS = ("random", "edges", "ties")
+
+
+def reduction_inputs(label: str, t: DType, params, rng: np.random.Generator
+                     ) -> list[np.ndarray]:
+    """Inputs of dtype ``t`` for the buffers ``params``: ``random`` (normal floats, small
+    integers: :func:`util.random_array`), ``edges`` (the same sprinkled with edge values)
+    or ``ties`` (:func:`tie_values`)."""
+    if label == "ties":
+        return [tie_values(t, p.size, rng) for p in params]
+    assert label in ("random", "edges"), label
+    return [random_array(p, rng, edges=label == "edges") for p in params]
+
+
+def terms_of(x: np.ndarray, t: DType, shape, axes) -> np.ndarray:
+    """The reduced terms as float64, one row per output element."""
+    kept = [d for d in range(len(shape)) if d not in axes]
+    n = math.prod(shape[a] for a in axes)
+    x64 = as_float(x, t) if t.is_float else x.astype(np.float64)
+    return np.transpose(x64.reshape(shape), kept + list(axes)).reshape(-1, n)
+
+
+def assert_reduction_close(got, want, kind: str, t: DType, x: np.ndarray, shape, axes,
+                           what: str, backend: str) -> None:
+    """A reduction of kind ``kind`` of input ``x`` (storage of dtype ``t``, ``shape``)
+    over ``axes``: ``got`` agrees with the interpreter's ``want`` within
+    :func:`reduction_tolerance` (arg* results: int64, exact)."""
+    rt = dt.int64 if kind.startswith("arg") else t
+    ulps, atol = reduction_tolerance(kind, t, want, terms_of(x, t, shape, axes))
+    assert_close(got, want, rt, ulps, atol, what=what, backend=backend)

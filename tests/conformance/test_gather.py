@@ -21,7 +21,7 @@ from hologram.isa import dtypes as dt
 from hologram.isa.builder import ProgramBuilder
 from hologram.isa.ir import Program
 
-from .numerics import both_or_refused, far_cases, seed_of, storage, values
+from .numerics import both_or_refused, edge_offsets, far_cases, seed_of, storage, values
 
 OFFSET_DTYPES = [t for t in dt.ALL if t.is_int]
 # (backend's outputs, the interpreter's), or the backend's refusal checked and skipped
@@ -69,8 +69,7 @@ def test_edge_offsets_of_every_integer_dtype(backend, offset):
     """Offsets taken as they are (no scaling): every edge value of the dtype, its own
     width's extremes included; unsigned ones are zero-extended. The default bounds keep
     ``5 + i + at`` inside the 300 elements for every ``i`` of the 1-d map."""
-    data = np.arange(300, dtype=np.int32) * 3 - 7
-    ids = values(offset, 200, np.random.default_rng(seed_of("gather edges", offset.name)))
+    data, ids, pos = edge_offsets("gather", offset)
     n = ids.size
     b = ProgramBuilder(f"edges_{offset.name}")
     src = b.input("src", "i32", (300,))
@@ -80,7 +79,6 @@ def test_edge_offsets_of_every_integer_dtype(backend, offset):
     k.store(y, k.gather(src, k.load(at), (n,), 5, (1,)))  # offset 5 + i + at[i]
     (got,), (want,) = gathered(b.build(), backend, [data, ids])
     assert same_bits(got, want)
-    pos = 5 + np.arange(n) + np.clip(ids.astype(np.int64), -5, 299 - 5 - (n - 1))
     assert same_bits(want, data[pos])
 
 

@@ -4,24 +4,26 @@ rank, axes), named after them. Edge values, ties, NaN and signed zeros; empty ax
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import numpy as np
 import pytest
-from util import random_array, same_bits
+from util import same_bits
 
 from hologram.frontend.graph import Graph
 from hologram.isa import dtypes as dt
-from hologram.isa.ir import REDUCE_KINDS
 
 from .numerics import (
     INF,
     NAN,
+    REDUCTION_INPUTS,
     UNIT_ROUNDOFF,
     as_float,
-    assert_close,
+    assert_reduction_close,
+    axis_sets,
     both,
+    kinds_for,
+    reduction_inputs,
     reduction_tolerance,
     seed_of,
     storage,
@@ -30,20 +32,6 @@ from .numerics import (
 
 NAMES = [t.name for t in dt.ALL]
 SHAPES = [(7,), (4, 5), (2, 3, 4), (2, 3, 2, 3)]
-
-
-def axis_sets(rank: int) -> list[tuple[int, ...]]:
-    sets = [c for r in range(1, rank + 1) for c in itertools.combinations(range(rank), r)]
-    if rank == 4:  # a sample: one, two inner, two outer, three, all
-        sets = [(1,), (2, 3), (0, 1), (0, 2, 3), (0, 1, 2, 3)]
-    return sets
-
-
-def kinds_for(backend: str, t: dt.DType) -> list[str]:
-    return [kind for kind in REDUCE_KINDS
-            if not (t.is_bool and kind in ("sum", "prod"))
-            and supported(backend, "reduce", t)
-            and (not kind.startswith("arg") or supported(backend, "reduce", dt.int64))]
 
 
 def reduce_program(t: dt.DType, kinds: list[str]):
@@ -59,24 +47,6 @@ def reduce_program(t: dt.DType, kinds: list[str]):
     return g.program(), outputs
 
 
-def tie_values(t: dt.DType, n: int, rng: np.random.Generator) -> np.ndarray:
-    """Few distinct values, so that extremes repeat (first-occurrence and NaN rules)."""
-    if t.is_float:
-        return storage(rng.choice([-0.0, 0.0, 1.0, -1.0, INF, -INF, NAN, 2.0], n,
-                                  p=[.2, .2, .15, .15, .1, .1, .05, .05]), t)
-    if t.is_bool:
-        return rng.random(n) < 0.5
-    return rng.choice(np.array([t.min, t.max, 0, 1], dtype=np.int64), n).astype(t.storage)
-
-
-def terms_of(x: np.ndarray, t: dt.DType, shape, axes) -> np.ndarray:
-    """The reduced terms as float64, one row per output element."""
-    kept = [d for d in range(len(shape)) if d not in axes]
-    n = math.prod(shape[a] for a in axes)
-    values = as_float(x, t) if t.is_float else x.astype(np.float64)
-    return np.transpose(values.reshape(shape), kept + list(axes)).reshape(-1, n)
-
-
 @pytest.mark.parametrize("name", NAMES)
 def test_reduce_every_kind_and_axis_set(backend, name):
     t = dt.dtype(name)
@@ -86,19 +56,12 @@ def test_reduce_every_kind_and_axis_set(backend, name):
     program, outputs = reduce_program(t, kinds)
     rng = np.random.default_rng(seed_of("reduce", name))
     params = [p for p in program.params if p.kind == "in"]
-    datasets = {
-        "random": [random_array(p, rng, edges=False) for p in params],
-        "edges": [random_array(p, rng, edges=True) for p in params],
-        "ties": [tie_values(t, p.size, rng) for p in params],
-    }
+    datasets = {label: reduction_inputs(label, t, params, rng) for label in REDUCTION_INPUTS}
     for label, inputs in datasets.items():
         got, want = both(program, backend, inputs)
         for (out, kind, shape, axes), g, w in zip(outputs, got, want):
-            x = inputs[SHAPES.index(shape)]
-            rt = dt.int64 if kind.startswith("arg") else t
-            ulps, atol = reduction_tolerance(kind, t, w, terms_of(x, t, shape, axes))
-            assert_close(g, w, rt, ulps, atol, what=f"{out} ({name}) on {label} inputs",
-                         backend=backend)
+            assert_reduction_close(g, w, kind, t, inputs[SHAPES.index(shape)], shape, axes,
+                                   f"{out} ({name}) on {label} inputs", backend)
 
 
 @pytest.mark.parametrize("name", [t.name for t in dt.FLOATS])
@@ -117,6 +80,9 @@ def test_max_min_propagate_nan_and_order_signed_zeros(backend, name):
     mx, mn, amx, amn = want
     assert np.signbit(as_float(mx, t)[:2]).tolist() == [False, False]
     assert np.signbit(as_float(mn, t)[:2]).tolist() == [True, True]
+    assert np.isnan(as_float(mx, t)[2:4]).all() and np.isnan(as_float(mn, t)[2:4]).all()
+    assert as_float(mx, t)[4:].tolist() == [-INF, INF]
+    assert as_float(mn, t)[4:].tolist() == [-INF, 3.0]
     assert amx.tolist() == [1, 0, 1, 0, 0, 0] and amn.tolist() == [0, 1, 1, 0, 0, 1]
     for a, b in zip(got, want):
         assert same_bits(a, b)

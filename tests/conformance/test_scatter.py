@@ -28,7 +28,7 @@ from hologram.isa.builder import ProgramBuilder
 from hologram.isa.ir import SCATTER_MODES, Instr, Program
 from hologram.isa.semantics import evaluate, from_storage, to_storage
 
-from .numerics import both_or_refused, far_cases, seed_of, storage, values
+from .numerics import both_or_refused, edge_offsets, far_cases, seed_of, storage, values
 
 OFFSET_DTYPES = [t for t in dt.ALL if t.is_int]
 
@@ -98,8 +98,7 @@ def test_edge_offsets_of_every_integer_dtype(backend, offset):
     """Offsets taken as they are (no scaling): every edge value of the dtype, its own
     width's extremes included; unsigned ones are zero-extended. The default bounds keep
     ``5 + i + at`` inside the 300 elements for every ``i`` of the 1-d map."""
-    data = np.arange(300, dtype=np.int32) * 3 - 7
-    ids = values(offset, 200, np.random.default_rng(seed_of("scatter edges", offset.name)))
+    data, ids, pos = edge_offsets("scatter", offset)
     n = ids.size
     b = ProgramBuilder(f"edges_{offset.name}")
     dst = b.buffer("dst", "i32", (300,), "inout")
@@ -108,7 +107,6 @@ def test_edge_offsets_of_every_integer_dtype(backend, offset):
     k.scatter(dst, k.index(0, "i32"), k.load(at), "add", (n,), 5, (1,))  # += i at 5+i+at[i]
     (got,), (want,) = scattered(b.build(), backend, [data, ids])
     assert same_bits(got, want)
-    pos = 5 + np.arange(n) + np.clip(ids.astype(np.int64), -5, 299 - 5 - (n - 1))
     assert same_bits(want, sequential(data, pos, np.arange(n, dtype=np.int32), dt.int32,
                                       "add"))
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from util import random_array
 
 from hologram.frontend.graph import Graph
 from hologram.isa import dtypes as dt
@@ -25,13 +24,15 @@ from .numerics import (
     NAN,
     as_float,
     assert_close,
+    assert_reduction_close,
     both,
-    reduction_tolerance,
+    kinds_for,
+    reduction_inputs,
     seed_of,
     storage,
     supported,
+    tie_values,
 )
-from .test_reductions import kinds_for, terms_of, tie_values
 
 #: (shape, reduced axes): two rows, one row (no grid), three rows of two axes, and a
 #: reduction over the leading axis. Rows are 2100-3100 terms: several chunks (on cuda five
@@ -109,19 +110,16 @@ def test_few_long_rows_every_kind(backend, name):
     labels = ["edges", "ties", "late extremes"]  # edges: random values with edge values
     labels += ["late NaN", "signed zeros"] if t.is_float else ["wrap"] if t.is_int else []
     for label in labels:
-        if label == "edges":
-            inputs = [random_array(p, rng, edges=True) for p in params]
-        elif label == "ties":
-            inputs = [tie_values(t, p.size, rng) for p in params]
+        if label in ("edges", "ties"):
+            inputs = reduction_inputs(label, t, params, rng)
         else:
             inputs = [_crafted(t, p.size, rng, label) for p in params]
         got, want = both(program, backend, inputs)
         for (out, kind, i), g, w in zip(outputs, got, want):
             shape, axes = CASES[i]
-            rt = dt.int64 if kind.startswith("arg") else t
-            ulps, atol = reduction_tolerance(kind, t, w, terms_of(inputs[i], t, shape, axes))
-            assert_close(g, w, rt, ulps, atol, what=f"{out} {shape} axes {axes} ({name}) "
-                         f"on {label} inputs", backend=backend)
+            assert_reduction_close(g, w, kind, t, inputs[i], shape, axes,
+                                   f"{out} {shape} axes {axes} ({name}) on {label} inputs",
+                                   backend)
 
 
 @pytest.mark.parametrize("name", ["f32", "f16", "bf16", "f64"])
