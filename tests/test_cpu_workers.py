@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 from llvmlite import ir
-from util import in_forked_child
+from util import in_forked_child, run_fresh
 
 from hologram.backends.cpu import llvm, threads, workers
 
@@ -350,10 +350,8 @@ def test_pool_is_compiled_quickly_and_the_same_at_every_tier(tmp_path):
         "llvm._compile_ir = counting\n"
         "workers._entry_points()\n"
         "print(tiers)\n")
-    env = {**os.environ, "HOLOGRAM_CACHE_DIR": str(tmp_path)}
-    env.pop("HOLOGRAM_DISABLE_DISK_CACHE", None)
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                          text=True, timeout=120, cwd=ROOT)
+    done = run_fresh(code, {"HOLOGRAM_CACHE_DIR": str(tmp_path),
+                            "HOLOGRAM_DISABLE_DISK_CACHE": None}, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["['quick']"]
 

@@ -3,15 +3,12 @@
 step")."""
 
 import ctypes
-import os
-import subprocess
-import sys
 from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
 import pytest
-from util import errors_in_threads
+from util import errors_in_threads, run_fresh
 
 import hologram
 from hologram.backends.cpu import elf, llvm, loader
@@ -317,10 +314,8 @@ def test_first_kernels_of_a_process_do_not_import_lief(tmp_path: Path) -> None:
             "x = np.random.rand(64, 100).astype(np.float32)\n"
             "assert np.allclose(f(x), np.exp(x).sum(1), rtol=1e-5)\n"
             "print('lief' in sys.modules, hologram.cache_info()['disk_hits'])\n")
-    env = {**os.environ, "HOLOGRAM_CACHE_DIR": str(tmp_path)}
-    env.pop("HOLOGRAM_DISABLE_DISK_CACHE", None)
+    env = {"HOLOGRAM_CACHE_DIR": str(tmp_path), "HOLOGRAM_DISABLE_DISK_CACHE": None}
     for hits in ("0", "1"):  # a cold cache, then a warm one
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                              timeout=300, env=env)
+        done = run_fresh(code, env, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
         assert done.stdout.split() == ["False", hits], done.stdout

@@ -169,8 +169,9 @@ print("@@" + json.dumps(results))
 def run_fresh(code: str, env: dict[str, str | None], timeout: float = 900
               ) -> subprocess.CompletedProcess:
     """``python -c code`` in a fresh process (the torch device's backend and devices are
-    fixed at its first tensor), with the tree on ``PYTHONPATH`` and this process's
-    environment changed by ``env`` (None: a variable removed)."""
+    fixed at its first tensor; a cold start: no module imported, no kernel loaded), with
+    the tree on ``PYTHONPATH`` and this process's environment changed by ``env`` (None: a
+    variable removed); its output captured as text."""
     full = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
     for name, value in env.items():
