@@ -32,9 +32,14 @@ class TokenModel(torch.nn.Module):
         return self.head(self.encoder(self.embed(tokens)))
 
 
-def _train(model, batches, loss_fn, device):
+def _train(model, batches, loss_fn, device, method="adam"):
+    """A copy of ``model`` on ``device`` trained one step per batch with Adam (lr 1e-3) or
+    ``"sgd"`` (lr 0.05, momentum 0.9): (the losses, the trained copy)."""
     model = copy.deepcopy(model).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    if method == "sgd":
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    else:
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     losses = []
     for x, y in batches:
         optimizer.zero_grad()
@@ -95,19 +100,6 @@ SGD_STEPS = 5
 SGD_RTOL = 1e-5
 
 
-def _sgd_losses(model, batches, loss_fn, device):
-    model = copy.deepcopy(model).to(device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    losses = []
-    for x, y in batches:
-        optimizer.zero_grad()
-        loss = loss_fn(model(x.to(device)), y.to(device))
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    return losses, model
-
-
 def assert_sgd_matches_cpu(model, batches, loss_fn):
     """Inference equal within 1e-5, then 5 SGD steps with equal losses (1e-5 relative)."""
     x = batches[0][0]
@@ -116,8 +108,8 @@ def assert_sgd_matches_cpu(model, batches, loss_fn):
         got = copy.deepcopy(model).to("hologram")(x.to("hologram"))
     got, ref = (got, ref) if isinstance(ref, torch.Tensor) else (got[0], ref[0])
     torch.testing.assert_close(got.cpu(), ref, rtol=1e-5, atol=1e-5)
-    cpu, _ = _sgd_losses(model, batches, loss_fn, "cpu")
-    device, trained = _sgd_losses(model, batches, loss_fn, "hologram")
+    cpu, _ = _train(model, batches, loss_fn, "cpu", "sgd")
+    device, trained = _train(model, batches, loss_fn, "hologram", "sgd")
     for step, (d, c) in enumerate(zip(device, cpu)):
         assert abs(d - c) <= SGD_RTOL * abs(c), f"step {step}: hologram {d} vs cpu {c}"
     assert device[-1] < device[0]
@@ -209,7 +201,7 @@ def test_cnn_trains_like_cpu():
     trained = assert_sgd_matches_cpu(model, batches, loss_fn)
     # convolutions, batch norm, pooling and the rest all run on the device
     assert hologram_torch.fallback_stats(lacking=False) == {}
-    _, reference = _sgd_losses(model, batches, loss_fn, "cpu")
+    _, reference = _train(model, batches, loss_fn, "cpu", "sgd")
     for (name, b), c in zip(trained.named_buffers(), reference.buffers()):
         torch.testing.assert_close(b.cpu(), c, rtol=1e-5, atol=1e-6, msg=name)
     # Inference with the running statistics the training left.
