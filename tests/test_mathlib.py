@@ -170,9 +170,12 @@ def test_f32_accuracy(name, whole):
     assert err <= BOUND32[name], f"{name} f32: {err:.3f} ulp at x={where[0]!r}"
 
 
-def _pow_samples(bits: int, count: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def _pow_samples(bits: int, count: int, seed: int = 0,
+                 negatives: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Random bases of every magnitude and exponents that keep |x|^y near the format's range,
-    plus integer exponents of negative bases and small bases/exponents."""
+    plus small bases/exponents and (``negatives`` of them, default ``count``) integer
+    exponents of negative bases."""
+    negatives = count if negatives is None else negatives
     rng = np.random.default_rng(seed)
     dt, uint = NP[bits], {32: np.uint32, 64: np.uint64}[bits]
     info = np.finfo(dt)
@@ -183,8 +186,8 @@ def _pow_samples(bits: int, count: int, seed: int = 0) -> tuple[np.ndarray, np.n
         y = (t / np.log2(x.astype(np.float64))).astype(dt)
     xs = rng.uniform(-10, 10, count).astype(dt)
     ys = rng.uniform(-40, 40, count).astype(dt)
-    xi = -rng.uniform(0.1, 20, count).astype(dt)
-    yi = rng.integers(-30, 30, count).astype(dt)
+    xi = -rng.uniform(0.1, 20, negatives).astype(dt)
+    yi = rng.integers(-30, 30, negatives).astype(dt)
     return np.concatenate([x, xs, xi]), np.concatenate([y, ys, yi])
 
 
