@@ -50,6 +50,20 @@ def _train(model, batches, loss_fn, device, method="adam"):
     return losses, model
 
 
+def _token_task(vocab, shape, target, steps):
+    """``steps`` batches of random token ids (``shape``, below ``vocab``) with the ids
+    ``target(x)`` to predict, and the loss: cross-entropy over every position."""
+    batches = []
+    for _ in range(steps):
+        x = torch.randint(0, vocab, shape)
+        batches.append((x, target(x)))
+
+    def loss_fn(logits, y):
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), y.reshape(-1))
+
+    return batches, loss_fn
+
+
 def _assert_same_run(model, batches, loss_fn, compare_parameters=True):
     cpu_losses, cpu_model = _train(model, batches, loss_fn, "cpu")
     device_losses, device_model = _train(model, batches, loss_fn, "hologram")
@@ -80,14 +94,8 @@ def test_transformer_matches_cpu():
     torch.manual_seed(0)
     vocab = 16
     model = TokenModel(vocab)
-    batches = []
-    for _ in range(STEPS):
-        x = torch.randint(0, vocab, (8, 12))
-        batches.append((x, (x + 1) % vocab))  # predict the next token id
-
-    def loss_fn(logits, y):
-        return torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), y.reshape(-1))
-
+    # predict the next token id
+    batches, loss_fn = _token_task(vocab, (8, 12), lambda x: (x + 1) % vocab, STEPS)
     # Parameters are not compared: the attention's key bias has a zero true gradient
     # (softmax ignores a shift shared by all keys), so Adam turns rounding noise of either
     # run into full-size steps there. The losses are the meaningful check.
@@ -133,14 +141,7 @@ class TiedLM(torch.nn.Module):
 def test_tied_weights_train_like_cpu():
     torch.manual_seed(0)
     vocab = 32
-    batches = []
-    for _ in range(SGD_STEPS):
-        x = torch.randint(0, vocab, (8, 6))
-        batches.append((x, (x * 3 + 1) % vocab))
-
-    def loss_fn(logits, y):
-        return torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), y.reshape(-1))
-
+    batches, loss_fn = _token_task(vocab, (8, 6), lambda x: (x * 3 + 1) % vocab, SGD_STEPS)
     trained = assert_sgd_matches_cpu(TiedLM(vocab), batches, loss_fn)
     assert trained.head.weight is trained.embed.weight
 
@@ -164,14 +165,8 @@ class Recurrent(torch.nn.Module):
 def test_lstm_gru_model_trains_like_cpu():
     torch.manual_seed(0)
     vocab = 16
-    batches = []
-    for _ in range(SGD_STEPS):
-        x = torch.randint(0, vocab, (4, 7))
-        batches.append((x, x.roll(1, 1)))  # recall the previous token
-
-    def loss_fn(logits, y):
-        return torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), y.reshape(-1))
-
+    # recall the previous token
+    batches, loss_fn = _token_task(vocab, (4, 7), lambda x: x.roll(1, 1), SGD_STEPS)
     hologram_torch.reset_fallback_stats()
     assert_sgd_matches_cpu(Recurrent(vocab), batches, loss_fn)
     assert not any("thnn" in op for op in hologram_torch.fallback_stats())
