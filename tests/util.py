@@ -183,6 +183,30 @@ def run_fresh(code: str, env: dict[str, str | None], timeout: float = 900
                           env=full, timeout=timeout)
 
 
+def _outcome(run: Callable, device: str):
+    """``run(device)``'s result moved to the CPU, or its exception's type and message
+    (warnings silenced)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            return run(device).cpu()
+        except Exception as exc:  # the error under test
+            return type(exc), str(exc)
+
+
+def assert_same_outcome(run: Callable, device: str = "hologram") -> None:
+    """``run(device)`` (a tensor operation on the torch device) does what ``run("cpu")``
+    does in PyTorch: the same values bit for bit, or an exception of the same type with
+    the same message."""
+    import torch
+
+    expected, actual = _outcome(run, "cpu"), _outcome(run, device)
+    if isinstance(expected, tuple):
+        assert actual == expected
+    else:
+        torch.testing.assert_close(actual, expected, rtol=0, atol=0)
+
+
 def device_checks(checks: dict[str, str], env: dict[str, str | None]) -> dict[str, object]:
     """Run the snippets ``checks`` in one fresh process (:func:`run_fresh`): each sees
     ``torch``, ``hologram_torch``, ``memory`` (hologram_torch's), ``D`` (the device) and

@@ -12,6 +12,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from util import assert_same_outcome
 
 torch = pytest.importorskip("torch")
 import hologram_torch  # noqa: E402, F401  (registers the device)
@@ -360,16 +361,6 @@ def test_shapes_that_do_not_broadcast_raise_torch_error(name):
 
 # --- copies within one storage, lerp's dtypes -----------------------------------------------
 
-def _outcome(fn, device):
-    """``fn(device)``'s result on the CPU, or its exception's type and message."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            return fn(device).cpu()
-        except Exception as exc:  # the error under test
-            return type(exc), str(exc)
-
-
 def _copy_within(dst, src):
     def fn(device):
         a = _arange(device)
@@ -394,12 +385,7 @@ COPIES_WITHIN = {  # PyTorch raises for partial overlaps of dense tensors, copie
 
 @pytest.mark.parametrize("name", list(COPIES_WITHIN))
 def test_copies_within_one_storage_as_pytorch(name):
-    fn = COPIES_WITHIN[name]
-    expected, actual = _outcome(fn, "cpu"), _outcome(fn, "hologram")
-    if isinstance(expected, tuple):
-        assert actual == expected
-    else:
-        torch.testing.assert_close(actual, expected, rtol=0, atol=0)
+    assert_same_outcome(COPIES_WITHIN[name])
 
 
 def _t(n, dtype, device):
@@ -422,12 +408,7 @@ LERPS = {
 
 @pytest.mark.parametrize("name", list(LERPS))
 def test_lerp_operand_dtypes_as_pytorch(name):
-    fn = LERPS[name]
-    expected, actual = _outcome(fn, "cpu"), _outcome(fn, "hologram")
-    if isinstance(expected, tuple):
-        assert actual == expected
-    else:
-        torch.testing.assert_close(actual, expected, rtol=0, atol=0)
+    assert_same_outcome(LERPS[name])
 
 
 # --- device indices: torch.hologram as torch.cuda on a machine with one GPU ----------------
