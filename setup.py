@@ -74,7 +74,7 @@ class BuildExt(build_ext):
 
 
 _NATIVE = [f"hologram/csrc/{name}.c" for name in ("native", "pool", "registry", "launcher",
-                                                   "fastop")]
+                                                   "arrays", "fastop")]
 setup(ext_modules=[Extension("hologram._native", _NATIVE,
                              depends=["hologram/csrc/native_api.h",
                                       "hologram/csrc/native_internal.h"],

@@ -205,7 +205,7 @@ def test_a_compiled_program_copies_in_and_out_and_matches_the_interpreter(emulat
     xs = rng.standard_normal((5, 300)).astype(np.float32)
     ns = rng.integers(-1000, 1000, 300).astype(np.int32)
     compiled = hologram.compile(g.program(), backend="cuda")
-    assert not compiled._host  # the device path: copied in, launched, copied out
+    assert compiled._native_call is None  # the device path: copied in, launched, copied out
     got = compiled(xs, ns)
     want = hologram.compile(g.program(), backend="interp")(xs, ns)
     for gg, ww in zip(got, want):

@@ -16,6 +16,8 @@ import hologram as hg
 from hologram import _native
 from hologram.errors import InvalidBufferError, OutOfMemoryError
 from hologram.frontend.graph import Graph
+from hologram.isa import dtypes as dt
+from hologram.isa.builder import ProgramBuilder
 from hologram.runtime.buffer import Buffer
 
 RNG = np.random.default_rng(7)
@@ -644,3 +646,73 @@ def test_native_index_ranges_of_numbers_and_empty_operands(ex):
         assert np.isnan(op(empty, none).to_numpy())
         assert op(empty, none, reduction="sum").to_numpy() == 0
         assert op(empty, none, reduction="none").shape == (0,)
+
+
+# --- compiled programs called on NumPy arrays (arrays.c: ArrayCall) ---------------------
+
+def _inout_program():
+    """y = x * 2 (out), acc += x (inout): one parameter of each kind."""
+    b = ProgramBuilder("twice_and_accumulate")
+    x = b.input("x", dt.float32, (5, 7))
+    acc = b.buffer("acc", dt.float32, (5, 7), "inout")
+    y = b.output("y", dt.float32, (5, 7))
+    k = b.kernel((5, 7))
+    v = k.load(x)
+    k.store(y, k.mul(v, 2.0))
+    k.store(acc, k.add(k.load(acc), v))
+    return b.build()
+
+
+def test_compiled_programs_take_arrays_natively_as_the_general_path_does(monkeypatch):
+    compiled = hg.compile(_inout_program(), "cpu")
+    x = RNG.standard_normal((5, 7)).astype(np.float32)
+    acc = np.ones((5, 7), np.float32)
+    calls = []
+    native = compiled._native_call
+    monkeypatch.setattr(compiled, "_native_call",
+                        lambda *a: calls.append(len(a)) or native(*a))
+    assert [p.name for p in compiled.params] == ["x", "acc", "y"]
+    want = np.ones((5, 7), np.float32) + x
+    acc_out, y = compiled(x, acc)  # the inputs alone: y made fresh, acc updated in place
+    assert acc_out is acc and np.array_equal(y, x * 2) and np.array_equal(acc, want)
+    y2 = np.empty((5, 7), np.float32)
+    got = compiled(x, acc, y2)  # every parameter
+    assert got[0] is acc and got[1] is y2
+    assert np.array_equal(y2, x * 2) and np.array_equal(acc, want + x)
+    assert calls == [2, 3]
+
+
+@pytest.mark.parametrize("case", ["dtype", "size", "strided", "read-only output",
+                                  "subclass", "list", "count"])
+def test_compiled_programs_send_other_arrays_to_the_general_path(case):
+    """A call ArrayCall does not take runs the general path: the same error as before, or
+    (an ndarray subclass) the same result."""
+    g = Graph("scale")
+    g.output("y", g.input("x", "f32", (6,)) * 3.0)
+    compiled = hg.compile(g.program(), "cpu")
+    x = np.arange(6, dtype=np.float32)
+    y = np.empty(6, np.float32)
+    args = {"dtype": (x.astype(np.float64),), "size": (x[:5],),
+            "strided": (np.arange(12, dtype=np.float32)[::2],),
+            "read-only output": (x, np.frombuffer(bytes(24), np.float32)),
+            "subclass": (np.asarray(x).view(np.memmap),), "list": ([0.0] * 6,),
+            "count": (x, y, y)}[case]
+    assert compiled._native_call(*args) is NotImplemented
+    if case == "subclass":
+        assert np.array_equal(compiled(*args), x * 3)
+        return
+    with pytest.raises((hg.errors.DTypeError, hg.errors.ShapeError)) as err:
+        compiled(*args)
+    assert "scale on cpu" in str(err.value)
+
+
+def test_large_fresh_outputs_come_from_the_pool():
+    from hologram.runtime.launch import POOL_THRESHOLD
+
+    n = POOL_THRESHOLD // 4
+    g = Graph("negate")
+    g.output("y", -g.input("x", "f32", (n,)))
+    compiled = hg.compile(g.program(), "cpu")
+    x = np.ones(n, np.float32)
+    y = compiled(x)
+    assert np.array_equal(y, -x) and isinstance(y.base, _native.Lease)

@@ -6,6 +6,7 @@
  * - pool.c: PoolCore and Lease;
  * - registry.c: Registry;
  * - launcher.c: Launcher, and how its steps split over the cpu backend's workers;
+ * - arrays.c: ArrayCall, a compiled program called on NumPy arrays;
  * - fastop.c: FastOp and its entries.
  *
  * Python pays ~0.1 us per frame, and an op that allocates its result used to walk ~15 of
@@ -118,7 +119,7 @@ PyMODINIT_FUNC PyInit__native(void)
     if (str_buffers == NULL || str_native_plan == NULL)
         return NULL;
     PyTypeObject *types[] = {&PoolCoreType, &LeaseType, &RegistryType, &LauncherType,
-                             &EntryType, &FastOpType};
+                             &ArrayCallType, &EntryType, &FastOpType};
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++)
         if (PyType_Ready(types[i]) < 0)
             return NULL;
@@ -130,6 +131,7 @@ PyMODINIT_FUNC PyInit__native(void)
         PyModule_AddObjectRef(m, "Registry", (PyObject *)&RegistryType) < 0 ||
         PyModule_AddObjectRef(m, "FastOp", (PyObject *)&FastOpType) < 0 ||
         PyModule_AddObjectRef(m, "Launcher", (PyObject *)&LauncherType) < 0 ||
+        PyModule_AddObjectRef(m, "ArrayCall", (PyObject *)&ArrayCallType) < 0 ||
         PyModule_AddIntConstant(m, "NUM_CLASSES", NUM_CLASSES) < 0 ||
         PyModule_AddIntConstant(m, "PAGE_BYTES", (long)page_bytes) < 0 ||
         PyModule_AddIntConstant(m, "SLAB_BYTES", (long)slab_bytes) < 0 ||

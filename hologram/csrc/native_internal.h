@@ -168,6 +168,10 @@ HG_INTERNAL int64_t chunk_count(int64_t total, int64_t grain, int64_t threads,
                                 int64_t per_thread);
 HG_INTERNAL PyObject *chunk_count_py(PyObject *module, PyObject *args);
 
+/* --- arrays.c: compiled programs called on NumPy arrays ----------------------------------- */
+
+HG_INTERNAL extern PyTypeObject ArrayCallType;
+
 /* --- fastop.c: the SDK ops' allocating fast path ---------------------------------------- */
 
 HG_INTERNAL extern PyTypeObject EntryType, FastOpType;

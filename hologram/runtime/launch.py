@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from hologram import backends, config
-from hologram._native import Launcher
+from hologram._native import ArrayCall, Launcher
 from hologram.backends.base import check_arrays, check_supported
 from hologram.backends.hostmem import address, default_pool
 from hologram.compiler import generic, pipeline
@@ -42,6 +42,7 @@ from hologram.isa.ir import BufferDecl, Program
 from hologram.isa.verify import verify
 
 POOL_THRESHOLD = 1 << 20  # bytes
+_KINDS = {"in": 0, "out": 1, "inout": 2}  # (ArrayCall's parameter kinds)
 
 
 class CompiledProgram:
@@ -62,18 +63,24 @@ class CompiledProgram:
         # A native Launcher: without Python when the executable's native_plan() says the
         # launch is direct kernel calls, else through run.launch.
         self.launch = Launcher(run)
-        self._host = backends.get(backend).allocator().host_visible
         params = program.params
         self._count = len(params)
-        # What each argument must be, precomputed: calls are a hot path.
-        self._specs = tuple((i, p.dtype.storage, p.size, p.kind != "in")
-                            for i, p in enumerate(params))
-        self._given = tuple(spec for spec, p in zip(self._specs, params) if p.kind != "out")
-        self._given_index = tuple(spec[0] for spec in self._given)
+        self._given_index = tuple(i for i, p in enumerate(params) if p.kind != "out")
         self._outputs = tuple(i for i, p in enumerate(params) if p.kind != "in")
-        self._fresh = tuple((i, p.shape, p.dtype.storage, p.nbytes >= POOL_THRESHOLD)
-                            for i, p in enumerate(params) if p.kind == "out")
-        self._fresh_only = len(self._fresh) == len(self._outputs)
+        # Fresh outputs: large ones from the pool (reused blocks skip the page faults a
+        # fresh allocation pays, ~2.5x on big elementwise ops), small ones from NumPy.
+        self._fresh = tuple(
+            (i, functools.partial(default_pool().empty if p.nbytes >= POOL_THRESHOLD
+                                  else np.empty, p.shape, p.dtype.storage))
+            for i, p in enumerate(params) if p.kind == "out")
+        # On host memory, calls that pass the checks (exact ndarrays of the parameters'
+        # dtypes and sizes, C order, outputs writable) launch natively on the arrays.
+        self._native_call = None
+        if backends.get(backend).allocator().host_visible:
+            makers = dict(self._fresh)
+            self._native_call = ArrayCall(self.launch, np.ndarray, tuple(
+                (memoryview(np.empty(0, p.dtype.storage)).format.encode(), p.nbytes,
+                 _KINDS[p.kind], makers.get(i)) for i, p in enumerate(params)))
         self._device_memory = None  # the allocator of calls on device memory (made once)
 
     @property
@@ -82,52 +89,20 @@ class CompiledProgram:
 
     def __call__(self, *arrays: np.ndarray) -> np.ndarray | tuple[np.ndarray, ...] | None:
         # Every argument is checked (type, dtype, size, C order, writable outputs) on every
-        # call: the checks are a few attribute reads, cheaper than any key that could
-        # remember them. Fresh outputs are made here to specification and need none.
-        fresh = len(arrays) == len(self._given) != self._count
-        if not self._host:
-            return self._call_on_device(arrays, fresh)
-        handles = [0] * self._count
-        for a, (i, dtype, size, out) in zip(arrays, self._given if fresh else self._specs):
-            if type(a) is not np.ndarray or a.dtype != dtype or a.size != size:
-                break
-            flags = a.flags
-            if not flags.c_contiguous or (out and not flags.writeable):
-                break
-            handles[i] = address(a)
-        else:
-            if fresh:
-                return self._run_fresh(arrays, handles)
-            if len(arrays) == self._count:
-                return self._run(arrays, handles)
-        # The slow path says exactly what is wrong (or accepts ndarray subclasses).
+        # call, natively (ArrayCall): cheaper than any key that could remember them. Fresh
+        # outputs are made to specification and need none.
+        if self._native_call is not None:
+            result = self._native_call(*arrays)
+            if result is not NotImplemented:
+                return result
+        fresh = len(arrays) == len(self._given_index) != self._count
         if fresh:
             arrays = self._with_fresh_outputs(arrays)
+        if self._native_call is None:
+            return self._call_on_device(arrays)
+        # The general path says exactly what is wrong (or accepts ndarray subclasses).
         check_arrays(self.program, arrays, f"{self.program.name} on {self.backend}")
-        return self._run(arrays, [address(a) for a in arrays])
-
-    def _run_fresh(self, given: tuple, handles: list[int]):
-        """Launch on the given inputs and fresh outputs; return the outputs."""
-        outs = []
-        for i, shape, dtype, large in self._fresh:
-            # Large outputs come from the pool: reused blocks skip the page faults a fresh
-            # allocation pays (~2.5x on big elementwise ops); small ones are cheaper from
-            # NumPy.
-            array = default_pool().empty(shape, dtype) if large else np.empty(shape, dtype)
-            handles[i] = address(array)
-            outs.append(array)
-        if self._fresh_only:  # outputs are fresh ones only (no in-out parameters)
-            self._launch(handles)
-            return outs[0] if len(outs) == 1 else tuple(outs)
-        full: list = [None] * self._count
-        for i, a in zip(self._given_index, given):
-            full[i] = a
-        for (i, *_), a in zip(self._fresh, outs):
-            full[i] = a
-        return self._run(full, handles)
-
-    def _run(self, arrays, handles: list[int]):
-        self._launch(handles)
+        self.launch(tuple(address(a) for a in arrays))
         return self._results(arrays)
 
     def _with_fresh_outputs(self, given: tuple) -> tuple:
@@ -135,8 +110,8 @@ class CompiledProgram:
         full: list = [None] * self._count
         for i, a in zip(self._given_index, given):
             full[i] = a
-        for i, shape, dtype, _ in self._fresh:
-            full[i] = np.empty(shape, dtype)
+        for i, make in self._fresh:
+            full[i] = make()
         return tuple(full)
 
     def _results(self, arrays):
@@ -144,16 +119,11 @@ class CompiledProgram:
             return arrays[self._outputs[0]]
         return tuple(arrays[i] for i in self._outputs)
 
-    def _launch(self, handles: list[int]) -> None:
-        self.launch(tuple(handles))
-
-    def _call_on_device(self, arrays: tuple, fresh: bool):
-        """A call on NumPy arrays for a backend whose memory the host cannot see: every
-        input copied into a device allocation, the launch, the outputs (out and inout)
-        copied back into the given arrays or fresh ones. The allocations are released when
-        the call returns."""
-        if fresh:
-            arrays = self._with_fresh_outputs(arrays)
+    def _call_on_device(self, arrays: tuple):
+        """A call on NumPy arrays (every parameter's) for a backend whose memory the host
+        cannot see: every input copied into a device allocation, the launch, the outputs
+        (out and inout) copied back into the arrays. The allocations are released when the
+        call returns."""
         views = check_arrays(self.program, arrays, f"{self.program.name} on {self.backend}")
         memory = self._device_memory
         if memory is None:
