@@ -247,8 +247,10 @@ def record(entry, args, outs, given: bool) -> None:
 
 
 #: The fields of a taken region, in the order of csrc/region.cpp's ``take``.
-_TAKEN = ("nodes", "wiring", "launches", "results", "out_address", "out_storage", "out_of",
-          "live", "inputs", "addresses", "read", "inputs_over", "written", "storages", "keep")
+_TAKEN = ("nodes", "structure", "live", "staged", "aliases", "live_address", "addresses",
+          "staging", "keep")
+#: The rest, which a region's op-by-op run and its compile read (``details``).
+_DETAILS = ("wiring", "launches", "results", "out_of", "inputs")
 
 
 def record_rows(entries: tuple, rows: tuple, outs: tuple, given: bool) -> bool:
@@ -290,13 +292,21 @@ def file_rows(op: int, rows: tuple, entries: tuple) -> None:
 
 class _Region:
     """A region taken from the native library to run (see csrc/region.cpp's ``take``;
-    ``keep`` holds what must live until it has run)."""
+    ``keep`` holds what must live until it has run). The fields of :data:`_DETAILS` are
+    read from the native region on first use: a region that runs fused needs none."""
 
-    __slots__ = _TAKEN
+    __slots__ = (*_TAKEN, *_DETAILS)
 
     def __init__(self, taken: tuple) -> None:
         for name, value in zip(_TAKEN, taken):
             setattr(self, name, value)
+
+    def __getattr__(self, name: str):
+        if name not in _DETAILS:
+            raise AttributeError(name)
+        for field, value in zip(_DETAILS, _native["details"](self.keep)):
+            setattr(self, field, value)
+        return getattr(self, name)
 
 
 # --- running -------------------------------------------------------------------------
@@ -385,15 +395,15 @@ def _flush(reason: str) -> None:
     cuts = _stats["cuts"]
     cuts[reason] = cuts.get(reason, 0) + 1
     _stats["regions"] += 1
-    live = region.live
     # Results written over memory the region reads (in-place updates) are staged, unless
     # the compiled program can write them in place (_staging).
-    staged = tuple(region.out_storage[k] in region.read for k in live)
-    aliases = tuple(_aliases(region, k) if stage else () for k, stage in zip(live, staged))
+    live, staged, aliases = region.live, region.staged, region.aliases
     # The entries themselves, not their launch keys (long tuples, hashed anew each time):
     # one entry serves each launch key while the launch cache holds it, and the memo holds
-    # them, so an entry the cache dropped is never mistaken for its successor.
-    key = (tuple(region.nodes), region.wiring, live, aliases)
+    # them, so an entry the cache dropped is never mistaken for its successor. The rest of
+    # the structure (wiring, live results, aliases) is one bytes object (csrc/region.cpp's
+    # structure_words), built and hashed natively: nested tuples cost ~0.15 ms a cut.
+    key = (region.nodes, region.structure)
     memo = _memo.get(key)
     if memo is None:
         memo = _memo[key] = _Memo()
@@ -464,48 +474,36 @@ def _launches(region: _Region, moved: dict):
     return (tuple(moved.get(a, a) for a in launch) for launch in region.launches)
 
 
-def _aliases(region: _Region, k: int) -> tuple | None:
-    """How the region's inputs read the memory result ``k`` writes: per input over its
-    storage, (input, whether it is exactly the written tensor); None when the written
-    tensor is not contiguous (a column, a diagonal): the fused program writes a staged
-    result contiguously (:func:`_plan`), so it must stay staged (:func:`_staging`)."""
-    from hologram_torch import memory
-
-    view = region.written[region.out_storage[k]][0]
-    if tuple(memory.contiguous_strides(view[1])) != tuple(view[2]):
-        return None
-    return tuple((i, region.addresses[i] == view[0]
-                  and region.inputs[i][2:] == (view[1], view[2]))
-                 for i in region.inputs_over[region.out_storage[k]])
-
-
-def _layout(region: _Region, k: int) -> tuple:
-    """(shape, strides, bytes, dtype) of result ``k`` (its entry's layout)."""
-    node, j = region.out_of[k]
+def _layout(region: _Region, node: int, j: int) -> tuple:
+    """(shape, strides, bytes, dtype) of result ``j`` of node ``node`` (its entry's)."""
     return region.nodes[node].layouts[j]
 
 
 def _run_fused(region: _Region, launch, live: tuple, staged: tuple) -> None:
     from hologram_torch import memory
 
+    if not any(staged):
+        launch((*region.addresses, *region.live_address))
+        return
     outs, scratch = [], []
-    for k, stage in zip(live, staged):
+    for k, stage, address in zip(live, staged, region.live_address):
         if stage:
-            nbytes = _layout(region, k)[2]
+            (node, j), write, storage = region.staging[k]
+            nbytes = _layout(region, node, j)[2]
             block = memory.storage(nbytes)
-            scratch.append((k, block))
+            scratch.append((nbytes, write, storage, block))
             outs.append(block.data_ptr())
         else:
-            outs.append(region.out_address[k])
+            outs.append(address)
     launch((*region.addresses, *outs))
     _stats["staged"] += len(scratch)
-    for k, block in scratch:  # in place, after every read of the memory
-        view, _, offset, _, contiguous, _ = region.written[region.out_storage[k]]
+    for nbytes, write, storage, block in scratch:  # in place, after every read of the memory
+        view, _, offset, _, contiguous, _ = write
         if contiguous:
-            memory.copy(view[0], block.data_ptr(), _layout(region, k)[2])
+            memory.copy(view[0], block.data_ptr(), nbytes)
         else:
             dtype = _DTYPES[view[3]]
-            target = memory.on_storage(region.storages[k], dtype, view[1], view[2], offset)
+            target = memory.on_storage(storage, dtype, view[1], view[2], offset)
             source = memory.on_storage(block, dtype, view[1], memory.contiguous_strides(view[1]))
             alias = memory.cpu_alias(target)
             alias.copy_(memory.cpu_alias(source))
@@ -519,9 +517,11 @@ def _plan(region: _Region, live: tuple, staged: tuple) -> tuple:
     index, strides; None for contiguous, as staged results are)."""
     nodes = tuple((e.build, e.static, w, e.layouts, e.single, r)
                   for e, w, r in zip(region.nodes, region.wiring, region.results))
-    outputs = tuple((*region.out_of[k], None if stage else _layout(region, k)[1])
-                    for k, stage in zip(live, staged))
-    return tuple(region.inputs), nodes, outputs
+    outputs = []
+    for k, stage in zip(live, staged):
+        node, j = region.out_of[k]
+        outputs.append((node, j, None if stage else _layout(region, node, j)[1]))
+    return tuple(region.inputs), nodes, tuple(outputs)
 
 
 def fused_program(plan: tuple):

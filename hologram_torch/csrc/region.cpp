@@ -364,11 +364,69 @@ void free_region(PyObject* capsule) {
   delete static_cast<Region*>(PyCapsule_GetPointer(capsule, "hologram_torch.region"));
 }
 
+// How the region's inputs read the memory result `k` writes, for a result written over
+// memory the region reads (staged, unless the fused program can write it in place): per
+// input over its storage, (input, whether it is exactly the written tensor); false when
+// the written tensor is not contiguous (the fused program writes a staged result
+// contiguously, so it must stay staged).
+using Aliases = std::vector<std::pair<int64_t, bool>>;
+
+bool aliases_of(const Region& r, int64_t k, Aliases& aliases) {
+  const int64_t key = r.out_storage[k];
+  const View& view = r.written.at(key).view;
+  int64_t step = 1;
+  for (size_t d = view.sizes.size(); d-- > 0;) {
+    if (view.strides[d] != step) {
+      return false;
+    }
+    step *= std::max<int64_t>(view.sizes[d], 1);
+  }
+  for (int64_t i : r.inputs_over.at(key)) {
+    const Input& in = r.inputs[i];
+    aliases.emplace_back(i, r.addresses[i] == view.address && in.sizes == view.sizes &&
+                                in.strides == view.strides);
+  }
+  return true;
+}
+
+// The words of a region's wiring: self-delimiting, so that with the live results and
+// their aliases (appended by take) equal words are equal structures.
+void wiring_words(const Region& r, std::vector<int64_t>& words) {
+  auto push_dims = [&](const Dims& d) {
+    words.push_back(static_cast<int64_t>(d.size()));
+    words.insert(words.end(), d.begin(), d.end());
+  };
+  for (const std::vector<Wire>& ws : r.wiring) {
+    words.push_back(static_cast<int64_t>(ws.size()));
+    for (const Wire& w : ws) {
+      words.push_back(w.kind);
+      words.push_back(w.index);
+      if (w.kind == 'w') {
+        words.push_back(w.offset);
+        push_dims(w.sizes);
+        push_dims(w.strides);
+        push_dims(w.order);
+      }
+    }
+  }
+}
+
+PyObject* write_tuple(const Write& w) {
+  PyObject* order = w.dense ? dims(w.order) : (Py_INCREF(Py_None), Py_None);
+  return Py_BuildValue("(NLLLON)", view_tuple(w.view), static_cast<long long>(w.result),
+                       static_cast<long long>(w.offset), static_cast<long long>(w.numel),
+                       w.contiguous ? Py_True : Py_False, order);
+}
+
 // The pending region as Python values (None when empty), and a fresh one in its place:
-// (entries, wiring, launches, results, result addresses, result storages, (node, index)
-// of each result, live results (storage alive, not written over), inputs, input
-// addresses, storages read, inputs by storage, writes by storage, storages of live
-// results, the region itself (a capsule holding what must live until it has run)).
+// (entries, structure, live results (storage alive, not written over), per live result
+// whether it is staged (its memory is read by the region) and how inputs alias it
+// (aliases_of; () when not staged), the live results' addresses, the inputs' addresses,
+// per staged result k: ((node, index), its write (view, result, offset, numel,
+// contiguous, order), its storage), the region itself (a capsule holding what must live
+// until it has run; `details` reads the rest from it)). The structure (wiring, live
+// results, aliases) is one bytes object: with the entries, the region's memo key, built
+// and hashed without the nested tuples of `details`.
 PyObject* take(PyObject*, PyObject*) {
   Region* r = g_region;
   if (r->nodes.empty()) {
@@ -380,18 +438,19 @@ PyObject* take(PyObject*, PyObject*) {
     delete r;
     return nullptr;
   }
-  PyObject* entries = PyList_New(static_cast<Py_ssize_t>(r->nodes.size()));
+  PyObject* entries = PyTuple_New(static_cast<Py_ssize_t>(r->nodes.size()));
   for (size_t i = 0; i < r->nodes.size(); ++i) {
     Py_INCREF(r->nodes[i]);
-    PyList_SET_ITEM(entries, i, r->nodes[i]);
+    PyTuple_SET_ITEM(entries, i, r->nodes[i]);
   }
-  PyObject* wiring = tuple_of(r->wiring, [](const std::vector<Wire>& ws) {
-    return tuple_of(ws, wire_tuple);
-  });
-  PyObject* launches = tuple_of(r->launches, ints);
-  PyObject* results = tuple_of(r->results, ints);
-  std::vector<int64_t> live;
-  PyObject* storages = PyDict_New();
+  // The structure beyond the entries, as words: the wiring, then per live result its
+  // index and whether it is staged (0 no, 1 over a non-contiguous write, 2 with its
+  // aliases' count and (input, exact) pairs).
+  std::vector<int64_t> words, live, live_address;
+  wiring_words(*r, words);
+  PyObject* staging = PyDict_New();
+  PyObject* staged = PyList_New(0);
+  PyObject* aliases = PyList_New(0);
   for (size_t k = 0; k < r->out_ref.size(); ++k) {
     if (r->superseded.count(static_cast<int64_t>(k))) {
       continue;
@@ -401,47 +460,72 @@ PyObject* take(PyObject*, PyObject*) {
       continue;
     }
     live.push_back(static_cast<int64_t>(k));
+    live_address.push_back(r->out_address[k]);
+    words.push_back(static_cast<int64_t>(k));
+    const bool stage = r->read.count(r->out_storage[k]) != 0;
+    PyList_Append(staged, stage ? Py_True : Py_False);
+    Aliases over;
+    PyObject* entry;
+    if (!stage) {
+      words.push_back(0);
+      entry = PyTuple_New(0);
+    } else if (!aliases_of(*r, static_cast<int64_t>(k), over)) {
+      words.push_back(1);
+      entry = (Py_INCREF(Py_None), Py_None);
+    } else {
+      words.push_back(2);
+      words.push_back(static_cast<int64_t>(over.size()));
+      for (const auto& [i, exact] : over) {
+        words.push_back(i);
+        words.push_back(exact);
+      }
+      entry = tuple_of(over, [](const std::pair<int64_t, bool>& a) {
+        return Py_BuildValue("(LO)", static_cast<long long>(a.first),
+                             a.second ? Py_True : Py_False);
+      });
+    }
+    PyList_Append(aliases, entry);
+    Py_DECREF(entry);
+    if (!stage) {
+      continue;
+    }
+    const auto& [node, index] = r->out_of[k];
     PyObject* key = PyLong_FromSsize_t(static_cast<Py_ssize_t>(k));
-    PyObject* storage = THPStorage_Wrap(c10::Storage(std::move(impl)));
-    PyDict_SetItem(storages, key, storage);
+    PyObject* value = Py_BuildValue("((LL)NN)", static_cast<long long>(node),
+                                    static_cast<long long>(index),
+                                    write_tuple(r->written.at(r->out_storage[k])),
+                                    THPStorage_Wrap(c10::Storage(std::move(impl))));
+    PyDict_SetItem(staging, key, value);
     Py_DECREF(key);
-    Py_DECREF(storage);
+    Py_DECREF(value);
   }
+  PyObject* structure = PyBytes_FromStringAndSize(reinterpret_cast<const char*>(words.data()),
+                                                  static_cast<Py_ssize_t>(words.size() * 8));
+  PyObject* staged_tuple = PyList_AsTuple(staged);
+  PyObject* aliases_tuple = PyList_AsTuple(aliases);
+  Py_DECREF(staged);
+  Py_DECREF(aliases);
+  return Py_BuildValue("(NNNNNNNNN)", entries, structure, ints(live), staged_tuple,
+                       aliases_tuple, ints(live_address), ints(r->addresses), staging, capsule);
+}
+
+// details(region): what a taken region's op-by-op run and its fused program's compile
+// need beyond take's answer: (wiring, each op's launch addresses, each op's results,
+// (node, index) of each result, inputs).
+PyObject* details(PyObject*, PyObject* capsule) {
+  auto* r = static_cast<Region*>(PyCapsule_GetPointer(capsule, "hologram_torch.region"));
+  if (r == nullptr) {
+    return nullptr;
+  }
+  PyObject* wiring = tuple_of(r->wiring, [](const std::vector<Wire>& ws) {
+    return tuple_of(ws, wire_tuple);
+  });
   PyObject* out_of = tuple_of(r->out_of, [](const std::pair<int64_t, int64_t>& p) {
     return Py_BuildValue("(LL)", static_cast<long long>(p.first),
                          static_cast<long long>(p.second));
   });
-  PyObject* inputs = tuple_of(r->inputs, input_tuple);
-  PyObject* read = PyFrozenSet_New(nullptr);
-  for (int64_t key : r->read) {
-    PyObject* k = PyLong_FromLongLong(key);
-    PySet_Add(read, k);
-    Py_DECREF(k);
-  }
-  PyObject* inputs_over = PyDict_New();
-  for (const auto& [key, indices] : r->inputs_over) {
-    PyObject* k = PyLong_FromLongLong(key);
-    PyObject* v = ints(indices);
-    PyDict_SetItem(inputs_over, k, v);
-    Py_DECREF(k);
-    Py_DECREF(v);
-  }
-  PyObject* written = PyDict_New();
-  for (const auto& [key, w] : r->written) {
-    PyObject* k = PyLong_FromLongLong(key);
-    PyObject* order = w.dense ? dims(w.order) : (Py_INCREF(Py_None), Py_None);
-    PyObject* v = Py_BuildValue("(NLLLON)", view_tuple(w.view), static_cast<long long>(w.result),
-                                static_cast<long long>(w.offset),
-                                static_cast<long long>(w.numel),
-                                w.contiguous ? Py_True : Py_False, order);
-    PyDict_SetItem(written, k, v);
-    Py_DECREF(k);
-    Py_DECREF(v);
-  }
-  return Py_BuildValue("(NNNNNNNNNNNNNNN)", entries, wiring, launches, results,
-                       ints(r->out_address), ints(r->out_storage), out_of, ints(live),
-                       inputs, ints(r->addresses), read, inputs_over, written, storages,
-                       capsule);
+  return Py_BuildValue("(NNNNN)", wiring, tuple_of(r->launches, ints),
+                       tuple_of(r->results, ints), out_of, tuple_of(r->inputs, input_tuple));
 }
 
 bool number(PyObject* obj, Operand& op) {
@@ -796,6 +880,7 @@ PyMethodDef kMethods[] = {
     {"file_rows", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&file_rows)),
      METH_FASTCALL, nullptr},
     {"take", &take, METH_NOARGS, nullptr},
+    {"details", &details, METH_O, nullptr},
     {"set_recording", &set_recording, METH_O, nullptr},
     {"set_max_nodes", &set_max_nodes, METH_O, nullptr},
     {"pending", &pending, METH_NOARGS, nullptr},

@@ -87,6 +87,35 @@ def test_a_chain_runs_op_by_op_then_fused_with_eager_results():
             same(a, b)
 
 
+def test_regions_of_the_same_ops_wired_or_kept_differently_get_their_own_programs():
+    """The memo tells regions apart by their entries and by their structure: how operands
+    connect and which results outlive the cut. Here all four regions are the same two
+    launches (an add and a mul of (7, 5) floats); a fused program of one run for another
+    would read the wrong operand or leave a kept result unwritten."""
+    g = torch.Generator().manual_seed(5)
+    a, b = torch.randn(7, 5, generator=g), torch.randn(7, 5, generator=g)
+    da, db = a.to(DEV), b.to(DEV)
+
+    def run(swap, keep):
+        y = da + db
+        z = y * (da if swap else db)
+        if keep:
+            return y.cpu(), z.cpu()
+        del y  # a temporary by the cut: the fused program need not write it
+        return (z.cpu(),)
+
+    for _ in range(4):
+        for swap in (False, True):
+            for keep in (False, True):
+                y = a + b
+                want = (y, y * (a if swap else b)) if keep else (y * (a if swap else b),)
+                for got, w in zip(run(swap, keep), want):
+                    torch.testing.assert_close(got, w, rtol=0, atol=0)
+        assert lazy.wait_for_compiles(120)
+    stats = lazy.stats()
+    assert stats["compiles"] == 4 and stats["fused_runs"] >= 4, stats
+
+
 def test_results_keep_eager_layouts_and_views_of_pending_results_read_them():
     x = torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)
 
