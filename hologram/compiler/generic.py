@@ -47,7 +47,8 @@ def elementwise_shape(program: Program) -> tuple[int, ...] | None:
     n = math.prod(shape)
     if n < 2 or any(b.size not in (1, n) for b in program.buffers):
         return None
-    rows = _row_major(shape)
+    # _moves compares dimensions of extent > 1 only, where these are the row-major strides
+    rows = IndexMap.contiguous(shape).strides
     ones = (1,) * len(shape)
     for kernel in program.kernels:
         scalar = not kernel.domain
@@ -95,14 +96,6 @@ def resize(program: Program, shape: tuple[int, ...], length: int) -> Program:
                               instr.args, attrs))
         kernels.append(Kernel(kernel.name, flat, tuple(body), min(kernel.grid_rank, 1)))
     return Program(program.name, buffers, tuple(kernels))
-
-
-def _row_major(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.append(step)
-        step *= n
-    return tuple(reversed(strides))
 
 
 def _moves(shape: tuple[int, ...], strides: tuple[int, ...], wanted: tuple[int, ...]) -> bool:

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from hologram.errors import GradientError, ShapeError
 from hologram.frontend.graph import Graph, Tensor, _reduced_axes
 from hologram.isa.dtypes import DType
+from hologram.isa.ir import IndexMap
 
 __all__ = ["GradientError", "Tape", "gradients", "rehome", "sum_to"]
 
@@ -246,17 +247,11 @@ def _unview(g: Graph, grad: Tensor, view: Tensor, size: int) -> Tensor:
     shape = tuple(kept[d][0] for d in order)
     strides = tuple(kept[d][1] for d in order)
     grad = grad.permute(*order)
-    if offset == 0 and math.prod(shape) == size and strides == _contiguous(shape):
+    # kept has no extent-1 dimensions, so the contiguous map's strides are all row-major
+    contiguous = IndexMap.contiguous(shape).strides
+    if offset == 0 and math.prod(shape) == size and strides == contiguous:
         return grad.reshape(size)  # the view is its whole buffer, permuted at most
     return _scattered(g, grad, offset, strides, size)
-
-
-def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.append(step)
-        step *= n
-    return tuple(reversed(strides))
 
 
 def _reversed(g: Graph, x: Tensor, dims: list[int]) -> Tensor:
