@@ -28,7 +28,8 @@ import gc
 import math
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -211,11 +212,26 @@ def benchmark_operation(fn: Callable[[], Any], warmup_runs: int = 5, timing_runs
     return BenchmarkResult(name, samples, out)
 
 
-def _collect_young() -> None:
-    """Collect the last calls' cyclic garbage before the collector is paused. Only the
-    younger generations, where it is: the oldest holds what the imports made (in a process
-    that imported torch.compile a full collection took ~0.5 s per case)."""
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause the garbage collector while sampling, so it never lands inside a sample.
+    First collect the last calls' cyclic garbage: only the younger generations, where it
+    is; the oldest holds what the imports made (in a process that imported torch.compile a
+    full collection took ~0.5 s per case)."""
     gc.collect(1)
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def _alternating(count: int, rounds: int) -> Iterator[int]:
+    """The indices ``0 .. count-1``, round after round, every other round in reverse
+    (ABC, CBA, ABC, ...), so drift within a round hits every side alike."""
+    order = list(range(count))
+    for r in range(rounds):
+        yield from order if r % 2 == 0 else reversed(order)
 
 
 def warm(fn: Callable[..., Any], args: tuple = (), seconds: float = 0.0) -> None:
@@ -260,19 +276,12 @@ def time_pair(fns: Sequence[Callable[[], Any]], warmup_runs: int = 5, timing_run
         for i, fn in enumerate(fns):
             outs[i] = fn()
     samples: list[list[float]] = [[] for _ in fns]
-    order = list(range(len(fns)))
-    _collect_young()
-    gc.disable()
-    try:
-        for _ in range(timing_runs):
-            for i in order:
-                if warm_s > 0:
-                    warm(warmers[i], (), warm_s)
-                ms, outs[i] = _timed(fns[i], syncs[i])
-                samples[i].append(ms)
-            order.reverse()
-    finally:
-        gc.enable()
+    with _collector_paused():
+        for i in _alternating(len(fns), timing_runs):
+            if warm_s > 0:
+                warm(warmers[i], (), warm_s)
+            ms, outs[i] = _timed(fns[i], syncs[i])
+            samples[i].append(ms)
     return [BenchmarkResult(n, s, o) for n, s, o in zip(names, samples, outs)]
 
 
@@ -328,16 +337,10 @@ def interleaved(contestants: Sequence[tuple[Callable[..., Any], tuple]], samplin
     rounds = int(sampling.budget_s * 1e6 / max(round_us, 1.0))
     rounds = max(sampling.min_rounds, min(sampling.max_rounds, rounds))
     samples: list[list[float]] = [[] for _ in contestants]
-    order = list(range(len(contestants)))
-    _collect_young()
-    gc.disable()
-    try:
-        for r in range(rounds):
-            for i in order if r % 2 == 0 else reversed(order):
-                fn, args = contestants[i]
-                if warm_s:
-                    warm(fn, args, warm_s)
-                samples[i].append(per_call_us(fn, args, plan[i][0]))
-    finally:
-        gc.enable()
+    with _collector_paused():
+        for i in _alternating(len(contestants), rounds):
+            fn, args = contestants[i]
+            if warm_s:
+                warm(fn, args, warm_s)
+            samples[i].append(per_call_us(fn, args, plan[i][0]))
     return [statistics.median(s) for s in samples]
