@@ -11,6 +11,7 @@ Values are read at call time, so tests and users can change the environment at r
 | ``HOLOGRAM_DISABLE_DISK_CACHE`` | ``1`` keeps compiled programs in memory only | ``0`` |
 | ``HOLOGRAM_CACHE_SIZE`` | entries kept in the in-memory LRU | ``512`` |
 | ``HOLOGRAM_DUMP_DIR`` | if set, each pass writes its output here (created if missing) | unset |
+| ``HOLOGRAM_PERF_MAP`` | ``1``: names loaded CPU kernels for Linux ``perf`` | ``0`` |
 | ``HOLOGRAM_FAST_MATH`` | ``1`` allows rewrites that are not exact under IEEE 754 | ``0`` |
 | ``HOLOGRAM_BENCH_QUICK`` | ``1`` makes benchmarks use small sizes | ``0`` |
 | ``HOLOGRAM_CPU_TARGET`` | CPU the cpu backend compiles for (``x86-64-v3``, ...) | ``host`` |
@@ -60,6 +61,9 @@ class Settings:
     torch_backend: str = "auto"
     # Devices of the torch device on host memory (hologram:0 to hologram:N-1).
     torch_devices: int = 1
+    # Loaded CPU kernels are named in /tmp/perf-<pid>.map, where Linux perf looks for the
+    # symbols of code it finds in anonymous memory (hologram/backends/cpu/loader.py).
+    perf_map: bool = False
 
 
 def _flag(name: str) -> bool:
@@ -100,7 +104,8 @@ _VARIABLES = (
     "HOLOGRAM_FAST_MATH", "HOLOGRAM_BENCH_QUICK", "HOLOGRAM_CPU_TARGET", "HOLOGRAM_CUDA_EMULATE",
     "HOLOGRAM_CUDA_ALLOW_TF32",
     "HOLOGRAM_QUICK_COMPILE", "HOLOGRAM_PROMOTE_AFTER", "HOLOGRAM_SHARE_OPENMP",
-    "HOLOGRAM_LAZY", "HOLOGRAM_TORCH_BACKEND", "HOLOGRAM_TORCH_DEVICES", "XDG_CACHE_HOME",
+    "HOLOGRAM_LAZY", "HOLOGRAM_TORCH_BACKEND", "HOLOGRAM_TORCH_DEVICES", "HOLOGRAM_PERF_MAP",
+    "XDG_CACHE_HOME",
     "HOME",
 )
 _last: tuple[tuple, Settings] | None = None
@@ -186,4 +191,5 @@ def _read() -> Settings:
         torch_backend=os.environ.get("HOLOGRAM_TORCH_BACKEND", "auto").strip().lower()
         or "auto",
         torch_devices=_int("HOLOGRAM_TORCH_DEVICES", 1, 1),
+        perf_map=_flag("HOLOGRAM_PERF_MAP"),
     )

@@ -3,6 +3,7 @@
 step")."""
 
 import ctypes
+import hashlib
 from collections import OrderedDict
 from pathlib import Path
 
@@ -244,7 +245,7 @@ def test_loader_refuses_what_it_does_not_handle() -> None:
 
 @needs_loader
 def test_unsupported_objects_go_to_mcjit(monkeypatch) -> None:
-    def refuse(obj, names, resolve):
+    def refuse(obj, names, resolve, label=""):
         raise loader.Unsupported("a test")
 
     monkeypatch.setattr(loader, "load", refuse)
@@ -265,6 +266,25 @@ def test_loader_errors_name_what_is_missing() -> None:
         llvm.load_object(obj, ["g"], allowed={"hg_nowhere"})
 
 
+@needs_loader
+def test_perf_map_names_loaded_functions(tmp_path: Path, monkeypatch) -> None:
+    """With HOLOGRAM_PERF_MAP=1 each function loaded is a line ``START SIZE name`` of the
+    process's perf map, covering exactly its code; without it nothing is written."""
+    path = tmp_path / "perf.map"
+    monkeypatch.setattr(loader, "perf_map_path", lambda: str(path))
+    host = targets.host()
+    obj = llvm.compile_ir(_module(60), host, cached=False)
+    llvm.load_object(obj, ["f_60"])
+    assert not path.exists()
+    monkeypatch.setenv("HOLOGRAM_PERF_MAP", "1")
+    obj = llvm.compile_ir(_module(61), host, cached=False)
+    address = llvm.load_object(obj, ["f_61"])["f_61"]
+    start, size, name = path.read_text().splitlines()[-1].split()
+    symbol = next(s for s in elf.read(obj).symbols if s.name == "f_61")
+    assert (int(start, 16), int(size, 16)) == (address, symbol.size) and symbol.size > 0
+    assert name == f"hologram:{hashlib.sha256(obj).hexdigest()[:12]}:f_61"
+
+
 # --- reading ELF objects without lief (backends/cpu/elf.py) ----------------------------
 
 @pytest.mark.parametrize("name", ["x86-64", "x86-64-v4", "znver4", "neoverse-n1"])
@@ -279,8 +299,9 @@ def test_elf_reader_reads_what_lief_reads(name: str) -> None:
     for section, other in zip(mine.sections, theirs.sections, strict=True):
         assert mine.content(obj, section) == bytes(other.content) or section.type == elf.NOBITS
         assert bool(section.flags & elf.ALLOC) == other.has(lief.ELF.Section.FLAGS.ALLOC)
-    assert [(s.name, s.shndx, s.value, s.type == elf.STT_FUNC) for s in mine.symbols] == \
-        [(s.name, s.shndx, s.value, s.type == lief.ELF.Symbol.TYPE.FUNC)
+    assert [(s.name, s.shndx, s.value, s.size, s.type == elf.STT_FUNC)
+            for s in mine.symbols] == \
+        [(s.name, s.shndx, s.value, s.size, s.type == lief.ELF.Symbol.TYPE.FUNC)
          for s in theirs.symtab_symbols]
     index = {(s.name, s.offset): s.index for s in mine.sections}
     want = [(index[r.section.name, r.section.offset], r.address, r.symbol.name, r.addend)

@@ -48,6 +48,7 @@ class Symbol(NamedTuple):
     type: int  # STT_*
     shndx: int  # 0: undefined (taken from outside)
     value: int
+    size: int = 0  # bytes (a function's code)
 
 
 class Relocation(NamedTuple):
@@ -106,8 +107,8 @@ def _read(data: bytes) -> Object:
         if section.type == SYMTAB:
             strings = raw[section.link]
             for at in range(section.offset, section.offset + section.size, _SYMBOL.size):
-                name, info, _, shndx, value, _ = _SYMBOL.unpack_from(data, at)
-                symbols.append(Symbol(string(strings, name), info & 0xF, shndx, value))
+                name, info, _, shndx, value, size = _SYMBOL.unpack_from(data, at)
+                symbols.append(Symbol(string(strings, name), info & 0xF, shndx, value, size))
             break
     relocations = []
     for section in sections:

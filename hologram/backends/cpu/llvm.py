@@ -366,7 +366,7 @@ def load_object(obj: bytes, names: list[str], allowed: Iterable[str] = PROCESS_S
             check_object(obj, target, allowed)
             if use_own_loader:
                 try:
-                    _loaded[key] = loader.load(obj, names, _process_symbol)
+                    _loaded[key] = loader.load(obj, names, _process_symbol, key[:12])
                 except loader.Unsupported:
                     pass  # MCJIT below
                 except LookupError as err:

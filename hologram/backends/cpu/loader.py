@@ -13,15 +13,22 @@ nothing unwinds through kernels.
 Memory is mapped read-write, filled, then made read+execute (code, constants, the GOT)
 and read-write (data) in separate pages: never writable and executable at once. Like
 MCJIT's engines, mappings live as long as the process (their code may be called anytime).
+
+With ``HOLOGRAM_PERF_MAP=1`` each loaded function is named in ``/tmp/perf-<pid>.map``
+(Linux perf's convention for code in anonymous memory), as ``hologram:<object>:<name>``
+with the first 12 hex digits of the object's SHA-256 (the key of ``llvm.load_object``), so
+``perf report`` shows which kernel the time went to.
 """
 
 from __future__ import annotations
 
 import ctypes
 import mmap
+import os
 import struct
 from collections.abc import Callable
 
+from hologram import config
 from hologram.backends.cpu import elf
 
 _PAGE = mmap.PAGESIZE
@@ -73,11 +80,13 @@ def supported() -> bool:
     return sys.platform == "linux" and platform.machine() in ("x86_64", "AMD64")
 
 
-def load(obj: bytes, names: list[str], resolve: Callable[[str], int]) -> dict[str, int]:
+def load(obj: bytes, names: list[str], resolve: Callable[[str], int],
+         label: str = "") -> dict[str, int]:
     """Load ``obj`` and return the addresses of the functions ``names``; ``resolve(name)``
-    gives the address of a symbol the object takes from outside (0: none). Raises
-    :class:`Unsupported` for what is outside this loader (see the module docstring) and
-    ``LookupError`` for a name or symbol that cannot be found."""
+    gives the address of a symbol the object takes from outside (0: none); ``label``
+    names the object in the perf map. Raises :class:`Unsupported` for what is outside
+    this loader (see the module docstring) and ``LookupError`` for a name or symbol that
+    cannot be found."""
     try:
         binary = elf.read(obj)
     except ValueError as err:
@@ -116,7 +125,23 @@ def load(obj: bytes, names: list[str], resolve: Callable[[str], int]) -> dict[st
     except BaseException:
         _munmap(base, size)
         raise
+    if config.get().perf_map:
+        sizes = {s.name: s.size for s in binary.symbols if s.name in functions}
+        _name_for_perf(functions, sizes, label)
     return functions
+
+
+def _name_for_perf(functions: dict[str, int], sizes: dict[str, int], label: str) -> None:
+    """Append the functions to this process's perf map (``START SIZE name``, in hex)."""
+    lines = "".join(f"{functions[n]:x} {sizes[n]:x} hologram:{label}:{n}\n"
+                    for n in sorted(functions, key=functions.get) if sizes.get(n))
+    with open(perf_map_path(), "a") as f:
+        f.write(lines)
+
+
+def perf_map_path() -> str:
+    """Where Linux perf looks for the names of this process's generated code."""
+    return f"/tmp/perf-{os.getpid()}.map"
 
 
 def _fill(obj: bytes, binary: elf.Object, base: int, writable_start: int, placed: dict,
