@@ -12,6 +12,7 @@ from util import execute, inputs_for, same_bits
 from hologram import backends
 from hologram.compiler import CompileOptions, canonicalize, pipeline
 from hologram.compiler.passes import canonicalize as canonicalize_pass
+from hologram.compiler.passes import fuse
 from hologram.compiler.passes.schedule import grid_rank
 from hologram.errors import CompileError, ShapeError
 from hologram.frontend.graph import Graph
@@ -340,6 +341,33 @@ def _pipelined(build, seed: int):
     for a, b in zip(execute(p, inputs), execute(q, inputs)):
         assert same_bits(a, b)
     return q
+
+
+def test_values_broadcast_outside_a_reduction_are_stored_not_recomputed():
+    """A depthwise convolution's weight gradient: per channel and tap, a sum over the
+    pixels of the gradient (a chain of elementwise ops) times the input. The chain varies
+    along the pixels and is broadcast along the taps, outside them: inlined into the sum,
+    it is computed again for each tap. Past ``fuse.RECOMPUTED`` extra instructions a point
+    it is stored once; a short chain still inlines. Bits as the unfused program's."""
+    def weight_gradient(steps):
+        def build(g):
+            grad = g.input("grad", "f32", (4, 1, 64))
+            scale = g.input("scale", "f32", (4, 1, 1))
+            x = g.input("x", "f32", (4, 9, 64))
+            for _ in range(steps):
+                grad = grad * scale + 1.0
+            g.output("y", g.sum(grad * x, axes=2))
+        return build
+
+    def recomputed(kernel):  # extra instructions a point of the kernel's domain
+        return fuse._recomputed(kernel) / math.prod(kernel.domain)
+
+    short = _pipelined(weight_gradient(1), seed=8)
+    assert len(short.kernels) == 1, str(short)
+    assert 0 < recomputed(short.kernels[0]) <= fuse.RECOMPUTED
+    long = _pipelined(weight_gradient(6), seed=9)
+    assert "temp" in [b.kind for b in long.buffers], str(long)
+    assert all(recomputed(k) <= fuse.RECOMPUTED for k in long.kernels), str(long)
 
 
 def relu_mad(g):
