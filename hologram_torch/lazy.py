@@ -402,7 +402,7 @@ def _flush(reason: str) -> None:
     # one entry serves each launch key while the launch cache holds it, and the memo holds
     # them, so an entry the cache dropped is never mistaken for its successor. The rest of
     # the structure (wiring, live results, aliases) is one bytes object (csrc/region.cpp's
-    # structure_words), built and hashed natively: nested tuples cost ~0.15 ms a cut.
+    # take), built and hashed natively: nested tuples cost ~0.15 ms a cut.
     key = (region.nodes, region.structure)
     memo = _memo.get(key)
     if memo is None:

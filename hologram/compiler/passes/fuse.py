@@ -260,7 +260,7 @@ SHARED_READS = 4
 #: instructions per point of its domain. A depthwise convolution's weight gradient
 #: recomputed the batch norm and activation gradients before it for each of its 3x3 taps
 #: (~13 instructions a point; its kernel took 4.9% of the CNN's recorded step, whose
-#: fused program ran in 2.1-2.2 ms, 1.4 ms with them stored once). A (C,) scale broadcast
+#: fused program ran in 2.1-2.2 ms, 1.6-1.8 ms with them stored once). A (C,) scale broadcast
 #: over (N, C, H, W) recomputes N*C values, not N*C*H*W, and still inlines.
 RECOMPUTED = 2
 
